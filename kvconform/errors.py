@@ -1,0 +1,77 @@
+"""Every error kvconform raises on purpose, in one place.
+
+kvconform separates three kinds of trouble, because each one means something
+different to whoever reads a red run and each maps to its own exit status
+(DESIGN.md §6):
+
+* :class:`ScenarioError` -- the *input* is wrong: malformed YAML, an unknown
+  group type or method, a step that no scheduler could produce, a pool too small
+  for the trajectory. It always names the file, the line and the field, so the
+  message alone is enough to fix the file. Exit status 2.
+* :class:`VllmUnavailable` -- the installed (or selected) vLLM cannot be
+  exercised: it does not import, or it lacks an API kvconform needs. The message
+  names the vLLM version and the missing name. Exit status 3.
+* :class:`UsageError` -- the command line itself is wrong. Exit status 2.
+
+Anything else that escapes is a bug, in kvconform or in vLLM, and is reported
+with its traceback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class KvconformError(Exception):
+    """Base class: an error whose message is meant for the user as it is."""
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where in a scenario file something was written."""
+
+    file: str
+    line: int | None = None
+    field: str | None = None
+
+    def __str__(self) -> str:
+        where = self.file if self.line is None else f"{self.file}:{self.line}"
+        return f"{where}: {self.field}" if self.field else where
+
+    def at(self, field: str, line: int | None = None) -> Location:
+        """The location of a sub-field, keeping the line when none is known."""
+        return Location(self.file, line if line is not None else self.line, field)
+
+
+class ScenarioError(KvconformError):
+    """A scenario file is malformed or describes an impossible trajectory."""
+
+    exit_status = 2
+
+    def __init__(self, where: Location, message: str) -> None:
+        self.where = where
+        self.message = message
+        super().__init__(f"{where}: {message}")
+
+
+class PoolExhausted(ScenarioError):
+    """The scenario's block pool cannot serve a step (the scenario is too big)."""
+
+
+class VllmUnavailable(KvconformError):
+    """The selected vLLM cannot be exercised (import failure, missing API)."""
+
+    exit_status = 3
+
+    def __init__(self, version: str, missing: str, detail: str = "") -> None:
+        self.version = version
+        self.missing = missing
+        self.detail = detail
+        text = f"vLLM {version} lacks {missing}"
+        super().__init__(f"{text}: {detail}" if detail else text)
+
+
+class UsageError(KvconformError):
+    """The command line is wrong."""
+
+    exit_status = 2

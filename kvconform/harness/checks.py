@@ -1,0 +1,263 @@
+"""The checks: floor, agree, lookahead and sanity (DESIGN.md §5).
+
+Each check is a function from a recorded :class:`Trajectory` to the
+:class:`Failure` objects it finds, registered in :data:`CHECKS`. Checks never
+call vLLM; they read what the driver recorded, so they can be selected,
+re-run and tested on recorded trajectories alone.
+
+* **floor** -- every party holds at least the reference floor of its group type.
+* **agree** -- the predictor and the live allocator (and the recorded warmup,
+  where there is one) hold the same number of blocks. Blocks are not returned
+  when drafts are rejected, so the comparison is with the running maximum of
+  the prediction since the request last (re)started.
+* **lookahead** -- kvconform's table of methods agrees with
+  ``VllmConfig.num_lookahead_tokens``; a method the table lacks is a failure,
+  so a new method gets a deliberate row instead of a silent pass.
+* **sanity** -- allocator invariants: no block in two live requests' tables
+  (without prefix caching), nothing held after ``finish``/``preempt`` and every
+  block back in the pool, the null block only where the group type allows it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Protocol
+
+from kvconform.harness.observations import FreeEvent, Observation, Trajectory
+from kvconform.harness.results import Failure
+from kvconform.oracles.floors import FLOORS, token_columns
+from kvconform.oracles.group_types import GROUP_TYPES
+from kvconform.oracles.lookahead import rule_for
+
+PARTY_NAMES = {
+    "live": "the live KVCacheManager",
+    "predicted": "the warmup predictor _reserved_block_count",
+    "warmup": "the recorded warmup",
+}
+
+
+class Check(Protocol):
+    def __call__(self, run: Trajectory) -> Iterator[Failure]: ...
+
+
+def _failure(check: str, run: Trajectory, obs: Observation, message: str) -> Failure:
+    group = run.groups[obs.group]
+    where = f"line {obs.line}, " if obs.line is not None else ""
+    return Failure(
+        check=check,
+        message=f"step {obs.step} ({where}{obs.label}) request {obs.request}, group {obs.group} "
+        f"({group.label}): {message}",
+        step=obs.step,
+        line=obs.line,
+        request=obs.request,
+        group=obs.group,
+        spec_type=GROUP_TYPES[group.type].vllm_class,
+        live=obs.live,
+        predicted=obs.predicted,
+        warmup=obs.warmup,
+        floor=obs.floor,
+        action=obs.label,
+    )
+
+
+def _blocks(n: int) -> str:
+    return f"{n} block" if n == 1 else f"{n} blocks"
+
+
+def check_floor(run: Trajectory) -> Iterator[Failure]:
+    for obs in run.observations:
+        for party in ("live", "predicted", "warmup"):
+            held = getattr(obs, party)
+            if held is None or held >= obs.floor:
+                continue
+            group = run.groups[obs.group]
+            rule = FLOORS[group.type]
+            floor_input = group.floor_input(
+                obs.computed, obs.scheduled, obs.lookahead, run.encoder_lens.get(obs.request, 0)
+            )
+            consequence = ""
+            if rule.blocks is token_columns:
+                per_block = group.block_size * floor_input.dcp_world_size
+                consequence = "; " + uncovered_positions(obs, held, per_block, run.max_model_len)
+            yield _failure(
+                "floor",
+                run,
+                obs,
+                f"{PARTY_NAMES[party]} holds {_blocks(held)}, below the floor of "
+                f"{obs.floor} = {rule.formula(floor_input)}{consequence} (why: {rule.reason})",
+            )
+
+
+def uncovered_positions(
+    obs: Observation, held: int, columns_per_block: int, max_model_len: int
+) -> str:
+    """Which written positions have no block: the drafter's only, or the target's too."""
+    covered = held * columns_per_block
+    end = min(obs.computed + obs.scheduled + obs.lookahead, max_model_len) - 1
+    if covered >= obs.computed + obs.scheduled:
+        return f"the drafter's positions {covered}..{end} have no block"
+    return f"positions {covered}..{end} have no block, the target's own among them"
+
+
+def check_agree(run: Trajectory) -> Iterator[Failure]:
+    for obs in run.observations:
+        reference = obs.predicted_max
+        if reference is None:
+            # Without a predictor the recorded warmup and the live replay must agree.
+            if obs.warmup is not None and obs.live is not None and obs.warmup != obs.live:
+                yield _failure(
+                    "agree",
+                    run,
+                    obs,
+                    f"{PARTY_NAMES['warmup']} holds {_blocks(obs.warmup)} but "
+                    f"{PARTY_NAMES['live']} holds {_blocks(obs.live)} for the same steps",
+                )
+            continue
+        for party in ("live", "warmup"):
+            held = getattr(obs, party)
+            if held is None or held == reference:
+                continue
+            rolled = (
+                f" (running maximum; {obs.predicted} for this step alone)"
+                if obs.predicted != reference
+                else ""
+            )
+            yield _failure(
+                "agree",
+                run,
+                obs,
+                f"{PARTY_NAMES[party]} holds {_blocks(held)} but {PARTY_NAMES['predicted']} "
+                f"predicts {reference}{rolled} for {obs.computed} + {obs.scheduled} tokens with "
+                f"lookahead {obs.lookahead}",
+            )
+
+
+def check_lookahead(run: Trajectory) -> Iterator[Failure]:
+    if run.method is None:
+        return
+    k = run.num_speculative_tokens
+    if run.expected_lookahead is None:
+        yield Failure(
+            "lookahead",
+            f"method {run.method!r} is not in kvconform's lookahead table; vLLM reserves "
+            f"{run.vllm_lookahead} slots for k={k}. Add a row to "
+            "kvconform/oracles/lookahead.py saying what its drafter writes.",
+        )
+        return
+    if run.vllm_lookahead is None or run.vllm_lookahead == run.expected_lookahead:
+        return
+    rule = rule_for(run.method)
+    assert rule is not None
+    yield Failure(
+        "lookahead",
+        f"VllmConfig.num_lookahead_tokens is {run.vllm_lookahead} for method {run.method!r} "
+        f"with k={k}, but the drafter needs {rule.formula} = {run.expected_lookahead} "
+        f"({rule.reason})",
+    )
+
+
+def check_sanity(run: Trajectory) -> Iterator[Failure]:
+    null = run.null_block
+    owner: dict[int, str] = {}
+    last: dict[tuple[str, int], list[int]] = {}
+    events = iter(run.events)
+    pending: FreeEvent | None = next(events, None)
+
+    def release(request: str) -> None:
+        for (name, group), ids in list(last.items()):
+            if name == request:
+                for block in ids:
+                    if owner.get(block) == request:
+                        del owner[block]
+                del last[(name, group)]
+
+    for seq, obs in enumerate(run.observations):
+        while pending is not None and pending.seq <= seq:
+            yield from _free_event(run, pending, null)
+            release(pending.request)
+            pending = next(events, None)
+        ids = list(obs.block_ids or ())
+        group = run.groups[obs.group]
+        if not group.holds_null and null in ids:
+            yield _failure(
+                "sanity",
+                run,
+                obs,
+                f"the block table holds the null block (id {null}), which a {group.type} group "
+                "must never point at",
+            )
+        if not run.exclusive_blocks:
+            continue
+        key = (obs.request, obs.group)
+        prev = last.get(key, [])
+        if ids[: len(prev)] == prev:
+            new = ids[len(prev) :]
+        else:
+            for block in prev:
+                if owner.get(block) == obs.request:
+                    del owner[block]
+            new = ids
+        for block in new:
+            if block == null:
+                continue
+            other = owner.get(block)
+            if other is not None and other != obs.request:
+                yield _failure(
+                    "sanity",
+                    run,
+                    obs,
+                    f"block {block} is also in the table of live request {other}, without "
+                    "prefix caching to share it",
+                )
+            owner[block] = obs.request
+        last[key] = ids
+    while pending is not None:
+        yield from _free_event(run, pending, null)
+        pending = next(events, None)
+    if run.all_finished and run.final_free_blocks is not None:
+        usable = run.num_blocks - 1
+        if run.final_free_blocks != usable:
+            yield Failure(
+                "sanity",
+                f"after every request finished the pool has {run.final_free_blocks} free blocks, "
+                f"not all {usable} (num_blocks minus the null block): blocks leaked",
+            )
+
+
+def _free_event(run: Trajectory, event: FreeEvent, null: int) -> Iterator[Failure]:
+    where = f"step {event.step} ({event.kind}) request {event.request}"
+    still = [g for g, ids in enumerate(event.held_after) if ids]
+    if still:
+        yield Failure(
+            "sanity",
+            f"{where}: still holds blocks in groups {still} after {event.kind}",
+            step=event.step,
+            line=event.line,
+            request=event.request,
+            action=event.kind,
+        )
+    if run.exclusive_blocks:
+        held = {b for ids in event.held for b in ids if b != null}
+        returned = event.free_after - event.free_before
+        if returned != len(held):
+            yield Failure(
+                "sanity",
+                f"{where}: held {len(held)} distinct blocks but {returned} went back to the pool",
+                step=event.step,
+                line=event.line,
+                request=event.request,
+                action=event.kind,
+            )
+
+
+CHECKS: dict[str, Callable[[Trajectory], Iterator[Failure]]] = {
+    "floor": check_floor,
+    "agree": check_agree,
+    "lookahead": check_lookahead,
+    "sanity": check_sanity,
+}
+DEFAULT_CHECKS = tuple(CHECKS)
+
+
+def run_checks(run: Trajectory, names: tuple[str, ...] = DEFAULT_CHECKS) -> list[Failure]:
+    return [failure for name in names for failure in CHECKS[name](run)]

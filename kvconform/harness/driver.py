@@ -1,0 +1,190 @@
+"""The trajectory driver: steps a scenario through every party, step by step.
+
+For each call of each step the driver asks the live ``KVCacheManager`` to
+allocate (exactly as the scheduler would), asks vLLM's warmup predictor how
+many blocks it would reserve for the same token count, computes the reference
+floor, and records one :class:`Observation` per group. It judges nothing: the
+checks read the :class:`Trajectory` afterwards. Keeping judgement out of the
+loop keeps the loop close to the cost of the allocator calls it makes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from kvconform.errors import Location, ScenarioError
+from kvconform.harness.observations import FreeEvent, GroupInfo, Observation, Trajectory
+from kvconform.harness.scenario import Action, Scenario
+from kvconform.oracles.floors import FLOORS
+from kvconform.oracles.group_types import GROUP_TYPES
+from kvconform.oracles.live import LiveAllocator
+from kvconform.oracles.lookahead import expected_lookahead
+from kvconform.oracles.predictor import Predictor
+from kvconform.oracles.vllm_compat import Vllm
+
+
+def resolve_lookahead(scenario: Scenario, vllm: Vllm) -> Trajectory:
+    """The scenario's lookahead, and where it came from, in an empty trajectory."""
+    model, spec = scenario.model, scenario.speculative
+    groups = tuple(
+        GroupInfo(i, g.type, g.block_size, g.label, GROUP_TYPES[g.type].holds_null)
+        for i, g in enumerate(model.groups)
+    )
+    if spec is None:
+        return Trajectory(
+            groups,
+            0,
+            "no speculative decoding",
+            model.max_model_len,
+            expected_lookahead=0,
+            vllm_lookahead=0,
+        )
+    declared = vllm.declared_methods()
+    if spec.method not in declared:
+        where = spec.where or scenario.where.at("speculative.method")
+        raise ScenarioError(
+            where,
+            f"unknown speculative method {spec.method!r}; vLLM {vllm.version} declares: "
+            + ", ".join(declared),
+        )
+    method = vllm.canonical_method(spec.method)
+    k, anchor = spec.num_speculative_tokens, spec.sample_from_anchor
+    vllm_value = vllm.lookahead(method, k, anchor)
+    expected = expected_lookahead(method, k, anchor)
+    if spec.num_lookahead_tokens is not None:
+        lookahead, source = spec.num_lookahead_tokens, "scenario override"
+    elif vllm_value is not None:
+        lookahead, source = vllm_value, "VllmConfig.num_lookahead_tokens"
+    elif expected is not None:
+        lookahead = expected
+        source = f"kvconform's table (vLLM {vllm.version} has no VllmConfig.num_lookahead_tokens)"
+    else:
+        raise ScenarioError(
+            spec.where or scenario.where,
+            f"no lookahead for {spec.method!r}: vLLM {vllm.version} has no "
+            "VllmConfig.num_lookahead_tokens and kvconform's table lacks the method; "
+            "set speculative.num_lookahead_tokens",
+        )
+    return Trajectory(
+        groups,
+        lookahead,
+        source,
+        model.max_model_len,
+        method=method,
+        num_speculative_tokens=k,
+        sample_from_anchor=anchor,
+        vllm_lookahead=vllm_value,
+        expected_lookahead=expected,
+    )
+
+
+def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
+    """Run a ``kind: trajectory`` scenario through the live allocator and the predictor."""
+    model = scenario.model
+    run = resolve_lookahead(scenario, vllm)
+    lookahead = run.lookahead
+    specs = []
+    for group in model.groups:
+        options = dict(group.options)
+        if group.type == "mamba" and options.get("num_speculative_blocks") is None:
+            options["num_speculative_blocks"] = run.num_speculative_tokens
+        specs.append(vllm.build_spec(group.type, group.block_size, options))
+    live = LiveAllocator(vllm, model, specs, lookahead)
+    predictor = Predictor(vllm, model.max_model_len, lookahead)
+    if not predictor.available:
+        run.parties = ("live",)
+        run.notes.append(f"predictor unavailable: {predictor.unavailable_reason}")
+    run.null_block = live.null_block
+    run.num_blocks = model.num_blocks
+    run.exclusive_blocks = not model.enable_caching
+    has_cross = any(g.type == "cross_attention" for g in model.groups)
+
+    run.groups = tuple(
+        replace(
+            info,
+            floor_args=dict(
+                block_size=group.block_size,
+                max_model_len=model.max_model_len,
+                dcp_world_size=model.dcp_world_size if vllm.dcp_sharded(spec) else 1,
+                num_speculative_blocks=int(getattr(spec, "num_speculative_blocks", 0) or 0),
+                mamba_cache_mode=str(getattr(spec, "mamba_cache_mode", "none")),
+                blocks_per_request=int(getattr(spec, "blocks_per_request", 0) or 0),
+            ),
+        )
+        for info, group, spec in zip(run.groups, model.groups, specs, strict=True)
+    )
+    floor_rules = [FLOORS[g.type].blocks for g in model.groups]
+    num_groups = len(specs)
+    encoder_len = {
+        name: (req.encoder_len or model.max_encoder_len) if has_cross else 0
+        for name, req in scenario.requests.items()
+    }
+    run.encoder_lens = encoder_len
+    for index, request in enumerate(scenario.requests.values()):
+        live.add_request(request, index)
+
+    predicted_max: dict[str, list[int]] = {}
+    finished: set[str] = set()
+    observations = run.observations
+    for step in scenario.steps:
+        for call in step.calls:
+            name = call.request
+            where = Location(scenario.file, step.line, f"steps[{step.index}].{name}")
+            if call.action is Action.FINISH or call.action is Action.PREEMPT:
+                held = live.block_ids(name)
+                before = live.free_blocks()
+                if call.action is Action.FINISH:
+                    live.finish(name)
+                    finished.add(name)
+                else:
+                    live.preempt(name)
+                predicted_max.pop(name, None)
+                run.events.append(
+                    FreeEvent(
+                        len(observations),
+                        step.index,
+                        step.line,
+                        name,
+                        call.action.value,
+                        held,
+                        before,
+                        live.free_blocks(),
+                        live.block_ids(name),
+                    )
+                )
+                continue
+            enc = encoder_len[name]
+            live.schedule(call, enc if call.first_chunk else 0, where)
+            held = live.block_ids(name)
+            num_tokens = call.computed + call.scheduled
+            maxima = predicted_max.setdefault(name, [0] * num_groups)
+            for g in range(num_groups):
+                floor = floor_rules[g](
+                    run.groups[g].floor_input(call.computed, call.scheduled, lookahead, enc)
+                )
+                predicted = pmax = None
+                if predictor.available:
+                    predicted = predictor.blocks(num_tokens, specs[g], enc)
+                    pmax = maxima[g] = max(maxima[g], predicted)
+                observations.append(
+                    Observation(
+                        step.index,
+                        step.line,
+                        name,
+                        call.label,
+                        g,
+                        call.computed,
+                        call.scheduled,
+                        lookahead,
+                        floor,
+                        len(held[g]),
+                        predicted,
+                        pmax,
+                        None,
+                        held[g],
+                    )
+                )
+            live.complete(call)
+    run.all_finished = len(finished) == len(scenario.requests)
+    run.final_free_blocks = live.free_blocks()
+    return run

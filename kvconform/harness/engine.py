@@ -1,0 +1,112 @@
+"""The engine: run scenarios, judge them, apply expectations, decide the exit status.
+
+Both fronts -- the ``kvconform`` command line and the pytest plugin -- call
+:func:`run_scenario`; neither re-implements any part of it. A scenario's
+``kind`` picks its driver from :data:`DRIVERS`; the driver records a
+:class:`Trajectory`, the checks judge it, and the result carries both.
+
+Whatever goes wrong inside one scenario stays inside its result: a bad step is
+an ``input`` error, a vLLM without a needed API is ``unsupported``, and an
+exception raised by vLLM on a valid scenario is a ``crash``, reported with the
+vLLM frame it came from. The run goes on with the next scenario.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+from kvconform.errors import ScenarioError, VllmUnavailable
+from kvconform.harness.checks import DEFAULT_CHECKS, run_checks
+from kvconform.harness.driver import drive
+from kvconform.harness.expectations import Expectation, apply_expectations
+from kvconform.harness.observations import Trajectory
+from kvconform.harness.results import ErrorKind, ScenarioResult, Verdict
+from kvconform.harness.scenario import Scenario
+from kvconform.oracles.vllm_compat import Vllm
+
+Driver = Callable[[Scenario, Vllm], Trajectory]
+DRIVERS: dict[str, Driver] = {"trajectory": drive}
+
+
+def register_driver(kind: str, driver: Driver) -> None:
+    DRIVERS[kind] = driver
+
+
+def run_scenario(
+    scenario: Scenario,
+    vllm: Vllm,
+    checks: tuple[str, ...] = DEFAULT_CHECKS,
+    expectations: Iterable[Expectation] = (),
+) -> ScenarioResult:
+    result = ScenarioResult(
+        scenario.id, scenario.file, Verdict.PASSED, scenario.kind, scenario.tags, line=scenario.line
+    )
+    started = time.perf_counter()
+    try:
+        driver = DRIVERS.get(scenario.kind)
+        if driver is None:
+            raise ScenarioError(scenario.where.at("kind"), f"no driver for kind {scenario.kind!r}")
+        trajectory = driver(scenario, vllm)
+    except ScenarioError as exc:
+        result.verdict, result.error_kind, result.error = Verdict.ERROR, ErrorKind.INPUT, str(exc)
+    except VllmUnavailable as exc:
+        result.verdict, result.error_kind, result.error = (
+            Verdict.ERROR,
+            ErrorKind.UNSUPPORTED,
+            str(exc),
+        )
+    except Exception as exc:  # noqa: BLE001 - vLLM raising on a valid scenario is a finding
+        result.verdict, result.error_kind = Verdict.ERROR, ErrorKind.CRASH
+        result.error = describe_crash(exc, vllm)
+    else:
+        result.trajectory = trajectory
+        result.failures = run_checks(trajectory, checks)
+        if result.failures:
+            result.verdict = Verdict.FAILED
+    result.duration = time.perf_counter() - started
+    return apply_expectations(result, list(expectations), vllm.version)
+
+
+def run_all(
+    scenarios: Iterable[Scenario],
+    vllm: Vllm,
+    checks: tuple[str, ...] = DEFAULT_CHECKS,
+    expectations: Iterable[Expectation] = (),
+) -> Iterator[ScenarioResult]:
+    expectations = list(expectations)
+    for scenario in scenarios:
+        yield run_scenario(scenario, vllm, checks, expectations)
+
+
+def describe_crash(exc: BaseException, vllm: Vllm) -> str:
+    """The exception and the innermost vLLM frame it passed through."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    location = Path(vllm.location).parent
+    inside = [f for f in frames if f.filename.startswith(str(Path(vllm.location)))]
+    frame = inside[-1] if inside else (frames[-1] if frames else None)
+    where = ""
+    if frame is not None:
+        try:
+            shown = str(Path(frame.filename).relative_to(location))
+        except ValueError:
+            shown = frame.filename
+        where = f" at {shown}:{frame.lineno} in {frame.name}"
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"vLLM {vllm.version} raised {type(exc).__name__}{': ' + text if text else ''}{where}"
+
+
+def exit_status(results: Iterable[ScenarioResult], input_errors: int = 0) -> int:
+    """DESIGN.md §6: 2 bad input, 1 nonconformance, 3 vLLM not exercisable, 0 conform."""
+    results = list(results)
+    if input_errors or any(r.error_kind is ErrorKind.INPUT for r in results):
+        return 2
+    if any(r.verdict in (Verdict.FAILED,) for r in results) or any(
+        r.verdict is Verdict.ERROR and r.error_kind is ErrorKind.CRASH for r in results
+    ):
+        return 1
+    if any(r.verdict is Verdict.ERROR for r in results):
+        return 3
+    return 0

@@ -1,0 +1,127 @@
+"""Known divergences: the expectations file.
+
+A divergence that is understood, reported upstream and not yet fixed should not
+turn every nightly red, and it must not be hidden either. The expectations file
+(``scenarios/expectations.yaml`` by default) lists such scenarios::
+
+    - id: sink-full-attention*        # fnmatch pattern over scenario ids
+      vllm: ">=0.33.0"                # PEP 440 specifier; omitted: every version
+      checks: [error]                 # what is expected to go wrong: check names,
+                                      # or "error" for a crash; omitted: anything
+      reason: KVCacheManager(...) raises TypeError for SinkFullAttentionSpec
+      evidence: docs/findings.md#sink-full-attention-crashes
+
+A matching scenario that diverges as expected is ``xfailed``; one that now
+passes is ``xpassed`` (shown in every report, so the entry can be removed); one
+that fails some *other* way stays ``failed``. Input errors are never excused.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from kvconform.errors import Location, ScenarioError
+from kvconform.harness.results import ErrorKind, ScenarioResult, Verdict
+from kvconform.harness.yamlio import LineDict, load_yaml
+
+DEFAULT_FILE = "expectations.yaml"
+
+
+@dataclass(frozen=True)
+class Expectation:
+    pattern: str
+    reason: str
+    evidence: str = ""
+    vllm: SpecifierSet | None = None
+    checks: tuple[str, ...] = ()
+    line: int | None = None
+
+    def applies(self, scenario_id: str, version: str) -> bool:
+        if not fnmatch.fnmatchcase(scenario_id, self.pattern):
+            return False
+        if self.vllm is None:
+            return True
+        try:
+            return Version(version) in self.vllm
+        except InvalidVersion:
+            return False
+
+    def covers(self, result: ScenarioResult) -> bool:
+        if not self.checks:
+            return True
+        if result.verdict is Verdict.ERROR:
+            return "error" in self.checks
+        return all(f.check in self.checks for f in result.failures)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "id": self.pattern,
+            "reason": self.reason,
+            "evidence": self.evidence,
+            "vllm": str(self.vllm) if self.vllm is not None else None,
+            "checks": list(self.checks),
+        }
+
+
+def load_expectations(path: str | Path) -> list[Expectation]:
+    path = Path(path)
+    if not path.exists():
+        return []
+    doc = load_yaml(path.read_text(encoding="utf-8"), str(path))
+    if doc is None:
+        return []
+    if not isinstance(doc, list):
+        raise ScenarioError(Location(str(path), 1), "an expectations file is a list of entries")
+    entries = []
+    for i, item in enumerate(doc):
+        line = doc.line_of(i) if hasattr(doc, "line_of") else None
+        where = Location(str(path), line, f"[{i}]")
+        if not isinstance(item, LineDict):
+            raise ScenarioError(where, "each entry is a mapping with id and reason")
+        unknown = set(item) - {"id", "reason", "evidence", "vllm", "checks"}
+        if unknown:
+            raise ScenarioError(where.at(sorted(unknown)[0]), "unknown field")
+        pattern, reason = item.get("id"), item.get("reason")
+        if not isinstance(pattern, str) or not isinstance(reason, str) or not reason.strip():
+            raise ScenarioError(where, "needs an 'id' pattern and a non-empty 'reason'")
+        spec = None
+        if item.get("vllm") is not None:
+            try:
+                spec = SpecifierSet(str(item["vllm"]))
+            except InvalidSpecifier:
+                raise ScenarioError(
+                    where.at("vllm"), f"not a version specifier: {item['vllm']!r}"
+                ) from None
+        checks = item.get("checks") or []
+        if not isinstance(checks, list):
+            raise ScenarioError(where.at("checks"), "must be a list")
+        entries.append(
+            Expectation(
+                pattern, reason.strip(), str(item.get("evidence") or ""), spec, tuple(checks), line
+            )
+        )
+    return entries
+
+
+def apply_expectations(
+    result: ScenarioResult, expectations: list[Expectation], version: str
+) -> ScenarioResult:
+    """Turn a result into xfailed / xpassed where an expectation says so."""
+    if result.error_kind is ErrorKind.INPUT:
+        return result
+    for entry in expectations:
+        if not entry.applies(result.id, version):
+            continue
+        if result.verdict is Verdict.PASSED:
+            result.verdict = Verdict.XPASSED
+            result.expectation = entry.reason
+        elif entry.covers(result):
+            result.verdict = Verdict.XFAILED
+            result.expectation = entry.reason
+        return result
+    return result

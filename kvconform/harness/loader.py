@@ -1,0 +1,519 @@
+"""From YAML files to validated :class:`Scenario` objects (format v1).
+
+The format is documented in ``scenarios/README.md``; this module is its
+executable definition. Loading never imports vLLM: everything that can be
+checked from the file alone is checked here (types, unknown fields, group
+types and their options, the legality of every step), so that a bad file fails
+fast, with its file, line and field, and before a 15-second import.
+
+A file yields one scenario, or one per combination of its ``matrix``. Errors
+are collected per file: :func:`load_paths` returns the scenarios of every good
+file and a :class:`ScenarioError` for every bad one, so one broken file never
+hides the others.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvconform.errors import Location, ScenarioError
+from kvconform.harness.scenario import (
+    Action,
+    GroupSpec,
+    ModelSpec,
+    RequestSpec,
+    Scenario,
+    SpeculativeSpec,
+    Step,
+    WarmupSpec,
+)
+from kvconform.harness.trajectory import RequestTokens
+from kvconform.harness.yamlio import LineDict, LineList, load_yaml
+from kvconform.oracles.group_types import GROUP_TYPES
+
+SCENARIO_SUFFIXES = (".yaml", ".yml")
+KINDS = ("trajectory", "warmup")
+WARMUP_ENTRY_POINTS = ("warmup_kernels", "run_mixed_prefill_decode_warmup")
+
+# Matrix keys, where each lands in the document, and how it shows in the id.
+MATRIX_KEYS: dict[str, tuple[str, str]] = {
+    "method": ("speculative", ""),
+    "num_speculative_tokens": ("speculative", "k"),
+    "num_lookahead_tokens": ("speculative", "la"),
+    "sample_from_anchor": ("speculative", "anchor"),
+    "block_size": ("model", "bs"),
+    "max_model_len": ("model", "len"),
+    "num_blocks": ("model", "pool"),
+    "max_encoder_len": ("model", "enc"),
+    "enable_caching": ("model", "cache"),
+}
+
+MODEL_DEFAULTS: dict[str, Any] = {
+    "block_size": 16,
+    "max_model_len": 2048,
+    "num_blocks": 256,
+    "max_encoder_len": 0,
+    "enable_caching": False,
+    "dcp_world_size": 1,
+}
+
+
+@dataclass
+class LoadResult:
+    scenarios: list[Scenario]
+    errors: list[ScenarioError]
+
+
+def discover(paths: Sequence[str | Path]) -> list[Path]:
+    """Scenario files under ``paths`` (files are taken as given), sorted."""
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            found.extend(
+                p
+                for p in sorted(path.rglob("*"))
+                if p.suffix in SCENARIO_SUFFIXES and is_scenario_file(p)
+            )
+        else:
+            found.append(path)
+    return found
+
+
+def is_scenario_file(path: Path) -> bool:
+    """YAML files in a scenario tree, minus expectations and private files."""
+    return not (path.name.startswith(("_", ".")) or path.stem.startswith("expectations"))
+
+
+def load_paths(paths: Sequence[str | Path]) -> LoadResult:
+    result = LoadResult([], [])
+    seen: dict[str, str] = {}
+    for path in discover(paths):
+        try:
+            scenarios = load_file(path)
+        except ScenarioError as exc:
+            result.errors.append(exc)
+            continue
+        for scenario in scenarios:
+            if scenario.id in seen:
+                result.errors.append(
+                    ScenarioError(
+                        scenario.where.at("name"),
+                        f"scenario id {scenario.id!r} is already used by {seen[scenario.id]}",
+                    )
+                )
+                continue
+            seen[scenario.id] = scenario.file
+            result.scenarios.append(scenario)
+    return result
+
+
+def load_file(path: str | Path) -> list[Scenario]:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ScenarioError(Location(str(path)), f"cannot read: {exc.strerror}") from None
+    return load_text(text, str(path), default_name=path.stem)
+
+
+def load_text(text: str, file: str, default_name: str = "scenario") -> list[Scenario]:
+    doc = load_yaml(text, file)
+    where = Location(file, getattr(doc, "line", None))
+    if not isinstance(doc, LineDict):
+        raise ScenarioError(where, "a scenario file must be a mapping at the top level")
+    matrix = doc.pop("matrix", None)
+    if matrix is None:
+        return [_parse(doc, file, default_name, ())]
+    return [
+        _parse(variant, file, default_name, params)
+        for variant, params in _expand_matrix(doc, matrix, Location(file, doc.line_of("matrix")))
+    ]
+
+
+# -- matrix ----------------------------------------------------------------------------
+
+
+def _expand_matrix(
+    doc: LineDict, matrix: Any, where: Location
+) -> Iterator[tuple[LineDict, tuple[tuple[str, Any], ...]]]:
+    if not isinstance(matrix, LineDict) or not matrix:
+        raise ScenarioError(where.at("matrix"), "must be a mapping of field to a list of values")
+    axes: list[tuple[str, list[Any]]] = []
+    for key, values in matrix.items():
+        at = where.at(f"matrix.{key}", matrix.line_of(key))
+        if key not in MATRIX_KEYS:
+            raise ScenarioError(
+                at, f"cannot vary {key!r}; matrix keys are {', '.join(MATRIX_KEYS)}"
+            )
+        if not isinstance(values, list) or not values:
+            raise ScenarioError(at, "must be a non-empty list of values")
+        axes.append((key, list(values)))
+    for combo in itertools.product(*(values for _, values in axes)):
+        variant = copy.deepcopy(doc)
+        params = tuple((key, value) for (key, _), value in zip(axes, combo, strict=True))
+        no_speculation = any(k == "method" and v in (None, "none") for k, v in params)
+        for key, value in params:
+            section, _ = MATRIX_KEYS[key]
+            line = matrix.line_of(key)
+            if section == "speculative" and no_speculation:
+                variant["speculative"] = None
+                continue
+            target = variant.get(section)
+            if target is None:
+                target = LineDict()
+                target.line, target.key_lines = line, {}
+                variant[section] = target
+                variant.key_lines[section] = line or 0
+            if not isinstance(target, LineDict):
+                raise ScenarioError(where.at(section), "must be a mapping")
+            target[key] = value
+            target.key_lines[key] = line or 0
+        yield variant, params
+
+
+def _param_id(key: str, value: Any) -> str:
+    prefix = MATRIX_KEYS[key][1]
+    if value is None or value == "none":
+        return "nospec" if key == "method" else f"{prefix}none"
+    if isinstance(value, bool):
+        return prefix if value else f"no{prefix}"
+    return f"{prefix}{value}"
+
+
+# -- fields ----------------------------------------------------------------------------
+
+
+class _Fields:
+    """Reads a mapping field by field and complains about what is left over."""
+
+    def __init__(self, mapping: Any, where: Location, path: str) -> None:
+        if not isinstance(mapping, LineDict):
+            raise ScenarioError(where.at(path), "must be a mapping")
+        self.mapping = mapping
+        self.where = where
+        self.path = path
+        self.used: set[str] = set()
+
+    def at(self, key: str) -> Location:
+        return self.where.at(f"{self.path}.{key}" if self.path else key, self.mapping.line_of(key))
+
+    def raw(self, key: str, default: Any = None) -> Any:
+        self.used.add(key)
+        return self.mapping.get(key, default)
+
+    def integer(self, key: str, default: int | None = None, *, minimum: int = 1) -> int:
+        value = self.raw(key, default)
+        if value is None:
+            raise ScenarioError(self.at(key), "is required")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ScenarioError(self.at(key), f"must be an integer, not {value!r}")
+        if value < minimum:
+            raise ScenarioError(self.at(key), f"must be at least {minimum}, not {value}")
+        return value
+
+    def optional_int(self, key: str, *, minimum: int = 0) -> int | None:
+        return None if self.mapping.get(key) is None else self.integer(key, minimum=minimum)
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self.raw(key, default)
+        if not isinstance(value, bool):
+            raise ScenarioError(self.at(key), f"must be true or false, not {value!r}")
+        return value
+
+    def text(self, key: str, default: str | None = None) -> str:
+        value = self.raw(key, default)
+        if not isinstance(value, str) or not value:
+            raise ScenarioError(self.at(key), f"must be a non-empty string, not {value!r}")
+        return value
+
+    def done(self) -> None:
+        extra = [k for k in self.mapping if k not in self.used]
+        if extra:
+            key = extra[0]
+            known = ", ".join(sorted(self.used))
+            raise ScenarioError(self.at(key), f"unknown field (known here: {known})")
+
+
+# -- scenario --------------------------------------------------------------------------
+
+
+def _parse(
+    doc: LineDict, file: str, default_name: str, params: tuple[tuple[str, Any], ...]
+) -> Scenario:
+    where = Location(file, doc.line)
+    top = _Fields(doc, where, "")
+    name = top.text("name", default_name)
+    scenario_id = name + (f"[{'-'.join(_param_id(k, v) for k, v in params)}]" if params else "")
+    description = top.raw("description", "") or ""
+    if not isinstance(description, str):
+        raise ScenarioError(top.at("description"), "must be a string")
+    tags = top.raw("tags", []) or []
+    if not isinstance(tags, list) or not all(isinstance(t, str) and t for t in tags):
+        raise ScenarioError(top.at("tags"), "must be a list of names")
+    kind = top.text("kind", "trajectory")
+    if kind not in KINDS:
+        raise ScenarioError(top.at("kind"), f"must be one of {', '.join(KINDS)}, not {kind!r}")
+    model = _parse_model(top.raw("model", _empty_mapping()), where)
+    speculative = _parse_speculative(top.raw("speculative"), where, top.at("speculative"))
+    warmup = None
+    requests: dict[str, RequestSpec] = {}
+    steps: tuple[Step, ...] = ()
+    if kind == "warmup":
+        warmup = _parse_warmup(top.raw("warmup", _empty_mapping()), where)
+        for key in ("requests", "steps"):
+            if key in doc:
+                raise ScenarioError(top.at(key), "a warmup scenario has no requests or steps")
+    else:
+        requests = _parse_requests(top.raw("requests"), where, top.at("requests"))
+        steps = _parse_steps(top.raw("steps"), where, top.at("steps"), requests, model, speculative)
+    top.done()
+    return Scenario(
+        id=scenario_id,
+        name=name,
+        file=file,
+        description=description.strip(),
+        tags=tuple(tags),
+        kind=kind,
+        model=model,
+        speculative=speculative,
+        requests=requests,
+        steps=steps,
+        params=params,
+        warmup=warmup,
+        line=doc.line,
+    )
+
+
+def _empty_mapping() -> LineDict:
+    empty = LineDict()
+    empty.line, empty.key_lines = None, {}
+    return empty
+
+
+def _parse_model(raw: Any, where: Location) -> ModelSpec:
+    fields = _Fields(raw, where, "model")
+    block_size = fields.integer("block_size", MODEL_DEFAULTS["block_size"])
+    max_model_len = fields.integer("max_model_len", MODEL_DEFAULTS["max_model_len"], minimum=2)
+    num_blocks = fields.integer("num_blocks", MODEL_DEFAULTS["num_blocks"], minimum=2)
+    max_encoder_len = fields.integer(
+        "max_encoder_len", MODEL_DEFAULTS["max_encoder_len"], minimum=0
+    )
+    enable_caching = fields.flag("enable_caching", MODEL_DEFAULTS["enable_caching"])
+    dcp_world_size = fields.integer("dcp_world_size", MODEL_DEFAULTS["dcp_world_size"])
+    raw_groups = fields.raw("groups", ["full_attention"])
+    fields.done()
+    if not isinstance(raw_groups, list) or not raw_groups:
+        raise ScenarioError(fields.at("groups"), "must be a non-empty list of group types")
+    line_of = raw_groups.line_of if isinstance(raw_groups, LineList) else (lambda i: None)
+    groups = tuple(
+        _parse_group(item, where.at(f"model.groups[{i}]", line_of(i)), block_size)
+        for i, item in enumerate(raw_groups)
+    )
+    return ModelSpec(
+        block_size=block_size,
+        max_model_len=max_model_len,
+        num_blocks=num_blocks,
+        groups=groups,
+        max_encoder_len=max_encoder_len,
+        enable_caching=enable_caching,
+        dcp_world_size=dcp_world_size,
+    )
+
+
+def _parse_group(item: Any, where: Location, default_block_size: int) -> GroupSpec:
+    if isinstance(item, str):
+        item_map = _empty_mapping()
+        item_map["type"] = item
+        item_map.line = where.line
+        item = item_map
+    assert where.field is not None
+    fields = _Fields(item, Location(where.file, where.line), where.field)
+    type_name = fields.text("type")
+    group_type = GROUP_TYPES.get(type_name)
+    if group_type is None:
+        raise ScenarioError(
+            fields.at("type"),
+            f"unknown group type {type_name!r}; known: {', '.join(GROUP_TYPES)}",
+        )
+    block_size = fields.integer("block_size", default_block_size)
+    options: dict[str, object] = {}
+    for opt_name, opt in group_type.options.items():
+        value = fields.raw(opt_name, opt.default)
+        if value is None:
+            if opt.required:
+                raise ScenarioError(fields.at(opt_name), f"is required for {type_name} groups")
+        elif isinstance(value, bool) or not isinstance(value, opt.kind):
+            raise ScenarioError(fields.at(opt_name), f"must be {opt.kind.__name__}, not {value!r}")
+        elif opt.choices and value not in opt.choices:
+            choices = ", ".join(map(str, opt.choices))
+            raise ScenarioError(fields.at(opt_name), f"must be one of {choices}, not {value!r}")
+        options[opt_name] = value
+    fields.done()
+    return GroupSpec(type_name, block_size, options, where)
+
+
+def _parse_speculative(raw: Any, where: Location, at: Location) -> SpeculativeSpec | None:
+    if raw is None:
+        return None
+    fields = _Fields(raw, where, "speculative")
+    method = fields.text("method")
+    num_speculative_tokens = fields.integer("num_speculative_tokens")
+    lookahead = fields.optional_int("num_lookahead_tokens")
+    sample_from_anchor = fields.flag("sample_from_anchor", True)
+    fields.done()
+    return SpeculativeSpec(
+        method, num_speculative_tokens, lookahead, sample_from_anchor, fields.at("method")
+    )
+
+
+def _parse_warmup(raw: Any, where: Location) -> WarmupSpec:
+    fields = _Fields(raw, where, "warmup")
+    defaults = WarmupSpec()
+    entry_points = fields.raw("entry_points", list(defaults.entry_points))
+    if isinstance(entry_points, str):
+        entry_points = [entry_points]
+    if not isinstance(entry_points, list) or not entry_points:
+        raise ScenarioError(fields.at("entry_points"), "must be a non-empty list")
+    for entry in entry_points:
+        if entry not in WARMUP_ENTRY_POINTS:
+            raise ScenarioError(
+                fields.at("entry_points"),
+                f"unknown entry point {entry!r}; known: {', '.join(WARMUP_ENTRY_POINTS)}",
+            )
+    spec = WarmupSpec(
+        entry_points=tuple(entry_points),
+        max_num_seqs=fields.integer("max_num_seqs", defaults.max_num_seqs),
+        max_num_batched_tokens=fields.integer(
+            "max_num_batched_tokens", defaults.max_num_batched_tokens
+        ),
+        mixed_num_tokens=fields.integer("mixed_num_tokens", defaults.mixed_num_tokens),
+    )
+    fields.done()
+    return spec
+
+
+def _parse_requests(raw: Any, where: Location, at: Location) -> dict[str, RequestSpec]:
+    if not isinstance(raw, LineDict) or not raw:
+        raise ScenarioError(at, "a trajectory needs a mapping of request names to requests")
+    requests: dict[str, RequestSpec] = {}
+    for name, body in raw.items():
+        fields = _Fields(body, Location(where.file, raw.line_of(name)), f"requests.{name}")
+        if name in ("repeat", "step", "steps"):
+            raise ScenarioError(
+                fields.at("prompt_len"), f"{name!r} is reserved in steps; rename the request"
+            )
+        prefix_from = fields.raw("prefix_from")
+        request = RequestSpec(
+            name=name,
+            prompt_len=fields.integer("prompt_len"),
+            encoder_len=fields.integer("encoder_len", 0, minimum=0),
+            prefix_from=prefix_from,
+            prefix_len=fields.integer("prefix_len", 0, minimum=0),
+            where=Location(where.file, raw.line_of(name), f"requests.{name}"),
+        )
+        fields.done()
+        if prefix_from is not None and prefix_from not in requests:
+            raise ScenarioError(
+                fields.at("prefix_from"), f"must name a request defined above, not {prefix_from!r}"
+            )
+        if prefix_from is not None:
+            limit = min(request.prompt_len, requests[prefix_from].prompt_len)
+            if request.prefix_len > limit:
+                raise ScenarioError(fields.at("prefix_len"), f"must be at most {limit}")
+        requests[name] = request
+    return requests
+
+
+def _parse_steps(
+    raw: Any,
+    where: Location,
+    at: Location,
+    requests: dict[str, RequestSpec],
+    model: ModelSpec,
+    speculative: SpeculativeSpec | None,
+) -> tuple[Step, ...]:
+    if not isinstance(raw, LineList) or not raw:
+        raise ScenarioError(at, "a trajectory needs a non-empty list of steps")
+    tokens = {name: RequestTokens(spec) for name, spec in requests.items()}
+    num_spec = speculative.num_speculative_tokens if speculative else None
+    steps: list[Step] = []
+    for line, body in _unroll(raw, where, "steps"):
+        step_where = Location(where.file, line, f"steps[{len(steps)}]")
+        if not isinstance(body, LineDict) or not body:
+            raise ScenarioError(step_where, "a step maps request names to actions")
+        calls = []
+        for request, action_raw in body.items():
+            call_where = step_where.at(f"{step_where.field}.{request}", body.line_of(request))
+            if request not in tokens:
+                raise ScenarioError(
+                    call_where, f"unknown request {request!r}; requests: {', '.join(tokens)}"
+                )
+            action, count, accepted = _parse_action(action_raw, call_where)
+            calls.append(
+                tokens[request].apply(
+                    action,
+                    call_where,
+                    count=count,
+                    accepted=accepted,
+                    max_model_len=model.max_model_len,
+                    num_speculative_tokens=num_spec,
+                )
+            )
+        steps.append(Step(len(steps), tuple(calls), line))
+    return tuple(steps)
+
+
+def _unroll(raw: LineList, where: Location, path: str) -> Iterable[tuple[int | None, Any]]:
+    for i, body in enumerate(raw):
+        line = raw.line_of(i)
+        if isinstance(body, LineDict) and "repeat" in body:
+            fields = _Fields(body, Location(where.file, line), f"{path}[{i}]")
+            times = fields.integer("repeat")
+            inner = fields.raw("steps")
+            if inner is None:
+                single = fields.raw("step")
+                if single is None:
+                    raise ScenarioError(fields.at("step"), "repeat needs 'step' or 'steps'")
+                inner = LineList([single])
+                inner.line, inner.item_lines = body.line_of("step"), [body.line_of("step") or 0]
+            fields.done()
+            if not isinstance(inner, LineList) or not inner:
+                raise ScenarioError(fields.at("steps"), "must be a non-empty list of steps")
+            for _ in range(times):
+                yield from _unroll(inner, where, f"{path}[{i}].steps")
+        else:
+            yield line, body
+
+
+def _parse_action(raw: Any, where: Location) -> tuple[Action, int, int | None]:
+    if isinstance(raw, str):
+        try:
+            action = Action(raw)
+        except ValueError:
+            action = None
+        if action in (Action.DECODE, Action.FINISH, Action.PREEMPT):
+            return action, 0, None
+        raise ScenarioError(
+            where,
+            f"unknown action {raw!r}; use decode, finish, preempt, {{prefill: N}} or {{spec: K}}",
+        )
+    if isinstance(raw, LineDict):
+        fields = _Fields(raw, Location(where.file, where.line), where.field or "")
+        if "prefill" in raw:
+            count = fields.integer("prefill")
+            fields.done()
+            return Action.PREFILL, count, None
+        if "spec" in raw:
+            count = fields.integer("spec")
+            accepted = fields.optional_int("accepted")
+            fields.done()
+            return Action.SPEC, count, accepted
+    raise ScenarioError(
+        where, f"unknown action {raw!r}; use decode, finish, preempt, {{prefill: N}} or {{spec: K}}"
+    )

@@ -1,0 +1,99 @@
+"""What the driver saw: one :class:`Observation` per step, request and group.
+
+An observation is the row the checks judge and the reports print: the token
+counts of the step, the floor they imply, and how many blocks (block-table
+columns, null placeholders included) each party held. A party that did not take
+part is ``None``: the predictor on a vLLM without ``_reserved_block_count``, the
+recorded warmup on a plain trajectory.
+
+``predicted_max`` is the running maximum of the prediction since the request
+last (re)started: vLLM never returns blocks when drafts are rejected, so after
+a rollback the live allocator is compared with the most the predictor ever
+asked for, not with its latest, smaller answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from kvconform.oracles.floors import FloorInput
+
+
+class Observation(NamedTuple):
+    step: int
+    line: int | None
+    request: str
+    label: str
+    group: int
+    computed: int
+    scheduled: int
+    lookahead: int
+    floor: int
+    live: int | None
+    predicted: int | None
+    predicted_max: int | None
+    warmup: int | None = None
+    block_ids: tuple[int, ...] | list[int] | None = None
+
+
+class FreeEvent(NamedTuple):
+    """A request gave its blocks back (finish or preempt).
+
+    ``seq`` is the number of observations recorded before it, which orders
+    events among observations of the same step.
+    """
+
+    seq: int
+    step: int
+    line: int | None
+    request: str
+    kind: str
+    held: tuple[list[int], ...]
+    free_before: int
+    free_after: int
+    held_after: tuple[list[int], ...]
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    index: int
+    type: str
+    block_size: int
+    label: str
+    holds_null: bool
+    # The group's fixed inputs to its floor rule (FloorInput minus the step's counts).
+    floor_args: Mapping[str, Any] = field(default_factory=dict)
+
+    def floor_input(
+        self, computed: int, scheduled: int, lookahead: int, encoder_len: int
+    ) -> FloorInput:
+        return FloorInput(
+            computed, scheduled, lookahead, encoder_len=encoder_len, **self.floor_args
+        )
+
+
+@dataclass
+class Trajectory:
+    """Everything the driver recorded for one scenario."""
+
+    groups: tuple[GroupInfo, ...]
+    lookahead: int
+    lookahead_source: str
+    max_model_len: int = 0
+    encoder_lens: Mapping[str, int] = field(default_factory=dict)
+    method: str | None = None
+    num_speculative_tokens: int = 0
+    sample_from_anchor: bool = True
+    vllm_lookahead: int | None = None
+    expected_lookahead: int | None = None
+    observations: list[Observation] = field(default_factory=list)
+    events: list[FreeEvent] = field(default_factory=list)
+    null_block: int = 0
+    num_blocks: int = 0
+    exclusive_blocks: bool = True
+    all_finished: bool = False
+    final_free_blocks: int | None = None
+    parties: tuple[str, ...] = ("live", "predicted")
+    notes: list[str] = field(default_factory=list)

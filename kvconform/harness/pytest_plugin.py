@@ -1,0 +1,185 @@
+"""pytest front: ``pytest scenarios/`` collects every YAML scenario as a test item.
+
+The repository's ``conftest.py`` loads this plugin. Each scenario file becomes
+a collector and each scenario (each ``matrix`` combination) an item named by
+its id, so ``-k`` selects as usual and tags become markers (``-m eagle``).
+An item runs :func:`kvconform.harness.engine.run_scenario`, the same engine the
+command line uses, and fails with the checks' messages, not a traceback.
+
+vLLM is imported once per process, on the first item that needs it, so
+``pytest -n 2 scenarios/`` (pytest-xdist) imports it once per worker.
+Known divergences from the expectations file become ``xfail`` markers at
+collection, so pytest reports them as XFAIL, or XPASS once they conform.
+A file that does not load becomes an item that errors in setup with the
+loader's message; the other files still run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvconform.errors import KvconformError, ScenarioError
+from kvconform.harness.checks import CHECKS, DEFAULT_CHECKS
+from kvconform.harness.expectations import DEFAULT_FILE, Expectation, load_expectations
+from kvconform.harness.loader import SCENARIO_SUFFIXES, is_scenario_file, load_file
+from kvconform.harness.results import ScenarioResult, Verdict
+from kvconform.harness.scenario import Scenario
+from kvconform.oracles import vllm_compat
+
+_VLLM: dict[str | None, vllm_compat.Vllm] = {}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("kvconform")
+    group.addoption(
+        "--vllm-src", metavar="DIR", help="run scenarios against the vLLM Python tree in DIR"
+    )
+    group.addoption("--kvconform-checks", metavar="LIST", help="comma-separated checks to run")
+    group.addoption("--kvconform-expectations", metavar="FILE", help="known divergences file")
+
+
+def _vllm(config: pytest.Config) -> vllm_compat.Vllm:
+    src = config.getoption("vllm_src")
+    if src not in _VLLM:
+        _VLLM[src] = vllm_compat.load(src=src)
+    return _VLLM[src]
+
+
+def _target_version(config: pytest.Config) -> str | None:
+    src = config.getoption("vllm_src")
+    return vllm_compat.tree_version(src) if src else vllm_compat.installed_version()
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    if file_path.suffix not in SCENARIO_SUFFIXES or not is_scenario_file(file_path):
+        return None
+    explicit = parent.session.isinitpath(file_path)
+    if explicit or "scenarios" in file_path.parts:
+        collector: pytest.Collector = ScenarioFile.from_parent(parent, path=file_path)
+        return collector
+    return None
+
+
+def _expectations_for(path: Path, config: pytest.Config) -> list[Expectation]:
+    explicit = config.getoption("kvconform_expectations")
+    candidates = [Path(explicit)] if explicit else [p / DEFAULT_FILE for p in path.parents]
+    for candidate in candidates:
+        if candidate.exists():
+            return load_expectations(candidate)
+    return []
+
+
+class ScenarioFile(pytest.File):
+    def collect(self) -> Iterator[pytest.Item]:
+        try:
+            scenarios = load_file(self.path)
+            expectations = _expectations_for(self.path, self.config)
+        except ScenarioError as error:
+            yield BadScenarioItem.from_parent(self, name=self.path.name, error=error)
+            return
+        version = _target_version(self.config)
+        for scenario in scenarios:
+            item = ScenarioItem.from_parent(self, name=scenario.id, scenario=scenario)
+            for tag in scenario.tags:
+                self.config.addinivalue_line("markers", f"{tag}: kvconform scenario tag")
+                item.add_marker(tag)
+            item.add_marker(scenario.kind)
+            for entry in expectations:
+                if version is not None and entry.applies(scenario.id, version):
+                    item.expectation = entry
+                    item.add_marker(
+                        pytest.mark.xfail(
+                            reason=entry.reason, raises=ExpectedDivergence, strict=False
+                        )
+                    )
+                    break
+            yield item
+
+
+class ScenarioFailed(Exception):
+    def __init__(self, result: ScenarioResult) -> None:
+        self.result = result
+        super().__init__(result.headline())
+
+
+class ExpectedDivergence(ScenarioFailed):
+    """The scenario diverged the way its expectations entry says."""
+
+
+class ScenarioItem(pytest.Item):
+    def __init__(self, *, scenario: Scenario, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.scenario = scenario
+        self.expectation: Expectation | None = None
+        for marker in ("trajectory", "warmup"):
+            self.config.addinivalue_line("markers", f"{marker}: kvconform scenario kind")
+
+    def runtest(self) -> None:
+        from kvconform.harness.engine import run_scenario
+
+        option = self.config.getoption("kvconform_checks")
+        checks = tuple(option.split(",")) if option else DEFAULT_CHECKS
+        unknown = [c for c in checks if c not in CHECKS]
+        if unknown:
+            raise pytest.UsageError(f"--kvconform-checks: unknown check {unknown[0]!r}")
+        result = run_scenario(self.scenario, _vllm(self.config), checks)
+        self.user_properties.append(("verdict", result.verdict.value))
+        if result.verdict is Verdict.PASSED:
+            return
+        if self.expectation is not None and self.expectation.covers(result):
+            raise ExpectedDivergence(result)
+        raise ScenarioFailed(result)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        exc = excinfo.value
+        if isinstance(exc, ScenarioFailed):
+            result = exc.result
+            lines = [f"{self.scenario.id}: {result.verdict.value}"]
+            if result.error:
+                lines.append(result.error)
+            lines += [f"[{f.check}] {f.message}" for f in result.failures[:10]]
+            if len(result.failures) > 10:
+                lines.append(f"... {len(result.failures) - 10} more")
+            lines.append(f"rerun alone: kvconform explain {self.scenario.file}")
+            return "\n".join(lines)
+        if isinstance(exc, KvconformError):
+            return str(exc)
+        return str(super().repr_failure(excinfo))
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        line = self.scenario.line - 1 if self.scenario.line else None
+        return self.path, line, f"scenario {self.scenario.id}"
+
+
+class BadScenarioItem(pytest.Item):
+    """A scenario file that did not load: errors in setup with the loader's message."""
+
+    def __init__(self, *, error: ScenarioError, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.error = error
+
+    def setup(self) -> None:
+        raise self.error
+
+    def runtest(self) -> None:  # pragma: no cover - setup always raises
+        raise self.error
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        return str(excinfo.value)
+
+    # pytest renders setup errors with this method, not repr_failure; a bad
+    # scenario file deserves its one-line message, not a traceback into the loader.
+    def _repr_failure_py(
+        self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None
+    ) -> Any:
+        if isinstance(excinfo.value, ScenarioError):
+            return str(excinfo.value)
+        return super()._repr_failure_py(excinfo, style)
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        line = self.error.where.line
+        return self.path, (line - 1) if line else None, f"scenario file {self.path.name}"

@@ -1,0 +1,155 @@
+"""The scenario model: what a YAML scenario means once it has been validated.
+
+A :class:`Scenario` is immutable and complete. By the time one exists, every
+default has been filled in, every ``matrix`` combination has become its own
+scenario, every ``repeat`` has been unrolled, and every step has been resolved
+into :class:`Call` objects that say exactly how many tokens were computed before
+the step, how many are scheduled in it, and how many drafts are rolled back
+after it. The token arithmetic happens once, in :mod:`kvconform.harness.trajectory`,
+so the driver, the checks and the reports all read the same numbers.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from kvconform.errors import Location
+
+
+class Action(str, enum.Enum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+    SPEC = "spec"
+    FINISH = "finish"
+    PREEMPT = "preempt"
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One KV-cache group: a type from ``GROUP_TYPES`` plus its options."""
+
+    type: str
+    block_size: int
+    options: Mapping[str, object] = field(default_factory=dict)
+    where: Location | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+
+    def option(self, name: str) -> object:
+        return self.options[name]
+
+    @property
+    def label(self) -> str:
+        extra = ",".join(f"{k}={v}" for k, v in self.options.items() if v is not None)
+        return f"{self.type}[{extra}]" if extra else self.type
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    block_size: int
+    max_model_len: int
+    num_blocks: int
+    groups: tuple[GroupSpec, ...]
+    max_encoder_len: int = 0
+    enable_caching: bool = False
+    dcp_world_size: int = 1
+
+    @property
+    def scheduler_block_size(self) -> int:
+        """The least common multiple of the groups' block sizes (vLLM's rule)."""
+        from math import lcm
+
+        return lcm(*(g.block_size for g in self.groups))
+
+    @property
+    def hash_block_size(self) -> int:
+        """Prefix-cache hashes must tile every group's blocks: their gcd."""
+        from math import gcd
+
+        return gcd(*(g.block_size for g in self.groups))
+
+
+@dataclass(frozen=True)
+class SpeculativeSpec:
+    method: str
+    num_speculative_tokens: int
+    # None: take the lookahead from vLLM's VllmConfig.num_lookahead_tokens.
+    num_lookahead_tokens: int | None = None
+    # DSpark only: False selects the fill-in layout (one more lookahead slot).
+    sample_from_anchor: bool = True
+    where: Location | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    name: str
+    prompt_len: int
+    encoder_len: int = 0
+    # Prefix sharing for prefix-caching scenarios: the first prefix_len prompt
+    # tokens are those of request prefix_from.
+    prefix_from: str | None = None
+    prefix_len: int = 0
+    where: Location | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request's part in one step, resolved into token counts."""
+
+    request: str
+    action: Action
+    computed: int  # tokens computed before the step
+    scheduled: int  # tokens scheduled in the step (0 for finish / preempt)
+    rejected: int = 0  # drafts rolled back after the step
+    sampled: int = 0  # output tokens appended after the step
+    first_chunk: bool = False  # the request (re-)enters from the waiting queue
+    label: str = ""
+
+    @property
+    def allocates(self) -> bool:
+        return self.scheduled > 0
+
+
+@dataclass(frozen=True)
+class Step:
+    index: int
+    calls: tuple[Call, ...]
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class WarmupSpec:
+    """What a ``kind: warmup`` scenario asks of vLLM's real warmup."""
+
+    entry_points: tuple[str, ...] = ("warmup_kernels", "run_mixed_prefill_decode_warmup")
+    max_num_seqs: int = 4
+    max_num_batched_tokens: int = 512
+    mixed_num_tokens: int = 64
+
+
+@dataclass(frozen=True)
+class Scenario:
+    id: str
+    name: str
+    file: str
+    description: str
+    tags: tuple[str, ...]
+    kind: str
+    model: ModelSpec
+    speculative: SpeculativeSpec | None
+    requests: Mapping[str, RequestSpec]
+    steps: tuple[Step, ...]
+    params: tuple[tuple[str, object], ...] = ()
+    warmup: WarmupSpec | None = None
+    line: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "requests", MappingProxyType(dict(self.requests)))
+
+    @property
+    def where(self) -> Location:
+        return Location(self.file, self.line)

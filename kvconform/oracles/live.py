@@ -1,0 +1,128 @@
+"""The live party: vLLM's own ``KVCacheManager``, driven as its scheduler drives it.
+
+Every call mirrors what ``vllm/v1/core/sched/scheduler.py`` does around
+``allocate_slots``:
+
+* A request entering from the waiting queue (first chunk, or first chunk after a
+  preemption) first looks up its prefix-cache hit with ``get_computed_blocks``
+  (capped so at least one token is scheduled), then calls ``allocate_slots``
+  with the hit, the scenario's lookahead and, for encoder-decoder models, its
+  encoder length; it is then marked running.
+* A running request calls ``allocate_slots(request, scheduled,
+  num_lookahead_tokens=lookahead)``.
+* After the step, ``num_computed_tokens`` advances by the scheduled tokens,
+  rejected drafts are rolled back from it, sampled tokens are appended and, as
+  the scheduler does under speculative decoding, verified blocks are cached.
+* ``preempt`` frees the blocks and resets the computed count; ``finish`` frees.
+
+``allocate_slots`` returning ``None`` means the pool cannot serve the step:
+the scenario asked for more than its pool holds, a :class:`PoolExhausted`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from kvconform.errors import Location, PoolExhausted
+from kvconform.harness.scenario import Call, ModelSpec, RequestSpec
+from kvconform.oracles.vllm_compat import Vllm
+
+# Token ids: disjoint ranges per request so that prefix-cache hits happen only
+# where a scenario asks for them (prefix_from), including after outputs.
+_ID_STRIDE = 1_000_000
+_OUTPUT_OFFSET = 500_000
+
+
+class LiveAllocator:
+    """One ``KVCacheManager`` shared by all requests of a scenario."""
+
+    def __init__(self, vllm: Vllm, model: ModelSpec, specs: Sequence[Any], lookahead: int) -> None:
+        self.vllm = vllm
+        self.model = model
+        self.lookahead = lookahead
+        self.manager = vllm.new_manager(
+            vllm.kv_cache_config(model.num_blocks, specs),
+            max_model_len=model.max_model_len,
+            scheduler_block_size=model.scheduler_block_size,
+            hash_block_size=model.hash_block_size,
+            enable_caching=model.enable_caching,
+            dcp_world_size=model.dcp_world_size,
+            log_stats=False,
+        )
+        self.null_block = vllm.null_block_id(self.manager)
+        self._hasher = vllm.block_hasher(model.hash_block_size) if model.enable_caching else None
+        self._requests: dict[str, Any] = {}
+        self._prompts: dict[str, list[int]] = {}
+        self._outputs: dict[str, int] = {}
+        self._running = vllm.running_status()
+        self._preempted = vllm.preempted_status()
+
+    def add_request(self, spec: RequestSpec, index: int) -> None:
+        base = (index + 1) * _ID_STRIDE
+        prompt = list(range(base, base + spec.prompt_len))
+        if spec.prefix_from is not None:
+            prompt[: spec.prefix_len] = self._prompts[spec.prefix_from][: spec.prefix_len]
+        self._prompts[spec.name] = prompt
+        self._outputs[spec.name] = base + _OUTPUT_OFFSET
+        self._requests[spec.name] = self.vllm.new_request(spec.name, prompt, self._hasher)
+
+    def schedule(self, call: Call, encoder_len: int, where: Location) -> int:
+        """Allocate for one call; returns the prefix-cache hit in tokens."""
+        request = self._requests[call.request]
+        hit = 0
+        if call.first_chunk:
+            blocks = None
+            if self.model.enable_caching:
+                blocks, hit = self.vllm.computed_blocks(
+                    self.manager, request, call.computed + call.scheduled - 1
+                )
+            new_blocks = self.vllm.allocate_slots(
+                self.manager,
+                request,
+                call.scheduled - hit,
+                num_new_computed_tokens=hit,
+                new_computed_blocks=blocks if hit else None,
+                num_lookahead_tokens=self.lookahead,
+                num_encoder_tokens=encoder_len,
+            )
+        else:
+            new_blocks = self.vllm.allocate_slots(
+                self.manager, request, call.scheduled, num_lookahead_tokens=self.lookahead
+            )
+        if new_blocks is None:
+            raise PoolExhausted(
+                where,
+                f"the pool of {self.model.num_blocks} blocks has "
+                f"{self.vllm.free_block_count(self.manager)} free, too few for {call.label} of "
+                f"request {call.request!r}; raise model.num_blocks, or preempt or finish a request",
+            )
+        request.status = self._running
+        request.num_computed_tokens = call.computed + call.scheduled
+        return hit
+
+    def complete(self, call: Call) -> None:
+        """What ``update_from_output`` does after the step: rollback and sample."""
+        request = self._requests[call.request]
+        request.num_computed_tokens -= call.rejected
+        if call.sampled:
+            first = self._outputs[call.request]
+            self._outputs[call.request] = first + call.sampled
+            request.append_output_token_ids(list(range(first, first + call.sampled)))
+            if self.model.enable_caching:
+                self.vllm.cache_blocks(self.manager, request, request.num_computed_tokens)
+
+    def preempt(self, name: str) -> None:
+        request = self._requests[name]
+        self.manager.free(request)
+        request.status = self._preempted
+        request.num_computed_tokens = 0
+
+    def finish(self, name: str) -> None:
+        self.manager.free(self._requests[name])
+
+    def block_ids(self, name: str) -> tuple[list[int], ...]:
+        return tuple(self.manager.get_block_ids(name))
+
+    def free_blocks(self) -> int:
+        return self.vllm.free_block_count(self.manager)

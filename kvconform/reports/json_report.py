@@ -1,0 +1,91 @@
+"""``report.json``: the machine-readable record of a run.
+
+Schema ``kvconform-report/1`` (documented in ``docs/report-json.md``): at the
+top, where and against which vLLM the run happened; then one entry per
+scenario with its id, file, verdict and every failure (check, step, request,
+group, spec type, live, predicted, warmup, floor, message).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+from typing import Any
+
+from kvconform import __version__
+from kvconform.harness.results import RunReport, ScenarioResult
+from kvconform.reports.common import rerun_command
+
+SCHEMA = "kvconform-report/1"
+
+
+def scenario_json(result: ScenarioResult, report: RunReport) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "id": result.id,
+        "file": result.file,
+        "line": result.line,
+        "kind": result.kind,
+        "tags": list(result.tags),
+        "verdict": result.verdict.value,
+        "error_kind": result.error_kind.value if result.error_kind else None,
+        "error": result.error,
+        "expectation": result.expectation,
+        "duration_s": round(result.duration, 6),
+        "rerun": rerun_command(result, report),
+        "failures": [f.to_json() for f in result.failures],
+    }
+    run = result.trajectory
+    if run is not None:
+        entry.update(
+            lookahead=run.lookahead,
+            lookahead_source=run.lookahead_source,
+            method=run.method,
+            parties=list(run.parties),
+            groups=[
+                {"type": g.type, "label": g.label, "block_size": g.block_size} for g in run.groups
+            ],
+            notes=list(run.notes),
+            steps=len({o.step for o in run.observations}),
+        )
+    return entry
+
+
+def report_json(report: RunReport) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "kvconform": __version__,
+        "vllm": {
+            "version": report.vllm_version,
+            "source": report.vllm_source,
+            "path": report.vllm_path,
+            "release": report.vllm_release,
+            "error": report.vllm_error,
+        },
+        "torch": report.torch_version,
+        "device": report.device,
+        "python": platform.python_version(),
+        "command": report.command,
+        "started": report.started,
+        "duration_s": round(report.duration, 3),
+        "exit_status": report.exit_status,
+        "checks": list(report.checks),
+        "counts": report.counts(),
+        "notes": list(report.notes),
+        "input_errors": [
+            {
+                "file": e.where.file,
+                "line": e.where.line,
+                "field": e.where.field,
+                "message": e.message,
+            }
+            for e in report.input_errors
+        ],
+        "scenarios": [scenario_json(r, report) for r in report.results],
+    }
+
+
+def write_json(report: RunReport, directory: Path) -> Path:
+    path = directory / "report.json"
+    path.write_text(json.dumps(report_json(report), indent=1) + "\n", encoding="utf-8")
+    return path

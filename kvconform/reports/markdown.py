@@ -1,0 +1,73 @@
+"""``summary.md``: the few lines a CI job page shows.
+
+Verdict first, then counts, then for each failing scenario its first failure
+and the command that reruns it, then the known divergences with their reasons.
+Long runs stay readable: at most a handful of failures per scenario are shown;
+``report.json`` has all of them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvconform.harness.results import RunReport, Verdict
+from kvconform.reports.common import rerun_command
+
+MAX_FAILURES_SHOWN = 3
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(report: RunReport) -> str:
+    counts = report.counts()
+    ok = report.exit_status == 0
+    lines = [
+        f"# kvconform: {'conform' if ok else 'NOT conform'} (exit {report.exit_status})",
+        "",
+        f"vLLM **{report.vllm_version or 'unavailable'}** ({report.vllm_source or '-'}"
+        + (f", {report.vllm_path}" if report.vllm_path else "")
+        + f"); torch {report.torch_version or '-'}; device {report.device or '-'}; "
+        f"{report.duration:.1f} s",
+        "",
+        "| " + " | ".join(counts) + " |",
+        "|" + "---|" * len(counts),
+        "| " + " | ".join(str(v) for v in counts.values()) + " |",
+        "",
+    ]
+    if report.vllm_error:
+        lines += ["## vLLM could not be exercised", "", f"    {report.vllm_error}", ""]
+    if report.input_errors:
+        lines += ["## Input errors", ""]
+        lines += [f"- `{e}`" for e in report.input_errors]
+        lines.append("")
+    bad = [r for r in report.results if r.verdict in (Verdict.FAILED, Verdict.ERROR)]
+    if bad:
+        lines += ["## Failing scenarios", ""]
+        for result in bad:
+            lines.append(f"### `{result.id}` — {result.verdict.value} ({result.file})")
+            lines.append("")
+            if result.error:
+                lines.append(
+                    f"- {result.error_kind.value if result.error_kind else 'error'}: {_cell(result.error)}"
+                )
+            for failure in result.failures[:MAX_FAILURES_SHOWN]:
+                lines.append(f"- **{failure.check}**: {_cell(failure.message)}")
+            if len(result.failures) > MAX_FAILURES_SHOWN:
+                lines.append(f"- … {len(result.failures) - MAX_FAILURES_SHOWN} more in report.json")
+            lines += ["", f"    {rerun_command(result, report)}", ""]
+    known = [r for r in report.results if r.verdict in (Verdict.XFAILED, Verdict.XPASSED)]
+    if known:
+        lines += ["## Known divergences", "", "| scenario | verdict | reason |", "|---|---|---|"]
+        lines += [f"| `{r.id}` | {r.verdict.value} | {_cell(r.expectation or '')} |" for r in known]
+        lines.append("")
+    for note in report.notes:
+        lines.append(f"> {note}")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def write_markdown(report: RunReport, directory: Path) -> Path:
+    path = directory / "summary.md"
+    path.write_text(render_markdown(report), encoding="utf-8")
+    return path

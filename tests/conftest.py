@@ -1,0 +1,38 @@
+"""Shared fixtures: one vLLM per test process, and scenario files written on the fly."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from kvconform.harness.loader import load_file
+from kvconform.harness.scenario import Scenario
+from kvconform.oracles.vllm_compat import Vllm, load
+
+
+@pytest.fixture(scope="session")
+def vllm() -> Vllm:
+    """The installed vLLM, imported once for the whole test session."""
+    return load()
+
+
+@pytest.fixture
+def write_scenario(tmp_path: Path) -> Callable[..., Path]:
+    def write(text: str, name: str = "scenario.yaml") -> Path:
+        path = tmp_path / name
+        path.write_text(textwrap.dedent(text).lstrip(), encoding="utf-8")
+        return path
+
+    return write
+
+
+@pytest.fixture
+def scenario_from(write_scenario: Callable[..., Path]) -> Callable[..., Scenario]:
+    def make(text: str) -> Scenario:
+        (scenario,) = load_file(write_scenario(text))
+        return scenario
+
+    return make

@@ -1,0 +1,215 @@
+"""The loader: defaults, matrix, repeat, and one clear message per bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvconform.errors import ScenarioError
+from kvconform.harness.loader import load_file, load_paths
+from kvconform.harness.scenario import Action
+
+MINIMAL = """
+name: minimal
+requests:
+  a: {prompt_len: 20}
+steps:
+  - {a: {prefill: 20}}
+  - {a: decode}
+  - {a: finish}
+"""
+
+
+def test_defaults_are_filled_in(scenario_from):
+    scenario = scenario_from(MINIMAL)
+    assert scenario.model.block_size == 16
+    assert [g.type for g in scenario.model.groups] == ["full_attention"]
+    assert scenario.speculative is None
+    assert scenario.kind == "trajectory"
+
+
+def test_steps_resolve_to_token_counts(scenario_from):
+    scenario = scenario_from(
+        """
+        model: {max_model_len: 512}
+        speculative: {method: eagle, num_speculative_tokens: 3}
+        requests: {a: {prompt_len: 40}}
+        steps:
+          - {a: {prefill: 32}}
+          - {a: {prefill: 8}}
+          - {a: {spec: 3, accepted: 1}}
+          - {a: decode}
+          - {a: preempt}
+          - {a: {prefill: 44}}
+        """
+    )
+    calls = [step.calls[0] for step in scenario.steps]
+    assert [(c.computed, c.scheduled, c.rejected, c.sampled) for c in calls] == [
+        (0, 32, 0, 0),  # a chunk that does not finish the prompt samples nothing
+        (32, 8, 0, 1),  # the chunk that finishes it samples one token
+        (40, 4, 2, 2),  # last sampled token + 3 drafts; 2 rejected; 1 accepted + bonus
+        (42, 1, 0, 1),
+        (43, 0, 0, 0),  # preempt: 43 computed tokens were dropped
+        (0, 44, 0, 1),  # recompute the prompt (40) and all 4 outputs, then sample
+    ]
+    assert calls[0].first_chunk and not calls[1].first_chunk and calls[5].first_chunk
+    assert calls[4].action is Action.PREEMPT
+
+
+def test_repeat_unrolls(scenario_from):
+    scenario = scenario_from(
+        """
+        speculative: {method: eagle, num_speculative_tokens: 2}
+        requests: {a: {prompt_len: 10}}
+        steps:
+          - {a: {prefill: 10}}
+          - {repeat: 5, step: {a: {spec: 2, accepted: 0}}}
+          - {repeat: 2, steps: [{a: decode}, {a: {spec: 1}}]}
+        """
+    )
+    assert len(scenario.steps) == 1 + 5 + 4
+    assert [s.calls[0].computed for s in scenario.steps[1:6]] == [10, 11, 12, 13, 14]
+
+
+def test_matrix_makes_one_scenario_per_combination(write_scenario):
+    path = write_scenario(
+        """
+        name: m
+        matrix:
+          method: [eagle, dflash, none]
+          num_speculative_tokens: [1, 3]
+        requests: {a: {prompt_len: 10}}
+        steps: [{a: {prefill: 10}}, {a: decode}]
+        """
+    )
+    scenarios = load_file(path)
+    assert [s.id for s in scenarios] == [
+        "m[eagle-k1]",
+        "m[eagle-k3]",
+        "m[dflash-k1]",
+        "m[dflash-k3]",
+        "m[nospec-k1]",
+        "m[nospec-k3]",
+    ]
+    assert scenarios[3].speculative.method == "dflash"
+    assert scenarios[3].speculative.num_speculative_tokens == 3
+    assert scenarios[4].speculative is None
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "field", "words"),
+    [
+        (
+            "name: x\nrequests: {a: {prompt_len: 5}}\nsteps:\n  - {a: {prefill: 6}}\n",
+            4,
+            "steps[0].a",
+            "outside 1..5",
+        ),
+        (
+            "requests: {a: {prompt_len: 5}}\nsteps:\n  - {a: decode}\n",
+            3,
+            "steps[0].a",
+            "before its prefill",
+        ),
+        (
+            "requests: {a: {prompt_len: 5}}\nsteps:\n  - {b: decode}\n",
+            3,
+            "steps[0].b",
+            "unknown request",
+        ),
+        (
+            "model:\n  groups: [full_atention]\nrequests: {a: {prompt_len: 5}}\nsteps: [{a: {prefill: 5}}]\n",
+            2,
+            "model.groups[0].type",
+            "unknown group type",
+        ),
+        (
+            "model:\n  block_size: sixteen\nrequests: {a: {prompt_len: 5}}\nsteps: [{a: {prefill: 5}}]\n",
+            2,
+            "model.block_size",
+            "integer",
+        ),
+        (
+            "requests: {a: {prompt_len: 5}}\nrequests: {b: {prompt_len: 5}}\nsteps: []\n",
+            2,
+            "requests",
+            "duplicate key",
+        ),
+        (
+            "requests: {a: {prompt_len: 5}}\nsteps:\n  - {a: {prefill: 5}}\n  - {a: {spec: 2}}\n",
+            4,
+            "steps[1].a",
+            "speculative",
+        ),
+        (
+            "speculative: {method: eagle, num_speculative_tokens: 2}\nrequests: {a: {prompt_len: 5}}\nsteps:\n  - {a: {prefill: 5}}\n  - {a: {spec: 3}}\n",
+            5,
+            "steps[1].a",
+            "at most num_speculative_tokens",
+        ),
+        (
+            "model: {max_model_len: 8}\nrequests: {a: {prompt_len: 7}}\nsteps:\n  - {a: {prefill: 7}}\n  - {a: decode}\n",
+            5,
+            "steps[1].a",
+            "max_model_len",
+        ),
+        (
+            "requests: {a: {prompt_len: 5}}\nsteps:\n  - {a: {prefill: 5}}\n  - {a: finish}\n  - {a: decode}\n",
+            5,
+            "steps[2].a",
+            "already finished",
+        ),
+        (
+            "requests: {a: {prompt_len: 5}}\nsteps: [{a: {prefill: 5}}]\nsurprise: 1\n",
+            3,
+            "surprise",
+            "unknown field",
+        ),
+        (
+            "model: {groups: [{type: sliding_window}]}\nrequests: {a: {prompt_len: 5}}\nsteps: [{a: {prefill: 5}}]\n",
+            1,
+            "model.groups[0].sliding_window",
+            "required",
+        ),
+        ("requests: [a]\nsteps: [{a: {prefill: 5}}]\n", 1, "requests", "mapping"),
+        ("steps: [{a: {prefill: 5}}\n", 2, None, "invalid YAML"),
+    ],
+)
+def test_bad_input_names_file_line_and_field(write_scenario, text, line, field, words):
+    path = write_scenario(text)
+    with pytest.raises(ScenarioError) as info:
+        load_file(path)
+    error = info.value
+    assert error.where.file == str(path)
+    assert error.where.line == line, str(error)
+    assert error.where.field == field, str(error)
+    assert words in error.message, str(error)
+    assert str(error).startswith(f"{path}:{line}: ")
+
+
+def test_one_bad_file_does_not_hide_the_others(tmp_path: Path):
+    (tmp_path / "good.yaml").write_text(MINIMAL)
+    (tmp_path / "bad.yaml").write_text(
+        "name: bad\nrequests: {a: {prompt_len: 5}}\nsteps: [{a: jump}]\n"
+    )
+    (tmp_path / "expectations.yaml").write_text("- {id: x, reason: y}\n")  # not a scenario
+    loaded = load_paths([tmp_path])
+    assert [s.id for s in loaded.scenarios] == ["minimal"]
+    assert len(loaded.errors) == 1 and "unknown action 'jump'" in str(loaded.errors[0])
+
+
+def test_yaml_is_loaded_safely(write_scenario):
+    path = write_scenario(
+        "name: !!python/object/apply:os.system ['true']\nrequests: {a: {prompt_len: 5}}\nsteps: [{a: {prefill: 5}}]\n"
+    )
+    with pytest.raises(ScenarioError, match="invalid YAML"):
+        load_file(path)
+
+
+def test_duplicate_scenario_ids_are_an_error(tmp_path: Path):
+    (tmp_path / "one.yaml").write_text(MINIMAL)
+    (tmp_path / "two.yaml").write_text(MINIMAL)
+    loaded = load_paths([tmp_path])
+    assert len(loaded.scenarios) == 1
+    assert "already used" in str(loaded.errors[0])
