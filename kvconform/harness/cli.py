@@ -42,6 +42,11 @@ def add_vllm_options(parser: argparse.ArgumentParser) -> None:
         help="run against the vLLM Python tree in DIR (the folder holding vllm/), put ahead "
         "of the installed vLLM, whose compiled parts and dependencies stay",
     )
+    group.add_argument(
+        "--vllm-release",
+        metavar="VER",
+        help="like --vllm-src, with the Python tree of PyPI release VER (downloaded once, cached)",
+    )
 
 
 def add_selection_options(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +57,11 @@ def add_selection_options(parser: argparse.ArgumentParser) -> None:
 
 
 def load_vllm(args: argparse.Namespace) -> Vllm:
+    release = getattr(args, "vllm_release", None)
+    if release:
+        from kvconform.harness.releases import release_tree
+
+        return vllm_compat.load(src=release_tree(release), release=release)
     return vllm_compat.load(src=getattr(args, "vllm_src", None))
 
 

@@ -43,13 +43,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def _vllm(config: pytest.Config) -> vllm_compat.Vllm:
+    release = config.getoption("vllm_release")
     src = config.getoption("vllm_src")
-    if src not in _VLLM:
-        _VLLM[src] = vllm_compat.load(src=src)
-    return _VLLM[src]
+    key = release or src
+    if key not in _VLLM:
+        if release:
+            from kvconform.harness.releases import release_tree
+
+            _VLLM[key] = vllm_compat.load(src=release_tree(release), release=release)
+        else:
+            _VLLM[key] = vllm_compat.load(src=src)
+    return _VLLM[key]
 
 
 def _target_version(config: pytest.Config) -> str | None:
+    release = config.getoption("vllm_release")
+    if release:
+        return str(release)
     src = config.getoption("vllm_src")
     return vllm_compat.tree_version(src) if src else vllm_compat.installed_version()
 
