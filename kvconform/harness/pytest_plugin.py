@@ -16,6 +16,8 @@ loader's message; the other files still run.
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,12 +33,18 @@ from kvconform.harness.scenario import Scenario
 from kvconform.oracles import vllm_compat
 
 _VLLM: dict[str | None, vllm_compat.Vllm] = {}
+# Seconds each load took in this process; every item reports them (junit
+# properties), which shows import cost per xdist worker and that it is paid once.
+_LOAD_SECONDS: list[float] = []
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("kvconform")
     group.addoption(
         "--vllm-src", metavar="DIR", help="run scenarios against the vLLM Python tree in DIR"
+    )
+    group.addoption(
+        "--vllm-release", metavar="VER", help="run scenarios against PyPI release VER's Python tree"
     )
     group.addoption("--kvconform-checks", metavar="LIST", help="comma-separated checks to run")
     group.addoption("--kvconform-expectations", metavar="FILE", help="known divergences file")
@@ -47,12 +55,14 @@ def _vllm(config: pytest.Config) -> vllm_compat.Vllm:
     src = config.getoption("vllm_src")
     key = release or src
     if key not in _VLLM:
+        started = time.perf_counter()
         if release:
             from kvconform.harness.releases import release_tree
 
             _VLLM[key] = vllm_compat.load(src=release_tree(release), release=release)
         else:
             _VLLM[key] = vllm_compat.load(src=src)
+        _LOAD_SECONDS.append(time.perf_counter() - started)
     return _VLLM[key]
 
 
@@ -138,6 +148,8 @@ class ScenarioItem(pytest.Item):
             raise pytest.UsageError(f"--kvconform-checks: unknown check {unknown[0]!r}")
         result = run_scenario(self.scenario, _vllm(self.config), checks)
         self.user_properties.append(("verdict", result.verdict.value))
+        self.user_properties.append(("vllm_loads", ",".join(f"{s:.2f}" for s in _LOAD_SECONDS)))
+        self.user_properties.append(("pid", os.getpid()))
         if result.verdict is Verdict.PASSED:
             return
         if self.expectation is not None and self.expectation.covers(result):

@@ -1,0 +1,166 @@
+"""The checks on recorded trajectories: each one fires on the violation it names, and only then.
+
+These tests build trajectories by hand (no vLLM), so each assertion is about the
+check's logic alone; tests/test_engine.py drives the real KVCacheManager.
+"""
+
+from __future__ import annotations
+
+from kvconform.harness.checks import check_agree, check_floor, check_lookahead, check_sanity
+from kvconform.harness.observations import FreeEvent, GroupInfo, Observation, Trajectory
+from kvconform.oracles.floors import FLOORS
+
+
+def trajectory(*observations: Observation, group_type: str = "full_attention", **kw) -> Trajectory:
+    group = GroupInfo(
+        0,
+        group_type,
+        16,
+        group_type,
+        group_type in ("sliding_window", "mamba"),
+        floor_args=dict(block_size=16, max_model_len=1024),
+    )
+    run = Trajectory((group,), lookahead=4, lookahead_source="test", max_model_len=1024, **kw)
+    run.observations.extend(observations)
+    run.num_blocks = 100
+    return run
+
+
+def obs(
+    step=0,
+    *,
+    computed=9,
+    scheduled=4,
+    lookahead=4,
+    floor=2,
+    live=2,
+    predicted=2,
+    pmax=None,
+    warmup=None,
+    ids=None,
+    request="a",
+) -> Observation:
+    return Observation(
+        step,
+        10 + step,
+        request,
+        "spec 3",
+        0,
+        computed,
+        scheduled,
+        lookahead,
+        floor,
+        live,
+        predicted,
+        predicted if pmax is None else pmax,
+        warmup,
+        ids if ids is not None else list(range(1, (live or 0) + 1)),
+    )
+
+
+def test_floor_passes_at_the_floor_and_fails_one_below():
+    assert list(check_floor(trajectory(obs(live=2)))) == []
+    (failure,) = check_floor(trajectory(obs(live=1, predicted=2)))
+    assert failure.check == "floor" and failure.live == 1 and failure.floor == 2
+    # The message says who, how many, what the floor is made of, and which positions are lost.
+    assert "the live KVCacheManager holds 1 block, below the floor of 2" in failure.message
+    assert "cdiv(min(9 computed + 4 scheduled + 4 lookahead, 1024), 16)" in failure.message
+    assert "the drafter's positions 16..16 have no block" in failure.message
+    assert failure.spec_type == "FullAttentionSpec"
+
+
+def test_floor_judges_every_party_present():
+    failures = list(check_floor(trajectory(obs(live=2, predicted=1, warmup=1))))
+    assert sorted(f.message.split(" holds")[0].split(": ")[-1] for f in failures) == [
+        "the recorded warmup",
+        "the warmup predictor _reserved_block_count",
+    ]
+
+
+def test_agree_uses_the_running_maximum_after_rollback():
+    # After rejected drafts the prediction shrinks but vLLM keeps the blocks: no alarm.
+    assert list(check_agree(trajectory(obs(live=3, predicted=2, pmax=3)))) == []
+    (failure,) = check_agree(trajectory(obs(live=3, predicted=2, pmax=2)))
+    assert (
+        "holds 3 blocks but the warmup predictor _reserved_block_count predicts 2"
+        in failure.message
+    )
+
+
+def test_agree_without_predictor_compares_warmup_and_live():
+    no_predictor = obs(live=2, predicted=None, pmax=None, warmup=1)
+    no_predictor = no_predictor._replace(predicted_max=None)
+    (failure,) = check_agree(trajectory(no_predictor))
+    assert (
+        "the recorded warmup holds 1 block but the live KVCacheManager holds 2" in failure.message
+    )
+
+
+def test_lookahead_flags_a_mismatch_and_an_unknown_method():
+    assert (
+        list(
+            check_lookahead(
+                trajectory(
+                    method="dflash",
+                    num_speculative_tokens=3,
+                    vllm_lookahead=4,
+                    expected_lookahead=4,
+                )
+            )
+        )
+        == []
+    )
+    (mismatch,) = check_lookahead(
+        trajectory(
+            method="dflash", num_speculative_tokens=3, vllm_lookahead=3, expected_lookahead=4
+        )
+    )
+    assert "is 3 for method 'dflash' with k=3, but the drafter needs k + 1 = 4" in mismatch.message
+    (unknown,) = check_lookahead(
+        trajectory(
+            method="brand_new", num_speculative_tokens=3, vllm_lookahead=0, expected_lookahead=None
+        )
+    )
+    assert "not in kvconform's lookahead table" in unknown.message
+
+
+def test_sanity_catches_a_block_in_two_tables():
+    run = trajectory(obs(0, ids=[1, 2], request="a"), obs(0, ids=[2, 3], request="b"))
+    (failure,) = check_sanity(run)
+    assert "block 2 is also in the table of live request a" in failure.message
+
+
+def test_sanity_allows_reuse_after_a_free_and_sharing_with_prefix_caching():
+    first, second = obs(0, ids=[1, 2], request="a"), obs(1, ids=[1, 2], request="b")
+    run = trajectory(first, second)
+    run.events.append(FreeEvent(1, 0, 10, "a", "finish", ([1, 2],), 10, 12, ([],)))
+    assert list(check_sanity(run)) == []
+    shared = trajectory(first, second, exclusive_blocks=False)
+    assert list(check_sanity(shared)) == []
+
+
+def test_sanity_checks_what_a_free_gives_back():
+    run = trajectory(obs(0, ids=[1, 2]))
+    run.events.append(FreeEvent(1, 0, 10, "a", "finish", ([1, 2],), 10, 11, ([2],)))
+    messages = [f.message for f in check_sanity(run)]
+    assert any("still holds blocks in groups [0] after finish" in m for m in messages)
+    assert any("held 2 distinct blocks but 1 went back to the pool" in m for m in messages)
+
+
+def test_sanity_null_block_only_where_the_type_allows_it():
+    (failure,) = check_sanity(trajectory(obs(ids=[0, 5])))
+    assert "null block (id 0)" in failure.message
+    assert list(check_sanity(trajectory(obs(ids=[0, 5]), group_type="sliding_window"))) == []
+
+
+def test_sanity_detects_leaked_blocks_at_the_end():
+    run = trajectory(obs(ids=[1, 2]), all_finished=True, final_free_blocks=97)
+    (failure,) = check_sanity(run)
+    assert "97 free blocks, not all 99" in failure.message
+
+
+def test_every_group_type_has_a_floor_with_a_reason():
+    from kvconform.oracles.group_types import GROUP_TYPES
+
+    assert set(FLOORS) == set(GROUP_TYPES)
+    assert all(len(rule.reason) > 20 for rule in FLOORS.values())

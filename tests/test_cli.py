@@ -1,0 +1,154 @@
+"""The command line, in process: exit codes, reports, and messages without tracebacks."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from kvconform.harness.cli import main
+from kvconform.harness.loader import load_text
+from kvconform.harness.select import compile_expression
+
+GOOD = """
+name: good
+tags: [eagle]
+speculative: {method: eagle, num_speculative_tokens: 2}
+requests: {a: {prompt_len: 30}}
+steps:
+  - {a: {prefill: 30}}
+  - {a: {spec: 2, accepted: 1}}
+  - {a: finish}
+"""
+CRASHING = """
+name: sink
+model: {groups: [{type: sink_full_attention, sink_len: 16}]}
+requests: {a: {prompt_len: 20}}
+steps: [{a: {prefill: 20}}]
+"""
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    folder = tmp_path / "scenarios"
+    folder.mkdir()
+    (folder / "good.yaml").write_text(GOOD)
+    return folder
+
+
+def run(*args: str) -> int:
+    return main(["run", *args])
+
+
+def test_run_conforming_corpus_exits_0_and_writes_reports(vllm, corpus, tmp_path, capsys):
+    report_dir = tmp_path / "out"
+    assert run(str(corpus), "--report-dir", str(report_dir)) == 0
+    report = json.loads((report_dir / "report.json").read_text())
+    assert report["schema"] == "kvconform-report/1"
+    assert report["vllm"]["version"] == vllm.version and report["vllm"]["source"] == "installed"
+    assert [(s["id"], s["verdict"]) for s in report["scenarios"]] == [("good", "passed")]
+    junit = ET.parse(report_dir / "junit.xml").getroot()
+    assert junit.tag == "testsuites" and junit.get("tests") == "1" and junit.get("failures") == "0"
+    assert (report_dir / "summary.md").read_text().startswith("# kvconform: conform (exit 0)")
+    assert "PASSED   good" in capsys.readouterr().out
+
+
+def test_bad_file_exits_2_names_file_line_field_and_the_rest_still_runs(
+    vllm, corpus, tmp_path, capsys
+):
+    (corpus / "broken.yaml").write_text(
+        "requests: {a: {prompt_len: 5}}\nsteps:\n  - {a: {spec: 1}}\n"
+    )
+    report_dir = tmp_path / "out"
+    assert run(str(corpus), "--report-dir", str(report_dir)) == 2
+    out = capsys.readouterr().out
+    assert f"ERROR {corpus / 'broken.yaml'}:3: steps[0].a: request 'a' cannot spec before" in out
+    assert "Traceback" not in out
+    report = json.loads((report_dir / "report.json").read_text())
+    assert [s["id"] for s in report["scenarios"]] == ["good"]
+    (error,) = report["input_errors"]
+    assert (error["line"], error["field"]) == (3, "steps[0].a")
+    junit = ET.parse(report_dir / "junit.xml").getroot()
+    assert junit.get("errors") == "1"
+
+
+def test_vllm_crash_is_nonconformance_with_exit_1(vllm, corpus, tmp_path, capsys):
+    (corpus / "sink.yaml").write_text(CRASHING)
+    report_dir = tmp_path / "out"
+    assert run(str(corpus), "--report-dir", str(report_dir)) == 1
+    report = json.loads((report_dir / "report.json").read_text())
+    sink = next(s for s in report["scenarios"] if s["id"] == "sink")
+    assert sink["verdict"] == "error" and sink["error_kind"] == "crash"
+    assert sink["rerun"] == f"kvconform run {corpus / 'sink.yaml'} -k sink"
+
+
+def test_expectations_turn_a_known_divergence_into_xfail(vllm, corpus, tmp_path):
+    (corpus / "sink.yaml").write_text(CRASHING)
+    (corpus / "expectations.yaml").write_text(
+        "- id: sink\n  checks: [error]\n  reason: SinkFullAttentionManager rejects needs_kv_cache_zeroing\n"
+        "  vllm: '>=0.33'\n"
+    )
+    report_dir = tmp_path / "out"
+    assert run(str(corpus), "--report-dir", str(report_dir)) == 0
+    report = json.loads((report_dir / "report.json").read_text())
+    sink = next(s for s in report["scenarios"] if s["id"] == "sink")
+    assert sink["verdict"] == "xfailed" and "needs_kv_cache_zeroing" in sink["expectation"]
+    assert report["counts"]["xfailed"] == 1
+
+
+def test_k_selects_and_unknown_path_is_a_usage_error(vllm, corpus, tmp_path, capsys):
+    (corpus / "sink.yaml").write_text(CRASHING)
+    assert run(str(corpus), "-k", "not sink", "--report-dir", str(tmp_path / "o")) == 0
+    assert run(str(tmp_path / "missing"), "--report-dir", str(tmp_path / "o")) == 2
+    assert "no such file or folder" in capsys.readouterr().out
+
+
+def test_vllm_src_without_vllm_exits_3(tmp_path, capsys):
+    empty = tmp_path / "tree"
+    empty.mkdir()
+    scenario = tmp_path / "scenarios"
+    scenario.mkdir()
+    (scenario / "good.yaml").write_text(GOOD)
+    assert run(str(scenario), "--vllm-src", str(empty), "--report-dir", str(tmp_path / "o")) == 3
+    out = capsys.readouterr().out
+    assert "ERROR vLLM" in out and "has no vllm/__init__.py" in out
+    assert json.loads((tmp_path / "o" / "report.json").read_text())["vllm"]["error"]
+
+
+def test_methods_lists_vllm_methods_with_both_lookaheads(vllm, capsys):
+    assert main(["methods", "-k", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    row = next(line for line in lines if line.startswith("dflash "))
+    assert row.split()[1:4] == ["4", "4", "ok"]
+    assert any(line.startswith("deepseek_mtp (= mtp)") for line in lines)
+
+
+def test_explain_prints_every_step_and_group(vllm, corpus, capsys):
+    assert main(["explain", str(corpus / "good.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "lookahead 2 from VllmConfig.num_lookahead_tokens" in out
+    assert "spec 2 (1 accepted)" in out and "verdict: passed" in out
+
+
+def test_doctor_reports_the_installed_vllm(vllm, capsys):
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert f"vLLM {vllm.version}" in out and "_reserved_block_count: present" in out
+
+
+@pytest.mark.parametrize(
+    ("expression", "selected"),
+    [
+        ("good", True),
+        ("GOOD", True),
+        ("eagle and not mamba", True),
+        ("mamba or (eagle and good)", True),
+        ("not eagle", False),
+        ("good[", False),
+    ],
+)
+def test_k_expressions(expression, selected):
+    (scenario,) = load_text(GOOD, "scenarios/good.yaml")
+    assert compile_expression(expression)(scenario) is selected
