@@ -10,6 +10,7 @@ uncaught exceptions, evaluate a script, take a full-page screenshot.
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import json
 import shutil
@@ -57,7 +58,10 @@ class Browser:
         )
         self._ids = itertools.count(1)
         self.events: list[dict[str, Any]] = []
-        self.ws: ClientConnection = connect(self._browser_url(), max_size=None, open_timeout=30)
+        self._stack = contextlib.ExitStack()
+        self.ws: ClientConnection = self._stack.enter_context(
+            connect(self._browser_url(), max_size=None, open_timeout=30)
+        )
         target = self.call("Target.createTarget", url="about:blank")["targetId"]
         self.session = self.call("Target.attachToTarget", targetId=target, flatten=True)[
             "sessionId"
@@ -176,7 +180,7 @@ class Browser:
         except Exception:  # noqa: BLE001 - closing a browser that is already gone is fine
             pass
         try:
-            self.ws.close()
+            self._stack.close()
         finally:
             try:
                 self.process.wait(timeout=20)

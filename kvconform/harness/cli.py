@@ -103,12 +103,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(f"--checks: unknown check {unknown[0]!r}; known: {', '.join(CHECKS)}")
     expectations: list[Expectation] = []
     exp_path = Path(args.expectations) if args.expectations else find_expectations(args.paths)
+    expectations_load = True
     if exp_path is not None:
         try:
             expectations = load_expectations(exp_path)
         except ScenarioError as err:
             input_errors.append(err)
             say(f"ERROR {err}")
+            expectations_load = False
     report = RunReport(
         results=[],
         input_errors=input_errors,
@@ -146,8 +148,16 @@ def cmd_run(args: argparse.Namespace) -> int:
             progress.advance(tally=result.verdict.value)
     report.coverage = run_coverage(scenarios, report.results, vllm, report.notes)
     report.exit_status = engine.exit_status(report.results, len(input_errors))
-    if args.update_expectations:
-        rewrite_expectations(report, exp_path, args.paths, vllm.version)
+    if args.update_expectations and not expectations_load:
+        say(f"\nexpectations: not rewriting {exp_path}: it does not load (see the error above)")
+    elif args.update_expectations:
+        try:
+            rewrite_expectations(report, exp_path, args.paths, vllm.version)
+        except KvconformError as exc:
+            # The run's reports are still worth writing; the exit status says it went wrong.
+            say(f"ERROR {exc}")
+            report.notes.append(f"--update-expectations failed: {exc}")
+            report.exit_status = 2
     return finish_run(report, args)
 
 

@@ -84,6 +84,8 @@ class Plan:
     narrow: dict[int, str] = field(default_factory=dict)  # entry index -> new specifier
     drop: set[int] = field(default_factory=set)
     added: list[tuple[Expectation, list[str]]] = field(default_factory=list)  # entry, comments
+    # Exact entries split off an entry, written right after it: entry index -> (entry, comments)
+    split: dict[int, list[tuple[Expectation, list[str]]]] = field(default_factory=dict)
     changes: list[Change] = field(default_factory=list)
 
 
@@ -176,7 +178,7 @@ def plan_update(
                 f"Split from {entry.pattern!r} by `kvconform run --update-expectations` on "
                 f"{today.isoformat()}: it still diverges on vLLM {version}."
             ]
-            plan.added.append((exact, comments))
+            plan.split.setdefault(index, []).append((exact, comments))
             plan.changes.append(
                 Change("split", result.id, f"kept from {entry.pattern!r} for vLLM {version}")
             )
@@ -212,13 +214,24 @@ def _quote(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
+def _plain_or_quoted(name: str) -> str:
+    return name if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) else _quote(name)
+
+
+def _splits(plan: Plan, index: int) -> list[str]:
+    lines: list[str] = []
+    for entry, comments in plan.split.get(index, []):
+        lines += ["", *render_entry(entry, comments)]
+    return lines
+
+
 def render_entry(entry: Expectation, comments: Sequence[str] = ()) -> list[str]:
     lines = [f"# {c}" for c in comments]
     lines.append(f"- id: {_quote(entry.pattern)}")
     if entry.vllm is not None:
         lines.append(f"  vllm: {_quote(str(entry.vllm))}")
     if entry.checks:
-        lines.append(f"  checks: [{', '.join(_quote(c) for c in entry.checks)}]")
+        lines.append(f"  checks: [{', '.join(_plain_or_quoted(c) for c in entry.checks)}]")
     lines.append(f"  reason: {_quote(entry.reason)}")
     if entry.evidence:
         lines.append(f"  evidence: {_quote(entry.evidence)}")
@@ -289,7 +302,7 @@ def rewrite(text: str, file: str, entries: Sequence[Expectation], plan: Plan) ->
                 continue
             if index in plan.narrow:
                 entry = replace(entry, vllm=SpecifierSet(plan.narrow[index]))
-            out += ["", *render_entry(entry)]
+            out += ["", *render_entry(entry), *_splits(plan, index)]
     else:
         out = []
         cursor = 0
@@ -308,7 +321,7 @@ def rewrite(text: str, file: str, entries: Sequence[Expectation], plan: Plan) ->
                     entry = replace(entries[index], vllm=SpecifierSet(plan.narrow[index]))
                     edited = render_entry(entry)
                 block = edited
-            out += lines[lead:start] + block
+            out += lines[lead:start] + block + _splits(plan, index)
             cursor = end
         out += lines[cursor:]
     while out and not out[-1].strip():

@@ -97,6 +97,7 @@ dl.facts dt { color: var(--muted); } dl.facts dd { margin: 0; word-break: break-
   padding: 10px 14px; }
 .desc { margin: 2px 0 8px; color: #333; }
 ul.failures { padding-left: 18px; margin: 4px 0; } ul.failures li { margin: 3px 0; }
+.why { color: var(--muted); font-size: 12px; }
 .check { font-weight: 700; font-family: ui-monospace, Menlo, monospace; }
 .note { color: var(--muted); font-size: 13px; }
 .todo { background: var(--warn-bg); color: var(--warn); padding: 0 4px; border-radius: 3px;
@@ -356,7 +357,7 @@ def _failures(result: ScenarioResult, slug: str) -> list[str]:
         if failure.step is not None and failure.request is not None:
             link = f' <a href="#{slug}-r{failure.step}-{_rid(failure.request)}">row</a>'
         out.append(
-            f'<li><span class="check">{e(failure.check)}</span> {e(failure.message)}{link}</li>'
+            f'<li><span class="check">{e(failure.check)}</span> {_message(failure.message)}{link}</li>'
         )
     if len(result.failures) > MAX_MESSAGES:
         out.append(
@@ -365,6 +366,15 @@ def _failures(result: ScenarioResult, slug: str) -> list[str]:
         )
     out.append("</ul>")
     return out
+
+
+def _message(message: str) -> str:
+    """A check's message, its trailing "(why: ...)" set in small print: it is the floor
+    rule's reason, the same for every step of a group."""
+    match = re.match(r"(?s)(.*) \(why: (.*)\)$", message)
+    if match is None:
+        return e(message)
+    return f'{e(match.group(1))} <span class="why">(why: {e(match.group(2))})</span>'
 
 
 def _rid(request: str) -> str:
