@@ -40,7 +40,7 @@ from kvconform.oracles.floors import FLOORS
 from kvconform.reports import plots
 from kvconform.reports.common import rerun_command
 
-MAX_PLOTTED = 40
+MAX_PLOTTED = 25
 MAX_MESSAGES = 25
 PROBLEM_ORDER = (Verdict.FAILED, Verdict.ERROR, Verdict.XFAILED)
 
