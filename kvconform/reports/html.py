@@ -122,6 +122,7 @@ table.steps td.l { white-space: nowrap; }
 tr.event td { color: var(--muted); font-style: italic; background: #fbfbfb; }
 td.na { color: #bbb; }
 .legend span { display: inline-block; padding: 0 6px; margin-right: 8px; border-radius: 3px; }
+table.matrix { margin-bottom: 12px; }
 table.matrix td, table.matrix th { text-align: center; }
 table.matrix td.l, table.matrix th.l { text-align: left; }
 td.hit0 { color: #bbb; } td.hitn { background: var(--ok-bg); }
