@@ -1,6 +1,7 @@
 # kvconform: two commands set up a fresh machine.
 #   make run    installs what is needed, runs the whole corpus against the installed vLLM, writes build/report/
 #   make test   installs what is needed, runs the project's own tests
+#   make browser installs Debian's chromium for the report's browser test, if it is missing
 #
 # The environment lives in .venv (git-ignored), pinned by constraints.txt (vLLM 0.33.0).
 # It is rebuilt only when pyproject.toml or constraints.txt change. Caches (pip, release
@@ -14,12 +15,18 @@ REPORT_DIR ?= build/report
 export KVCONFORM_CACHE ?= $(HOME)/.cache/kvconform
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test lint typecheck check constraints clean
+# The browser test opens report.html in headless Chromium: Debian's package, installed
+# once by apt-get (as root, or through sudo without a password). Where that is not
+# possible the target says so and the test skips with the reason.
+CHROMIUM ?= /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo "sudo -n")
+
+.PHONY: run test lint typecheck check constraints clean browser
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[vllm,test]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[vllm,test,report]'
 	touch $@
 
 install: $(STAMP)
@@ -27,8 +34,13 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/kvconform run scenarios --report-dir $(REPORT_DIR)
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(BIN)/python -m pytest tests -q
+
+browser:
+	@test -x $(CHROMIUM) || { $(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; } || \
+		echo "warning: could not install chromium; the browser test will be skipped"
 
 lint: $(STAMP)
 	$(BIN)/ruff check kvconform tests conftest.py

@@ -8,19 +8,24 @@ API, a wrong flag) print one message and no traceback.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kvconform import __version__
 from kvconform.errors import KvconformError, ScenarioError, UsageError, VllmUnavailable
 from kvconform.harness import engine
 from kvconform.harness.checks import CHECKS, DEFAULT_CHECKS
+from kvconform.harness.coverage import Coverage, compute_coverage, offered_by, pair_results
+from kvconform.harness.coverage import render_text as render_coverage
 from kvconform.harness.expectations import DEFAULT_FILE, Expectation, load_expectations
 from kvconform.harness.loader import load_paths
+from kvconform.harness.progress import add_progress_option, open_progress
 from kvconform.harness.results import RunReport, ScenarioResult, Verdict
 from kvconform.harness.scenario import Scenario
 from kvconform.harness.select import compile_expression
@@ -108,12 +113,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(f"--checks: unknown check {unknown[0]!r}; known: {', '.join(CHECKS)}")
     expectations: list[Expectation] = []
     exp_path = Path(args.expectations) if args.expectations else find_expectations(args.paths)
+    expectations_load = True
     if exp_path is not None:
         try:
             expectations = load_expectations(exp_path)
         except ScenarioError as err:
             input_errors.append(err)
             say(f"ERROR {err}")
+            expectations_load = False
     report = RunReport(
         results=[],
         input_errors=input_errors,
@@ -123,6 +130,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         started=started,
         command=shlex.join(["kvconform", *sys.argv[1:]]) if sys.argv else "kvconform run",
         checks=checks,
+        expectations_file=str(exp_path) if exp_path is not None else None,
     )
     try:
         vllm = load_vllm(args)
@@ -141,24 +149,90 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"kvconform {__version__}: {len(scenarios)} scenarios against vLLM {vllm.version} "
         f"({vllm.source.describe()})"
     )
-    for result in engine.run_all(scenarios, vllm, checks, expectations):
-        report.results.append(result)
-        print_result(result)
+    with open_progress(len(scenarios), "scenarios", mode=args.progress) as progress:
+        for scenario in scenarios:
+            progress.start_item(scenario.id)
+            result = engine.run_scenario(scenario, vllm, checks, expectations)
+            report.results.append(result)
+            print_result(result, progress.echo)
+            progress.advance(tally=result.verdict.value)
+    report.coverage = run_coverage(scenarios, report.results, vllm, report.notes)
     report.exit_status = engine.exit_status(report.results, len(input_errors))
+    if args.update_expectations and not expectations_load:
+        say(f"\nexpectations: not rewriting {exp_path}: it does not load (see the error above)")
+    elif args.update_expectations:
+        try:
+            rewrite_expectations(report, exp_path, args.paths, vllm.version)
+        except KvconformError as exc:
+            # The run's reports are still worth writing; the exit status says it went wrong.
+            say(f"ERROR {exc}")
+            report.notes.append(f"--update-expectations failed: {exc}")
+            report.exit_status = 2
     return finish_run(report, args)
 
 
-def print_result(result: ScenarioResult) -> None:
-    say(f"{result.verdict.value.upper():8} {result.id}  ({result.duration * 1000:.0f} ms)")
+def run_coverage(
+    scenarios: list[Scenario], results: list[ScenarioResult], vllm: Vllm, notes: list[str]
+) -> Coverage:
+    try:
+        offered = offered_by(vllm)
+    except VllmUnavailable as exc:
+        offered = None
+        notes.append(f"coverage of what vLLM offers is missing: {exc}")
+    return compute_coverage(pair_results(scenarios, results), offered)
+
+
+def rewrite_expectations(
+    report: RunReport, found: Path | None, paths: Sequence[str], version: str
+) -> None:
+    from kvconform.harness.expectations_update import update_expectations
+    from kvconform.reports.common import rerun_command
+
+    path = found or default_expectations_path(paths)
+    rerun = {r.id: rerun_command(r, report) for r in report.results}
+    changes = update_expectations(path, report.results, version, rerun)
+    if not changes:
+        say(f"\nexpectations: {path} is up to date for vLLM {version}")
+        return
+    say(f"\nexpectations: rewrote {path} for vLLM {version}:")
+    for change in changes:
+        say(f"  {change}")
+    report.notes.append(
+        f"--update-expectations rewrote {path}: "
+        + ", ".join(f"{n} {k}" for k, n in Counter(c.kind for c in changes).items())
+        + " (verdicts in this report are those of the run, before the rewrite)"
+    )
+    report.expectations_file = str(path)
+
+
+def default_expectations_path(paths: Sequence[str]) -> Path:
+    """Where a new expectations file goes: beside the scenario tree that was run."""
+    first = Path(paths[0] if paths else DEFAULT_SCENARIOS).resolve()
+    folder = first if first.is_dir() else first.parent
+    for candidate in [folder, *folder.parents]:
+        if candidate.name == DEFAULT_SCENARIOS:
+            return candidate / DEFAULT_FILE
+        if (candidate / ".git").exists():
+            break
+    return folder / DEFAULT_FILE
+
+
+def print_result(result: ScenarioResult, out: Callable[[str], None] = say) -> None:
+    out(f"{result.verdict.value.upper():8} {result.id}  ({result.duration * 1000:.0f} ms)")
     if result.verdict in (Verdict.FAILED, Verdict.ERROR):
         for line in ([result.error] if result.error else []) + [
             f"[{f.check}] {f.message}" for f in result.failures[:3]
         ]:
-            say(f"         {line}")
+            out(f"         {line}")
         if len(result.failures) > 3:
-            say(f"         ... {len(result.failures) - 3} more failures in report.json")
+            out(f"         ... {len(result.failures) - 3} more failures in report.json")
+    elif result.verdict is Verdict.XPASSED:
+        out(
+            f"         listed as a known divergence ({result.expectation}) but conforms now: "
+            "narrow the entry (kvconform run --update-expectations)"
+        )
     elif result.expectation:
-        say(f"         known divergence: {result.expectation}")
+        out(f"         known divergence: {result.expectation}")
 
 
 def finish_run(report: RunReport, args: argparse.Namespace) -> int:
@@ -168,8 +242,42 @@ def finish_run(report: RunReport, args: argparse.Namespace) -> int:
     written = write_reports(report, args.report_dir)
     counts = ", ".join(f"{v} {k}" for k, v in report.counts().items() if v)
     say(f"\n{counts or 'nothing ran'} in {report.duration:.1f} s; exit {report.exit_status}")
+    xpassed = [r.id for r in report.results if r.verdict is Verdict.XPASSED]
+    if xpassed:
+        say(
+            f"XPASSED: {len(xpassed)} known divergence(s) conform now ({', '.join(xpassed[:5])}"
+            + (", ..." if len(xpassed) > 5 else "")
+            + "); their expectations entries are stale for this vLLM"
+        )
     say("reports: " + ", ".join(str(p) for p in written))
     return report.exit_status
+
+
+# -- coverage --------------------------------------------------------------------------
+
+
+def cmd_coverage(args: argparse.Namespace) -> int:
+    scenarios, input_errors = select_scenarios(args)
+    for err in input_errors:
+        say(f"ERROR {err}")
+    vllm = load_vllm(args)
+    results = []
+    # Coverage needs the trajectories, not the verdicts: the checks are skipped.
+    with open_progress(len(scenarios), "scenarios", mode=args.progress) as progress:
+        for scenario in scenarios:
+            progress.start_item(scenario.id)
+            results.append(engine.run_scenario(scenario, vllm, checks=()))
+            progress.advance(tally="error" if results[-1].error else "ok")
+    notes: list[str] = []
+    coverage = run_coverage(scenarios, results, vllm, notes)
+    for note in notes:
+        say(f"note: {note}")
+    say(render_coverage(coverage))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(coverage.to_json(), indent=1) + "\n")
+        say(f"coverage: {args.json}")
+    return 2 if input_errors else 0
 
 
 # -- methods ---------------------------------------------------------------------------
@@ -273,7 +381,25 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="LIST",
         help=f"comma-separated checks (default: {','.join(DEFAULT_CHECKS)})",
     )
+    run.add_argument(
+        "--update-expectations",
+        action="store_true",
+        help="after the run, rewrite the expectations file for this vLLM version: add entries "
+        "for new failures (reason 'TODO: investigate'), narrow entries that conform now",
+    )
+    add_progress_option(run)
     run.set_defaults(handler=cmd_run)
+
+    coverage = sub.add_parser(
+        "coverage",
+        help="which group types x methods x step kinds the scenarios exercise, and what vLLM "
+        "offers that none covers",
+    )
+    add_selection_options(coverage)
+    add_vllm_options(coverage)
+    coverage.add_argument("--json", metavar="FILE", help="also write the coverage as JSON")
+    add_progress_option(coverage)
+    coverage.set_defaults(handler=cmd_coverage)
 
     methods = sub.add_parser("methods", help="list vLLM's speculative methods and their lookahead")
     methods.add_argument(

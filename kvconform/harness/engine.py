@@ -42,7 +42,13 @@ def run_scenario(
     expectations: Iterable[Expectation] = (),
 ) -> ScenarioResult:
     result = ScenarioResult(
-        scenario.id, scenario.file, Verdict.PASSED, scenario.kind, scenario.tags, line=scenario.line
+        scenario.id,
+        scenario.file,
+        Verdict.PASSED,
+        scenario.kind,
+        scenario.tags,
+        line=scenario.line,
+        description=scenario.description,
     )
     started = time.perf_counter()
     try:

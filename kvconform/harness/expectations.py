@@ -11,9 +11,14 @@ turn every nightly red, and it must not be hidden either. The expectations file
       reason: KVCacheManager(...) raises TypeError for SinkFullAttentionSpec
       evidence: docs/findings.md#sink-full-attention-crashes
 
-A matching scenario that diverges as expected is ``xfailed``; one that now
-passes is ``xpassed`` (shown in every report, so the entry can be removed); one
-that fails some *other* way stays ``failed``. Input errors are never excused.
+``id`` is an fnmatch pattern, or a scenario id written as it is: ``m[eagle-k1]``
+matches that scenario although ``[...]`` means a character class to fnmatch.
+
+A scenario that diverges the way some applicable entry says is ``xfailed``; one
+that now passes is ``xpassed`` (shown in every report, so the entry can be
+narrowed: ``kvconform run --update-expectations``, see
+:mod:`kvconform.harness.expectations_update`); one that fails some *other* way
+stays ``failed``. Input errors are never excused.
 """
 
 from __future__ import annotations
@@ -41,8 +46,11 @@ class Expectation:
     checks: tuple[str, ...] = ()
     line: int | None = None
 
+    def matches(self, scenario_id: str) -> bool:
+        return scenario_id == self.pattern or fnmatch.fnmatchcase(scenario_id, self.pattern)
+
     def applies(self, scenario_id: str, version: str) -> bool:
-        if not fnmatch.fnmatchcase(scenario_id, self.pattern):
+        if not self.matches(scenario_id):
             return False
         if self.vllm is None:
             return True
@@ -72,15 +80,19 @@ def load_expectations(path: str | Path) -> list[Expectation]:
     path = Path(path)
     if not path.exists():
         return []
-    doc = load_yaml(path.read_text(encoding="utf-8"), str(path))
+    return parse_expectations(path.read_text(encoding="utf-8"), str(path))
+
+
+def parse_expectations(text: str, file: str) -> list[Expectation]:
+    doc = load_yaml(text, file)
     if doc is None:
         return []
     if not isinstance(doc, list):
-        raise ScenarioError(Location(str(path), 1), "an expectations file is a list of entries")
+        raise ScenarioError(Location(file, 1), "an expectations file is a list of entries")
     entries = []
     for i, item in enumerate(doc):
         line = doc.line_of(i) if hasattr(doc, "line_of") else None
-        where = Location(str(path), line, f"[{i}]")
+        where = Location(file, line, f"[{i}]")
         if not isinstance(item, LineDict):
             raise ScenarioError(where, "each entry is a mapping with id and reason")
         unknown = set(item) - {"id", "reason", "evidence", "vllm", "checks"}
@@ -111,17 +123,36 @@ def load_expectations(path: str | Path) -> list[Expectation]:
 def apply_expectations(
     result: ScenarioResult, expectations: list[Expectation], version: str
 ) -> ScenarioResult:
-    """Turn a result into xfailed / xpassed where an expectation says so."""
+    """Turn a result into xfailed / xpassed where an expectation says so.
+
+    Every entry that applies is considered: the first one that covers the way
+    the scenario diverged makes it xfailed, so an entry for one check and a
+    later one for another can sit side by side.
+    """
     if result.error_kind is ErrorKind.INPUT:
         return result
-    for entry in expectations:
-        if not entry.applies(result.id, version):
-            continue
-        if result.verdict is Verdict.PASSED:
-            result.verdict = Verdict.XPASSED
-            result.expectation = entry.reason
-        elif entry.covers(result):
-            result.verdict = Verdict.XFAILED
-            result.expectation = entry.reason
+    applicable = [e for e in expectations if e.applies(result.id, version)]
+    if not applicable:
         return result
+    if result.verdict is Verdict.PASSED:
+        result.verdict = Verdict.XPASSED
+        result.expectation, result.expectation_evidence = (
+            applicable[0].reason,
+            applicable[0].evidence,
+        )
+        return result
+    for entry in applicable:
+        if entry.covers(result):
+            result.verdict = Verdict.XFAILED
+            result.expectation, result.expectation_evidence = entry.reason, entry.evidence
+            break
     return result
+
+
+def raw_verdict(result: ScenarioResult) -> Verdict:
+    """The verdict before expectations were applied."""
+    if result.verdict is Verdict.XPASSED:
+        return Verdict.PASSED
+    if result.verdict is Verdict.XFAILED:
+        return Verdict.ERROR if result.error else Verdict.FAILED
+    return result.verdict

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvconform.errors import ScenarioError
 from kvconform.harness.observations import Trajectory
+
+if TYPE_CHECKING:
+    from kvconform.harness.coverage import Coverage
 
 
 class Verdict(str, enum.Enum):
@@ -84,6 +87,9 @@ class ScenarioResult:
     duration: float = 0.0
     trajectory: Trajectory | None = None
     line: int | None = None
+    description: str = ""
+    # Where the expectations entry that made this xfailed/xpassed points to.
+    expectation_evidence: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -117,6 +123,9 @@ class RunReport:
     exit_status: int = 0
     checks: tuple[str, ...] = ()
     notes: list[str] = field(default_factory=list)
+    # What the run exercised and what the vLLM in use offers that it did not.
+    coverage: Coverage | None = None
+    expectations_file: str | None = None
 
     def counts(self) -> dict[str, int]:
         counts = {verdict.value: 0 for verdict in Verdict}

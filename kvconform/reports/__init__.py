@@ -10,12 +10,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kvconform.harness.results import RunReport
+from kvconform.reports.html import write_html
 from kvconform.reports.json_report import write_json
 from kvconform.reports.junit import write_junit
 from kvconform.reports.markdown import write_markdown
 
 ReportWriter = Callable[[RunReport, Path], Path]
-WRITERS: list[ReportWriter] = [write_json, write_junit, write_markdown]
+WRITERS: list[ReportWriter] = [write_json, write_junit, write_markdown, write_html]
 
 
 def write_reports(report: RunReport, directory: str | Path) -> list[Path]:

@@ -3,7 +3,9 @@
 Schema ``kvconform-report/1`` (documented in ``docs/report-json.md``): at the
 top, where and against which vLLM the run happened; then one entry per
 scenario with its id, file, verdict and every failure (check, step, request,
-group, spec type, live, predicted, warmup, floor, message).
+group, spec type, live, predicted, warmup, floor, message); at the end, the
+coverage of the run (:mod:`kvconform.harness.coverage`). A scenario listed as a
+known divergence that conforms now has the verdict ``xpassed``.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ def scenario_json(result: ScenarioResult, report: RunReport) -> dict[str, Any]:
         "verdict": result.verdict.value,
         "error_kind": result.error_kind.value if result.error_kind else None,
         "error": result.error,
+        "description": result.description,
         "expectation": result.expectation,
+        "expectation_evidence": result.expectation_evidence,
         "duration_s": round(result.duration, 6),
         "rerun": rerun_command(result, report),
         "failures": [f.to_json() for f in result.failures],
@@ -81,7 +85,9 @@ def report_json(report: RunReport) -> dict[str, Any]:
             }
             for e in report.input_errors
         ],
+        "expectations_file": report.expectations_file,
         "scenarios": [scenario_json(r, report) for r in report.results],
+        "coverage": report.coverage.to_json() if report.coverage is not None else None,
     }
 
 

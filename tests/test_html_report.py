@@ -1,0 +1,264 @@
+"""report.html: overview, per-scenario tables and plots, rerun commands, all escaped."""
+
+from __future__ import annotations
+
+import base64
+import html
+import re
+import struct
+from html.parser import HTMLParser
+
+import pytest
+
+from kvconform.harness.checks import run_checks
+from kvconform.harness.coverage import compute_coverage, offered_by
+from kvconform.harness.engine import run_scenario
+from kvconform.harness.results import ErrorKind, RunReport, ScenarioResult, Verdict
+from kvconform.reports import WRITERS, plots, write_reports
+from kvconform.reports import html as html_report
+from kvconform.reports.common import rerun_command
+
+SCENARIO = """
+name: two-groups
+description: Eagle over full attention and a <script>alert("window")</script> sliding window.
+model: {groups: [full_attention, {type: sliding_window, sliding_window: 32}]}
+speculative: {method: eagle, num_speculative_tokens: 2}
+requests: {a: {prompt_len: 40}, b: {prompt_len: 20}}
+steps:
+  - {a: {prefill: 40}, b: {prefill: 20}}
+  - {a: {spec: 2, accepted: 1}, b: decode}
+  - {a: {spec: 2, accepted: 0}, b: finish}
+  - {a: {spec: 2}}
+  - {a: finish}
+"""
+SHORTED_STEP = 2
+
+
+def shorted(result: ScenarioResult) -> ScenarioResult:
+    """The recorded run with one live count lowered below the floor, judged again.
+
+    The checks read recorded trajectories only, so this is the page's input for
+    a shortfall without needing a vLLM that has one.
+    """
+    run = result.trajectory
+    assert run is not None
+    for i, obs in enumerate(run.observations):
+        if (obs.step, obs.request, obs.group) == (SHORTED_STEP, "a", 0):
+            run.observations[i] = obs._replace(live=obs.floor - 1)
+    result.failures = run_checks(run)
+    result.verdict = Verdict.FAILED
+    return result
+
+
+@pytest.fixture
+def report(vllm, scenario_from):
+    scenario = scenario_from(SCENARIO)
+    failed = shorted(run_scenario(scenario, vllm))
+    passed = run_scenario(scenario_from(SCENARIO.replace("two-groups", "fine")), vllm)
+    xfailed = shorted(run_scenario(scenario_from(SCENARIO.replace("two-groups", "known")), vllm))
+    xfailed.verdict, xfailed.expectation = Verdict.XFAILED, "TODO: investigate"
+    xfailed.expectation_evidence = "https://example.invalid/issue/7?a=1&b=2"
+    xpassed = run_scenario(scenario_from(SCENARIO.replace("two-groups", "stale")), vllm)
+    xpassed.verdict, xpassed.expectation = Verdict.XPASSED, "used to over-predict"
+    crashed = ScenarioResult("crashy", "scenarios/crashy.yaml", Verdict.ERROR)
+    crashed.error_kind, crashed.error = ErrorKind.CRASH, "vLLM raised TypeError: <bad> & worse"
+    results = [passed, failed, crashed, xfailed, xpassed]
+    torch_version, device = vllm.runtime()
+    run = RunReport(
+        results=results,
+        input_errors=[],
+        vllm_version=vllm.version,
+        vllm_source="installed",
+        vllm_path=vllm.location,
+        torch_version=torch_version,
+        device=device,
+        duration=12.5,
+        command="kvconform run scenarios",
+        exit_status=1,
+        checks=("floor", "agree"),
+    )
+    run.coverage = compute_coverage([(scenario, failed), (scenario, passed)], offered_by(vllm))
+    return run
+
+
+class Structure(HTMLParser):
+    """Checks that every element is closed in order, and collects ids."""
+
+    VOID = {"meta", "img", "br", "hr", "link", "input"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack: list[str] = []
+        self.ids: list[str] = []
+        self.errors: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.ids += [v for k, v in attrs if k == "id"]
+        if tag not in self.VOID:
+            self.stack.append(tag)
+
+    def handle_endtag(self, tag):
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"</{tag}> closes {self.stack[-1:] or 'nothing'}")
+        else:
+            self.stack.pop()
+
+
+def article(page: str, scenario_id: str) -> str:
+    match = re.search(
+        rf'<article class="card \w+" id="(s-[^"]+)">\s*<h3><span class="badge \w+">\w+</span>'
+        rf"<code>{re.escape(html.escape(scenario_id))}</code>.*?</article>",
+        page,
+        re.S,
+    )
+    assert match, scenario_id
+    return match.group(0)
+
+
+def png_size(data: str) -> tuple[int, int]:
+    raw = base64.b64decode(data)
+    assert raw[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", raw[16:24])
+
+
+def test_the_writer_is_registered(report, tmp_path):
+    assert html_report.write_html in WRITERS
+    written = write_reports(report, tmp_path)
+    assert tmp_path / "report.html" in written
+
+
+def test_page_is_well_formed_and_escaped(report):
+    page = html_report.render_html(report)
+    parser = Structure()
+    parser.feed(page)
+    assert parser.errors == [] and parser.stack == []
+    assert len(parser.ids) == len(set(parser.ids))
+    assert "<script" not in page  # the description's markup is text on the page
+    assert "&lt;script&gt;alert(&quot;window&quot;)&lt;/script&gt;" in page
+    assert "vLLM raised TypeError: &lt;bad&gt; &amp; worse" in page
+    assert 'href="https://example.invalid/issue/7?a=1&amp;b=2"' in page
+    assert "http://" not in page.replace("https://example.invalid", "")  # nothing to fetch
+
+
+def test_overview(report, vllm):
+    page = html_report.render_html(report)
+    assert f"<title>kvconform: NOT conform (exit 1) - vLLM {vllm.version}</title>" in page
+    assert f"<b>{vllm.version}</b>, installed ({html.escape(vllm.location)})" in page
+    assert f"{report.torch_version} / {report.device}" in page
+    assert "<dd>12.5 s</dd>" in page
+    for count, verdict in [
+        (1, "passed"),
+        (1, "failed"),
+        (1, "error"),
+        (1, "xfailed"),
+        (1, "xpassed"),
+    ]:
+        assert f'<span class="chip {verdict}">{count} {verdict}</span>' in page
+
+
+def test_failed_scenario_table_marks_the_offending_cells(report):
+    page = html_report.render_html(report)
+    failed = report.results[1]
+    section = article(page, "two-groups")
+    obs = next(
+        o
+        for o in failed.trajectory.observations
+        if (o.step, o.request, o.group) == (SHORTED_STEP, "a", 0)
+    )
+    row = re.search(
+        rf'<tr class="row hit" id="s-two-groups-r{SHORTED_STEP}-a">(.*?)</tr>', section, re.S
+    )
+    assert row, "the shorted step's row is marked"
+    cells = re.findall(r"<td[^>]*>.*?</td>", row.group(1))
+    # step, line, request, action, computed, scheduled, then floor | live | predicted per group
+    assert cells[6] == f'<td class="sep">{obs.floor}</td>'
+    assert cells[7] == (
+        f'<td class="below" title="below the floor of {obs.floor}">{obs.floor - 1}</td>'
+    )
+    assert '<td class="below"' not in "".join(cells[9:])  # group 1 held enough
+    # Every failure message, with a link to its row.
+    for failure in failed.failures:
+        text, _, why = failure.message.partition(" (why: ")
+        assert html.escape(text) in section
+        if why:
+            assert f'<span class="why">(why: {html.escape(why)}</span>' in section
+    assert section.count(f'href="#s-two-groups-r{SHORTED_STEP}-a"') == len(failed.failures)
+    assert f'<pre class="cmd">{html.escape(rerun_command(failed, report))}</pre>' in section
+    # Finish rows say what went back to the pool.
+    assert re.search(r'<tr class="event">.*?finish: \d+ blocks went back to the pool', section)
+
+
+def test_one_plot_per_group_for_failed_and_xfailed_only(report):
+    page = html_report.render_html(report)
+    for scenario_id in ("two-groups", "known"):
+        section = article(page, scenario_id)
+        images = re.findall(
+            r'<img class="plot" alt="([^"]*)" src="data:image/png;base64,([^"]+)"', section
+        )
+        assert [alt for alt, _ in images] == [
+            "blocks held per step, g0 full_attention (block_size 16)",
+            "blocks held per step, g1 sliding_window[sliding_window=32] (block_size 16)",
+        ]
+        for _, data in images:
+            width, height = png_size(data)
+            assert width > 300 and height > 150
+    assert page.count('<img class="plot"') == 4  # passed / xpassed / error: no plots
+    assert "<code>fine</code>" in page.split('id="passed"')[1]  # listed compactly
+    known = article(page, "known")
+    assert (
+        '<span class="todo">TODO: investigate</span> (added automatically, not reviewed)' in known
+    )
+
+
+def test_xpassed_is_its_own_section(report):
+    page = html_report.render_html(report)
+    section = page.split('<h2 id="xpassed">')[1].split("<h2")[0]
+    assert "Known divergences that conform now (1 xpassed)" in section
+    assert "<code>stale</code>" in section and "used to over-predict" in section
+    assert "<code>stale</code>" not in page.split('id="passed"')[1].split('id="coverage"')[0]
+
+
+def test_coverage_section(report):
+    page = html_report.render_html(report)
+    section = page.split('<h2 id="coverage">')[1]
+    assert '<td class="l"><code>full_attention</code></td>' in section
+    assert 'title="prefill, decode, spec, rollback, finish">pdsrf</td>' in section
+    assert "CrossAttentionSpec" in section and '<span class="status uncovered">' in section
+
+
+def test_without_matplotlib_the_tables_stay(report, monkeypatch):
+    monkeypatch.setattr(plots, "missing_reason", lambda: "matplotlib is not installed")
+    page = html_report.render_html(report)
+    assert "<img" not in page
+    assert "No plots: matplotlib is not installed." in page
+    assert '<td class="below"' in page
+
+
+def test_plots_stop_after_the_limit(report, monkeypatch):
+    monkeypatch.setattr(html_report, "MAX_PLOTTED", 1)
+    page = html_report.render_html(report)
+    assert page.count('<img class="plot"') == 2
+    assert "No plots: plots are drawn for the first 1 scenarios only." in article(page, "known")
+
+
+def test_a_run_that_could_not_start_still_has_a_page():
+    from kvconform.errors import Location, ScenarioError
+
+    bad = ScenarioError(Location("scenarios/x.yaml", 3, "steps[0].a"), "prefill 6 is outside 1..5")
+    run = RunReport(
+        results=[],
+        input_errors=[bad],
+        vllm_version="0.27.1",
+        vllm_source=None,
+        vllm_path=None,
+        vllm_error="vLLM 0.27.1 lacks an importable vllm: ImportError: <no module>",
+        exit_status=2,
+    )
+    page = html_report.render_html(run)
+    parser = Structure()
+    parser.feed(page)
+    assert parser.errors == [] and parser.stack == []
+    assert "could not run everything (exit 2)" in page
+    assert "ImportError: &lt;no module&gt;" in page
+    assert "scenarios/x.yaml:3: steps[0].a: prefill 6 is outside 1..5" in page
+    assert '<h2 id="coverage">' not in page and "<img" not in page
