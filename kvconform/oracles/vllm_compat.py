@@ -310,11 +310,23 @@ class Vllm:
     def computed_blocks(
         self, manager: Any, request: Any, max_cache_hit_length: int
     ) -> tuple[Any, int]:
-        """The prefix-cache hit for a waiting request: (blocks, tokens)."""
+        """The prefix-cache hit for a waiting request, at most ``max_cache_hit_length`` tokens.
+
+        ``get_computed_blocks`` takes ``max_cache_hit_length`` from 0.33.0 on; before,
+        the hit is capped only at ``num_tokens - 1`` and the result may have two or
+        three values. A hit longer than the chunk cannot be expressed on such a release.
+        """
         result = _call(
             manager.get_computed_blocks, request=request, max_cache_hit_length=max_cache_hit_length
         )
-        return result[0], result[1]
+        blocks, hit = result[0], int(result[1])
+        if hit > max_cache_hit_length:
+            raise self._missing(
+                "KVCacheManager.get_computed_blocks(max_cache_hit_length=...)",
+                f"the prefix-cache hit of {hit} tokens is longer than the first chunk allows "
+                f"({max_cache_hit_length}); make the first prefill chunk longer than the shared prefix",
+            )
+        return blocks, hit
 
     def cache_blocks(self, manager: Any, request: Any, num_computed_tokens: int) -> None:
         if hasattr(manager, "cache_blocks"):
