@@ -1,0 +1,82 @@
+"""How a bisection reports: one line per probe, then the boundary and what flipped.
+
+The scenarios that *flipped* are those whose verdict differs between the two
+probes on either side of the boundary (the nearest old candidate and the first
+new one); each is shown with the first failure or error of whichever side did
+not conform, which is usually the whole story.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from kvconform.harness.bisect.outcome import describe_status, outcome_of, terms
+from kvconform.harness.bisect.state import BisectState, ProbeRecord
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Flip:
+    scenario: str
+    before: str
+    after: str
+    headline: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def flipped(old: ProbeRecord, new: ProbeRecord) -> list[Flip]:
+    flips = []
+    for scenario in dict.fromkeys([*old.verdicts, *new.verdicts]):
+        before = old.verdicts.get(scenario, "absent")
+        after = new.verdicts.get(scenario, "absent")
+        if before != after:
+            headline = new.headlines.get(scenario) or old.headlines.get(scenario) or ""
+            flips.append(Flip(scenario, before, after, headline))
+    return flips
+
+
+def probe_line(number: int, record: ProbeRecord, find_fix: bool, title: str = "") -> str:
+    """``probe 3: 0.30.0  nonconform (1 of 1 failed) -> bad  19.2 s  DIR``."""
+    outcome = outcome_of(record.run_status, find_fix)
+    old, new = terms(find_fix)
+    meaning = {"old": old, "new": new, "skip": "skip", "abort": "abort"}[outcome.value]
+    status = describe_status(record.run_status) if record.run_status is not None else "no report"
+    counts = ""
+    if record.verdicts:
+        counts = f" ({record.failed_count()} of {len(record.verdicts)} failed)"
+    when = "cached" if record.cached else f"{record.duration:.1f} s"
+    line = f"probe {number}: {record.label}{title}  {status}{counts} -> {meaning}  [{when}]"
+    if outcome.value in ("skip", "abort") and record.reason:
+        line += f"\n         {record.reason}"
+    return line
+
+
+def print_flips(flips: list[Flip], old_label: str, new_label: str, say: Say) -> None:
+    if not flips:
+        say(f"No scenario verdict differs between {old_label} and {new_label}.")
+        return
+    say(f"Scenarios that flipped between {old_label} and {new_label}:")
+    for flip in flips:
+        say(f"  {flip.scenario}: {flip.before} -> {flip.after}")
+        if flip.headline:
+            say(f"      {flip.headline}")
+
+
+def print_probes(state: BisectState, find_fix: bool, say: Say) -> None:
+    probes = list(state.probes.values())
+    cached = sum(1 for p in probes if p.cached)
+    total = sum(p.duration for p in probes if not p.cached)
+    say(f"Probes ({len(probes)}, {cached} cached, {total:.1f} s of probing) and their reports:")
+    old, new = terms(find_fix)
+    for record in probes:
+        outcome = outcome_of(record.run_status, find_fix).value
+        meaning = {"old": old, "new": new}.get(outcome, outcome)
+        say(
+            f"  {record.label:14} {describe_status(record.run_status):16} {meaning:7} {record.report_dir}"
+        )
+    say(f"State: {state.path}")
