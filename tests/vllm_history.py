@@ -27,7 +27,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-
 MANAGER = "vllm/v1/core/kv_cache_manager.py"
 REQUEST = "vllm/v1/request.py"
 LOOKAHEAD_LINE = "num_tokens_main_model + num_lookahead_tokens, self.max_model_len"

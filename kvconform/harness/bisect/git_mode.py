@@ -89,7 +89,7 @@ def bisect_commits(args: argparse.Namespace, say: Say) -> int:
     state, resumed = BisectState.open(cache_dir("bisect", key), key, settings, fresh=args.fresh)
     if resumed:
         say(f"resuming the bisection saved in {state.path} ({len(state.probes)} probes done)")
-    gitprobe.write_config(state, selection, find_fix)
+    gitprobe.write_config(state, selection, find_fix, bool(args.fresh))
     checkout = prepare_clone(repo, state.directory / "checkout")
     count = run_git(repo, "rev-list", "--count", f"{old}..{new}").stdout.strip()
     say(
@@ -100,11 +100,11 @@ def bisect_commits(args: argparse.Namespace, say: Say) -> int:
     )
     term_old, term_new = terms(find_fix)
     ends = []
-    for number, (sha, want) in enumerate(((old, Outcome.OLD), (new, Outcome.NEW)), 1):
+    for sha, want in ((old, Outcome.OLD), (new, Outcome.NEW)):
         run_git(checkout, "checkout", "--quiet", "--force", "--detach", sha)
         record = gitprobe.probe_commit(state, selection, checkout, fresh=args.fresh)
         title = f" {gitprobe.commit_title(checkout, sha)[:60]!r}"
-        say(probe_line(number, record, find_fix, title))
+        say(probe_line(state.number(record.label), record, find_fix, title))
         ends.append((record, outcome_of(record.run_status, find_fix) is want))
     if not all(ok for _, ok in ends):
         (a, _), (b, _) = ends

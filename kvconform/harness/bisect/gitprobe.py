@@ -28,8 +28,9 @@ from kvconform.harness.bisect.summary import probe_line
 CONFIG_FILE = "probe-config.json"
 
 
-def write_config(state: BisectState, selection: Selection, find_fix: bool) -> None:
+def write_config(state: BisectState, selection: Selection, find_fix: bool, fresh: bool) -> None:
     config = {
+        "fresh": fresh,
         "key": state.key,
         "settings": state.settings,
         "selection": asdict(selection),
@@ -68,7 +69,7 @@ def probe_commit(
     return record
 
 
-def load_config(state_dir: Path) -> tuple[BisectState, Selection, bool]:
+def load_config(state_dir: Path) -> tuple[BisectState, Selection, bool, bool]:
     config: dict[str, Any] = json.loads((state_dir / CONFIG_FILE).read_text())
     selection_data = config["selection"]
     selection = Selection(
@@ -78,16 +79,16 @@ def load_config(state_dir: Path) -> tuple[BisectState, Selection, bool]:
         selection_data["digest"],
     )
     state, _ = BisectState.open(state_dir, config["key"], config["settings"])
-    return state, selection, bool(config["find_fix"])
+    return state, selection, bool(config["find_fix"]), bool(config["fresh"])
 
 
 def main(argv: list[str]) -> int:
     try:
-        state, selection, find_fix = load_config(Path(argv[0]))
+        state, selection, find_fix, fresh = load_config(Path(argv[0]))
         checkout = Path.cwd()
-        record = probe_commit(state, selection, checkout)
+        record = probe_commit(state, selection, checkout, fresh)
         title = f" {commit_title(checkout, 'HEAD')[:60]!r}"
-        print(probe_line(len(state.probes), record, find_fix, title), flush=True)
+        print(probe_line(state.number(record.label), record, find_fix, title), flush=True)
         return git_code(record.run_status, find_fix)
     except BaseException as exc:  # noqa: BLE001 - never let git read a crash as "bad"
         print(f"kvconform probe failed, aborting the bisection: {exc!r}", flush=True)

@@ -82,7 +82,7 @@ def bisect_releases(args: argparse.Namespace, say: Say) -> int:
 
 
 def release_prober(selection: Selection, cache: ProbeCache, fresh: bool, say: Say) -> Probe:
-    from kvconform.harness.releases import release_tree
+    from kvconform.harness.releases import cached_releases, release_tree
 
     def probe(version: str) -> ProbeRecord:
         label = version
@@ -90,6 +90,8 @@ def release_prober(selection: Selection, cache: ProbeCache, fresh: bool, say: Sa
             cached = cache.get(label)
             if cached is not None:
                 return cached
+        if version not in cached_releases():
+            say(f"         fetching vllm=={version} from PyPI (once; its Python tree is cached)")
         try:
             release_tree(version)  # download here, where a failure is a skip, not an abort
         except KvconformError as exc:
@@ -112,10 +114,8 @@ def run_search(
     old, new = terms(find_fix)
     outcomes: dict[int, Outcome] = {}
     budget = probe_budget(n)
-    numbered = 0
 
     def take(index: int) -> Outcome:
-        nonlocal numbered
         label = labels[index]
         record = state.probes.get(label)
         if record is None:
@@ -123,8 +123,7 @@ def run_search(
             state.record(record)
         else:
             record.cached = True
-        numbered += 1
-        say(probe_line(numbered, record, find_fix, f" (of at most {budget})"))
+        say(probe_line(state.number(label), record, find_fix, f" (of at most {budget})"))
         outcome = outcome_of(record.run_status, find_fix)
         if outcome is Outcome.ABORT:
             state.probes.pop(label, None)
@@ -167,7 +166,7 @@ def run_search(
         "last_old": last_old,
         "untestable": [labels[i] for i in boundary.untestable],
         "flipped": [f.to_json() for f in flips],
-        "probes": numbered,
+        "probes": len(state.probes),
     }
     state.save()
     return FOUND if boundary.exact else UNDECIDED

@@ -101,6 +101,10 @@ class BisectState:
         again, _ = BisectState.open(self.directory, self.key, self.settings)
         self.candidates, self.probes, self.result = again.candidates, again.probes, again.result
 
+    def number(self, label: str) -> int:
+        """The probe's place in the order the probes ran, from 1."""
+        return list(self.probes).index(label) + 1
+
     def record(self, probe: ProbeRecord) -> None:
         self.probes.pop(probe.label, None)
         self.probes[probe.label] = probe
