@@ -50,7 +50,7 @@ def snapshot(repo: Path) -> dict[str, object]:
     return {
         "refs": git(repo, "for-each-ref"),
         "head": git(repo, "rev-parse", "HEAD"),
-        "symbolic": git(repo, "symbolic-ref", "-q", "HEAD"),
+        "symbolic": git(repo, "rev-parse", "--symbolic-full-name", "HEAD"),
         "status": git(repo, "status", "--porcelain", "--untracked-files=all"),
         "bisect_log": git(repo, "bisect", "log"),
         "git_dir": sorted(p.name for p in (repo / ".git").iterdir()),

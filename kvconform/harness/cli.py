@@ -56,6 +56,20 @@ def add_selection_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_expectation_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--expectations",
+        metavar="FILE",
+        help="known divergences (default: nearest expectations.yaml)",
+    )
+    group.add_argument(
+        "--no-expectations",
+        action="store_true",
+        help="apply no expectations file: a known divergence counts as nonconformance",
+    )
+
+
 def load_vllm(args: argparse.Namespace) -> Vllm:
     release = getattr(args, "vllm_release", None)
     if release:
@@ -107,9 +121,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if unknown:
         raise UsageError(f"--checks: unknown check {unknown[0]!r}; known: {', '.join(CHECKS)}")
     expectations: list[Expectation] = []
-    exp_path = Path(args.expectations) if args.expectations else None
-    if exp_path is None and getattr(args, "nearest_expectations", True):
-        exp_path = find_expectations(args.paths)
+    exp_path = Path(args.expectations) if args.expectations else find_expectations(args.paths)
+    if getattr(args, "no_expectations", False):  # `check --no-expectations`
+        exp_path = None
     if exp_path is not None:
         try:
             expectations = load_expectations(exp_path)
@@ -313,9 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run the selected scenarios against one vLLM and exit with git bisect's "
         "codes: 0 conform, 1 nonconformance, 125 vLLM could not be exercised (skip), 128 bad "
         "input or usage (aborts git bisect). With --find-fix, 0 and 1 swap. Usable as "
-        "`git bisect run kvconform check --vllm-src . /abs/path/scenarios/...`. The "
-        "expectations file is not applied unless --expectations is given: a bisection asks "
-        "whether vLLM conforms, not whether it diverges as known.",
+        "`git bisect run kvconform check --vllm-src . /abs/path/scenarios/...`. Known "
+        "divergences in the nearest expectations.yaml count as conforming, as in `run`.",
     )
     add_selection_options(check)
     add_vllm_options(check)
@@ -323,8 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--find-fix", action="store_true", help="exit 0 on nonconformance and 1 on conformance"
     )
     check.add_argument("--report-dir", metavar="DIR", help="write reports here (default: none)")
-    check.add_argument("--expectations", metavar="FILE", help="known divergences to apply")
-    check.set_defaults(handler=cmd_check, nearest_expectations=False)
+    add_expectation_options(check)
+    check.set_defaults(handler=cmd_check)
 
     bisect = sub.add_parser(
         "bisect",
@@ -351,6 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="forget a saved bisection and cached probe results; list releases anew",
     )
+    add_expectation_options(bisect)
     bisect.set_defaults(handler=cmd_bisect)
 
     methods = sub.add_parser("methods", help="list vLLM's speculative methods and their lookahead")

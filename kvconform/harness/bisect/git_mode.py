@@ -76,7 +76,7 @@ def bisect_commits(args: argparse.Namespace, say: Say) -> int:
             f"the {'good' if find_fix else 'bad'} commit {new[:12]} is older than the "
             f"{'bad' if find_fix else 'good'} one {old[:12]}; {hint}"
         )
-    selection = select(args.paths, args.expression)
+    selection = select(args.paths, args.expression, args.expectations, args.no_expectations)
     settings = {
         "mode": "commits",
         "repo": str(repo),

@@ -54,7 +54,7 @@ class BisectAborted(KvconformError):
 
 def bisect_releases(args: argparse.Namespace, say: Say) -> int:
     first, last = release_index.parse_range(args.releases)
-    selection = select(args.paths, args.expression)
+    selection = select(args.paths, args.expression, args.expectations, args.no_expectations)
     settings = {
         "mode": "releases",
         "range": f"{first}..{last}",

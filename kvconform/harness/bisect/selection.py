@@ -2,7 +2,8 @@
 
 A probe runs the selected scenarios against one vLLM. Its result is reused
 (cached) only when everything else is the same: the scenario files (their
-bytes, not their names), the ``-k`` expression, kvconform's own source (its
+bytes, not their names), the ``-k`` expression, the expectations file applied (the
+nearest ``expectations.yaml``, as for ``run``, unless told otherwise), kvconform's own source (its
 version and a digest of its Python files, so that a changed check invalidates
 old results), and the installed vLLM, whose compiled parts and dependencies
 stay under every tree. The scenarios are loaded here, in the parent process
@@ -31,17 +32,33 @@ class Selection:
     expression: str | None
     scenario_ids: tuple[str, ...]
     digest: str
+    expectations: str | None = None  # absolute; None: no expectations file applies
 
     def check_args(self) -> list[str]:
         """The selection as arguments of ``kvconform check``."""
-        return [*self.paths, *(["-k", self.expression] if self.expression else [])]
+        expectations = (
+            ["--expectations", self.expectations] if self.expectations else ["--no-expectations"]
+        )
+        return [*self.paths, *(["-k", self.expression] if self.expression else []), *expectations]
 
 
-def select(paths: list[str], expression: str | None, default: str = "scenarios") -> Selection:
+def select(
+    paths: list[str],
+    expression: str | None,
+    expectations: str | None = None,
+    no_expectations: bool = False,
+    default: str = "scenarios",
+) -> Selection:
+    """The scenarios a bisection runs and the expectations file it applies, as ``run`` would."""
+    from kvconform.harness.cli import find_expectations
+
     chosen = paths or [default]
-    for path in chosen:
+    for path in [*chosen, *([expectations] if expectations else [])]:
         if not Path(path).exists():
             raise UsageError(f"no such file or folder: {path}")
+    known: Path | None = None
+    if not no_expectations:
+        known = Path(expectations) if expectations else find_expectations(chosen)
     loaded = load_paths(chosen)
     if loaded.errors:
         more = f" (and {len(loaded.errors) - 1} more)" if len(loaded.errors) > 1 else ""
@@ -56,12 +73,15 @@ def select(paths: list[str], expression: str | None, default: str = "scenarios")
     digest = hashlib.sha256()
     for name in files:
         digest.update(hashlib.sha256(Path(name).read_bytes()).digest())
+    if known is not None:
+        digest.update(known.read_bytes())
     digest.update(json.dumps([expression, kvconform_digest(), installed_version()]).encode())
     return Selection(
         tuple(str(Path(p).resolve()) for p in chosen),
         expression,
         tuple(s.id for s in scenarios),
         digest.hexdigest(),
+        str(known.resolve()) if known is not None else None,
     )
 
 

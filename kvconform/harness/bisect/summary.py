@@ -18,15 +18,28 @@ from kvconform.harness.bisect.state import BisectState, ProbeRecord
 Say = Callable[[str], None]
 
 
+_OK = ("passed", "xfailed", "xpassed", "absent")
+
+
 @dataclass(frozen=True)
 class Flip:
+    """A scenario whose verdict differs across the boundary.
+
+    ``decisive`` when it went from conforming to not or back (what the
+    bisection tracked); otherwise a change such as xfailed -> xpassed.
+    """
+
     scenario: str
     before: str
     after: str
     headline: str
 
+    @property
+    def decisive(self) -> bool:
+        return (self.before in _OK) != (self.after in _OK)
+
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "decisive": self.decisive}
 
 
 def flipped(old: ProbeRecord, new: ProbeRecord) -> list[Flip]:
@@ -57,14 +70,23 @@ def probe_line(number: int, record: ProbeRecord, find_fix: bool, title: str = ""
 
 
 def print_flips(flips: list[Flip], old_label: str, new_label: str, say: Say) -> None:
-    if not flips:
-        say(f"No scenario verdict differs between {old_label} and {new_label}.")
-        return
-    say(f"Scenarios that flipped between {old_label} and {new_label}:")
-    for flip in flips:
+    decisive = [f for f in flips if f.decisive]
+    if not decisive:
+        say(
+            f"No scenario went from conforming to not, or back, between {old_label} and {new_label}."
+        )
+    else:
+        say(f"Scenarios that flipped between {old_label} and {new_label}:")
+    for flip in decisive:
         say(f"  {flip.scenario}: {flip.before} -> {flip.after}")
         if flip.headline:
             say(f"      {flip.headline}")
+    others = [f for f in flips if not f.decisive]
+    if others:
+        say(
+            "Other verdict changes there: "
+            + ", ".join(f"{f.scenario} {f.before} -> {f.after}" for f in others)
+        )
 
 
 def print_probes(state: BisectState, find_fix: bool, say: Say) -> None:
