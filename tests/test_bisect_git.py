@@ -84,6 +84,13 @@ def test_bisect_repo_names_the_injected_commit(history, tmp_path):
         assert list((tmp_path / "bisect" / "probes").glob(f"*/{sha}/report.json"))
     assert snapshot(repo) == before
 
+    # Leave the private clone as an interrupt would: mid-bisection, on some commit.
+    state_file = Path(re.search(r"^State: (.+)$", out, re.MULTILINE).group(1))
+    checkout = state_file.parent / "checkout"
+    assert not checkout.exists()  # removed once the bisection ended
+    subprocess.run(["git", "clone", "-q", "--shared", str(repo), str(checkout)], check=True)
+    vllm_history.git(checkout, "bisect", "start", shas["later"], shas["base"])
+
     again = kvconform(*args, str(SCENARIO), cache=tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "resuming the bisection" in again.stdout

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvconform.errors import UsageError
-from kvconform.harness.bisect import outcome, release_index, search
+from kvconform.harness.bisect import outcome, release_index, search, selection, summary
 from kvconform.harness.bisect.outcome import Outcome
 from kvconform.harness.bisect.releases_mode import (
     ENDS_WRONG,
@@ -219,3 +219,40 @@ def test_release_list_is_ordered_filtered_and_cached(tmp_path, monkeypatch):
 def test_bad_release_ranges(text):
     with pytest.raises(UsageError, match="--releases"):
         release_index.parse_range(text)
+
+
+# -- flips and the selection ---------------------------------------------------------------
+
+
+def test_flips_separate_decisive_changes_from_others(capsys):
+    old = ProbeRecord("0.27.1", 1, verdicts={"a": "failed", "b": "xfailed", "c": "passed"},
+                      headlines={"a": "[floor] holds 1, floor 2 (why: because)"})  # fmt: skip
+    new = ProbeRecord("0.28.0", 0, verdicts={"a": "passed", "b": "xpassed", "c": "passed"})
+    flips = summary.flipped(old, new)
+    assert [(f.scenario, f.decisive) for f in flips] == [("a", True), ("b", False)]
+    summary.print_flips(flips, "0.27.1", "0.28.0", print)
+    out = capsys.readouterr().out
+    assert "a: failed -> passed\n      [floor] holds 1, floor 2\n" in out  # no "(why: ...)"
+    assert "Other verdict changes there: b xfailed -> xpassed" in out
+
+
+def test_selection_applies_the_nearest_expectations_like_run(write_scenario):
+    scenario = write_scenario(
+        """
+        name: s
+        model: {block_size: 16, max_model_len: 64, num_blocks: 8, groups: [full_attention]}
+        requests: {a: {prompt_len: 4}}
+        steps: [{a: {prefill: 4}}, {a: finish}]
+        """
+    )
+    expectations = scenario.parent / "expectations.yaml"
+    expectations.write_text("- id: s\n  reason: a known divergence\n")
+    chosen = selection.select([str(scenario)], None)
+    assert chosen.scenario_ids == ("s",)
+    assert chosen.check_args()[-2:] == ["--expectations", str(expectations.resolve())]
+    bare = selection.select([str(scenario)], None, no_expectations=True)
+    assert bare.check_args()[-1] == "--no-expectations" and bare.digest != chosen.digest
+    expectations.write_text("- id: s\n  reason: another reason\n")
+    assert selection.select([str(scenario)], None).digest != chosen.digest
+    with pytest.raises(UsageError, match="no scenario selected"):
+        selection.select([str(scenario)], "nothing-matches")

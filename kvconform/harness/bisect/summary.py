@@ -69,6 +69,16 @@ def probe_line(number: int, record: ProbeRecord, find_fix: bool, title: str = ""
     return line
 
 
+MAX_SHOWN = 12
+MAX_HEADLINE = 220
+
+
+def short(headline: str) -> str:
+    """A failure message without its explanation, on about two lines."""
+    text = headline.split(" (why:", 1)[0]
+    return text if len(text) <= MAX_HEADLINE else text[: MAX_HEADLINE - 3] + "..."
+
+
 def print_flips(flips: list[Flip], old_label: str, new_label: str, say: Say) -> None:
     decisive = [f for f in flips if f.decisive]
     if not decisive:
@@ -77,10 +87,12 @@ def print_flips(flips: list[Flip], old_label: str, new_label: str, say: Say) -> 
         )
     else:
         say(f"Scenarios that flipped between {old_label} and {new_label}:")
-    for flip in decisive:
+    for flip in decisive[:MAX_SHOWN]:
         say(f"  {flip.scenario}: {flip.before} -> {flip.after}")
         if flip.headline:
-            say(f"      {flip.headline}")
+            say(f"      {short(flip.headline)}")
+    if len(decisive) > MAX_SHOWN:
+        say(f"  ... and {len(decisive) - MAX_SHOWN} more (every one is in bisect's state file)")
     others = [f for f in flips if not f.decisive]
     if others:
         say(
