@@ -61,6 +61,20 @@ def add_selection_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_expectation_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--expectations",
+        metavar="FILE",
+        help="known divergences (default: nearest expectations.yaml)",
+    )
+    group.add_argument(
+        "--no-expectations",
+        action="store_true",
+        help="apply no expectations file: a known divergence counts as nonconformance",
+    )
+
+
 def load_vllm(args: argparse.Namespace) -> Vllm:
     release = getattr(args, "vllm_release", None)
     if release:
@@ -114,6 +128,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     expectations: list[Expectation] = []
     exp_path = Path(args.expectations) if args.expectations else find_expectations(args.paths)
     expectations_load = True
+    if getattr(args, "no_expectations", False):  # `check --no-expectations`
+        exp_path = None
     if exp_path is not None:
         try:
             expectations = load_expectations(exp_path)
@@ -239,7 +255,6 @@ def finish_run(report: RunReport, args: argparse.Namespace) -> int:
     from kvconform.reports import write_reports
 
     report.duration = time.time() - report.started
-    written = write_reports(report, args.report_dir)
     counts = ", ".join(f"{v} {k}" for k, v in report.counts().items() if v)
     say(f"\n{counts or 'nothing ran'} in {report.duration:.1f} s; exit {report.exit_status}")
     xpassed = [r.id for r in report.results if r.verdict is Verdict.XPASSED]
@@ -249,7 +264,9 @@ def finish_run(report: RunReport, args: argparse.Namespace) -> int:
             + (", ..." if len(xpassed) > 5 else "")
             + "); their expectations entries are stale for this vLLM"
         )
-    say("reports: " + ", ".join(str(p) for p in written))
+    if args.report_dir:  # `check` writes reports only when asked to
+        written = write_reports(report, args.report_dir)
+        say("reports: " + ", ".join(str(p) for p in written))
     return report.exit_status
 
 
@@ -278,6 +295,36 @@ def cmd_coverage(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(coverage.to_json(), indent=1) + "\n")
         say(f"coverage: {args.json}")
     return 2 if input_errors else 0
+
+
+# -- check -----------------------------------------------------------------------------
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """``run`` with git-bisect exit codes: 0 old, 1 new, 125 skip, 128 abort."""
+    from kvconform.harness.bisect.outcome import git_code
+
+    args.checks = None
+    args.update_expectations = False
+    try:
+        status = cmd_run(args)
+    except KvconformError as exc:
+        say(f"ERROR {exc}")
+        status = int(getattr(exc, "exit_status", 2))
+    code = git_code(status, args.find_fix)
+    say(
+        f"check: exit {code} for git bisect (run status {status}{', --find-fix' if args.find_fix else ''})"
+    )
+    return code
+
+
+# -- bisect ----------------------------------------------------------------------------
+
+
+def cmd_bisect(args: argparse.Namespace) -> int:
+    from kvconform.harness.bisect import command
+
+    return command.bisect(args)
 
 
 # -- methods ---------------------------------------------------------------------------
@@ -401,6 +448,53 @@ def build_parser() -> argparse.ArgumentParser:
     add_progress_option(coverage)
     coverage.set_defaults(handler=cmd_coverage)
 
+    check = sub.add_parser(
+        "check",
+        help="run scenarios and exit like a `git bisect run` script (0 good, 1 bad, 125 skip)",
+        description="Run the selected scenarios against one vLLM and exit with git bisect's "
+        "codes: 0 conform, 1 nonconformance, 125 vLLM could not be exercised (skip), 128 bad "
+        "input or usage (aborts git bisect). With --find-fix, 0 and 1 swap. Usable as "
+        "`git bisect run kvconform check --vllm-src . /abs/path/scenarios/...`. Known "
+        "divergences in the nearest expectations.yaml count as conforming, as in `run`.",
+    )
+    add_selection_options(check)
+    add_vllm_options(check)
+    check.add_argument(
+        "--find-fix", action="store_true", help="exit 0 on nonconformance and 1 on conformance"
+    )
+    check.add_argument("--report-dir", metavar="DIR", help="write reports here (default: none)")
+    add_expectation_options(check)
+    add_progress_option(check)
+    check.set_defaults(handler=cmd_check)
+
+    bisect = sub.add_parser(
+        "bisect",
+        help="find the release or commit where conformance changed",
+        description="Bisect over PyPI releases (--releases A..B) or over the commits of a "
+        "vLLM git checkout (--repo DIR --good REV --bad REV). See docs/bisect.md.",
+    )
+    add_selection_options(bisect)
+    target = bisect.add_mutually_exclusive_group(required=True)
+    target.add_argument(
+        "--releases", metavar="A..B", help="bisect the PyPI releases of vllm from A to B"
+    )
+    target.add_argument("--repo", metavar="DIR", help="bisect the commits of a vLLM checkout")
+    bisect.add_argument("--good", metavar="REV", help="with --repo: a commit that conforms")
+    bisect.add_argument("--bad", metavar="REV", help="with --repo: a commit that does not")
+    bisect.add_argument(
+        "--find-fix",
+        action="store_true",
+        help="look for the first conforming release or commit after nonconforming ones",
+    )
+    bisect.add_argument("--pre", action="store_true", help="with --releases: include pre-releases")
+    bisect.add_argument(
+        "--fresh",
+        action="store_true",
+        help="forget a saved bisection and cached probe results; list releases anew",
+    )
+    add_expectation_options(bisect)
+    bisect.set_defaults(handler=cmd_bisect)
+
     methods = sub.add_parser("methods", help="list vLLM's speculative methods and their lookahead")
     methods.add_argument(
         "-k", type=int, default=3, help="num_speculative_tokens to evaluate (default 3)"
@@ -428,7 +522,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse's usage errors exit 2 already
-        return int(exc.code or 0)
+        code = int(exc.code or 0)
+        words = list(sys.argv[1:] if argv is None else argv)
+        if code == 2 and words[:1] == ["check"]:
+            # Under `git bisect run`, 2 would mark the commit bad: abort instead.
+            from kvconform.harness.bisect.outcome import ABORT_CODE
+
+            return ABORT_CODE
+        return code
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     try:
         return int(args.handler(args))
