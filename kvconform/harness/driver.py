@@ -10,11 +10,13 @@ loop keeps the loop close to the cost of the allocator calls it makes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from kvconform.errors import Location, ScenarioError
 from kvconform.harness.observations import FreeEvent, GroupInfo, Observation, Trajectory
-from kvconform.harness.scenario import Action, Scenario
+from kvconform.harness.scenario import Action, ModelSpec, Scenario
 from kvconform.oracles.floors import FLOORS
 from kvconform.oracles.group_types import GROUP_TYPES
 from kvconform.oracles.live import LiveAllocator
@@ -78,6 +80,26 @@ def resolve_lookahead(scenario: Scenario, vllm: Vllm) -> Trajectory:
     )
 
 
+def with_floor_args(
+    groups: tuple[GroupInfo, ...], model: ModelSpec, specs: Sequence[Any], vllm: Vllm
+) -> tuple[GroupInfo, ...]:
+    """The groups with their fixed inputs to the floor rule, read from the built specs."""
+    return tuple(
+        replace(
+            info,
+            floor_args=dict(
+                block_size=group.block_size,
+                max_model_len=model.max_model_len,
+                dcp_world_size=model.dcp_world_size if vllm.dcp_sharded(spec) else 1,
+                num_speculative_blocks=int(getattr(spec, "num_speculative_blocks", 0) or 0),
+                mamba_cache_mode=str(getattr(spec, "mamba_cache_mode", "none")),
+                blocks_per_request=int(getattr(spec, "blocks_per_request", 0) or 0),
+            ),
+        )
+        for info, group, spec in zip(groups, model.groups, specs, strict=True)
+    )
+
+
 def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
     """Run a ``kind: trajectory`` scenario through the live allocator and the predictor."""
     model = scenario.model
@@ -99,20 +121,7 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
     run.exclusive_blocks = not model.enable_caching
     has_cross = any(g.type == "cross_attention" for g in model.groups)
 
-    run.groups = tuple(
-        replace(
-            info,
-            floor_args=dict(
-                block_size=group.block_size,
-                max_model_len=model.max_model_len,
-                dcp_world_size=model.dcp_world_size if vllm.dcp_sharded(spec) else 1,
-                num_speculative_blocks=int(getattr(spec, "num_speculative_blocks", 0) or 0),
-                mamba_cache_mode=str(getattr(spec, "mamba_cache_mode", "none")),
-                blocks_per_request=int(getattr(spec, "blocks_per_request", 0) or 0),
-            ),
-        )
-        for info, group, spec in zip(run.groups, model.groups, specs, strict=True)
-    )
+    run.groups = with_floor_args(run.groups, model, specs, vllm)
     floor_rules = [FLOORS[g.type].blocks for g in model.groups]
     num_groups = len(specs)
     encoder_len = {

@@ -2,7 +2,8 @@
 
 For the developer adding a spec-decode method or a KV spec type: who held how
 many blocks at each step, what the floor was and why, and where a party fell
-short (``!``) or the parties disagreed (``~``).
+short (``!``) or the parties disagreed (``~``). Where the driver did not decide
+the steps itself (scheduler mode), a line under each step says what vLLM decided.
 """
 
 from __future__ import annotations
@@ -60,7 +61,14 @@ def explain(scenario: Scenario, result: ScenarioResult, version: str) -> str:
             for attr, _ in parties
         )
         rows[key].append(f" | {'':2} {obs.floor:>5} {cells}")
-    out.extend("".join(parts) for parts in rows.values())
+    last_step: int | None = None
+    for (step, _), parts in rows.items():
+        if last_step is not None and step != last_step and last_step in run.step_notes:
+            out.append(f"{'':>10}^ {run.step_notes[last_step]}")
+        out.append("".join(parts))
+        last_step = step
+    if last_step is not None and last_step in run.step_notes:
+        out.append(f"{'':>10}^ {run.step_notes[last_step]}")
     out.append("marks: ! below the floor, ~ differs from the predictor's running maximum")
     out.append(
         f"verdict: {result.verdict.value}"

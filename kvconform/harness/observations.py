@@ -97,3 +97,6 @@ class Trajectory:
     final_free_blocks: int | None = None
     parties: tuple[str, ...] = ("live", "predicted")
     notes: list[str] = field(default_factory=list)
+    # Per step, what a driver that does not decide the steps saw decided (scheduler
+    # mode: admissions, preemptions, batches in flight); shown beside the holdings.
+    step_notes: dict[int, str] = field(default_factory=dict)

@@ -135,7 +135,7 @@ class ScenarioItem(pytest.Item):
         super().__init__(**kwargs)
         self.scenario = scenario
         self.expectation: Expectation | None = None
-        for marker in ("trajectory", "warmup"):
+        for marker in ("trajectory", "warmup", "scheduler"):
             self.config.addinivalue_line("markers", f"{marker}: kvconform scenario kind")
 
     def runtest(self) -> None:

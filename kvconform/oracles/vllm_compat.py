@@ -266,11 +266,16 @@ class Vllm:
         return _call(self._kvm.KVCacheManager, kv_cache_config=kv_cache_config, **kwargs)
 
     def new_request(
-        self, request_id: str, prompt_token_ids: list[int], block_hasher: Callable[..., Any] | None
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        block_hasher: Callable[..., Any] | None,
+        max_tokens: int = 1 << 20,
     ) -> Any:
         from vllm import SamplingParams
 
-        params = SamplingParams(max_tokens=1 << 20)
+        # ignore_eos: fabricated outputs must not stop a request early by chance.
+        params = _call(SamplingParams, max_tokens=max_tokens, ignore_eos=True)
         return _call(
             self._request.Request,
             request_id=request_id,
@@ -280,7 +285,9 @@ class Vllm:
             block_hasher=block_hasher,
         )
 
-    def block_hasher(self, hash_block_size: int) -> Callable[..., Any]:
+    def block_hasher(
+        self, hash_block_size: int, num_hash_lookahead_tokens: int = 0
+    ) -> Callable[..., Any]:
         utils = importlib.import_module("vllm.v1.core.kv_cache_utils")
         hashing = self._optional_module("vllm.utils.hashing")
         hash_fn = getattr(hashing, "sha256", None) if hashing else None
@@ -289,8 +296,15 @@ class Vllm:
         if hash_fn is None or not hasattr(utils, "get_request_block_hasher"):
             raise self._missing("a request block hasher (get_request_block_hasher, sha256)")
         utils.init_none_hash(hash_fn)
+        # 0.33 adds num_hash_lookahead_tokens (hashes that cover tokens past the block).
         return typing.cast(
-            Callable[..., Any], utils.get_request_block_hasher(hash_block_size, hash_fn)
+            Callable[..., Any],
+            _call(
+                utils.get_request_block_hasher,
+                hash_block_size=hash_block_size,
+                caching_hash_fn=hash_fn,
+                num_hash_lookahead_tokens=num_hash_lookahead_tokens,
+            ),
         )
 
     def running_status(self) -> Any:
@@ -337,6 +351,177 @@ class Vllm:
 
     def free_block_count(self, manager: Any) -> int:
         return int(manager.block_pool.get_num_free_blocks())
+
+    # -- the scheduler ----------------------------------------------------------------
+
+    @cached_property
+    def _scheduling(self) -> SimpleNamespace:
+        """vLLM's configuration, scheduler and output classes (scheduler mode only)."""
+        names = {
+            "vllm.config": (
+                "ModelConfig",
+                "SpeculativeConfig",
+                "SchedulerConfig",
+                "CacheConfig",
+                "ParallelConfig",
+                "DeviceConfig",
+                "VllmConfig",
+            ),
+            "vllm.v1.outputs": ("ModelRunnerOutput", "DraftTokenIds"),
+            "vllm.v1.structured_output": ("StructuredOutputManager",),
+        }
+        found: dict[str, Any] = {}
+        logging.disable(logging.WARNING)
+        try:
+            for module_name, attrs in names.items():
+                try:
+                    module = importlib.import_module(module_name)
+                except Exception as exc:  # noqa: BLE001 - unimportable means "cannot exercise"
+                    raise self._missing(module_name, f"{type(exc).__name__}: {exc}") from None
+                for attr in attrs:
+                    if not hasattr(module, attr):
+                        raise self._missing(f"{module_name}.{attr}")
+                    found[attr] = getattr(module, attr)
+        finally:
+            logging.disable(logging.NOTSET)
+        return SimpleNamespace(**found)
+
+    def model_config(self, model_dir: str, max_model_len: int) -> Any:
+        """A ``ModelConfig`` for a local config-only model folder: no weights, no tokenizer."""
+        # skip_tokenizer_init: the structured-output manager would otherwise load one.
+        return _call(
+            self._scheduling.ModelConfig,
+            model=model_dir,
+            skip_tokenizer_init=True,
+            max_model_len=max_model_len,
+            dtype="float16",
+            seed=0,
+        )
+
+    def speculative_config(
+        self, target: Any, method: str, num_speculative_tokens: int, **options: Any
+    ) -> Any:
+        parallel = self._scheduling.ParallelConfig()
+        return _call(
+            self._scheduling.SpeculativeConfig,
+            method=method,
+            num_speculative_tokens=num_speculative_tokens,
+            target_model_config=target,
+            target_parallel_config=parallel,
+            **options,
+        )
+
+    def scheduler_vllm_config(
+        self,
+        model_config: Any,
+        speculative_config: Any | None,
+        *,
+        block_size: int,
+        num_blocks: int,
+        enable_prefix_caching: bool,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        enable_chunked_prefill: bool,
+        long_prefill_token_threshold: int,
+        async_scheduling: bool,
+    ) -> Any:
+        """The ``VllmConfig`` an engine with these limits would hand its scheduler."""
+        api = self._scheduling
+        scheduler = _call(
+            api.SchedulerConfig,
+            max_model_len=model_config.max_model_len,
+            is_encoder_decoder=False,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            enable_chunked_prefill=enable_chunked_prefill,
+            long_prefill_token_threshold=long_prefill_token_threshold,
+            async_scheduling=async_scheduling,
+        )
+        cache = _call(
+            api.CacheConfig, block_size=block_size, enable_prefix_caching=enable_prefix_caching
+        )
+        parallel = (
+            speculative_config.target_parallel_config
+            if speculative_config is not None
+            and getattr(speculative_config, "target_parallel_config", None) is not None
+            else api.ParallelConfig()
+        )
+        config = _call(
+            api.VllmConfig,
+            model_config=model_config,
+            cache_config=cache,
+            parallel_config=parallel,
+            scheduler_config=scheduler,
+            speculative_config=speculative_config,
+            # Without it vLLM fails to infer a device on a machine without one.
+            device_config=_call(api.DeviceConfig, device="cpu"),
+        )
+        # What the engine sets once it has profiled the device: the pool size.
+        config.cache_config.num_gpu_blocks = num_blocks
+        return config
+
+    def new_scheduler(
+        self, vllm_config: Any, kv_cache_config: Any, block_size: int, hash_block_size: int
+    ) -> Any:
+        """vLLM's scheduler class for this configuration (``Scheduler`` or ``AsyncScheduler``)."""
+        scheduler_config = vllm_config.scheduler_config
+        if not hasattr(scheduler_config, "get_scheduler_cls"):
+            raise self._missing("SchedulerConfig.get_scheduler_cls")
+        cls = scheduler_config.get_scheduler_cls()
+        return _call(
+            cls,
+            vllm_config=vllm_config,
+            kv_cache_config=kv_cache_config,
+            structured_output_manager=self._scheduling.StructuredOutputManager(vllm_config),
+            block_size=block_size,
+            hash_block_size=hash_block_size,
+            log_stats=False,
+        )
+
+    def kv_block_sizes(self, kv_cache_config: Any, vllm_config: Any) -> tuple[int, int]:
+        """(scheduler block size, hash block size), as the engine core resolves them."""
+        utils = importlib.import_module("vllm.v1.core.kv_cache_utils")
+        resolve = getattr(utils, "resolve_kv_cache_block_sizes", None)
+        if resolve is None:
+            raise self._missing("vllm.v1.core.kv_cache_utils.resolve_kv_cache_block_sizes")
+        scheduler_block_size, hash_block_size = resolve(kv_cache_config, vllm_config)
+        return int(scheduler_block_size), int(hash_block_size)
+
+    def lookahead_of(self, holder: Any, name: str = "num_lookahead_tokens") -> int | None:
+        """An integer attribute a scheduler or config has in some releases only."""
+        value = getattr(holder, name, None)
+        return int(value) if value is not None else None
+
+    def max_concurrent_batches(self, vllm_config: Any) -> int:
+        """Batches the engine keeps in flight (its batch queue size); 2 for async scheduling."""
+        value = getattr(vllm_config, "max_concurrent_batches", None)
+        if value is None:
+            return 2 if vllm_config.scheduler_config.async_scheduling else 1
+        return int(value)
+
+    def scheduled_drafts(self, scheduler_output: Any) -> dict[str, list[int]]:
+        return dict(scheduler_output.scheduled_spec_decode_tokens or {})
+
+    def skips_drafts(self, scheduler_output: Any) -> bool:
+        """Whether the model runner proposes no drafts after this step (0.33's ``skip_drafts``)."""
+        return bool(getattr(scheduler_output, "skip_drafts", False))
+
+    def drafts_per_step(self, scheduler_output: Any, num_speculative_tokens: int) -> int:
+        """How many drafts the drafter proposes after this step (dynamic speculation aware)."""
+        return int(getattr(scheduler_output, "num_spec_tokens_to_schedule", 0) or 0) or (
+            num_speculative_tokens
+        )
+
+    def model_runner_output(self, req_ids: list[str], sampled: list[list[int]]) -> Any:
+        return _call(
+            self._scheduling.ModelRunnerOutput,
+            req_ids=req_ids,
+            req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+            sampled_token_ids=sampled,
+        )
+
+    def draft_token_ids(self, req_ids: list[str], drafts: list[list[int]]) -> Any:
+        return _call(self._scheduling.DraftTokenIds, req_ids=req_ids, draft_token_ids=drafts)
 
     # -- the warmup predictor ---------------------------------------------------------
 
