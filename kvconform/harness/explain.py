@@ -44,7 +44,7 @@ def explain(scenario: Scenario, result: ScenarioResult, version: str) -> str:
             f"  g{group.index} {group.label}, block {group.block_size}: {FLOORS[group.type].reason}"
         )
     parties = [(attr, short) for attr, short in PARTIES if attr in run.parties]
-    header = f"{'step':>4} {'line':>4} {'req':8} {'action':22} {'comp':>5} {'sched':>5}"
+    header = f"{'step':>4} {'line':>4} {'req':8} {'action':26} {'comp':>5} {'sched':>5}"
     for group in run.groups:
         header += f" | g{group.index} floor " + " ".join(f"{short:>4}" for _, short in parties)
     out.append(header)
@@ -53,7 +53,7 @@ def explain(scenario: Scenario, result: ScenarioResult, version: str) -> str:
         key = (obs.step, obs.request)
         if key not in rows:
             rows[key] = [
-                f"{obs.step:>4} {obs.line or '':>4} {obs.request[:8]:8} {obs.label[:22]:22} "
+                f"{obs.step:>4} {obs.line or '':>4} {obs.request[:8]:8} {obs.label[:26]:26} "
                 f"{obs.computed:>5} {obs.scheduled:>5}"
             ]
         cells = " ".join(

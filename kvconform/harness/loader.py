@@ -447,6 +447,12 @@ def _parse_scheduler(
         raise ScenarioError(
             fields.at("num_nextn_predict_layers"), "applies to MTP only (speculative.method: mtp)"
         )
+    if speculative is not None and speculative.num_speculative_tokens % layers:
+        raise ScenarioError(
+            fields.at("num_nextn_predict_layers"),
+            f"vLLM needs num_speculative_tokens ({speculative.num_speculative_tokens}) to be a "
+            f"multiple of the MTP modules ({layers})",
+        )
     spec = SchedulerSpec(
         mode=mode,
         max_num_seqs=fields.integer("max_num_seqs", defaults.max_num_seqs),

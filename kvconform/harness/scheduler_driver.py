@@ -22,8 +22,8 @@ What each row compares:
   last (re)started, as in allocator mode.
 
 The scheduler's decisions go beside the holdings: each row's label says what
-was scheduled for the request (``new prefill 64/100``, ``verify 1+3 acc 1``,
-``resumed prefill 120``), ``Trajectory.step_notes`` what happened in the step
+was scheduled for the request (``new, prefill 64/100``, ``verify 1+3 acc 1``,
+``resumed, hit 32, prefill 88``), ``Trajectory.step_notes`` what happened in the step
 (admissions, preemptions, finishes, batches in flight, free blocks), and a
 note on the trajectory sums it up.
 """
@@ -49,9 +49,9 @@ from kvconform.oracles.vllm_compat import Vllm
 
 def decision_label(row: ScheduledRequest) -> str:
     """What the scheduler scheduled for one request in one step, in a few words."""
-    prefix = {"new": "new ", "resumed": "resumed "}.get(row.phase, "")
+    prefix = {"new": "new, ", "resumed": "resumed, "}.get(row.phase, "")
     if row.cached:
-        prefix += f"{row.cached} hit + "
+        prefix += f"hit {row.cached}, "
     pending = row.known_tokens - row.computed
     if row.drafts:
         core = f"verify 1+{row.drafts} acc {row.accepted}"
@@ -193,6 +193,9 @@ def summary(record: SchedulerRun, scenario: Scenario) -> str:
         f"prefill lookahead {record.prefill_lookahead}, {len(steps)} steps"
     ]
     parts.append("preempted " + (", ".join(preempted) if preempted else "none"))
+    hits = [f"{row.request} {row.cached}" for step in steps for row in step.requests if row.cached]
+    if hits:
+        parts.append("prefix hits " + ", ".join(hits))
     chunked = [
         f"{name} {'+'.join(map(str, sizes))}" for name, sizes in chunks.items() if len(sizes) > 1
     ]
