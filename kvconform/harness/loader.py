@@ -24,6 +24,7 @@ from typing import Any
 from kvconform.errors import Location, ScenarioError
 from kvconform.harness.scenario import (
     ACCEPT_ALL,
+    MODEL_RUNNERS,
     SCHEDULER_MODES,
     Acceptance,
     Action,
@@ -290,7 +291,7 @@ def _parse(
             )
         _check_scheduler_model(model, speculative, top)
         scheduler = _parse_scheduler(
-            top.raw("scheduler", _empty_mapping()), where, top.at("scheduler"), speculative
+            top.raw("scheduler", _empty_mapping()), where, top.at("scheduler"), speculative, model
         )
         requests = _parse_scheduler_requests(
             top.raw("requests"), where, top.at("requests"), model, speculative
@@ -433,7 +434,11 @@ def _check_scheduler_model(
 
 
 def _parse_scheduler(
-    raw: Any, where: Location, at: Location, speculative: SpeculativeSpec | None
+    raw: Any,
+    where: Location,
+    at: Location,
+    speculative: SpeculativeSpec | None,
+    model: ModelSpec,
 ) -> SchedulerSpec:
     fields = _Fields(raw, where, "scheduler")
     defaults = SchedulerSpec()
@@ -453,8 +458,14 @@ def _parse_scheduler(
             f"vLLM needs num_speculative_tokens ({speculative.num_speculative_tokens}) to be a "
             f"multiple of the MTP modules ({layers})",
         )
+    runner = fields.text("model_runner", defaults.model_runner)
+    if runner not in MODEL_RUNNERS:
+        raise ScenarioError(
+            fields.at("model_runner"), f"must be one of {', '.join(MODEL_RUNNERS)}, not {runner!r}"
+        )
     spec = SchedulerSpec(
         mode=mode,
+        model_runner=runner,
         max_num_seqs=fields.integer("max_num_seqs", defaults.max_num_seqs),
         max_num_batched_tokens=fields.integer(
             "max_num_batched_tokens", defaults.max_num_batched_tokens
@@ -470,7 +481,32 @@ def _parse_scheduler(
         where=Location(where.file, fields.mapping.line or at.line, "scheduler"),
     )
     fields.done()
+    _check_scheduler_limits(spec, model, fields)
     return spec
+
+
+def _check_scheduler_limits(spec: SchedulerSpec, model: ModelSpec, fields: _Fields) -> None:
+    """vLLM's own SchedulerConfig rules, checked before vLLM is imported.
+
+    Whatever else vLLM refuses to build is reported as unsupported by that
+    release (a method or mode it does not run), not as a bad scenario.
+    """
+    if spec.max_num_batched_tokens < spec.max_num_seqs:
+        raise ScenarioError(
+            fields.at("max_num_batched_tokens"),
+            f"must be at least max_num_seqs ({spec.max_num_seqs}), as vLLM requires",
+        )
+    if not spec.enable_chunked_prefill and spec.max_num_batched_tokens < model.max_model_len:
+        raise ScenarioError(
+            fields.at("max_num_batched_tokens"),
+            f"must be at least max_model_len ({model.max_model_len}) without chunked prefill, "
+            "as vLLM requires",
+        )
+    if spec.long_prefill_token_threshold > model.max_model_len:
+        raise ScenarioError(
+            fields.at("long_prefill_token_threshold"),
+            f"must be at most max_model_len ({model.max_model_len}), as vLLM requires",
+        )
 
 
 def _parse_scheduler_requests(

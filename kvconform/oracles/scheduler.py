@@ -295,29 +295,34 @@ class SchedulerOracle:
         model_config, speculative = model_and_speculative_config(vllm, scenario, self.method)
         where = self.limits.where or scenario.where.at("scheduler")
         kv_cache_config = vllm.kv_cache_config(model.num_blocks, kv_specs)
-        try:
-            self.config = vllm.scheduler_vllm_config(
-                model_config,
-                speculative,
-                block_size=model.scheduler_block_size,
-                num_blocks=model.num_blocks,
-                enable_prefix_caching=model.enable_caching,
-                max_num_seqs=self.limits.max_num_seqs,
-                max_num_batched_tokens=self.limits.max_num_batched_tokens,
-                enable_chunked_prefill=self.limits.enable_chunked_prefill,
-                long_prefill_token_threshold=self.limits.long_prefill_token_threshold,
-                async_scheduling=self.limits.async_scheduling,
+        with vllm.model_runner(self.limits.model_runner):
+            try:
+                self.config = vllm.scheduler_vllm_config(
+                    model_config,
+                    speculative,
+                    block_size=model.scheduler_block_size,
+                    num_blocks=model.num_blocks,
+                    enable_prefix_caching=model.enable_caching,
+                    max_num_seqs=self.limits.max_num_seqs,
+                    max_num_batched_tokens=self.limits.max_num_batched_tokens,
+                    enable_chunked_prefill=self.limits.enable_chunked_prefill,
+                    long_prefill_token_threshold=self.limits.long_prefill_token_threshold,
+                    async_scheduling=self.limits.async_scheduling,
+                )
+                block_size, hash_block_size = vllm.kv_block_sizes(kv_cache_config, self.config)
+                max_concurrent_batches = vllm.max_concurrent_batches(self.config)
+            except VllmUnavailable:
+                raise
+            except Exception as exc:  # noqa: BLE001 - vLLM refusing the configuration
+                # The loader checked vLLM's generic limits; what is left is a method,
+                # mode or combination this release does not run.
+                raise VllmUnavailable(
+                    vllm.version, f"support for these settings ({where})", _first_line(exc)
+                ) from None
+            # Raising here, on a configuration vLLM accepted, is a finding (a crash).
+            self.scheduler = vllm.new_scheduler(
+                self.config, kv_cache_config, block_size, hash_block_size
             )
-            block_size, hash_block_size = vllm.kv_block_sizes(kv_cache_config, self.config)
-        except VllmUnavailable:
-            raise
-        except Exception as exc:  # noqa: BLE001 - vLLM's own validation of the limits
-            raise ScenarioError(
-                where, f"vLLM {vllm.version} rejects these settings: {_first_line(exc)}"
-            ) from None
-        self.scheduler = vllm.new_scheduler(
-            self.config, kv_cache_config, block_size, hash_block_size
-        )
         self.manager = self.scheduler.kv_cache_manager
         self.run = SchedulerRun(
             scheduler_class=type(self.scheduler).__name__,
@@ -325,7 +330,7 @@ class SchedulerOracle:
             lookahead=vllm.lookahead_of(self.scheduler),
             config_lookahead=vllm.lookahead_of(self.config),
             prefill_lookahead=vllm.lookahead_of(self.config, "num_prefill_lookahead_tokens"),
-            max_concurrent_batches=vllm.max_concurrent_batches(self.config),
+            max_concurrent_batches=max_concurrent_batches,
             null_block=vllm.null_block_id(self.manager),
             max_num_scheduled_tokens=getattr(self.scheduler, "max_num_scheduled_tokens", None),
         )

@@ -30,6 +30,7 @@ extension modules, which a ``.py``-only tree lacks, still resolve.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import importlib.util
@@ -39,7 +40,7 @@ import os
 import re
 import sys
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -77,11 +78,34 @@ class VllmSource:
         return f"installed package at {self.path}"
 
 
-def _quiet_imports() -> None:
+def _quiet_imports(version: str) -> None:
     # vLLM and torch log at import time (missing compiled extensions on CPU,
     # deprecations); a harness run wants its own output, not theirs.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    os.environ.setdefault("VLLM_CACHE_ROOT", str(cache_dir("vllm")))
+    # One cache per release: vLLM's model-info cache (architecture inspection,
+    # seconds per architecture when cold) is written in a release's own format,
+    # which another release fails to read and then re-inspects every time.
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(cache_dir("vllm", _release_of(version))))
+
+
+@contextlib.contextmanager
+def _quiet_logs() -> Iterator[None]:
+    """Silence vLLM's advice while it builds configurations for a harness run."""
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def _release_of(version: str) -> str:
+    """``0.33.1`` for ``0.33.1.dev12+gabc``: commits of one release share a cache."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(version).base_version
+    except InvalidVersion:
+        return version
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     for name in ("torch", "vllm"):
         logging.getLogger(name).setLevel(logging.ERROR)
@@ -119,7 +143,6 @@ def load(src: str | Path | None = None, release: str | None = None) -> Vllm:
 
     Raises :class:`VllmUnavailable` when it cannot be imported.
     """
-    _quiet_imports()
     installed = importlib.util.find_spec("vllm")
     installed_dir = (
         str(Path(installed.origin).parent) if installed is not None and installed.origin else None
@@ -142,6 +165,7 @@ def load(src: str | Path | None = None, release: str | None = None) -> Vllm:
     else:
         source = VllmSource("installed", installed_dir or "?")
     version = (tree_version(src) if src else installed_version()) or "unknown"
+    _quiet_imports(version)
     logging.disable(logging.WARNING)  # torch and vLLM log deprecations while importing
     try:
         vllm = importlib.import_module("vllm")
@@ -389,27 +413,29 @@ class Vllm:
     def model_config(self, model_dir: str, max_model_len: int) -> Any:
         """A ``ModelConfig`` for a local config-only model folder: no weights, no tokenizer."""
         # skip_tokenizer_init: the structured-output manager would otherwise load one.
-        return _call(
-            self._scheduling.ModelConfig,
-            model=model_dir,
-            skip_tokenizer_init=True,
-            max_model_len=max_model_len,
-            dtype="float16",
-            seed=0,
-        )
+        with _quiet_logs():
+            return _call(
+                self._scheduling.ModelConfig,
+                model=model_dir,
+                skip_tokenizer_init=True,
+                max_model_len=max_model_len,
+                dtype="float16",
+                seed=0,
+            )
 
     def speculative_config(
         self, target: Any, method: str, num_speculative_tokens: int, **options: Any
     ) -> Any:
         parallel = self._scheduling.ParallelConfig()
-        return _call(
-            self._scheduling.SpeculativeConfig,
-            method=method,
-            num_speculative_tokens=num_speculative_tokens,
-            target_model_config=target,
-            target_parallel_config=parallel,
-            **options,
-        )
+        with _quiet_logs():
+            return _call(
+                self._scheduling.SpeculativeConfig,
+                method=method,
+                num_speculative_tokens=num_speculative_tokens,
+                target_model_config=target,
+                target_parallel_config=parallel,
+                **options,
+            )
 
     def scheduler_vllm_config(
         self,
@@ -446,16 +472,17 @@ class Vllm:
             and getattr(speculative_config, "target_parallel_config", None) is not None
             else api.ParallelConfig()
         )
-        config = _call(
-            api.VllmConfig,
-            model_config=model_config,
-            cache_config=cache,
-            parallel_config=parallel,
-            scheduler_config=scheduler,
-            speculative_config=speculative_config,
-            # Without it vLLM fails to infer a device on a machine without one.
-            device_config=_call(api.DeviceConfig, device="cpu"),
-        )
+        with _quiet_logs():
+            config = _call(
+                api.VllmConfig,
+                model_config=model_config,
+                cache_config=cache,
+                parallel_config=parallel,
+                scheduler_config=scheduler,
+                speculative_config=speculative_config,
+                # Without it vLLM fails to infer a device on a machine without one.
+                device_config=_call(api.DeviceConfig, device="cpu"),
+            )
         # What the engine sets once it has profiled the device: the pool size.
         config.cache_config.num_gpu_blocks = num_blocks
         return config
@@ -468,15 +495,39 @@ class Vllm:
         if not hasattr(scheduler_config, "get_scheduler_cls"):
             raise self._missing("SchedulerConfig.get_scheduler_cls")
         cls = scheduler_config.get_scheduler_cls()
-        return _call(
-            cls,
-            vllm_config=vllm_config,
-            kv_cache_config=kv_cache_config,
-            structured_output_manager=self._scheduling.StructuredOutputManager(vllm_config),
-            block_size=block_size,
-            hash_block_size=hash_block_size,
-            log_stats=False,
-        )
+        with _quiet_logs():
+            return _call(
+                cls,
+                vllm_config=vllm_config,
+                kv_cache_config=kv_cache_config,
+                structured_output_manager=self._scheduling.StructuredOutputManager(vllm_config),
+                block_size=block_size,
+                hash_block_size=hash_block_size,
+                log_stats=False,
+            )
+
+    @contextlib.contextmanager
+    def model_runner(self, choice: str) -> Iterator[None]:
+        """Build configs and schedulers as for model runner ``v1``, ``v2`` or vLLM's ``auto``.
+
+        vLLM reads ``VLLM_USE_V2_MODEL_RUNNER`` when a config or scheduler is
+        built (the scheduler keeps the answer); on a machine without Triton some
+        releases fall back to V1, which a GPU host would not, so scheduler mode
+        names the runner explicitly.
+        """
+        name = "VLLM_USE_V2_MODEL_RUNNER"
+        before = os.environ.get(name)
+        if choice == "auto":
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = "1" if choice == "v2" else "0"
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = before
 
     def kv_block_sizes(self, kv_cache_config: Any, vllm_config: Any) -> tuple[int, int]:
         """(scheduler block size, hash block size), as the engine core resolves them."""
