@@ -36,7 +36,7 @@ def test_scheduler_scenario_is_parsed(scenario_from):
     assert (limits.mode, limits.async_scheduling, limits.overlapped) == ("async", True, False)
     assert (limits.max_num_seqs, limits.max_num_batched_tokens) == (2, 64)
     assert limits.long_prefill_token_threshold == 32 and limits.enable_chunked_prefill
-    assert limits.model_runner == "v2"
+    assert limits.model_runner == "auto"
     a, b, c, d, e = scenario.requests.values()
     assert (a.arrival, a.max_tokens, a.acceptance.kind) == (0, 16, "all")
     assert (b.arrival, b.max_tokens, b.acceptance) == (3, 7, Acceptance("list", (3, 0)))
@@ -103,7 +103,7 @@ SPEC = "speculative: {method: eagle, num_speculative_tokens: 3}\n"
             "kind: scheduler\nscheduler:\n  model_runner: v3\nrequests: {a: {prompt_len: 5}}\n",
             3,
             "scheduler.model_runner",
-            "v2, v1, auto",
+            "auto, v2, v1",
         ),
         (
             "kind: scheduler\nscheduler:\n  max_num_seqs: 8\n  max_num_batched_tokens: 4\n"

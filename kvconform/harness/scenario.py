@@ -166,7 +166,7 @@ class WarmupSpec:
 
 
 SCHEDULER_MODES = ("sync", "async", "overlapped")
-MODEL_RUNNERS = ("v2", "v1", "auto")
+MODEL_RUNNERS = ("auto", "v2", "v1")
 
 
 @dataclass(frozen=True)
@@ -187,8 +187,9 @@ class SchedulerSpec:
     # MTP only: the target's MTP modules (more than one makes it multi-module).
     num_nextn_predict_layers: int = 1
     max_steps: int = 2000
-    # v2 | v1 | auto: the model runner vLLM's configuration is built for.
-    model_runner: str = "v2"
+    # auto | v2 | v1: the model runner vLLM's configuration is built for (auto:
+    # vLLM's own choice on this machine).
+    model_runner: str = "auto"
     where: Location | None = field(default=None, compare=False)
 
     @property

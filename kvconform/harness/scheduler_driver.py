@@ -189,7 +189,8 @@ def summary(record: SchedulerRun, scenario: Scenario) -> str:
         "overlapped": f"overlapped ({record.max_concurrent_batches} batches in flight)",
     }[record.mode]
     parts = [
-        f"scheduler: {record.scheduler_class} {mode}, lookahead {record.lookahead}, "
+        f"scheduler: {record.scheduler_class} {mode}, model runner {record.model_runner}, "
+        f"lookahead {record.lookahead}, "
         f"prefill lookahead {record.prefill_lookahead}, {len(steps)} steps"
     ]
     parts.append("preempted " + (", ".join(preempted) if preempted else "none"))

@@ -272,6 +272,7 @@ class SchedulerRun:
     prefill_lookahead: int | None  # VllmConfig.num_prefill_lookahead_tokens
     max_concurrent_batches: int
     null_block: int
+    model_runner: str = "V2"  # the model runner the configuration was built for
     events: list[StepRecord | FreeRecord] = field(default_factory=list)
     finished: set[str] = field(default_factory=set)
     final_free_blocks: int | None = None
@@ -311,6 +312,7 @@ class SchedulerOracle:
                 )
                 block_size, hash_block_size = vllm.kv_block_sizes(kv_cache_config, self.config)
                 max_concurrent_batches = vllm.max_concurrent_batches(self.config)
+                runner_name = vllm.model_runner_name(self.config)
             except VllmUnavailable:
                 raise
             except Exception as exc:  # noqa: BLE001 - vLLM refusing the configuration
@@ -331,6 +333,7 @@ class SchedulerOracle:
             config_lookahead=vllm.lookahead_of(self.config),
             prefill_lookahead=vllm.lookahead_of(self.config, "num_prefill_lookahead_tokens"),
             max_concurrent_batches=max_concurrent_batches,
+            model_runner=runner_name,
             null_block=vllm.null_block_id(self.manager),
             max_num_scheduled_tokens=getattr(self.scheduler, "max_num_scheduled_tokens", None),
         )

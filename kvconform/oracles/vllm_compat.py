@@ -160,6 +160,11 @@ def load(src: str | Path | None = None, release: str | None = None) -> Vllm:
             )
         if src not in sys.path:
             sys.path.insert(0, src)
+        # Subprocesses vLLM starts (it inspects model architectures in one) must
+        # import the same tree, not the installed package.
+        paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+        if src not in paths:
+            os.environ["PYTHONPATH"] = os.pathsep.join([src, *filter(None, paths)])
         importlib.invalidate_caches()
         source = VllmSource("release" if release else "src", src, release)
     else:
@@ -508,12 +513,12 @@ class Vllm:
 
     @contextlib.contextmanager
     def model_runner(self, choice: str) -> Iterator[None]:
-        """Build configs and schedulers as for model runner ``v1``, ``v2`` or vLLM's ``auto``.
+        """Build configs and schedulers for model runner ``v1``, ``v2`` or vLLM's ``auto`` choice.
 
-        vLLM reads ``VLLM_USE_V2_MODEL_RUNNER`` when a config or scheduler is
-        built (the scheduler keeps the answer); on a machine without Triton some
-        releases fall back to V1, which a GPU host would not, so scheduler mode
-        names the runner explicitly.
+        vLLM reads ``VLLM_USE_V2_MODEL_RUNNER`` while a config or a scheduler is
+        built (the scheduler keeps the answer). ``auto`` is what vLLM picks on
+        this machine: on a machine without a usable Triton some releases pick V1
+        where a GPU host would run V2, and refuse ``v2`` outright.
         """
         name = "VLLM_USE_V2_MODEL_RUNNER"
         before = os.environ.get(name)
@@ -528,6 +533,10 @@ class Vllm:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = before
+
+    def model_runner_name(self, vllm_config: Any) -> str:
+        """``V1`` or ``V2``: the model runner a built config is for (``V1`` before it existed)."""
+        return "V2" if getattr(vllm_config, "use_v2_model_runner", False) else "V1"
 
     def kv_block_sizes(self, kv_cache_config: Any, vllm_config: Any) -> tuple[int, int]:
         """(scheduler block size, hash block size), as the engine core resolves them."""
