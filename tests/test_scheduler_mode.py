@@ -232,7 +232,8 @@ def test_reports_and_explain_carry_the_decisions(scenario_from, vllm, tmp_path):
         vllm_path=vllm.location,
     )
     written = write_reports(report, tmp_path)
-    assert {p.name for p in written} == {"report.json", "junit.xml", "summary.md"}
+    # Every writer copes with a scheduler trajectory (labels, step notes, no step lines).
+    assert {"report.json", "junit.xml", "summary.md"} <= {p.name for p in written}
     entry = json.loads((tmp_path / "report.json").read_text())["scenarios"][0]
     assert entry["kind"] == "scheduler" and entry["verdict"] == "passed"
     assert any(n.startswith("scheduler: AsyncScheduler overlapped") for n in entry["notes"])
