@@ -59,17 +59,30 @@ def inject(tree: Path, relative: str, old: str, new: str) -> None:
     path.write_text(text.replace(old, new))
 
 
-@pytest.fixture(scope="module")
-def lookahead_bug_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tree = copy_vllm_tree(tmp_path_factory.mktemp("vllm-lookahead-bug"))
-    inject(
-        tree,
-        "vllm/v1/core/sched/scheduler.py",
+# The admission of a waiting request in Scheduler.schedule; the bug drops its lookahead.
+ADMISSION_LOOKAHEAD = """\
+                effective_lookahead_tokens = (
+                    0 if limit_lookahead_tokens else self.num_lookahead_tokens
+                )"""
+
+# name -> (text in Scheduler.schedule, its buggy replacement)
+BUGS = {
+    "running-requests-without-lookahead": (
         RUNNING_ALLOCATION,
         RUNNING_ALLOCATION.replace(
             "num_lookahead_tokens=self.num_lookahead_tokens", "num_lookahead_tokens=0"
         ),
-    )
+    ),
+    "admissions-without-lookahead": (
+        ADMISSION_LOOKAHEAD,
+        "                effective_lookahead_tokens = 0",
+    ),
+}
+
+
+def buggy_tree(tmp_path_factory: pytest.TempPathFactory, bug: str) -> Path:
+    tree = copy_vllm_tree(tmp_path_factory.mktemp(f"vllm-{bug}"))
+    inject(tree, "vllm/v1/core/sched/scheduler.py", *BUGS[bug])
     return tree
 
 
@@ -86,9 +99,11 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
-def test_lookahead_dropped_for_running_requests_turns_scheduler_scenarios_red(
-    lookahead_bug_tree: Path, tmp_path: Path
+@pytest.mark.parametrize("bug", list(BUGS))
+def test_a_scheduler_that_drops_the_lookahead_turns_scheduler_scenarios_red(
+    bug: str, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
 ):
+    tree = buggy_tree(tmp_path_factory, bug)
     scenario = REPO / "scenarios" / "scheduler" / "eagle-mtp.yaml"
     proc = run_cli(
         "run",
@@ -96,7 +111,7 @@ def test_lookahead_dropped_for_running_requests_turns_scheduler_scenarios_red(
         "-k",
         "eagle-k3",
         "--vllm-src",
-        str(lookahead_bug_tree),
+        str(tree),
         "--report-dir",
         str(tmp_path),
         cwd=REPO,
@@ -116,8 +131,10 @@ def test_lookahead_dropped_for_running_requests_turns_scheduler_scenarios_red(
             assert failure["step"] is not None and failure["request"] in {"a", "b", "c"}
             assert failure["live"] < failure["floor"]
             assert "the drafter's positions" in failure["message"]
-            # Only running requests lost their lookahead: admissions still reserve it.
-            assert not failure["action"].startswith("new"), failure["message"]
+            # The report says which path lost the lookahead: admissions ("new, ...")
+            # or requests already running.
+            admitted = failure["action"].startswith(("new", "resumed"))
+            assert admitted == (bug == "admissions-without-lookahead"), failure["message"]
     # The first failure points at a step and a request, in words a reader can act on.
     assert "FAILED" in proc.stdout and "[floor] step " in proc.stdout
     assert " request " in proc.stdout
