@@ -1,4 +1,4 @@
-"""Scheduler mode catches a scheduler that under-reserves: a bug injected into a COPY of vLLM.
+"""Scheduler mode catches a scheduler that under-reserves: bugs injected into a COPY of vLLM.
 
 The installed vLLM's Python tree is copied (``.py`` files and its dist-info;
 compiled parts stay with the installed package, which ``--vllm-src`` keeps on
