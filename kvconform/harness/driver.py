@@ -108,7 +108,6 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
                 dcp_world_size=model.dcp_world_size if vllm.dcp_sharded(spec) else 1,
                 num_speculative_blocks=int(getattr(spec, "num_speculative_blocks", 0) or 0),
                 mamba_cache_mode=str(getattr(spec, "mamba_cache_mode", "none")),
-                blocks_per_request=int(getattr(spec, "blocks_per_request", 0) or 0),
             ),
         )
         for info, group, spec in zip(run.groups, model.groups, specs, strict=True)

@@ -251,7 +251,13 @@ class Vllm:
             ) from None
 
     def dcp_sharded(self, spec: Any) -> bool:
-        return bool(getattr(spec, "dcp_sharded", False))
+        """Whether the manager multiplies this group's block size by the DCP world size.
+
+        From 0.31 a spec says so itself (``dcp_sharded``: attention yes, Mamba
+        no). Releases without the field (0.28-0.30) multiply every group's
+        block size when ``dcp_world_size > 1`` (``SingleTypeKVCacheManager.__init__``).
+        """
+        return bool(getattr(spec, "dcp_sharded", True))
 
     # -- the allocator ----------------------------------------------------------------
 
