@@ -113,7 +113,7 @@ def failing_checks(scenario: Scenario, vllm: Vllm, bug: Bug | None) -> set[str]:
     spec, model = scenario.speculative, scenario.model
     checks: set[str] = set()
     if spec is None:
-        lookahead, k = 0, 0
+        lookahead, contract, k = 0, 0, 0
     else:
         method, k = vllm.canonical_method(spec.method), spec.num_speculative_tokens
         table = expected_lookahead(method, k, spec.sample_from_anchor)
@@ -123,7 +123,10 @@ def failing_checks(scenario: Scenario, vllm: Vllm, bug: Bug | None) -> set[str]:
         reported = table if reported is None else reported
         if reported != table:
             checks.add("lookahead")
-        lookahead = reported if spec.num_lookahead_tokens is None else spec.num_lookahead_tokens
+        override = spec.num_lookahead_tokens
+        lookahead = reported if override is None else override
+        # The floor is the contract: what the drafter writes by kvconform's table.
+        contract = table if override is None else override
     live_la = 0 if bug and bug.live_drops_lookahead else lookahead
     pred_la = 0 if bug and bug.predictor_drops_lookahead else lookahead
     limit = model.max_model_len
@@ -154,7 +157,7 @@ def failing_checks(scenario: Scenario, vllm: Vllm, bug: Bug | None) -> set[str]:
                 held = live_max[call.request] = max(live_max.get(call.request, 0), live)
                 most = pred_max[call.request] = max(pred_max.get(call.request, 0), pred)
                 if group.type in TOKEN_INDEXED:
-                    floor = cdiv(min(n + lookahead, limit), live_block)
+                    floor = cdiv(min(n + contract, limit), live_block)
                 else:
                     floor = 1 + extra
                 if held != most:

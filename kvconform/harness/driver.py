@@ -38,6 +38,7 @@ def resolve_lookahead(scenario: Scenario, vllm: Vllm) -> Trajectory:
             model.max_model_len,
             expected_lookahead=0,
             vllm_lookahead=0,
+            floor_lookahead=0,
         )
     declared = vllm.declared_methods()
     if spec.method not in declared:
@@ -74,6 +75,13 @@ def resolve_lookahead(scenario: Scenario, vllm: Vllm) -> Trajectory:
         num_speculative_tokens=k,
         sample_from_anchor=anchor,
         vllm_lookahead=vllm_value,
+        floor_lookahead=(
+            spec.num_lookahead_tokens
+            if spec.num_lookahead_tokens is not None
+            else expected
+            if expected is not None
+            else lookahead
+        ),
         expected_lookahead=expected,
     )
 
@@ -83,13 +91,17 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
     model = scenario.model
     run = resolve_lookahead(scenario, vllm)
     lookahead = run.lookahead
+    floor_lookahead = lookahead if run.floor_lookahead is None else run.floor_lookahead
     specs = []
     for group in model.groups:
         options = dict(group.options)
         if group.type == "mamba" and options.get("num_speculative_blocks") is None:
             options["num_speculative_blocks"] = run.num_speculative_tokens
         specs.append(vllm.build_spec(group.type, group.block_size, options))
-    live = LiveAllocator(vllm, model, specs, lookahead)
+    scheduler_options = vllm.manager_options(
+        run.method, run.num_speculative_tokens, run.sample_from_anchor, model.enable_caching
+    )
+    live = LiveAllocator(vllm, model, specs, lookahead, scheduler_options)
     predictor = Predictor(vllm, model.max_model_len, lookahead)
     if not predictor.available:
         run.parties = ("live",)
@@ -159,7 +171,7 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
             maxima = predicted_max.setdefault(name, [0] * num_groups)
             for g in range(num_groups):
                 floor = floor_rules[g](
-                    run.groups[g].floor_input(call.computed, call.scheduled, lookahead, enc)
+                    run.groups[g].floor_input(call.computed, call.scheduled, floor_lookahead, enc)
                 )
                 predicted = pmax = None
                 if predictor.available:
@@ -174,7 +186,7 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
                         g,
                         call.computed,
                         call.scheduled,
-                        lookahead,
+                        floor_lookahead,
                         floor,
                         len(held[g]),
                         predicted,

@@ -21,7 +21,7 @@ the scenario asked for more than its pool holds, a :class:`PoolExhausted`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvconform.errors import Location, PoolExhausted
@@ -37,7 +37,18 @@ _OUTPUT_OFFSET = 500_000
 class LiveAllocator:
     """One ``KVCacheManager`` shared by all requests of a scenario."""
 
-    def __init__(self, vllm: Vllm, model: ModelSpec, specs: Sequence[Any], lookahead: int) -> None:
+    def __init__(
+        self,
+        vllm: Vllm,
+        model: ModelSpec,
+        specs: Sequence[Any],
+        lookahead: int,
+        speculative_options: Mapping[str, int | bool] | None = None,
+    ) -> None:
+        """``speculative_options``: what the scheduler passes for its speculative
+        config (``Vllm.manager_options``): EAGLE block drop, prefill lookahead,
+        lookahead block hashes."""
+        options = dict(speculative_options or {})
         self.vllm = vllm
         self.model = model
         self.lookahead = lookahead
@@ -49,9 +60,16 @@ class LiveAllocator:
             enable_caching=model.enable_caching,
             dcp_world_size=model.dcp_world_size,
             log_stats=False,
+            **options,
         )
         self.null_block = vllm.null_block_id(self.manager)
-        self._hasher = vllm.block_hasher(model.hash_block_size) if model.enable_caching else None
+        self._hasher = (
+            vllm.block_hasher(
+                model.hash_block_size, int(options.get("num_hash_lookahead_tokens", 0))
+            )
+            if model.enable_caching
+            else None
+        )
         self._requests: dict[str, Any] = {}
         self._prompts: dict[str, list[int]] = {}
         self._outputs: dict[str, int] = {}

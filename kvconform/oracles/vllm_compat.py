@@ -286,7 +286,9 @@ class Vllm:
             block_hasher=block_hasher,
         )
 
-    def block_hasher(self, hash_block_size: int) -> Callable[..., Any]:
+    def block_hasher(
+        self, hash_block_size: int, num_hash_lookahead_tokens: int = 0
+    ) -> Callable[..., Any]:
         utils = importlib.import_module("vllm.v1.core.kv_cache_utils")
         hashing = self._optional_module("vllm.utils.hashing")
         hash_fn = getattr(hashing, "sha256", None) if hashing else None
@@ -295,9 +297,12 @@ class Vllm:
         if hash_fn is None or not hasattr(utils, "get_request_block_hasher"):
             raise self._missing("a request block hasher (get_request_block_hasher, sha256)")
         utils.init_none_hash(hash_fn)
-        return typing.cast(
-            Callable[..., Any], utils.get_request_block_hasher(hash_block_size, hash_fn)
-        )
+        hasher = utils.get_request_block_hasher
+        if num_hash_lookahead_tokens:
+            return typing.cast(
+                Callable[..., Any], hasher(hash_block_size, hash_fn, num_hash_lookahead_tokens)
+            )
+        return typing.cast(Callable[..., Any], hasher(hash_block_size, hash_fn))
 
     def running_status(self) -> Any:
         return self._request.RequestStatus.RUNNING
@@ -385,30 +390,77 @@ class Vllm:
     def canonical_method(self, method: str) -> str:
         return self.method_aliases().get(method, method)
 
+    def _config_holder(
+        self, method: str, k: int, sample_from_anchor: bool, enable_caching: bool
+    ) -> SimpleNamespace:
+        """What ``VllmConfig``'s speculative properties read, without a model.
+
+        Built the way vLLM's own test builds it: a ``SpeculativeConfig`` made with
+        ``object.__new__`` holding the method and k, plus the few attributes the
+        properties read (the DSpark layout, the block-drop switches, prefix caching).
+        """
+        spec = object.__new__(self._speculative.SpeculativeConfig)
+        hf_config = SimpleNamespace(sample_from_anchor=sample_from_anchor)
+        for name, value in (
+            ("method", self.canonical_method(method)),
+            ("num_speculative_tokens", k),
+            ("draft_model_config", SimpleNamespace(hf_config=hf_config)),
+            ("disable_eagle_block_drop", False),
+            ("disable_lookahead_block_hashes", False),
+        ):
+            object.__setattr__(spec, name, value)
+        return SimpleNamespace(
+            speculative_config=spec,
+            num_speculative_tokens=k,
+            cache_config=SimpleNamespace(enable_prefix_caching=enable_caching),
+            kv_transfer_config=None,
+        )
+
+    def _config_property(self, name: str, holder: SimpleNamespace) -> int | None:
+        config = importlib.import_module("vllm.config")
+        prop = getattr(config.VllmConfig, name, None)
+        if not isinstance(prop, property) or prop.fget is None:
+            return None
+        value = int(prop.fget(holder))
+        setattr(holder, name, value)  # later properties read earlier ones through self
+        return value
+
     def lookahead(
         self, method: str | None, num_speculative_tokens: int, sample_from_anchor: bool = True
     ) -> int | None:
-        """``VllmConfig.num_lookahead_tokens`` for a method, or None if this vLLM lacks it.
-
-        Built the way vLLM's own test builds it: no model is loaded; the
-        property runs on a small holder of a ``SpeculativeConfig`` made with
-        ``object.__new__`` (and, for DSpark, the draft config attribute it reads).
-        """
-        config = importlib.import_module("vllm.config")
-        prop = getattr(config.VllmConfig, "num_lookahead_tokens", None)
-        if not isinstance(prop, property) or prop.fget is None:
-            return None
-        holder = SimpleNamespace(speculative_config=None, num_speculative_tokens=0)
-        if method is not None:
-            spec = object.__new__(self._speculative.SpeculativeConfig)
-            object.__setattr__(spec, "method", self.canonical_method(method))
-            object.__setattr__(spec, "num_speculative_tokens", num_speculative_tokens)
-            hf_config = SimpleNamespace(sample_from_anchor=sample_from_anchor)
-            object.__setattr__(spec, "draft_model_config", SimpleNamespace(hf_config=hf_config))
-            holder = SimpleNamespace(
-                speculative_config=spec, num_speculative_tokens=num_speculative_tokens
+        """``VllmConfig.num_lookahead_tokens`` for a method, or None if this vLLM lacks it."""
+        if method is None:
+            return self._config_property(
+                "num_lookahead_tokens", SimpleNamespace(speculative_config=None)
             )
-        return int(prop.fget(holder))
+        holder = self._config_holder(method, num_speculative_tokens, sample_from_anchor, False)
+        return self._config_property("num_lookahead_tokens", holder)
+
+    def manager_options(
+        self, method: str | None, k: int, sample_from_anchor: bool, enable_caching: bool
+    ) -> dict[str, int | bool]:
+        """The speculative keywords vLLM's ``Scheduler`` passes to ``KVCacheManager``.
+
+        ``use_eagle`` (trailing prefix-cache block drop) is ``use_eagle()`` before
+        0.30 and ``use_eagle_block_drop()`` after; 0.33 replaces the drop with
+        lookahead block hashes (``num_hash_lookahead_tokens``) under prefix
+        caching; ``num_prefill_lookahead`` exists from 0.28. Keywords a release's
+        ``KVCacheManager`` does not take are dropped when it is built.
+        """
+        if method is None:
+            return {}
+        holder = self._config_holder(method, k, sample_from_anchor, enable_caching)
+        spec = holder.speculative_config
+        drop = getattr(spec, "use_eagle_block_drop", None) or spec.use_eagle
+        options: dict[str, int | bool] = {"use_eagle": bool(drop())}
+        prefill = self._config_property("num_prefill_lookahead_tokens", holder)
+        if prefill is not None:
+            options["num_prefill_lookahead"] = prefill
+        hashes = self._config_property("num_hash_lookahead_tokens", holder)
+        if hashes:
+            options["num_hash_lookahead_tokens"] = hashes
+            options["use_eagle"] = False  # lookahead hashes prove the boundary token
+        return options
 
 
 def _flatten_literal(literal: Any) -> list[str]:
