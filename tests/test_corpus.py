@@ -120,15 +120,23 @@ def test_corpus_conforms_with_every_known_divergence_listed_and_used(corpus, vll
 # -- the scenarios exercise what they claim ----------------------------------------------
 
 
-def test_prefix_caching_scenario_gets_real_hits(corpus, vllm):
-    run = drive(scenario(corpus, "prefix-caching-shared-prefix[eagle]"), vllm)
-    first = {}
+def _first_tables(run):
+    first: dict[str, list[int]] = {}
     for obs in run.observations:
         first.setdefault(obs.request, list(obs.block_ids or ()))
+    return first
+
+
+def test_prefix_caching_scenario_gets_real_hits(corpus, vllm):
     # b shares 96 prompt tokens (6 blocks) with a, c shares 64 (4 blocks).
-    assert first["b"][:6] == first["a"][:6]
-    assert first["c"][:4] == first["a"][:4]
-    assert first["b"][6] != first["a"][6]
+    first = _first_tables(drive(scenario(corpus, "prefix-caching-shared-prefix[dflash]"), vllm))
+    assert first["b"][:6] == first["a"][:6] and first["b"][6] != first["a"][6]
+    assert first["c"][:4] == first["a"][:4] and first["c"][4] != first["a"][4]
+    # With EAGLE the scheduler builds the manager with lookahead block hashes (0.33:
+    # each hash also covers the next token, which the drafter's KV depends on), so
+    # the 6th shared block of b, followed by a token a does not have, is no hit.
+    eagle = _first_tables(drive(scenario(corpus, "prefix-caching-shared-prefix[eagle]"), vllm))
+    assert eagle["b"][:5] == eagle["a"][:5] and eagle["b"][5] != eagle["a"][5]
 
 
 def test_sliding_window_scenario_drops_blocks_out_of_the_window(corpus, vllm):
