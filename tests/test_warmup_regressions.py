@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from vllm_trees import copy_python_tree, inject
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "scenarios" / "warmup"
@@ -76,31 +76,15 @@ def test_the_fixed_release_conforms(tmp_path):
     assert any(s["lookahead"] for s in report["scenarios"] if s["verdict"] == "passed")
 
 
-def copy_python_tree(package: Path, into: Path) -> Path:
-    """The ``.py`` files of a vLLM package, as ``into/vllm/...``."""
-    for source in package.rglob("*.py"):
-        if "__pycache__" in source.parts:
-            continue
-        target = into / "vllm" / source.relative_to(package)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, target)
-    return into
-
-
 INJECTED_FROM = "    num_lookahead_tokens = model_runner.vllm_config.num_lookahead_tokens\n"
 INJECTED_TO = "    num_lookahead_tokens = 0  # injected by kvconform's test: no lookahead\n"
 
 
 @pytest.mark.slow
-def test_a_warmup_that_reserves_without_lookahead_turns_the_suite_red(vllm, tmp_path):
-    if vllm.source.kind != "installed":
-        pytest.skip("injects into a copy of the installed vLLM")
-    tree = copy_python_tree(Path(vllm.location), tmp_path / "tree")
-    warmup = tree / "vllm" / "v1" / "worker" / "gpu" / "warmup.py"
-    text = warmup.read_text()
-    # The injection must hit exactly the line that binds the warmup's lookahead.
-    assert text.count(INJECTED_FROM) == 1
-    warmup.write_text(text.replace(INJECTED_FROM, INJECTED_TO))
+def test_a_warmup_that_reserves_without_lookahead_turns_the_suite_red(tmp_path):
+    tree = copy_python_tree(tmp_path / "tree")
+    # Exactly the line of _warmup_block_counter that binds the warmup's lookahead.
+    inject(tree, "vllm/v1/worker/gpu/warmup.py", INJECTED_FROM, INJECTED_TO)
 
     status, report, output = run_corpus(tmp_path / "report", "--vllm-src", str(tree))
     assert status == 1, output
