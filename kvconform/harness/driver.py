@@ -11,10 +11,11 @@ loop keeps the loop close to the cost of the allocator calls it makes.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from kvconform.errors import Location, ScenarioError
 from kvconform.harness.observations import FreeEvent, GroupInfo, Observation, Trajectory
-from kvconform.harness.scenario import Action, Scenario
+from kvconform.harness.scenario import Action, ModelSpec, Scenario
 from kvconform.oracles.floors import FLOORS
 from kvconform.oracles.group_types import GROUP_TYPES
 from kvconform.oracles.live import LiveAllocator
@@ -86,31 +87,18 @@ def resolve_lookahead(scenario: Scenario, vllm: Vllm) -> Trajectory:
     )
 
 
-def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
-    """Run a ``kind: trajectory`` scenario through the live allocator and the predictor."""
-    model = scenario.model
-    run = resolve_lookahead(scenario, vllm)
-    lookahead = run.lookahead
-    floor_lookahead = lookahead if run.floor_lookahead is None else run.floor_lookahead
+def build_specs(model: ModelSpec, vllm: Vllm, run: Trajectory) -> list[Any]:
+    """vLLM KVCacheSpecs for the scenario's groups; fills in their floor inputs on ``run``.
+
+    A Mamba group without ``num_speculative_blocks`` gets one per speculative
+    token, as vLLM's config does for Mamba models under speculative decoding.
+    """
     specs = []
     for group in model.groups:
         options = dict(group.options)
         if group.type == "mamba" and options.get("num_speculative_blocks") is None:
             options["num_speculative_blocks"] = run.num_speculative_tokens
         specs.append(vllm.build_spec(group.type, group.block_size, options))
-    scheduler_options = vllm.manager_options(
-        run.method, run.num_speculative_tokens, run.sample_from_anchor, model.enable_caching
-    )
-    live = LiveAllocator(vllm, model, specs, lookahead, scheduler_options)
-    predictor = Predictor(vllm, model.max_model_len, lookahead)
-    if not predictor.available:
-        run.parties = ("live",)
-        run.notes.append(f"predictor unavailable: {predictor.unavailable_reason}")
-    run.null_block = live.null_block
-    run.num_blocks = model.num_blocks
-    run.exclusive_blocks = not model.enable_caching
-    has_cross = any(g.type == "cross_attention" for g in model.groups)
-
     run.groups = tuple(
         replace(
             info,
@@ -124,6 +112,28 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
         )
         for info, group, spec in zip(run.groups, model.groups, specs, strict=True)
     )
+    return specs
+
+
+def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
+    """Run a ``kind: trajectory`` scenario through the live allocator and the predictor."""
+    model = scenario.model
+    run = resolve_lookahead(scenario, vllm)
+    lookahead = run.lookahead
+    floor_lookahead = lookahead if run.floor_lookahead is None else run.floor_lookahead
+    specs = build_specs(model, vllm, run)
+    scheduler_options = vllm.manager_options(
+        run.method, run.num_speculative_tokens, run.sample_from_anchor, model.enable_caching
+    )
+    live = LiveAllocator(vllm, model, specs, lookahead, scheduler_options)
+    predictor = Predictor(vllm, model.max_model_len, lookahead)
+    if not predictor.available:
+        run.parties = ("live",)
+        run.notes.append(f"predictor unavailable: {predictor.unavailable_reason}")
+    run.null_block = live.null_block
+    run.num_blocks = model.num_blocks
+    run.exclusive_blocks = not model.enable_caching
+    has_cross = any(g.type == "cross_attention" for g in model.groups)
     floor_rules = [FLOORS[g.type].blocks for g in model.groups]
     num_groups = len(specs)
     encoder_len = {

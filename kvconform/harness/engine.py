@@ -25,10 +25,11 @@ from kvconform.harness.expectations import Expectation, apply_expectations
 from kvconform.harness.observations import Trajectory
 from kvconform.harness.results import ErrorKind, ScenarioResult, Verdict
 from kvconform.harness.scenario import Scenario
+from kvconform.harness.warmup_driver import drive_warmup
 from kvconform.oracles.vllm_compat import Vllm
 
 Driver = Callable[[Scenario, Vllm], Trajectory]
-DRIVERS: dict[str, Driver] = {"trajectory": drive}
+DRIVERS: dict[str, Driver] = {"trajectory": drive, "warmup": drive_warmup}
 
 
 def register_driver(kind: str, driver: Driver) -> None:

@@ -22,10 +22,11 @@ the scenario asked for more than its pool holds, a :class:`PoolExhausted`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from kvconform.errors import Location, PoolExhausted
-from kvconform.harness.scenario import Call, ModelSpec, RequestSpec
+from kvconform.harness.scenario import Action, Call, ModelSpec, RequestSpec
 from kvconform.oracles.vllm_compat import Vllm
 
 # Token ids: disjoint ranges per request so that prefix-cache hits happen only
@@ -130,6 +131,35 @@ class LiveAllocator:
             if self.model.enable_caching:
                 self.vllm.cache_blocks(self.manager, request, request.num_computed_tokens)
 
+    def replay(
+        self,
+        name: str,
+        computed: int,
+        scheduled: int,
+        prompt_len: int,
+        encoder_len: int,
+        where: Location,
+        label: str = "",
+    ) -> None:
+        """Allocate for a step known only by its counts (a recorded warmup step).
+
+        A request the allocator does not hold enters from the waiting queue with
+        a prompt of ``prompt_len`` tokens; a running one has its computed count
+        set to the recorded ``computed`` first. After the step it holds one
+        sampled token past ``computed + scheduled``, as after a step whose drafts
+        were all accepted.
+        """
+        first_chunk = name not in self._requests
+        if first_chunk:
+            self.add_request(RequestSpec(name, prompt_len), len(self._prompts))
+        request = self._requests[name]
+        request.num_computed_tokens = computed
+        action = Action.PREFILL if first_chunk else Action.SPEC
+        call = Call(name, action, computed, scheduled, first_chunk=first_chunk, label=label)
+        self.schedule(call, encoder_len if first_chunk else 0, where)
+        sampled = max(0, computed + scheduled + 1 - request.num_tokens)
+        self.complete(replace(call, sampled=sampled))
+
     def preempt(self, name: str) -> None:
         request = self._requests[name]
         self.manager.free(request)
@@ -138,6 +168,10 @@ class LiveAllocator:
 
     def finish(self, name: str) -> None:
         self.manager.free(self._requests[name])
+
+    def forget(self, name: str) -> None:
+        """Drop a finished request, so that its name can enter again (warmup passes)."""
+        del self._requests[name]
 
     def block_ids(self, name: str) -> tuple[list[int], ...]:
         return tuple(self.manager.get_block_ids(name))
