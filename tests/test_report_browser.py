@@ -18,7 +18,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from cdp import Browser, find_chromium
+
+# The browser driver speaks CDP over websockets, a test dependency (pyproject's test
+# extra); a machine without it (a bare GPU image running `-m cuda`) skips this module.
+pytest.importorskip("websockets")
+from cdp import Browser, find_chromium  # noqa: E402
 from vllm_trees import copy_python_tree
 
 pytestmark = pytest.mark.slow
