@@ -2,6 +2,9 @@
 #   make run    installs what is needed, runs the whole corpus against the installed vLLM, writes build/report/
 #   make test   installs what is needed, runs the project's own tests
 #   make browser installs Debian's chromium for the report's browser test, if it is missing
+#   make nightly     what a GPU CI job with vLLM installed runs: the corpus with reports, then
+#                    the CUDA tests (NIGHTLY_PYTHON=python3 uses that interpreter, no .venv)
+#   make gpu-bundle  builds .gpu/, what a GPU machine without vLLM needs (docs/gpu.md)
 #
 # The environment lives in .venv (git-ignored), pinned by constraints.txt (vLLM 0.33.0).
 # It is rebuilt only when pyproject.toml or constraints.txt change. Caches (pip, release
@@ -12,6 +15,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvconform-installed
 REPORT_DIR ?= build/report
+NIGHTLY_DIR ?= build/nightly
+NIGHTLY_PYTHON ?= $(BIN)/python
 export KVCONFORM_CACHE ?= $(HOME)/.cache/kvconform
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
@@ -21,7 +26,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 CHROMIUM ?= /usr/bin/chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo "sudo -n")
 
-.PHONY: run test lint typecheck check constraints clean browser
+.PHONY: run test lint typecheck check constraints clean browser nightly gpu-bundle
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -42,8 +47,14 @@ browser:
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; } || \
 		echo "warning: could not install chromium; the browser test will be skipped"
 
+nightly: $(if $(filter $(BIN)/python,$(NIGHTLY_PYTHON)),$(STAMP))
+	PYTHON=$(NIGHTLY_PYTHON) bash tools/nightly.sh $(NIGHTLY_DIR)
+
+gpu-bundle: $(STAMP)
+	$(BIN)/python tools/gpu_bundle.py build --out .gpu
+
 lint: $(STAMP)
-	$(BIN)/ruff check kvconform tests conftest.py
+	$(BIN)/ruff check kvconform tests tools conftest.py
 	$(BIN)/mypy
 
 check: lint test

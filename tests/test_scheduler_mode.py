@@ -107,7 +107,7 @@ def test_labels_show_chunking_and_acceptance(scenario_from, vllm):
 
 
 def test_preemption_is_recorded_and_the_resumed_request_reserves_again(scenario_from, vllm):
-    (scenario,) = load_file(SCENARIOS / "pool-pressure.yaml")[:1]
+    (scenario,) = load_file(SCENARIOS / "sched-pool-pressure.yaml")[:1]
     result = engine.run_scenario(scenario, vllm)
     assert result.verdict is Verdict.PASSED, result.headline()
     run = result.trajectory

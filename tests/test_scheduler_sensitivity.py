@@ -104,7 +104,7 @@ def test_a_scheduler_that_drops_the_lookahead_turns_scheduler_scenarios_red(
     bug: str, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
 ):
     tree = buggy_tree(tmp_path_factory, bug)
-    scenario = REPO / "scenarios" / "scheduler" / "eagle-mtp.yaml"
+    scenario = REPO / "scenarios" / "scheduler" / "sched-eagle-family.yaml"
     proc = run_cli(
         "run",
         str(scenario),

@@ -128,7 +128,7 @@ def check_agree(run: Trajectory) -> Iterator[Failure]:
                 obs,
                 f"{PARTY_NAMES[party]} holds {_blocks(held)} but {PARTY_NAMES['predicted']} "
                 f"predicts {reference}{rolled} for {obs.computed} + {obs.scheduled} tokens with "
-                f"lookahead {obs.lookahead}",
+                f"lookahead {run.lookahead}",
             )
 
 

@@ -173,6 +173,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             print_result(result, progress.echo)
             progress.advance(tally=result.verdict.value)
     report.coverage = run_coverage(scenarios, report.results, vllm, report.notes)
+    if report.device == "cpu" and any(r.kind == "warmup" for r in report.results):
+        from kvconform.oracles.warmup import CPU_RUN_NOTE
+
+        report.notes.append(CPU_RUN_NOTE)
     report.exit_status = engine.exit_status(report.results, len(input_errors))
     if args.update_expectations and not expectations_load:
         say(f"\nexpectations: not rewriting {exp_path}: it does not load (see the error above)")

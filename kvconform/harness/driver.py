@@ -10,7 +10,6 @@ loop keeps the loop close to the cost of the allocator calls it makes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -40,6 +39,7 @@ def resolve_lookahead(scenario: Scenario, vllm: Vllm) -> Trajectory:
             model.max_model_len,
             expected_lookahead=0,
             vllm_lookahead=0,
+            floor_lookahead=0,
         )
     declared = vllm.declared_methods()
     if spec.method not in declared:
@@ -76,15 +76,30 @@ def resolve_lookahead(scenario: Scenario, vllm: Vllm) -> Trajectory:
         num_speculative_tokens=k,
         sample_from_anchor=anchor,
         vllm_lookahead=vllm_value,
+        floor_lookahead=(
+            spec.num_lookahead_tokens
+            if spec.num_lookahead_tokens is not None
+            else expected
+            if expected is not None
+            else lookahead
+        ),
         expected_lookahead=expected,
     )
 
 
-def with_floor_args(
-    groups: tuple[GroupInfo, ...], model: ModelSpec, specs: Sequence[Any], vllm: Vllm
-) -> tuple[GroupInfo, ...]:
-    """The groups with their fixed inputs to the floor rule, read from the built specs."""
-    return tuple(
+def build_specs(model: ModelSpec, vllm: Vllm, run: Trajectory) -> list[Any]:
+    """vLLM KVCacheSpecs for the scenario's groups; fills in their floor inputs on ``run``.
+
+    A Mamba group without ``num_speculative_blocks`` gets one per speculative
+    token, as vLLM's config does for Mamba models under speculative decoding.
+    """
+    specs = []
+    for group in model.groups:
+        options = dict(group.options)
+        if group.type == "mamba" and options.get("num_speculative_blocks") is None:
+            options["num_speculative_blocks"] = run.num_speculative_tokens
+        specs.append(vllm.build_spec(group.type, group.block_size, options))
+    run.groups = tuple(
         replace(
             info,
             floor_args=dict(
@@ -93,11 +108,11 @@ def with_floor_args(
                 dcp_world_size=model.dcp_world_size if vllm.dcp_sharded(spec) else 1,
                 num_speculative_blocks=int(getattr(spec, "num_speculative_blocks", 0) or 0),
                 mamba_cache_mode=str(getattr(spec, "mamba_cache_mode", "none")),
-                blocks_per_request=int(getattr(spec, "blocks_per_request", 0) or 0),
             ),
         )
-        for info, group, spec in zip(groups, model.groups, specs, strict=True)
+        for info, group, spec in zip(run.groups, model.groups, specs, strict=True)
     )
+    return specs
 
 
 def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
@@ -105,13 +120,12 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
     model = scenario.model
     run = resolve_lookahead(scenario, vllm)
     lookahead = run.lookahead
-    specs = []
-    for group in model.groups:
-        options = dict(group.options)
-        if group.type == "mamba" and options.get("num_speculative_blocks") is None:
-            options["num_speculative_blocks"] = run.num_speculative_tokens
-        specs.append(vllm.build_spec(group.type, group.block_size, options))
-    live = LiveAllocator(vllm, model, specs, lookahead)
+    floor_lookahead = lookahead if run.floor_lookahead is None else run.floor_lookahead
+    specs = build_specs(model, vllm, run)
+    scheduler_options = vllm.manager_options(
+        run.method, run.num_speculative_tokens, run.sample_from_anchor, model.enable_caching
+    )
+    live = LiveAllocator(vllm, model, specs, lookahead, scheduler_options)
     predictor = Predictor(vllm, model.max_model_len, lookahead)
     if not predictor.available:
         run.parties = ("live",)
@@ -120,8 +134,6 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
     run.num_blocks = model.num_blocks
     run.exclusive_blocks = not model.enable_caching
     has_cross = any(g.type == "cross_attention" for g in model.groups)
-
-    run.groups = with_floor_args(run.groups, model, specs, vllm)
     floor_rules = [FLOORS[g.type].blocks for g in model.groups]
     num_groups = len(specs)
     encoder_len = {
@@ -169,7 +181,7 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
             maxima = predicted_max.setdefault(name, [0] * num_groups)
             for g in range(num_groups):
                 floor = floor_rules[g](
-                    run.groups[g].floor_input(call.computed, call.scheduled, lookahead, enc)
+                    run.groups[g].floor_input(call.computed, call.scheduled, floor_lookahead, enc)
                 )
                 predicted = pmax = None
                 if predictor.available:
@@ -184,7 +196,7 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
                         g,
                         call.computed,
                         call.scheduled,
-                        lookahead,
+                        floor_lookahead,
                         floor,
                         len(held[g]),
                         predicted,

@@ -26,10 +26,15 @@ from kvconform.harness.observations import Trajectory
 from kvconform.harness.results import ErrorKind, ScenarioResult, Verdict
 from kvconform.harness.scenario import Scenario
 from kvconform.harness.scheduler_driver import drive_scheduler
+from kvconform.harness.warmup_driver import drive_warmup
 from kvconform.oracles.vllm_compat import Vllm
 
 Driver = Callable[[Scenario, Vllm], Trajectory]
-DRIVERS: dict[str, Driver] = {"trajectory": drive, "scheduler": drive_scheduler}
+DRIVERS: dict[str, Driver] = {
+    "trajectory": drive,
+    "warmup": drive_warmup,
+    "scheduler": drive_scheduler,
+}
 
 
 def register_driver(kind: str, driver: Driver) -> None:

@@ -44,7 +44,11 @@ def explain(scenario: Scenario, result: ScenarioResult, version: str) -> str:
             f"  g{group.index} {group.label}, block {group.block_size}: {FLOORS[group.type].reason}"
         )
     parties = [(attr, short) for attr, short in PARTIES if attr in run.parties]
-    header = f"{'step':>4} {'line':>4} {'req':8} {'action':26} {'comp':>5} {'sched':>5}"
+    # Warmup request ids (_v2_mixed_warmup_prefill_) and labels are longer than a
+    # trajectory's; widen the columns to fit, within reason.
+    req_w = min(max([8, *(len(o.request) for o in run.observations)]), 28)
+    act_w = min(max([22, *(len(o.label) for o in run.observations)]), 48)
+    header = f"{'step':>4} {'line':>4} {'req':{req_w}} {'action':{act_w}} {'comp':>5} {'sched':>5}"
     for group in run.groups:
         header += f" | g{group.index} floor " + " ".join(f"{short:>4}" for _, short in parties)
     out.append(header)
@@ -53,7 +57,8 @@ def explain(scenario: Scenario, result: ScenarioResult, version: str) -> str:
         key = (obs.step, obs.request)
         if key not in rows:
             rows[key] = [
-                f"{obs.step:>4} {obs.line or '':>4} {obs.request[:8]:8} {obs.label[:26]:26} "
+                f"{obs.step:>4} {obs.line or '':>4} {obs.request[:req_w]:{req_w}} "
+                f"{obs.label[:act_w]:{act_w}} "
                 f"{obs.computed:>5} {obs.scheduled:>5}"
             ]
         cells = " ".join(

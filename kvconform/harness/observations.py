@@ -22,6 +22,8 @@ from kvconform.oracles.floors import FloorInput
 
 
 class Observation(NamedTuple):
+    """One step, request and group. ``lookahead`` is the floor's (the contract's)."""
+
     step: int
     line: int | None
     request: str
@@ -79,9 +81,12 @@ class Trajectory:
     """Everything the driver recorded for one scenario."""
 
     groups: tuple[GroupInfo, ...]
-    lookahead: int
+    lookahead: int  # what the parties reserve with (vLLM's, or the scenario's override)
     lookahead_source: str
     max_model_len: int = 0
+    # What the drafter writes, by kvconform's own table (or the override): the floor's
+    # lookahead. It differs from `lookahead` exactly when the lookahead check fails.
+    floor_lookahead: int | None = None
     encoder_lens: Mapping[str, int] = field(default_factory=dict)
     method: str | None = None
     num_speculative_tokens: int = 0

@@ -13,7 +13,9 @@ What each row compares:
 * **floor** -- the group's floor rule for the counts *as the scheduler keeps
   them*: ``computed`` is ``num_computed_tokens`` before the step (a prefix-cache
   hit adopted at admission included) and ``scheduled`` the tokens it scheduled,
-  drafts included; the lookahead is the scheduler's ``num_lookahead_tokens``.
+  drafts included; the lookahead is what the drafter writes by kvconform's
+  table (the scheduler's ``num_lookahead_tokens`` where the table lacks the
+  method; the two differ exactly when the ``lookahead`` check fails).
   Under async scheduling ``num_computed_tokens`` already counts the steps still
   in flight as if all their drafts were accepted: the scheduler cannot know yet
   how many will be, so the most the drafter may write is what must be covered.
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from kvconform.harness.driver import resolve_lookahead, with_floor_args
+from kvconform.harness.driver import build_specs, resolve_lookahead
 from kvconform.harness.observations import FreeEvent, Observation, Trajectory
 from kvconform.harness.scenario import Scenario
 from kvconform.oracles.floors import FLOORS
@@ -70,7 +72,7 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
     """Run a ``kind: scheduler`` scenario through vLLM's scheduler and record every step."""
     model = scenario.model
     run = resolve_lookahead(scenario, vllm)
-    specs = [vllm.build_spec(g.type, g.block_size, dict(g.options)) for g in model.groups]
+    specs = build_specs(model, vllm, run)
     record = run_scheduler(vllm, scenario, specs)
 
     if record.lookahead is not None:
@@ -85,7 +87,12 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
                 f"VllmConfig.num_lookahead_tokens is {record.config_lookahead}"
             )
     lookahead = run.lookahead
-    run.groups = with_floor_args(run.groups, model, specs, vllm)
+    # The floor takes what the drafter writes by kvconform's table; where the table
+    # lacks the method, the scheduler's own lookahead.
+    floor_lookahead = run.expected_lookahead if run.method is not None else 0
+    if floor_lookahead is None:
+        floor_lookahead = lookahead
+    run.floor_lookahead = floor_lookahead
     predictor = Predictor(vllm, model.max_model_len, lookahead)
     if not predictor.available:
         run.parties = ("live",)
@@ -127,7 +134,9 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
             label = decision_label(row)
             maxima = predicted_max.setdefault(row.request, [0] * len(specs))
             for g, info in enumerate(run.groups):
-                floor = floor_rules[g](info.floor_input(row.computed, row.scheduled, lookahead, 0))
+                floor = floor_rules[g](
+                    info.floor_input(row.computed, row.scheduled, floor_lookahead, 0)
+                )
                 predicted = pmax = None
                 if predictor.available:
                     predicted = predictor.blocks(row.computed + row.scheduled, specs[g], 0)
@@ -141,7 +150,7 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
                         g,
                         row.computed,
                         row.scheduled,
-                        lookahead,
+                        floor_lookahead,
                         floor,
                         len(row.block_ids[g]),
                         predicted,

@@ -211,7 +211,7 @@ def model_and_speculative_config(
             if draft is not None:
                 options["model"] = draft
             try:
-                speculative = vllm.speculative_config(model_config, method, k, **options)
+                speculative = vllm.model_speculative_config(model_config, method, k, **options)
             except Exception as exc:  # noqa: BLE001 - the method cannot be built here
                 raise VllmUnavailable(
                     vllm.version,

@@ -4,8 +4,10 @@ Everything kvconform asks of vLLM goes through a :class:`Vllm` object returned
 by :func:`load`: build a ``KVCacheSpec`` for a scenario group, build a
 ``KVCacheManager``, make a ``Request``, call ``allocate_slots``, ask
 ``_reserved_block_count`` and ``VllmConfig.num_lookahead_tokens``, enumerate the
-spec types and speculative methods the installed vLLM declares. No other module
-imports vLLM, and no other module branches on its version.
+spec types and speculative methods the installed vLLM declares, find the warmup
+entry points and build the stub model runner they read. No other module branches
+on vLLM's version (``oracles/warmup.py`` runs vLLM's warmup for its own party but asks
+this module for everything that differs between releases).
 
 How releases differ (measured on the PyPI wheels 0.25.0 - 0.33.0; see
 ``docs/vllm-versions.md``) is handled here in three ways, in this order of
@@ -22,6 +24,13 @@ preference:
    lookahead property), is reported as unavailable rather than faked.
 3. *By shape*: results whose shape changed (``get_computed_blocks`` returns two
    or three values) are read positionally.
+4. *By release family*, where nothing else can tell: the model-runner attributes
+   vLLM's warmup reads (``warmup_kernels`` takes a ``GPUModelRunner``; kvconform
+   passes a stub, as vLLM's own warmup test does) differ between releases, and
+   an absent attribute only shows when the warmup reads it. ``STUB_FAMILIES``
+   maps each release family to its stub; a warmup that reads an attribute its
+   stub lacks raises :class:`VllmUnavailable` naming the version and the
+   attribute.
 
 ``load(src=DIR)`` puts another vLLM Python tree ahead of the installed one; the
 installed package directory is appended to ``vllm.__path__`` so that compiled
@@ -280,7 +289,13 @@ class Vllm:
             ) from None
 
     def dcp_sharded(self, spec: Any) -> bool:
-        return bool(getattr(spec, "dcp_sharded", False))
+        """Whether the manager multiplies this group's block size by the DCP world size.
+
+        From 0.31 a spec says so itself (``dcp_sharded``: attention yes, Mamba
+        no). Releases without the field (0.28-0.30) multiply every group's
+        block size when ``dcp_world_size > 1`` (``SingleTypeKVCacheManager.__init__``).
+        """
+        return bool(getattr(spec, "dcp_sharded", True))
 
     # -- the allocator ----------------------------------------------------------------
 
@@ -325,16 +340,12 @@ class Vllm:
         if hash_fn is None or not hasattr(utils, "get_request_block_hasher"):
             raise self._missing("a request block hasher (get_request_block_hasher, sha256)")
         utils.init_none_hash(hash_fn)
-        # 0.33 adds num_hash_lookahead_tokens (hashes that cover tokens past the block).
-        return typing.cast(
-            Callable[..., Any],
-            _call(
-                utils.get_request_block_hasher,
-                hash_block_size=hash_block_size,
-                caching_hash_fn=hash_fn,
-                num_hash_lookahead_tokens=num_hash_lookahead_tokens,
-            ),
-        )
+        hasher = utils.get_request_block_hasher
+        if num_hash_lookahead_tokens:
+            return typing.cast(
+                Callable[..., Any], hasher(hash_block_size, hash_fn, num_hash_lookahead_tokens)
+            )
+        return typing.cast(Callable[..., Any], hasher(hash_block_size, hash_fn))
 
     def running_status(self) -> Any:
         return self._request.RequestStatus.RUNNING
@@ -428,9 +439,10 @@ class Vllm:
                 seed=0,
             )
 
-    def speculative_config(
+    def model_speculative_config(
         self, target: Any, method: str, num_speculative_tokens: int, **options: Any
     ) -> Any:
+        """A full ``SpeculativeConfig`` for a target ``ModelConfig`` (scheduler mode)."""
         parallel = self._scheduling.ParallelConfig()
         with _quiet_logs():
             return _call(
@@ -624,30 +636,327 @@ class Vllm:
     def canonical_method(self, method: str) -> str:
         return self.method_aliases().get(method, method)
 
+    def _config_holder(
+        self, method: str, k: int, sample_from_anchor: bool, enable_caching: bool
+    ) -> SimpleNamespace:
+        """What ``VllmConfig``'s speculative properties read, without a model.
+
+        Built the way vLLM's own test builds it: a ``SpeculativeConfig`` made with
+        ``object.__new__`` holding the method and k, plus the few attributes the
+        properties read (the DSpark layout, the block-drop switches, prefix caching).
+        """
+        spec = object.__new__(self._speculative.SpeculativeConfig)
+        hf_config = SimpleNamespace(sample_from_anchor=sample_from_anchor)
+        for name, value in (
+            ("method", self.canonical_method(method)),
+            ("num_speculative_tokens", k),
+            ("draft_model_config", SimpleNamespace(hf_config=hf_config)),
+            ("disable_eagle_block_drop", False),
+            ("disable_lookahead_block_hashes", False),
+        ):
+            object.__setattr__(spec, name, value)
+        return SimpleNamespace(
+            speculative_config=spec,
+            num_speculative_tokens=k,
+            cache_config=SimpleNamespace(enable_prefix_caching=enable_caching),
+            kv_transfer_config=None,
+        )
+
+    def _config_property(self, name: str, holder: SimpleNamespace) -> int | None:
+        config = importlib.import_module("vllm.config")
+        prop = getattr(config.VllmConfig, name, None)
+        if not isinstance(prop, property) or prop.fget is None:
+            return None
+        value = int(prop.fget(holder))
+        setattr(holder, name, value)  # later properties read earlier ones through self
+        return value
+
     def lookahead(
         self, method: str | None, num_speculative_tokens: int, sample_from_anchor: bool = True
     ) -> int | None:
-        """``VllmConfig.num_lookahead_tokens`` for a method, or None if this vLLM lacks it.
-
-        Built the way vLLM's own test builds it: no model is loaded; the
-        property runs on a small holder of a ``SpeculativeConfig`` made with
-        ``object.__new__`` (and, for DSpark, the draft config attribute it reads).
-        """
-        config = importlib.import_module("vllm.config")
-        prop = getattr(config.VllmConfig, "num_lookahead_tokens", None)
-        if not isinstance(prop, property) or prop.fget is None:
-            return None
-        holder = SimpleNamespace(speculative_config=None, num_speculative_tokens=0)
-        if method is not None:
-            spec = object.__new__(self._speculative.SpeculativeConfig)
-            object.__setattr__(spec, "method", self.canonical_method(method))
-            object.__setattr__(spec, "num_speculative_tokens", num_speculative_tokens)
-            hf_config = SimpleNamespace(sample_from_anchor=sample_from_anchor)
-            object.__setattr__(spec, "draft_model_config", SimpleNamespace(hf_config=hf_config))
-            holder = SimpleNamespace(
-                speculative_config=spec, num_speculative_tokens=num_speculative_tokens
+        """``VllmConfig.num_lookahead_tokens`` for a method, or None if this vLLM lacks it."""
+        if method is None:
+            return self._config_property(
+                "num_lookahead_tokens", SimpleNamespace(speculative_config=None)
             )
-        return int(prop.fget(holder))
+        holder = self._config_holder(method, num_speculative_tokens, sample_from_anchor, False)
+        return self._config_property("num_lookahead_tokens", holder)
+
+    def manager_options(
+        self, method: str | None, k: int, sample_from_anchor: bool, enable_caching: bool
+    ) -> dict[str, int | bool]:
+        """The speculative keywords vLLM's ``Scheduler`` passes to ``KVCacheManager``.
+
+        ``use_eagle`` (trailing prefix-cache block drop) is ``use_eagle()`` before
+        0.30 and ``use_eagle_block_drop()`` after; 0.33 replaces the drop with
+        lookahead block hashes (``num_hash_lookahead_tokens``) under prefix
+        caching; ``num_prefill_lookahead`` exists from 0.28. Keywords a release's
+        ``KVCacheManager`` does not take are dropped when it is built.
+        """
+        if method is None:
+            return {}
+        holder = self._config_holder(method, k, sample_from_anchor, enable_caching)
+        spec = holder.speculative_config
+        drop = getattr(spec, "use_eagle_block_drop", None) or spec.use_eagle
+        options: dict[str, int | bool] = {"use_eagle": bool(drop())}
+        prefill = self._config_property("num_prefill_lookahead_tokens", holder)
+        if prefill is not None:
+            options["num_prefill_lookahead"] = prefill
+        hashes = self._config_property("num_hash_lookahead_tokens", holder)
+        if hashes:
+            options["num_hash_lookahead_tokens"] = hashes
+            options["use_eagle"] = False  # lookahead hashes prove the boundary token
+        return options
+
+    def speculative_config(
+        self, method: str, num_speculative_tokens: int, sample_from_anchor: bool = True
+    ) -> Any:
+        """A ``SpeculativeConfig`` without a model, as vLLM's own test makes one."""
+        return self._config_holder(
+            method, num_speculative_tokens, sample_from_anchor, False
+        ).speculative_config
+
+    # -- the real warmup --------------------------------------------------------------
+
+    def warmup_entry_point(self, name: str) -> Callable[..., Any]:
+        """``warmup_kernels`` or ``run_mixed_prefill_decode_warmup`` of this vLLM."""
+        try:
+            warmup = importlib.import_module("vllm.v1.worker.gpu.warmup")
+        except Exception as exc:  # noqa: BLE001 - an unimportable warmup cannot be exercised
+            raise self._missing(
+                "an importable vllm.v1.worker.gpu.warmup", f"{type(exc).__name__}: {exc}"
+            ) from None
+        fn = getattr(warmup, name, None)
+        if fn is None:
+            raise self._missing(f"vllm.v1.worker.gpu.warmup.{name}")
+        return typing.cast(Callable[..., Any], fn)
+
+    def stub_model_runner(self, settings: RunnerSettings) -> StubModelRunner:
+        """The stub model runner of this vLLM's release family (see ``STUB_FAMILIES``)."""
+        stub_class = stub_family(self.version)
+        if stub_class is None:
+            oldest = STUB_FAMILIES[0][0]
+            raise self._missing(
+                "a warmup kvconform can drive",
+                f"kvconform's stub model runners start at vLLM {oldest}",
+            )
+        return stub_class(settings)
+
+    def stub_shortfall(self, runner: StubModelRunner) -> VllmUnavailable | None:
+        """The error to raise when the warmup read an attribute the stub lacks."""
+        if not runner.stub_misses:
+            return None
+        attribute = runner.stub_misses[0]
+        return VllmUnavailable(
+            self.version,
+            "a model runner kvconform can stub",
+            f"its warmup reads {attribute}, which {type(runner).__name__} (kvconform's stub "
+            f"for vLLM {runner.FAMILY}) does not provide; add it in "
+            "kvconform/oracles/vllm_compat.py",
+        )
+
+
+# -- stub model runners ----------------------------------------------------------------
+#
+# vLLM's warmup takes a GPUModelRunner but reads only a handful of its attributes; vLLM's
+# own warmup test passes a stub with just those. Which attributes differ per release, so
+# there is one stub per release family below, each naming what its family reads (measured
+# by running each release's warmup with a stub that records every attribute access).
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    """What a stub model runner is built from: a warmup scenario, resolved against vLLM."""
+
+    kv_cache_config: Any
+    num_speculative_tokens: int
+    num_lookahead_tokens: int
+    speculative_config: Any | None
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    max_encoder_len: int
+    is_encoder_decoder: bool
+    vocab_size: int = 1024
+
+
+class StubNamespace:
+    """An attribute holder that remembers every attribute asked of it and not held.
+
+    A warmup that reads something kvconform's stub lacks then fails with the
+    dotted name of what it read (``GPUModelRunner.model_config.get_pooling_task``)
+    instead of a bare ``AttributeError`` from deep inside vLLM.
+    """
+
+    _stub_path: str
+    stub_misses: list[str]
+
+    def __init__(self, path: str, misses: list[str], **attributes: Any) -> None:
+        object.__setattr__(self, "_stub_path", path)
+        object.__setattr__(self, "stub_misses", misses)
+        self.__dict__.update(attributes)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called for attributes the stub does not hold.
+        if name.startswith("__"):
+            raise AttributeError(name)
+        self.stub_misses.append(f"{self._stub_path}.{name}")
+        raise AttributeError(f"kvconform's stub {self._stub_path} has no attribute {name!r}")
+
+
+class StubModelRunner(StubNamespace):
+    """Stands in for the ``GPUModelRunner`` attributes vLLM 0.25.x-0.26.x's warmup reads.
+
+    Like the stub runner of vLLM's own warmup test, it holds no model: only the
+    KV-cache config, the speculative step counts and the scheduler limits
+    (``num_speculative_steps``, ``decode_query_len``, ``kv_cache_config``,
+    ``model_state.max_encoder_len``, ``is_encoder_decoder``, ``scheduler_config``,
+    ``is_pooling_model``, ``kv_connector.set_disabled``, ``is_last_pp_rank``,
+    ``model_config.get_vocab_size``, ``max_num_reqs``).
+    """
+
+    FAMILY = "0.25.x-0.26.x"
+
+    def __init__(self, settings: RunnerSettings) -> None:
+        misses: list[str] = []
+        self.stub_settings = settings
+        super().__init__("GPUModelRunner", misses, **self._attributes(settings, misses))
+
+    def _part(self, name: str, misses: list[str], **attributes: Any) -> StubNamespace:
+        return StubNamespace(f"GPUModelRunner.{name}", misses, **attributes)
+
+    def _attributes(self, s: RunnerSettings, misses: list[str]) -> dict[str, Any]:
+        return {
+            "num_speculative_steps": s.num_speculative_tokens,
+            # One bonus token per step: ModelState.num_new_sampled_tokens_per_step is 1.
+            "decode_query_len": s.num_speculative_tokens + 1,
+            "kv_cache_config": s.kv_cache_config,
+            "model_state": self._part("model_state", misses, max_encoder_len=s.max_encoder_len),
+            "is_encoder_decoder": s.is_encoder_decoder,
+            "scheduler_config": self._part(
+                "scheduler_config",
+                misses,
+                max_num_seqs=s.max_num_seqs,
+                max_num_batched_tokens=s.max_num_batched_tokens,
+            ),
+            "is_pooling_model": False,
+            "kv_connector": self._part("kv_connector", misses, set_disabled=lambda disabled: None),
+            "is_last_pp_rank": True,
+            "model_config": self._part("model_config", misses, get_vocab_size=lambda: s.vocab_size),
+            "max_num_reqs": s.max_num_seqs,
+        }
+
+
+class StubModelRunner027(StubModelRunner):
+    """Stands in for the ``GPUModelRunner`` attributes vLLM 0.27.x's warmup reads:
+    those of 0.25-0.26 plus ``kv_block_zeroer`` (None: no zeroing kernel to warm)."""
+
+    FAMILY = "0.27.x"
+
+    def _attributes(self, s: RunnerSettings, misses: list[str]) -> dict[str, Any]:
+        return {**super()._attributes(s, misses), "kv_block_zeroer": None}
+
+
+class StubModelRunner028(StubModelRunner027):
+    """Stands in for the ``GPUModelRunner`` attributes vLLM 0.28.x's warmup reads:
+    those of 0.27 plus ``is_encoder_only``, ``max_model_len`` and
+    ``vllm_config.num_lookahead_tokens`` (read by ``_warmup_block_counter``)."""
+
+    FAMILY = "0.28.x"
+
+    def _attributes(self, s: RunnerSettings, misses: list[str]) -> dict[str, Any]:
+        return {
+            **super()._attributes(s, misses),
+            "is_encoder_only": False,
+            "max_model_len": s.max_model_len,
+            "vllm_config": self._part(
+                "vllm_config", misses, num_lookahead_tokens=s.num_lookahead_tokens
+            ),
+        }
+
+
+class StubModelRunner029(StubModelRunner027):
+    """Stands in for the ``GPUModelRunner`` attributes vLLM 0.29.x's warmup reads:
+    those of 0.28 with ``is_encoder_only`` replaced by ``vllm_config.is_mm_encoder_only``."""
+
+    FAMILY = "0.29.x"
+
+    def _attributes(self, s: RunnerSettings, misses: list[str]) -> dict[str, Any]:
+        return {
+            **super()._attributes(s, misses),
+            "max_model_len": s.max_model_len,
+            "vllm_config": self._part(
+                "vllm_config",
+                misses,
+                num_lookahead_tokens=s.num_lookahead_tokens,
+                is_mm_encoder_only=False,
+            ),
+        }
+
+
+class StubModelRunner030(StubModelRunner029):
+    """Stands in for the ``GPUModelRunner`` attributes vLLM 0.30.x-0.31.x's warmup reads:
+    those of 0.29 plus ``adaptive_verification`` and ``rejection_sampler`` (None: the
+    warmup exercises fixed draft counts)."""
+
+    FAMILY = "0.30.x-0.31.x"
+
+    def _attributes(self, s: RunnerSettings, misses: list[str]) -> dict[str, Any]:
+        return {
+            **super()._attributes(s, misses),
+            "adaptive_verification": None,
+            "rejection_sampler": None,
+        }
+
+
+class StubModelRunner032(StubModelRunner030):
+    """Stands in for the ``GPUModelRunner`` attributes vLLM 0.32.x's warmup reads:
+    those of 0.30 plus ``block_tables`` (None: writes are not redirected to the null
+    block, so the warmup caps its requests by the pool)."""
+
+    FAMILY = "0.32.x"
+
+    def _attributes(self, s: RunnerSettings, misses: list[str]) -> dict[str, Any]:
+        return {**super()._attributes(s, misses), "block_tables": None}
+
+
+class StubModelRunner033(StubModelRunner032):
+    """Stands in for the ``GPUModelRunner`` attributes vLLM 0.33.x's warmup reads:
+    those of 0.32 plus ``speculative_config``, read after the main pass; when it is
+    set, the warmup runs a second, greedy pass."""
+
+    FAMILY = "0.33.x"
+
+    def _attributes(self, s: RunnerSettings, misses: list[str]) -> dict[str, Any]:
+        return {**super()._attributes(s, misses), "speculative_config": s.speculative_config}
+
+
+# (first release, stub) in release order; a release uses the last family not newer than it.
+STUB_FAMILIES: tuple[tuple[str, type[StubModelRunner]], ...] = (
+    ("0.25.0", StubModelRunner),
+    ("0.27.0", StubModelRunner027),
+    ("0.28.0", StubModelRunner028),
+    ("0.29.0", StubModelRunner029),
+    ("0.30.0", StubModelRunner030),
+    ("0.32.0", StubModelRunner032),
+    ("0.33.0", StubModelRunner033),
+)
+
+
+def stub_family(version: str) -> type[StubModelRunner] | None:
+    """The stub for a vLLM version; the newest for a version that does not parse."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        # A development build of 0.34 (0.34.0.dev12+g...) behaves like 0.34.
+        release = Version(Version(version).base_version)
+    except InvalidVersion:
+        return STUB_FAMILIES[-1][1]
+    chosen = None
+    for first, stub in STUB_FAMILIES:
+        if release >= Version(first):
+            chosen = stub
+    return chosen
 
 
 def _flatten_literal(literal: Any) -> list[str]:
