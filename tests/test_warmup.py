@@ -232,7 +232,7 @@ def test_mixed_warmup_over_reserves_cross_attention(vllm):
     """DESIGN's suspicion, confirmed: the mixed warmup's requests carry no encoder
     input, so the scheduler holds no cross-attention blocks; the warmup holds
     cdiv(max_encoder_len, block_size) = 13. A disagreement, never a shortfall."""
-    (scenario,) = load_paths([CORPUS / "encoder-decoder-mixed.yaml"]).scenarios
+    (scenario,) = load_paths([CORPUS / "warmup-encoder-decoder-mixed.yaml"]).scenarios
     result = run_scenario(scenario, vllm)
     assert result.verdict is Verdict.FAILED
     assert {(f.check, f.group) for f in result.failures} == {("agree", 1)}
