@@ -52,6 +52,8 @@ class Failure:
     warmup: int | None = None
     floor: int | None = None
     action: str | None = None
+    # Check-specific facts in structured form (slots: positions, columns, blocks hit).
+    detail: dict[str, Any] | None = field(default=None, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -67,6 +69,7 @@ class Failure:
             "warmup": self.warmup,
             "floor": self.floor,
             "message": self.message,
+            "detail": self.detail,
         }
 
 
@@ -84,6 +87,8 @@ class ScenarioResult:
     duration: float = 0.0
     trajectory: Trajectory | None = None
     line: int | None = None
+    # Selected checks that could not run, with why: skipped, never passed.
+    skipped_checks: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
