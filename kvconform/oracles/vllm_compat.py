@@ -444,6 +444,16 @@ class SlotTables:
         self, rows: Sequence[int], query_start_loc: Sequence[int], positions: Sequence[int]
     ) -> Any:
         """Slot ids, ``[groups, len(positions)]`` (numpy int64), from one kernel launch."""
+        # The kernel writes one slot per position into a buffer of
+        # max_num_batched_tokens and bounds nothing: a larger batch corrupts memory.
+        if len(positions) > self._tables.max_num_batched_tokens or len(rows) > len(
+            self._tables.block_tables[0].gpu
+        ):
+            raise ValueError(
+                f"{len(rows)} rows and {len(positions)} positions exceed the table's "
+                f"{len(self._tables.block_tables[0].gpu)} rows and "
+                f"{self._tables.max_num_batched_tokens} tokens"
+            )
         torch = self._kernel._torch
         device = self._kernel.device
         idx_mapping = torch.tensor(list(rows), dtype=torch.int64, device=device)
