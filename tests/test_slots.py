@@ -83,6 +83,30 @@ def test_a_conforming_trajectory_lands_every_position_in_its_own_blocks(vllm, sc
     assert any(note.startswith("slots: vLLM ") for note in result.trajectory.notes)
 
 
+def test_a_prefix_cache_hit_is_not_written_so_its_null_window_columns_are_fine(vllm, scenario_from):
+    # b's whole prompt is cached: the hit is computed, not written, and the
+    # sliding window has already put the null block where it fell out.
+    scenario = scenario_from(
+        """
+        model:
+          enable_caching: true
+          num_blocks: 64
+          groups: [full_attention, {type: sliding_window, sliding_window: 32}]
+        speculative: {method: eagle, num_speculative_tokens: 2}
+        requests: {a: {prompt_len: 64}, b: {prompt_len: 64, prefix_from: a, prefix_len: 64}}
+        steps:
+          - {a: {prefill: 64}}
+          - {a: {spec: 2, accepted: 1}}
+          - {b: {prefill: 64}, a: {spec: 2}}
+        """
+    )
+    result = run_scenario(scenario, vllm, ("slots",))
+    assert result.verdict is Verdict.PASSED, result.headline()
+    (b,) = [o for o in result.trajectory.observations if o.request == "b" and o.group == 1]
+    assert b.cached == 48 and b.block_ids[0] == result.trajectory.null_block
+    assert list(positions_written(b, 1024)[0]) == list(range(48, 64))
+
+
 def test_holdings_short_of_the_lookahead_send_the_drafter_to_the_null_block(vllm, scenario_from):
     run = drive(scenario_from(EAGLE), vllm)
     run.observations = [_short_of_the_lookahead(o) for o in run.observations]

@@ -43,6 +43,8 @@ class Observation(NamedTuple):
     warmup: int | None = None
     block_ids: tuple[int, ...] | list[int] | None = None
     warmup_block_ids: tuple[int, ...] | list[int] | None = None
+    # Of the scheduled tokens, those a prefix-cache hit supplied: computed, not written.
+    cached: int = 0
 
 
 class FreeEvent(NamedTuple):

@@ -62,7 +62,9 @@ def positions_written(obs: Observation, max_model_len: int) -> Writes:
     """(target positions, drafter positions) written at one step of one request.
 
     The target writes the scheduled positions ``computed .. computed + scheduled
-    - 1``. The drafter writes the ``lookahead`` positions past them, each clamped
+    - 1``, less the first ``cached`` of them, which a prefix-cache hit supplied
+    (their blocks are shared, and a sliding window may already have dropped
+    them to the null block). The drafter writes the ``lookahead`` positions past them, each clamped
     to ``max_model_len - 1`` as the speculators clamp their positions
     (``spec_decode/standalone_ar/speculator.py``: ``tl.minimum(start_pos + j,
     max_model_len - 1)``; ``dflash/speculator.py``: ``clamped_query_pos``). It is
@@ -70,7 +72,7 @@ def positions_written(obs: Observation, max_model_len: int) -> Writes:
     with rejected drafts the drafter writes a prefix of it.
     """
     end = obs.computed + obs.scheduled
-    target = range(obs.computed, end)
+    target = range(obs.computed + obs.cached, end)
     last = max_model_len - 1
     drafter = [min(p, last) for p in range(end, end + obs.lookahead)]
     return target, drafter
