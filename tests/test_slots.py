@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from vllm_trees import copy_python_tree, inject
 
 from kvconform.errors import VllmUnavailable
 from kvconform.harness.checks import judge, parse_checks
@@ -220,31 +220,6 @@ def test_pytest_plugin_adds_the_slots_check(vllm, pytester):
     assert bad.ret == pytest.ExitCode.USAGE_ERROR
 
 
-def _copy_of_installed_vllm(into: Path) -> Path:
-    """The installed vLLM's Python files (no compiled parts), as --vllm-src reads them."""
-    source = Path(vllm_dir())
-    for path in source.rglob("*.py"):
-        target = into / "vllm" / path.relative_to(source)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, target)
-    return into
-
-
-def vllm_dir() -> str:
-    import importlib.util
-
-    spec = importlib.util.find_spec("vllm")
-    assert spec is not None and spec.origin is not None
-    return str(Path(spec.origin).parent)
-
-
-def _inject(tree: Path, relative: str, old: str, new: str) -> None:
-    path = tree / "vllm" / relative
-    text = path.read_text()
-    assert text.count(old) == 1, f"{relative} no longer has the line to inject into"
-    path.write_text(text.replace(old, new))
-
-
 @pytest.mark.slow
 def test_an_allocator_that_ignores_lookahead_fails_slots_in_the_null_block(
     vllm, scenario_from, write_scenario, tmp_path
@@ -254,10 +229,10 @@ def test_an_allocator_that_ignores_lookahead_fails_slots_in_the_null_block(
     unmodified = run_scenario(scenario_from(EAGLE), vllm, ("slots",))
     assert unmodified.verdict is Verdict.PASSED and unmodified.trajectory.slots.escapes == []
 
-    tree = _copy_of_installed_vllm(tmp_path / "tree")
-    _inject(
+    tree = copy_python_tree(tmp_path / "tree")
+    inject(
         tree,
-        "v1/core/kv_cache_manager.py",
+        "vllm/v1/core/kv_cache_manager.py",
         "num_tokens_main_model + num_lookahead_tokens, self.max_model_len",
         "num_tokens_main_model, self.max_model_len",
     )
@@ -279,3 +254,37 @@ def test_an_allocator_that_ignores_lookahead_fails_slots_in_the_null_block(
     # Step 0: a's 64-token prefill holds 4 blocks; its drafter writes 64..67.
     assert details[0]["positions"] == [64, 65, 66, 67] and details[0]["held"] == 4
     assert "[slots] step 0 (line 6, prefill 64) request a" in done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.network
+def test_warmup_of_0_27_1_sends_drafter_positions_to_the_null_block(vllm, tmp_path):
+    # The upstream bug, by its consequence: 0.27.1's warmup reserves no lookahead.
+    # Needs the warmup party (kind: warmup scenarios, Observation.warmup_block_ids).
+    pytest.importorskip("kvconform.harness.warmup_driver")
+    from kvconform.harness.loader import load_file
+
+    scenario_file = ROOT / "scenarios" / "warmup" / "eagle-family-lookahead.yaml"
+    (fixed,) = [s for s in load_file(scenario_file) if s.id.endswith("[eagle-k5-bs16]")]
+    installed = run_scenario(fixed, vllm, ("slots",))
+    assert installed.verdict is Verdict.PASSED, installed.headline()
+    assert installed.trajectory.slots.rows > 0 and "warmup" in installed.trajectory.parties
+
+    report_dir = tmp_path / "report"
+    done = subprocess.run(
+        [sys.executable, "-m", "kvconform", "run", str(scenario_file), "-k", "eagle-k5-bs16",
+         "--vllm-release", "0.27.1", "--checks", "slots", "--report-dir", str(report_dir)],
+        capture_output=True, text=True, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    (entry,) = json.loads((report_dir / "report.json").read_text())["scenarios"]
+    details = [f["detail"] for f in entry["failures"]]
+    assert {(d["party"], d["role"], d["vllm_whose"]) for d in details} == {
+        ("warmup", "drafter", "block 0, the null block")
+    }
+    # warmup_kernels' first spec step: 7 computed + 6 scheduled + lookahead 5 reaches
+    # position 17, but each warmup request holds one block of 16.
+    first = entry["failures"][0]
+    assert (first["step"], first["request"]) == (1, "_warmup_0_")
+    assert (details[0]["positions"], details[0]["held"]) == ([16, 17], 1)
