@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/kvconform run scenarios --report-dir $(REPORT_DIR)
+	$(BIN)/kvconform run scenarios --checks all --report-dir $(REPORT_DIR)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests -q

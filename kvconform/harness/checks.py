@@ -34,7 +34,13 @@ from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Protocol
 
-from kvconform.harness.observations import FreeEvent, Observation, Trajectory
+from kvconform.harness.observations import (
+    BLOCK_ID_PARTIES,
+    FreeEvent,
+    Observation,
+    Trajectory,
+    party_block_ids,
+)
 from kvconform.harness.results import Failure
 from kvconform.oracles.floors import FLOORS, token_columns
 from kvconform.oracles.group_types import GROUP_TYPES
@@ -317,15 +323,14 @@ def check_slots(run: Trajectory) -> Iterator[Failure]:
 
 
 def _party_ids(obs: Observation, party: str) -> list[int]:
-    ids = obs.block_ids if party == "live" else obs.warmup_block_ids
-    return list(ids or ())
+    return list(party_block_ids(obs, party) or ())
 
 
 def _owners(run: Trajectory) -> dict[tuple[int, str, int], dict[int, str]]:
     """(step, party, group) -> {block: request} for every block a request held then."""
     owners: dict[tuple[int, str, int], dict[int, str]] = {}
     for obs in run.observations:
-        for party in ("live", "warmup"):
+        for party in BLOCK_ID_PARTIES:
             table = owners.setdefault((obs.step, party, obs.group), {})
             for block in _party_ids(obs, party):
                 table.setdefault(block, obs.request)

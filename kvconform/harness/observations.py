@@ -47,6 +47,15 @@ class Observation(NamedTuple):
     cached: int = 0
 
 
+# The parties that record the block ids they held, and where (the predictor holds none).
+BLOCK_ID_PARTIES = ("live", "warmup")
+
+
+def party_block_ids(obs: Observation, party: str) -> tuple[int, ...] | list[int] | None:
+    """The block ids ``party`` held at ``obs``, or None where it recorded none."""
+    return obs.block_ids if party == "live" else obs.warmup_block_ids
+
+
 class FreeEvent(NamedTuple):
     """A request gave its blocks back (finish or preempt).
 

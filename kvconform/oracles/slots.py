@@ -10,8 +10,8 @@ recorded :class:`Trajectory` through that kernel:
 
 1. Each party that recorded block ids (the live allocator: ``block_ids``; the
    recorded warmup: ``warmup_block_ids``) gets one row per request scheduled in
-   the step, in a real ``BlockTables`` of the loaded vLLM, one table per
-   scenario. The row holds the request's block ids; every column past them
+   the step, in a real ``BlockTables`` of the loaded vLLM (one per scenario),
+   written through vLLM's staged writer. The row holds the request's block ids; every column past them
    holds a *poison* id and the row's last column a *guard* id, both above any
    real block id, so nothing past the held blocks can pass for a real block
    (and a position can never run past its row into the next one).
@@ -44,15 +44,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvconform.errors import VllmUnavailable
-from kvconform.harness.observations import Observation, SlotEscape, SlotRecording, Trajectory
+from kvconform.harness.observations import (
+    BLOCK_ID_PARTIES,
+    Observation,
+    SlotEscape,
+    SlotRecording,
+    Trajectory,
+    party_block_ids,
+)
 from kvconform.oracles.floors import FLOORS, token_columns
-from kvconform.oracles.vllm_compat import Vllm
-
-# Where each party keeps the block ids it held at an observation.
-PARTY_BLOCK_IDS: dict[str, Callable[[Observation], Sequence[int] | None]] = {
-    "live": lambda obs: obs.block_ids,
-    "warmup": lambda obs: obs.warmup_block_ids,
-}
+from kvconform.oracles.vllm_compat import SlotKernel, Vllm
 
 Writes = tuple[Sequence[int], Sequence[int]]
 PositionsWritten = Callable[[Observation, int], Writes]
@@ -63,13 +64,13 @@ def positions_written(obs: Observation, max_model_len: int) -> Writes:
 
     The target writes the scheduled positions ``computed .. computed + scheduled
     - 1``, less the first ``cached`` of them, which a prefix-cache hit supplied
-    (their blocks are shared, and a sliding window may already have dropped
-    them to the null block). The drafter writes the ``lookahead`` positions past them, each clamped
-    to ``max_model_len - 1`` as the speculators clamp their positions
+    (computed, not written; a sliding window may already have nulled their
+    column). The drafter writes the ``lookahead`` positions past them, each
+    clamped to ``max_model_len - 1`` as the speculators clamp their positions
     (``spec_decode/standalone_ar/speculator.py``: ``tl.minimum(start_pos + j,
-    max_model_len - 1)``; ``dflash/speculator.py``: ``clamped_query_pos``). It is
-    the range the allocator reserves for (``computed + scheduled + lookahead``):
-    with rejected drafts the drafter writes a prefix of it.
+    max_model_len - 1)``; ``dflash/speculator.py``: ``clamped_query_pos``). It
+    is the range the allocator reserves for (``computed + scheduled +
+    lookahead``): with rejected drafts the drafter writes a prefix of it.
     """
     end = obs.computed + obs.scheduled
     target = range(obs.computed + obs.cached, end)
@@ -107,14 +108,13 @@ class _Row:
 
 def _steps(run: Trajectory, mapped: Sequence[int], writes: PositionsWritten) -> list[list[_Row]]:
     """Rows per step: one per party and request, in the order the driver recorded them."""
-    position = {g: i for i, g in enumerate(mapped)}
     steps: dict[int, dict[tuple[str, str], dict[int, tuple[int, Sequence[int]]]]] = {}
     first: dict[tuple[int, str, str], Observation] = {}
     for index, obs in enumerate(run.observations):
-        if obs.group not in position:
+        if obs.group not in mapped:
             continue
-        for party, ids_of in PARTY_BLOCK_IDS.items():
-            ids = ids_of(obs)
+        for party in BLOCK_ID_PARTIES:
+            ids = party_block_ids(obs, party)
             if ids is None:
                 continue
             key = (party, obs.request)
@@ -179,12 +179,12 @@ def record_slots(
     columns = [
         1
         + max(
-            max(len(held[i]), positions[-1] // size + 1)
+            max(len(held[i]), max(positions, default=-1) // size + 1)
             for held, positions in zip(batch.rows, batch.positions, strict=True)
         )
         for i, size in enumerate(block_sizes)
     ]
-    tables = kernel.tables(block_sizes, len(batch.rows), len(batch.flat), columns)
+    tables = kernel.tables(block_sizes, len(batch.rows), max(len(batch.flat), 1), columns)
     tables.write_rows(
         [
             tuple(
@@ -198,42 +198,39 @@ def record_slots(
     recording.kernel_calls = 1
     outside = _outside(batch, slots, block_sizes, run.null_block)
 
-    fresh: dict[tuple[int, int, int], int] = {}
-    if outside:
-        # Where vLLM itself would write: the same rows as BlockTables leaves them,
-        # zero-filled past the held columns, for the positions that escaped.
-        escaped = sorted({(u, p) for (u, _, p) in outside})
-        rows = sorted({u for u, _ in escaped})
-        positions = {u: sorted({p for v, p in escaped if v == u}) for u in rows}
-        zero_filled = kernel.tables(
-            block_sizes, len(rows), sum(len(v) for v in positions.values()), columns
-        )
-        zero_filled.write_rows(
-            [
-                tuple(_padded(ids, columns[i], 0, 0) for i, ids in enumerate(batch.rows[u]))
-                for u in rows
-            ]
-        )
-        starts, flat = [0], []
-        for u in rows:
-            flat.extend(positions[u])
-            starts.append(len(flat))
-        fresh_slots = zero_filled.map(range(len(rows)), starts, flat)
-        recording.kernel_calls += 1
-        for r, u in enumerate(rows):
-            for k, position in enumerate(positions[u]):
-                for i in range(len(mapped)):
-                    fresh[(u, i, position)] = int(fresh_slots[i, starts[r] + k])
+    fresh = _as_vllm_leaves_them(kernel, batch, outside, block_sizes, columns)
+    recording.kernel_calls += 1 if fresh else 0
 
+    recording.escapes = _escapes(steps, batch, outside, fresh, block_sizes)
+    recording.steps = len(steps)
+    recording.rows = len(batch.rows)
+    recording.positions = len(batch.flat) * len(mapped)
+    recording.seconds = time.perf_counter() - started
+    return recording
+
+
+def _escapes(
+    steps: Sequence[Sequence[_Row]],
+    batch: _Batch,
+    outside: dict[tuple[int, int, int], int],
+    fresh: dict[tuple[int, int, int], int],
+    block_sizes: Sequence[int],
+) -> list[SlotEscape]:
+    """Every (step, row, group, position) whose slot fell outside, in recording order."""
+    escapes: list[SlotEscape] = []
+    if not outside:
+        return escapes
     for step_rows, uses in zip(steps, batch.uses, strict=True):
         for row, u in zip(step_rows, uses, strict=True):
             for i, size in enumerate(block_sizes):
+                seen: set[int] = set()  # a clamped drafter writes one position twice
                 for k, position in enumerate(row.positions):
                     slot = outside.get((u, i, position))
-                    if slot is None:
+                    if slot is None or position in seen:
                         continue
+                    seen.add(position)
                     fresh_slot = fresh.get((u, i, position))
-                    recording.escapes.append(
+                    escapes.append(
                         SlotEscape(
                             row.observations[i],
                             row.party,
@@ -246,11 +243,43 @@ def record_slots(
                             None if fresh_slot is None else fresh_slot // size,
                         )
                     )
-    recording.steps = len(steps)
-    recording.rows = len(batch.rows)
-    recording.positions = len(batch.flat) * len(mapped)
-    recording.seconds = time.perf_counter() - started
-    return recording
+    return escapes
+
+
+def _as_vllm_leaves_them(
+    kernel: SlotKernel,
+    batch: _Batch,
+    outside: dict[tuple[int, int, int], int],
+    block_sizes: Sequence[int],
+    columns: Sequence[int],
+) -> dict[tuple[int, int, int], int]:
+    """Where vLLM itself writes the escaped positions: (entry, group, position) -> slot.
+
+    The same rows as ``BlockTables`` leaves them, zero past the held columns,
+    mapped once more for the escaped positions only (no launch when none escaped).
+    """
+    if not outside:
+        return {}
+    entries = sorted({u for u, _, _ in outside})
+    positions = {u: sorted({p for v, _, p in outside if v == u}) for u in entries}
+    starts, flat = [0], []
+    for u in entries:
+        flat.extend(positions[u])
+        starts.append(len(flat))
+    tables = kernel.tables(block_sizes, len(entries), len(flat), columns)
+    tables.write_rows(
+        [
+            tuple(_padded(ids, columns[i], 0, 0) for i, ids in enumerate(batch.rows[u]))
+            for u in entries
+        ]
+    )
+    slots = tables.map(range(len(entries)), starts, flat)
+    return {
+        (u, i, position): int(slots[i, starts[r] + k])
+        for r, u in enumerate(entries)
+        for k, position in enumerate(positions[u])
+        for i in range(len(block_sizes))
+    }
 
 
 class _Batch:
@@ -275,7 +304,7 @@ class _Batch:
                 uses.append(u)
             self.uses.append(uses)
         self.rows = list(index)
-        self.positions = [sorted(p) or [0] for p in wanted]
+        self.positions = [sorted(p) for p in wanted]
         self.flat: list[int] = []
         self.starts = [0]
         for positions in self.positions:
