@@ -164,8 +164,6 @@ def record_slots(
     except VllmUnavailable as exc:
         recording.skipped = str(exc)
         return recording
-    recording.mode = kernel.mode
-    run.notes.append(f"slots: {kernel.mode}")
 
     block_sizes = [run.groups[g].block_size for g in mapped]
     batch = _Batch(steps)
@@ -185,6 +183,9 @@ def record_slots(
         for i, size in enumerate(block_sizes)
     ]
     tables = kernel.tables(block_sizes, len(batch.rows), max(len(batch.flat), 1), columns)
+    # Said once the tables exist: building them decides whether stand-ins were needed.
+    recording.mode = kernel.mode
+    run.notes.append(f"slots: {kernel.mode}")
     tables.write_rows(
         [
             tuple(
