@@ -220,6 +220,26 @@ def test_pytest_plugin_adds_the_slots_check(vllm, pytester):
     assert bad.ret == pytest.ExitCode.USAGE_ERROR
 
 
+def test_pytest_plugin_says_when_the_slots_check_was_skipped(vllm, pytester, monkeypatch):
+    def no_kernel(self):
+        raise VllmUnavailable(self.version, "a Triton kernel to run", "Triton is not installed")
+
+    monkeypatch.setattr(type(vllm), "slot_kernel", no_kernel)
+    pytester.makeconftest('pytest_plugins = ["kvconform.harness.pytest_plugin"]')
+    (pytester.mkdir("scenarios") / "eagle.yaml").write_text(EAGLE)
+    with_others = pytester.runpytest_inprocess(
+        "scenarios", "-p", "no:cacheprovider", "--kvconform-slots"
+    )
+    with_others.assert_outcomes(passed=1)
+    with_others.stdout.fnmatch_lines(
+        ["kvconform: check slots SKIPPED in 1 item: *Triton is not installed"]
+    )
+    alone = pytester.runpytest_inprocess(
+        "scenarios", "-p", "no:cacheprovider", "--kvconform-checks", "slots", "-rs"
+    )
+    alone.assert_outcomes(skipped=1)
+
+
 @pytest.mark.slow
 def test_an_allocator_that_ignores_lookahead_fails_slots_in_the_null_block(
     vllm, scenario_from, write_scenario, tmp_path

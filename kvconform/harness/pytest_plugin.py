@@ -100,20 +100,17 @@ def _vllm(config: pytest.Config) -> vllm_compat.Vllm:
     return _VLLM[key]
 
 
-# (check, reason) -> items it was skipped in; gathered from reports, so xdist works.
-_SKIPPED_CHECKS: Counter[tuple[str, str]] = Counter()
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if report.when != "call":
-        return
-    for name, value in report.user_properties:
-        if name.startswith("skipped check "):
-            _SKIPPED_CHECKS[(name.removeprefix("skipped check "), str(value))] += 1
-
-
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    for (check, why), count in _SKIPPED_CHECKS.items():
+    # From the items' reports (user properties travel with them under xdist).
+    skipped: Counter[tuple[str, str]] = Counter()
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if getattr(report, "when", None) != "call":
+                continue
+            for name, value in getattr(report, "user_properties", ()):
+                if name.startswith("skipped check "):
+                    skipped[(name.removeprefix("skipped check "), str(value))] += 1
+    for (check, why), count in skipped.items():
         terminalreporter.write_line(
             f"kvconform: check {check} SKIPPED in {count} item{'s' if count > 1 else ''}: {why}"
         )
