@@ -200,10 +200,6 @@ class KernelSetup:
     settings: tuple[str, ...] = ()  # environment variables it set, as NAME=value
     problem: str | None = None  # why the kernel cannot run in this process
 
-    def describe(self) -> str:
-        made = f"; kvconform set {', '.join(self.settings)}" if self.settings else ""
-        return ("Triton's interpreter" if self.interpreter else "compiled Triton") + made
-
 
 _KERNEL_SETUP: KernelSetup | None = None
 
@@ -231,11 +227,10 @@ def prepare_slot_kernel() -> KernelSetup:
         return _KERNEL_SETUP
     imported = "vllm" in sys.modules
     settings: list[str] = []
+    cuda = _cuda_available()
     if os.environ.get("TRITON_INTERPRET") == "1":
         interpreter = True  # the caller's own choice, honoured even with CUDA
-        cuda = _cuda_available()
     else:
-        cuda = _cuda_available()
         interpreter = not cuda
         if interpreter and imported:
             _KERNEL_SETUP = KernelSetup(
@@ -352,7 +347,7 @@ class SlotKernel:
                 device=self.device,
                 kernel_block_sizes=list(block_sizes),
             )
-        return SlotTables(self, tables, list(columns))
+        return SlotTables(self, tables)
 
     @contextlib.contextmanager
     def buffers(self) -> Iterator[None]:
@@ -428,10 +423,9 @@ def _cuda_view(cpu: Any) -> Any:
 class SlotTables:
     """One ``BlockTables``: rows written through vLLM's staged writer, mapped by its kernel."""
 
-    def __init__(self, kernel: SlotKernel, tables: Any, columns: list[int]) -> None:
+    def __init__(self, kernel: SlotKernel, tables: Any) -> None:
         self._kernel = kernel
         self._tables = tables
-        self.columns = columns
 
     def write_rows(self, rows: Sequence[tuple[tuple[int, ...], ...]]) -> None:
         """Fill rows ``0..len(rows)-1`` through vLLM's staged writer: one id tuple per group."""
