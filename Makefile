@@ -37,7 +37,7 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/kvconform run scenarios --report-dir $(REPORT_DIR)
+	$(BIN)/kvconform run scenarios --checks all --report-dir $(REPORT_DIR)
 
 test: $(STAMP) browser
 	$(BIN)/python -m pytest tests -q

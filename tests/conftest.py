@@ -10,7 +10,11 @@ import pytest
 
 from kvconform.harness.loader import load_file
 from kvconform.harness.scenario import Scenario
-from kvconform.oracles.vllm_compat import Vllm, load
+from kvconform.oracles.vllm_compat import Vllm, load, prepare_slot_kernel
+
+# The slots tests run vLLM's slot-mapping kernel in this process: on a machine
+# without CUDA, Triton's interpreter has to be chosen before vLLM is imported.
+prepare_slot_kernel()
 
 
 @pytest.fixture(scope="session")

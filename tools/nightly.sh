@@ -16,7 +16,8 @@ REPORT_DIR=$(cd "$REPORT_DIR" && pwd)
 cd "$(dirname "$0")/.."
 started=$(date +%s)
 
-"$PY" -m kvconform run scenarios --report-dir "$REPORT_DIR"
+# Every check, the slot-mapping consequence oracle included (vLLM's compiled Triton kernel on CUDA).
+"$PY" -m kvconform run scenarios --checks all --report-dir "$REPORT_DIR"
 run_status=$?
 
 # Tests marked `cuda` (the warmup runs unchanged on the GPU, no synchronize patch). Without

@@ -175,7 +175,8 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
                 )
                 continue
             enc = encoder_len[name]
-            live.schedule(call, enc if call.first_chunk else 0, where)
+            # A prefix-cache hit is computed, not written: the slots party skips it.
+            cached = live.schedule(call, enc if call.first_chunk else 0, where)
             held = live.block_ids(name)
             num_tokens = call.computed + call.scheduled
             maxima = predicted_max.setdefault(name, [0] * num_groups)
@@ -203,6 +204,7 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
                         pmax,
                         None,
                         held[g],
+                        cached=cached,
                     )
                 )
             live.complete(call)

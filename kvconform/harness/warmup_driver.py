@@ -142,6 +142,7 @@ def drive_warmup(scenario: Scenario, vllm: Vllm) -> Trajectory:
                         pmax,
                         len(call.held[g]),
                         live_held[g],
+                        call.held[g],
                     )
                 )
     run.all_finished = not held_by_live
