@@ -280,11 +280,9 @@ def test_an_allocator_that_ignores_lookahead_fails_slots_in_the_null_block(
 @pytest.mark.network
 def test_warmup_of_0_27_1_sends_drafter_positions_to_the_null_block(vllm, tmp_path):
     # The upstream bug, by its consequence: 0.27.1's warmup reserves no lookahead.
-    # Needs the warmup party (kind: warmup scenarios, Observation.warmup_block_ids).
-    pytest.importorskip("kvconform.harness.warmup_driver")
     from kvconform.harness.loader import load_file
 
-    scenario_file = ROOT / "scenarios" / "warmup" / "eagle-family-lookahead.yaml"
+    scenario_file = ROOT / "scenarios" / "warmup" / "warmup-eagle-family.yaml"
     (fixed,) = [s for s in load_file(scenario_file) if s.id.endswith("[eagle-k5-bs16]")]
     installed = run_scenario(fixed, vllm, ("slots",))
     assert installed.verdict is Verdict.PASSED, installed.headline()
