@@ -64,6 +64,21 @@ def test_the_kernel_reads_past_the_held_columns_unbounded(vllm):
         tables.map([0, 1], [0, 8, 17], list(range(17)))  # more than the table's 16 tokens
 
 
+@pytest.mark.cuda
+def test_on_cuda_the_compiled_kernel_maps_the_same_slots(vllm, scenario_from):
+    # The nightly GPU job: Triton compiles vLLM's kernel for the device; the
+    # measurement above and a shortfall must come out the same as interpreted.
+    kernel = vllm.slot_kernel()
+    assert not kernel.interpreter
+    tables = kernel.tables([16], 2, 16, [4])
+    tables.write_rows([((100, 101, 999, 998),), ((100, 101, 0, 0),)])
+    slots = tables.map([0, 1], [0, 8, 16], list(range(28, 36)) * 2)
+    assert (slots[0] // 16).tolist() == [101] * 4 + [999] * 4 + [101] * 4 + [0] * 4
+    result = run_scenario(scenario_from(EAGLE), vllm, ("slots",))
+    assert result.verdict is Verdict.PASSED and not result.skipped_checks, result.headline()
+    assert any(note.startswith("slots: compiled by Triton on") for note in result.trajectory.notes)
+
+
 def test_a_conforming_trajectory_lands_every_position_in_its_own_blocks(vllm, scenario_from):
     scenario = scenario_from(
         EAGLE.replace(
