@@ -76,7 +76,7 @@ def test_on_cuda_the_compiled_kernel_maps_the_same_slots(vllm, scenario_from):
     assert (slots[0] // 16).tolist() == [101] * 4 + [999] * 4 + [101] * 4 + [0] * 4
     result = run_scenario(scenario_from(EAGLE), vllm, ("slots",))
     assert result.verdict is Verdict.PASSED and not result.skipped_checks, result.headline()
-    assert any(note.startswith("slots: compiled by Triton on") for note in result.trajectory.notes)
+    assert any("compiled by Triton on" in note for note in result.trajectory.notes)
 
 
 def test_a_conforming_trajectory_lands_every_position_in_its_own_blocks(vllm, scenario_from):
