@@ -50,8 +50,14 @@ browser:
 nightly: $(if $(filter $(BIN)/python,$(NIGHTLY_PYTHON)),$(STAMP))
 	PYTHON=$(NIGHTLY_PYTHON) bash tools/nightly.sh $(NIGHTLY_DIR)
 
+# GPU_RELEASES: PyPI releases whose Python trees travel too; tools/gpu-run.sh runs the
+# warmup scenarios against each (the 0.27.1 warmup bug, by its consequence, on the GPU).
+GPU_RELEASES ?= 0.27.1
+
 gpu-bundle: $(STAMP)
 	$(BIN)/python tools/gpu_bundle.py build --out .gpu
+	rm -rf .gpu/releases
+	for v in $(GPU_RELEASES); do $(BIN)/python tools/gpu_bundle.py release $$v --out .gpu || exit 1; done
 
 lint: $(STAMP)
 	$(BIN)/ruff check kvconform tests tools conftest.py

@@ -292,6 +292,27 @@ def pack_vllm_tree(target: Path) -> str:
     return dist.version
 
 
+def pack_release(version: str, out: Path) -> Path:
+    """A PyPI release's Python tree (kvconform's release cache), for a comparison run there.
+
+    The machine has no network, so ``--vllm-release`` cannot download there: the tree
+    travels as ``releases/VERSION.tar.gz`` and ``tools/gpu-run.sh`` runs the warmup
+    scenarios against it with ``--vllm-src``.
+    """
+    from kvconform.harness.releases import release_tree
+
+    tree = release_tree(version)
+    target = out / "releases" / f"{version}.tar.gz"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(target, "w:gz") as archive:
+        for source in sorted(tree.rglob("*")):
+            relative = source.relative_to(tree)
+            if source.is_file() and (source.suffix == ".py" or ".dist-info" in relative.parts[0]):
+                archive.add(source, arcname=str(relative))
+    print(f"gpu-bundle: releases/{version}.tar.gz  {target.stat().st_size / 1e6:.2f} MB")
+    return target
+
+
 def build(out: Path, image: Path, paths: Sequence[str]) -> int:
     from kvconform.paths import cache_dir
 
@@ -366,7 +387,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     t.add_argument("paths", nargs="*", default=["scenarios"])
     m = sub.add_parser("missing")
     m.add_argument("wheels", type=Path)
+    r = sub.add_parser("release", help="add a PyPI release's Python tree to the bundle")
+    r.add_argument("version")
+    r.add_argument("--out", type=Path, default=REPO / ".gpu")
     args = parser.parse_args(argv)
+    if args.command == "release":
+        pack_release(args.version, args.out)
+        return 0
     if args.command == "build":
         return build(args.out, args.image, args.paths)
     if args.command == "trace":
