@@ -46,13 +46,29 @@ fi
 # Older releases carried in the bundle (make gpu-bundle GPU_RELEASES=...): the warmup
 # scenarios with every check, against each. Their verdicts are information, not this
 # run's status: 0.27.1 is expected to fail (the upstream warmup bug).
+#
+# vLLM before 0.28 ignores VLLM_TARGET_DEVICE and, seeing the GPU through NVML, picks its
+# CUDA platform, which imports compiled extensions a .py tree lacks. vLLM's own platform
+# plugin mechanism (entry point group vllm.platform_plugins; an out-of-tree plugin wins
+# over the built-in ones) selects its UnspecifiedPlatform instead, the platform it uses on
+# a machine without a GPU; torch still runs on the GPU. Only these runs see the plugin.
+PLUGIN="$SCRATCH/platform-plugin"
+mkdir -p "$PLUGIN/kvconform_pytree_platform-0.dist-info"
+printf 'def platform():\n    return "vllm.platforms.interface.UnspecifiedPlatform"\n' \
+    > "$PLUGIN/kvconform_pytree_platform.py"
+printf 'Metadata-Version: 2.1\nName: kvconform-pytree-platform\nVersion: 0\n' \
+    > "$PLUGIN/kvconform_pytree_platform-0.dist-info/METADATA"
+printf '[vllm.platform_plugins]\nkvconform_pytree = kvconform_pytree_platform:platform\n' \
+    > "$PLUGIN/kvconform_pytree_platform-0.dist-info/entry_points.txt"
+mkdir -p "$REPORT_DIR"
 for release in "$BUNDLE"/releases/*.tar.gz; do
     [ -e "$release" ] || continue
     version=$(basename "$release" .tar.gz)
     mkdir -p "$SCRATCH/release-$version"
     tar -xzf "$release" -C "$SCRATCH/release-$version"
     code=0
-    "$PY" -m kvconform run scenarios/warmup --checks all --vllm-src "$SCRATCH/release-$version" \
+    PYTHONPATH="$PYTHONPATH:$PLUGIN" "$PY" -m kvconform run scenarios/warmup --checks all \
+        --vllm-src "$SCRATCH/release-$version" \
         --report-dir "$REPORT_DIR/../release-$version" > "$REPORT_DIR/../release-$version.log" 2>&1 \
         || code=$?
     echo "gpu-run: vLLM $version on scenarios/warmup: exit $code ($(grep -E '^[0-9a-z ,]+ in [0-9.]+ s; exit' "$REPORT_DIR/../release-$version.log"))"

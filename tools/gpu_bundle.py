@@ -31,7 +31,6 @@ import argparse
 import ast
 import importlib.abc
 import importlib.metadata as metadata
-import io
 import json
 import os
 import re
@@ -300,12 +299,8 @@ def pack_release(version: str, out: Path) -> Path:
     travels as ``releases/VERSION.tar.gz`` and ``tools/gpu-run.sh`` runs the warmup
     scenarios against it with ``--vllm-src``.
 
-    Its ``METADATA`` says ``Version: VERSION+cpu``: releases before 0.28 ignore
-    ``VLLM_TARGET_DEVICE`` and pick their CUDA platform on a GPU machine unless the
-    installed version names a CPU build (``vllm_version_matches_substr("cpu")`` in
-    ``vllm/platforms/__init__.py``), and that platform imports compiled extensions a
-    ``.py`` tree lacks. kvconform reads the version from the dist-info folder's name,
-    which stays ``vllm-VERSION.dist-info``.
+    On the GPU machine vLLM before 0.28 ignores ``VLLM_TARGET_DEVICE``; ``tools/gpu-run.sh``
+    selects its platform through vLLM's platform-plugin entry points instead.
     """
     from kvconform.harness.releases import release_tree
 
@@ -318,16 +313,7 @@ def pack_release(version: str, out: Path) -> Path:
             if source.is_file() and source.suffix == ".py":
                 archive.add(source, arcname=str(relative))
             elif source.is_file() and ".dist-info" in relative.parts[0]:
-                text = source.read_bytes()
-                if source.name == "METADATA":
-                    text = text.replace(
-                        f"\nVersion: {version}\n".encode(),
-                        f"\nVersion: {version}+cpu\n".encode(),
-                        1,
-                    )
-                info = tarfile.TarInfo(str(relative))
-                info.size = len(text)
-                archive.addfile(info, io.BytesIO(text))
+                archive.add(source, arcname=str(relative))
     print(f"gpu-bundle: releases/{version}.tar.gz  {target.stat().st_size / 1e6:.2f} MB")
     return target
 
