@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -54,3 +56,42 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
     for item in needing_cuda:
         item.add_marker(skip)
+
+
+# -- fuzzing budgets ---------------------------------------------------------------------
+# CI runs the in-suite fuzz test with a small, fixed budget and seed; the nightly job
+# raises both (docs/fuzzing.md):
+#   pytest tests/test_fuzz.py --kvconform-fuzz-examples 20000 --kvconform-fuzz-seed 20261130
+# or the same through the environment (KVCONFORM_FUZZ_EXAMPLES, KVCONFORM_FUZZ_SEED).
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    from kvconform.harness.fuzz import CI_EXAMPLES
+
+    group = parser.getgroup("kvconform fuzz")
+    group.addoption(
+        "--kvconform-fuzz-examples",
+        type=int,
+        default=int(os.environ.get("KVCONFORM_FUZZ_EXAMPLES", CI_EXAMPLES)),
+        help=f"examples for the in-suite fuzz run (default {CI_EXAMPLES}; nightly 20000)",
+    )
+    group.addoption(
+        "--kvconform-fuzz-seed",
+        type=int,
+        default=int(os.environ.get("KVCONFORM_FUZZ_SEED", 0)),
+        help="seed of the in-suite fuzz run (default 0: every CI run draws the same examples)",
+    )
+
+
+@dataclass(frozen=True)
+class FuzzBudget:
+    examples: int
+    seed: int
+
+
+@pytest.fixture(scope="session")
+def fuzz_budget(request: pytest.FixtureRequest) -> FuzzBudget:
+    return FuzzBudget(
+        request.config.getoption("kvconform_fuzz_examples"),
+        request.config.getoption("kvconform_fuzz_seed"),
+    )
