@@ -23,11 +23,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from vllm_copy import buggy_vllm
 
 from kvconform.harness.cli import main
 from kvconform.harness.fuzz import CI_EXAMPLES
 from kvconform.oracles.vllm_compat import Vllm
-from vllm_copy import buggy_vllm
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,6 @@ from math import lcm
 
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from kvconform.errors import Location, ScenarioError
 from kvconform.harness.fuzz.document import flow, render, with_header
