@@ -144,3 +144,28 @@ def test_fuzz_command_line(vllm: Vllm, tmp_path: Path, capsys: pytest.CaptureFix
     assert json.loads((out / "fuzz-summary.json").read_text())["seed"] == 3
     assert main(["fuzz", "--examples", "0"]) == 2
     assert "--examples must be at least 1" in capsys.readouterr().out
+
+
+def test_pool_running_dry_is_rejected_not_reported(
+    vllm: Vllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Size pools from half the demand bound: many examples now run their pool dry.
+    from kvconform.harness.fuzz import pool
+
+    bound = pool.GroupDemand.columns
+    monkeypatch.setattr(pool.GroupDemand, "columns", lambda self, t, e: bound(self, t, e) // 2)
+    stats = run_fuzz(vllm, 60, 1, tmp_path, database=False, expectations=EXPECTATIONS)
+    assert stats.rejected_pool > 0
+    assert stats.findings == []
+
+
+def test_engine_flags_a_dry_pool(vllm: Vllm, scenario_from) -> None:
+    scenario = scenario_from(
+        """
+        model: {block_size: 16, max_model_len: 256, num_blocks: 3}
+        requests: {a: {prompt_len: 100}}
+        steps: [{a: {prefill: 100}}]
+        """
+    )
+    result = run_scenario(scenario, vllm)
+    assert result.verdict is Verdict.ERROR and result.pool_exhausted

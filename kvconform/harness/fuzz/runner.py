@@ -33,7 +33,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, Phase, Verbosity, find, reject, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
-from hypothesis.errors import NoSuchExample
+from hypothesis.errors import NoSuchExample, Unsatisfiable
 
 from kvconform.errors import ScenarioError
 from kvconform.harness.engine import run_scenario
@@ -194,8 +194,13 @@ def run_fuzz(
 ) -> FuzzStats:
     """Fuzz ``vllm`` for ``examples`` drawn scenarios; write reproducers to ``out``.
 
-    Returns the run's :class:`FuzzStats` (its ``examples_per_second`` is the
-    search throughput, import and probes excluded).
+    Returns the run's :class:`FuzzStats`: its ``examples_per_second`` is the
+    search throughput (vLLM's import, the probes and shrinking excluded) and
+    ``examples_per_cpu_second`` the same per CPU second of this process. A
+    benchmark calls ``run_fuzz(vllm, n, seed, database=False)``: no files, no
+    database, the same examples every time. ``out=None`` writes nothing;
+    ``expectations`` decide which group types stay out of the search
+    (:mod:`.space`); ``progress`` receives a line every few seconds and per finding.
     """
     say = progress or (lambda line: None)
     started = time.perf_counter()
@@ -275,7 +280,7 @@ def run_fuzz(
                 random=Random(seed * 7919 + round_no),
                 database_key=key.encode(),
             )
-        except NoSuchExample:
+        except (NoSuchExample, Unsatisfiable):  # the budget is spent (or every example rejected)
             stats.search_seconds += time.perf_counter() - state.began
             stats.search_cpu_seconds += time.process_time() - state.began_cpu
             break

@@ -129,15 +129,14 @@ def scenario_documents(draw: DrawFn, space: FuzzSpace, name: str = "fuzz") -> di
     groups, block_sizes = _draw_groups(draw, space)
     scheduler_block = lcm(*block_sizes)
     max_model_len = _draw_max_model_len(draw, space, scheduler_block)
-    speculative = _draw_speculative(draw, space)
+    speculative, canonical = _draw_speculative(draw, space)
     k = speculative["num_speculative_tokens"] if speculative else None
-    canonical = speculative.get("_canonical") if speculative else None
-    anchor = speculative.get("sample_from_anchor", True) if speculative else True
+    anchor = bool(speculative.get("sample_from_anchor", True)) if speculative else True
     lookahead = space.lookahead(canonical, k or 0, anchor)
 
     has_cross = any(_type_of(g) == "cross_attention" for g in groups)
     max_encoder_len = draw(_ints(1, space.max_encoder_len)) if has_cross else 0
-    requests = _draw_requests(draw, space, max_model_len, max_encoder_len, k)
+    requests = _draw_requests(draw, space, max_model_len, max_encoder_len)
     demand = PoolDemand(
         tuple(_demand(g, block_sizes[i], k) for i, g in enumerate(groups)),
         max_model_len,
@@ -156,14 +155,8 @@ def scenario_documents(draw: DrawFn, space: FuzzSpace, name: str = "fuzz") -> di
     model["groups"] = groups
     doc: dict[str, Any] = {"name": name, "model": model}
     if speculative:
-        doc["speculative"] = {k_: v for k_, v in speculative.items() if not k_.startswith("_")}
-    doc["requests"] = {
-        r: {
-            "prompt_len": spec["prompt_len"],
-            **({"encoder_len": spec["encoder_len"]} if spec.get("encoder_len") else {}),
-        }
-        for r, spec in requests.items()
-    }
+        doc["speculative"] = speculative
+    doc["requests"] = requests
     doc["steps"] = steps
     return doc
 
@@ -197,28 +190,27 @@ def _draw_max_model_len(draw: DrawFn, space: FuzzSpace, scheduler_block: int) ->
     return max(2, blocks * scheduler_block - _small(draw, 7))
 
 
-def _draw_speculative(draw: DrawFn, space: FuzzSpace) -> dict[str, Any] | None:
+def _draw_speculative(draw: DrawFn, space: FuzzSpace) -> tuple[dict[str, Any] | None, str | None]:
+    """The document's speculative section, and the canonical method it names."""
     if not space.methods or draw(_ints(0, 7)) == 7:
-        return None
+        return None, None
     # Methods whose drafter writes no KV (lookahead 0) all allocate alike: a quarter
     # of the draws is enough for them; the rest go to the methods with a lookahead.
     drafting = tuple(m for m in space.methods if space.lookahead(m, 1, True) > 0)
     others = tuple(m for m in space.methods if m not in drafting)
     choices = others if not drafting or (others and draw(_ints(0, 3)) == 3) else drafting
     canonical = draw(_one_of(choices))
-    method = draw(_one_of(space.methods[canonical]))
-    spec: dict[str, Any] = {
-        "method": method,
+    section: dict[str, Any] = {
+        "method": draw(_one_of(space.methods[canonical])),
         "num_speculative_tokens": draw(_ints(1, space.max_speculative_tokens)),
-        "_canonical": canonical,
     }
     if canonical == "dspark" and draw(_BOOLS):
-        spec["sample_from_anchor"] = False
-    return spec
+        section["sample_from_anchor"] = False
+    return section, canonical
 
 
 def _draw_requests(
-    draw: DrawFn, space: FuzzSpace, max_model_len: int, max_encoder_len: int, k: int | None
+    draw: DrawFn, space: FuzzSpace, max_model_len: int, max_encoder_len: int
 ) -> dict[str, dict[str, int]]:
     count = draw(_ints(1, space.max_requests))
     near = min(max_model_len - 2, 2 * space.max_speculative_tokens + 4)
@@ -229,8 +221,9 @@ def _draw_requests(
         else:
             prompt_len = draw(_ints(1, max_model_len - 1))
         body = {"prompt_len": prompt_len}
-        if max_encoder_len:
-            body["encoder_len"] = draw(_ints(0, max_encoder_len))  # 0: the model's
+        encoder_len = draw(_ints(0, max_encoder_len)) if max_encoder_len else 0
+        if encoder_len:  # 0: the model's max_encoder_len
+            body["encoder_len"] = encoder_len
         requests[name] = body
     return requests
 
