@@ -9,14 +9,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+from hypothesis.database import DirectoryBasedExampleDatabase
 
 from kvconform.harness.loader import load_file
 from kvconform.harness.scenario import Scenario
 from kvconform.oracles.vllm_compat import Vllm, load, prepare_slot_kernel
+from kvconform.paths import cache_dir
 
 # The slots tests run vLLM's slot-mapping kernel in this process: on a machine
 # without CUDA, Triton's interpreter has to be chosen before vLLM is imported.
 prepare_slot_kernel()
+
+# Hypothesis' example database lives with kvconform's other caches, never in the
+# repository (its default is .hypothesis/ in the working directory).
+settings.register_profile(
+    "kvconform", database=DirectoryBasedExampleDatabase(str(cache_dir("hypothesis")))
+)
+settings.load_profile("kvconform")
 
 
 @pytest.fixture(scope="session")

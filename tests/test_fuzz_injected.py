@@ -68,7 +68,6 @@ def test_fuzz_finds_injected_bug_and_shrinks_it(bug: str, tmp_path: Path, vllm: 
         out,
         "--max-findings",
         1,
-        "--no-database",
         "--expectations",
         REPO / "scenarios" / "expectations.yaml",
         cwd=tmp_path,

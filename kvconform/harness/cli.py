@@ -466,7 +466,6 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         args.out,
         command=shlex.join(command),
         progress=say,
-        database=not args.no_database,
         max_findings=args.max_findings,
         expectations=expectations,
     )
@@ -640,11 +639,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="known divergences; group types whose probe diverges as listed are not drawn "
         f"(default: {DEFAULT_SCENARIOS}/{DEFAULT_FILE})",
-    )
-    fuzz.add_argument(
-        "--no-database",
-        action="store_true",
-        help="do not replay or store examples in Hypothesis' database (repeats a run exactly)",
     )
     add_vllm_options(fuzz)
     fuzz.set_defaults(handler=cmd_fuzz)

@@ -14,10 +14,10 @@ are not findings, and the statistics say how many there were. A document the
 loader refuses is a bug of the strategies and stops the run with a traceback.
 
 Determinism: round ``r`` of seed ``S`` draws from ``Random(S * 7919 + r)``, so
-the same seed, vLLM and budget make the same run. Hypothesis' example database
-(under ``kvconform.paths.cache_dir("hypothesis")``, keyed by vLLM, seed and
-round) replays a round's earlier failure first, which reaches it sooner; pass
-``database=False`` (``--no-database``) to repeat a run example for example.
+the same seed, vLLM and budget make the same run and the same reproducers.
+Hypothesis keeps no example database for a seeded run (``@seed``, which ``find``
+applies for ``random=``, turns it off: a seeded run is a reproduction), so
+nothing is written anywhere but ``out``; the reproducers are the record.
 """
 
 from __future__ import annotations
@@ -32,10 +32,9 @@ from random import Random
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, Verbosity, find, reject, settings
-from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import NoSuchExample, Unsatisfiable
 
-from kvconform.errors import ScenarioError
+from kvconform.errors import ScenarioError, VllmUnavailable
 from kvconform.harness.engine import run_scenario
 from kvconform.harness.expectations import Expectation
 from kvconform.harness.fuzz import DEFAULT_EXAMPLES, DEFAULT_MAX_FINDINGS
@@ -48,7 +47,6 @@ from kvconform.harness.observations import Trajectory
 from kvconform.harness.results import ErrorKind, ScenarioResult
 from kvconform.oracles.floors import cdiv
 from kvconform.oracles.vllm_compat import Vllm
-from kvconform.paths import cache_dir
 
 PROGRESS_SECONDS = 10.0
 
@@ -188,7 +186,6 @@ def run_fuzz(
     command: str | None = None,
     progress: Callable[[str], None] | None = None,
     space: FuzzSpace | None = None,
-    database: bool = True,
     max_findings: int = DEFAULT_MAX_FINDINGS,
     expectations: Sequence[Expectation] = (),
 ) -> FuzzStats:
@@ -197,8 +194,8 @@ def run_fuzz(
     Returns the run's :class:`FuzzStats`: its ``examples_per_second`` is the
     search throughput (vLLM's import, the probes and shrinking excluded) and
     ``examples_per_cpu_second`` the same per CPU second of this process. A
-    benchmark calls ``run_fuzz(vllm, n, seed, database=False)``: no files, no
-    database, the same examples every time. ``out=None`` writes nothing;
+    benchmark calls ``run_fuzz(vllm, n, seed)``: no files, the same examples
+    every time. ``out=None`` writes nothing;
     ``expectations`` decide which group types stay out of the search
     (:mod:`.space`); ``progress`` receives a line every few seconds and per finding.
     """
@@ -212,9 +209,12 @@ def run_fuzz(
     stats.space = space.describe()
     stats.setup_seconds = time.perf_counter() - started
     if not space.group_types:
-        raise GeneratorBug("no group type of this vLLM passed its probe; nothing to fuzz")
+        raise VllmUnavailable(
+            vllm.version,
+            "a KV-cache group type kvconform can fuzz",
+            "; ".join(f"{name}: {why}" for name, why in space.excluded.items()),
+        )
     out_dir = Path(out) if out is not None else None
-    db = DirectoryBasedExampleDatabase(str(cache_dir("hypothesis"))) if database else None
     known: set[Signature] = set()
     last_progress = time.perf_counter()
     round_no = 0
@@ -265,20 +265,18 @@ def run_fuzz(
         hypothesis_settings = settings(
             max_examples=max(1, examples - stats.examples),
             deadline=None,
-            database=db,
+            database=None,  # what find(random=...) does anyway; said here to be plain
             phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink),
             verbosity=Verbosity.quiet,
             suppress_health_check=list(HealthCheck),
             print_blob=False,
         )
-        key = f"kvconform-fuzz|{vllm.version}|{vllm.location}|{space.describe()}|{seed}|{round_no}"
         try:
             doc = find(
                 scenario_documents(space),
                 reproduces,
                 settings=hypothesis_settings,
                 random=Random(seed * 7919 + round_no),
-                database_key=key.encode(),
             )
         except (NoSuchExample, Unsatisfiable):  # the budget is spent (or every example rejected)
             stats.search_seconds += time.perf_counter() - state.began
