@@ -35,6 +35,14 @@ def vllm() -> Vllm:
     return load()
 
 
+@pytest.fixture(scope="session")
+def pristine_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the installed vLLM's Python tree (the folder holding vllm/), once per session."""
+    from vllm_copy import copy_pristine
+
+    return copy_pristine(tmp_path_factory.mktemp("vllm-pristine"))
+
+
 @pytest.fixture
 def write_scenario(tmp_path: Path) -> Callable[..., Path]:
     def write(text: str, name: str = "scenario.yaml") -> Path:

@@ -3,7 +3,8 @@
 For each bug of issue 5 -- the warmup predictor without the lookahead, the
 predictor without the ``max_model_len`` cap, the allocator dropping Mamba's
 speculative blocks -- a copy of the installed vLLM's Python tree gets the bug
-(``vllm_copy.BUGS``), and then, as a user would:
+(:data:`BUGS`, by exact text replacement asserted to happen once), and then, as
+a user would:
 
 1. ``kvconform fuzz --vllm-src COPY`` (CI budget, seed 0) exits 1 and writes a
    reproducer of at most three steps whose finding names the broken party;
@@ -23,13 +24,35 @@ import sys
 from pathlib import Path
 
 import pytest
-from vllm_copy import buggy_vllm
+from vllm_copy import tree_with_replacement
 
 from kvconform.harness.cli import main
 from kvconform.harness.fuzz import CI_EXAMPLES
 from kvconform.oracles.vllm_compat import Vllm
 
 REPO = Path(__file__).resolve().parents[1]
+
+# The bugs the fuzzer must find (issue 5): module, the text it holds once, its replacement.
+BUGS: dict[str, tuple[str, str, str]] = {
+    # The warmup predictor forgets the drafter's lookahead slots.
+    "predictor-no-lookahead": (
+        "v1/worker/gpu/warmup.py",
+        "num_tokens = min(num_tokens + num_lookahead_tokens, max_model_len)",
+        "num_tokens = min(num_tokens, max_model_len)",
+    ),
+    # The warmup predictor does not cap the lookahead at max_model_len.
+    "predictor-no-cap": (
+        "v1/worker/gpu/warmup.py",
+        "num_tokens = min(num_tokens + num_lookahead_tokens, max_model_len)",
+        "num_tokens = num_tokens + num_lookahead_tokens",
+    ),
+    # The allocator drops Mamba's speculative state blocks (modes other than align).
+    "mamba-no-spec-blocks": (
+        "v1/core/single_type_kv_cache_manager.py",
+        "                num_tokens += self.block_size * self.num_speculative_blocks\n",
+        "                pass\n",
+    ),
+}
 
 # bug -> the signatures (file-name slugs) a finding of it may carry
 EXPECTED = {
@@ -52,9 +75,11 @@ def kvconform(*args: object, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("bug", sorted(EXPECTED))
-def test_fuzz_finds_injected_bug_and_shrinks_it(bug: str, tmp_path: Path, vllm: Vllm) -> None:
-    tree = buggy_vllm(tmp_path / "tree", bug)
+@pytest.mark.parametrize("bug", sorted(BUGS))
+def test_fuzz_finds_injected_bug_and_shrinks_it(
+    bug: str, tmp_path: Path, vllm: Vllm, pristine_tree: Path
+) -> None:
+    tree = tree_with_replacement(pristine_tree, tmp_path / "tree", *BUGS[bug])
     out = tmp_path / "found"
     fuzz = kvconform(
         "fuzz",

@@ -1,76 +1,70 @@
 """Copies of the installed vLLM's Python tree, with a bug injected, for ``--vllm-src``.
 
 A test that claims kvconform catches a bug must show it on vLLM's own code with
-the bug put in, not on a stand-in. :func:`copy_vllm_tree` makes a tree of the
-installed package's ``.py`` files (symbolic links, so a copy costs a moment and
-no disk); :func:`inject` replaces one exact piece of text in one file of the copy
-(the link becomes a real file), and fails if the text is not there exactly once,
-so a vLLM upgrade that moves the code fails loudly instead of testing nothing.
-The compiled extensions stay in the installed package, which
-``vllm_compat.load(src=...)`` appends to ``vllm.__path__``.
+the bug put in, not on a stand-in. :func:`copy_pristine` copies the installed
+package's ``.py`` files plus their bytecode, so the copy imports as fast as the
+original (compiled extensions stay in the installed package, which
+``vllm_compat.load(src=...)`` appends to ``vllm.__path__``); the session fixture
+``pristine_tree`` in ``conftest.py`` makes one per test session.
+:func:`tree_with_replacement` hard-links that copy and replaces one exact piece
+of text in one module, failing if the text is not there exactly once, so a vLLM
+upgrade that moves the code fails loudly instead of testing nothing.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
+import sys
 from pathlib import Path
 
 
 def installed_vllm_dir() -> Path:
-    spec = importlib.util.find_spec("vllm")
-    assert spec is not None and spec.origin is not None, "vLLM is not installed"
-    return Path(spec.origin).parent
+    found = importlib.util.find_spec("vllm")
+    assert found is not None and found.origin is not None, "vLLM is not installed"
+    return Path(found.origin).parent
 
 
-def copy_vllm_tree(dest: Path) -> Path:
-    """A tree at ``dest`` (holding ``vllm/``) of links to the installed ``.py`` files."""
-    source = installed_vllm_dir()
-    for folder, dirs, files in os.walk(source):
-        dirs[:] = [d for d in dirs if d != "__pycache__"]
-        target = dest / "vllm" / Path(folder).relative_to(source)
-        target.mkdir(parents=True, exist_ok=True)
-        for name in files:
-            if name.endswith(".py"):
-                (target / name).symlink_to(Path(folder) / name)
-    return dest
+def _python_only(directory: str, names: list[str]) -> list[str]:
+    """copytree's ignore: keep folders, .py files and this interpreter's bytecode."""
+    tag = f".{sys.implementation.cache_tag}.pyc"
+    in_cache = Path(directory).name == "__pycache__"
+    return [
+        name
+        for name in names
+        if not (
+            (Path(directory) / name).is_dir()
+            or name.endswith(".py")
+            or (in_cache and name.endswith(tag))
+        )
+    ]
 
 
-def inject(tree: Path, relative: str, old: str, new: str) -> None:
-    """Replace ``old`` by ``new`` in ``tree/vllm/relative``; ``old`` must occur once."""
-    path = tree / "vllm" / relative
-    text = path.read_text(encoding="utf-8")
-    count = text.count(old)
-    assert count == 1, f"{relative}: expected the text to inject into once, found {count}"
-    path.unlink()  # a link to the installed file: replace it, never write through it
-    path.write_text(text.replace(old, new), encoding="utf-8")
+def copy_pristine(root: Path) -> Path:
+    """A copy of the installed vLLM's Python tree at ``root`` (the folder holding vllm/).
+
+    ``copy2`` keeps modification times, so the copied bytecode stays valid for the
+    copied sources; a patched module gets a new time and is recompiled.
+    """
+    shutil.copytree(installed_vllm_dir(), root / "vllm", ignore=_python_only)
+    return root
 
 
-# The bugs the fuzzer must find (issue 5): where they go and what they do.
-BUGS: dict[str, tuple[str, str, str]] = {
-    # The warmup predictor forgets the drafter's lookahead slots.
-    "predictor-no-lookahead": (
-        "v1/worker/gpu/warmup.py",
-        "num_tokens = min(num_tokens + num_lookahead_tokens, max_model_len)",
-        "num_tokens = min(num_tokens, max_model_len)",
-    ),
-    # The warmup predictor does not cap the lookahead at max_model_len.
-    "predictor-no-cap": (
-        "v1/worker/gpu/warmup.py",
-        "num_tokens = min(num_tokens + num_lookahead_tokens, max_model_len)",
-        "num_tokens = num_tokens + num_lookahead_tokens",
-    ),
-    # The allocator drops Mamba's speculative state blocks (modes other than align).
-    "mamba-no-spec-blocks": (
-        "v1/core/single_type_kv_cache_manager.py",
-        "                num_tokens += self.block_size * self.num_speculative_blocks\n",
-        "                pass\n",
-    ),
-}
+def tree_with_replacement(pristine: Path, root: Path, module: str, old: str, new: str) -> Path:
+    """A copy of ``pristine`` (hard links) at ``root`` with ``old`` replaced once in ``module``."""
 
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
 
-def buggy_vllm(dest: Path, bug: str) -> Path:
-    """A copy of the installed vLLM with ``BUGS[bug]`` injected."""
-    tree = copy_vllm_tree(dest)
-    inject(tree, *BUGS[bug])
-    return tree
+    shutil.copytree(pristine, root, copy_function=link)
+    target = root / "vllm" / module
+    text = target.read_text(encoding="utf-8")
+    assert text.count(old) == 1, f"{module}: expected one {old!r}, found {text.count(old)}"
+    target.unlink()  # break the hard link: the pristine copy stays pristine
+    target.write_text(text.replace(old, new), encoding="utf-8")
+    assert new in target.read_text(encoding="utf-8")
+    return root

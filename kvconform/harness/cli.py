@@ -459,16 +459,20 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         f"kvconform {__version__}: fuzzing vLLM {vllm.version} ({vllm.source.describe()}) "
         f"with {args.examples} examples, seed {args.seed}"
     )
-    stats = run_fuzz(
-        vllm,
-        args.examples,
-        args.seed,
-        args.out,
-        command=shlex.join(command),
-        progress=say,
-        max_findings=args.max_findings,
-        expectations=expectations,
-    )
+    # A line every 5% of the budget (or 10 s) in a CI log; a bar on a terminal.
+    every = max(25, args.examples // 20)
+    with open_progress(args.examples, "examples", mode=args.progress, every_items=every) as bar:
+        stats = run_fuzz(
+            vllm,
+            args.examples,
+            args.seed,
+            args.out,
+            command=shlex.join(command),
+            progress=bar.echo,
+            on_example=lambda outcome: bar.advance(tally=outcome),
+            max_findings=args.max_findings,
+            expectations=expectations,
+        )
     say()
     for line in stats.summary_lines():
         say(line)
@@ -641,6 +645,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default: {DEFAULT_SCENARIOS}/{DEFAULT_FILE})",
     )
     add_vllm_options(fuzz)
+    add_progress_option(fuzz)
     fuzz.set_defaults(handler=cmd_fuzz)
     return parser
 

@@ -14,8 +14,7 @@ block (the null placeholders of windowed and Mamba groups hold none):
   max_model_len), block_size)``, the columns ``allocate_slots`` sizes to;
 * Mamba: the same plus its speculative blocks (``align`` mode sizes from fewer
   tokens, so this bounds it too);
-* cross-attention: the encoder's columns; circular buffer: one; HiSparse hot:
-  its fixed blocks per request.
+* cross-attention: the encoder's columns; circular buffer: one.
 
 Blocks are not returned when drafts are rejected, so a request's demand is its
 running maximum since it last (re)started; ``preempt`` and ``finish`` give it
@@ -33,15 +32,13 @@ from kvconform.oracles.floors import cdiv
 class GroupDemand:
     type: str
     block_size: int
-    extra_blocks: int = 0  # Mamba's speculative blocks; HiSparse hot's blocks per request
+    extra_blocks: int = 0  # Mamba's speculative blocks
 
     def columns(self, tokens: int, encoder_len: int) -> int:
         if self.type == "cross_attention":
             return cdiv(encoder_len, self.block_size)
         if self.type == "circular_buffer":
             return 1
-        if self.type == "hisparse_hot":
-            return self.extra_blocks
         return cdiv(tokens, self.block_size) + (self.extra_blocks if self.type == "mamba" else 0)
 
 

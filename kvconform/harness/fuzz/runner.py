@@ -48,8 +48,6 @@ from kvconform.harness.results import ErrorKind, ScenarioResult
 from kvconform.oracles.floors import cdiv
 from kvconform.oracles.vllm_compat import Vllm
 
-PROGRESS_SECONDS = 10.0
-
 
 class GeneratorBug(Exception):
     """The strategies drew a document the loader or driver refuses: a kvconform bug."""
@@ -119,14 +117,6 @@ class FuzzStats:
     def share(self, count: int) -> str:
         return f"{100 * count / self.examples:.1f}%" if self.examples else "-"
 
-    def progress_line(self, search_seconds: float) -> str:
-        rate = self.examples / search_seconds if search_seconds else 0.0
-        return (
-            f"fuzz: {self.examples}/{self.budget} examples, "
-            f"{rate:.0f}/s, {self.share(self.rejected)} rejected, "
-            f"{len(self.findings)} finding{'s' if len(self.findings) != 1 else ''}"
-        )
-
     def summary_lines(self) -> list[str]:
         return [
             f"fuzz: {self.examples} examples in {self.search_seconds:.1f} s "
@@ -185,6 +175,7 @@ def run_fuzz(
     *,
     command: str | None = None,
     progress: Callable[[str], None] | None = None,
+    on_example: Callable[[str], None] | None = None,
     space: FuzzSpace | None = None,
     max_findings: int = DEFAULT_MAX_FINDINGS,
     expectations: Sequence[Expectation] = (),
@@ -197,9 +188,12 @@ def run_fuzz(
     benchmark calls ``run_fuzz(vllm, n, seed)``: no files, the same examples
     every time. ``out=None`` writes nothing;
     ``expectations`` decide which group types stay out of the search
-    (:mod:`.space`); ``progress`` receives a line every few seconds and per finding.
+    (:mod:`.space`); ``progress`` receives a line per finding (found, shrunk);
+    ``on_example`` is called once per drawn example with its outcome ("passed",
+    "rejected" or "failed"), to advance a progress display.
     """
     say = progress or (lambda line: None)
+    tick = on_example or (lambda outcome: None)
     started = time.perf_counter()
     stats = FuzzStats(seed=seed, budget=examples, vllm_version=vllm.version)
     if space is None:
@@ -216,14 +210,12 @@ def run_fuzz(
         )
     out_dir = Path(out) if out is not None else None
     known: set[Signature] = set()
-    last_progress = time.perf_counter()
     round_no = 0
     while stats.examples < examples and len(stats.findings) < max_findings:
         round_no += 1
         state = _Round(round_no, began=time.perf_counter(), began_cpu=time.process_time())
 
         def reproduces(doc: dict[str, Any], state: _Round = state) -> bool:
-            nonlocal last_progress
             searching = state.target is None
             if searching:
                 state.generated += 1
@@ -237,16 +229,14 @@ def run_fuzz(
                         stats.rejected_pool += 1
                     else:
                         stats.rejected_unsupported += 1
+                    tick("rejected")
                 reject()
             if result.error_kind is ErrorKind.INPUT:
                 raise GeneratorBug(f"{result.error}\n--- the drawn scenario:\n{render(doc)}")
             found = signatures(result)
             if searching:
                 _measure(result.trajectory, doc, stats)
-                now = time.perf_counter()
-                if now - last_progress >= PROGRESS_SECONDS:
-                    say(stats.progress_line(stats.search_seconds + now - state.began))
-                    last_progress = now
+                tick("failed" if found else "passed")
                 new = [s for s in found if s not in known]
                 if not new:
                     return False

@@ -37,7 +37,6 @@ PROBE_OPTIONS: Mapping[str, dict[str, Any]] = {
     "full_attention": {},
     "mla": {},
     "hidden_state": {},
-    "hisparse_resident": {},
     "circular_buffer": {},
     "cross_attention": {},
     "sliding_window": {"sliding_window": 32},
@@ -47,7 +46,6 @@ PROBE_OPTIONS: Mapping[str, dict[str, Any]] = {
     "chunked_local": {"attention_chunk_size": 32},
     "mamba": {},
     "sink_full_attention": {"sink_len": 16},
-    "hisparse_hot": {"blocks_per_request": 2},
 }
 
 # The order groups are drawn in: Hypothesis shrinks towards the first.

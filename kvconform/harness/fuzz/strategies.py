@@ -80,7 +80,6 @@ OPTION_STRATEGIES: dict[str, OptionStrategy] = {
     "full_attention": lambda draw, block_size, space: {},
     "mla": lambda draw, block_size, space: {},
     "hidden_state": lambda draw, block_size, space: {},
-    "hisparse_resident": lambda draw, block_size, space: {},
     "circular_buffer": lambda draw, block_size, space: {},
     "cross_attention": lambda draw, block_size, space: {},
     "sliding_window": _window("sliding_window"),
@@ -94,7 +93,6 @@ OPTION_STRATEGIES: dict[str, OptionStrategy] = {
     "sink_full_attention": lambda draw, block_size, space: {
         "sink_len": block_size * draw(_ints(1, 2))
     },
-    "hisparse_hot": lambda draw, block_size, space: {"blocks_per_request": draw(_ints(1, 8))},
 }
 
 
@@ -156,7 +154,9 @@ def scenario_documents(draw: DrawFn, space: FuzzSpace, name: str = "fuzz") -> di
     doc: dict[str, Any] = {"name": name, "model": model}
     if speculative:
         doc["speculative"] = speculative
-    doc["requests"] = requests
+    # Requests that never act say nothing; a shrunk reproducer leaves them out.
+    acting = {name for step in steps for name in step}
+    doc["requests"] = {name: body for name, body in requests.items() if name in acting}
     doc["steps"] = steps
     return doc
 
@@ -215,7 +215,9 @@ def _draw_requests(
     count = draw(_ints(1, space.max_requests))
     near = min(max_model_len - 2, 2 * space.max_speculative_tokens + 4)
     requests: dict[str, dict[str, int]] = {}
-    for name in REQUEST_NAMES[:count]:
+    # Every slot is drawn, used or not, so that dropping a request while shrinking
+    # does not shift what the draws after it mean (see _draw_steps).
+    for name in REQUEST_NAMES[: space.max_requests]:
         if draw(_BOOLS):
             prompt_len = max_model_len - 1 - _small(draw, near)  # near the edge
         else:
@@ -224,7 +226,8 @@ def _draw_requests(
         encoder_len = draw(_ints(0, max_encoder_len)) if max_encoder_len else 0
         if encoder_len:  # 0: the model's max_encoder_len
             body["encoder_len"] = encoder_len
-        requests[name] = body
+        if len(requests) < count:
+            requests[name] = body
     return requests
 
 
@@ -236,11 +239,8 @@ def _small(draw: DrawFn, high: int) -> int:
 def _demand(group: Any, block_size: int, k: int | None) -> GroupDemand:
     type_name = _type_of(group)
     options = {} if isinstance(group, str) else group
-    extra = 0
-    if type_name == "mamba":
-        extra = int(options.get("num_speculative_blocks") or k or 0)
-    elif type_name == "hisparse_hot":
-        extra = int(options["blocks_per_request"])
+    # Mamba's speculative state blocks default to k (vLLM's MambaBase does the same).
+    extra = int(options.get("num_speculative_blocks") or k or 0) if type_name == "mamba" else 0
     return GroupDemand(type_name, block_size, extra)
 
 
@@ -266,10 +266,14 @@ def _draw_steps(
     steps: list[dict[str, Any]] = []
     for _ in range(draw(_ints(1, space.max_steps))):
         step: dict[str, Any] = {}
-        for name, state in tokens.items():
-            if state.finished:
-                continue
+        # A move is drawn for every request slot, also for absent and finished
+        # requests (and ignored): the shrinker can then turn a request's finish
+        # into idling, or drop a request, without shifting every later draw.
+        for name in REQUEST_NAMES[: space.max_requests]:
             move = _MOVES[draw(_ints(0, len(_MOVES) - 1))]
+            state = tokens.get(name)
+            if state is None or state.finished:
+                continue
             action = _move(draw, move, state, max_model_len, k)
             if action is None:
                 continue
@@ -291,6 +295,12 @@ def _draw_steps(
     return steps
 
 
+# An advancing request draws exactly three numbers, whatever it does with them, so
+# that a step turning from a chunk into the whole prompt (or from prefill into spec)
+# while shrinking does not shift the meaning of every later draw. 0 is the simplest.
+_SHAPE = 64
+
+
 def _move(draw: DrawFn, move: int, state: RequestTokens, max_model_len: int, k: int | None) -> Any:
     if move == _FINISH:
         return "finish"
@@ -298,20 +308,21 @@ def _move(draw: DrawFn, move: int, state: RequestTokens, max_model_len: int, k: 
         return "preempt" if state.holds_blocks else None
     if move == _IDLE:
         return None
+    shape, size, rejected = (draw(_ints(0, _SHAPE - 1)) for _ in range(3))
     advance = legal_advance(state, max_model_len, k)
     if advance.prefill:
-        # Half the time the rest of the prompt in one chunk (also where shrinking goes).
-        chunk = advance.prefill
-        if advance.prefill > 1 and draw(_BOOLS):
-            chunk -= draw(_ints(1, advance.prefill - 1))
-        return {"prefill": chunk}
+        # Half the time the rest of the prompt in one chunk, else a cut of any size.
+        half = _SHAPE // 2
+        if shape < half or advance.prefill == 1:
+            return {"prefill": advance.prefill}
+        cut = 1 + (shape - half) * (advance.prefill - 1) // half
+        return {"prefill": advance.prefill - cut}
     if not advance.decode:
         return None
-    if not advance.spec or draw(_ints(0, 3)) == 3:
+    if not advance.spec or shape >= 3 * _SHAPE // 4:  # a quarter plain decode
         return "decode"
-    spec = advance.spec
-    count = spec - draw(_ints(0, spec - 1))
-    accepted = count - draw(_ints(0, count))
+    count = advance.spec - size * advance.spec // _SHAPE
+    accepted = count - rejected * (count + 1) // _SHAPE
     return {"spec": count} if accepted == count else {"spec": count, "accepted": accepted}
 
 
