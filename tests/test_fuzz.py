@@ -75,6 +75,12 @@ def test_space_offers_every_buildable_type_and_method(vllm: Vllm) -> None:
     if "dspark" in space.methods:
         assert space.lookahead("dspark", 3, False) == space.lookahead("dspark", 3, True) + 1
     assert set(space.mamba_cache_modes) == set(vllm.mamba_cache_modes())
+    # Each fuzz-probe entry of the expectations file keeps its type out, none is stale.
+    for entry in EXPECTATIONS:
+        if entry.pattern.startswith("fuzz-probe-") and entry.applies(entry.pattern, vllm.version):
+            type_name = entry.pattern.removeprefix("fuzz-probe-")
+            assert type_name in space.excluded, f"{entry.pattern} unused"
+            assert type_name not in space.group_types
 
 
 def _picky(run: Trajectory) -> Iterator[Failure]:

@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 # Example budgets: the test suite's CI run, a plain `kvconform fuzz`, the nightly job.
-CI_EXAMPLES = 300
+CI_EXAMPLES = 500
 DEFAULT_EXAMPLES = 2000
 NIGHTLY_EXAMPLES = 20000
 DEFAULT_MAX_FINDINGS = 10
