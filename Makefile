@@ -5,6 +5,7 @@
 #   make nightly     what a GPU CI job with vLLM installed runs: the corpus with reports, then
 #                    the CUDA tests (NIGHTLY_PYTHON=python3 uses that interpreter, no .venv)
 #   make gpu-bundle  builds .gpu/, what a GPU machine without vLLM needs (docs/gpu.md)
+#   make fuzz   searches generated trajectories for divergences (fuzz-nightly: the nightly budget)
 #
 # The environment lives in .venv (git-ignored), pinned by constraints.txt (vLLM 0.33.0).
 # It is rebuilt only when pyproject.toml or constraints.txt change. Caches (pip, release
@@ -26,7 +27,9 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 CHROMIUM ?= /usr/bin/chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo "sudo -n")
 
-.PHONY: run test lint typecheck check constraints clean browser nightly gpu-bundle
+FUZZ_SEED ?= $(shell date +%Y%m%d)
+
+.PHONY: run test lint typecheck check constraints clean browser nightly gpu-bundle fuzz fuzz-nightly
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -58,6 +61,13 @@ gpu-bundle: $(STAMP)
 	$(BIN)/python tools/gpu_bundle.py build --out .gpu
 	rm -rf .gpu/releases
 	for v in $(GPU_RELEASES); do $(BIN)/python tools/gpu_bundle.py release $$v --out .gpu || exit 1; done
+
+# Generated trajectories (docs/fuzzing.md); reproducers of findings land in build/fuzz.
+fuzz: $(STAMP)
+	$(BIN)/kvconform fuzz --out build/fuzz
+
+fuzz-nightly: $(STAMP)
+	$(BIN)/kvconform fuzz --examples 20000 --seed $(FUZZ_SEED) --out build/fuzz
 
 lint: $(STAMP)
 	$(BIN)/ruff check kvconform tests tools conftest.py

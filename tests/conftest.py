@@ -2,25 +2,45 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+from hypothesis.database import DirectoryBasedExampleDatabase
 
 from kvconform.harness.loader import load_file
 from kvconform.harness.scenario import Scenario
 from kvconform.oracles.vllm_compat import Vllm, load, prepare_slot_kernel
+from kvconform.paths import cache_dir
 
 # The slots tests run vLLM's slot-mapping kernel in this process: on a machine
 # without CUDA, Triton's interpreter has to be chosen before vLLM is imported.
 prepare_slot_kernel()
+
+# Hypothesis' example database lives with kvconform's other caches, never in the
+# repository (its default is .hypothesis/ in the working directory).
+settings.register_profile(
+    "kvconform", database=DirectoryBasedExampleDatabase(str(cache_dir("hypothesis")))
+)
+settings.load_profile("kvconform")
 
 
 @pytest.fixture(scope="session")
 def vllm() -> Vllm:
     """The installed vLLM, imported once for the whole test session."""
     return load()
+
+
+@pytest.fixture(scope="session")
+def pristine_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the installed vLLM's Python tree (the folder holding vllm/), once per session."""
+    from vllm_copy import copy_pristine
+
+    return copy_pristine(tmp_path_factory.mktemp("vllm-pristine"))
 
 
 @pytest.fixture
@@ -54,3 +74,42 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
     for item in needing_cuda:
         item.add_marker(skip)
+
+
+# -- fuzzing budgets ---------------------------------------------------------------------
+# CI runs the in-suite fuzz test with a small, fixed budget and seed; the nightly job
+# raises both (docs/fuzzing.md):
+#   pytest tests/test_fuzz.py --kvconform-fuzz-examples 20000 --kvconform-fuzz-seed 20261130
+# or the same through the environment (KVCONFORM_FUZZ_EXAMPLES, KVCONFORM_FUZZ_SEED).
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    from kvconform.harness.fuzz import CI_EXAMPLES
+
+    group = parser.getgroup("kvconform fuzz")
+    group.addoption(
+        "--kvconform-fuzz-examples",
+        type=int,
+        default=int(os.environ.get("KVCONFORM_FUZZ_EXAMPLES", CI_EXAMPLES)),
+        help=f"examples for the in-suite fuzz run (default {CI_EXAMPLES}; nightly 20000)",
+    )
+    group.addoption(
+        "--kvconform-fuzz-seed",
+        type=int,
+        default=int(os.environ.get("KVCONFORM_FUZZ_SEED", 0)),
+        help="seed of the in-suite fuzz run (default 0: every CI run draws the same examples)",
+    )
+
+
+@dataclass(frozen=True)
+class FuzzBudget:
+    examples: int
+    seed: int
+
+
+@pytest.fixture(scope="session")
+def fuzz_budget(request: pytest.FixtureRequest) -> FuzzBudget:
+    return FuzzBudget(
+        request.config.getoption("kvconform_fuzz_examples"),
+        request.config.getoption("kvconform_fuzz_seed"),
+    )

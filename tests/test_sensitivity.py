@@ -22,10 +22,8 @@ the code under test.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -34,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from vllm_copy import installed_vllm_dir, tree_with_replacement
 
 from kvconform.harness.expectations import Expectation, load_expectations
 from kvconform.harness.loader import load_paths
@@ -185,57 +184,9 @@ def predict(
 # -- copies of vLLM and runs ------------------------------------------------------------
 
 
-def _python_only(directory: str, names: list[str]) -> list[str]:
-    """copytree's ignore: keep folders, .py files and this interpreter's bytecode."""
-    tag = f".{sys.implementation.cache_tag}.pyc"
-    in_cache = Path(directory).name == "__pycache__"
-    return [
-        name
-        for name in names
-        if not (
-            (Path(directory) / name).is_dir()
-            or name.endswith(".py")
-            or (in_cache and name.endswith(tag))
-        )
-    ]
-
-
-def installed_vllm_dir() -> Path:
-    found = importlib.util.find_spec("vllm")
-    assert found is not None and found.origin is not None, "vLLM is not installed"
-    return Path(found.origin).parent
-
-
-@pytest.fixture(scope="session")
-def pristine_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A copy of the installed vLLM's Python tree (the folder holding vllm/), once per session.
-
-    ``copy2`` keeps modification times, so the copied bytecode stays valid for the
-    copied sources; a patched module gets a new time and is recompiled.
-    """
-    root = tmp_path_factory.mktemp("vllm-pristine")
-    shutil.copytree(installed_vllm_dir(), root / "vllm", ignore=_python_only)
-    return root
-
-
 def tree_with(bug: Bug, pristine: Path, tmp_path: Path) -> Path:
-    """A copy of the pristine tree (hard links) with the bug's replacement made exactly once."""
-    root = tmp_path / "vllm-tree"
-
-    def link(src: str, dst: str) -> None:
-        try:
-            os.link(src, dst)
-        except OSError:
-            shutil.copy2(src, dst)
-
-    shutil.copytree(pristine, root, copy_function=link)
-    target = root / "vllm" / bug.module
-    text = target.read_text(encoding="utf-8")
-    assert text.count(bug.old) == 1, f"{bug.module}: expected one {bug.old!r}"
-    target.unlink()  # break the hard link: the pristine copy stays pristine
-    target.write_text(text.replace(bug.old, bug.new), encoding="utf-8")
-    assert bug.new in target.read_text(encoding="utf-8")
-    return root
+    """A copy of the pristine tree with the bug's replacement made exactly once."""
+    return tree_with_replacement(pristine, tmp_path / "vllm-tree", bug.module, bug.old, bug.new)
 
 
 def run_corpus(tree: Path, report_dir: Path) -> tuple[int, dict[str, Any], str]:

@@ -34,6 +34,7 @@ from kvconform.oracles.vllm_compat import Vllm
 
 DEFAULT_SCENARIOS = "scenarios"
 DEFAULT_REPORT_DIR = "build/report"
+DEFAULT_FUZZ_DIR = "build/fuzz"
 
 
 # -- shared pieces ---------------------------------------------------------------------
@@ -429,6 +430,71 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return doctor(load_vllm(args), say)
 
 
+# -- fuzz ------------------------------------------------------------------------------
+
+
+def cmd_fuzz(args: argparse.Namespace) -> int:
+    try:
+        from kvconform.harness.fuzz.findings import first_message
+        from kvconform.harness.fuzz.runner import run_fuzz
+    except ImportError as exc:
+        if exc.name != "hypothesis":
+            raise
+        raise UsageError("kvconform fuzz needs Hypothesis: pip install 'kvconform[fuzz]'") from None
+
+    if args.examples < 1:
+        raise UsageError("--examples must be at least 1")
+    if args.max_findings < 1:
+        raise UsageError("--max-findings must be at least 1")
+    exp_path = Path(args.expectations) if args.expectations else find_expectations([])
+    expectations = load_expectations(exp_path) if exp_path is not None else []
+    vllm = load_vllm(args)
+    command = ["kvconform", "fuzz", "--examples", str(args.examples), "--seed", str(args.seed)]
+    command += ["--out", args.out]
+    if args.vllm_src:
+        command += ["--vllm-src", args.vllm_src]
+    if getattr(args, "vllm_release", None):
+        command += ["--vllm-release", args.vllm_release]
+    say(
+        f"kvconform {__version__}: fuzzing vLLM {vllm.version} ({vllm.source.describe()}) "
+        f"with {args.examples} examples, seed {args.seed}"
+    )
+    # A line every 5% of the budget (or 10 s) in a CI log; a bar on a terminal.
+    every = max(25, args.examples // 20)
+    with open_progress(args.examples, "examples", mode=args.progress, every_items=every) as bar:
+        stats = run_fuzz(
+            vllm,
+            args.examples,
+            args.seed,
+            args.out,
+            command=shlex.join(command),
+            progress=bar.echo,
+            on_example=lambda outcome: bar.advance(tally=outcome),
+            max_findings=args.max_findings,
+            expectations=expectations,
+        )
+    say()
+    for line in stats.summary_lines():
+        say(line)
+    say(f"  drew from {stats.space}")
+    for type_name, why in sorted(stats.excluded.items()):
+        say(f"  not fuzzed: {type_name}: {why}")
+    for type_name, how in sorted(stats.diverged.items()):
+        say(f"  probe diverged, fuzzed anyway: {type_name}: {how}")
+    if not stats.findings:
+        say("no findings; exit 0")
+        return 0
+    say(f"{len(stats.findings)} finding(s), reproducers in {args.out}:")
+    for finding in stats.findings:
+        steps = f"{finding.steps} step{'s' if finding.steps != 1 else ''}"
+        say(f"  {finding.number}. {finding.signature}: {finding.path} ({steps})")
+        say(f"     {' '.join(first_message(finding.result, finding.signature).split())[:300]}")
+    if len(stats.findings) >= args.max_findings:
+        say(f"stopped at --max-findings {args.max_findings}")
+    say("exit 1")
+    return 1
+
+
 # -- main ------------------------------------------------------------------------------
 
 
@@ -542,6 +608,45 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_vllm_options(doctor)
     doctor.set_defaults(handler=cmd_doctor)
+
+    from kvconform.harness.fuzz import DEFAULT_EXAMPLES, DEFAULT_MAX_FINDINGS, NIGHTLY_EXAMPLES
+
+    fuzz = sub.add_parser(
+        "fuzz", help="search generated trajectories for divergences, shrunk to YAML reproducers"
+    )
+    fuzz.add_argument(
+        "--examples",
+        type=int,
+        default=DEFAULT_EXAMPLES,
+        metavar="N",
+        help=f"scenarios to generate (default {DEFAULT_EXAMPLES}; the nightly job runs "
+        f"{NIGHTLY_EXAMPLES})",
+    )
+    fuzz.add_argument(
+        "--seed", type=int, default=0, metavar="S", help="the same seed repeats the run (default 0)"
+    )
+    fuzz.add_argument(
+        "--out",
+        default=DEFAULT_FUZZ_DIR,
+        metavar="DIR",
+        help=f"where reproducers go (default {DEFAULT_FUZZ_DIR})",
+    )
+    fuzz.add_argument(
+        "--max-findings",
+        type=int,
+        default=DEFAULT_MAX_FINDINGS,
+        metavar="N",
+        help=f"stop after N distinct findings (default {DEFAULT_MAX_FINDINGS})",
+    )
+    fuzz.add_argument(
+        "--expectations",
+        metavar="FILE",
+        help="known divergences; group types whose probe diverges as listed are not drawn "
+        f"(default: {DEFAULT_SCENARIOS}/{DEFAULT_FILE})",
+    )
+    add_vllm_options(fuzz)
+    add_progress_option(fuzz)
+    fuzz.set_defaults(handler=cmd_fuzz)
     return parser
 
 

@@ -22,7 +22,7 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from kvconform.errors import ScenarioError, VllmUnavailable
+from kvconform.errors import PoolExhausted, ScenarioError, VllmUnavailable
 from kvconform.harness.checks import DEFAULT_CHECKS, judge
 from kvconform.harness.driver import drive
 from kvconform.harness.expectations import Expectation, apply_expectations
@@ -77,6 +77,7 @@ def run_scenario(
                 party(trajectory, vllm)
     except ScenarioError as exc:
         result.verdict, result.error_kind, result.error = Verdict.ERROR, ErrorKind.INPUT, str(exc)
+        result.pool_exhausted = isinstance(exc, PoolExhausted)
     except VllmUnavailable as exc:
         result.verdict, result.error_kind, result.error = (
             Verdict.ERROR,

@@ -86,6 +86,9 @@ class ScenarioResult:
     failures: list[Failure] = field(default_factory=list)
     error: str | None = None
     error_kind: ErrorKind | None = None
+    # The input error is the pool running dry (PoolExhausted): the fuzzer
+    # discards such examples instead of reporting them.
+    pool_exhausted: bool = False
     expectation: str | None = None
     duration: float = 0.0
     trajectory: Trajectory | None = None

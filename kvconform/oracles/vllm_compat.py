@@ -609,6 +609,16 @@ class Vllm:
                 f"a {cls.__name__} that kvconform can build", f"{type(exc).__name__}: {exc}"
             ) from None
 
+    def mamba_cache_modes(self) -> tuple[str, ...]:
+        """The Mamba cache modes this vLLM's config accepts (``MambaCacheMode``).
+
+        0.32 dropped "all" from the config's literal while ``MambaSpec`` still
+        takes it; a mode the config refuses is one no deployment runs.
+        """
+        cache = self._optional_module("vllm.config.cache")
+        literal = getattr(cache, "MambaCacheMode", None) if cache else None
+        return tuple(_flatten_literal(literal)) if literal is not None else ("none", "align")
+
     def dcp_sharded(self, spec: Any) -> bool:
         """Whether the manager multiplies this group's block size by the DCP world size.
 

@@ -1,0 +1,70 @@
+"""Copies of the installed vLLM's Python tree, with a bug injected, for ``--vllm-src``.
+
+A test that claims kvconform catches a bug must show it on vLLM's own code with
+the bug put in, not on a stand-in. :func:`copy_pristine` copies the installed
+package's ``.py`` files plus their bytecode, so the copy imports as fast as the
+original (compiled extensions stay in the installed package, which
+``vllm_compat.load(src=...)`` appends to ``vllm.__path__``); the session fixture
+``pristine_tree`` in ``conftest.py`` makes one per test session.
+:func:`tree_with_replacement` hard-links that copy and replaces one exact piece
+of text in one module, failing if the text is not there exactly once, so a vLLM
+upgrade that moves the code fails loudly instead of testing nothing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+from pathlib import Path
+
+
+def installed_vllm_dir() -> Path:
+    found = importlib.util.find_spec("vllm")
+    assert found is not None and found.origin is not None, "vLLM is not installed"
+    return Path(found.origin).parent
+
+
+def _python_only(directory: str, names: list[str]) -> list[str]:
+    """copytree's ignore: keep folders, .py files and this interpreter's bytecode."""
+    tag = f".{sys.implementation.cache_tag}.pyc"
+    in_cache = Path(directory).name == "__pycache__"
+    return [
+        name
+        for name in names
+        if not (
+            (Path(directory) / name).is_dir()
+            or name.endswith(".py")
+            or (in_cache and name.endswith(tag))
+        )
+    ]
+
+
+def copy_pristine(root: Path) -> Path:
+    """A copy of the installed vLLM's Python tree at ``root`` (the folder holding vllm/).
+
+    ``copy2`` keeps modification times, so the copied bytecode stays valid for the
+    copied sources; a patched module gets a new time and is recompiled.
+    """
+    shutil.copytree(installed_vllm_dir(), root / "vllm", ignore=_python_only)
+    return root
+
+
+def tree_with_replacement(pristine: Path, root: Path, module: str, old: str, new: str) -> Path:
+    """A copy of ``pristine`` (hard links) at ``root`` with ``old`` replaced once in ``module``."""
+
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    shutil.copytree(pristine, root, copy_function=link)
+    target = root / "vllm" / module
+    text = target.read_text(encoding="utf-8")
+    assert text.count(old) == 1, f"{module}: expected one {old!r}, found {text.count(old)}"
+    target.unlink()  # break the hard link: the pristine copy stays pristine
+    target.write_text(text.replace(old, new), encoding="utf-8")
+    assert new in target.read_text(encoding="utf-8")
+    return root
