@@ -210,7 +210,8 @@ def test_only_token_indexed_groups_are_mapped(vllm, scenario_from):
 
 
 def test_checks_option_values():
-    assert parse_checks(None) == ("floor", "agree", "lookahead", "sanity")
+    assert parse_checks(None) == ("lookahead", "floor", "agree", "sanity")
+    assert parse_checks("slots,floor") == ("floor", "slots")  # reporting order
     assert parse_checks("all")[-1] == "slots"
     assert parse_checks("default,slots") == parse_checks("all")
     with pytest.raises(ValueError, match="unknown check 'slot'"):

@@ -366,16 +366,18 @@ def _span(values: list[int]) -> str:
     return ", ".join(str(v) for v in values)
 
 
+# In reporting order: a wrong lookahead is the cause of the floor failures it brings,
+# so it is reported first.
 CHECKS: dict[str, Callable[[Trajectory], Iterator[Failure]]] = {
+    "lookahead": check_lookahead,
     "floor": check_floor,
     "agree": check_agree,
-    "lookahead": check_lookahead,
     "sanity": check_sanity,
     "slots": check_slots,
 }
 # What a plain run checks. `slots` runs vLLM's kernel (under Triton's interpreter
 # on a machine without CUDA) and is chosen with --checks (all, or default,slots).
-DEFAULT_CHECKS = ("floor", "agree", "lookahead", "sanity")
+DEFAULT_CHECKS = ("lookahead", "floor", "agree", "sanity")
 
 
 def parse_checks(text: str | None) -> tuple[str, ...]:
@@ -395,7 +397,7 @@ def parse_checks(text: str | None) -> tuple[str, ...]:
                 )
             if name not in names:
                 names.append(name)
-    return tuple(names)
+    return tuple(name for name in CHECKS if name in names)  # always in reporting order
 
 
 @dataclass
