@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -516,11 +516,7 @@ def _parse_scheduler_requests(
     model: ModelSpec,
     speculative: SpeculativeSpec | None,
 ) -> dict[str, RequestSpec]:
-    if not isinstance(raw, LineDict) or not raw:
-        raise ScenarioError(at, "a scheduler scenario needs a mapping of request names to requests")
-    requests: dict[str, RequestSpec] = {}
-    for name, body in raw.items():
-        fields = _Fields(body, Location(where.file, raw.line_of(name)), f"requests.{name}")
+    def request(name: str, fields: _Fields, request_at: Location) -> RequestSpec:
         prompt_len = fields.integer("prompt_len")
         if prompt_len >= model.max_model_len:
             raise ScenarioError(
@@ -528,18 +524,38 @@ def _parse_scheduler_requests(
                 f"must be below max_model_len {model.max_model_len}: vLLM rejects a prompt "
                 "that leaves no room for one output token",
             )
-        prefix_from = fields.raw("prefix_from")
-        request = RequestSpec(
+        return RequestSpec(
             name=name,
             prompt_len=prompt_len,
-            prefix_from=prefix_from,
+            prefix_from=fields.raw("prefix_from"),
             prefix_len=fields.integer("prefix_len", 0, minimum=0),
-            where=Location(where.file, raw.line_of(name), f"requests.{name}"),
+            where=request_at,
             arrival=fields.integer("arrival", 0, minimum=0),
             max_tokens=fields.integer("max_tokens", RequestSpec.max_tokens),
             acceptance=_parse_acceptance(fields, speculative),
         )
+
+    return _parse_request_map(raw, where, at, "a scheduler scenario", request)
+
+
+def _parse_request_map(
+    raw: Any,
+    where: Location,
+    at: Location,
+    what: str,
+    parse_one: Callable[[str, _Fields, Location], RequestSpec],
+) -> dict[str, RequestSpec]:
+    """Requests by name, each read by ``parse_one``; prefixes must name an earlier request."""
+    if not isinstance(raw, LineDict) or not raw:
+        raise ScenarioError(at, f"{what} needs a mapping of request names to requests")
+    requests: dict[str, RequestSpec] = {}
+    for name, body in raw.items():
+        fields = _Fields(body, Location(where.file, raw.line_of(name)), f"requests.{name}")
+        request = parse_one(
+            name, fields, Location(where.file, raw.line_of(name), f"requests.{name}")
+        )
         fields.done()
+        prefix_from = request.prefix_from
         if prefix_from is not None and prefix_from not in requests:
             raise ScenarioError(
                 fields.at("prefix_from"), f"must name a request defined above, not {prefix_from!r}"
@@ -623,35 +639,21 @@ def _parse_warmup(raw: Any, where: Location) -> WarmupSpec:
 
 
 def _parse_requests(raw: Any, where: Location, at: Location) -> dict[str, RequestSpec]:
-    if not isinstance(raw, LineDict) or not raw:
-        raise ScenarioError(at, "a trajectory needs a mapping of request names to requests")
-    requests: dict[str, RequestSpec] = {}
-    for name, body in raw.items():
-        fields = _Fields(body, Location(where.file, raw.line_of(name)), f"requests.{name}")
+    def request(name: str, fields: _Fields, request_at: Location) -> RequestSpec:
         if name in ("repeat", "step", "steps"):
             raise ScenarioError(
                 fields.at("prompt_len"), f"{name!r} is reserved in steps; rename the request"
             )
-        prefix_from = fields.raw("prefix_from")
-        request = RequestSpec(
+        return RequestSpec(
             name=name,
             prompt_len=fields.integer("prompt_len"),
             encoder_len=fields.integer("encoder_len", 0, minimum=0),
-            prefix_from=prefix_from,
+            prefix_from=fields.raw("prefix_from"),
             prefix_len=fields.integer("prefix_len", 0, minimum=0),
-            where=Location(where.file, raw.line_of(name), f"requests.{name}"),
+            where=request_at,
         )
-        fields.done()
-        if prefix_from is not None and prefix_from not in requests:
-            raise ScenarioError(
-                fields.at("prefix_from"), f"must name a request defined above, not {prefix_from!r}"
-            )
-        if prefix_from is not None:
-            limit = min(request.prompt_len, requests[prefix_from].prompt_len)
-            if request.prefix_len > limit:
-                raise ScenarioError(fields.at("prefix_len"), f"must be at most {limit}")
-        requests[name] = request
-    return requests
+
+    return _parse_request_map(raw, where, at, "a trajectory", request)
 
 
 def _parse_steps(
