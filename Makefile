@@ -1,6 +1,6 @@
 # kvconform: two commands set up a fresh machine.
 #   make run    installs what is needed, runs the whole corpus against the installed vLLM, writes build/report/
-#   make test   installs what is needed, runs the project's own tests
+#   make test   installs what is needed, lints (ruff, mypy), runs the project's own tests
 #   make browser installs Debian's chromium for the report's browser test, if it is missing
 #   make nightly     what a GPU CI job with vLLM installed runs: the corpus with reports, then
 #                    the CUDA tests (NIGHTLY_PYTHON=python3 uses that interpreter, no .venv)
@@ -42,7 +42,7 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/kvconform run scenarios --checks all --report-dir $(REPORT_DIR)
 
-test: $(STAMP) browser
+test: $(STAMP) browser lint
 	$(BIN)/python -m pytest tests -q
 
 browser:
