@@ -29,7 +29,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo "sudo -n")
 
 FUZZ_SEED ?= $(shell date +%Y%m%d)
 
-.PHONY: run test lint typecheck check constraints clean browser nightly gpu-bundle fuzz fuzz-nightly
+.PHONY: run test lint constraints clean browser nightly gpu-bundle fuzz fuzz-nightly
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -73,7 +73,6 @@ lint: $(STAMP)
 	$(BIN)/ruff check kvconform tests tools conftest.py
 	$(BIN)/mypy
 
-check: lint test
 
 constraints: $(STAMP)
 	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^kvconform' > constraints.txt
