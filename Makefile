@@ -2,6 +2,8 @@
 #   make run    installs what is needed, runs the whole corpus against the installed vLLM, writes build/report/
 #   make test   installs what is needed, runs the project's own tests
 #   make browser installs Debian's chromium for the report's browser test, if it is missing
+#   make bench  measures kvconform's cost against vLLM's allocator: build/bench.json, a row in
+#               docs/benchmarks.md, profiles in build/profiles (see docs/benchmarks.md)
 #
 # The environment lives in .venv (git-ignored), pinned by constraints.txt (vLLM 0.33.0).
 # It is rebuilt only when pyproject.toml or constraints.txt change. Caches (pip, release
@@ -21,12 +23,12 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 CHROMIUM ?= /usr/bin/chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo "sudo -n")
 
-.PHONY: run test lint typecheck check constraints clean browser
+.PHONY: run test lint typecheck check constraints clean browser bench
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[vllm,test,report]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[vllm,test,report,bench]'
 	touch $@
 
 install: $(STAMP)
@@ -36,6 +38,11 @@ run: $(STAMP)
 
 test: $(STAMP) browser
 	$(BIN)/python -m pytest tests -q
+
+# Timings, not assertions: the targets are reported in build/bench.json and the row.
+bench: $(STAMP)
+	$(BIN)/python -m kvconform.bench scenarios --out build/bench.json --doc docs/benchmarks.md \
+		--profile build/profiles
 
 browser:
 	@test -x $(CHROMIUM) || { $(SUDO) apt-get update -qq && \

@@ -118,6 +118,9 @@ def say(text: str = "") -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     started = time.time()
+    # Where the run's time went (report.json "phases_s"): vLLM's import usually dominates.
+    phases: dict[str, float] = {}
+    lap = time.perf_counter()
     scenarios, input_errors = select_scenarios(args)
     for err in input_errors:
         say(f"ERROR {err}")
@@ -147,7 +150,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         command=shlex.join(["kvconform", *sys.argv[1:]]) if sys.argv else "kvconform run",
         checks=checks,
         expectations_file=str(exp_path) if exp_path is not None else None,
+        phases=phases,
     )
+    phases["select"], lap = time.perf_counter() - lap, time.perf_counter()
     try:
         vllm = load_vllm(args)
     except VllmUnavailable as exc:
@@ -161,6 +166,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     report.vllm_path = vllm.location
     report.vllm_release = vllm.source.release
     report.torch_version, report.device = vllm.runtime()
+    phases["load_vllm"], lap = time.perf_counter() - lap, time.perf_counter()
     say(
         f"kvconform {__version__}: {len(scenarios)} scenarios against vLLM {vllm.version} "
         f"({vllm.source.describe()})"
@@ -172,7 +178,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             report.results.append(result)
             print_result(result, progress.echo)
             progress.advance(tally=result.verdict.value)
+    phases["scenarios"], lap = time.perf_counter() - lap, time.perf_counter()
     report.coverage = run_coverage(scenarios, report.results, vllm, report.notes)
+    phases["coverage"] = time.perf_counter() - lap
     report.exit_status = engine.exit_status(report.results, len(input_errors))
     if args.update_expectations and not expectations_load:
         say(f"\nexpectations: not rewriting {exp_path}: it does not load (see the error above)")
