@@ -2,8 +2,11 @@
 #   make run    installs what is needed, runs the whole corpus against the installed vLLM, writes build/report/
 #   make test   installs what is needed, runs the project's own tests
 #   make browser installs Debian's chromium for the report's browser test, if it is missing
-#   make bench  measures kvconform's cost against vLLM's allocator: build/bench.json, a row in
-#               docs/benchmarks.md, profiles in build/profiles (see docs/benchmarks.md)
+#   make nightly     what a GPU CI job with vLLM installed runs: the corpus with reports, then
+#                    the CUDA tests (NIGHTLY_PYTHON=python3 uses that interpreter, no .venv)
+#   make gpu-bundle  builds .gpu/, what a GPU machine without vLLM needs (docs/gpu.md)
+#   make bench       measures kvconform's cost against vLLM's allocator: build/bench.json, a
+#                    row in docs/benchmarks.md, profiles in build/profiles (docs/benchmarks.md)
 #
 # The environment lives in .venv (git-ignored), pinned by constraints.txt (vLLM 0.33.0).
 # It is rebuilt only when pyproject.toml or constraints.txt change. Caches (pip, release
@@ -14,6 +17,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvconform-installed
 REPORT_DIR ?= build/report
+NIGHTLY_DIR ?= build/nightly
+NIGHTLY_PYTHON ?= $(BIN)/python
 export KVCONFORM_CACHE ?= $(HOME)/.cache/kvconform
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
@@ -23,7 +28,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 CHROMIUM ?= /usr/bin/chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo "sudo -n")
 
-.PHONY: run test lint typecheck check constraints clean browser bench
+.PHONY: run test lint typecheck check constraints clean browser nightly gpu-bundle bench
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,7 +39,7 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/kvconform run scenarios --report-dir $(REPORT_DIR)
+	$(BIN)/kvconform run scenarios --checks all --report-dir $(REPORT_DIR)
 
 test: $(STAMP) browser
 	$(BIN)/python -m pytest tests -q
@@ -49,8 +54,14 @@ browser:
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; } || \
 		echo "warning: could not install chromium; the browser test will be skipped"
 
+nightly: $(if $(filter $(BIN)/python,$(NIGHTLY_PYTHON)),$(STAMP))
+	PYTHON=$(NIGHTLY_PYTHON) bash tools/nightly.sh $(NIGHTLY_DIR)
+
+gpu-bundle: $(STAMP)
+	$(BIN)/python tools/gpu_bundle.py build --out .gpu
+
 lint: $(STAMP)
-	$(BIN)/ruff check kvconform tests conftest.py
+	$(BIN)/ruff check kvconform tests tools conftest.py
 	$(BIN)/mypy
 
 check: lint test

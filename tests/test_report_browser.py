@@ -11,16 +11,19 @@ The screenshots land in ``build/browser/`` for a person to look at.
 from __future__ import annotations
 
 import html
-import importlib.util
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from cdp import Browser, find_chromium
+
+# The browser driver speaks CDP over websockets, a test dependency (pyproject's test
+# extra); a machine without it (a bare GPU image running `-m cuda`) skips this module.
+pytest.importorskip("websockets")
+from cdp import Browser, find_chromium  # noqa: E402
+from vllm_trees import copy_python_tree
 
 pytestmark = pytest.mark.slow
 
@@ -48,23 +51,6 @@ steps:
   - {repeat: 3, step: {a: decode}}
   - {a: finish}
 """
-
-
-def copy_python_tree(target: Path) -> Path:
-    """The installed vLLM's .py files under ``target/vllm`` (compiled parts stay installed)."""
-    spec = importlib.util.find_spec("vllm")
-    assert spec is not None and spec.origin is not None
-    source = Path(spec.origin).parent
-
-    def skip(folder: str, names: list[str]) -> list[str]:
-        return [
-            n
-            for n in names
-            if n == "__pycache__" or (not n.endswith(".py") and not (Path(folder) / n).is_dir())
-        ]
-
-    shutil.copytree(source, target / "vllm", ignore=skip)
-    return target
 
 
 @pytest.fixture(scope="module")

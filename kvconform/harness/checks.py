@@ -16,14 +16,31 @@ re-run and tested on recorded trajectories alone.
 * **sanity** -- allocator invariants: no block in two live requests' tables
   (without prefix caching), nothing held after ``finish``/``preempt`` and every
   block back in the pool, the null block only where the group type allows it.
+* **slots** -- every position the target or the drafter writes lands, through
+  vLLM's own slot-mapping kernel, in a block its request holds. The kernel
+  runs in the slots party (:mod:`kvconform.oracles.slots`), which the engine
+  runs after the driver only when this check is selected; the check reads what
+  it recorded. Not in :data:`DEFAULT_CHECKS`: on a machine without CUDA the
+  kernel runs under Triton's interpreter, which costs time (docs/benchmarks.md).
+
+A check that cannot run raises :class:`CheckSkipped`; :func:`judge` reports it
+as skipped with the reason, never as passed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from itertools import groupby
 from typing import Protocol
 
-from kvconform.harness.observations import FreeEvent, Observation, Trajectory
+from kvconform.harness.observations import (
+    BLOCK_ID_PARTIES,
+    FreeEvent,
+    Observation,
+    Trajectory,
+    party_block_ids,
+)
 from kvconform.harness.results import Failure
 from kvconform.oracles.floors import FLOORS, token_columns
 from kvconform.oracles.group_types import GROUP_TYPES
@@ -40,7 +57,13 @@ class Check(Protocol):
     def __call__(self, run: Trajectory) -> Iterator[Failure]: ...
 
 
-def _failure(check: str, run: Trajectory, obs: Observation, message: str) -> Failure:
+class CheckSkipped(Exception):
+    """Raised by a check that could not run; the reason is reported, never a pass."""
+
+
+def _failure(
+    check: str, run: Trajectory, obs: Observation, message: str, detail: dict | None = None
+) -> Failure:
     group = run.groups[obs.group]
     where = f"line {obs.line}, " if obs.line is not None else ""
     return Failure(
@@ -57,6 +80,7 @@ def _failure(check: str, run: Trajectory, obs: Observation, message: str) -> Fai
         warmup=obs.warmup,
         floor=obs.floor,
         action=obs.label,
+        detail=detail,
     )
 
 
@@ -128,7 +152,7 @@ def check_agree(run: Trajectory) -> Iterator[Failure]:
                 obs,
                 f"{PARTY_NAMES[party]} holds {_blocks(held)} but {PARTY_NAMES['predicted']} "
                 f"predicts {reference}{rolled} for {obs.computed} + {obs.scheduled} tokens with "
-                f"lookahead {obs.lookahead}",
+                f"lookahead {run.lookahead}",
             )
 
 
@@ -250,14 +274,148 @@ def _free_event(run: Trajectory, event: FreeEvent, null: int) -> Iterator[Failur
             )
 
 
+def check_slots(run: Trajectory) -> Iterator[Failure]:
+    recording = run.slots
+    if recording is None:
+        raise CheckSkipped("the slots party did not run for this scenario")
+    if recording.skipped is not None:
+        raise CheckSkipped(recording.skipped)
+    owners = _owners(run)
+    # One failure per run of consecutive positions of one row that land alike.
+    for _, run_of in groupby(
+        recording.escapes,
+        key=lambda e: (e.observation, e.party, e.role, e.block, e.fresh_block),
+    ):
+        escapes = list(run_of)
+        first = escapes[0]
+        obs = run.observations[first.observation]
+        held = _party_ids(obs, first.party)
+        whose = _whose(first.block, run, obs, first.party, held, owners)
+        positions = _span([e.position for e in escapes])
+        columns = _span(sorted({e.column for e in escapes}))
+        many = len(escapes) > 1
+        column_word = "columns" if "," in columns or ".." in columns else "column"
+        message = (
+            f"{first.role} position{'s' if many else ''} {positions} ({column_word} {columns}) "
+            f"{'fall' if many else 'falls'} outside the {_blocks(len(held))} "
+            f"{PARTY_NAMES[first.party]} holds: vLLM's slot-mapping kernel read {whose}"
+        )
+        fresh = None
+        if first.fresh_block is not None and first.fresh_block != first.block:
+            fresh = _whose(first.fresh_block, run, obs, first.party, held, owners)
+            message += (
+                f"; through the row as vLLM's BlockTables leaves it (zero past the held "
+                f"columns) {'they go' if many else 'it goes'} to {fresh}"
+            )
+        detail = {
+            "party": first.party,
+            "role": first.role,
+            "positions": [e.position for e in escapes],
+            "columns": sorted({e.column for e in escapes}),
+            "slots": [e.slot for e in escapes],
+            "block": first.block,
+            "whose": whose,
+            "vllm_block": first.fresh_block,
+            "vllm_whose": fresh or whose,
+            "held": len(held),
+        }
+        yield _failure("slots", run, obs, message, detail)
+
+
+def _party_ids(obs: Observation, party: str) -> list[int]:
+    return list(party_block_ids(obs, party) or ())
+
+
+def _owners(run: Trajectory) -> dict[tuple[int, str, int], dict[int, str]]:
+    """(step, party, group) -> {block: request} for every block a request held then."""
+    owners: dict[tuple[int, str, int], dict[int, str]] = {}
+    for obs in run.observations:
+        for party in BLOCK_ID_PARTIES:
+            table = owners.setdefault((obs.step, party, obs.group), {})
+            for block in _party_ids(obs, party):
+                table.setdefault(block, obs.request)
+    return owners
+
+
+def _whose(
+    block: int,
+    run: Trajectory,
+    obs: Observation,
+    party: str,
+    held: list[int],
+    owners: dict[tuple[int, str, int], dict[int, str]],
+) -> str:
+    recording = run.slots
+    assert recording is not None
+    if block == recording.poison:
+        return "kvconform's poison past the held columns (no block)"
+    if block == recording.guard:
+        return "the guard past the end of the row (no block)"
+    if block == run.null_block:
+        return f"block {block}, the null block"
+    other = owners.get((obs.step, party, obs.group), {}).get(block)
+    if other is not None and other != obs.request:
+        return f"block {block} of request {other}"
+    return f"block {block}, which no request of {PARTY_NAMES[party]} holds at this step"
+
+
+def _span(values: list[int]) -> str:
+    """``32..35`` for a consecutive run, else the values listed."""
+    if len(values) > 1 and values == list(range(values[0], values[-1] + 1)):
+        return f"{values[0]}..{values[-1]}"
+    return ", ".join(str(v) for v in values)
+
+
 CHECKS: dict[str, Callable[[Trajectory], Iterator[Failure]]] = {
     "floor": check_floor,
     "agree": check_agree,
     "lookahead": check_lookahead,
     "sanity": check_sanity,
+    "slots": check_slots,
 }
-DEFAULT_CHECKS = tuple(CHECKS)
+# What a plain run checks. `slots` runs vLLM's kernel (under Triton's interpreter
+# on a machine without CUDA) and is chosen with --checks (all, or default,slots).
+DEFAULT_CHECKS = ("floor", "agree", "lookahead", "sanity")
+
+
+def parse_checks(text: str | None) -> tuple[str, ...]:
+    """A ``--checks`` value: names, ``default`` (the default checks) and ``all``.
+
+    Raises ``ValueError`` naming the first unknown check.
+    """
+    if not text:
+        return DEFAULT_CHECKS
+    names: list[str] = []
+    for item in (part.strip() for part in text.split(",")):
+        expanded = {"all": tuple(CHECKS), "default": DEFAULT_CHECKS}.get(item, (item,))
+        for name in expanded:
+            if name not in CHECKS:
+                raise ValueError(
+                    f"unknown check {name!r}; known: {', '.join(CHECKS)}, all, default"
+                )
+            if name not in names:
+                names.append(name)
+    return tuple(names)
+
+
+@dataclass
+class Judgement:
+    failures: list[Failure] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)  # check -> why it could not run
+
+
+def judge(run: Trajectory, names: tuple[str, ...] = DEFAULT_CHECKS) -> Judgement:
+    """Run the named checks; a check that raises :class:`CheckSkipped` is skipped, not passed."""
+    judgement = Judgement()
+    for name in names:
+        try:
+            found = list(CHECKS[name](run))
+        except CheckSkipped as exc:
+            judgement.skipped[name] = str(exc)
+            continue
+        judgement.failures.extend(found)
+    return judgement
 
 
 def run_checks(run: Trajectory, names: tuple[str, ...] = DEFAULT_CHECKS) -> list[Failure]:
-    return [failure for name in names for failure in CHECKS[name](run)]
+    return judge(run, names).failures

@@ -20,7 +20,7 @@ from pathlib import Path
 from kvconform import __version__
 from kvconform.errors import KvconformError, ScenarioError, UsageError, VllmUnavailable
 from kvconform.harness import engine
-from kvconform.harness.checks import CHECKS, DEFAULT_CHECKS
+from kvconform.harness.checks import CHECKS, DEFAULT_CHECKS, parse_checks
 from kvconform.harness.coverage import Coverage, compute_coverage, offered_by, pair_results
 from kvconform.harness.coverage import render_text as render_coverage
 from kvconform.harness.expectations import DEFAULT_FILE, Expectation, load_expectations
@@ -75,13 +75,34 @@ def add_expectation_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def load_vllm(args: argparse.Namespace) -> Vllm:
+def load_vllm(args: argparse.Namespace, checks: Sequence[str] = ()) -> Vllm:
+    """The vLLM the flags select; prepared for the slot-mapping kernel if ``slots`` runs."""
+    slot_kernel = "slots" in checks
     release = getattr(args, "vllm_release", None)
     if release:
         from kvconform.harness.releases import release_tree
 
-        return vllm_compat.load(src=release_tree(release), release=release)
-    return vllm_compat.load(src=getattr(args, "vllm_src", None))
+        return vllm_compat.load(src=release_tree(release), release=release, slot_kernel=slot_kernel)
+    return vllm_compat.load(src=getattr(args, "vllm_src", None), slot_kernel=slot_kernel)
+
+
+def selected_checks(text: str | None) -> tuple[str, ...]:
+    try:
+        return parse_checks(text)
+    except ValueError as exc:
+        raise UsageError(f"--checks: {exc}") from None
+
+
+def skipped_notes(results: Sequence[ScenarioResult]) -> list[str]:
+    """One line per check and reason it was skipped for: skipped, never passed."""
+    counts: dict[tuple[str, str], int] = {}
+    for result in results:
+        for name, why in result.skipped_checks.items():
+            counts[(name, why)] = counts.get((name, why), 0) + 1
+    return [
+        f"check {name} SKIPPED in {n} scenario{'s' if n > 1 else ''}: {why}"
+        for (name, why), n in counts.items()
+    ]
 
 
 def select_scenarios(args: argparse.Namespace) -> tuple[list[Scenario], list[ScenarioError]]:
@@ -124,10 +145,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     scenarios, input_errors = select_scenarios(args)
     for err in input_errors:
         say(f"ERROR {err}")
-    checks = tuple(args.checks.split(",")) if args.checks else DEFAULT_CHECKS
-    unknown = [c for c in checks if c not in CHECKS]
-    if unknown:
-        raise UsageError(f"--checks: unknown check {unknown[0]!r}; known: {', '.join(CHECKS)}")
+    checks = selected_checks(args.checks)
     expectations: list[Expectation] = []
     exp_path = Path(args.expectations) if args.expectations else find_expectations(args.paths)
     expectations_load = True
@@ -154,7 +172,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     phases["select"], lap = time.perf_counter() - lap, time.perf_counter()
     try:
-        vllm = load_vllm(args)
+        vllm = load_vllm(args, checks)
     except VllmUnavailable as exc:
         say(f"ERROR {exc}")
         report.vllm_error = str(exc)
@@ -181,6 +199,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     phases["scenarios"], lap = time.perf_counter() - lap, time.perf_counter()
     report.coverage = run_coverage(scenarios, report.results, vllm, report.notes)
     phases["coverage"] = time.perf_counter() - lap
+    if report.device == "cpu" and any(r.kind == "warmup" for r in report.results):
+        from kvconform.oracles.warmup import CPU_RUN_NOTE
+
+        report.notes.append(CPU_RUN_NOTE)
+    for note in skipped_notes(report.results):
+        say(note)
+        report.notes.append(note)
     report.exit_status = engine.exit_status(report.results, len(input_errors))
     if args.update_expectations and not expectations_load:
         say(f"\nexpectations: not rewriting {exp_path}: it does not load (see the error above)")
@@ -242,7 +267,8 @@ def default_expectations_path(paths: Sequence[str]) -> Path:
 
 
 def print_result(result: ScenarioResult, out: Callable[[str], None] = say) -> None:
-    out(f"{result.verdict.value.upper():8} {result.id}  ({result.duration * 1000:.0f} ms)")
+    skipped = "".join(f"; {name} skipped" for name in result.skipped_checks)
+    out(f"{result.verdict.value.upper():8} {result.id}  ({result.duration * 1000:.0f} ms{skipped})")
     if result.verdict in (Verdict.FAILED, Verdict.ERROR):
         for line in ([result.error] if result.error else []) + [
             f"[{f.check}] {f.message}" for f in result.failures[:3]
@@ -434,7 +460,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--checks",
         metavar="LIST",
-        help=f"comma-separated checks (default: {','.join(DEFAULT_CHECKS)})",
+        help=f"comma-separated checks of {', '.join(CHECKS)}; 'default' is "
+        f"{','.join(DEFAULT_CHECKS)} (used when omitted), 'all' adds slots, which runs "
+        "vLLM's slot-mapping kernel (Triton's interpreter on a machine without CUDA)",
     )
     run.add_argument(
         "--update-expectations",

@@ -11,10 +11,11 @@ loop keeps the loop close to the cost of the allocator calls it makes.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from kvconform.errors import Location, ScenarioError
 from kvconform.harness.observations import FreeEvent, GroupInfo, Observation, Trajectory
-from kvconform.harness.scenario import Action, Scenario
+from kvconform.harness.scenario import Action, ModelSpec, Scenario
 from kvconform.oracles.floors import FLOORS
 from kvconform.oracles.group_types import GROUP_TYPES
 from kvconform.oracles.live import LiveAllocator
@@ -38,6 +39,7 @@ def resolve_lookahead(scenario: Scenario, vllm: Vllm) -> Trajectory:
             model.max_model_len,
             expected_lookahead=0,
             vllm_lookahead=0,
+            floor_lookahead=0,
         )
     declared = vllm.declared_methods()
     if spec.method not in declared:
@@ -74,31 +76,29 @@ def resolve_lookahead(scenario: Scenario, vllm: Vllm) -> Trajectory:
         num_speculative_tokens=k,
         sample_from_anchor=anchor,
         vllm_lookahead=vllm_value,
+        floor_lookahead=(
+            spec.num_lookahead_tokens
+            if spec.num_lookahead_tokens is not None
+            else expected
+            if expected is not None
+            else lookahead
+        ),
         expected_lookahead=expected,
     )
 
 
-def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
-    """Run a ``kind: trajectory`` scenario through the live allocator and the predictor."""
-    model = scenario.model
-    run = resolve_lookahead(scenario, vllm)
-    lookahead = run.lookahead
+def build_specs(model: ModelSpec, vllm: Vllm, run: Trajectory) -> list[Any]:
+    """vLLM KVCacheSpecs for the scenario's groups; fills in their floor inputs on ``run``.
+
+    A Mamba group without ``num_speculative_blocks`` gets one per speculative
+    token, as vLLM's config does for Mamba models under speculative decoding.
+    """
     specs = []
     for group in model.groups:
         options = dict(group.options)
         if group.type == "mamba" and options.get("num_speculative_blocks") is None:
             options["num_speculative_blocks"] = run.num_speculative_tokens
         specs.append(vllm.build_spec(group.type, group.block_size, options))
-    live = LiveAllocator(vllm, model, specs, lookahead)
-    predictor = Predictor(vllm, model.max_model_len, lookahead)
-    if not predictor.available:
-        run.parties = ("live",)
-        run.notes.append(f"predictor unavailable: {predictor.unavailable_reason}")
-    run.null_block = live.null_block
-    run.num_blocks = model.num_blocks
-    run.exclusive_blocks = not model.enable_caching
-    has_cross = any(g.type == "cross_attention" for g in model.groups)
-
     run.groups = tuple(
         replace(
             info,
@@ -108,11 +108,32 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
                 dcp_world_size=model.dcp_world_size if vllm.dcp_sharded(spec) else 1,
                 num_speculative_blocks=int(getattr(spec, "num_speculative_blocks", 0) or 0),
                 mamba_cache_mode=str(getattr(spec, "mamba_cache_mode", "none")),
-                blocks_per_request=int(getattr(spec, "blocks_per_request", 0) or 0),
             ),
         )
         for info, group, spec in zip(run.groups, model.groups, specs, strict=True)
     )
+    return specs
+
+
+def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
+    """Run a ``kind: trajectory`` scenario through the live allocator and the predictor."""
+    model = scenario.model
+    run = resolve_lookahead(scenario, vllm)
+    lookahead = run.lookahead
+    floor_lookahead = lookahead if run.floor_lookahead is None else run.floor_lookahead
+    specs = build_specs(model, vllm, run)
+    scheduler_options = vllm.manager_options(
+        run.method, run.num_speculative_tokens, run.sample_from_anchor, model.enable_caching
+    )
+    live = LiveAllocator(vllm, model, specs, lookahead, scheduler_options)
+    predictor = Predictor(vllm, model.max_model_len, lookahead)
+    if not predictor.available:
+        run.parties = ("live",)
+        run.notes.append(f"predictor unavailable: {predictor.unavailable_reason}")
+    run.null_block = live.null_block
+    run.num_blocks = model.num_blocks
+    run.exclusive_blocks = not model.enable_caching
+    has_cross = any(g.type == "cross_attention" for g in model.groups)
     floor_rules = [FLOORS[g.type].blocks for g in model.groups]
     num_groups = len(specs)
     encoder_len = {
@@ -154,13 +175,14 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
                 )
                 continue
             enc = encoder_len[name]
-            live.schedule(call, enc if call.first_chunk else 0, where)
+            # A prefix-cache hit is computed, not written: the slots party skips it.
+            cached = live.schedule(call, enc if call.first_chunk else 0, where)
             held = live.block_ids(name)
             num_tokens = call.computed + call.scheduled
             maxima = predicted_max.setdefault(name, [0] * num_groups)
             for g in range(num_groups):
                 floor = floor_rules[g](
-                    run.groups[g].floor_input(call.computed, call.scheduled, lookahead, enc)
+                    run.groups[g].floor_input(call.computed, call.scheduled, floor_lookahead, enc)
                 )
                 predicted = pmax = None
                 if predictor.available:
@@ -175,13 +197,14 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
                         g,
                         call.computed,
                         call.scheduled,
-                        lookahead,
+                        floor_lookahead,
                         floor,
                         len(held[g]),
                         predicted,
                         pmax,
                         None,
                         held[g],
+                        cached=cached,
                     )
                 )
             live.complete(call)

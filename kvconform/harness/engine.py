@@ -3,7 +3,11 @@
 Both fronts -- the ``kvconform`` command line and the pytest plugin -- call
 :func:`run_scenario`; neither re-implements any part of it. A scenario's
 ``kind`` picks its driver from :data:`DRIVERS`; the driver records a
-:class:`Trajectory`, the checks judge it, and the result carries both.
+:class:`Trajectory`, the checks judge it, and the result carries both. A check
+that needs a party of its own beyond the driver's (``slots``: vLLM's
+slot-mapping kernel) names it in :data:`PARTIES_FOR_CHECKS`; the engine runs it
+on the recorded trajectory only when that check is selected, so the checks
+themselves never call vLLM.
 
 Whatever goes wrong inside one scenario stays inside its result: a bad step is
 an ``input`` error, a vLLM without a needed API is ``unsupported``, and an
@@ -19,16 +23,27 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from kvconform.errors import ScenarioError, VllmUnavailable
-from kvconform.harness.checks import DEFAULT_CHECKS, run_checks
+from kvconform.harness.checks import DEFAULT_CHECKS, judge
 from kvconform.harness.driver import drive
 from kvconform.harness.expectations import Expectation, apply_expectations
 from kvconform.harness.observations import Trajectory
 from kvconform.harness.results import ErrorKind, ScenarioResult, Verdict
 from kvconform.harness.scenario import Scenario
+from kvconform.harness.scheduler_driver import drive_scheduler
+from kvconform.harness.warmup_driver import drive_warmup
+from kvconform.oracles.slots import record_slots
 from kvconform.oracles.vllm_compat import Vllm
 
 Driver = Callable[[Scenario, Vllm], Trajectory]
-DRIVERS: dict[str, Driver] = {"trajectory": drive}
+DRIVERS: dict[str, Driver] = {
+    "trajectory": drive,
+    "warmup": drive_warmup,
+    "scheduler": drive_scheduler,
+}
+
+# Parties that record, after the driver, what one check judges: run only when
+# that check is selected. Any kind of scenario gets them (they read a Trajectory).
+PARTIES_FOR_CHECKS: dict[str, Callable[[Trajectory, Vllm], object]] = {"slots": record_slots}
 
 
 def register_driver(kind: str, driver: Driver) -> None:
@@ -56,6 +71,10 @@ def run_scenario(
         if driver is None:
             raise ScenarioError(scenario.where.at("kind"), f"no driver for kind {scenario.kind!r}")
         trajectory = driver(scenario, vllm)
+        for name in checks:
+            party = PARTIES_FOR_CHECKS.get(name)
+            if party is not None:
+                party(trajectory, vllm)
     except ScenarioError as exc:
         result.verdict, result.error_kind, result.error = Verdict.ERROR, ErrorKind.INPUT, str(exc)
     except VllmUnavailable as exc:
@@ -69,9 +88,16 @@ def run_scenario(
         result.error = describe_crash(exc, vllm)
     else:
         result.trajectory = trajectory
-        result.failures = run_checks(trajectory, checks)
+        judgement = judge(trajectory, checks)
+        result.failures, result.skipped_checks = judgement.failures, judgement.skipped
         if result.failures:
             result.verdict = Verdict.FAILED
+        elif checks and len(judgement.skipped) == len(checks):
+            # Nothing selected could run: that is not a pass.
+            result.verdict, result.error_kind = Verdict.ERROR, ErrorKind.UNSUPPORTED
+            result.error = "no selected check could run: " + "; ".join(
+                f"{name}: {why}" for name, why in judgement.skipped.items()
+            )
     result.duration = time.perf_counter() - started
     return apply_expectations(result, list(expectations), vllm.version)
 

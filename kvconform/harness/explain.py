@@ -2,7 +2,8 @@
 
 For the developer adding a spec-decode method or a KV spec type: who held how
 many blocks at each step, what the floor was and why, and where a party fell
-short (``!``) or the parties disagreed (``~``).
+short (``!``) or the parties disagreed (``~``). Where the driver did not decide
+the steps itself (scheduler mode), a line under each step says what vLLM decided.
 """
 
 from __future__ import annotations
@@ -43,7 +44,11 @@ def explain(scenario: Scenario, result: ScenarioResult, version: str) -> str:
             f"  g{group.index} {group.label}, block {group.block_size}: {FLOORS[group.type].reason}"
         )
     parties = [(attr, short) for attr, short in PARTIES if attr in run.parties]
-    header = f"{'step':>4} {'line':>4} {'req':8} {'action':22} {'comp':>5} {'sched':>5}"
+    # Warmup request ids (_v2_mixed_warmup_prefill_) and labels are longer than a
+    # trajectory's; widen the columns to fit, within reason.
+    req_w = min(max([8, *(len(o.request) for o in run.observations)]), 28)
+    act_w = min(max([22, *(len(o.label) for o in run.observations)]), 48)
+    header = f"{'step':>4} {'line':>4} {'req':{req_w}} {'action':{act_w}} {'comp':>5} {'sched':>5}"
     for group in run.groups:
         header += f" | g{group.index} floor " + " ".join(f"{short:>4}" for _, short in parties)
     out.append(header)
@@ -52,7 +57,8 @@ def explain(scenario: Scenario, result: ScenarioResult, version: str) -> str:
         key = (obs.step, obs.request)
         if key not in rows:
             rows[key] = [
-                f"{obs.step:>4} {obs.line or '':>4} {obs.request[:8]:8} {obs.label[:22]:22} "
+                f"{obs.step:>4} {obs.line or '':>4} {obs.request[:req_w]:{req_w}} "
+                f"{obs.label[:act_w]:{act_w}} "
                 f"{obs.computed:>5} {obs.scheduled:>5}"
             ]
         cells = " ".join(
@@ -60,7 +66,14 @@ def explain(scenario: Scenario, result: ScenarioResult, version: str) -> str:
             for attr, _ in parties
         )
         rows[key].append(f" | {'':2} {obs.floor:>5} {cells}")
-    out.extend("".join(parts) for parts in rows.values())
+    last_step: int | None = None
+    for (step, _), parts in rows.items():
+        if last_step is not None and step != last_step and last_step in run.step_notes:
+            out.append(f"{'':>10}^ {run.step_notes[last_step]}")
+        out.append("".join(parts))
+        last_step = step
+    if last_step is not None and last_step in run.step_notes:
+        out.append(f"{'':>10}^ {run.step_notes[last_step]}")
     out.append("marks: ! below the floor, ~ differs from the predictor's running maximum")
     out.append(
         f"verdict: {result.verdict.value}"

@@ -23,11 +23,16 @@ from typing import Any
 
 from kvconform.errors import Location, ScenarioError
 from kvconform.harness.scenario import (
+    ACCEPT_ALL,
+    MODEL_RUNNERS,
+    SCHEDULER_MODES,
+    Acceptance,
     Action,
     GroupSpec,
     ModelSpec,
     RequestSpec,
     Scenario,
+    SchedulerSpec,
     SpeculativeSpec,
     Step,
     WarmupSpec,
@@ -37,7 +42,18 @@ from kvconform.harness.yamlio import LineDict, LineList, load_yaml
 from kvconform.oracles.group_types import GROUP_TYPES
 
 SCENARIO_SUFFIXES = (".yaml", ".yml")
-KINDS = ("trajectory", "warmup")
+KINDS = ("trajectory", "warmup", "scheduler")
+# Group types a scheduler scenario may use: the tiny model kvconform builds for
+# vLLM's scheduler is a plain decoder, so types that need a hybrid, encoder-decoder
+# or context-parallel model configuration (Mamba alignment, cross-attention, ...)
+# would be scheduled without the model-driven behaviour they exist for.
+SCHEDULER_GROUP_TYPES = (
+    "full_attention",
+    "mla",
+    "sliding_window",
+    "sliding_window_mla",
+    "chunked_local",
+)
 WARMUP_ENTRY_POINTS = ("warmup_kernels", "run_mixed_prefill_decode_warmup")
 
 # Matrix keys, where each lands in the document, and how it shows in the id.
@@ -51,6 +67,7 @@ MATRIX_KEYS: dict[str, tuple[str, str]] = {
     "num_blocks": ("model", "pool"),
     "max_encoder_len": ("model", "enc"),
     "enable_caching": ("model", "cache"),
+    "mode": ("scheduler", ""),
 }
 
 MODEL_DEFAULTS: dict[str, Any] = {
@@ -262,9 +279,24 @@ def _parse(
     model = _parse_model(top.raw("model", _empty_mapping()), where)
     speculative = _parse_speculative(top.raw("speculative"), where, top.at("speculative"))
     warmup = None
+    scheduler = None
     requests: dict[str, RequestSpec] = {}
     steps: tuple[Step, ...] = ()
-    if kind == "warmup":
+    if kind == "scheduler":
+        if "steps" in doc:
+            raise ScenarioError(
+                top.at("steps"),
+                "a scheduler scenario has no steps: vLLM's scheduler decides them "
+                "(describe the requests and the scheduler's limits instead)",
+            )
+        _check_scheduler_model(model, speculative, top)
+        scheduler = _parse_scheduler(
+            top.raw("scheduler", _empty_mapping()), where, top.at("scheduler"), speculative, model
+        )
+        requests = _parse_scheduler_requests(
+            top.raw("requests"), where, top.at("requests"), model, speculative
+        )
+    elif kind == "warmup":
         warmup = _parse_warmup(top.raw("warmup", _empty_mapping()), where)
         for key in ("requests", "steps"):
             if key in doc:
@@ -287,6 +319,7 @@ def _parse(
         params=params,
         warmup=warmup,
         line=doc.line,
+        scheduler=scheduler,
     )
 
 
@@ -370,6 +403,197 @@ def _parse_speculative(raw: Any, where: Location, at: Location) -> SpeculativeSp
     return SpeculativeSpec(
         method, num_speculative_tokens, lookahead, sample_from_anchor, fields.at("method")
     )
+
+
+def _check_scheduler_model(
+    model: ModelSpec, speculative: SpeculativeSpec | None, top: _Fields
+) -> None:
+    for group in model.groups:
+        if group.type not in SCHEDULER_GROUP_TYPES:
+            raise ScenarioError(
+                group.where or top.at("model.groups"),
+                f"group type {group.type!r} is not available in scheduler scenarios (the model "
+                "kvconform builds for the scheduler is a plain decoder); use "
+                + ", ".join(SCHEDULER_GROUP_TYPES)
+                + ", or a kind: trajectory scenario",
+            )
+    for name in ("max_encoder_len", "dcp_world_size"):
+        default = MODEL_DEFAULTS[name]
+        if getattr(model, name) != default:
+            raise ScenarioError(
+                top.at(f"model.{name}"),
+                f"must be {default} in a scheduler scenario (the scheduler's model is a plain "
+                "decoder on one rank)",
+            )
+    if speculative is not None and speculative.num_lookahead_tokens is not None:
+        raise ScenarioError(
+            speculative.where or top.at("speculative"),
+            "speculative.num_lookahead_tokens: a scheduler scenario takes the lookahead from "
+            "vLLM's scheduler; remove the override",
+        )
+
+
+def _parse_scheduler(
+    raw: Any,
+    where: Location,
+    at: Location,
+    speculative: SpeculativeSpec | None,
+    model: ModelSpec,
+) -> SchedulerSpec:
+    fields = _Fields(raw, where, "scheduler")
+    defaults = SchedulerSpec()
+    mode = fields.text("mode", defaults.mode)
+    if mode not in SCHEDULER_MODES:
+        raise ScenarioError(
+            fields.at("mode"), f"must be one of {', '.join(SCHEDULER_MODES)}, not {mode!r}"
+        )
+    layers = fields.integer("num_nextn_predict_layers", defaults.num_nextn_predict_layers)
+    if layers != 1 and (speculative is None or "mtp" not in speculative.method):
+        raise ScenarioError(
+            fields.at("num_nextn_predict_layers"), "applies to MTP only (speculative.method: mtp)"
+        )
+    if speculative is not None and speculative.num_speculative_tokens % layers:
+        raise ScenarioError(
+            fields.at("num_nextn_predict_layers"),
+            f"vLLM needs num_speculative_tokens ({speculative.num_speculative_tokens}) to be a "
+            f"multiple of the MTP modules ({layers})",
+        )
+    runner = fields.text("model_runner", defaults.model_runner)
+    if runner not in MODEL_RUNNERS:
+        raise ScenarioError(
+            fields.at("model_runner"), f"must be one of {', '.join(MODEL_RUNNERS)}, not {runner!r}"
+        )
+    spec = SchedulerSpec(
+        mode=mode,
+        model_runner=runner,
+        max_num_seqs=fields.integer("max_num_seqs", defaults.max_num_seqs),
+        max_num_batched_tokens=fields.integer(
+            "max_num_batched_tokens", defaults.max_num_batched_tokens
+        ),
+        enable_chunked_prefill=fields.flag(
+            "enable_chunked_prefill", defaults.enable_chunked_prefill
+        ),
+        long_prefill_token_threshold=fields.integer(
+            "long_prefill_token_threshold", defaults.long_prefill_token_threshold, minimum=0
+        ),
+        num_nextn_predict_layers=layers,
+        max_steps=fields.integer("max_steps", defaults.max_steps),
+        where=Location(where.file, fields.mapping.line or at.line, "scheduler"),
+    )
+    fields.done()
+    _check_scheduler_limits(spec, model, fields)
+    return spec
+
+
+def _check_scheduler_limits(spec: SchedulerSpec, model: ModelSpec, fields: _Fields) -> None:
+    """vLLM's own SchedulerConfig rules, checked before vLLM is imported.
+
+    Whatever else vLLM refuses to build is reported as unsupported by that
+    release (a method or mode it does not run), not as a bad scenario.
+    """
+    if spec.max_num_batched_tokens < spec.max_num_seqs:
+        raise ScenarioError(
+            fields.at("max_num_batched_tokens"),
+            f"must be at least max_num_seqs ({spec.max_num_seqs}), as vLLM requires",
+        )
+    if not spec.enable_chunked_prefill and spec.max_num_batched_tokens < model.max_model_len:
+        raise ScenarioError(
+            fields.at("max_num_batched_tokens"),
+            f"must be at least max_model_len ({model.max_model_len}) without chunked prefill, "
+            "as vLLM requires",
+        )
+    if spec.long_prefill_token_threshold > model.max_model_len:
+        raise ScenarioError(
+            fields.at("long_prefill_token_threshold"),
+            f"must be at most max_model_len ({model.max_model_len}), as vLLM requires",
+        )
+
+
+def _parse_scheduler_requests(
+    raw: Any,
+    where: Location,
+    at: Location,
+    model: ModelSpec,
+    speculative: SpeculativeSpec | None,
+) -> dict[str, RequestSpec]:
+    if not isinstance(raw, LineDict) or not raw:
+        raise ScenarioError(at, "a scheduler scenario needs a mapping of request names to requests")
+    requests: dict[str, RequestSpec] = {}
+    for name, body in raw.items():
+        fields = _Fields(body, Location(where.file, raw.line_of(name)), f"requests.{name}")
+        prompt_len = fields.integer("prompt_len")
+        if prompt_len >= model.max_model_len:
+            raise ScenarioError(
+                fields.at("prompt_len"),
+                f"must be below max_model_len {model.max_model_len}: vLLM rejects a prompt "
+                "that leaves no room for one output token",
+            )
+        prefix_from = fields.raw("prefix_from")
+        request = RequestSpec(
+            name=name,
+            prompt_len=prompt_len,
+            prefix_from=prefix_from,
+            prefix_len=fields.integer("prefix_len", 0, minimum=0),
+            where=Location(where.file, raw.line_of(name), f"requests.{name}"),
+            arrival=fields.integer("arrival", 0, minimum=0),
+            max_tokens=fields.integer("max_tokens", RequestSpec.max_tokens),
+            acceptance=_parse_acceptance(fields, speculative),
+        )
+        fields.done()
+        if prefix_from is not None and prefix_from not in requests:
+            raise ScenarioError(
+                fields.at("prefix_from"), f"must name a request defined above, not {prefix_from!r}"
+            )
+        if prefix_from is not None:
+            limit = min(request.prompt_len, requests[prefix_from].prompt_len)
+            if request.prefix_len > limit:
+                raise ScenarioError(fields.at("prefix_len"), f"must be at most {limit}")
+        requests[name] = request
+    return requests
+
+
+_ACCEPT_FORMS = "all, none, a list [a1, a2, ...], {repeat: [...]} or {rate: R, seed: S}"
+
+
+def _parse_acceptance(fields: _Fields, speculative: SpeculativeSpec | None) -> Acceptance:
+    raw = fields.raw("accept")
+    at = fields.at("accept")
+    if raw is None or raw == "all":
+        return ACCEPT_ALL
+    if speculative is None:
+        raise ScenarioError(at, "an acceptance pattern needs a 'speculative' section")
+    k = speculative.num_speculative_tokens
+    if raw == "none":
+        return Acceptance("repeat", (0,))
+    if isinstance(raw, list):
+        return Acceptance("list", _accepted_counts(raw, at, k))
+    if isinstance(raw, LineDict) and len(raw) >= 1:
+        inner = _Fields(raw, Location(at.file, at.line), at.field or "accept")
+        if "repeat" in raw:
+            values = inner.raw("repeat")
+            inner.done()
+            if not isinstance(values, list) or not values:
+                raise ScenarioError(inner.at("repeat"), "must be a non-empty list of counts")
+            return Acceptance("repeat", _accepted_counts(values, inner.at("repeat"), k))
+        if "rate" in raw:
+            rate = inner.raw("rate")
+            if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate <= 1:
+                raise ScenarioError(inner.at("rate"), f"must be a number in 0..1, not {rate!r}")
+            seed = inner.integer("seed", 0, minimum=0)
+            inner.done()
+            return Acceptance("rate", rate=float(rate), seed=seed)
+    raise ScenarioError(at, f"must be {_ACCEPT_FORMS}, not {raw!r}")
+
+
+def _accepted_counts(values: list[Any], at: Location, k: int) -> tuple[int, ...]:
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= k:
+            raise ScenarioError(
+                at,
+                f"accepted drafts must be integers in 0..{k} (num_speculative_tokens), "
+                f"not {value!r}",
+            )
+    return tuple(values)
 
 
 def _parse_warmup(raw: Any, where: Location) -> WarmupSpec:

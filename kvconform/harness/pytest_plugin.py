@@ -8,6 +8,10 @@ command line uses, and fails with the checks' messages, not a traceback.
 
 vLLM is imported once per process, on the first item that needs it, so
 ``pytest -n 2 scenarios/`` (pytest-xdist) imports it once per worker.
+``--kvconform-slots`` (or ``slots`` in ``--kvconform-checks``) adds the slots
+check; the process is then prepared for vLLM's slot-mapping kernel at
+configure time, before anything imports vLLM. A check that could not run is
+listed in the terminal summary as skipped, with its reason.
 Known divergences from the expectations file become ``xfail`` markers at
 collection, so pytest reports them as XFAIL, or XPASS once they conform.
 A file that does not load becomes an item that errors in setup with the
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +30,7 @@ from typing import Any
 import pytest
 
 from kvconform.errors import KvconformError, ScenarioError
-from kvconform.harness.checks import CHECKS, DEFAULT_CHECKS
+from kvconform.harness.checks import parse_checks
 from kvconform.harness.expectations import DEFAULT_FILE, Expectation, load_expectations
 from kvconform.harness.loader import SCENARIO_SUFFIXES, is_scenario_file, load_file
 from kvconform.harness.results import ScenarioResult, Verdict
@@ -46,24 +51,69 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--vllm-release", metavar="VER", help="run scenarios against PyPI release VER's Python tree"
     )
-    group.addoption("--kvconform-checks", metavar="LIST", help="comma-separated checks to run")
+    group.addoption(
+        "--kvconform-checks",
+        metavar="LIST",
+        help="comma-separated checks to run ('default', 'all' or names; default: default)",
+    )
+    group.addoption(
+        "--kvconform-slots",
+        action="store_true",
+        help="add the slots check: vLLM's slot-mapping kernel on every step "
+        "(Triton's interpreter on a machine without CUDA; slower)",
+    )
     group.addoption("--kvconform-expectations", metavar="FILE", help="known divergences file")
+
+
+def selected_checks(config: pytest.Config) -> tuple[str, ...]:
+    try:
+        checks = parse_checks(config.getoption("kvconform_checks"))
+    except ValueError as exc:
+        raise pytest.UsageError(f"--kvconform-checks: {exc}") from None
+    if config.getoption("kvconform_slots") and "slots" not in checks:
+        checks += ("slots",)
+    return checks
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Triton's interpreter must be chosen before vLLM is imported (on any worker).
+    if "slots" in selected_checks(config):
+        vllm_compat.prepare_slot_kernel()
 
 
 def _vllm(config: pytest.Config) -> vllm_compat.Vllm:
     release = config.getoption("vllm_release")
     src = config.getoption("vllm_src")
+    slot_kernel = "slots" in selected_checks(config)
     key = release or src
     if key not in _VLLM:
         started = time.perf_counter()
         if release:
             from kvconform.harness.releases import release_tree
 
-            _VLLM[key] = vllm_compat.load(src=release_tree(release), release=release)
+            _VLLM[key] = vllm_compat.load(
+                src=release_tree(release), release=release, slot_kernel=slot_kernel
+            )
         else:
-            _VLLM[key] = vllm_compat.load(src=src)
+            _VLLM[key] = vllm_compat.load(src=src, slot_kernel=slot_kernel)
         _LOAD_SECONDS.append(time.perf_counter() - started)
     return _VLLM[key]
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    # From the items' reports (user properties travel with them under xdist).
+    skipped: Counter[tuple[str, str]] = Counter()
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if getattr(report, "when", None) != "call":
+                continue
+            for name, value in getattr(report, "user_properties", ()):
+                if name.startswith("skipped check "):
+                    skipped[(name.removeprefix("skipped check "), str(value))] += 1
+    for (check, why), count in skipped.items():
+        terminalreporter.write_line(
+            f"kvconform: check {check} SKIPPED in {count} item{'s' if count > 1 else ''}: {why}"
+        )
 
 
 def _target_version(config: pytest.Config) -> str | None:
@@ -135,23 +185,23 @@ class ScenarioItem(pytest.Item):
         super().__init__(**kwargs)
         self.scenario = scenario
         self.expectation: Expectation | None = None
-        for marker in ("trajectory", "warmup"):
+        for marker in ("trajectory", "warmup", "scheduler"):
             self.config.addinivalue_line("markers", f"{marker}: kvconform scenario kind")
 
     def runtest(self) -> None:
         from kvconform.harness.engine import run_scenario
 
-        option = self.config.getoption("kvconform_checks")
-        checks = tuple(option.split(",")) if option else DEFAULT_CHECKS
-        unknown = [c for c in checks if c not in CHECKS]
-        if unknown:
-            raise pytest.UsageError(f"--kvconform-checks: unknown check {unknown[0]!r}")
+        checks = selected_checks(self.config)
         result = run_scenario(self.scenario, _vllm(self.config), checks)
         self.user_properties.append(("verdict", result.verdict.value))
         self.user_properties.append(("vllm_loads", ",".join(f"{s:.2f}" for s in _LOAD_SECONDS)))
         self.user_properties.append(("pid", os.getpid()))
+        for name, why in result.skipped_checks.items():
+            self.user_properties.append((f"skipped check {name}", why))
         if result.verdict is Verdict.PASSED:
             return
+        if result.skipped_checks and len(result.skipped_checks) == len(checks):
+            pytest.skip(result.error or "no selected check could run")
         if self.expectation is not None and self.expectation.covers(result):
             raise ExpectedDivergence(result)
         raise ScenarioFailed(result)

@@ -55,6 +55,8 @@ class Failure:
     warmup: int | None = None
     floor: int | None = None
     action: str | None = None
+    # Check-specific facts in structured form (slots: positions, columns, blocks hit).
+    detail: dict[str, Any] | None = field(default=None, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -70,6 +72,7 @@ class Failure:
             "warmup": self.warmup,
             "floor": self.floor,
             "message": self.message,
+            "detail": self.detail,
         }
 
 
@@ -90,6 +93,8 @@ class ScenarioResult:
     description: str = ""
     # Where the expectations entry that made this xfailed/xpassed points to.
     expectation_evidence: str | None = None
+    # Selected checks that could not run, with why: skipped, never passed.
+    skipped_checks: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:

@@ -85,6 +85,34 @@ class SpeculativeSpec:
 
 
 @dataclass(frozen=True)
+class Acceptance:
+    """How many drafts a request accepts at each verification (scheduler scenarios).
+
+    ``kind`` is ``all`` (every draft accepted), ``list`` (``values`` once,
+    then every draft accepted),
+    ``repeat`` (``values`` cycled) or ``rate`` (each draft accepted with
+    probability ``rate`` until the first rejection, from a generator seeded with
+    ``seed``). :mod:`kvconform.harness.acceptance` turns it into numbers.
+    """
+
+    kind: str
+    values: tuple[int, ...] = ()
+    rate: float = 1.0
+    seed: int = 0
+
+    @property
+    def label(self) -> str:
+        if self.kind == "rate":
+            return f"rate {self.rate} (seed {self.seed})"
+        if self.kind == "all":
+            return "all"
+        return f"{self.kind} {list(self.values)}"
+
+
+ACCEPT_ALL = Acceptance("all")
+
+
+@dataclass(frozen=True)
 class RequestSpec:
     name: str
     prompt_len: int
@@ -94,6 +122,12 @@ class RequestSpec:
     prefix_from: str | None = None
     prefix_len: int = 0
     where: Location | None = field(default=None, compare=False)
+    # Scheduler scenarios only: when the request reaches the scheduler (the
+    # number of schedule() calls before it), how many tokens it may generate,
+    # and how many of its drafts the fabricated model output accepts.
+    arrival: int = 0
+    max_tokens: int = 16
+    acceptance: Acceptance = ACCEPT_ALL
 
 
 @dataclass(frozen=True)
@@ -131,6 +165,42 @@ class WarmupSpec:
     mixed_num_tokens: int = 64
 
 
+SCHEDULER_MODES = ("sync", "async", "overlapped")
+MODEL_RUNNERS = ("auto", "v2", "v1")
+
+
+@dataclass(frozen=True)
+class SchedulerSpec:
+    """What a ``kind: scheduler`` scenario asks of vLLM's real scheduler.
+
+    ``mode``: ``sync`` is ``Scheduler`` (``async_scheduling`` off), stepped
+    schedule -> output -> drafts; ``async`` is ``AsyncScheduler`` stepped in
+    lockstep; ``overlapped`` is ``AsyncScheduler`` with step N+1 scheduled
+    before step N's output is applied, as vLLM's engine does by default.
+    """
+
+    mode: str = "overlapped"
+    max_num_seqs: int = 4
+    max_num_batched_tokens: int = 256
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    # MTP only: the target's MTP modules (more than one makes it multi-module).
+    num_nextn_predict_layers: int = 1
+    max_steps: int = 2000
+    # auto | v2 | v1: the model runner vLLM's configuration is built for (auto:
+    # vLLM's own choice on this machine).
+    model_runner: str = "auto"
+    where: Location | None = field(default=None, compare=False)
+
+    @property
+    def async_scheduling(self) -> bool:
+        return self.mode != "sync"
+
+    @property
+    def overlapped(self) -> bool:
+        return self.mode == "overlapped"
+
+
 @dataclass(frozen=True)
 class Scenario:
     id: str
@@ -146,6 +216,7 @@ class Scenario:
     params: tuple[tuple[str, object], ...] = ()
     warmup: WarmupSpec | None = None
     line: int | None = None
+    scheduler: SchedulerSpec | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "requests", MappingProxyType(dict(self.requests)))

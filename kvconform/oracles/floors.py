@@ -34,7 +34,6 @@ class FloorInput:
     dcp_world_size: int = 1
     num_speculative_blocks: int = 0
     mamba_cache_mode: str = "none"
-    blocks_per_request: int = 0
 
 
 @dataclass(frozen=True)
@@ -90,7 +89,6 @@ FLOORS: Mapping[str, FloorRule] = MappingProxyType(
         "mla": FloorRule(_TOKEN_INDEXED, token_columns, _token_formula),
         "hidden_state": FloorRule(_TOKEN_INDEXED, token_columns, _token_formula),
         "sink_full_attention": FloorRule(_TOKEN_INDEXED, token_columns, _token_formula),
-        "hisparse_resident": FloorRule(_TOKEN_INDEXED, token_columns, _token_formula),
         "sliding_window": FloorRule(_WINDOWED, token_columns, _token_formula),
         "sliding_window_mla": FloorRule(_WINDOWED, token_columns, _token_formula),
         "chunked_local": FloorRule(_WINDOWED, token_columns, _token_formula),
@@ -114,11 +112,6 @@ FLOORS: Mapping[str, FloorRule] = MappingProxyType(
             "a circular buffer is one ring block for the request's whole lifetime",
             lambda f: 1,
             lambda f: "1",
-        ),
-        "hisparse_hot": FloorRule(
-            "the HiSparse hot cache is a fixed blocks_per_request per request",
-            lambda f: f.blocks_per_request,
-            lambda f: f"{f.blocks_per_request} blocks_per_request",
         ),
     }
 )

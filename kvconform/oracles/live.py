@@ -21,11 +21,12 @@ the scenario asked for more than its pool holds, a :class:`PoolExhausted`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from kvconform.errors import Location, PoolExhausted
-from kvconform.harness.scenario import Call, ModelSpec, RequestSpec
+from kvconform.harness.scenario import Action, Call, ModelSpec, RequestSpec
 from kvconform.oracles.vllm_compat import Vllm
 
 # Token ids: disjoint ranges per request so that prefix-cache hits happen only
@@ -37,7 +38,18 @@ _OUTPUT_OFFSET = 500_000
 class LiveAllocator:
     """One ``KVCacheManager`` shared by all requests of a scenario."""
 
-    def __init__(self, vllm: Vllm, model: ModelSpec, specs: Sequence[Any], lookahead: int) -> None:
+    def __init__(
+        self,
+        vllm: Vllm,
+        model: ModelSpec,
+        specs: Sequence[Any],
+        lookahead: int,
+        speculative_options: Mapping[str, int | bool] | None = None,
+    ) -> None:
+        """``speculative_options``: what the scheduler passes for its speculative
+        config (``Vllm.manager_options``): EAGLE block drop, prefill lookahead,
+        lookahead block hashes."""
+        options = dict(speculative_options or {})
         self.vllm = vllm
         self.model = model
         self.lookahead = lookahead
@@ -49,9 +61,16 @@ class LiveAllocator:
             enable_caching=model.enable_caching,
             dcp_world_size=model.dcp_world_size,
             log_stats=False,
+            **options,
         )
         self.null_block = vllm.null_block_id(self.manager)
-        self._hasher = vllm.block_hasher(model.hash_block_size) if model.enable_caching else None
+        self._hasher = (
+            vllm.block_hasher(
+                model.hash_block_size, int(options.get("num_hash_lookahead_tokens", 0))
+            )
+            if model.enable_caching
+            else None
+        )
         self._requests: dict[str, Any] = {}
         self._prompts: dict[str, list[int]] = {}
         self._outputs: dict[str, int] = {}
@@ -112,6 +131,35 @@ class LiveAllocator:
             if self.model.enable_caching:
                 self.vllm.cache_blocks(self.manager, request, request.num_computed_tokens)
 
+    def replay(
+        self,
+        name: str,
+        computed: int,
+        scheduled: int,
+        prompt_len: int,
+        encoder_len: int,
+        where: Location,
+        label: str = "",
+    ) -> None:
+        """Allocate for a step known only by its counts (a recorded warmup step).
+
+        A request the allocator does not hold enters from the waiting queue with
+        a prompt of ``prompt_len`` tokens; a running one has its computed count
+        set to the recorded ``computed`` first. After the step it holds one
+        sampled token past ``computed + scheduled``, as after a step whose drafts
+        were all accepted.
+        """
+        first_chunk = name not in self._requests
+        if first_chunk:
+            self.add_request(RequestSpec(name, prompt_len), len(self._prompts))
+        request = self._requests[name]
+        request.num_computed_tokens = computed
+        action = Action.PREFILL if first_chunk else Action.SPEC
+        call = Call(name, action, computed, scheduled, first_chunk=first_chunk, label=label)
+        self.schedule(call, encoder_len if first_chunk else 0, where)
+        sampled = max(0, computed + scheduled + 1 - request.num_tokens)
+        self.complete(replace(call, sampled=sampled))
+
     def preempt(self, name: str) -> None:
         request = self._requests[name]
         self.manager.free(request)
@@ -120,6 +168,10 @@ class LiveAllocator:
 
     def finish(self, name: str) -> None:
         self.manager.free(self._requests[name])
+
+    def forget(self, name: str) -> None:
+        """Drop a finished request, so that its name can enter again (warmup passes)."""
+        del self._requests[name]
 
     def block_ids(self, name: str) -> tuple[list[int], ...]:
         return tuple(self.manager.get_block_ids(name))

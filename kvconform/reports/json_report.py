@@ -38,6 +38,7 @@ def scenario_json(result: ScenarioResult, report: RunReport) -> dict[str, Any]:
         "duration_s": round(result.duration, 6),
         "rerun": rerun_command(result, report),
         "failures": [f.to_json() for f in result.failures],
+        "skipped_checks": dict(result.skipped_checks),
     }
     run = result.trajectory
     if run is not None:
@@ -52,6 +53,19 @@ def scenario_json(result: ScenarioResult, report: RunReport) -> dict[str, Any]:
             notes=list(run.notes),
             steps=len({o.step for o in run.observations}),
         )
+        if run.slots is not None:
+            slots = run.slots
+            entry["slots"] = {
+                "mode": slots.mode,
+                "skipped": slots.skipped,
+                "groups_mapped": list(slots.groups_mapped),
+                "groups_skipped": {str(g): why for g, why in slots.groups_skipped.items()},
+                "kernel_calls": slots.kernel_calls,
+                "rows": slots.rows,
+                "positions": slots.positions,
+                "escapes": len(slots.escapes),
+                "seconds": round(slots.seconds, 6),
+            }
     return entry
 
 

@@ -1,0 +1,536 @@
+"""The scheduler party: vLLM's own ``Scheduler`` / ``AsyncScheduler``, stepped offline.
+
+In allocator mode a scenario decides every ``allocate_slots`` call. In
+scheduler mode vLLM's scheduler decides chunking, admission, preemption and
+the lookahead, exactly as in production, and this module records what it
+reserved. It
+
+* writes tiny *config-only* model folders under kvconform's cache (a Llama
+  config; a MiMo config for MTP, whose target carries the MTP modules; a
+  one-layer draft for EAGLE and draft models; a DFlash draft config): no
+  weights, no tokenizer, no download;
+* builds the ``VllmConfig`` an engine with the scenario's limits would build.
+  vLLM's first ``ModelConfig`` / ``SpeculativeConfig`` of a process inspects
+  model architectures (seconds; cached on disk under ``VLLM_CACHE_ROOT``, which
+  :func:`kvconform.oracles.vllm_compat.load` points at kvconform's cache), so
+  they are built once per process and handed out as deep copies;
+* steps the scheduler the way vLLM's engine core does: ``sync`` like
+  ``EngineCore.step`` (schedule, output, then the drafter's next drafts through
+  ``update_draft_token_ids``); ``async`` the same with ``AsyncScheduler``,
+  which inserts draft placeholders itself; ``overlapped`` like
+  ``EngineCore.step_with_batch_queue``, scheduling step N+1 before step N's
+  output is applied;
+* answers every step with a fabricated ``ModelRunnerOutput``: nothing for a
+  prefill chunk that ends inside the prompt, otherwise one sampled token plus
+  the accepted drafts, as the request's acceptance pattern says;
+* records, right after every ``schedule()``, each scheduled request's counts as
+  the scheduler keeps them and the block ids it holds per group, and every
+  release of blocks (the manager's ``free``, wrapped to observe it, not to
+  change it) with the pool's free count around it.
+
+The driver (:mod:`kvconform.harness.scheduler_driver`) turns these records into
+observations. What the fabricated output does not model is listed in
+``docs/scheduler-mode.md``.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, NamedTuple
+
+from kvconform.errors import PoolExhausted, ScenarioError, VllmUnavailable
+from kvconform.harness.acceptance import AcceptanceStream
+from kvconform.harness.scenario import Scenario
+from kvconform.oracles.vllm_compat import Vllm
+from kvconform.paths import cache_dir
+
+# Token ids: disjoint ranges per request, so prefix-cache hits happen only where
+# a scenario shares a prefix (prefix_from), never on outputs or drafts.
+_ID_STRIDE = 1_000_000
+_OUTPUT_OFFSET = 500_000
+_DRAFT_OFFSET = 900_000
+
+# A schedule() call that schedules nothing, with nothing in flight and no
+# arrival to wait for, cannot change the scheduler's state; a few in a row mean
+# the requests can never be served.
+_STALL_STEPS = 3
+
+
+# -- config-only model folders ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    """A config-only model folder: a transformers config class, its size and extras."""
+
+    config_class: str  # a transformers configuration class
+    architecture: str  # what vLLM's model registry resolves
+    num_hidden_layers: int = 2
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "extra", MappingProxyType(dict(self.extra)))
+
+
+_SIZES = dict(
+    vocab_size=1000,
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    # Large, so that any scenario's max_model_len is allowed.
+    max_position_embeddings=131072,
+)
+_LLAMA = TinyModel("LlamaConfig", "LlamaForCausalLM")
+_LLAMA_DRAFT = TinyModel("LlamaConfig", "LlamaForCausalLM", num_hidden_layers=1)
+_DFLASH_DRAFT = TinyModel("Qwen3Config", "DFlashDraftModel", num_hidden_layers=1)
+
+
+def _mimo(num_nextn_predict_layers: int) -> TinyModel:
+    # vLLM's SpeculativeConfig turns a MiMo target into its MTP draft
+    # ("mimo_mtp"); more than one module makes it multi-module MTP.
+    return TinyModel(
+        "Qwen2Config",
+        "MiMoForCausalLM",
+        extra={"num_nextn_predict_layers": num_nextn_predict_layers},
+    )
+
+
+@dataclass(frozen=True)
+class MethodModels:
+    """Which folders a speculative method needs: the target, and the drafter's if any."""
+
+    target: TinyModel = _LLAMA
+    draft: TinyModel | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+def method_models(method: str | None, num_nextn_predict_layers: int = 1) -> MethodModels:
+    """The folders and ``SpeculativeConfig`` options a (canonical) method is built with."""
+    if method in ("eagle", "eagle3", "draft_model"):
+        return MethodModels(draft=_LLAMA_DRAFT)
+    if method == "dflash":
+        return MethodModels(draft=_DFLASH_DRAFT)
+    if method == "mtp":
+        return MethodModels(target=_mimo(num_nextn_predict_layers))
+    if method in ("ngram", "ngram_gpu"):
+        return MethodModels(options={"prompt_lookup_min": 2, "prompt_lookup_max": 4})
+    # DSpark drafts from the target's own checkpoint; others are vLLM's to refuse.
+    return MethodModels()
+
+
+def model_folder(model: TinyModel, sample_from_anchor: bool = True) -> str:
+    """The folder of a config-only model, written once under kvconform's cache."""
+    import transformers
+
+    extra = dict(model.extra)
+    if not sample_from_anchor:
+        extra["sample_from_anchor"] = False  # DSpark's fill-in layout
+    spec = {
+        "class": model.config_class,
+        "architecture": model.architecture,
+        "layers": model.num_hidden_layers,
+        "extra": extra,
+        "sizes": _SIZES,
+        "transformers": transformers.__version__,
+    }
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+    root = cache_dir("scheduler-models")
+    folder = root / f"{model.architecture}-{digest}"
+    if (folder / "config.json").exists():
+        return str(folder)
+    config = getattr(transformers, model.config_class)(
+        num_hidden_layers=model.num_hidden_layers, **_SIZES, **extra
+    )
+    staging = Path(tempfile.mkdtemp(dir=root, prefix=".staging-"))
+    try:
+        config.save_pretrained(staging)
+        path = staging / "config.json"
+        data = json.loads(path.read_text())
+        # transformers 5 does not write `architectures` from a bare config;
+        # vLLM needs it to pick the model class (and the EAGLE draft's).
+        data["architectures"] = [model.architecture]
+        data.update(extra)
+        path.write_text(json.dumps(data, indent=1))
+        try:
+            os.replace(staging, folder)
+        except OSError:
+            pass  # another process wrote it first (pytest-xdist); theirs is the same
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return str(folder)
+
+
+# -- configuration, built once per process ---------------------------------------------
+
+_CONFIGS: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+
+
+def _first_line(exc: BaseException) -> str:
+    """The message of a vLLM / pydantic error, without the validation boilerplate."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith("Value error,"):
+            return line.removeprefix("Value error,").split(" [type=")[0].strip()
+    return lines[0] if lines else type(exc).__name__
+
+
+def model_and_speculative_config(
+    vllm: Vllm, scenario: Scenario, method: str | None
+) -> tuple[Any, Any]:
+    """``(ModelConfig, SpeculativeConfig | None)`` for a scenario: fresh copies of cached ones."""
+    spec = scenario.speculative
+    assert scenario.scheduler is not None
+    models = method_models(method, scenario.scheduler.num_nextn_predict_layers)
+    anchor = spec.sample_from_anchor if spec is not None else True
+    target = model_folder(models.target, anchor)
+    draft = model_folder(models.draft) if models.draft is not None and spec else None
+    max_model_len = scenario.model.max_model_len
+    k = spec.num_speculative_tokens if spec is not None else 0
+    key = (vllm.location, target, draft, method, k, max_model_len)
+    if key not in _CONFIGS:
+        try:
+            model_config = vllm.model_config(target, max_model_len)
+        except Exception as exc:  # noqa: BLE001 - vLLM refusing the tiny model
+            raise VllmUnavailable(
+                vllm.version, "a ModelConfig for kvconform's config-only model", _first_line(exc)
+            ) from None
+        speculative = None
+        if spec is not None and method is not None:
+            options = dict(models.options)
+            if draft is not None:
+                options["model"] = draft
+            try:
+                speculative = vllm.model_speculative_config(model_config, method, k, **options)
+            except Exception as exc:  # noqa: BLE001 - the method cannot be built here
+                raise VllmUnavailable(
+                    vllm.version,
+                    f"a SpeculativeConfig for method {method!r} in scheduler mode",
+                    _first_line(exc),
+                ) from None
+        _CONFIGS[key] = (model_config, speculative)
+    # One deepcopy of the pair keeps the draft's reference to its target config.
+    return copy.deepcopy(_CONFIGS[key])
+
+
+# -- records ---------------------------------------------------------------------------
+
+
+class ScheduledRequest(NamedTuple):
+    """One request's part in one ``schedule()``, as the scheduler counted it."""
+
+    request: str
+    phase: str  # "new" (first admission), "resumed" (after preemption) or "running"
+    computed: int  # tokens computed before the step (prefix hit and in-flight steps included)
+    scheduled: int  # tokens scheduled, drafts included
+    drafts: int  # draft tokens among them
+    cached: int  # prefix-cache hit adopted at admission (new / resumed only)
+    known_tokens: int  # prompt + outputs the scheduler has applied so far
+    prompt_len: int
+    prefill_chunk: bool  # the step ends inside the known tokens: it samples nothing
+    accepted: int | None  # drafts the fabricated output accepts; None: samples nothing
+    block_ids: tuple[list[int], ...]
+
+
+class StepRecord(NamedTuple):
+    step: int
+    requests: tuple[ScheduledRequest, ...]
+    in_flight: int  # steps scheduled earlier whose output was not applied yet
+    free_blocks: int
+
+
+class FreeRecord(NamedTuple):
+    """The scheduler released a request's blocks (``KVCacheManager.free``)."""
+
+    step: int  # the latest schedule() at the time
+    request: str
+    kind: str  # "finish" or "preempt"
+    held: tuple[list[int], ...]
+    free_before: int
+    free_after: int
+    held_after: tuple[list[int], ...]
+
+
+@dataclass
+class SchedulerRun:
+    """What the scheduler did, in call order, and the settings it ran with."""
+
+    scheduler_class: str
+    mode: str
+    lookahead: int | None  # Scheduler.num_lookahead_tokens
+    config_lookahead: int | None  # VllmConfig.num_lookahead_tokens
+    prefill_lookahead: int | None  # VllmConfig.num_prefill_lookahead_tokens
+    max_concurrent_batches: int
+    null_block: int
+    model_runner: str = "V2"  # the model runner the configuration was built for
+    events: list[StepRecord | FreeRecord] = field(default_factory=list)
+    finished: set[str] = field(default_factory=set)
+    final_free_blocks: int | None = None
+    max_num_scheduled_tokens: int | None = None
+
+
+# -- stepping --------------------------------------------------------------------------
+
+
+class SchedulerOracle:
+    """vLLM's scheduler for one scenario, with its requests, stepped to the end."""
+
+    def __init__(self, vllm: Vllm, scenario: Scenario, kv_specs: Sequence[Any]) -> None:
+        assert scenario.scheduler is not None
+        self.vllm = vllm
+        self.scenario = scenario
+        self.limits = scenario.scheduler
+        model, spec = scenario.model, scenario.speculative
+        self.method = vllm.canonical_method(spec.method) if spec is not None else None
+        self.num_spec = spec.num_speculative_tokens if spec is not None else 0
+        model_config, speculative = model_and_speculative_config(vllm, scenario, self.method)
+        where = self.limits.where or scenario.where.at("scheduler")
+        kv_cache_config = vllm.kv_cache_config(model.num_blocks, kv_specs)
+        with vllm.model_runner(self.limits.model_runner):
+            try:
+                self.config = vllm.scheduler_vllm_config(
+                    model_config,
+                    speculative,
+                    block_size=model.scheduler_block_size,
+                    num_blocks=model.num_blocks,
+                    enable_prefix_caching=model.enable_caching,
+                    max_num_seqs=self.limits.max_num_seqs,
+                    max_num_batched_tokens=self.limits.max_num_batched_tokens,
+                    enable_chunked_prefill=self.limits.enable_chunked_prefill,
+                    long_prefill_token_threshold=self.limits.long_prefill_token_threshold,
+                    async_scheduling=self.limits.async_scheduling,
+                )
+                block_size, hash_block_size = vllm.kv_block_sizes(kv_cache_config, self.config)
+                max_concurrent_batches = vllm.max_concurrent_batches(self.config)
+                runner_name = vllm.model_runner_name(self.config)
+            except VllmUnavailable:
+                raise
+            except Exception as exc:  # noqa: BLE001 - vLLM refusing the configuration
+                # The loader checked vLLM's generic limits; what is left is a method,
+                # mode or combination this release does not run.
+                raise VllmUnavailable(
+                    vllm.version, f"support for these settings ({where})", _first_line(exc)
+                ) from None
+            # Raising here, on a configuration vLLM accepted, is a finding (a crash).
+            self.scheduler = vllm.new_scheduler(
+                self.config, kv_cache_config, block_size, hash_block_size
+            )
+        self.manager = self.scheduler.kv_cache_manager
+        self.run = SchedulerRun(
+            scheduler_class=type(self.scheduler).__name__,
+            mode=self.limits.mode,
+            lookahead=vllm.lookahead_of(self.scheduler),
+            config_lookahead=vllm.lookahead_of(self.config),
+            prefill_lookahead=vllm.lookahead_of(self.config, "num_prefill_lookahead_tokens"),
+            max_concurrent_batches=max_concurrent_batches,
+            model_runner=runner_name,
+            null_block=vllm.null_block_id(self.manager),
+            max_num_scheduled_tokens=getattr(self.scheduler, "max_num_scheduled_tokens", None),
+        )
+        self._observe_frees()
+        hasher = None
+        if model.enable_caching:
+            hasher = vllm.block_hasher(
+                hash_block_size, vllm.lookahead_of(self.config, "num_hash_lookahead_tokens") or 0
+            )
+        self._pending = sorted(
+            scenario.requests.values(),
+            key=lambda r: (r.arrival, list(scenario.requests).index(r.name)),
+        )
+        self._requests: dict[str, Any] = {}
+        prompts: dict[str, list[int]] = {}
+        for index, req in enumerate(scenario.requests.values()):
+            base = (index + 1) * _ID_STRIDE
+            prompt = list(range(base, base + req.prompt_len))
+            if req.prefix_from is not None:
+                prompt[: req.prefix_len] = prompts[req.prefix_from][: req.prefix_len]
+            prompts[req.name] = prompt
+            self._requests[req.name] = vllm.new_request(
+                req.name, prompt, hasher, max_tokens=req.max_tokens
+            )
+        self._acceptance = {
+            name: AcceptanceStream(req.acceptance, name) for name, req in scenario.requests.items()
+        }
+        self._next_output = {
+            name: (i + 1) * _ID_STRIDE + _OUTPUT_OFFSET for i, name in enumerate(scenario.requests)
+        }
+        self._started: set[str] = set()  # scheduled at least once
+        self._restart: set[str] = set()  # preempted, not scheduled since
+        self._step = 0  # schedule() calls made (and skipped while idle before an arrival)
+        self._current = 0  # the ongoing or latest schedule() call
+
+    # -- observation --------------------------------------------------------------
+
+    def _observe_frees(self) -> None:
+        manager, run, vllm = self.manager, self.run, self.vllm
+        free = manager.free
+
+        def recording_free(request: Any) -> Any:
+            rid = request.request_id
+            held = tuple(list(ids) for ids in manager.get_block_ids(rid))
+            before = vllm.free_block_count(manager)
+            result = free(request)
+            kind = "finish" if request.is_finished() else "preempt"
+            if kind == "finish":
+                run.finished.add(rid)
+            else:
+                self._restart.add(rid)
+            run.events.append(
+                FreeRecord(
+                    self._current,
+                    rid,
+                    kind,
+                    held,
+                    before,
+                    vllm.free_block_count(manager),
+                    tuple(list(ids) for ids in manager.get_block_ids(rid)),
+                )
+            )
+            return result
+
+        # An instance attribute: the scheduler calls self.kv_cache_manager.free.
+        manager.free = recording_free
+
+    def _record(self, output: Any, in_flight: int) -> list[tuple[str, int | None]]:
+        """Record one schedule() and decide the fabricated output of each request."""
+        drafts = self.vllm.scheduled_drafts(output)
+        rows = []
+        answers: list[tuple[str, int | None]] = []
+        for rid, scheduled in output.num_scheduled_tokens.items():
+            request = self.scheduler.requests[rid]
+            computed = int(request.num_computed_tokens) - scheduled
+            if rid not in self._started:
+                phase = "new"
+            elif rid in self._restart:
+                phase = "resumed"
+            else:
+                phase = "running"
+            self._started.add(rid)
+            self._restart.discard(rid)
+            num_drafts = len(drafts.get(rid, ()))
+            chunk = bool(request.is_prefill_chunk)
+            accepted = (
+                None if chunk else self._acceptance[rid].next(num_drafts) if num_drafts else 0
+            )
+            answers.append((rid, accepted))
+            rows.append(
+                ScheduledRequest(
+                    rid,
+                    phase,
+                    computed,
+                    scheduled,
+                    num_drafts,
+                    computed if phase != "running" else 0,
+                    int(request.num_tokens),
+                    int(request.num_prompt_tokens),
+                    chunk,
+                    accepted,
+                    tuple(list(ids) for ids in self.manager.get_block_ids(rid)),
+                )
+            )
+        self.run.events.append(
+            StepRecord(self._step, tuple(rows), in_flight, self.vllm.free_block_count(self.manager))
+        )
+        return answers
+
+    # -- the engine loop ----------------------------------------------------------
+
+    def _admit(self) -> None:
+        while self._pending and self._pending[0].arrival <= self._step:
+            self.scheduler.add_request(self._requests[self._pending.pop(0).name])
+
+    def _model_output(self, answers: list[tuple[str, int | None]]) -> Any:
+        req_ids: list[str] = []
+        sampled: list[list[int]] = []
+        for rid, accepted in answers:
+            req_ids.append(rid)
+            if accepted is None:
+                sampled.append([])  # a prefill chunk inside the prompt samples nothing
+                continue
+            first = self._next_output[rid]
+            self._next_output[rid] = first + 1 + accepted
+            sampled.append(list(range(first, first + 1 + accepted)))
+        return self.vllm.model_runner_output(req_ids, sampled)
+
+    def _feed_drafts(self, output: Any) -> None:
+        """What ``EngineCore.post_step`` does for a synchronous scheduler."""
+        if not self.num_spec or self.vllm.skips_drafts(output):
+            return
+        count = self.vllm.drafts_per_step(output, self.num_spec)
+        req_ids = [rid for rid in output.num_scheduled_tokens if rid in self.scheduler.requests]
+        drafts = [
+            [self._next_output[rid] - _OUTPUT_OFFSET + _DRAFT_OFFSET + i for i in range(count)]
+            for rid in req_ids
+        ]
+        self.scheduler.update_draft_token_ids(self.vllm.draft_token_ids(req_ids, drafts))
+
+    def _stalled(self, since: int) -> PoolExhausted:
+        waiting = [rid for rid in self._requests if rid in self.scheduler.requests]
+        model = self.scenario.model
+        return PoolExhausted(
+            self.scenario.where.at("model.num_blocks"),
+            f"vLLM's scheduler scheduled nothing from step {since} on, with nothing in flight, "
+            f"while requests {', '.join(waiting)} wait; {self.vllm.free_block_count(self.manager)} "
+            f"of {model.num_blocks} blocks are free: the pool (model.num_blocks) or the token "
+            "budget (scheduler.max_num_batched_tokens) is too small for them",
+        )
+
+    def step_to_end(self) -> SchedulerRun:
+        scheduler, vllm = self.scheduler, self.vllm
+        sync = self.limits.mode == "sync"
+        size = self.run.max_concurrent_batches if self.limits.overlapped else 1
+        queue: deque[tuple[Any, Any]] = deque()
+        idle_since: int | None = None
+        while True:
+            self._admit()
+            if scheduler.has_requests():
+                if self._step >= self.limits.max_steps:
+                    raise ScenarioError(
+                        self.limits.where or self.scenario.where.at("scheduler"),
+                        f"requests still unfinished after max_steps {self.limits.max_steps} "
+                        "schedule() calls; raise scheduler.max_steps or shorten the requests",
+                    )
+                in_flight = len(queue)
+                self._current = self._step
+                output = scheduler.schedule()
+                answers = self._record(output, in_flight)
+                self._step += 1
+                executed = output.total_num_scheduled_tokens > 0
+                if executed or in_flight:
+                    idle_since = None
+                elif idle_since is None:
+                    idle_since = self._step - 1
+                if idle_since is not None and self._step - idle_since >= _STALL_STEPS:
+                    if not self._pending:
+                        raise self._stalled(idle_since)
+                    self._step = max(self._step, self._pending[0].arrival)
+                queue.appendleft((output, self._model_output(answers)))
+                if len(queue) < size and (executed or scheduler.has_requests()):
+                    continue
+            elif not queue:
+                if not self._pending:
+                    break
+                # Idle until the next arrival: the engine does not schedule meanwhile.
+                self._step = max(self._step, self._pending[0].arrival)
+                continue
+            output, model_output = queue.pop()
+            scheduler.update_from_output(output, model_output)
+            if sync:
+                self._feed_drafts(output)
+        self.run.final_free_blocks = vllm.free_block_count(self.manager)
+        return self.run
+
+
+def run_scheduler(vllm: Vllm, scenario: Scenario, kv_specs: Sequence[Any]) -> SchedulerRun:
+    """Build vLLM's scheduler for a ``kind: scheduler`` scenario and step it to the end."""
+    return SchedulerOracle(vllm, scenario, kv_specs).step_to_end()

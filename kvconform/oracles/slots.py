@@ -1,0 +1,332 @@
+"""The slots party: where vLLM's own slot-mapping kernel puts every written position.
+
+A held-block count is a proxy; the harm of holding too few blocks is where the
+KV of a position is written. vLLM's V2 model runner turns positions into slots
+with ``BlockTables.compute_slot_mappings`` (a Triton kernel), which loads
+``block_table[row, position // block_size]`` with no bound on the column and
+never reads how many blocks the row holds. The drafter calls it for the
+lookahead positions past the scheduled ones. This party replays every step of a
+recorded :class:`Trajectory` through that kernel:
+
+1. Each party that recorded block ids (the live allocator: ``block_ids``; the
+   recorded warmup: ``warmup_block_ids``) gets one row per request scheduled in
+   the step, in a real ``BlockTables`` of the loaded vLLM (one per scenario),
+   written through vLLM's staged writer. The row holds the request's block ids; every column past them
+   holds a *poison* id and the row's last column a *guard* id, both above any
+   real block id, so nothing past the held blocks can pass for a real block
+   (and a position can never run past its row into the next one).
+2. For every row, the positions its step writes (:func:`positions_written`):
+   the target model's scheduled positions, then the drafter's lookahead
+   positions, clamped as the speculators clamp them. The kernel is a pure
+   function of a row's contents and a position, so the whole scenario is one
+   batch: each distinct holding is one row carrying every position written
+   through it, and one kernel launch maps them all, for every step, request,
+   party and group.
+3. Every position whose slot falls outside a real block of its own row is an
+   escape (:class:`SlotEscape`). Escaped positions are mapped a second time
+   (one more launch) through rows as vLLM's ``BlockTables`` leaves them
+   (zero-filled past the held columns), so the report says where vLLM itself
+   would write: in a fresh row, block 0, the null block.
+
+Only token-indexed groups are mapped (the group types whose reference floor is
+:func:`~kvconform.oracles.floors.token_columns`); the others, and groups
+sharded by decode context parallelism, are listed with the reason in
+:attr:`SlotRecording.groups_skipped`. The party records; ``check_slots`` in
+:mod:`kvconform.harness.checks` judges.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvconform.errors import VllmUnavailable
+from kvconform.harness.observations import (
+    BLOCK_ID_PARTIES,
+    Observation,
+    SlotEscape,
+    SlotRecording,
+    Trajectory,
+    party_block_ids,
+)
+from kvconform.oracles.floors import FLOORS, token_columns
+from kvconform.oracles.vllm_compat import SlotKernel, Vllm
+
+Writes = tuple[Sequence[int], Sequence[int]]
+PositionsWritten = Callable[[Observation, int], Writes]
+
+
+def positions_written(obs: Observation, max_model_len: int) -> Writes:
+    """(target positions, drafter positions) written at one step of one request.
+
+    The target writes the scheduled positions ``computed .. computed + scheduled
+    - 1``, less the first ``cached`` of them, which a prefix-cache hit supplied
+    (computed, not written; a sliding window may already have nulled their
+    column). The drafter writes the ``lookahead`` positions past them, each
+    clamped to ``max_model_len - 1`` as the speculators clamp their positions
+    (``spec_decode/standalone_ar/speculator.py``: ``tl.minimum(start_pos + j,
+    max_model_len - 1)``; ``dflash/speculator.py``: ``clamped_query_pos``). It
+    is the range the allocator reserves for (``computed + scheduled +
+    lookahead``): with rejected drafts the drafter writes a prefix of it.
+    """
+    end = obs.computed + obs.scheduled
+    target = range(obs.computed + obs.cached, end)
+    last = max_model_len - 1
+    drafter = [min(p, last) for p in range(end, end + obs.lookahead)]
+    return target, drafter
+
+
+def skipped_groups(run: Trajectory) -> dict[int, str]:
+    """Groups the kernel check does not map, with why."""
+    skipped = {}
+    for group in run.groups:
+        if FLOORS[group.type].blocks is not token_columns:
+            skipped[group.index] = (
+                f"{group.type}: its block table is not indexed by token position "
+                f"({FLOORS[group.type].reason})"
+            )
+        elif int(group.floor_args.get("dcp_world_size", 1)) > 1:
+            skipped[group.index] = (
+                f"{group.type}: sharded by decode context parallelism (dcp_world_size "
+                f"{group.floor_args['dcp_world_size']}); kvconform maps single-rank tables only"
+            )
+    return skipped
+
+
+@dataclass(frozen=True)
+class _Row:
+    party: str
+    request: str
+    observations: tuple[int, ...]  # one per mapped group, in mapped-group order
+    held: tuple[tuple[int, ...], ...]  # block ids per mapped group
+    target: Sequence[int]
+    positions: tuple[int, ...]  # the target's, then the drafter's
+
+
+def _steps(run: Trajectory, mapped: Sequence[int], writes: PositionsWritten) -> list[list[_Row]]:
+    """Rows per step: one per party and request, in the order the driver recorded them."""
+    steps: dict[int, dict[tuple[str, str], dict[int, tuple[int, Sequence[int]]]]] = {}
+    first: dict[tuple[int, str, str], Observation] = {}
+    for index, obs in enumerate(run.observations):
+        if obs.group not in mapped:
+            continue
+        for party in BLOCK_ID_PARTIES:
+            ids = party_block_ids(obs, party)
+            if ids is None:
+                continue
+            key = (party, obs.request)
+            steps.setdefault(obs.step, {}).setdefault(key, {})[obs.group] = (index, ids)
+            first.setdefault((obs.step, party, obs.request), obs)
+    out = []
+    for step, requests in steps.items():
+        rows = []
+        for (party, request), by_group in requests.items():
+            if len(by_group) != len(mapped):
+                continue  # a party that recorded only some groups: nothing to align
+            target, drafter = writes(first[(step, party, request)], run.max_model_len)
+            rows.append(
+                _Row(
+                    party,
+                    request,
+                    tuple(by_group[g][0] for g in mapped),
+                    tuple(tuple(int(b) for b in by_group[g][1]) for g in mapped),
+                    target,
+                    (*target, *drafter),
+                )
+            )
+        out.append(rows)
+    return out
+
+
+def record_slots(
+    run: Trajectory, vllm: Vllm, writes: PositionsWritten = positions_written
+) -> SlotRecording:
+    """Map every step of ``run`` through vLLM's kernel; the result is also ``run.slots``."""
+    started = time.perf_counter()
+    recording = SlotRecording()
+    run.slots = recording
+    skipped = skipped_groups(run)
+    recording.groups_skipped = skipped
+    mapped = [g.index for g in run.groups if g.index not in skipped]
+    recording.groups_mapped = tuple(mapped)
+    if not mapped:
+        recording.skipped = "no token-indexed group to map: " + "; ".join(skipped.values())
+        return recording
+    steps = [rows for rows in _steps(run, mapped, writes) if rows]
+    if not steps:
+        recording.skipped = "no party recorded the block ids it held"
+        return recording
+    try:
+        kernel = vllm.slot_kernel()
+    except VllmUnavailable as exc:
+        recording.skipped = str(exc)
+        return recording
+
+    block_sizes = [run.groups[g].block_size for g in mapped]
+    batch = _Batch(steps)
+    highest = max(
+        [run.null_block, run.num_blocks - 1]
+        + [b for held in batch.rows for ids in held for b in ids]
+    )
+    recording.poison, recording.guard = highest + 1, highest + 2
+    # Every row is wide enough for its widest holding and its highest written
+    # column, plus the guard column: the kernel never reads past a row.
+    columns = [
+        1
+        + max(
+            max(len(held[i]), max(positions, default=-1) // size + 1)
+            for held, positions in zip(batch.rows, batch.positions, strict=True)
+        )
+        for i, size in enumerate(block_sizes)
+    ]
+    tables = kernel.tables(block_sizes, len(batch.rows), max(len(batch.flat), 1), columns)
+    # Said once the tables exist: building them decides whether stand-ins were needed.
+    recording.mode = kernel.mode
+    run.notes.append(f"slots: {kernel.mode}")
+    tables.write_rows(
+        [
+            tuple(
+                _padded(ids, columns[i], recording.poison, recording.guard)
+                for i, ids in enumerate(held)
+            )
+            for held in batch.rows
+        ]
+    )
+    slots = tables.map(range(len(batch.rows)), batch.starts, batch.flat)
+    recording.kernel_calls = 1
+    outside = _outside(batch, slots, block_sizes, run.null_block)
+
+    fresh = _as_vllm_leaves_them(kernel, batch, outside, block_sizes, columns)
+    recording.kernel_calls += 1 if fresh else 0
+
+    recording.escapes = _escapes(steps, batch, outside, fresh, block_sizes)
+    recording.steps = len(steps)
+    recording.rows = len(batch.rows)
+    recording.positions = len(batch.flat) * len(mapped)
+    recording.seconds = time.perf_counter() - started
+    return recording
+
+
+def _escapes(
+    steps: Sequence[Sequence[_Row]],
+    batch: _Batch,
+    outside: dict[tuple[int, int, int], int],
+    fresh: dict[tuple[int, int, int], int],
+    block_sizes: Sequence[int],
+) -> list[SlotEscape]:
+    """Every (step, row, group, position) whose slot fell outside, in recording order."""
+    escapes: list[SlotEscape] = []
+    if not outside:
+        return escapes
+    for step_rows, uses in zip(steps, batch.uses, strict=True):
+        for row, u in zip(step_rows, uses, strict=True):
+            for i, size in enumerate(block_sizes):
+                seen: set[int] = set()  # a clamped drafter writes one position twice
+                for k, position in enumerate(row.positions):
+                    slot = outside.get((u, i, position))
+                    if slot is None or position in seen:
+                        continue
+                    seen.add(position)
+                    fresh_slot = fresh.get((u, i, position))
+                    escapes.append(
+                        SlotEscape(
+                            row.observations[i],
+                            row.party,
+                            "target" if k < len(row.target) else "drafter",
+                            position,
+                            position // size,
+                            slot,
+                            slot // size,
+                            fresh_slot,
+                            None if fresh_slot is None else fresh_slot // size,
+                        )
+                    )
+    return escapes
+
+
+def _as_vllm_leaves_them(
+    kernel: SlotKernel,
+    batch: _Batch,
+    outside: dict[tuple[int, int, int], int],
+    block_sizes: Sequence[int],
+    columns: Sequence[int],
+) -> dict[tuple[int, int, int], int]:
+    """Where vLLM itself writes the escaped positions: (entry, group, position) -> slot.
+
+    The same rows as ``BlockTables`` leaves them, zero past the held columns,
+    mapped once more for the escaped positions only (no launch when none escaped).
+    """
+    if not outside:
+        return {}
+    entries = sorted({u for u, _, _ in outside})
+    positions = {u: sorted({p for v, _, p in outside if v == u}) for u in entries}
+    starts, flat = [0], []
+    for u in entries:
+        flat.extend(positions[u])
+        starts.append(len(flat))
+    tables = kernel.tables(block_sizes, len(entries), len(flat), columns)
+    tables.write_rows(
+        [
+            tuple(_padded(ids, columns[i], 0, 0) for i, ids in enumerate(batch.rows[u]))
+            for u in entries
+        ]
+    )
+    slots = tables.map(range(len(entries)), starts, flat)
+    return {
+        (u, i, position): int(slots[i, starts[r] + k])
+        for r, u in enumerate(entries)
+        for k, position in enumerate(positions[u])
+        for i in range(len(block_sizes))
+    }
+
+
+class _Batch:
+    """Every step's rows as one kernel batch.
+
+    The kernel is a pure function of a row's contents and a position, so each
+    distinct holding is one row (one batch entry) carrying every position any
+    step writes through it, each once: one launch for the whole scenario.
+    """
+
+    def __init__(self, steps: Sequence[Sequence[_Row]]) -> None:
+        index: dict[tuple[tuple[int, ...], ...], int] = {}
+        wanted: list[set[int]] = []
+        self.uses: list[list[int]] = []  # per step, per row: its batch entry
+        for rows in steps:
+            uses = []
+            for row in rows:
+                u = index.setdefault(row.held, len(index))
+                if u == len(wanted):
+                    wanted.append(set())
+                wanted[u].update(row.positions)
+                uses.append(u)
+            self.uses.append(uses)
+        self.rows = list(index)
+        self.positions = [sorted(p) for p in wanted]
+        self.flat: list[int] = []
+        self.starts = [0]
+        for positions in self.positions:
+            self.flat.extend(positions)
+            self.starts.append(len(self.flat))
+
+
+def _padded(held: tuple[int, ...], width: int, fill: int, guard: int) -> tuple[int, ...]:
+    return held + (fill,) * (width - 1 - len(held)) + (guard,)
+
+
+def _outside(
+    batch: _Batch, slots: np.ndarray, block_sizes: Sequence[int], null_block: int
+) -> dict[tuple[int, int, int], int]:
+    """(batch entry, mapped group, position) -> slot, for every slot outside a real held block."""
+    found: dict[tuple[int, int, int], int] = {}
+    for u, (held, positions) in enumerate(zip(batch.rows, batch.positions, strict=True)):
+        start, end = batch.starts[u], batch.starts[u + 1]
+        for i, size in enumerate(block_sizes):
+            row_slots = slots[i, start:end]
+            own = np.array([b for b in held[i] if b != null_block], dtype=np.int64)
+            for t in np.nonzero(~np.isin(row_slots // size, own))[0]:
+                found[(u, i, positions[int(t)])] = int(row_slots[t])
+    return found

@@ -1,0 +1,235 @@
+"""Scheduler scenarios in the loader, and acceptance patterns: no vLLM needed."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvconform.errors import ScenarioError
+from kvconform.harness.acceptance import AcceptanceStream
+from kvconform.harness.loader import load_file
+from kvconform.harness.scenario import Acceptance
+
+SCHEDULER = """
+name: s
+kind: scheduler
+model: {max_model_len: 512, num_blocks: 64}
+speculative: {method: eagle, num_speculative_tokens: 3}
+scheduler:
+  mode: async
+  max_num_seqs: 2
+  max_num_batched_tokens: 64
+  long_prefill_token_threshold: 32
+requests:
+  a: {prompt_len: 40}
+  b: {prompt_len: 100, arrival: 3, max_tokens: 7, accept: [3, 0]}
+  c: {prompt_len: 20, accept: {repeat: [1, 2]}, prefix_from: b, prefix_len: 16}
+  d: {prompt_len: 20, accept: {rate: 0.25, seed: 4}}
+  e: {prompt_len: 20, accept: none}
+"""
+
+
+def test_scheduler_scenario_is_parsed(scenario_from):
+    scenario = scenario_from(SCHEDULER)
+    assert scenario.kind == "scheduler" and scenario.steps == ()
+    limits = scenario.scheduler
+    assert limits is not None
+    assert (limits.mode, limits.async_scheduling, limits.overlapped) == ("async", True, False)
+    assert (limits.max_num_seqs, limits.max_num_batched_tokens) == (2, 64)
+    assert limits.long_prefill_token_threshold == 32 and limits.enable_chunked_prefill
+    assert limits.model_runner == "auto"
+    a, b, c, d, e = scenario.requests.values()
+    assert (a.arrival, a.max_tokens, a.acceptance.kind) == (0, 16, "all")
+    assert (b.arrival, b.max_tokens, b.acceptance) == (3, 7, Acceptance("list", (3, 0)))
+    assert c.acceptance == Acceptance("repeat", (1, 2)) and (c.prefix_from, c.prefix_len) == (
+        "b",
+        16,
+    )
+    assert d.acceptance == Acceptance("rate", rate=0.25, seed=4)
+    assert e.acceptance == Acceptance("repeat", (0,))
+
+
+def test_scheduler_defaults(scenario_from):
+    scenario = scenario_from("kind: scheduler\nrequests: {a: {prompt_len: 10}}\n")
+    limits = scenario.scheduler
+    assert limits is not None and limits.mode == "overlapped"
+    assert scenario.speculative is None
+
+
+def test_matrix_over_scheduler_modes(write_scenario):
+    path = write_scenario(
+        "name: m\nkind: scheduler\nmatrix:\n  mode: [sync, async, overlapped]\n"
+        "  method: [eagle, none]\n"
+        "speculative: {method: eagle, num_speculative_tokens: 2}\n"
+        "requests: {a: {prompt_len: 10}}\n"
+    )
+    scenarios = load_file(path)
+    assert [s.id for s in scenarios] == [
+        "m[sync-eagle]",
+        "m[sync-nospec]",
+        "m[async-eagle]",
+        "m[async-nospec]",
+        "m[overlapped-eagle]",
+        "m[overlapped-nospec]",
+    ]
+    assert [s.scheduler.mode for s in scenarios if s.scheduler] == [
+        "sync",
+        "sync",
+        "async",
+        "async",
+        "overlapped",
+        "overlapped",
+    ]
+
+
+SPEC = "speculative: {method: eagle, num_speculative_tokens: 3}\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "field", "words"),
+    [
+        (
+            "kind: scheduler\nrequests: {a: {prompt_len: 5}}\nsteps: [{a: {prefill: 5}}]\n",
+            3,
+            "steps",
+            "no steps",
+        ),
+        (
+            "kind: scheduler\nscheduler:\n  mode: eager\nrequests: {a: {prompt_len: 5}}\n",
+            3,
+            "scheduler.mode",
+            "sync, async, overlapped",
+        ),
+        (
+            "kind: scheduler\nscheduler:\n  model_runner: v3\nrequests: {a: {prompt_len: 5}}\n",
+            3,
+            "scheduler.model_runner",
+            "auto, v2, v1",
+        ),
+        (
+            "kind: scheduler\nscheduler:\n  max_num_seqs: 8\n  max_num_batched_tokens: 4\n"
+            "requests: {a: {prompt_len: 5}}\n",
+            4,
+            "scheduler.max_num_batched_tokens",
+            "at least max_num_seqs",
+        ),
+        (
+            "kind: scheduler\nmodel: {max_model_len: 512}\nscheduler:\n"
+            "  enable_chunked_prefill: false\n  max_num_batched_tokens: 64\n"
+            "requests: {a: {prompt_len: 5}}\n",
+            5,
+            "scheduler.max_num_batched_tokens",
+            "without chunked prefill",
+        ),
+        (
+            "kind: scheduler\nscheduler:\n  surprise: 1\nrequests: {a: {prompt_len: 5}}\n",
+            3,
+            "scheduler.surprise",
+            "unknown field",
+        ),
+        (
+            "kind: scheduler\n" + SPEC + "requests:\n  a: {prompt_len: 5, accept: [1, 4]}\n",
+            4,
+            "requests.a.accept",
+            "0..3",
+        ),
+        (
+            "kind: scheduler\nrequests:\n  a: {prompt_len: 5, accept: [1]}\n",
+            3,
+            "requests.a.accept",
+            "needs a 'speculative' section",
+        ),
+        (
+            "kind: scheduler\n" + SPEC + "requests:\n  a: {prompt_len: 5, accept: {rate: 2}}\n",
+            4,
+            "requests.a.accept.rate",
+            "0..1",
+        ),
+        (
+            "kind: scheduler\n" + SPEC + "requests:\n  a: {prompt_len: 5, accept: sometimes}\n",
+            4,
+            "requests.a.accept",
+            "{repeat: [...]}",
+        ),
+        (
+            "kind: scheduler\nmodel: {max_model_len: 64}\nrequests:\n  a: {prompt_len: 64}\n",
+            4,
+            "requests.a.prompt_len",
+            "below max_model_len",
+        ),
+        (
+            "kind: scheduler\nrequests:\n  a: {prompt_len: 5, arrival: -1}\n",
+            3,
+            "requests.a.arrival",
+            "at least 0",
+        ),
+        (
+            "kind: scheduler\nmodel:\n  groups:\n    - {type: mamba}\nrequests: {a: {prompt_len: 5}}\n",
+            4,
+            "model.groups[0]",
+            "not available in scheduler scenarios",
+        ),
+        (
+            "kind: scheduler\nspeculative:\n  method: eagle\n  num_speculative_tokens: 3\n"
+            "  num_lookahead_tokens: 5\nrequests: {a: {prompt_len: 5}}\n",
+            3,
+            "speculative.method",
+            "takes the lookahead from vLLM's scheduler",
+        ),
+        (
+            "kind: scheduler\nspeculative: {method: mtp, num_speculative_tokens: 5}\n"
+            "scheduler:\n  num_nextn_predict_layers: 3\nrequests: {a: {prompt_len: 5}}\n",
+            4,
+            "scheduler.num_nextn_predict_layers",
+            "multiple of the MTP modules",
+        ),
+        (
+            "kind: scheduler\n" + SPEC + "scheduler:\n  num_nextn_predict_layers: 3\n"
+            "requests: {a: {prompt_len: 5}}\n",
+            4,
+            "scheduler.num_nextn_predict_layers",
+            "MTP only",
+        ),
+        (
+            "kind: trajectory\nscheduler: {mode: sync}\nrequests: {a: {prompt_len: 5}}\n"
+            "steps: [{a: {prefill: 5}}]\n",
+            2,
+            "scheduler",
+            "unknown field",
+        ),
+    ],
+)
+def test_bad_scheduler_input_names_file_line_and_field(write_scenario, text, line, field, words):
+    path = write_scenario(text)
+    with pytest.raises(ScenarioError) as info:
+        load_file(path)
+    error = info.value
+    assert (error.where.line, error.where.field) == (line, field), str(error)
+    assert words in error.message, str(error)
+    assert str(error).startswith(f"{path}:{line}: ")
+
+
+def _stream(pattern: Acceptance, drafts: list[int], request: str = "a") -> list[int]:
+    stream = AcceptanceStream(pattern, request)
+    return [stream.next(n) for n in drafts]
+
+
+def test_acceptance_list_then_all_and_capped():
+    # The list is used once, then every draft is accepted; never more than scheduled.
+    assert _stream(Acceptance("list", (3, 0, 2)), [3, 3, 1, 3, 2]) == [3, 0, 1, 3, 2]
+
+
+def test_acceptance_repeat_cycles_and_none():
+    assert _stream(Acceptance("repeat", (1, 2)), [3, 3, 3, 3, 1]) == [1, 2, 1, 2, 1]
+    assert _stream(Acceptance("repeat", (0,)), [3, 3, 3]) == [0, 0, 0]
+    assert _stream(Acceptance("all"), [3, 1, 2]) == [3, 1, 2]
+
+
+def test_acceptance_rate_is_seeded_per_request():
+    pattern = Acceptance("rate", rate=0.5, seed=7)
+    first = _stream(pattern, [3] * 200)
+    assert first == _stream(pattern, [3] * 200)  # same seed, same request: same drafts
+    assert first != _stream(pattern, [3] * 200, request="b")  # another request differs
+    assert all(0 <= a <= 3 for a in first)
+    assert 0.3 < sum(a > 0 for a in first) / 200 < 0.7  # the first draft passes at rate 0.5
+    assert _stream(Acceptance("rate", rate=1.0), [3, 2]) == [3, 2]
+    assert _stream(Acceptance("rate", rate=0.0), [3, 2]) == [0, 0]

@@ -1,0 +1,256 @@
+"""Scheduler mode against the installed vLLM: its real Scheduler and AsyncScheduler.
+
+Every test drives vLLM's own scheduler in-process (the session ``vllm``
+fixture) and asserts on what it recorded: that the three ways of stepping
+differ the way vLLM's engine does, that the scheduler's decisions (chunking,
+preemption, prefix hits, the max_model_len cap) show up in the observations
+and the reports, and that a stock vLLM raises no false alarm.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from kvconform.harness import engine
+from kvconform.harness.explain import explain
+from kvconform.harness.loader import load_file
+from kvconform.harness.observations import Observation
+from kvconform.harness.results import ErrorKind, RunReport, Verdict
+from kvconform.oracles.floors import cdiv
+from kvconform.reports import write_reports
+
+SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios" / "scheduler"
+
+TWO_REQUESTS = """
+name: two
+kind: scheduler
+model: {{block_size: 16, max_model_len: 1024, num_blocks: 64}}
+speculative: {{method: eagle, num_speculative_tokens: 3}}
+scheduler: {{mode: {mode}, max_num_seqs: 4, max_num_batched_tokens: 64}}
+requests:
+  a: {{prompt_len: 40, max_tokens: 20, accept: none}}
+  b: {{prompt_len: 100, max_tokens: 12, arrival: 1, accept: {{rate: 0.5, seed: 3}}}}
+"""
+
+
+def _run(scenario_from, vllm, text):
+    scenario = scenario_from(text)
+    result = engine.run_scenario(scenario, vllm)
+    return scenario, result
+
+
+def _rows(result, group: int = 0) -> dict[str, list[Observation]]:
+    rows: dict[str, list[Observation]] = defaultdict(list)
+    assert result.trajectory is not None
+    for obs in result.trajectory.observations:
+        if obs.group == group:
+            rows[obs.request].append(obs)
+    return rows
+
+
+@pytest.mark.parametrize("mode", ["sync", "async", "overlapped"])
+def test_every_mode_conforms_and_holds_exactly_the_floor(scenario_from, vllm, mode):
+    _, result = _run(scenario_from, vllm, TWO_REQUESTS.format(mode=mode))
+    assert result.verdict is Verdict.PASSED, result.headline()
+    run = result.trajectory
+    assert run is not None and run.all_finished and run.lookahead == 3
+    expected_class = "Scheduler" if mode == "sync" else "AsyncScheduler"
+    assert run.lookahead_source == f"{expected_class}.num_lookahead_tokens"
+    rows = _rows(result)
+    assert set(rows) == {"a", "b"}
+    for obs in rows["a"] + rows["b"]:
+        # vLLM's allocator reserves computed + scheduled + lookahead; nothing less, and
+        # on full attention nothing more at the step it allocates for.
+        need = cdiv(min(obs.computed + obs.scheduled + 3, 1024), 16)
+        assert obs.floor == need
+        assert obs.live is not None and obs.live >= need
+    # Blocks are never given back on rejection: holdings never shrink while running.
+    for request_rows in rows.values():
+        held = [o.live for o in request_rows]
+        assert held == sorted(held)
+
+
+def test_sync_and_overlapped_count_computed_tokens_differently(scenario_from, vllm):
+    """Overlapped steps count the in-flight step as if all its drafts were accepted."""
+    _, sync = _run(scenario_from, vllm, TWO_REQUESTS.format(mode="sync"))
+    _, over = _run(scenario_from, vllm, TWO_REQUESTS.format(mode="overlapped"))
+    # Request a rejects every draft: synchronously each verification advances by one
+    # token (the sampled one), the rejected three rolled back before the next step.
+    verify = [o for o in _rows(sync)["a"] if o.label.startswith("verify")]
+    assert len(verify) > 3
+    assert all(n.computed == o.computed + 1 for o, n in zip(verify, verify[1:], strict=False))
+    # Overlapped, step N+1 is scheduled before N's rollback: it starts at N's
+    # optimistic end, computed + 4, and the next one after the rollback of both.
+    verify = [o for o in _rows(over)["a"] if o.label.startswith("verify")]
+    steps = [n.computed - o.computed for o, n in zip(verify, verify[1:], strict=False)]
+    assert 4 in steps, steps
+    assert over.trajectory is not None
+    notes = over.trajectory.step_notes
+    assert any("1 in flight" in note for note in notes.values())
+    assert not any("in flight" in note for note in sync.trajectory.step_notes.values())
+
+
+def test_labels_show_chunking_and_acceptance(scenario_from, vllm):
+    _, result = _run(scenario_from, vllm, TWO_REQUESTS.format(mode="sync"))
+    labels = [o.label for o in _rows(result)["b"]]
+    # 64-token budget, a's verification takes 4: b's prompt is chunked 60 + 40.
+    assert labels[0] == "new, prefill 60/100"
+    assert labels[1] == "prefill 40"
+    assert all(label.startswith("verify 1+3 acc ") for label in labels[2:])
+    assert result.trajectory is not None
+    summary = result.trajectory.notes[-1]
+    assert "Scheduler stepped synchronously" in summary and "chunked prefill b 60+40" in summary
+
+
+def test_preemption_is_recorded_and_the_resumed_request_reserves_again(scenario_from, vllm):
+    (scenario,) = load_file(SCENARIOS / "sched-pool-pressure.yaml")[:1]
+    result = engine.run_scenario(scenario, vllm)
+    assert result.verdict is Verdict.PASSED, result.headline()
+    run = result.trajectory
+    assert run is not None
+    preempts = [e for e in run.events if e.kind == "preempt"]
+    assert preempts, "the pool is sized to force a preemption"
+    victim = preempts[0].request
+    assert all(not ids for ids in preempts[0].held_after)
+    assert preempts[0].free_after - preempts[0].free_before == len(
+        {b for ids in preempts[0].held for b in ids}
+    )
+    resumed = [o for o in _rows(result)[victim] if o.label.startswith("resumed")]
+    assert resumed and resumed[0].computed == 0
+    assert resumed[0].live == resumed[0].floor  # the lookahead is reserved again
+    assert f"preempt {victim}" in run.step_notes[preempts[0].step]
+    # After the run every block is back (sanity checks it; here, the numbers).
+    assert run.final_free_blocks == scenario.model.num_blocks - 1
+
+
+def test_prefix_cache_hits_are_adopted_at_admission(scenario_from, vllm):
+    text = """
+    kind: scheduler
+    model: {max_model_len: 1024, num_blocks: 96, enable_caching: true}
+    speculative: {method: dflash, num_speculative_tokens: 3}
+    scheduler: {mode: sync, max_num_batched_tokens: 128}
+    requests:
+      a: {prompt_len: 100, max_tokens: 4}
+      b: {prompt_len: 90, prefix_from: a, prefix_len: 64, max_tokens: 4, arrival: 2}
+    """
+    _, result = _run(scenario_from, vllm, text)
+    assert result.verdict is Verdict.PASSED, result.headline()
+    first_b = _rows(result)["b"][0]
+    assert first_b.label == "new, hit 64, prefill 26"
+    assert (first_b.computed, first_b.scheduled) == (64, 26)
+    # DFlash's lookahead (k + 1 = 4) is reserved past the hit: cdiv(64 + 26 + 4, 16).
+    assert first_b.live == first_b.floor == 6
+    assert result.trajectory is not None and not result.trajectory.exclusive_blocks
+
+
+def test_max_model_len_caps_scheduling_and_reservation(scenario_from, vllm):
+    text = """
+    kind: scheduler
+    model: {max_model_len: 100, num_blocks: 32}
+    speculative: {method: eagle, num_speculative_tokens: 3}
+    scheduler: {mode: overlapped}
+    requests:
+      a: {prompt_len: 90, max_tokens: 100}
+    """
+    _, result = _run(scenario_from, vllm, text)
+    assert result.verdict is Verdict.PASSED, result.headline()
+    rows = _rows(result)["a"]
+    assert all(o.computed + o.scheduled <= 99 for o in rows)
+    capped = [o for o in rows if o.computed + o.scheduled + o.lookahead > 100]
+    assert capped and all(o.floor == o.live == cdiv(100, 16) for o in capped)
+    assert any(o.scheduled < 4 for o in rows[1:])  # drafts shrink near the end
+
+
+@pytest.mark.parametrize("mode", ["sync", "overlapped"])
+def test_no_speculation_reserves_no_lookahead(scenario_from, vllm, mode):
+    text = f"""
+    kind: scheduler
+    model:
+      num_blocks: 64
+      groups: [full_attention, {{type: sliding_window, sliding_window: 32}}]
+    scheduler: {{mode: {mode}, max_num_batched_tokens: 48}}
+    requests:
+      a: {{prompt_len: 70, max_tokens: 20}}
+    """
+    _, result = _run(scenario_from, vllm, text)
+    assert result.verdict is Verdict.PASSED, result.headline()
+    run = result.trajectory
+    assert run is not None and run.lookahead == 0 and run.method is None
+    for g in (0, 1):
+        decode = [o for o in _rows(result, g)["a"] if o.label == "decode"]
+        assert decode and all(o.live == cdiv(o.computed + 1, 16) for o in decode)
+
+
+def test_runs_are_deterministic(scenario_from, vllm):
+    text = TWO_REQUESTS.format(mode="overlapped")
+    _, first = _run(scenario_from, vllm, text)
+    _, second = _run(scenario_from, vllm, text)
+    assert first.trajectory is not None and second.trajectory is not None
+    strip = [o._replace(block_ids=None) for o in first.trajectory.observations]
+    assert strip == [o._replace(block_ids=None) for o in second.trajectory.observations]
+
+
+def test_a_pool_too_small_is_an_input_error(scenario_from, vllm):
+    text = """
+    kind: scheduler
+    model: {num_blocks: 4}
+    scheduler: {mode: sync}
+    requests:
+      a: {prompt_len: 200, max_tokens: 4}
+    """
+    _, result = _run(scenario_from, vllm, text)
+    assert result.verdict is Verdict.ERROR and result.error_kind is ErrorKind.INPUT
+    assert "model.num_blocks" in (result.error or "")
+    assert "scheduled nothing" in (result.error or "")
+    assert engine.exit_status([result]) == 2
+
+
+def test_a_method_vllm_cannot_build_is_unsupported(scenario_from, vllm):
+    text = """
+    kind: scheduler
+    speculative: {method: suffix, num_speculative_tokens: 3}
+    requests:
+      a: {prompt_len: 20}
+    """
+    _, result = _run(scenario_from, vllm, text)
+    assert result.verdict is Verdict.ERROR and result.error_kind is ErrorKind.UNSUPPORTED
+    assert "suffix" in (result.error or "") and vllm.version in (result.error or "")
+    assert engine.exit_status([result]) == 3
+
+
+def test_reports_and_explain_carry_the_decisions(scenario_from, vllm, tmp_path):
+    scenario, result = _run(scenario_from, vllm, TWO_REQUESTS.format(mode="overlapped"))
+    report = RunReport(
+        results=[result],
+        input_errors=[],
+        vllm_version=vllm.version,
+        vllm_source="installed",
+        vllm_path=vllm.location,
+    )
+    written = write_reports(report, tmp_path)
+    # Every writer copes with a scheduler trajectory (labels, step notes, no step lines).
+    assert {"report.json", "junit.xml", "summary.md"} <= {p.name for p in written}
+    entry = json.loads((tmp_path / "report.json").read_text())["scenarios"][0]
+    assert entry["kind"] == "scheduler" and entry["verdict"] == "passed"
+    assert any(n.startswith("scheduler: AsyncScheduler overlapped") for n in entry["notes"])
+    text = explain(scenario, result, vllm.version)
+    assert "new, prefill 60/100" in text and "^ 2 scheduled" in text and "in flight" in text
+
+
+def test_the_scheduler_corpus_conforms(vllm):
+    """The shipped scheduler scenarios pass on the installed vLLM (no false alarms)."""
+    scenarios = [s for path in sorted(SCENARIOS.glob("*.yaml")) for s in load_file(path)]
+    assert len(scenarios) > 30
+    modes = {s.scheduler.mode for s in scenarios if s.scheduler}
+    assert modes == {"sync", "async", "overlapped"}
+    results = list(engine.run_all(scenarios, vllm))
+    bad = [f"{r.id}: {r.headline()}" for r in results if r.verdict is not Verdict.PASSED]
+    assert not bad, "\n".join(bad)
+    preempted = [
+        r for r in results if r.trajectory and any(e.kind == "preempt" for e in r.trajectory.events)
+    ]
+    assert preempted, "the corpus must force at least one preemption"

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# What a GPU CI job with vLLM installed runs, as it is: the whole scenario corpus (trajectory
+# and warmup scenarios) with its reports, then kvconform's tests that need CUDA.
+#
+#   tools/nightly.sh [REPORT_DIR]        (default build/nightly; PYTHON picks the interpreter)
+#
+# REPORT_DIR gets report.json, junit.xml, summary.md (kvconform run), cuda-tests.xml (pytest)
+# and nightly.txt: versions, device, verdict counts, wall time. Exit status: the worst of the
+# two, per DESIGN.md section 6 (0 conform, 1 nonconformance, 2 bad input, 3 vLLM unusable).
+set -uo pipefail
+PY=${PYTHON:-python3}
+REPORT_DIR=${1:-build/nightly}
+mkdir -p "$REPORT_DIR"
+REPORT_DIR=$(cd "$REPORT_DIR" && pwd)
+# From the repository root, so that `python -m kvconform` is this checkout's.
+cd "$(dirname "$0")/.."
+started=$(date +%s)
+
+# Every check, the slot-mapping consequence oracle included (vLLM's compiled Triton kernel on CUDA).
+"$PY" -m kvconform run scenarios --checks all --report-dir "$REPORT_DIR"
+run_status=$?
+
+# Tests marked `cuda` (the warmup runs unchanged on the GPU, no synchronize patch). Without
+# a GPU they are skipped; pytest's 5 ("nothing collected") counts as success.
+"$PY" -m pytest tests -q -m cuda -p no:cacheprovider \
+    --junitxml "$REPORT_DIR/cuda-tests.xml"
+test_status=$?
+if [ "$test_status" -eq 5 ]; then test_status=0; fi
+
+wall=$(( $(date +%s) - started ))
+"$PY" - "$REPORT_DIR" "$wall" "$test_status" <<'PYEOF' | tee "$REPORT_DIR/nightly.txt"
+import json, sys
+report_dir, wall, tests = sys.argv[1], sys.argv[2], sys.argv[3]
+report = json.load(open(f"{report_dir}/report.json"))
+counts = ", ".join(f"{v} {k}" for k, v in report["counts"].items() if v)
+print(f"vLLM {report['vllm']['version']} ({report['vllm']['source']}), torch {report['torch']}, "
+      f"device {report['device']}, python {report['python']}")
+print(f"scenarios: {counts}; exit {report['exit_status']}; cuda tests exit {tests}; "
+      f"wall {wall} s")
+PYEOF
+
+if [ "$run_status" -ne 0 ]; then exit "$run_status"; fi
+exit "$test_status"
