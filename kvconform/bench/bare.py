@@ -47,6 +47,7 @@ class BarePlan:
     model: ModelSpec
     group_options: tuple[tuple[str, int, dict[str, object]], ...]  # type, block_size, options
     lookahead: int
+    manager_options: dict[str, int | bool]  # the scheduler's speculative KVCacheManager options
     prompts: tuple[tuple[str, tuple[int, ...]], ...]
     encoder_lens: dict[str, int]
     calls: tuple[Call, ...]
@@ -80,6 +81,9 @@ def plan(scenario: Scenario, vllm: Vllm) -> BarePlan:
         model,
         tuple(groups),
         run.lookahead,
+        vllm.manager_options(
+            run.method, run.num_speculative_tokens, run.sample_from_anchor, model.enable_caching
+        ),
         tuple((name, tuple(p)) for name, p in prompts.items()),
         encoder_lens,
         tuple(call for step in scenario.steps for call in step.calls),
@@ -99,9 +103,11 @@ def run_bare(bare: BarePlan, vllm: Vllm) -> int:
         enable_caching=model.enable_caching,
         dcp_world_size=model.dcp_world_size,
         log_stats=False,
+        **bare.manager_options,
     )
     caching = model.enable_caching
-    hasher = vllm.block_hasher(model.hash_block_size) if caching else None
+    hash_lookahead = int(bare.manager_options.get("num_hash_lookahead_tokens", 0))
+    hasher = vllm.block_hasher(model.hash_block_size, hash_lookahead) if caching else None
     requests = {name: vllm.new_request(name, list(prompt), hasher) for name, prompt in bare.prompts}
     outputs = {
         name: (i + 1) * _ID_STRIDE + _OUTPUT_OFFSET for i, (name, _) in enumerate(bare.prompts)

@@ -10,19 +10,21 @@ figure appears as soon as its machinery is merged and is never faked before.
 * ``fuzz_examples_per_second``: ``run_fuzz(vllm, examples, seed)``; its own
   statistics give the search throughput (import, set-up and shrinking excluded).
 * ``kinds``: per scenario kind in the corpus, the harness's time per step.
-* ``checks``: per check, what selecting it adds to a run, in microseconds per
-  step: a check with a party of its own (``slots``) is charged for the party.
+* ``checks``: per check, microseconds per step to judge a recorded trajectory,
+  plus its own party where it has one (``slots``: vLLM's slot-mapping kernel).
 """
 
 from __future__ import annotations
 
 import importlib
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvconform.bench.figures import Figure, measured, not_available
 from kvconform.bench.timing import interleave
-from kvconform.harness.checks import CHECKS
+from kvconform.harness import engine
+from kvconform.harness.checks import CHECKS, judge
 from kvconform.harness.engine import DRIVERS, run_scenario
 from kvconform.harness.scenario import Scenario
 from kvconform.oracles.vllm_compat import Vllm
@@ -116,34 +118,67 @@ def kinds(scenarios: Sequence[Scenario], vllm: Vllm, rounds: int) -> dict[str, F
     return dict(sorted(figures.items()))
 
 
-def checks(scenarios: Sequence[Scenario], vllm: Vllm, rounds: int) -> dict[str, Figure]:
-    """Per check: run time with only that check minus run time with none, per step."""
+def checks(
+    scenarios: Sequence[Scenario], vllm: Vllm, rounds: int, party_sample: int = 10
+) -> dict[str, Figure]:
+    """Per check: microseconds per step to judge, plus its own party where it has one.
+
+    A check is a pure function of a recorded trajectory, so its cost is timed
+    on the corpus's trajectories (interleaved, median of ``rounds``). A check
+    with a party of its own (``PARTIES_FOR_CHECKS``: ``slots`` runs vLLM's
+    slot-mapping kernel) is also charged for the party, timed once on the first
+    ``party_sample`` scenarios: on CPU that kernel runs under Triton's
+    interpreter, too slow to run over the whole corpus in a benchmark.
+    """
+    parties = getattr(engine, "PARTIES_FOR_CHECKS", {})
     figures: dict[str, Figure] = {}
     for name, what in EXPECTED_CHECKS.items():
         if name not in CHECKS:
             figures[name] = not_available(
                 f"no check {name!r} in kvconform.harness.checks.CHECKS ({what} is not in this tree)"
             )
-    runnable = [s for s in scenarios if s.kind in DRIVERS]
-    results = [run_scenario(s, vllm, checks=()) for s in runnable]
-    chosen = [s for s, r in zip(runnable, results, strict=True) if r.trajectory is not None]
+    results = [run_scenario(s, vllm, checks=()) for s in scenarios if s.kind in DRIVERS]
+    trajectories = [r.trajectory for r in results if r.trajectory is not None]
     steps = _steps(results)
-    if not chosen or not steps:
+    if not trajectories or not steps:
         for name in CHECKS:
             figures[name] = not_available("no scenario of the corpus runs to its end")
         return figures
+    party_details: dict[str, dict[str, Any]] = {}
+    for name, party in parties.items():
+        if name not in CHECKS:
+            continue
+        sample = trajectories[:party_sample]
+        started = time.perf_counter()
+        for trajectory in sample:
+            party(trajectory, vllm)
+        seconds = time.perf_counter() - started
+        sample_steps = sum(len({(o.step, o.request) for o in t.observations}) for t in sample)
+        party_details[name] = {
+            "party_us_per_step": 1e6 * seconds / max(1, sample_steps),
+            "party_sample_scenarios": len(sample),
+            "party_sample_steps": sample_steps,
+        }
+        for trajectory in trajectories[party_sample:]:
+            party(trajectory, vllm)  # so that the judge below sees every recording
 
-    def only(names: tuple[str, ...]) -> Callable[[], object]:
-        return lambda: [run_scenario(s, vllm, checks=names) for s in chosen]
+    def judging(name: str) -> Callable[[], object]:
+        return lambda: [judge(t, (name,)) for t in trajectories]
 
-    passes = {"none": only(())} | {name: only((name,)) for name in CHECKS}
-    timings = interleave(passes, rounds)
-    base = timings.wall["none"]
+    timings = interleave({name: judging(name) for name in CHECKS}, rounds)
     for name in CHECKS:
-        added = [a - b for a, b in zip(timings.wall[name], base, strict=True)]
+        judge_us = 1e6 * timings.median_wall(name) / steps
+        extra = party_details.get(name, {})
+        skips = [judge(t, (name,)).skipped.get(name) for t in trajectories]
+        if all(skips):
+            figures[name] = not_available(f"skipped on every scenario: {skips[0]}")
+            continue
         figures[name] = measured(
-            1e6 * sorted(added)[len(added) // 2] / steps,
+            judge_us + extra.get("party_us_per_step", 0.0),
             "us/step",
+            judge_us_per_step=judge_us,
+            **extra,
+            skipped_on_scenarios=sum(1 for why in skips if why),
             steps=steps,
             rounds=rounds,
         )
