@@ -22,7 +22,8 @@ from kvconform.bench import overhead, plugins, processes, scaling
 from kvconform.bench.figures import Figure, guarded, not_available
 from kvconform.bench.machine import machine_facts
 from kvconform.bench.report import append_row, write_json
-from kvconform.harness.expectations import DEFAULT_FILE, load_expectations
+from kvconform.harness.cli import find_expectations
+from kvconform.harness.expectations import load_expectations
 from kvconform.harness.loader import load_paths
 from kvconform.oracles.vllm_compat import Vllm, load
 
@@ -84,10 +85,12 @@ def run_bench(vllm: Vllm, options: Options, load_seconds: float | None = None) -
     """Measure every figure; returns what ``build/bench.json`` holds."""
     started = time.perf_counter()
     say = options.say
-    loaded = load_paths([str(options.root / p) for p in options.scenarios])
+    paths = [str(options.root / p) for p in options.scenarios]
+    loaded = load_paths(paths)
     scenarios = loaded.scenarios
-    expectations_path = options.root / options.scenarios[0] / DEFAULT_FILE
-    expectations = load_expectations(expectations_path) if expectations_path.exists() else []
+    # The expectations `kvconform run` would apply: part of the harness's work per scenario.
+    expectations_path = find_expectations(paths)
+    expectations = load_expectations(expectations_path) if expectations_path else []
     results: dict[str, Any] = {
         "schema": SCHEMA,
         "date": datetime.datetime.now().isoformat(timespec="seconds"),

@@ -26,7 +26,7 @@ COLUMNS = (
     ("suite_seconds", "suite s (<= import + 10)"),
     ("xdist_speedup", "xdist -n 2 vs -n 1 (>= 1)"),
     ("fuzz_examples_per_second", "fuzz ex/s (>= 50)"),
-    ("scaling", "scaling spread (<= 1.5)"),
+    ("scaling", "scaling spread (<= 1.25)"),
 )
 
 INTRO = """# Benchmarks

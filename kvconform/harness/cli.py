@@ -8,6 +8,7 @@ API, a wrong flag) print one message and no traceback.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import shlex
@@ -16,6 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from kvconform import __version__
 from kvconform.errors import KvconformError, ScenarioError, UsageError, VllmUnavailable
@@ -577,5 +579,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def console_main() -> NoReturn:
+    """The ``kvconform`` command: :func:`main`, then leave without tearing vLLM down.
+
+    Once vLLM and torch are imported, the interpreter's own shutdown (freeing
+    their modules and objects) took 5-20 s on the 2-core machine, longer than
+    the whole default corpus (docs/benchmarks.md). By then the command has
+    nothing left to do: every report is written and closed. So it runs the
+    ``atexit`` handlers (logging's flush among them), flushes its streams and
+    ends the process with ``os._exit``. In-process callers (tests, bisection)
+    call :func:`main` and keep the ordinary shutdown.
+    """
+    status = main()
+    if "torch" not in sys.modules:  # nothing heavy was imported: leave the ordinary way
+        sys.exit(status)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe has nothing more to say
+            pass
+    os._exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()
