@@ -50,11 +50,12 @@ TARGETED = (
 @dataclass
 class Options:
     scenarios: list[str] = field(default_factory=lambda: ["scenarios"])
-    rounds: int = 7
+    rounds: int = 9
     lengths: tuple[int, ...] = scaling.LENGTHS
     widths: tuple[int, ...] = scaling.WIDTHS
     width_steps: int = scaling.WIDTH_STEPS
-    scaling_rounds: int = 3
+    scaling_rounds: int = 5
+    scaling_min_calls: int = scaling.MIN_CALLS_PER_PASS
     fuzz_examples: int = 300
     party_sample: int = 10  # scenarios a check's own party (slots) is timed on
     fuzz_seed: int = 0
@@ -72,6 +73,7 @@ def quick_options(**overrides: Any) -> Options:
         widths=(1, 2),
         width_steps=4,
         scaling_rounds=1,
+        scaling_min_calls=1,
         fuzz_examples=3,
         party_sample=1,
         skip=SUBPROCESS_FIGURES,
@@ -117,7 +119,12 @@ def run_bench(vllm: Vllm, options: Options, load_seconds: float | None = None) -
     figure(
         "scaling",
         lambda: scaling.measure_scaling(
-            vllm, options.scaling_rounds, options.lengths, options.widths, options.width_steps
+            vllm,
+            options.scaling_rounds,
+            options.lengths,
+            options.widths,
+            options.width_steps,
+            options.scaling_min_calls,
         ),
     )
     figure("kinds", lambda: plugins.kinds(scenarios, vllm, options.rounds))
@@ -196,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--doc", default="docs/benchmarks.md", help="append a row here ('' for none)"
     )
-    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds per figure")
+    parser.add_argument("--rounds", type=int, default=9, help="interleaved rounds per figure")
     parser.add_argument("--fuzz-examples", type=int, default=300)
     parser.add_argument(
         "--skip", action="append", default=[], choices=SKIPPABLE, help="leave a figure out"

@@ -35,6 +35,8 @@ WIDTH_STEPS = 100
 # How much the harness/bare ratio may vary across points and still count as flat
 # (linear harness cost) on a machine shared with other work.
 FLAT_SPREAD = 1.25
+# Allocator calls a timed pass makes at least (small points are repeated).
+MIN_CALLS_PER_PASS = 2000
 
 
 def points(
@@ -98,6 +100,7 @@ def measure_scaling(
     lengths: tuple[int, ...] = LENGTHS,
     widths: tuple[int, ...] = WIDTHS,
     width_steps: int = WIDTH_STEPS,
+    min_calls: int = MIN_CALLS_PER_PASS,
 ) -> Figure:
     """Harness and bare time per call at every scaling point, side by side per point.
 
@@ -106,7 +109,12 @@ def measure_scaling(
     """
     rows: list[dict[str, Any]] = []
     for axis, steps, requests in points(lengths, widths, width_steps):
-        work = workload([scenario(steps, requests)], vllm)
+        point = scenario(steps, requests)
+        per_scenario = sum(1 for step in point.steps for call in step.calls if call.allocates)
+        # Small points are run several times per pass, so that every pass lasts long
+        # enough for its time not to be the timer's and the scheduler's noise.
+        repeats = max(1, min_calls // per_scenario)
+        work = workload([point] * repeats, vllm)
         if not work.scenarios:
             raise RuntimeError(f"scaling point {steps}x{requests}: {work.excluded}")
         calls = count_calls(work, vllm)
@@ -118,8 +126,11 @@ def measure_scaling(
                 "axis": axis,
                 "steps": steps,
                 "requests": requests,
-                "calls": n,
-                "allocate_slots": {k: v.get("allocate_slots", 0) for k, v in calls.items()},
+                "calls": per_scenario,
+                "repeats": repeats,
+                "allocate_slots": {
+                    k: v.get("allocate_slots", 0) // repeats for k, v in calls.items()
+                },
                 "harness_us_per_call": 1e6 * harness / n,
                 "bare_us_per_call": 1e6 * bare / n,
                 "overhead_us_per_call": 1e6 * (harness - bare) / n,
