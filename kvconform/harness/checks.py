@@ -29,7 +29,7 @@ as skipped with the reason, never as passed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Protocol
@@ -225,8 +225,12 @@ def check_sanity(run: Trajectory) -> Iterator[Failure]:
             tables = last[request] = {}
         prev = tables.get(group_index)
         tables[group_index] = ids
+        new: Sequence[int]
         if prev is None:
             new, appended = ids, False
+        elif len(ids) == len(prev):  # most steps add no block: no slices to build
+            appended = ids == prev
+            new = () if appended else ids
         else:
             appended = ids[: len(prev)] == prev
             new = ids[len(prev) :] if appended else ids
