@@ -5,7 +5,9 @@
 #   make nightly     what a GPU CI job with vLLM installed runs: the corpus with reports, then
 #                    the CUDA tests (NIGHTLY_PYTHON=python3 uses that interpreter, no .venv)
 #   make gpu-bundle  builds .gpu/, what a GPU machine without vLLM needs (docs/gpu.md)
-#   make fuzz   searches generated trajectories for divergences (fuzz-nightly: the nightly budget)
+#   make fuzz        searches generated trajectories for divergences (fuzz-nightly: the nightly budget)
+#   make bench       measures kvconform's cost against vLLM's allocator: build/bench.json, a
+#                    row in docs/benchmarks.md, profiles in build/profiles (docs/benchmarks.md)
 #
 # The environment lives in .venv (git-ignored), pinned by constraints.txt (vLLM 0.33.0).
 # It is rebuilt only when pyproject.toml or constraints.txt change. Caches (pip, release
@@ -29,12 +31,12 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo "sudo -n")
 
 FUZZ_SEED ?= $(shell date +%Y%m%d)
 
-.PHONY: run test lint constraints clean browser nightly gpu-bundle fuzz fuzz-nightly
+.PHONY: run test lint constraints clean browser nightly gpu-bundle fuzz fuzz-nightly bench
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[vllm,test,report]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[vllm,test,report,bench]'
 	touch $@
 
 install: $(STAMP)
@@ -44,6 +46,11 @@ run: $(STAMP)
 
 test: $(STAMP) browser lint
 	$(BIN)/python -m pytest tests -q
+
+# Timings, not assertions: the targets are reported in build/bench.json and the row.
+bench: $(STAMP)
+	$(BIN)/python -m kvconform.bench scenarios --out build/bench.json --doc docs/benchmarks.md \
+		--profile build/profiles
 
 browser:
 	@test -x $(CHROMIUM) || { $(SUDO) apt-get update -qq && \

@@ -1,7 +1,5 @@
 """``python -m kvconform``: the same as the ``kvconform`` command."""
 
-import sys
+from kvconform.harness.cli import console_main
 
-from kvconform.harness.cli import main
-
-sys.exit(main())
+console_main()

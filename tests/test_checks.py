@@ -153,6 +153,34 @@ def test_sanity_null_block_only_where_the_type_allows_it():
     assert list(check_sanity(trajectory(obs(ids=[0, 5]), group_type="sliding_window"))) == []
 
 
+def test_sanity_follows_each_table_step_by_step():
+    # The check reads only the columns a step appended; what it finds must not change.
+    grows = trajectory(
+        obs(0, ids=[1], request="a"),
+        obs(1, ids=[1, 2], request="a"),
+        obs(2, ids=[3, 2], request="b"),
+    )
+    (shared,) = check_sanity(grows)
+    assert shared.step == 2 and "block 2 is also in the table of live request a" in shared.message
+    # A null block is reported at every step it stays in the table, and no longer once gone.
+    stays = trajectory(obs(0, ids=[0, 5]), obs(1, ids=[0, 5, 6]), obs(2, ids=[7, 5, 6]))
+    assert [f.step for f in check_sanity(stays)] == [0, 1]
+    # A table whose earlier columns change (a window slid) no longer owns the old blocks.
+    slid = trajectory(
+        obs(0, ids=[1, 2], request="a"),
+        obs(1, ids=[0, 2, 3], request="a"),
+        obs(2, ids=[1], request="b"),
+        group_type="sliding_window",
+    )
+    assert list(check_sanity(slid)) == []
+    kept = trajectory(
+        obs(0, ids=[1, 2], request="a"),
+        obs(1, ids=[1, 2, 3], request="a"),
+        obs(2, ids=[1], request="b"),
+    )
+    assert [f.step for f in check_sanity(kept)] == [2]
+
+
 def test_sanity_detects_leaked_blocks_at_the_end():
     run = trajectory(obs(ids=[1, 2]), all_finished=True, final_free_blocks=97)
     (failure,) = check_sanity(run)
@@ -164,3 +192,27 @@ def test_every_group_type_has_a_floor_with_a_reason():
 
     assert set(FLOORS) == set(GROUP_TYPES)
     assert all(len(rule.reason) > 20 for rule in FLOORS.values())
+
+
+def test_a_group_floor_bound_once_is_the_floor_rule():
+    """The driver evaluates floors through FloorRule.for_group; it must equal the rule."""
+    from itertools import product
+
+    from kvconform.oracles.floors import FloorInput
+
+    fixed_inputs = [
+        dict(block_size=16, max_model_len=1024),
+        dict(block_size=16, max_model_len=100, dcp_world_size=4),
+        dict(block_size=64, max_model_len=4096, mamba_cache_mode="align", num_speculative_blocks=3),
+        dict(block_size=32, max_model_len=4096, mamba_cache_mode="none", num_speculative_blocks=2),
+    ]
+    for group_type, fixed in product(FLOORS, fixed_inputs):
+        group = GroupInfo(0, group_type, fixed["block_size"], group_type, False, floor_args=fixed)
+        step_floor = group.step_floor()
+        for computed, scheduled, lookahead, encoder in product(
+            (0, 15, 16, 1000), (1, 4, 17), (0, 3, 8), (0, 1500)
+        ):
+            f = FloorInput(computed, scheduled, lookahead, encoder_len=encoder, **fixed)
+            expected = FLOORS[group_type].blocks(f)
+            assert step_floor(computed, scheduled, lookahead, encoder) == expected, (group_type, f)
+            assert group.floor_input(computed, scheduled, lookahead, encoder) == f

@@ -152,3 +152,26 @@ def test_doctor_reports_the_installed_vllm(vllm, capsys):
 def test_k_expressions(expression, selected):
     (scenario,) = load_text(GOOD, "scenarios/good.yaml")
     assert compile_expression(expression)(scenario) is selected
+
+
+def test_the_command_leaves_fast_with_its_output_and_reports_whole(tmp_path: Path):
+    """``python -m kvconform`` ends with os._exit once main() is done (vLLM's teardown
+    costs seconds): its last line, its reports and its exit status must survive that."""
+    import subprocess
+    import sys
+
+    (tmp_path / "good.yaml").write_text(GOOD)
+    (tmp_path / "sink.yaml").write_text(CRASHING)  # crashes in vLLM 0.33: exit status 1
+    report_dir = tmp_path / "report"
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-m", "kvconform", "run", str(tmp_path), "--report-dir",
+         str(report_dir), "--progress", "off"],
+        cwd=root, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    report = json.loads((report_dir / "report.json").read_text())
+    assert done.returncode == report["exit_status"] != 0, done.stdout[-2000:]
+    assert done.stdout.rstrip().splitlines()[-1].startswith("reports: "), done.stdout[-500:]
+    ET.parse(report_dir / "junit.xml")  # complete, closed files
+    assert set(report["phases_s"]) == {"select", "load_vllm", "scenarios", "coverage"}
+    assert report["phases_s"]["load_vllm"] > 0

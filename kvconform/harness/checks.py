@@ -29,7 +29,7 @@ as skipped with the reason, never as passed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Protocol
@@ -90,6 +90,14 @@ def _blocks(n: int) -> str:
 
 def check_floor(run: Trajectory) -> Iterator[Failure]:
     for obs in run.observations:
+        floor, live, predicted, warmup = obs.floor, obs.live, obs.predicted, obs.warmup
+        # The common case, every party at or above the floor, without a loop.
+        if (
+            (live is None or live >= floor)
+            and (predicted is None or predicted >= floor)
+            and (warmup is None or warmup >= floor)
+        ):
+            continue
         for party in ("live", "predicted", "warmup"):
             held = getattr(obs, party)
             if held is None or held >= obs.floor:
@@ -125,7 +133,9 @@ def uncovered_positions(
 
 def check_agree(run: Trajectory) -> Iterator[Failure]:
     for obs in run.observations:
-        reference = obs.predicted_max
+        reference, live = obs.predicted_max, obs.live
+        if obs.warmup is None and (live is None or live == reference):
+            continue  # the common case: no recorded warmup, and live agrees or is absent
         if reference is None:
             # Without a predictor the recorded warmup and the live replay must agree.
             if obs.warmup is not None and obs.live is not None and obs.warmup != obs.live:
@@ -183,49 +193,74 @@ def check_lookahead(run: Trajectory) -> Iterator[Failure]:
 def check_sanity(run: Trajectory) -> Iterator[Failure]:
     null = run.null_block
     owner: dict[int, str] = {}
-    last: dict[tuple[str, int], list[int]] = {}
+    # Per request and group, the block table last seen. A step usually appends
+    # to it, so only the appended columns are new: the check stays linear in a
+    # trajectory's length instead of rescanning every table at every step.
+    last: dict[str, dict[int, list[int]]] = {}
+    # Tables whose last state held the null block where their group must not.
+    null_seen: set[tuple[str, int]] = set()
     events = iter(run.events)
     pending: FreeEvent | None = next(events, None)
 
     def release(request: str) -> None:
-        for (name, group), ids in list(last.items()):
-            if name == request:
-                for block in ids:
-                    if owner.get(block) == request:
-                        del owner[block]
-                del last[(name, group)]
-
-    for seq, obs in enumerate(run.observations):
-        while pending is not None and pending.seq <= seq:
-            yield from _free_event(run, pending, null)
-            release(pending.request)
-            pending = next(events, None)
-        ids = list(obs.block_ids or ())
-        group = run.groups[obs.group]
-        if not group.holds_null and null in ids:
-            yield _failure(
-                "sanity",
-                run,
-                obs,
-                f"the block table holds the null block (id {null}), which a {group.type} group "
-                "must never point at",
-            )
-        if not run.exclusive_blocks:
-            continue
-        key = (obs.request, obs.group)
-        prev = last.get(key, [])
-        if ids[: len(prev)] == prev:
-            new = ids[len(prev) :]
-        else:
-            for block in prev:
-                if owner.get(block) == obs.request:
+        for ids in last.pop(request, {}).values():
+            for block in ids:
+                if owner.get(block) == request:
                     del owner[block]
-            new = ids
+
+    groups, exclusive = run.groups, run.exclusive_blocks
+    next_event = pending.seq if pending is not None else -1
+    for seq, obs in enumerate(run.observations):
+        if seq == next_event:
+            while pending is not None and pending.seq <= seq:
+                yield from _free_event(run, pending, null)
+                release(pending.request)
+                pending = next(events, None)
+            next_event = pending.seq if pending is not None else -1
+        raw = obs.block_ids
+        ids = raw if isinstance(raw, list) else list(raw or ())
+        request, group_index = obs.request, obs.group
+        tables = last.get(request)
+        if tables is None:
+            tables = last[request] = {}
+        prev = tables.get(group_index)
+        tables[group_index] = ids
+        new: Sequence[int]
+        if prev is None:
+            new, appended = ids, False
+        elif len(ids) == len(prev):  # most steps add no block: no slices to build
+            appended = ids == prev
+            new = () if appended else ids
+        else:
+            appended = ids[: len(prev)] == prev
+            new = ids[len(prev) :] if appended else ids
+        group = groups[group_index]
+        if not group.holds_null and (null in new or (null_seen and appended)):
+            key = (request, group_index)
+            if null in new or key in null_seen:
+                null_seen.add(key)
+                yield _failure(
+                    "sanity",
+                    run,
+                    obs,
+                    f"the block table holds the null block (id {null}), which a {group.type} "
+                    "group must never point at",
+                )
+            else:
+                null_seen.discard(key)
+        elif null_seen and not group.holds_null:
+            null_seen.discard((request, group_index))
+        if not exclusive:
+            continue
+        if prev is not None and not appended:
+            for block in prev:
+                if owner.get(block) == request:
+                    del owner[block]
         for block in new:
             if block == null:
                 continue
             other = owner.get(block)
-            if other is not None and other != obs.request:
+            if other is not None and other != request:
                 yield _failure(
                     "sanity",
                     run,
@@ -233,8 +268,7 @@ def check_sanity(run: Trajectory) -> Iterator[Failure]:
                     f"block {block} is also in the table of live request {other}, without "
                     "prefix caching to share it",
                 )
-            owner[block] = obs.request
-        last[key] = ids
+            owner[block] = request
     while pending is not None:
         yield from _free_event(run, pending, null)
         pending = next(events, None)

@@ -8,6 +8,7 @@ API, a wrong flag) print one message and no traceback.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import shlex
@@ -16,6 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from kvconform import __version__
 from kvconform.errors import KvconformError, ScenarioError, UsageError, VllmUnavailable
@@ -140,6 +142,9 @@ def say(text: str = "") -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     started = time.time()
+    # Where the run's time went (report.json "phases_s"): vLLM's import usually dominates.
+    phases: dict[str, float] = {}
+    lap = time.perf_counter()
     scenarios, input_errors = select_scenarios(args)
     for err in input_errors:
         say(f"ERROR {err}")
@@ -166,7 +171,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         command=shlex.join(["kvconform", *sys.argv[1:]]) if sys.argv else "kvconform run",
         checks=checks,
         expectations_file=str(exp_path) if exp_path is not None else None,
+        phases=phases,
     )
+    phases["select"], lap = time.perf_counter() - lap, time.perf_counter()
     try:
         vllm = load_vllm(args, checks)
     except VllmUnavailable as exc:
@@ -180,6 +187,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     report.vllm_path = vllm.location
     report.vllm_release = vllm.source.release
     report.torch_version, report.device = vllm.runtime()
+    phases["load_vllm"], lap = time.perf_counter() - lap, time.perf_counter()
     say(
         f"kvconform {__version__}: {len(scenarios)} scenarios against vLLM {vllm.version} "
         f"({vllm.source.describe()})"
@@ -191,7 +199,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             report.results.append(result)
             print_result(result, progress.echo)
             progress.advance(tally=result.verdict.value)
+    phases["scenarios"], lap = time.perf_counter() - lap, time.perf_counter()
     report.coverage = run_coverage(scenarios, report.results, vllm, report.notes)
+    phases["coverage"] = time.perf_counter() - lap
     if report.device == "cpu" and any(r.kind == "warmup" for r in report.results):
         from kvconform.oracles.warmup import CPU_RUN_NOTE
 
@@ -674,5 +684,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def console_main() -> NoReturn:
+    """The ``kvconform`` command: :func:`main`, then leave without tearing vLLM down.
+
+    Once vLLM and torch are imported, the interpreter's own shutdown (freeing
+    their modules and objects) took 5-20 s on the 2-core machine, longer than
+    the whole default corpus (docs/benchmarks.md). By then the command has
+    nothing left to do: every report is written and closed. So it runs the
+    ``atexit`` handlers (logging's flush among them), flushes its streams and
+    ends the process with ``os._exit``. In-process callers (tests, bisection)
+    call :func:`main` and keep the ordinary shutdown.
+    """
+    status = main()
+    if "torch" not in sys.modules:  # nothing heavy was imported: leave the ordinary way
+        sys.exit(status)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe has nothing more to say
+            pass
+    os._exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()

@@ -13,10 +13,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from kvconform.errors import Location, ScenarioError
+from kvconform.errors import Location, PoolExhausted, ScenarioError
 from kvconform.harness.observations import FreeEvent, GroupInfo, Observation, Trajectory
 from kvconform.harness.scenario import Action, ModelSpec, Scenario
-from kvconform.oracles.floors import FLOORS
 from kvconform.oracles.group_types import GROUP_TYPES
 from kvconform.oracles.live import LiveAllocator
 from kvconform.oracles.lookahead import expected_lookahead
@@ -134,7 +133,6 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
     run.num_blocks = model.num_blocks
     run.exclusive_blocks = not model.enable_caching
     has_cross = any(g.type == "cross_attention" for g in model.groups)
-    floor_rules = [FLOORS[g.type].blocks for g in model.groups]
     num_groups = len(specs)
     encoder_len = {
         name: (req.encoder_len or model.max_encoder_len) if has_cross else 0
@@ -147,14 +145,25 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
     predicted_max: dict[str, list[int]] = {}
     finished: set[str] = set()
     observations = run.observations
+    # The loop below runs once per allocator call and must stay close to the
+    # cost of the vLLM calls it makes (make bench, docs/benchmarks.md): what
+    # can be fixed before it is fixed here, and nothing is built that only an
+    # error would need.
+    record = observations.append
+    per_group = [
+        (g, info.step_floor(), predictor.for_group(specs[g]) if predictor.available else None)
+        for g, info in enumerate(run.groups)
+    ]
+    finish, preempt = Action.FINISH, Action.PREEMPT
+    scenario_where = scenario.where  # a property that builds a Location: once, not per call
     for step in scenario.steps:
+        index, line = step.index, step.line
         for call in step.calls:
-            name = call.request
-            where = Location(scenario.file, step.line, f"steps[{step.index}].{name}")
-            if call.action is Action.FINISH or call.action is Action.PREEMPT:
+            name, action = call.request, call.action
+            if action is finish or action is preempt:
                 held = live.block_ids(name)
                 before = live.free_blocks()
-                if call.action is Action.FINISH:
+                if action is finish:
                     live.finish(name)
                     finished.add(name)
                 else:
@@ -163,10 +172,10 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
                 run.events.append(
                     FreeEvent(
                         len(observations),
-                        step.index,
-                        step.line,
+                        index,
+                        line,
                         name,
-                        call.action.value,
+                        action.value,
                         held,
                         before,
                         live.free_blocks(),
@@ -175,36 +184,44 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
                 )
                 continue
             enc = encoder_len[name]
-            # A prefix-cache hit is computed, not written: the slots party skips it.
-            cached = live.schedule(call, enc if call.first_chunk else 0, where)
+            try:
+                # A prefix-cache hit is computed, not written: the slots party skips it.
+                cached = live.schedule(call, enc if call.first_chunk else 0, scenario_where)
+            except PoolExhausted as exc:
+                where = Location(scenario.file, line, f"steps[{index}].{name}")
+                raise PoolExhausted(where, exc.message) from None
             held = live.block_ids(name)
-            num_tokens = call.computed + call.scheduled
-            maxima = predicted_max.setdefault(name, [0] * num_groups)
-            for g in range(num_groups):
-                floor = floor_rules[g](
-                    run.groups[g].floor_input(call.computed, call.scheduled, floor_lookahead, enc)
-                )
+            computed, scheduled, label = call.computed, call.scheduled, call.label
+            num_tokens = computed + scheduled
+            maxima = predicted_max.get(name)
+            if maxima is None:
+                maxima = predicted_max[name] = [0] * num_groups
+            for g, floor_of, predict in per_group:
                 predicted = pmax = None
-                if predictor.available:
-                    predicted = predictor.blocks(num_tokens, specs[g], enc)
-                    pmax = maxima[g] = max(maxima[g], predicted)
-                observations.append(
+                if predict is not None:
+                    predicted = predict(num_tokens, enc)
+                    pmax = maxima[g]
+                    if predicted > pmax:
+                        pmax = maxima[g] = predicted
+                ids = held[g]
+                record(
                     Observation(
-                        step.index,
-                        step.line,
+                        index,
+                        line,
                         name,
-                        call.label,
+                        label,
                         g,
-                        call.computed,
-                        call.scheduled,
+                        computed,
+                        scheduled,
                         floor_lookahead,
-                        floor,
-                        len(held[g]),
+                        floor_of(computed, scheduled, floor_lookahead, enc),
+                        len(ids),
                         predicted,
                         pmax,
                         None,
-                        held[g],
-                        cached=cached,
+                        ids,
+                        None,
+                        cached,
                     )
                 )
             live.complete(call)

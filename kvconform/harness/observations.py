@@ -22,9 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, NamedTuple
 
-from kvconform.oracles.floors import FloorInput
+from kvconform.oracles.floors import FLOORS, FloorInput, StepFloor
 
 
 class Observation(NamedTuple):
@@ -124,12 +125,31 @@ class GroupInfo:
     # The group's fixed inputs to its floor rule (FloorInput minus the step's counts).
     floor_args: Mapping[str, Any] = field(default_factory=dict)
 
+    @cached_property
+    def _floor_parts(self) -> tuple[FloorInput, tuple[Any, ...], tuple[Any, ...]]:
+        """The fixed inputs, once: a template, and its fields around the step's counts.
+
+        Floors are evaluated per step and group, and keyword unpacking there cost
+        more than the floor rule itself (docs/benchmarks.md). Computed on first
+        use: the drivers build and replace GroupInfos per scenario.
+        """
+        template = FloorInput(
+            0, 0, 0, **{"block_size": self.block_size, "max_model_len": 0, **self.floor_args}
+        )
+        cut = FloorInput._fields.index("encoder_len")
+        return template, tuple(template[3:cut]), tuple(template[cut + 1 :])
+
     def floor_input(
         self, computed: int, scheduled: int, lookahead: int, encoder_len: int
     ) -> FloorInput:
-        return FloorInput(
-            computed, scheduled, lookahead, encoder_len=encoder_len, **self.floor_args
+        _, before_encoder, after_encoder = self._floor_parts
+        return FloorInput._make(
+            (computed, scheduled, lookahead) + before_encoder + (encoder_len,) + after_encoder
         )
+
+    def step_floor(self) -> StepFloor:
+        """This group's floor rule as (computed, scheduled, lookahead, encoder_len) -> blocks."""
+        return FLOORS[self.type].for_group(self._floor_parts[0])
 
 
 @dataclass

@@ -134,6 +134,8 @@ class RunReport:
     # What the run exercised and what the vLLM in use offers that it did not.
     coverage: Coverage | None = None
     expectations_file: str | None = None
+    # Seconds per phase of the run (select, load_vllm, scenarios, coverage).
+    phases: dict[str, float] = field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
         counts = {verdict.value: 0 for verdict in Verdict}

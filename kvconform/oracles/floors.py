@@ -17,14 +17,26 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import NamedTuple
 
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-@dataclass(frozen=True)
-class FloorInput:
+# A floor rule with one group's fixed inputs bound: (computed, scheduled,
+# lookahead, encoder_len) -> blocks. The driver evaluates one per step and group.
+StepFloor = Callable[[int, int, int, int], int]
+
+
+class FloorInput(NamedTuple):
+    """What a floor rule reads: a step's counts and its group's fixed inputs.
+
+    A named tuple rather than a frozen dataclass: one is built per step and
+    group wherever a floor is explained, and a frozen dataclass costs several
+    times more to build (docs/benchmarks.md).
+    """
+
     computed: int
     scheduled: int
     lookahead: int
@@ -42,12 +54,43 @@ class FloorRule:
     blocks: Callable[[FloorInput], int]
     # How the number came about, with the step's own numbers filled in.
     formula: Callable[[FloorInput], str] = lambda f: ""
+    # Optional: the same rule as a function of the step's counts, with a group's
+    # fixed inputs bound once (``blocks`` is then written through it, so the two
+    # cannot disagree). Without it, :meth:`for_group` wraps ``blocks``.
+    bind: Callable[[FloorInput], StepFloor] | None = None
+
+    def for_group(self, fixed: FloorInput) -> StepFloor:
+        """This rule for one group: ``fixed`` holds its inputs; its counts are ignored."""
+        if self.bind is not None:
+            return self.bind(fixed)
+        blocks, template = self.blocks, fixed
+
+        def step_floor(computed: int, scheduled: int, lookahead: int, encoder_len: int) -> int:
+            return blocks(
+                template._replace(
+                    computed=computed,
+                    scheduled=scheduled,
+                    lookahead=lookahead,
+                    encoder_len=encoder_len,
+                )
+            )
+
+        return step_floor
+
+
+def _bind_token_columns(fixed: FloorInput) -> StepFloor:
+    cap, per_column = fixed.max_model_len, fixed.block_size * fixed.dcp_world_size
+
+    def columns(computed: int, scheduled: int, lookahead: int, encoder_len: int) -> int:
+        """Columns up to the last position the target or the drafter writes."""
+        return cdiv(min(computed + scheduled + lookahead, cap), per_column)
+
+    return columns
 
 
 def token_columns(f: FloorInput) -> int:
     """Columns up to the last position the target or the drafter writes."""
-    last = min(f.computed + f.scheduled + f.lookahead, f.max_model_len)
-    return cdiv(last, f.block_size * f.dcp_world_size)
+    return _bind_token_columns(f)(f.computed, f.scheduled, f.lookahead, f.encoder_len)
 
 
 def _token_formula(f: FloorInput) -> str:
@@ -66,10 +109,17 @@ def _mamba_formula(f: FloorInput) -> str:
     return f"1 + {f.num_speculative_blocks} speculative blocks"
 
 
+def _bind_mamba(fixed: FloorInput) -> StepFloor:
+    block_size, speculative_blocks = fixed.block_size, fixed.num_speculative_blocks
+    if fixed.mamba_cache_mode == "align":
+        return lambda computed, scheduled, lookahead, encoder_len: (
+            cdiv(computed + scheduled, block_size) + speculative_blocks
+        )
+    return lambda computed, scheduled, lookahead, encoder_len: 1 + speculative_blocks
+
+
 def _mamba(f: FloorInput) -> int:
-    if f.mamba_cache_mode == "align":
-        return cdiv(f.computed + f.scheduled, f.block_size) + f.num_speculative_blocks
-    return 1 + f.num_speculative_blocks
+    return _bind_mamba(f)(f.computed, f.scheduled, f.lookahead, f.encoder_len)
 
 
 _TOKEN_INDEXED = (
@@ -83,17 +133,20 @@ _WINDOWED = (
     "must still reach the drafter's last position"
 )
 
+_TOKEN_RULE = FloorRule(_TOKEN_INDEXED, token_columns, _token_formula, _bind_token_columns)
+_WINDOW_RULE = FloorRule(_WINDOWED, token_columns, _token_formula, _bind_token_columns)
+
 FLOORS: Mapping[str, FloorRule] = MappingProxyType(
     {
-        "full_attention": FloorRule(_TOKEN_INDEXED, token_columns, _token_formula),
-        "mla": FloorRule(_TOKEN_INDEXED, token_columns, _token_formula),
-        "hidden_state": FloorRule(_TOKEN_INDEXED, token_columns, _token_formula),
-        "sink_full_attention": FloorRule(_TOKEN_INDEXED, token_columns, _token_formula),
-        "sliding_window": FloorRule(_WINDOWED, token_columns, _token_formula),
-        "sliding_window_mla": FloorRule(_WINDOWED, token_columns, _token_formula),
-        "chunked_local": FloorRule(_WINDOWED, token_columns, _token_formula),
-        "rswa": FloorRule(_WINDOWED, token_columns, _token_formula),
-        "kpool_tail": FloorRule(_WINDOWED, token_columns, _token_formula),
+        "full_attention": _TOKEN_RULE,
+        "mla": _TOKEN_RULE,
+        "hidden_state": _TOKEN_RULE,
+        "sink_full_attention": _TOKEN_RULE,
+        "sliding_window": _WINDOW_RULE,
+        "sliding_window_mla": _WINDOW_RULE,
+        "chunked_local": _WINDOW_RULE,
+        "rswa": _WINDOW_RULE,
+        "kpool_tail": _WINDOW_RULE,
         "mamba": FloorRule(
             "Mamba keeps a running state, not per-token KV, and drafters have no Mamba layers, "
             "so lookahead needs no state: mode 'align' writes the state into the column of the "
@@ -101,6 +154,7 @@ FLOORS: Mapping[str, FloorRule] = MappingProxyType(
             "need the running state plus one block per speculative block",
             _mamba,
             _mamba_formula,
+            _bind_mamba,
         ),
         "cross_attention": FloorRule(
             "cross-attention holds the encoder's K/V: one column per block_size encoder tokens, "

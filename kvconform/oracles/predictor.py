@@ -9,6 +9,7 @@ re-implementation.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from kvconform.oracles.vllm_compat import Vllm
@@ -26,9 +27,9 @@ class Predictor:
         return self._fn is not None
 
     def blocks(self, num_tokens: int, spec: Any, encoder_len: int) -> int:
-        assert self._fn is not None
+        """Only where :attr:`available`; called per step and group, so kept bare."""
         return int(
-            self._fn(
+            self._fn(  # type: ignore[misc]
                 num_tokens,
                 spec,
                 num_lookahead_tokens=self._lookahead,
@@ -36,3 +37,26 @@ class Predictor:
                 max_encoder_len=encoder_len,
             )
         )
+
+    def for_group(self, spec: Any) -> Callable[[int, int], int]:
+        """:meth:`blocks` for one group's spec: (num_tokens, encoder_len) -> blocks.
+
+        The driver asks once per step and group; binding the spec and the fixed
+        keywords once keeps that call close to vLLM's own cost.
+        """
+        fn, lookahead, max_model_len = self._fn, self._lookahead, self._max_model_len
+        if fn is None:
+            raise ValueError(f"the predictor is unavailable: {self.unavailable_reason}")
+
+        def blocks(num_tokens: int, encoder_len: int) -> int:
+            return int(
+                fn(
+                    num_tokens,
+                    spec,
+                    num_lookahead_tokens=lookahead,
+                    max_model_len=max_model_len,
+                    max_encoder_len=encoder_len,
+                )
+            )
+
+        return blocks

@@ -505,6 +505,16 @@ class Vllm:
         self._kvm = modules["vllm.v1.core.kv_cache_manager"]
         self._iface = modules["vllm.v1.kv_cache_interface"]
         self._request = modules["vllm.v1.request"]
+        # Answers that depend only on the loaded vLLM and the arguments (the
+        # method tables, the speculative config's properties): every scenario asks
+        # them again, and building a SpeculativeConfig each time cost more than
+        # a short scenario's allocator calls (docs/benchmarks.md).
+        self._memo: dict[tuple[Any, ...], Any] = {}
+
+    def _remembered(self, key: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
 
     def __repr__(self) -> str:
         return f"<vLLM {self.version} from {self.source.describe()}>"
@@ -955,17 +965,26 @@ class Vllm:
         literal = getattr(self._speculative, "SpeculativeMethod", None)
         if literal is None:
             raise self._missing("vllm.config.speculative.SpeculativeMethod")
-        return tuple(dict.fromkeys(_flatten_literal(literal)))
+        return typing.cast(
+            tuple[str, ...],
+            self._remembered(
+                ("declared_methods",), lambda: tuple(dict.fromkeys(_flatten_literal(literal)))
+            ),
+        )
 
     def method_aliases(self) -> dict[str, str]:
         """Method names vLLM's SpeculativeConfig rewrites to another (MTP variants)."""
+        return dict(self._aliases)
+
+    @cached_property
+    def _aliases(self) -> dict[str, str]:
         mtp = getattr(self._speculative, "MTPModelTypes", None)
         if mtp is None:
             return {}
         return {name: "mtp" for name in _flatten_literal(mtp) if name != "mtp"}
 
     def canonical_method(self, method: str) -> str:
-        return self.method_aliases().get(method, method)
+        return self._aliases.get(method, method)
 
     def _config_holder(
         self, method: str, k: int, sample_from_anchor: bool, enable_caching: bool
@@ -1006,6 +1025,17 @@ class Vllm:
         self, method: str | None, num_speculative_tokens: int, sample_from_anchor: bool = True
     ) -> int | None:
         """``VllmConfig.num_lookahead_tokens`` for a method, or None if this vLLM lacks it."""
+        key = ("lookahead", method, num_speculative_tokens, sample_from_anchor)
+        return typing.cast(
+            "int | None",
+            self._remembered(
+                key, lambda: self._lookahead(method, num_speculative_tokens, sample_from_anchor)
+            ),
+        )
+
+    def _lookahead(
+        self, method: str | None, num_speculative_tokens: int, sample_from_anchor: bool
+    ) -> int | None:
         if method is None:
             return self._config_property(
                 "num_lookahead_tokens", SimpleNamespace(speculative_config=None)
@@ -1024,6 +1054,15 @@ class Vllm:
         caching; ``num_prefill_lookahead`` exists from 0.28. Keywords a release's
         ``KVCacheManager`` does not take are dropped when it is built.
         """
+        key = ("manager_options", method, k, sample_from_anchor, enable_caching)
+        options = self._remembered(
+            key, lambda: self._manager_options(method, k, sample_from_anchor, enable_caching)
+        )
+        return dict(options)
+
+    def _manager_options(
+        self, method: str | None, k: int, sample_from_anchor: bool, enable_caching: bool
+    ) -> dict[str, int | bool]:
         if method is None:
             return {}
         holder = self._config_holder(method, k, sample_from_anchor, enable_caching)

@@ -86,6 +86,7 @@ def report_json(report: RunReport) -> dict[str, Any]:
         "command": report.command,
         "started": report.started,
         "duration_s": round(report.duration, 3),
+        "phases_s": {name: round(seconds, 3) for name, seconds in report.phases.items()},
         "exit_status": report.exit_status,
         "checks": list(report.checks),
         "counts": report.counts(),

@@ -1,0 +1,5 @@
+import sys
+
+from kvconform.bench.cli import main
+
+sys.exit(main())

@@ -1,0 +1,197 @@
+"""Figures for machinery that may or may not be in the tree: fuzzing, drivers, checks.
+
+kvconform grows by registering things: a scenario kind gets a driver in
+:data:`kvconform.harness.engine.DRIVERS`, a check an entry in
+:data:`kvconform.harness.checks.CHECKS`, fuzzing a ``run_fuzz`` in
+:mod:`kvconform.harness.fuzz`. The benchmark measures whatever is registered
+and names what it expected but did not find, with the reason, so that a
+figure appears as soon as its machinery is merged and is never faked before.
+
+* ``fuzz_examples_per_second``: ``run_fuzz(vllm, examples, seed)``; its own
+  statistics give the search throughput (import, set-up and shrinking excluded).
+* ``kinds``: per scenario kind in the corpus, the harness's time per step.
+* ``checks``: per check, microseconds per step to judge a recorded trajectory,
+  plus its own party where it has one (``slots``: vLLM's slot-mapping kernel).
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kvconform.bench.figures import Figure, measured, not_available
+from kvconform.bench.timing import interleave
+from kvconform.harness import engine
+from kvconform.harness.checks import CHECKS, judge
+from kvconform.harness.engine import DRIVERS, run_scenario
+from kvconform.harness.scenario import Scenario
+from kvconform.oracles.vllm_compat import Vllm
+
+FUZZ_TARGET = 50.0
+
+# What other work in progress registers; absent ones are reported as such.
+EXPECTED_KINDS = {
+    "trajectory": "the core driver",
+    "scheduler": "scheduler mode",
+    "warmup": "warmup recording",
+}
+EXPECTED_CHECKS = {"slots": "the slot-mapping check"}
+
+
+def fuzz_examples_per_second(vllm: Vllm, examples: int, seed: int = 0) -> Figure:
+    try:
+        fuzz = importlib.import_module("kvconform.harness.fuzz")
+    except ModuleNotFoundError as exc:
+        if exc.name == "kvconform.harness.fuzz":
+            return not_available("kvconform.harness.fuzz is not in this tree (fuzzing not merged)")
+        raise
+    run_fuzz = getattr(fuzz, "run_fuzz", None)
+    if run_fuzz is None:
+        return not_available("kvconform.harness.fuzz has no run_fuzz")
+    stats = run_fuzz(vllm, examples, seed)
+    rate = float(stats.examples_per_second)
+    return measured(
+        rate,
+        "examples/s",
+        target=f">= {FUZZ_TARGET:.0f}",
+        meets_target=rate >= FUZZ_TARGET,
+        examples=stats.examples,
+        seed=seed,
+        search_seconds=getattr(stats, "search_seconds", None),
+        examples_per_cpu_second=getattr(stats, "examples_per_cpu_second", None),
+        findings=len(getattr(stats, "findings", ())),
+    )
+
+
+def _observations(results: Sequence[Any]) -> int:
+    return sum(len(r.trajectory.observations) for r in results if r.trajectory is not None)
+
+
+def _steps(results: Sequence[Any]) -> int:
+    """Distinct (step, request) pairs recorded: a kind-neutral count of steps."""
+    return sum(
+        len({(o.step, o.request) for o in r.trajectory.observations})
+        for r in results
+        if r.trajectory is not None
+    )
+
+
+def kinds(scenarios: Sequence[Scenario], vllm: Vllm, rounds: int) -> dict[str, Figure]:
+    """Per kind: the harness's time per recorded step, for every kind in the corpus."""
+    figures: dict[str, Figure] = {}
+    by_kind: dict[str, list[Scenario]] = {}
+    for scenario in scenarios:
+        by_kind.setdefault(scenario.kind, []).append(scenario)
+    for kind in sorted(set(EXPECTED_KINDS) | set(DRIVERS) | set(by_kind)):
+        if kind not in DRIVERS:
+            what = EXPECTED_KINDS.get(kind, "its driver")
+            figures[kind] = not_available(
+                f"no driver for kind {kind!r} in kvconform.harness.engine.DRIVERS ({what} is "
+                "not in this tree)"
+            )
+        elif kind not in by_kind:
+            figures[kind] = not_available(f"the corpus has no kind: {kind} scenario")
+    passes = {
+        kind: (lambda chosen=chosen: [run_scenario(s, vllm) for s in chosen])
+        for kind, chosen in by_kind.items()
+        if kind in DRIVERS
+    }
+    if not passes:
+        return figures
+    results = {kind: [run_scenario(s, vllm) for s in by_kind[kind]] for kind in passes}
+    timings = interleave(passes, rounds)
+    for kind in passes:
+        steps = _steps(results[kind])
+        seconds = timings.median_wall(kind)
+        errors = sum(1 for r in results[kind] if r.trajectory is None)
+        figures[kind] = measured(
+            1e6 * seconds / steps if steps else 0.0,
+            "us/step",
+            scenarios=len(by_kind[kind]),
+            steps=steps,
+            seconds=seconds,
+            ended_in_error=errors,
+            rounds=rounds,
+        )
+    return dict(sorted(figures.items()))
+
+
+def checks(
+    scenarios: Sequence[Scenario], vllm: Vllm, rounds: int, party_sample: int = 10
+) -> dict[str, Figure]:
+    """Per check: microseconds per step to judge, plus its own party where it has one.
+
+    A check is a pure function of a recorded trajectory, so its cost is timed
+    on the corpus's trajectories (interleaved, median of ``rounds``). A check
+    with a party of its own (``PARTIES_FOR_CHECKS``: ``slots`` runs vLLM's
+    slot-mapping kernel) is also charged for the party, timed once on the first
+    ``party_sample`` scenarios: on CPU that kernel runs under Triton's
+    interpreter, too slow to run over the whole corpus in a benchmark.
+    """
+    parties = getattr(engine, "PARTIES_FOR_CHECKS", {})
+    figures: dict[str, Figure] = {}
+    for name, what in EXPECTED_CHECKS.items():
+        if name not in CHECKS:
+            figures[name] = not_available(
+                f"no check {name!r} in kvconform.harness.checks.CHECKS ({what} is not in this tree)"
+            )
+    results = [run_scenario(s, vllm, checks=()) for s in scenarios if s.kind in DRIVERS]
+    trajectories = [r.trajectory for r in results if r.trajectory is not None]
+    steps = _steps(results)
+    if not trajectories or not steps:
+        for name in CHECKS:
+            figures[name] = not_available("no scenario of the corpus runs to its end")
+        return figures
+    party_details: dict[str, dict[str, Any]] = {}
+    for name, party in parties.items():
+        if name not in CHECKS:
+            continue
+        sample = trajectories[:party_sample]
+        started = time.perf_counter()
+        for trajectory in sample:
+            party(trajectory, vllm)
+        seconds = time.perf_counter() - started
+        sample_steps = sum(len({(o.step, o.request) for o in t.observations}) for t in sample)
+        party_details[name] = {
+            "party_us_per_step": 1e6 * seconds / max(1, sample_steps),
+            "party_sample_scenarios": len(sample),
+            "party_sample_steps": sample_steps,
+        }
+        for trajectory in trajectories[party_sample:]:
+            party(trajectory, vllm)  # so that the judge below sees every recording
+
+    def judging(name: str) -> Callable[[], object]:
+        return lambda: [judge(t, (name,)) for t in trajectories]
+
+    timings = interleave({name: judging(name) for name in CHECKS}, rounds)
+    for name in CHECKS:
+        judge_us = 1e6 * timings.median_wall(name) / steps
+        extra = party_details.get(name, {})
+        skips = [judge(t, (name,)).skipped.get(name) for t in trajectories]
+        if all(skips):
+            figures[name] = not_available(f"skipped on every scenario: {skips[0]}")
+            continue
+        figures[name] = measured(
+            judge_us + extra.get("party_us_per_step", 0.0),
+            "us/step",
+            judge_us_per_step=judge_us,
+            **extra,
+            skipped_on_scenarios=sum(1 for why in skips if why),
+            steps=steps,
+            rounds=rounds,
+        )
+    return dict(sorted(figures.items()))
+
+
+def corpus_facts(scenarios: Sequence[Scenario], errors: Sequence[Any]) -> dict[str, Any]:
+    by_kind: dict[str, int] = {}
+    for scenario in scenarios:
+        by_kind[scenario.kind] = by_kind.get(scenario.kind, 0) + 1
+    return {
+        "scenarios": len(scenarios),
+        "by_kind": by_kind,
+        "input_errors": len(errors),
+        "calls": sum(len(step.calls) for s in scenarios for step in s.steps),
+    }
