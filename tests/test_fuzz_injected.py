@@ -17,14 +17,11 @@ Steps 1 and 2 run in subprocesses (a process holds one vLLM); each imports vLLM.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from vllm_copy import tree_with_replacement
+from vllm_copy import run_kvconform, tree_with_replacement
 
 from kvconform.harness.cli import main
 from kvconform.harness.fuzz import CI_EXAMPLES
@@ -62,18 +59,6 @@ EXPECTED = {
 }
 
 
-def kvconform(*args: object, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run(
-        [sys.executable, "-m", "kvconform", *map(str, args)],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("bug", sorted(BUGS))
 def test_fuzz_finds_injected_bug_and_shrinks_it(
@@ -81,7 +66,7 @@ def test_fuzz_finds_injected_bug_and_shrinks_it(
 ) -> None:
     tree = tree_with_replacement(pristine_tree, tmp_path / "tree", *BUGS[bug])
     out = tmp_path / "found"
-    fuzz = kvconform(
+    fuzz = run_kvconform(
         "fuzz",
         "--vllm-src",
         tree,
@@ -106,7 +91,7 @@ def test_fuzz_finds_injected_bug_and_shrinks_it(
     assert 1 <= len(steps) <= 3, text
     assert f"--vllm-src {tree}" in text  # the header's reproduce line names the copy
 
-    again = kvconform(
+    again = run_kvconform(
         "run", repro, "--vllm-src", tree, "--report-dir", tmp_path / "r1", cwd=tmp_path
     )
     assert again.returncode == 1, again.stdout + again.stderr

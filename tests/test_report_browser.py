@@ -23,7 +23,7 @@ import pytest
 # extra); a machine without it (a bare GPU image running `-m cuda`) skips this module.
 pytest.importorskip("websockets")
 from cdp import Browser, find_chromium  # noqa: E402
-from vllm_trees import copy_python_tree
+from vllm_copy import tree_with_replacement
 
 pytestmark = pytest.mark.slow
 
@@ -54,14 +54,11 @@ steps:
 
 
 @pytest.fixture(scope="module")
-def injected(tmp_path_factory):
+def injected(tmp_path_factory, pristine_tree):
     root = tmp_path_factory.mktemp("injected")
-    tree = copy_python_tree(root / "vllm-tree")
-    warmup = tree / "vllm" / "v1" / "worker" / "gpu" / "warmup.py"
-    text = warmup.read_text()
-    if text.count(FIXED) != 1:
-        pytest.fail(f"{warmup}: the line to break is not there; update the injection for this vLLM")
-    warmup.write_text(text.replace(FIXED, BROKEN))
+    tree = tree_with_replacement(
+        pristine_tree, root / "vllm-tree", "v1/worker/gpu/warmup.py", FIXED, BROKEN
+    )
     scenarios = root / "scenarios"
     scenarios.mkdir()
     (scenarios / "eagle.yaml").write_text(SPEC)

@@ -10,15 +10,10 @@ copy is never the installed vLLM, which the other tests keep using.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-from kvconform.oracles.vllm_compat import installed_version
+from vllm_copy import run_kvconform, tree_with_replacement
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -29,34 +24,6 @@ RUNNING_ALLOCATION = """\
                         num_new_tokens,
                         num_lookahead_tokens=self.num_lookahead_tokens,
                     )"""
-
-
-def copy_vllm_tree(destination: Path) -> Path:
-    """The installed vLLM's Python files and dist-info under ``destination``."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("vllm")
-    assert spec is not None and spec.origin is not None
-    package = Path(spec.origin).parent
-
-    def not_python(folder: str, names: list[str]) -> list[str]:
-        return [
-            n
-            for n in names
-            if n == "__pycache__" or not (n.endswith(".py") or (Path(folder) / n).is_dir())
-        ]
-
-    shutil.copytree(package, destination / "vllm", ignore=not_python)
-    for dist_info in package.parent.glob(f"vllm-{installed_version()}.dist-info"):
-        shutil.copytree(dist_info, destination / dist_info.name)
-    return destination
-
-
-def inject(tree: Path, relative: str, old: str, new: str) -> None:
-    path = tree / relative
-    text = path.read_text()
-    assert text.count(old) == 1, f"the code to replace is not in {relative} exactly once"
-    path.write_text(text.replace(old, new))
 
 
 # The admission of a waiting request in Scheduler.schedule; the bug drops its lookahead.
@@ -80,32 +47,16 @@ BUGS = {
 }
 
 
-def buggy_tree(tmp_path_factory: pytest.TempPathFactory, bug: str) -> Path:
-    tree = copy_vllm_tree(tmp_path_factory.mktemp(f"vllm-{bug}"))
-    inject(tree, "vllm/v1/core/sched/scheduler.py", *BUGS[bug])
-    return tree
-
-
-def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run(
-        [sys.executable, "-m", "kvconform", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("bug", list(BUGS))
 def test_a_scheduler_that_drops_the_lookahead_turns_scheduler_scenarios_red(
-    bug: str, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+    bug: str, pristine_tree: Path, tmp_path: Path
 ):
-    tree = buggy_tree(tmp_path_factory, bug)
+    tree = tree_with_replacement(
+        pristine_tree, tmp_path / "tree", "v1/core/sched/scheduler.py", *BUGS[bug]
+    )
     scenario = REPO / "scenarios" / "scheduler" / "sched-eagle-family.yaml"
-    proc = run_cli(
+    proc = run_kvconform(
         "run",
         str(scenario),
         "-k",

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from vllm_trees import copy_python_tree, inject
+from vllm_copy import tree_with_replacement
 
 from kvconform.errors import VllmUnavailable
 from kvconform.harness.checks import judge, parse_checks
@@ -258,17 +258,17 @@ def test_pytest_plugin_says_when_the_slots_check_was_skipped(vllm, pytester, mon
 
 @pytest.mark.slow
 def test_an_allocator_that_ignores_lookahead_fails_slots_in_the_null_block(
-    vllm, scenario_from, write_scenario, tmp_path
+    vllm, scenario_from, write_scenario, tmp_path, pristine_tree
 ):
     scenario_file = write_scenario(EAGLE, "eagle.yaml")
     # The unmodified vLLM conforms on the same scenario.
     unmodified = run_scenario(scenario_from(EAGLE), vllm, ("slots",))
     assert unmodified.verdict is Verdict.PASSED and unmodified.trajectory.slots.escapes == []
 
-    tree = copy_python_tree(tmp_path / "tree")
-    inject(
-        tree,
-        "vllm/v1/core/kv_cache_manager.py",
+    tree = tree_with_replacement(
+        pristine_tree,
+        tmp_path / "tree",
+        "v1/core/kv_cache_manager.py",
         "num_tokens_main_model + num_lookahead_tokens, self.max_model_len",
         "num_tokens_main_model, self.max_model_len",
     )

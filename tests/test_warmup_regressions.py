@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from vllm_trees import copy_python_tree, inject
+from vllm_copy import tree_with_replacement
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "scenarios" / "warmup"
@@ -81,10 +81,11 @@ INJECTED_TO = "    num_lookahead_tokens = 0  # injected by kvconform's test: no 
 
 
 @pytest.mark.slow
-def test_a_warmup_that_reserves_without_lookahead_turns_the_suite_red(tmp_path):
-    tree = copy_python_tree(tmp_path / "tree")
+def test_a_warmup_that_reserves_without_lookahead_turns_the_suite_red(tmp_path, pristine_tree):
     # Exactly the line of _warmup_block_counter that binds the warmup's lookahead.
-    inject(tree, "vllm/v1/worker/gpu/warmup.py", INJECTED_FROM, INJECTED_TO)
+    tree = tree_with_replacement(
+        pristine_tree, tmp_path / "tree", "v1/worker/gpu/warmup.py", INJECTED_FROM, INJECTED_TO
+    )
 
     status, report, output = run_corpus(tmp_path / "report", "--vllm-src", str(tree))
     assert status == 1, output

@@ -9,6 +9,8 @@ original (compiled extensions stay in the installed package, which
 :func:`tree_with_replacement` hard-links that copy and replaces one exact piece
 of text in one module, failing if the text is not there exactly once, so a vLLM
 upgrade that moves the code fails loudly instead of testing nothing.
+:func:`run_kvconform` runs the command against such a copy in a fresh process:
+``--vllm-src`` must be the first vLLM the interpreter imports.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -68,3 +71,19 @@ def tree_with_replacement(pristine: Path, root: Path, module: str, old: str, new
     target.write_text(text.replace(old, new), encoding="utf-8")
     assert new in target.read_text(encoding="utf-8")
     return root
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_kvconform(*args: object, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``python -m kvconform ARGS`` in a fresh interpreter, this checkout first on the path."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run(
+        [sys.executable, "-m", "kvconform", *map(str, args)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )

@@ -114,6 +114,22 @@ def build_specs(model: ModelSpec, vllm: Vllm, run: Trajectory) -> list[Any]:
     return specs
 
 
+def attach_predictor(run: Trajectory, vllm: Vllm, model: ModelSpec, null_block: int) -> Predictor:
+    """vLLM's predictor for ``run``, and the pool facts every driver records.
+
+    Where the installed vLLM has no predictor, the party is dropped from
+    ``run.parties`` and a note says why: reported unavailable, never faked.
+    """
+    predictor = Predictor(vllm, model.max_model_len, run.lookahead)
+    if not predictor.available:
+        run.parties = tuple(p for p in run.parties if p != "predicted")
+        run.notes.append(f"predictor unavailable: {predictor.unavailable_reason}")
+    run.null_block = null_block
+    run.num_blocks = model.num_blocks
+    run.exclusive_blocks = not model.enable_caching
+    return predictor
+
+
 def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
     """Run a ``kind: trajectory`` scenario through the live allocator and the predictor."""
     model = scenario.model
@@ -125,13 +141,7 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
         run.method, run.num_speculative_tokens, run.sample_from_anchor, model.enable_caching
     )
     live = LiveAllocator(vllm, model, specs, lookahead, scheduler_options)
-    predictor = Predictor(vllm, model.max_model_len, lookahead)
-    if not predictor.available:
-        run.parties = ("live",)
-        run.notes.append(f"predictor unavailable: {predictor.unavailable_reason}")
-    run.null_block = live.null_block
-    run.num_blocks = model.num_blocks
-    run.exclusive_blocks = not model.enable_caching
+    predictor = attach_predictor(run, vllm, model, live.null_block)
     has_cross = any(g.type == "cross_attention" for g in model.groups)
     num_groups = len(specs)
     encoder_len = {

@@ -34,11 +34,10 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from kvconform.harness.driver import build_specs, resolve_lookahead
+from kvconform.harness.driver import attach_predictor, build_specs, resolve_lookahead
 from kvconform.harness.observations import FreeEvent, Observation, Trajectory
 from kvconform.harness.scenario import Scenario
 from kvconform.oracles.floors import FLOORS
-from kvconform.oracles.predictor import Predictor
 from kvconform.oracles.scheduler import (
     FreeRecord,
     ScheduledRequest,
@@ -93,13 +92,7 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
     if floor_lookahead is None:
         floor_lookahead = lookahead
     run.floor_lookahead = floor_lookahead
-    predictor = Predictor(vllm, model.max_model_len, lookahead)
-    if not predictor.available:
-        run.parties = ("live",)
-        run.notes.append(f"predictor unavailable: {predictor.unavailable_reason}")
-    run.null_block = record.null_block
-    run.num_blocks = model.num_blocks
-    run.exclusive_blocks = not model.enable_caching
+    predictor = attach_predictor(run, vllm, model, record.null_block)
     run.all_finished = len(record.finished) == len(scenario.requests)
     run.final_free_blocks = record.final_free_blocks
     run.encoder_lens = {name: 0 for name in scenario.requests}

@@ -23,12 +23,11 @@ release without a predictor, of warmup with live), and allocator sanity.
 from __future__ import annotations
 
 from kvconform.errors import Location
-from kvconform.harness.driver import build_specs, resolve_lookahead
+from kvconform.harness.driver import attach_predictor, build_specs, resolve_lookahead
 from kvconform.harness.observations import FreeEvent, Observation, Trajectory
 from kvconform.harness.scenario import Scenario, WarmupSpec
 from kvconform.oracles.floors import FLOORS
 from kvconform.oracles.live import LiveAllocator
-from kvconform.oracles.predictor import Predictor
 from kvconform.oracles.vllm_compat import RunnerSettings, Vllm
 from kvconform.oracles.warmup import record_warmup
 
@@ -66,14 +65,8 @@ def drive_warmup(scenario: Scenario, vllm: Vllm) -> Trajectory:
         run.notes.append("the warmup scheduled nothing: there was nothing to check")
 
     live = LiveAllocator(vllm, model, specs, lookahead)
-    predictor = Predictor(vllm, model.max_model_len, lookahead)
     run.parties = ("live", "predicted", "warmup")
-    if not predictor.available:
-        run.parties = ("live", "warmup")
-        run.notes.append(f"predictor unavailable: {predictor.unavailable_reason}")
-    run.null_block = live.null_block
-    run.num_blocks = model.num_blocks
-    run.exclusive_blocks = not model.enable_caching
+    predictor = attach_predictor(run, vllm, model, live.null_block)
     floor_rules = [FLOORS[g.type].blocks for g in model.groups]
     encoder_lens: dict[str, int] = {}
     run.encoder_lens = encoder_lens
