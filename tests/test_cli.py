@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvconform.harness.cli import main
+from kvconform.harness.doctor import doctor
 from kvconform.harness.loader import load_text
 from kvconform.harness.select import compile_expression
 
@@ -136,6 +138,19 @@ def test_doctor_reports_the_installed_vllm(vllm, capsys):
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
     assert f"vLLM {vllm.version}" in out and "_reserved_block_count: present" in out
+    assert "older trees run for bisection only" not in out
+
+
+@pytest.mark.parametrize(
+    ("version", "below"),
+    [("0.27.1", True), ("0.28.0.dev5+gabc", False), ("0.28.0", False), ("main", False)],
+)
+def test_doctor_notes_a_vllm_older_than_kvconform_supports(vllm, version, below):
+    older = copy.copy(vllm)
+    older.version = version
+    lines: list[str] = []
+    doctor(older, lines.append)
+    assert any("older trees run for bisection only" in line for line in lines) is below, lines
 
 
 @pytest.mark.parametrize(

@@ -21,19 +21,14 @@ from kvconform.oracles.vllm_compat import MINIMUM_SUPPORTED, Vllm
 
 
 def doctor(vllm: Vllm, say: Callable[[str], None]) -> int:
-    from packaging.version import InvalidVersion, Version
-
     status = 0
     torch_version, device = vllm.runtime()
     say(f"kvconform {__version__} on Python {platform.python_version()} ({sys.executable})")
     say(f"vLLM {vllm.version}: {vllm.source.describe()}")
-    try:
-        if Version(vllm.version) < Version(MINIMUM_SUPPORTED):
-            say(
-                f"  note: kvconform supports vLLM >= {MINIMUM_SUPPORTED}; older trees run for bisection only"
-            )
-    except InvalidVersion:
-        pass
+    if vllm.below_minimum():
+        say(
+            f"  note: kvconform supports vLLM >= {MINIMUM_SUPPORTED}; older trees run for bisection only"
+        )
     say(f"torch {torch_version}; device {device}")
     predictor = vllm.reserved_block_count
     say(

@@ -947,6 +947,15 @@ class Vllm:
             return None
         return getattr(warmup, "_reserved_block_count", None)
 
+    def below_minimum(self) -> bool:
+        """Older than :data:`MINIMUM_SUPPORTED` (such trees run for bisection only)."""
+        from packaging.version import InvalidVersion, Version
+
+        try:
+            return Version(_release_of(self.version)) < Version(MINIMUM_SUPPORTED)
+        except InvalidVersion:
+            return False
+
     def predictor_missing_reason(self) -> str:
         try:
             importlib.import_module("vllm.v1.worker.gpu.warmup")
