@@ -221,8 +221,9 @@ def load(
     # every full collection that the scenarios' allocations trigger (vLLM builds a
     # block pool per scenario) rescans them all: a third of a corpus pass when
     # profiled. None of them becomes garbage, so take them out of its sight, as
-    # vLLM's engine does after start-up (vllm.utils.gc_utils.freeze_gc_heap).
-    gc.collect()
+    # vLLM's engine does after start-up (vllm.utils.gc_utils.freeze_gc_heap). Unlike
+    # vLLM, no collection first: it takes 0.8 s here, and the import leaves few
+    # unreachable objects (measured: 23 objects, kept for the life of the process).
     gc.freeze()
     return loaded_vllm
 
