@@ -1,11 +1,9 @@
-"""Figures for machinery that may or may not be in the tree: fuzzing, drivers, checks.
+"""Figures for what kvconform registers: fuzzing, scenario kinds, checks.
 
-kvconform grows by registering things: a scenario kind gets a driver in
-:data:`kvconform.harness.engine.DRIVERS`, a check an entry in
-:data:`kvconform.harness.checks.CHECKS`, fuzzing a ``run_fuzz`` in
-:mod:`kvconform.harness.fuzz`. The benchmark measures whatever is registered
-and names what it expected but did not find, with the reason, so that a
-figure appears as soon as its machinery is merged and is never faked before.
+A scenario kind has a driver in :data:`kvconform.harness.engine.DRIVERS`, a
+check an entry in :data:`kvconform.harness.checks.CHECKS` (and, where it has a
+party of its own, in ``PARTIES_FOR_CHECKS``). The benchmark measures whatever
+is registered, so a new kind or check gets its figure without a change here.
 
 * ``fuzz_examples_per_second``: ``run_fuzz(vllm, examples, seed)``; its own
   statistics give the search throughput (import, set-up and shrinking excluded).
@@ -16,40 +14,23 @@ figure appears as soon as its machinery is merged and is never faked before.
 
 from __future__ import annotations
 
-import importlib
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvconform.bench.figures import Figure, measured, not_available
 from kvconform.bench.timing import interleave
-from kvconform.harness import engine
 from kvconform.harness.checks import CHECKS, judge
-from kvconform.harness.engine import DRIVERS, run_scenario
+from kvconform.harness.engine import DRIVERS, PARTIES_FOR_CHECKS, run_scenario
 from kvconform.harness.scenario import Scenario
 from kvconform.oracles.vllm_compat import Vllm
 
 FUZZ_TARGET = 50.0
 
-# What other work in progress registers; absent ones are reported as such.
-EXPECTED_KINDS = {
-    "trajectory": "the core driver",
-    "scheduler": "scheduler mode",
-    "warmup": "warmup recording",
-}
-EXPECTED_CHECKS = {"slots": "the slot-mapping check"}
-
 
 def fuzz_examples_per_second(vllm: Vllm, examples: int, seed: int = 0) -> Figure:
-    try:
-        fuzz = importlib.import_module("kvconform.harness.fuzz")
-    except ModuleNotFoundError as exc:
-        if exc.name == "kvconform.harness.fuzz":
-            return not_available("kvconform.harness.fuzz is not in this tree (fuzzing not merged)")
-        raise
-    run_fuzz = getattr(fuzz, "run_fuzz", None)
-    if run_fuzz is None:
-        return not_available("kvconform.harness.fuzz has no run_fuzz")
+    from kvconform.harness.fuzz import run_fuzz  # imports Hypothesis: only when measured
+
     stats = run_fuzz(vllm, examples, seed)
     rate = float(stats.examples_per_second)
     return measured(
@@ -59,14 +40,10 @@ def fuzz_examples_per_second(vllm: Vllm, examples: int, seed: int = 0) -> Figure
         meets_target=rate >= FUZZ_TARGET,
         examples=stats.examples,
         seed=seed,
-        search_seconds=getattr(stats, "search_seconds", None),
-        examples_per_cpu_second=getattr(stats, "examples_per_cpu_second", None),
-        findings=len(getattr(stats, "findings", ())),
+        search_seconds=stats.search_seconds,
+        examples_per_cpu_second=stats.examples_per_cpu_second,
+        findings=len(stats.findings),
     )
-
-
-def _observations(results: Sequence[Any]) -> int:
-    return sum(len(r.trajectory.observations) for r in results if r.trajectory is not None)
 
 
 def _steps(results: Sequence[Any]) -> int:
@@ -84,14 +61,8 @@ def kinds(scenarios: Sequence[Scenario], vllm: Vllm, rounds: int) -> dict[str, F
     by_kind: dict[str, list[Scenario]] = {}
     for scenario in scenarios:
         by_kind.setdefault(scenario.kind, []).append(scenario)
-    for kind in sorted(set(EXPECTED_KINDS) | set(DRIVERS) | set(by_kind)):
-        if kind not in DRIVERS:
-            what = EXPECTED_KINDS.get(kind, "its driver")
-            figures[kind] = not_available(
-                f"no driver for kind {kind!r} in kvconform.harness.engine.DRIVERS ({what} is "
-                "not in this tree)"
-            )
-        elif kind not in by_kind:
+    for kind in DRIVERS:
+        if kind not in by_kind:
             figures[kind] = not_available(f"the corpus has no kind: {kind} scenario")
     passes = {
         kind: (lambda chosen=chosen: [run_scenario(s, vllm) for s in chosen])
@@ -130,13 +101,7 @@ def checks(
     ``party_sample`` scenarios: on CPU that kernel runs under Triton's
     interpreter, too slow to run over the whole corpus in a benchmark.
     """
-    parties = getattr(engine, "PARTIES_FOR_CHECKS", {})
     figures: dict[str, Figure] = {}
-    for name, what in EXPECTED_CHECKS.items():
-        if name not in CHECKS:
-            figures[name] = not_available(
-                f"no check {name!r} in kvconform.harness.checks.CHECKS ({what} is not in this tree)"
-            )
     results = [run_scenario(s, vllm, checks=()) for s in scenarios if s.kind in DRIVERS]
     trajectories = [r.trajectory for r in results if r.trajectory is not None]
     steps = _steps(results)
@@ -145,9 +110,7 @@ def checks(
             figures[name] = not_available("no scenario of the corpus runs to its end")
         return figures
     party_details: dict[str, dict[str, Any]] = {}
-    for name, party in parties.items():
-        if name not in CHECKS:
-            continue
+    for name, party in PARTIES_FOR_CHECKS.items():
         sample = trajectories[:party_sample]
         started = time.perf_counter()
         for trajectory in sample:

@@ -43,8 +43,8 @@ TABLE_INTRO = """One row per `make bench` run, newest last. Ratios are measured 
 in one process (interleaved rounds, median of per-round ratios) and are the
 figures to compare; absolute seconds depend on the machine's load at the time
 (the load average is in the row) and are noisy. A target met is marked `ok`, a
-target missed `MISSED`; `n/a` means the machinery is not in the tree or the
-figure was skipped (the reason is in `build/bench.json`).
+target missed `MISSED`; `n/a` means the figure was skipped or could not be
+measured (the reason is in `build/bench.json`).
 
 """
 
