@@ -29,14 +29,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvconform.harness.driver import resolve_lookahead
+from kvconform.harness.driver import encoder_lens, resolve_lookahead, spec_options
 from kvconform.harness.scenario import Action, Call, ModelSpec, Scenario
+from kvconform.oracles.live import first_output_token, manager_for, prompt_tokens
 from kvconform.oracles.vllm_compat import Vllm
-
-# The same token-id layout as the live oracle (kvconform/oracles/live.py), so that
-# prefix-cache hits happen exactly where they happen under the harness.
-_ID_STRIDE = 1_000_000
-_OUTPUT_OFFSET = 500_000
 
 
 @dataclass(frozen=True)
@@ -58,24 +54,14 @@ def plan(scenario: Scenario, vllm: Vllm) -> BarePlan:
     """Resolve a ``kind: trajectory`` scenario into a :class:`BarePlan`."""
     model = scenario.model
     run = resolve_lookahead(scenario, vllm)
-    groups = []
-    for group in model.groups:
-        options = dict(group.options)
-        if group.type == "mamba" and options.get("num_speculative_blocks") is None:
-            options["num_speculative_blocks"] = run.num_speculative_tokens
-        groups.append((group.type, group.block_size, options))
+    groups = [
+        (g.type, g.block_size, spec_options(g, run.num_speculative_tokens)) for g in model.groups
+    ]
+    # The live oracle's token-id layout, so that prefix-cache hits happen where they
+    # happen under the harness.
     prompts: dict[str, list[int]] = {}
     for index, request in enumerate(scenario.requests.values()):
-        base = (index + 1) * _ID_STRIDE
-        prompt = list(range(base, base + request.prompt_len))
-        if request.prefix_from is not None:
-            prompt[: request.prefix_len] = prompts[request.prefix_from][: request.prefix_len]
-        prompts[request.name] = prompt
-    has_cross = any(g.type == "cross_attention" for g in model.groups)
-    encoder_lens = {
-        name: (req.encoder_len or model.max_encoder_len) if has_cross else 0
-        for name, req in scenario.requests.items()
-    }
+        prompts[request.name] = prompt_tokens(index, request, prompts)
     return BarePlan(
         scenario.id,
         model,
@@ -85,7 +71,7 @@ def plan(scenario: Scenario, vllm: Vllm) -> BarePlan:
             run.method, run.num_speculative_tokens, run.sample_from_anchor, model.enable_caching
         ),
         tuple((name, tuple(p)) for name, p in prompts.items()),
-        encoder_lens,
+        encoder_lens(scenario),
         tuple(call for step in scenario.steps for call in step.calls),
         vllm.reserved_block_count is not None,
     )
@@ -95,23 +81,12 @@ def run_bare(bare: BarePlan, vllm: Vllm) -> int:
     """Make the plan's vLLM calls; returns the number of ``allocate_slots`` calls."""
     model = bare.model
     specs = [vllm.build_spec(t, size, options) for t, size, options in bare.group_options]
-    manager = vllm.new_manager(
-        vllm.kv_cache_config(model.num_blocks, specs),
-        max_model_len=model.max_model_len,
-        scheduler_block_size=model.scheduler_block_size,
-        hash_block_size=model.hash_block_size,
-        enable_caching=model.enable_caching,
-        dcp_world_size=model.dcp_world_size,
-        log_stats=False,
-        **bare.manager_options,
-    )
+    manager = manager_for(vllm, model, specs, bare.manager_options)
     caching = model.enable_caching
     hash_lookahead = int(bare.manager_options.get("num_hash_lookahead_tokens", 0))
     hasher = vllm.block_hasher(model.hash_block_size, hash_lookahead) if caching else None
     requests = {name: vllm.new_request(name, list(prompt), hasher) for name, prompt in bare.prompts}
-    outputs = {
-        name: (i + 1) * _ID_STRIDE + _OUTPUT_OFFSET for i, (name, _) in enumerate(bare.prompts)
-    }
+    outputs = {name: first_output_token(i) for i, (name, _) in enumerate(bare.prompts)}
     running, preempted = vllm.running_status(), vllm.preempted_status()
     predict = vllm.reserved_block_count if bare.use_predictor else None
     lookahead, max_model_len = bare.lookahead, model.max_model_len

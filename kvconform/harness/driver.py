@@ -15,7 +15,7 @@ from typing import Any
 
 from kvconform.errors import Location, PoolExhausted, ScenarioError
 from kvconform.harness.observations import FreeEvent, GroupInfo, Observation, Trajectory
-from kvconform.harness.scenario import Action, ModelSpec, Scenario
+from kvconform.harness.scenario import Action, GroupSpec, ModelSpec, Scenario
 from kvconform.oracles.group_types import GROUP_TYPES
 from kvconform.oracles.live import LiveAllocator
 from kvconform.oracles.lookahead import expected_lookahead
@@ -86,18 +86,34 @@ def resolve_lookahead(scenario: Scenario, vllm: Vllm) -> Trajectory:
     )
 
 
-def build_specs(model: ModelSpec, vllm: Vllm, run: Trajectory) -> list[Any]:
-    """vLLM KVCacheSpecs for the scenario's groups; fills in their floor inputs on ``run``.
+def spec_options(group: GroupSpec, num_speculative_tokens: int) -> dict[str, Any]:
+    """The options ``group``'s vLLM spec is built with.
 
     A Mamba group without ``num_speculative_blocks`` gets one per speculative
     token, as vLLM's config does for Mamba models under speculative decoding.
     """
-    specs = []
-    for group in model.groups:
-        options = dict(group.options)
-        if group.type == "mamba" and options.get("num_speculative_blocks") is None:
-            options["num_speculative_blocks"] = run.num_speculative_tokens
-        specs.append(vllm.build_spec(group.type, group.block_size, options))
+    options = dict(group.options)
+    if group.type == "mamba" and options.get("num_speculative_blocks") is None:
+        options["num_speculative_blocks"] = num_speculative_tokens
+    return options
+
+
+def encoder_lens(scenario: Scenario) -> dict[str, int]:
+    """Per request, the encoder tokens its first chunk brings (0 without cross-attention)."""
+    model = scenario.model
+    if not any(g.type == "cross_attention" for g in model.groups):
+        return {name: 0 for name in scenario.requests}
+    return {
+        name: req.encoder_len or model.max_encoder_len for name, req in scenario.requests.items()
+    }
+
+
+def build_specs(model: ModelSpec, vllm: Vllm, run: Trajectory) -> list[Any]:
+    """vLLM KVCacheSpecs for the scenario's groups; fills in their floor inputs on ``run``."""
+    specs = [
+        vllm.build_spec(g.type, g.block_size, spec_options(g, run.num_speculative_tokens))
+        for g in model.groups
+    ]
     run.groups = tuple(
         replace(
             info,
@@ -142,13 +158,8 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
     )
     live = LiveAllocator(vllm, model, specs, lookahead, scheduler_options)
     predictor = attach_predictor(run, vllm, model, live.null_block)
-    has_cross = any(g.type == "cross_attention" for g in model.groups)
     num_groups = len(specs)
-    encoder_len = {
-        name: (req.encoder_len or model.max_encoder_len) if has_cross else 0
-        for name, req in scenario.requests.items()
-    }
-    run.encoder_lens = encoder_len
+    encoder_len = run.encoder_lens = encoder_lens(scenario)
     for index, request in enumerate(scenario.requests.values()):
         live.add_request(request, index)
 

@@ -30,9 +30,44 @@ from kvconform.harness.scenario import Action, Call, ModelSpec, RequestSpec
 from kvconform.oracles.vllm_compat import Vllm
 
 # Token ids: disjoint ranges per request so that prefix-cache hits happen only
-# where a scenario asks for them (prefix_from), including after outputs.
-_ID_STRIDE = 1_000_000
-_OUTPUT_OFFSET = 500_000
+# where a scenario asks for them (prefix_from), never on outputs. Every party that
+# builds vLLM requests (live, scheduler, the benchmark's bare loop) uses this layout.
+ID_STRIDE = 1_000_000
+OUTPUT_OFFSET = 500_000
+
+
+def prompt_tokens(index: int, spec: RequestSpec, prompts: Mapping[str, list[int]]) -> list[int]:
+    """The prompt of the ``index``-th request; a ``prefix_from`` prefix is copied from
+    that request's prompt in ``prompts``."""
+    base = (index + 1) * ID_STRIDE
+    prompt = list(range(base, base + spec.prompt_len))
+    if spec.prefix_from is not None:
+        prompt[: spec.prefix_len] = prompts[spec.prefix_from][: spec.prefix_len]
+    return prompt
+
+
+def first_output_token(index: int) -> int:
+    """The first sampled token id of the ``index``-th request."""
+    return (index + 1) * ID_STRIDE + OUTPUT_OFFSET
+
+
+def manager_for(
+    vllm: Vllm,
+    model: ModelSpec,
+    specs: Sequence[Any],
+    speculative_options: Mapping[str, int | bool] | None = None,
+) -> Any:
+    """A ``KVCacheManager`` for ``model``'s pool and groups, built as the scheduler builds it."""
+    return vllm.new_manager(
+        vllm.kv_cache_config(model.num_blocks, specs),
+        max_model_len=model.max_model_len,
+        scheduler_block_size=model.scheduler_block_size,
+        hash_block_size=model.hash_block_size,
+        enable_caching=model.enable_caching,
+        dcp_world_size=model.dcp_world_size,
+        log_stats=False,
+        **dict(speculative_options or {}),
+    )
 
 
 class LiveAllocator:
@@ -53,16 +88,7 @@ class LiveAllocator:
         self.vllm = vllm
         self.model = model
         self.lookahead = lookahead
-        self.manager = vllm.new_manager(
-            vllm.kv_cache_config(model.num_blocks, specs),
-            max_model_len=model.max_model_len,
-            scheduler_block_size=model.scheduler_block_size,
-            hash_block_size=model.hash_block_size,
-            enable_caching=model.enable_caching,
-            dcp_world_size=model.dcp_world_size,
-            log_stats=False,
-            **options,
-        )
+        self.manager = manager_for(vllm, model, specs, options)
         self.null_block = vllm.null_block_id(self.manager)
         self._hasher = (
             vllm.block_hasher(
@@ -78,12 +104,8 @@ class LiveAllocator:
         self._preempted = vllm.preempted_status()
 
     def add_request(self, spec: RequestSpec, index: int) -> None:
-        base = (index + 1) * _ID_STRIDE
-        prompt = list(range(base, base + spec.prompt_len))
-        if spec.prefix_from is not None:
-            prompt[: spec.prefix_len] = self._prompts[spec.prefix_from][: spec.prefix_len]
-        self._prompts[spec.name] = prompt
-        self._outputs[spec.name] = base + _OUTPUT_OFFSET
+        prompt = self._prompts[spec.name] = prompt_tokens(index, spec, self._prompts)
+        self._outputs[spec.name] = first_output_token(index)
         self._requests[spec.name] = self.vllm.new_request(spec.name, prompt, self._hasher)
 
     def schedule(self, call: Call, encoder_len: int, where: Location) -> int:

@@ -51,13 +51,12 @@ from typing import Any, NamedTuple
 from kvconform.errors import PoolExhausted, ScenarioError, VllmUnavailable
 from kvconform.harness.acceptance import AcceptanceStream
 from kvconform.harness.scenario import Scenario
+from kvconform.oracles.live import OUTPUT_OFFSET, first_output_token, prompt_tokens
 from kvconform.oracles.vllm_compat import Vllm
 from kvconform.paths import cache_dir
 
-# Token ids: disjoint ranges per request, so prefix-cache hits happen only where
-# a scenario shares a prefix (prefix_from), never on outputs or drafts.
-_ID_STRIDE = 1_000_000
-_OUTPUT_OFFSET = 500_000
+# Draft token ids sit above a request's outputs (the layout of kvconform.oracles.live),
+# so no prefix-cache hit ever comes from a draft.
 _DRAFT_OFFSET = 900_000
 
 # A schedule() call that schedules nothing, with nothing in flight and no
@@ -350,11 +349,7 @@ class SchedulerOracle:
         self._requests: dict[str, Any] = {}
         prompts: dict[str, list[int]] = {}
         for index, req in enumerate(scenario.requests.values()):
-            base = (index + 1) * _ID_STRIDE
-            prompt = list(range(base, base + req.prompt_len))
-            if req.prefix_from is not None:
-                prompt[: req.prefix_len] = prompts[req.prefix_from][: req.prefix_len]
-            prompts[req.name] = prompt
+            prompt = prompts[req.name] = prompt_tokens(index, req, prompts)
             self._requests[req.name] = vllm.new_request(
                 req.name, prompt, hasher, max_tokens=req.max_tokens
             )
@@ -362,7 +357,7 @@ class SchedulerOracle:
             name: AcceptanceStream(req.acceptance, name) for name, req in scenario.requests.items()
         }
         self._next_output = {
-            name: (i + 1) * _ID_STRIDE + _OUTPUT_OFFSET for i, name in enumerate(scenario.requests)
+            name: first_output_token(i) for i, name in enumerate(scenario.requests)
         }
         self._started: set[str] = set()  # scheduled at least once
         self._restart: set[str] = set()  # preempted, not scheduled since
@@ -469,7 +464,7 @@ class SchedulerOracle:
         count = self.vllm.drafts_per_step(output, self.num_spec)
         req_ids = [rid for rid in output.num_scheduled_tokens if rid in self.scheduler.requests]
         drafts = [
-            [self._next_output[rid] - _OUTPUT_OFFSET + _DRAFT_OFFSET + i for i in range(count)]
+            [self._next_output[rid] - OUTPUT_OFFSET + _DRAFT_OFFSET + i for i in range(count)]
             for rid in req_ids
         ]
         self.scheduler.update_draft_token_ids(self.vllm.draft_token_ids(req_ids, drafts))
