@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 from kvconform.harness.driver import drive
 from kvconform.harness.engine import exit_status, run_scenario
 from kvconform.harness.results import ErrorKind, ScenarioResult, Verdict
@@ -143,3 +145,9 @@ def test_exit_status_precedence():
     )
     assert exit_status([_result(Verdict.FAILED)], input_errors=1) == 2
     assert exit_status([_result(Verdict.ERROR, ErrorKind.INPUT)]) == 2
+
+
+def test_loading_vllm_takes_its_import_heap_out_of_the_collectors_scans(vllm):
+    # Full collections rescanning vLLM's import cost a third of a corpus pass
+    # (docs/benchmarks.md, item 6); load() freezes what the import left.
+    assert gc.get_freeze_count() > 100_000, gc.get_freeze_count()
