@@ -171,6 +171,7 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
     # can be fixed before it is fixed here, and nothing is built that only an
     # error would need.
     record = observations.append
+    new_row = tuple.__new__  # an Observation without its Python-level __new__
     per_group = [
         (g, info.step_floor(), predictor.for_group(specs[g]) if predictor.available else None)
         for g, info in enumerate(run.groups)
@@ -226,23 +227,26 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
                         pmax = maxima[g] = predicted
                 ids = held[g]
                 record(
-                    Observation(
-                        index,
-                        line,
-                        name,
-                        label,
-                        g,
-                        computed,
-                        scheduled,
-                        floor_lookahead,
-                        floor_of(computed, scheduled, floor_lookahead, enc),
-                        len(ids),
-                        predicted,
-                        pmax,
-                        None,
-                        ids,
-                        None,
-                        cached,
+                    new_row(
+                        Observation,
+                        (
+                            index,
+                            line,
+                            name,
+                            label,
+                            g,
+                            computed,
+                            scheduled,
+                            floor_lookahead,
+                            floor_of(computed, scheduled, floor_lookahead, enc),
+                            len(ids),
+                            predicted,
+                            pmax,
+                            None,
+                            ids,
+                            None,
+                            cached,
+                        ),
                     )
                 )
             live.complete(call)
