@@ -79,6 +79,7 @@ fuzz-nightly: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check kvconform tests tools conftest.py
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 
 constraints: $(STAMP)

@@ -1,3 +1,3 @@
-"""Makes ``pytest scenarios/`` collect the YAML scenarios (see kvconform.harness.pytest_plugin)."""
+"""Makes ``pytest scenarios/`` collect the YAML scenarios (see kvconform.fronts.pytest_plugin)."""
 
-pytest_plugins = ["kvconform.harness.pytest_plugin"]
+pytest_plugins = ["kvconform.fronts.pytest_plugin"]

@@ -52,10 +52,10 @@ def main() -> None:
         os.environ.pop("VLLM_CACHE_ROOT", None)
 
     from kvconform.harness.checks import run_checks
+    from kvconform.harness.drivers.scheduler import drive_scheduler
     from kvconform.harness.loader import load_text
-    from kvconform.harness.scheduler_driver import drive_scheduler
     from kvconform.oracles import scheduler as oracle
-    from kvconform.oracles.vllm_compat import load
+    from kvconform.oracles.vllm import load
 
     started = time.perf_counter()
     vllm = load()

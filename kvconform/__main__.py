@@ -1,5 +1,5 @@
 """``python -m kvconform``: the same as the ``kvconform`` command."""
 
-from kvconform.harness.cli import console_main
+from kvconform.fronts.cli import console_main
 
 console_main()

@@ -2,7 +2,7 @@
 
 kvconform separates three kinds of trouble, because each one means something
 different to whoever reads a red run and each maps to its own exit status
-(DESIGN.md §6):
+(:class:`ExitStatus`, the command-line contract in ``docs/cli.md``):
 
 * :class:`ScenarioError` -- the *input* is wrong: malformed YAML, an unknown
   group type or method, a step that no scheduler could produce, a pool too small
@@ -19,11 +19,25 @@ with its traceback.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
+
+
+class ExitStatus(enum.IntEnum):
+    """Every exit status a kvconform command ends with; each exit goes through one."""
+
+    CONFORM = 0  # every selected scenario conforms (or diverges as expected)
+    NONCONFORMANCE = 1  # a check failed, or vLLM raised on a scenario it claims to support
+    BAD_INPUT = 2  # a scenario or expectations file is malformed, or the command line is
+    NOT_EXERCISED = 3  # vLLM could not be exercised: import failure, unsupported API
+    NO_SELECTION = 5  # the selection matched no scenario (as pytest's exit 5)
+    INTERRUPTED = 130  # Ctrl-C, as a shell reports SIGINT
 
 
 class KvconformError(Exception):
     """Base class: an error whose message is meant for the user as it is."""
+
+    exit_status: ExitStatus = ExitStatus.BAD_INPUT
 
 
 @dataclass(frozen=True)
@@ -46,7 +60,7 @@ class Location:
 class ScenarioError(KvconformError):
     """A scenario file is malformed or describes an impossible trajectory."""
 
-    exit_status = 2
+    exit_status = ExitStatus.BAD_INPUT
 
     def __init__(self, where: Location, message: str) -> None:
         self.where = where
@@ -61,7 +75,7 @@ class PoolExhausted(ScenarioError):
 class VllmUnavailable(KvconformError):
     """The selected vLLM cannot be exercised (import failure, missing API)."""
 
-    exit_status = 3
+    exit_status = ExitStatus.NOT_EXERCISED
 
     def __init__(self, version: str, missing: str, detail: str = "") -> None:
         self.version = version
@@ -74,4 +88,4 @@ class VllmUnavailable(KvconformError):
 class UsageError(KvconformError):
     """The command line is wrong."""
 
-    exit_status = 2
+    exit_status = ExitStatus.BAD_INPUT

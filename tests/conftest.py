@@ -13,8 +13,8 @@ from hypothesis import settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from kvconform.harness.loader import load_file
-from kvconform.harness.scenario import Scenario
-from kvconform.oracles.vllm_compat import Vllm, load, prepare_slot_kernel
+from kvconform.model.scenario import Scenario
+from kvconform.oracles.vllm import Vllm, load, prepare_slot_kernel
 from kvconform.paths import cache_dir
 
 # The slots tests run vLLM's slot-mapping kernel in this process: on a machine
@@ -84,7 +84,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    from kvconform.harness.fuzz import CI_EXAMPLES
+    from kvconform.fuzz import CI_EXAMPLES
 
     group = parser.getgroup("kvconform fuzz")
     group.addoption(

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import vllm_history
 
-from kvconform.harness.cli import main
+from kvconform.fronts.cli import main
 
 SCENARIO = Path(__file__).parent / "data" / "bisect" / "eagle-decode-lookahead.yaml"
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -18,17 +18,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvconform.errors import UsageError
-from kvconform.harness.bisect import outcome, release_index, search, selection, summary
-from kvconform.harness.bisect.outcome import Outcome
-from kvconform.harness.bisect.releases_mode import (
+from kvconform.bisect import outcome, release_index, search, selection, summary
+from kvconform.bisect.outcome import Outcome
+from kvconform.bisect.releases_mode import (
     ENDS_WRONG,
     FOUND,
     UNDECIDED,
     BisectAborted,
     run_search,
 )
-from kvconform.harness.bisect.state import BisectState, ProbeRecord
+from kvconform.bisect.state import BisectState, ProbeRecord
+from kvconform.errors import UsageError
 
 
 def simulate(n: int, first_new: int, skipped: frozenset[int] = frozenset()):

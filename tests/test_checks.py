@@ -7,8 +7,8 @@ check's logic alone; tests/test_engine.py drives the real KVCacheManager.
 from __future__ import annotations
 
 from kvconform.harness.checks import check_agree, check_floor, check_lookahead, check_sanity
-from kvconform.harness.observations import FreeEvent, GroupInfo, Observation, Trajectory
-from kvconform.oracles.floors import FLOORS
+from kvconform.model.floors import FLOORS
+from kvconform.model.observations import FreeEvent, GroupInfo, Observation, Trajectory
 
 
 def trajectory(*observations: Observation, group_type: str = "full_attention", **kw) -> Trajectory:
@@ -188,7 +188,7 @@ def test_sanity_detects_leaked_blocks_at_the_end():
 
 
 def test_every_group_type_has_a_floor_with_a_reason():
-    from kvconform.oracles.group_types import GROUP_TYPES
+    from kvconform.model.group_types import GROUP_TYPES
 
     assert set(FLOORS) == set(GROUP_TYPES)
     assert all(len(rule.reason) > 20 for rule in FLOORS.values())
@@ -198,7 +198,7 @@ def test_a_group_floor_bound_once_is_the_floor_rule():
     """The driver evaluates floors through FloorRule.for_group; it must equal the rule."""
     from itertools import product
 
-    from kvconform.oracles.floors import FloorInput
+    from kvconform.model.floors import FloorInput
 
     fixed_inputs = [
         dict(block_size=16, max_model_len=1024),

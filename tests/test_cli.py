@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kvconform.harness.cli import main
-from kvconform.harness.doctor import doctor
+from kvconform.fronts.cli import main
+from kvconform.fronts.doctor import doctor
 from kvconform.harness.loader import load_text
 from kvconform.harness.select import compile_expression
 

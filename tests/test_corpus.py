@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from kvconform.harness.cli import main
-from kvconform.harness.driver import drive
+from kvconform.fronts.cli import main
+from kvconform.harness.drivers.trajectory import drive
 from kvconform.harness.engine import exit_status, run_all
 from kvconform.harness.expectations import load_expectations
 from kvconform.harness.loader import discover, load_paths
-from kvconform.harness.results import Verdict
-from kvconform.harness.scenario import Scenario
-from kvconform.oracles.floors import cdiv
-from kvconform.oracles.group_types import GROUP_TYPES
-from kvconform.oracles.lookahead import expected_lookahead
+from kvconform.model.floors import cdiv
+from kvconform.model.group_types import GROUP_TYPES
+from kvconform.model.lookahead import expected_lookahead
+from kvconform.model.results import Verdict
+from kvconform.model.scenario import Scenario
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from kvconform.harness.cli import main
+from kvconform.fronts.cli import main
 from kvconform.harness.coverage import (
     EDGE,
     NO_METHOD,
@@ -19,7 +19,7 @@ from kvconform.harness.coverage import (
     render_text,
 )
 from kvconform.harness.engine import run_scenario
-from kvconform.harness.results import ErrorKind, ScenarioResult, Verdict
+from kvconform.model.results import ErrorKind, ScenarioResult, Verdict
 
 # Speculative, squeezed: a 5-block pool (4 usable) that the request fills, and a
 # max_model_len of 64 that computed + scheduled + lookahead passes at the end.

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import gc
 
-from kvconform.harness.driver import drive
+from kvconform.harness.drivers.trajectory import drive
 from kvconform.harness.engine import exit_status, run_scenario
-from kvconform.harness.results import ErrorKind, ScenarioResult, Verdict
+from kvconform.model.results import ErrorKind, ScenarioResult, Verdict
 
 
 def test_live_holdings_follow_the_allocator_contract(vllm, scenario_from):

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from kvconform.harness.cli import main
+from kvconform.fronts.cli import main
 from kvconform.harness.expectations import (
     apply_expectations,
     load_expectations,
@@ -21,8 +21,8 @@ from kvconform.harness.expectations_update import (
     ExpectationsUpdateError,
     update_expectations,
 )
-from kvconform.harness.results import ErrorKind, Failure, ScenarioResult, Verdict
-from kvconform.oracles import lookahead
+from kvconform.model import lookahead
+from kvconform.model.results import ErrorKind, Failure, ScenarioResult, Verdict
 
 V = "0.33.0"
 TODAY = datetime.date(2026, 11, 2)

@@ -19,18 +19,19 @@ from pathlib import Path
 
 import pytest
 
+from kvconform.fronts.cli import main
+from kvconform.fuzz.findings import Signature
+from kvconform.fuzz.runner import run_fuzz
+from kvconform.fuzz.space import build_space
+from kvconform.fuzz.strategies import OPTION_STRATEGIES
 from kvconform.harness import checks
-from kvconform.harness.cli import main
 from kvconform.harness.engine import run_scenario
 from kvconform.harness.expectations import load_expectations
-from kvconform.harness.fuzz.findings import Signature
-from kvconform.harness.fuzz.runner import run_fuzz
-from kvconform.harness.fuzz.space import build_space
 from kvconform.harness.loader import load_file
-from kvconform.harness.observations import Trajectory
-from kvconform.harness.results import Failure, Verdict
-from kvconform.oracles.group_types import group_type_for_class
-from kvconform.oracles.vllm_compat import Vllm
+from kvconform.model.group_types import group_type_for_class
+from kvconform.model.observations import Trajectory
+from kvconform.model.results import Failure, Verdict
+from kvconform.oracles.vllm import Vllm
 
 REPO = Path(__file__).resolve().parents[1]
 EXPECTATIONS = load_expectations(REPO / "scenarios" / "expectations.yaml")
@@ -60,7 +61,7 @@ def test_fuzz_run_finds_nothing_on_the_installed_vllm(
 
 
 def test_space_offers_every_buildable_type_and_method(vllm: Vllm) -> None:
-    space = build_space(vllm, EXPECTATIONS)
+    space = build_space(vllm, OPTION_STRATEGIES, EXPECTATIONS)
     offered = set(space.group_types) | set(space.excluded)
     for name in ("full_attention", "sliding_window", "mamba", "mla", "cross_attention"):
         assert name in space.group_types
@@ -154,7 +155,7 @@ def test_pool_running_dry_is_rejected_not_reported(
     vllm: Vllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Size pools from half the demand bound: many examples now run their pool dry.
-    from kvconform.harness.fuzz import pool
+    from kvconform.fuzz import pool
 
     bound = pool.GroupDemand.columns
     monkeypatch.setattr(pool.GroupDemand, "columns", lambda self, t, e: bound(self, t, e) // 2)

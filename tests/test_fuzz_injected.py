@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 from vllm_copy import run_kvconform, tree_with_replacement
 
-from kvconform.harness.cli import main
-from kvconform.harness.fuzz import CI_EXAMPLES
-from kvconform.oracles.vllm_compat import Vllm
+from kvconform.fronts.cli import main
+from kvconform.fuzz import CI_EXAMPLES
+from kvconform.oracles.vllm import Vllm
 
 REPO = Path(__file__).resolve().parents[1]
 

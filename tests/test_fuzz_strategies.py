@@ -14,21 +14,21 @@ import pytest
 from hypothesis import given, settings
 
 from kvconform.errors import Location, ScenarioError
-from kvconform.harness.fuzz.document import flow, render, with_header
-from kvconform.harness.fuzz.findings import Signature, first_message, signatures
-from kvconform.harness.fuzz.space import FuzzSpace, probe_document
-from kvconform.harness.fuzz.strategies import (
+from kvconform.fuzz.document import flow, render, with_header
+from kvconform.fuzz.findings import Signature, first_message, signatures
+from kvconform.fuzz.space import FuzzSpace, probe_document
+from kvconform.fuzz.strategies import (
     OPTION_STRATEGIES,
     legal_advance,
     scenario_documents,
 )
 from kvconform.harness.loader import load_text
-from kvconform.harness.observations import GroupInfo, Trajectory
-from kvconform.harness.results import ErrorKind, Failure, ScenarioResult, Verdict
-from kvconform.harness.scenario import Action
-from kvconform.harness.trajectory import RequestTokens
-from kvconform.oracles.group_types import GROUP_TYPES
-from kvconform.oracles.lookahead import expected_lookahead
+from kvconform.model.group_types import GROUP_TYPES
+from kvconform.model.lookahead import expected_lookahead
+from kvconform.model.observations import GroupInfo, Trajectory
+from kvconform.model.results import ErrorKind, Failure, ScenarioResult, Verdict
+from kvconform.model.scenario import Action
+from kvconform.model.tokens import RequestTokens
 
 METHODS = {
     "eagle": ("eagle",),

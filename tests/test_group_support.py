@@ -13,9 +13,9 @@ from types import SimpleNamespace
 import pytest
 
 from kvconform.errors import ScenarioError
-from kvconform.harness.doctor import doctor
+from kvconform.fronts.doctor import doctor
 from kvconform.harness.loader import load_text
-from kvconform.oracles.group_types import GROUP_TYPES, NOT_BUILDABLE
+from kvconform.model.group_types import GROUP_TYPES, NOT_BUILDABLE
 
 
 @pytest.mark.parametrize(

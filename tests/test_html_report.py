@@ -13,10 +13,9 @@ import pytest
 from kvconform.harness.checks import run_checks
 from kvconform.harness.coverage import compute_coverage, offered_by
 from kvconform.harness.engine import run_scenario
-from kvconform.harness.results import ErrorKind, RunReport, ScenarioResult, Verdict
+from kvconform.model.results import ErrorKind, RunReport, ScenarioResult, Verdict
 from kvconform.reports import WRITERS, plots, write_reports
 from kvconform.reports import html as html_report
-from kvconform.reports.common import rerun_command
 
 SCENARIO = """
 name: two-groups
@@ -183,7 +182,7 @@ def test_failed_scenario_table_marks_the_offending_cells(report):
         if why:
             assert f'<span class="why">(why: {html.escape(why)}</span>' in section
     assert section.count(f'href="#s-two-groups-r{SHORTED_STEP}-a"') == len(failed.failures)
-    assert f'<pre class="cmd">{html.escape(rerun_command(failed, report))}</pre>' in section
+    assert f'<pre class="cmd">{html.escape(report.rerun_command(failed))}</pre>' in section
     # Finish rows say what went back to the pool.
     assert re.search(r'<tr class="event">.*?finish: \d+ blocks went back to the pool', section)
 

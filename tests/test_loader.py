@@ -8,7 +8,7 @@ import pytest
 
 from kvconform.errors import ScenarioError
 from kvconform.harness.loader import load_file, load_paths
-from kvconform.harness.scenario import Action
+from kvconform.model.scenario import Action
 
 MINIMAL = """
 name: minimal

@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from kvconform.harness.progress import Progress, open_progress, resolve_mode
+from kvconform.fronts.progress import Progress, open_progress, resolve_mode
 
 
 class Clock:

@@ -31,7 +31,7 @@ steps: [{a: {prefill: 20}}]
 
 @pytest.fixture
 def project(pytester: pytest.Pytester) -> pytest.Pytester:
-    pytester.makeconftest('pytest_plugins = ["kvconform.harness.pytest_plugin"]')
+    pytester.makeconftest('pytest_plugins = ["kvconform.fronts.pytest_plugin"]')
     scenarios = pytester.mkdir("scenarios")
     (scenarios / "good.yaml").write_text(GOOD)
     (scenarios / "sink.yaml").write_text(SINK)

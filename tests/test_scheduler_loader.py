@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from kvconform.errors import ScenarioError
-from kvconform.harness.acceptance import AcceptanceStream
 from kvconform.harness.loader import load_file
-from kvconform.harness.scenario import Acceptance
+from kvconform.model.acceptance import AcceptanceStream
+from kvconform.model.scenario import Acceptance
 
 SCHEDULER = """
 name: s

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from kvconform.fronts.explain import explain
 from kvconform.harness import engine
-from kvconform.harness.explain import explain
 from kvconform.harness.loader import load_file
-from kvconform.harness.observations import Observation
-from kvconform.harness.results import ErrorKind, RunReport, Verdict
-from kvconform.oracles.floors import cdiv
+from kvconform.model.floors import cdiv
+from kvconform.model.observations import Observation
+from kvconform.model.results import ErrorKind, RunReport, Verdict
 from kvconform.reports import write_reports
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios" / "scheduler"

@@ -9,7 +9,7 @@ replaces one precise piece of text, and runs the corpus in a subprocess with
 Which scenarios must fail is *derived* here, from each scenario's own numbers
 and kvconform's contract (the floor table and the lookahead table), by a small
 model of the block counts each party holds: a token-indexed group (every floor
-row that is :func:`~kvconform.oracles.floors.token_columns`) and a Mamba group
+row that is :func:`~kvconform.model.floors.token_columns`) and a Mamba group
 outside "align" mode hold ``cdiv(min(computed + scheduled + lookahead,
 max_model_len), block)`` (plus the speculative state blocks), with the
 lookahead dropped on the party the bug breaks; blocks are never returned on
@@ -36,10 +36,10 @@ from vllm_copy import installed_vllm_dir, tree_with_replacement
 
 from kvconform.harness.expectations import Expectation, load_expectations
 from kvconform.harness.loader import load_paths
-from kvconform.harness.scenario import Action, Scenario
-from kvconform.oracles.floors import FLOORS, cdiv, token_columns
-from kvconform.oracles.lookahead import expected_lookahead
-from kvconform.oracles.vllm_compat import Vllm
+from kvconform.model.floors import FLOORS, cdiv, token_columns
+from kvconform.model.lookahead import expected_lookahead
+from kvconform.model.scenario import Action, Scenario
+from kvconform.oracles.vllm import Vllm
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIOS = REPO / "scenarios"
@@ -268,7 +268,7 @@ def test_py_only_tree_resolves_compiled_modules_from_the_installed_vllm(pristine
     assert not list((pristine_tree / "vllm").glob("*.so"))
     probe = (
         "import importlib.util\n"
-        "from kvconform.oracles.vllm_compat import load\n"
+        "from kvconform.oracles.vllm import load\n"
         f"load(src={str(pristine_tree)!r})\n"
         "import vllm\n"
         "print(vllm.__file__)\n"

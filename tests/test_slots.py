@@ -18,14 +18,16 @@ import pytest
 from vllm_copy import tree_with_replacement
 
 from kvconform.errors import VllmUnavailable
+from kvconform.fronts.cli import main
 from kvconform.harness.checks import judge, parse_checks
-from kvconform.harness.cli import main
-from kvconform.harness.driver import drive
+from kvconform.harness.drivers.trajectory import drive
 from kvconform.harness.engine import exit_status, run_scenario
-from kvconform.harness.observations import Observation, SlotEscape
-from kvconform.harness.results import ErrorKind, Verdict
-from kvconform.oracles.floors import cdiv
+from kvconform.model.floors import cdiv
+from kvconform.model.observations import Observation, SlotEscape
+from kvconform.model.results import ErrorKind, Verdict
+from kvconform.oracles import slots as slots_oracle
 from kvconform.oracles.slots import positions_written, record_slots
+from kvconform.oracles.vllm.slot_kernel import slot_kernel_of
 
 pytest_plugins = ["pytester"]
 
@@ -54,7 +56,7 @@ def _short_of_the_lookahead(obs: Observation) -> Observation:
 def test_the_kernel_reads_past_the_held_columns_unbounded(vllm):
     # SLOT_ORACLE.md's measurement, through kvconform's compatibility layer: the
     # request owns blocks 100 and 101; positions 28..35 cross into column 2.
-    kernel = vllm.slot_kernel()
+    kernel = slot_kernel_of(vllm)
     tables = kernel.tables([16], 2, 16, [4])
     tables.write_rows([((100, 101, 999, 998),), ((100, 101, 0, 0),)])
     slots = tables.map([0, 1], [0, 8, 16], list(range(28, 36)) * 2)
@@ -68,7 +70,7 @@ def test_the_kernel_reads_past_the_held_columns_unbounded(vllm):
 def test_on_cuda_the_compiled_kernel_maps_the_same_slots(vllm, scenario_from):
     # The nightly GPU job: Triton compiles vLLM's kernel for the device; the
     # measurement above and a shortfall must come out the same as interpreted.
-    kernel = vllm.slot_kernel()
+    kernel = slot_kernel_of(vllm)
     assert not kernel.interpreter
     tables = kernel.tables([16], 2, 16, [4])
     tables.write_rows([((100, 101, 999, 998),), ((100, 101, 0, 0),)])
@@ -187,10 +189,10 @@ def test_drafter_positions_are_clamped_as_the_speculators_clamp_them():
 def test_a_check_that_cannot_run_is_skipped_never_passed(vllm, scenario_from, monkeypatch):
     scenario = scenario_from(EAGLE)
 
-    def no_kernel():
+    def no_kernel(vllm):
         raise VllmUnavailable(vllm.version, "a Triton kernel to run", "Triton is not installed")
 
-    monkeypatch.setattr(vllm, "slot_kernel", no_kernel)
+    monkeypatch.setattr(slots_oracle, "slot_kernel_of", no_kernel)
     with_others = run_scenario(scenario, vllm, ("floor", "slots"))
     assert with_others.verdict is Verdict.PASSED
     assert "Triton is not installed" in with_others.skipped_checks["slots"]
@@ -224,7 +226,7 @@ def test_cli_rejects_an_unknown_check(tmp_path, capsys):
 
 
 def test_pytest_plugin_adds_the_slots_check(vllm, pytester):
-    pytester.makeconftest('pytest_plugins = ["kvconform.harness.pytest_plugin"]')
+    pytester.makeconftest('pytest_plugins = ["kvconform.fronts.pytest_plugin"]')
     (pytester.mkdir("scenarios") / "eagle.yaml").write_text(EAGLE)
     junit = pytester.path / "junit.xml"
     result = pytester.runpytest_inprocess(
@@ -241,7 +243,7 @@ def test_pytest_plugin_says_when_the_slots_check_was_skipped(vllm, pytester, mon
         raise VllmUnavailable(self.version, "a Triton kernel to run", "Triton is not installed")
 
     monkeypatch.setattr(type(vllm), "slot_kernel", no_kernel)
-    pytester.makeconftest('pytest_plugins = ["kvconform.harness.pytest_plugin"]')
+    pytester.makeconftest('pytest_plugins = ["kvconform.fronts.pytest_plugin"]')
     (pytester.mkdir("scenarios") / "eagle.yaml").write_text(EAGLE)
     with_others = pytester.runpytest_inprocess(
         "scenarios", "-p", "no:cacheprovider", "--kvconform-slots"

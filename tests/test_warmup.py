@@ -7,13 +7,25 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvconform.harness import cli
+from kvconform.fronts import cli
 from kvconform.harness.engine import exit_status, run_scenario
 from kvconform.harness.expectations import load_expectations
 from kvconform.harness.loader import load_paths
-from kvconform.harness.results import ErrorKind, Verdict
-from kvconform.oracles import vllm_compat
-from kvconform.oracles.floors import cdiv
+from kvconform.model.floors import cdiv
+from kvconform.model.results import ErrorKind, Verdict
+from kvconform.oracles.vllm import warmup_stubs
+from kvconform.oracles.vllm.warmup_stubs import (
+    STUB_FAMILIES,
+    RunnerSettings,
+    StubModelRunner,
+    StubModelRunner027,
+    StubModelRunner028,
+    StubModelRunner029,
+    StubModelRunner030,
+    StubModelRunner032,
+    StubModelRunner033,
+    stub_family,
+)
 from kvconform.oracles.warmup import SchedulerOutputRecorder, WarmupRecording, record_warmup
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,7 +42,7 @@ warmup: {max_num_seqs: 4, max_num_batched_tokens: 512, mixed_num_tokens: 64}
 
 def _settings(vllm, *, k: int = 3, speculative: bool = True, num_blocks: int = 512):
     spec = vllm.build_spec("full_attention", 16, {})
-    return vllm_compat.RunnerSettings(
+    return RunnerSettings(
         kv_cache_config=vllm.kv_cache_config(num_blocks, [spec]),
         num_speculative_tokens=k if speculative else 0,
         num_lookahead_tokens=k if speculative else 0,
@@ -63,7 +75,7 @@ def test_warmup_is_a_third_party_that_agrees_with_live_and_predicted(vllm, scena
 
 
 def test_speculation_adds_vllm_033s_greedy_pass(vllm):
-    if vllm_compat.stub_family(vllm.version) is not vllm_compat.StubModelRunner033:
+    if stub_family(vllm.version) is not StubModelRunner033:
         pytest.skip("the greedy second pass is vLLM 0.33's")
     with_spec = record_warmup(vllm, _settings(vllm), ["warmup_kernels"], 64)
     without = record_warmup(vllm, _settings(vllm, speculative=False), ["warmup_kernels"], 64)
@@ -167,7 +179,7 @@ def test_cli_run_notes_the_cpu_warmup_in_the_report(write_scenario, tmp_path):
     assert scenario["parties"] == ["live", "predicted", "warmup"]
 
 
-class _StubLackingDecodeQueryLen(vllm_compat.StubModelRunner033):
+class _StubLackingDecodeQueryLen(StubModelRunner033):
     """Stands in for GPUModelRunner attributes, minus one the warmup reads (a test stub)."""
 
     def _attributes(self, s, misses):
@@ -179,7 +191,7 @@ class _StubLackingDecodeQueryLen(vllm_compat.StubModelRunner033):
 def test_a_stub_lacking_an_attribute_names_the_version_and_the_attribute(
     vllm, scenario_from, monkeypatch, write_scenario, tmp_path
 ):
-    monkeypatch.setattr(vllm_compat, "stub_family", lambda version: _StubLackingDecodeQueryLen)
+    monkeypatch.setattr(warmup_stubs, "stub_family", lambda version: _StubLackingDecodeQueryLen)
     result = run_scenario(scenario_from(EAGLE), vllm)
     assert result.verdict is Verdict.ERROR and result.error_kind is ErrorKind.UNSUPPORTED
     assert f"vLLM {vllm.version}" in result.error
@@ -192,25 +204,25 @@ def test_a_stub_lacking_an_attribute_names_the_version_and_the_attribute(
 @pytest.mark.parametrize(
     ("version", "stub"),
     [
-        ("0.25.0", vllm_compat.StubModelRunner),
-        ("0.26.0", vllm_compat.StubModelRunner),
-        ("0.27.1", vllm_compat.StubModelRunner027),
-        ("0.28.0", vllm_compat.StubModelRunner028),
-        ("0.29.0", vllm_compat.StubModelRunner029),
-        ("0.31.0", vllm_compat.StubModelRunner030),
-        ("0.32.0", vllm_compat.StubModelRunner032),
-        ("0.33.0", vllm_compat.StubModelRunner033),
-        ("0.34.0.dev12+g0123abc", vllm_compat.StubModelRunner033),
-        ("unknown", vllm_compat.StubModelRunner033),
+        ("0.25.0", StubModelRunner),
+        ("0.26.0", StubModelRunner),
+        ("0.27.1", StubModelRunner027),
+        ("0.28.0", StubModelRunner028),
+        ("0.29.0", StubModelRunner029),
+        ("0.31.0", StubModelRunner030),
+        ("0.32.0", StubModelRunner032),
+        ("0.33.0", StubModelRunner033),
+        ("0.34.0.dev12+g0123abc", StubModelRunner033),
+        ("unknown", StubModelRunner033),
         ("0.24.0", None),
     ],
 )
 def test_each_release_family_has_its_stub(version, stub):
-    assert vllm_compat.stub_family(version) is stub
+    assert stub_family(version) is stub
 
 
 def test_every_stub_says_what_it_stands_in_for():
-    for _, stub in vllm_compat.STUB_FAMILIES:
+    for _, stub in STUB_FAMILIES:
         assert "Stands in for the ``GPUModelRunner`` attributes" in (stub.__doc__ or "")
 
 

@@ -186,7 +186,7 @@ def trace(out: Path, paths: Sequence[str]) -> int:
     # Whatever is imported already (site, this script) came before the tracer.
     tracer.seen.update(name.partition(".")[0] for name in sys.modules)
     sys.meta_path.insert(0, tracer)
-    from kvconform.harness import cli
+    from kvconform.fronts import cli
 
     with tempfile.TemporaryDirectory() as tmp:
         status = cli.main(["run", *paths, "--report-dir", tmp])

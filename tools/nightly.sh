@@ -8,7 +8,7 @@
 # REPORT_DIR gets report.json, junit.xml, summary.md, report.html (kvconform run), fuzz/
 # (reproducers, fuzz-summary.json), cuda-tests.xml (pytest) and nightly.txt: versions, device,
 # verdict counts, wall time. Exit status: the corpus's, else the fuzz run's, else the tests',
-# per DESIGN.md section 6 (0 conform, 1 nonconformance, 2 bad input, 3 vLLM unusable).
+# per docs/cli.md (0 conform, 1 nonconformance, 2 bad input, 3 vLLM unusable).
 set -uo pipefail
 PY=${PYTHON:-python3}
 REPORT_DIR=${1:-build/nightly}

@@ -13,9 +13,9 @@ makes for the allocator and the predictor, and nothing else:
   scheduler's ``update_from_output`` does (rollback, sampled tokens, caching);
 * ``free`` on ``finish`` and ``preempt``.
 
-It reads the *resolved* :class:`~kvconform.harness.scenario.Call` s of a loaded
+It reads the *resolved* :class:`~kvconform.model.scenario.Call` s of a loaded
 scenario, so both sides walk the same legal trajectory, and it calls vLLM
-through the same :class:`~kvconform.oracles.vllm_compat.Vllm` object (the
+through the same :class:`~kvconform.oracles.vllm.Vllm` object (the
 signature filtering of ``allocate_slots`` included). What it leaves out is what
 kvconform adds: observations, floors, free events, running maxima and checks.
 
@@ -29,10 +29,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvconform.harness.driver import encoder_lens, resolve_lookahead, spec_options
-from kvconform.harness.scenario import Action, Call, ModelSpec, Scenario
+from kvconform.model.scenario import Action, Call, ModelSpec, Scenario
 from kvconform.oracles.live import first_output_token, manager_for, prompt_tokens
-from kvconform.oracles.vllm_compat import Vllm
+from kvconform.oracles.resolve import new_trajectory, spec_options
+from kvconform.oracles.vllm import Vllm
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class BarePlan:
 def plan(scenario: Scenario, vllm: Vllm) -> BarePlan:
     """Resolve a ``kind: trajectory`` scenario into a :class:`BarePlan`."""
     model = scenario.model
-    run = resolve_lookahead(scenario, vllm)
+    run = new_trajectory(scenario, vllm)
     groups = [
         (g.type, g.block_size, spec_options(g, run.num_speculative_tokens)) for g in model.groups
     ]
@@ -71,7 +71,7 @@ def plan(scenario: Scenario, vllm: Vllm) -> BarePlan:
             run.method, run.num_speculative_tokens, run.sample_from_anchor, model.enable_caching
         ),
         tuple((name, tuple(p)) for name, p in prompts.items()),
-        encoder_lens(scenario),
+        scenario.encoder_lens(),
         tuple(call for step in scenario.steps for call in step.calls),
         vllm.reserved_block_count is not None,
     )

@@ -5,7 +5,7 @@ Markdown row) never has to guess whether a number is missing, skipped or zero:
 
 * measured: ``{"available": true, "value": 1.21, "unit": "x", "target": "<= 1.3",
   "meets_target": true, ...details}``
-* missing: ``{"available": false, "reason": "kvconform.harness.fuzz has no run_fuzz in
+* missing: ``{"available": false, "reason": "kvconform.fuzz has no run_fuzz in
   this tree"}`` -- the machinery is absent, or the measurement failed; never a
   made-up value.
 """

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from kvconform import __version__
-from kvconform.oracles.vllm_compat import Vllm
+from kvconform.oracles.vllm import Vllm
 
 
 def _git(root: Path, *args: str) -> str | None:

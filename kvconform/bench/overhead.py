@@ -28,9 +28,9 @@ from kvconform.bench.timing import CallCounter, Timings, interleave
 from kvconform.harness.checks import DEFAULT_CHECKS, run_checks
 from kvconform.harness.engine import DRIVERS, run_scenario
 from kvconform.harness.expectations import Expectation
-from kvconform.harness.observations import Trajectory
-from kvconform.harness.scenario import Scenario
-from kvconform.oracles.vllm_compat import Vllm
+from kvconform.model.observations import Trajectory
+from kvconform.model.scenario import Scenario
+from kvconform.oracles.vllm import Vllm
 
 TARGET_RATIO = 1.3
 

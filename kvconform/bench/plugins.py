@@ -22,14 +22,14 @@ from kvconform.bench.figures import Figure, measured, not_available
 from kvconform.bench.timing import interleave
 from kvconform.harness.checks import CHECKS, judge
 from kvconform.harness.engine import DRIVERS, PARTIES_FOR_CHECKS, run_scenario
-from kvconform.harness.scenario import Scenario
-from kvconform.oracles.vllm_compat import Vllm
+from kvconform.model.scenario import Scenario
+from kvconform.oracles.vllm import Vllm
 
 FUZZ_TARGET = 50.0
 
 
 def fuzz_examples_per_second(vllm: Vllm, examples: int, seed: int = 0) -> Figure:
-    from kvconform.harness.fuzz import run_fuzz  # imports Hypothesis: only when measured
+    from kvconform.fuzz import run_fuzz  # imports Hypothesis: only when measured
 
     stats = run_fuzz(vllm, examples, seed)
     rate = float(stats.examples_per_second)

@@ -1,7 +1,7 @@
 """Figures that need fresh processes: vLLM's import, a whole ``kvconform run``, xdist.
 
 * ``import_seconds``: a fresh interpreter imports torch, then
-  :func:`kvconform.oracles.vllm_compat.load` (vLLM's allocator, request and
+  :func:`kvconform.oracles.vllm.load` (vLLM's allocator, request and
   warmup modules) and the oracles; the probe prints its own timings.
 * ``suite_seconds``: ``kvconform run`` on the corpus in a subprocess, timed from
   outside; ``report.json`` adds the run's own breakdown (``phases_s``: selecting
@@ -35,7 +35,7 @@ import json, time
 t0 = time.perf_counter()
 import torch
 t1 = time.perf_counter()
-from kvconform.oracles.vllm_compat import load
+from kvconform.oracles.vllm import load
 vllm = load()
 import kvconform.harness.engine, kvconform.oracles.live, kvconform.oracles.predictor
 t2 = time.perf_counter()

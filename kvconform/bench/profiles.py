@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-PROBE = "from kvconform.oracles.vllm_compat import load; load()"
+PROBE = "from kvconform.oracles.vllm import load; load()"
 
 
 def call_tree(work: Callable[[], object], path: Path, repeat: int = 3) -> str | None:

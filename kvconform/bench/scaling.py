@@ -19,8 +19,8 @@ from typing import Any
 from kvconform.bench.figures import Figure, measured
 from kvconform.bench.overhead import count_calls, time_workload, workload
 from kvconform.harness.loader import load_text
-from kvconform.harness.scenario import Scenario
-from kvconform.oracles.vllm_compat import Vllm
+from kvconform.model.scenario import Scenario
+from kvconform.oracles.vllm import Vllm
 
 BLOCK_SIZE = 16
 PROMPT_LEN = 32

@@ -8,7 +8,7 @@ each. Ratios are then taken round by round (both sides of a ratio saw the same
 load) and the median over rounds is reported.
 
 :class:`CallCounter` wraps the vLLM entry points on a loaded
-:class:`~kvconform.oracles.vllm_compat.Vllm` object and counts how often each is
+:class:`~kvconform.oracles.vllm.Vllm` object and counts how often each is
 called, so a benchmark can show that two loops made the same vLLM calls. It is
 used for a separate, untimed pass: the wrappers themselves cost time.
 """
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvconform.bench.figures import median
-from kvconform.oracles.vllm_compat import Vllm
+from kvconform.oracles.vllm import Vllm
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The checks: floor, agree, lookahead and sanity (DESIGN.md §5).
+"""The checks: floor, agree, lookahead and sanity (the contract: scenarios/README.md).
 
 Each check is a function from a recorded :class:`Trajectory` to the
 :class:`Failure` objects it finds, registered in :data:`CHECKS`. Checks never
@@ -32,29 +32,24 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import groupby
-from typing import Protocol
 
-from kvconform.harness.observations import (
+from kvconform.model.floors import FLOORS, token_columns
+from kvconform.model.group_types import GROUP_TYPES
+from kvconform.model.lookahead import rule_for
+from kvconform.model.observations import (
     BLOCK_ID_PARTIES,
     FreeEvent,
     Observation,
     Trajectory,
     party_block_ids,
 )
-from kvconform.harness.results import Failure
-from kvconform.oracles.floors import FLOORS, token_columns
-from kvconform.oracles.group_types import GROUP_TYPES
-from kvconform.oracles.lookahead import rule_for
+from kvconform.model.results import Failure
 
 PARTY_NAMES = {
     "live": "the live KVCacheManager",
     "predicted": "the warmup predictor _reserved_block_count",
     "warmup": "the recorded warmup",
 }
-
-
-class Check(Protocol):
-    def __call__(self, run: Trajectory) -> Iterator[Failure]: ...
 
 
 class CheckSkipped(Exception):
@@ -175,7 +170,7 @@ def check_lookahead(run: Trajectory) -> Iterator[Failure]:
             "lookahead",
             f"method {run.method!r} is not in kvconform's lookahead table; vLLM reserves "
             f"{run.vllm_lookahead} slots for k={k}. Add a row to "
-            "kvconform/oracles/lookahead.py saying what its drafter writes.",
+            "kvconform/model/lookahead.py saying what its drafter writes.",
         )
         return
     if run.vllm_lookahead is None or run.vllm_lookahead == run.expected_lookahead:

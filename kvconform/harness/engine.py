@@ -22,32 +22,19 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from kvconform.errors import PoolExhausted, ScenarioError, VllmUnavailable
+from kvconform.errors import ExitStatus, PoolExhausted, ScenarioError, VllmUnavailable
 from kvconform.harness.checks import DEFAULT_CHECKS, judge
-from kvconform.harness.driver import drive
+from kvconform.harness.drivers import DRIVERS
 from kvconform.harness.expectations import Expectation, apply_expectations
-from kvconform.harness.observations import Trajectory
-from kvconform.harness.results import ErrorKind, ScenarioResult, Verdict
-from kvconform.harness.scenario import Scenario
-from kvconform.harness.scheduler_driver import drive_scheduler
-from kvconform.harness.warmup_driver import drive_warmup
+from kvconform.model.observations import Trajectory
+from kvconform.model.results import ErrorKind, ScenarioResult, Verdict
+from kvconform.model.scenario import Scenario
 from kvconform.oracles.slots import record_slots
-from kvconform.oracles.vllm_compat import Vllm
-
-Driver = Callable[[Scenario, Vllm], Trajectory]
-DRIVERS: dict[str, Driver] = {
-    "trajectory": drive,
-    "warmup": drive_warmup,
-    "scheduler": drive_scheduler,
-}
+from kvconform.oracles.vllm import Vllm
 
 # Parties that record, after the driver, what one check judges: run only when
 # that check is selected. Any kind of scenario gets them (they read a Trajectory).
 PARTIES_FOR_CHECKS: dict[str, Callable[[Trajectory, Vllm], object]] = {"slots": record_slots}
-
-
-def register_driver(kind: str, driver: Driver) -> None:
-    DRIVERS[kind] = driver
 
 
 def run_scenario(
@@ -131,15 +118,15 @@ def describe_crash(exc: BaseException, vllm: Vllm) -> str:
     return f"vLLM {vllm.version} raised {type(exc).__name__}{': ' + text if text else ''}{where}"
 
 
-def exit_status(results: Iterable[ScenarioResult], input_errors: int = 0) -> int:
-    """DESIGN.md §6: 2 bad input, 1 nonconformance, 3 vLLM not exercisable, 0 conform."""
+def exit_status(results: Iterable[ScenarioResult], input_errors: int = 0) -> ExitStatus:
+    """Bad input wins, then nonconformance (a crash of vLLM included), then "not exercised"."""
     results = list(results)
     if input_errors or any(r.error_kind is ErrorKind.INPUT for r in results):
-        return 2
-    if any(r.verdict in (Verdict.FAILED,) for r in results) or any(
+        return ExitStatus.BAD_INPUT
+    if any(r.verdict is Verdict.FAILED for r in results) or any(
         r.verdict is Verdict.ERROR and r.error_kind is ErrorKind.CRASH for r in results
     ):
-        return 1
+        return ExitStatus.NONCONFORMANCE
     if any(r.verdict is Verdict.ERROR for r in results):
-        return 3
-    return 0
+        return ExitStatus.NOT_EXERCISED
+    return ExitStatus.CONFORM

@@ -24,6 +24,7 @@ stays ``failed``. Input errors are never excused.
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,10 +32,40 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from kvconform.errors import Location, ScenarioError
-from kvconform.harness.results import ErrorKind, ScenarioResult, Verdict
 from kvconform.harness.yamlio import LineDict, load_yaml
+from kvconform.model.results import ErrorKind, ScenarioResult, Verdict
 
 DEFAULT_FILE = "expectations.yaml"
+# The folder a run without paths runs, and where a new expectations file goes.
+DEFAULT_SCENARIOS = "scenarios"
+
+
+def find_expectations(paths: Sequence[str | Path]) -> Path | None:
+    """The nearest expectations.yaml at or above the first scenario path.
+
+    The search stops at the repository's root (a folder holding ``.git``), so a
+    checkout never picks up a file from whatever folder it was cloned into.
+    """
+    start = Path(paths[0] if paths else DEFAULT_SCENARIOS).resolve()
+    for folder in [start, *start.parents] if start.is_dir() else list(start.parents):
+        candidate = folder / DEFAULT_FILE
+        if candidate.exists():
+            return candidate
+        if (folder / ".git").exists():
+            break
+    return None
+
+
+def default_expectations_path(paths: Sequence[str | Path]) -> Path:
+    """Where a new expectations file goes: beside the scenario tree that was run."""
+    first = Path(paths[0] if paths else DEFAULT_SCENARIOS).resolve()
+    folder = first if first.is_dir() else first.parent
+    for candidate in [folder, *folder.parents]:
+        if candidate.name == DEFAULT_SCENARIOS:
+            return candidate / DEFAULT_FILE
+        if (candidate / ".git").exists():
+            break
+    return folder / DEFAULT_FILE
 
 
 @dataclass(frozen=True)

@@ -47,8 +47,8 @@ from kvconform.harness.expectations import (
     parse_expectations,
     raw_verdict,
 )
-from kvconform.harness.results import ErrorKind, ScenarioResult, Verdict
 from kvconform.harness.yamlio import load_yaml
+from kvconform.model.results import ErrorKind, ScenarioResult, Verdict
 
 TODO_REASON = "TODO: investigate"
 EVIDENCE_LIMIT = 300
@@ -63,7 +63,7 @@ HEADER = """\
 
 
 class ExpectationsUpdateError(KvconformError):
-    exit_status = 2
+    """The expectations file cannot be rewritten as asked."""
 
 
 @dataclass

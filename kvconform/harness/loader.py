@@ -22,8 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from kvconform.errors import Location, ScenarioError
-from kvconform.harness.scenario import (
+from kvconform.harness.yamlio import LineDict, LineList, load_yaml
+from kvconform.model.group_types import GROUP_TYPES
+from kvconform.model.scenario import (
     ACCEPT_ALL,
+    KINDS,
     MODEL_RUNNERS,
     SCHEDULER_MODES,
     Acceptance,
@@ -37,12 +40,9 @@ from kvconform.harness.scenario import (
     Step,
     WarmupSpec,
 )
-from kvconform.harness.trajectory import RequestTokens
-from kvconform.harness.yamlio import LineDict, LineList, load_yaml
-from kvconform.oracles.group_types import GROUP_TYPES
+from kvconform.model.tokens import RequestTokens
 
 SCENARIO_SUFFIXES = (".yaml", ".yml")
-KINDS = ("trajectory", "warmup", "scheduler")
 # Group types a scheduler scenario may use: the tiny model kvconform builds for
 # vLLM's scheduler is a plain decoder, so types that need a hybrid, encoder-decoder
 # or context-parallel model configuration (Mamba alignment, cross-attention, ...)

@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable
 
 from kvconform.errors import UsageError
-from kvconform.harness.scenario import Scenario
+from kvconform.model.scenario import Scenario
 
 _TOKEN = re.compile(r"\s*(\(|\)|[^\s()]+)")
 Matcher = Callable[[str], bool]

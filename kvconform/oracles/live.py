@@ -26,8 +26,10 @@ from dataclasses import replace
 from typing import Any
 
 from kvconform.errors import Location, PoolExhausted
-from kvconform.harness.scenario import Action, Call, ModelSpec, RequestSpec
-from kvconform.oracles.vllm_compat import Vllm
+from kvconform.model.observations import Trajectory
+from kvconform.model.scenario import Action, Call, ModelSpec, RequestSpec
+from kvconform.oracles.resolve import group_specs
+from kvconform.oracles.vllm import Vllm
 
 # Token ids: disjoint ranges per request so that prefix-cache hits happen only
 # where a scenario asks for them (prefix_from), never on outputs. Every party that
@@ -74,21 +76,27 @@ class LiveAllocator:
     """One ``KVCacheManager`` shared by all requests of a scenario."""
 
     def __init__(
-        self,
-        vllm: Vllm,
-        model: ModelSpec,
-        specs: Sequence[Any],
-        lookahead: int,
-        speculative_options: Mapping[str, int | bool] | None = None,
+        self, vllm: Vllm, model: ModelSpec, run: Trajectory, *, as_scheduler: bool = True
     ) -> None:
-        """``speculative_options``: what the scheduler passes for its speculative
-        config (``Vllm.manager_options``): EAGLE block drop, prefill lookahead,
-        lookahead block hashes."""
-        options = dict(speculative_options or {})
+        """A manager for ``model``'s pool and groups, allocating with ``run``'s lookahead.
+
+        ``as_scheduler``: built with what vLLM's scheduler passes for its
+        speculative config (``Vllm.manager_options``: EAGLE block drop, prefill
+        lookahead, lookahead block hashes); off for a warmup replay, whose
+        requests never came through a scheduler.
+        """
+        options = (
+            vllm.manager_options(
+                run.method, run.num_speculative_tokens, run.sample_from_anchor, model.enable_caching
+            )
+            if as_scheduler
+            else {}
+        )
         self.vllm = vllm
         self.model = model
-        self.lookahead = lookahead
-        self.manager = manager_for(vllm, model, specs, options)
+        self.lookahead = run.lookahead
+        self.specs = group_specs(vllm, model, run.num_speculative_tokens)
+        self.manager = manager_for(vllm, model, self.specs, options)
         self.null_block = vllm.null_block_id(self.manager)
         self._hasher = (
             vllm.block_hasher(

@@ -10,41 +10,35 @@ re-implementation.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-from kvconform.oracles.vllm_compat import Vllm
+from kvconform.model.observations import Trajectory
+from kvconform.model.scenario import ModelSpec
+from kvconform.oracles.resolve import group_specs
+from kvconform.oracles.vllm import Vllm
 
 
 class Predictor:
-    def __init__(self, vllm: Vllm, max_model_len: int, lookahead: int) -> None:
+    """``_reserved_block_count`` for one scenario's groups, with its lookahead and cap."""
+
+    def __init__(self, vllm: Vllm, model: ModelSpec, run: Trajectory) -> None:
         self._fn = vllm.reserved_block_count
         self.unavailable_reason = None if self._fn is not None else vllm.predictor_missing_reason()
-        self._max_model_len = max_model_len
-        self._lookahead = lookahead
+        self._max_model_len = model.max_model_len
+        self._lookahead = run.lookahead
+        self.specs = group_specs(vllm, model, run.num_speculative_tokens)
 
     @property
     def available(self) -> bool:
         return self._fn is not None
 
-    def blocks(self, num_tokens: int, spec: Any, encoder_len: int) -> int:
-        """Only where :attr:`available`; called per step and group, so kept bare."""
-        return int(
-            self._fn(  # type: ignore[misc]
-                num_tokens,
-                spec,
-                num_lookahead_tokens=self._lookahead,
-                max_model_len=self._max_model_len,
-                max_encoder_len=encoder_len,
-            )
-        )
-
-    def for_group(self, spec: Any) -> Callable[[int, int], int]:
-        """:meth:`blocks` for one group's spec: (num_tokens, encoder_len) -> blocks.
+    def for_group(self, group: int) -> Callable[[int, int], int]:
+        """The prediction for one group: (num_tokens, encoder_len) -> blocks.
 
         The driver asks once per step and group; binding the spec and the fixed
         keywords once keeps that call close to vLLM's own cost.
         """
         fn, lookahead, max_model_len = self._fn, self._lookahead, self._max_model_len
+        spec = self.specs[group]
         if fn is None:
             raise ValueError(f"the predictor is unavailable: {self.unavailable_reason}")
 

@@ -12,7 +12,7 @@ reserved. It
 * builds the ``VllmConfig`` an engine with the scenario's limits would build.
   vLLM's first ``ModelConfig`` / ``SpeculativeConfig`` of a process inspects
   model architectures (seconds; cached on disk under ``VLLM_CACHE_ROOT``, which
-  :func:`kvconform.oracles.vllm_compat.load` points at kvconform's cache), so
+  :func:`kvconform.oracles.vllm.load` points at kvconform's cache), so
   they are built once per process and handed out as deep copies;
 * steps the scheduler the way vLLM's engine core does: ``sync`` like
   ``EngineCore.step`` (schedule, output, then the drafter's next drafts through
@@ -28,7 +28,7 @@ reserved. It
   release of blocks (the manager's ``free``, wrapped to observe it, not to
   change it) with the pool's free count around it.
 
-The driver (:mod:`kvconform.harness.scheduler_driver`) turns these records into
+The driver (:mod:`kvconform.harness.drivers.scheduler`) turns these records into
 observations. What the fabricated output does not model is listed in
 ``docs/scheduler-mode.md``.
 """
@@ -42,17 +42,19 @@ import os
 import shutil
 import tempfile
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from kvconform.errors import PoolExhausted, ScenarioError, VllmUnavailable
-from kvconform.harness.acceptance import AcceptanceStream
-from kvconform.harness.scenario import Scenario
+from kvconform.model.acceptance import AcceptanceStream
+from kvconform.model.scenario import Scenario
 from kvconform.oracles.live import OUTPUT_OFFSET, first_output_token, prompt_tokens
-from kvconform.oracles.vllm_compat import Vllm
+from kvconform.oracles.resolve import group_specs
+from kvconform.oracles.vllm import Vllm
+from kvconform.oracles.vllm.scheduling import Scheduling
 from kvconform.paths import cache_dir
 
 # Draft token ids sit above a request's outputs (the layout of kvconform.oracles.live),
@@ -198,8 +200,9 @@ def model_and_speculative_config(
     k = spec.num_speculative_tokens if spec is not None else 0
     key = (vllm.location, target, draft, method, k, max_model_len)
     if key not in _CONFIGS:
+        api = vllm.part(Scheduling)
         try:
-            model_config = vllm.model_config(target, max_model_len)
+            model_config = api.model_config(target, max_model_len)
         except Exception as exc:  # noqa: BLE001 - vLLM refusing the tiny model
             raise VllmUnavailable(
                 vllm.version, "a ModelConfig for kvconform's config-only model", _first_line(exc)
@@ -210,7 +213,7 @@ def model_and_speculative_config(
             if draft is not None:
                 options["model"] = draft
             try:
-                speculative = vllm.model_speculative_config(model_config, method, k, **options)
+                speculative = api.model_speculative_config(model_config, method, k, **options)
             except Exception as exc:  # noqa: BLE001 - the method cannot be built here
                 raise VllmUnavailable(
                     vllm.version,
@@ -284,9 +287,10 @@ class SchedulerRun:
 class SchedulerOracle:
     """vLLM's scheduler for one scenario, with its requests, stepped to the end."""
 
-    def __init__(self, vllm: Vllm, scenario: Scenario, kv_specs: Sequence[Any]) -> None:
+    def __init__(self, vllm: Vllm, scenario: Scenario, num_speculative_tokens: int) -> None:
         assert scenario.scheduler is not None
         self.vllm = vllm
+        self.api = api = vllm.part(Scheduling)
         self.scenario = scenario
         self.limits = scenario.scheduler
         model, spec = scenario.model, scenario.speculative
@@ -294,10 +298,11 @@ class SchedulerOracle:
         self.num_spec = spec.num_speculative_tokens if spec is not None else 0
         model_config, speculative = model_and_speculative_config(vllm, scenario, self.method)
         where = self.limits.where or scenario.where.at("scheduler")
+        kv_specs = group_specs(vllm, model, num_speculative_tokens)
         kv_cache_config = vllm.kv_cache_config(model.num_blocks, kv_specs)
-        with vllm.model_runner(self.limits.model_runner):
+        with api.model_runner(self.limits.model_runner):
             try:
-                self.config = vllm.scheduler_vllm_config(
+                self.config = api.scheduler_vllm_config(
                     model_config,
                     speculative,
                     block_size=model.scheduler_block_size,
@@ -309,9 +314,9 @@ class SchedulerOracle:
                     long_prefill_token_threshold=self.limits.long_prefill_token_threshold,
                     async_scheduling=self.limits.async_scheduling,
                 )
-                block_size, hash_block_size = vllm.kv_block_sizes(kv_cache_config, self.config)
-                max_concurrent_batches = vllm.max_concurrent_batches(self.config)
-                runner_name = vllm.model_runner_name(self.config)
+                block_size, hash_block_size = api.kv_block_sizes(kv_cache_config, self.config)
+                max_concurrent_batches = api.max_concurrent_batches(self.config)
+                runner_name = api.model_runner_name(self.config)
             except VllmUnavailable:
                 raise
             except Exception as exc:  # noqa: BLE001 - vLLM refusing the configuration
@@ -321,16 +326,16 @@ class SchedulerOracle:
                     vllm.version, f"support for these settings ({where})", _first_line(exc)
                 ) from None
             # Raising here, on a configuration vLLM accepted, is a finding (a crash).
-            self.scheduler = vllm.new_scheduler(
+            self.scheduler = api.new_scheduler(
                 self.config, kv_cache_config, block_size, hash_block_size
             )
         self.manager = self.scheduler.kv_cache_manager
         self.run = SchedulerRun(
             scheduler_class=type(self.scheduler).__name__,
             mode=self.limits.mode,
-            lookahead=vllm.lookahead_of(self.scheduler),
-            config_lookahead=vllm.lookahead_of(self.config),
-            prefill_lookahead=vllm.lookahead_of(self.config, "num_prefill_lookahead_tokens"),
+            lookahead=api.lookahead_of(self.scheduler),
+            config_lookahead=api.lookahead_of(self.config),
+            prefill_lookahead=api.lookahead_of(self.config, "num_prefill_lookahead_tokens"),
             max_concurrent_batches=max_concurrent_batches,
             model_runner=runner_name,
             null_block=vllm.null_block_id(self.manager),
@@ -340,7 +345,7 @@ class SchedulerOracle:
         hasher = None
         if model.enable_caching:
             hasher = vllm.block_hasher(
-                hash_block_size, vllm.lookahead_of(self.config, "num_hash_lookahead_tokens") or 0
+                hash_block_size, api.lookahead_of(self.config, "num_hash_lookahead_tokens") or 0
             )
         self._pending = sorted(
             scenario.requests.values(),
@@ -398,7 +403,7 @@ class SchedulerOracle:
 
     def _record(self, output: Any, in_flight: int) -> list[tuple[str, int | None]]:
         """Record one schedule() and decide the fabricated output of each request."""
-        drafts = self.vllm.scheduled_drafts(output)
+        drafts = self.api.scheduled_drafts(output)
         rows = []
         answers: list[tuple[str, int | None]] = []
         for rid, scheduled in output.num_scheduled_tokens.items():
@@ -455,19 +460,19 @@ class SchedulerOracle:
             first = self._next_output[rid]
             self._next_output[rid] = first + 1 + accepted
             sampled.append(list(range(first, first + 1 + accepted)))
-        return self.vllm.model_runner_output(req_ids, sampled)
+        return self.api.model_runner_output(req_ids, sampled)
 
     def _feed_drafts(self, output: Any) -> None:
         """What ``EngineCore.post_step`` does for a synchronous scheduler."""
-        if not self.num_spec or self.vllm.skips_drafts(output):
+        if not self.num_spec or self.api.skips_drafts(output):
             return
-        count = self.vllm.drafts_per_step(output, self.num_spec)
+        count = self.api.drafts_per_step(output, self.num_spec)
         req_ids = [rid for rid in output.num_scheduled_tokens if rid in self.scheduler.requests]
         drafts = [
             [self._next_output[rid] - OUTPUT_OFFSET + _DRAFT_OFFSET + i for i in range(count)]
             for rid in req_ids
         ]
-        self.scheduler.update_draft_token_ids(self.vllm.draft_token_ids(req_ids, drafts))
+        self.scheduler.update_draft_token_ids(self.api.draft_token_ids(req_ids, drafts))
 
     def _stalled(self, since: int) -> PoolExhausted:
         waiting = [rid for rid in self._requests if rid in self.scheduler.requests]
@@ -526,6 +531,6 @@ class SchedulerOracle:
         return self.run
 
 
-def run_scheduler(vllm: Vllm, scenario: Scenario, kv_specs: Sequence[Any]) -> SchedulerRun:
+def run_scheduler(vllm: Vllm, scenario: Scenario, num_speculative_tokens: int) -> SchedulerRun:
     """Build vLLM's scheduler for a ``kind: scheduler`` scenario and step it to the end."""
-    return SchedulerOracle(vllm, scenario, kv_specs).step_to_end()
+    return SchedulerOracle(vllm, scenario, num_speculative_tokens).step_to_end()

@@ -29,7 +29,7 @@ recorded :class:`Trajectory` through that kernel:
    would write: in a fresh row, block 0, the null block.
 
 Only token-indexed groups are mapped (the group types whose reference floor is
-:func:`~kvconform.oracles.floors.token_columns`); the others, and groups
+:func:`~kvconform.model.floors.token_columns`); the others, and groups
 sharded by decode context parallelism, are listed with the reason in
 :attr:`SlotRecording.groups_skipped`. The party records; ``check_slots`` in
 :mod:`kvconform.harness.checks` judges.
@@ -44,7 +44,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvconform.errors import VllmUnavailable
-from kvconform.harness.observations import (
+from kvconform.model.floors import FLOORS, token_columns
+from kvconform.model.observations import (
     BLOCK_ID_PARTIES,
     Observation,
     SlotEscape,
@@ -52,8 +53,8 @@ from kvconform.harness.observations import (
     Trajectory,
     party_block_ids,
 )
-from kvconform.oracles.floors import FLOORS, token_columns
-from kvconform.oracles.vllm_compat import SlotKernel, Vllm
+from kvconform.oracles.vllm import Vllm
+from kvconform.oracles.vllm.slot_kernel import SlotKernel, slot_kernel_of
 
 Writes = tuple[Sequence[int], Sequence[int]]
 PositionsWritten = Callable[[Observation, int], Writes]
@@ -160,7 +161,7 @@ def record_slots(
         recording.skipped = "no party recorded the block ids it held"
         return recording
     try:
-        kernel = vllm.slot_kernel()
+        kernel = slot_kernel_of(vllm)
     except VllmUnavailable as exc:
         recording.skipped = str(exc)
         return recording

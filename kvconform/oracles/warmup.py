@@ -5,7 +5,7 @@ by hand (``vllm/v1/worker/gpu/warmup.py``), reserving blocks for each warmup
 request itself instead of asking the ``KVCacheManager``. That reservation is
 where the upstream bug lived (vLLM 0.25.0-0.27.1 ignored the drafter's
 lookahead), in code the predictor alone never exercises. This oracle runs the
-real entry points with a stub model runner (see ``vllm_compat.StubModelRunner``:
+real entry points with a stub model runner (see :mod:`kvconform.oracles.vllm.warmup_stubs`:
 vLLM's own warmup test stubs the runner the same way), records every
 ``SchedulerOutput`` handed to ``worker_execute_model``, and rebuilds from them,
 per step, per request and per group, how many blocks each warmup request
@@ -25,13 +25,16 @@ call, and says so in the recording's notes. With CUDA it runs unchanged.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvconform.oracles.vllm_compat import RunnerSettings, Vllm
+from kvconform.model.observations import Trajectory
+from kvconform.model.scenario import Scenario, WarmupSpec
+from kvconform.oracles.resolve import group_specs
+from kvconform.oracles.vllm import Vllm
+from kvconform.oracles.vllm.warmup_stubs import RunnerSettings, Warmup
 
 # The run-level line reports carry when warmup scenarios ran without CUDA.
 CPU_RUN_NOTE = (
@@ -148,33 +151,6 @@ class SchedulerOutputRecorder:
         )
 
 
-@contextlib.contextmanager
-def _without_final_synchronize(recording: WarmupRecording, entry_point: str) -> Iterator[None]:
-    """Replace ``torch.accelerator.synchronize`` by a no-op where there is no CUDA."""
-    import torch
-
-    if torch.cuda.is_available():
-        yield
-        return
-    accelerator = torch.accelerator
-    original = accelerator.synchronize
-    skipped: list[int] = []
-
-    def skip(*args: Any, **kwargs: Any) -> None:
-        skipped.append(1)
-
-    accelerator.synchronize = skip
-    try:
-        yield
-    finally:
-        accelerator.synchronize = original
-        if skipped:
-            recording.notes.append(
-                f"{entry_point} ran on CPU without its torch.accelerator.synchronize() "
-                f"(no CUDA device; skipped {len(skipped)}x); every SchedulerOutput was recorded"
-            )
-
-
 def record_warmup(
     vllm: Vllm,
     settings: RunnerSettings,
@@ -188,24 +164,30 @@ def record_warmup(
     """
     recording = WarmupRecording()
     recorder = SchedulerOutputRecorder(recording, settings.is_encoder_decoder)
+    warmup = vllm.part(Warmup)
     for entry_point in entry_points:
-        fn = vllm.warmup_entry_point(entry_point)
-        runner = vllm.stub_model_runner(settings)
+        fn = warmup.warmup_entry_point(entry_point)
+        runner = warmup.stub_model_runner(settings)
         recorder.entry_point, recorder.number = entry_point, 0
         args: tuple[Any, ...] = (runner, recorder.execute_model, recorder.sample_tokens)
         if entry_point == "run_mixed_prefill_decode_warmup":
             args += (mixed_num_tokens,)
         logging.disable(logging.WARNING)  # the mixed warmup warns when it skips itself
         try:
-            with _without_final_synchronize(recording, entry_point):
+            with warmup.without_final_synchronize() as skipped:
                 returned = fn(*args)
         except Exception as exc:
-            shortfall = vllm.stub_shortfall(runner)
+            shortfall = warmup.stub_shortfall(runner)
             if shortfall is not None:
                 raise shortfall from exc
             raise
         finally:
             logging.disable(logging.NOTSET)
+        if skipped:
+            recording.notes.append(
+                f"{entry_point} ran on CPU without its torch.accelerator.synchronize() "
+                f"(no CUDA device; skipped {len(skipped)}x); every SchedulerOutput was recorded"
+            )
         if runner.stub_misses:
             # Read with getattr(..., default): vLLM ran on without it.
             recording.notes.append(
@@ -218,3 +200,34 @@ def record_warmup(
                 "(a pooling model, max_num_seqs < 2, num_tokens < 3, or too few KV blocks)"
             )
     return recording
+
+
+def scenario_settings(vllm: Vllm, scenario: Scenario, run: Trajectory) -> RunnerSettings:
+    """The stub runner's settings for a ``kind: warmup`` scenario.
+
+    Its KV groups, the lookahead ``run`` resolved, the method's
+    ``SpeculativeConfig`` (built without a model, as vLLM's own test does),
+    ``max_num_seqs``, ``max_num_batched_tokens``, ``num_blocks``,
+    ``max_model_len`` and, with a cross-attention group, ``max_encoder_len``.
+    """
+    model = scenario.model
+    warmup = scenario.warmup or WarmupSpec()
+    encoder_decoder = any(g.type == "cross_attention" for g in model.groups)
+    spec = scenario.speculative
+    speculative_config = None
+    if spec is not None:
+        speculative_config = vllm.speculative_config(
+            spec.method, spec.num_speculative_tokens, spec.sample_from_anchor
+        )
+    specs = group_specs(vllm, model, run.num_speculative_tokens)
+    return RunnerSettings(
+        kv_cache_config=vllm.kv_cache_config(model.num_blocks, specs),
+        num_speculative_tokens=run.num_speculative_tokens,
+        num_lookahead_tokens=run.lookahead,
+        speculative_config=speculative_config,
+        max_num_seqs=warmup.max_num_seqs,
+        max_num_batched_tokens=warmup.max_num_batched_tokens,
+        max_model_len=model.max_model_len,
+        max_encoder_len=model.max_encoder_len if encoder_decoder else 0,
+        is_encoder_decoder=encoder_decoder,
+    )

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from kvconform.harness.results import RunReport
+from kvconform.model.results import RunReport
 from kvconform.reports.html import write_html
 from kvconform.reports.json_report import write_json
 from kvconform.reports.junit import write_junit

@@ -32,13 +32,12 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from kvconform import __version__
-from kvconform.harness.coverage import KIND_LETTERS, Coverage, OfferedItem, status_rank
 from kvconform.harness.expectations_update import is_unreviewed
-from kvconform.harness.observations import FreeEvent, Observation, Trajectory
-from kvconform.harness.results import RunReport, ScenarioResult, Verdict
-from kvconform.oracles.floors import FLOORS
+from kvconform.model.coverage import KIND_LETTERS, Coverage, OfferedItem, status_rank
+from kvconform.model.floors import FLOORS
+from kvconform.model.observations import FreeEvent, Observation, Trajectory
+from kvconform.model.results import RunReport, ScenarioResult, Verdict
 from kvconform.reports import plots
-from kvconform.reports.common import rerun_command
 
 MAX_PLOTTED = 25
 MAX_MESSAGES = 25
@@ -331,7 +330,7 @@ def _scenario(
     out += [f"<dt>{e(k)}</dt><dd>{v}</dd>" for k, v in _setup_facts(result, report)]
     out.append("</dl>")
     out.append("<h4>Rerun this scenario alone</h4>")
-    out.append(f'<pre class="cmd">{e(rerun_command(result, report))}</pre>')
+    out.append(f'<pre class="cmd">{e(report.rerun_command(result))}</pre>')
     if result.error:
         kind = result.error_kind.value if result.error_kind else "error"
         out.append(f"<h4>Error ({e(kind)})</h4>")
@@ -513,7 +512,7 @@ def _xpassed(results: list[ScenarioResult], report: RunReport, slugs: dict[int, 
         out.append('<dl class="facts">')
         out += [f"<dt>{e(k)}</dt><dd>{v}</dd>" for k, v in _setup_facts(result, report)]
         out.append("</dl>")
-        out.append(f'<pre class="cmd">{e(rerun_command(result, report))}</pre></article>')
+        out.append(f'<pre class="cmd">{e(report.rerun_command(result))}</pre></article>')
     return out
 
 

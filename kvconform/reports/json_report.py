@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kvconform import __version__
-from kvconform.harness.results import RunReport, ScenarioResult
-from kvconform.reports.common import rerun_command
+from kvconform.model.results import RunReport, ScenarioResult
 
 SCHEMA = "kvconform-report/1"
 
@@ -36,7 +35,7 @@ def scenario_json(result: ScenarioResult, report: RunReport) -> dict[str, Any]:
         "expectation": result.expectation,
         "expectation_evidence": result.expectation_evidence,
         "duration_s": round(result.duration, 6),
-        "rerun": rerun_command(result, report),
+        "rerun": report.rerun_command(result),
         "failures": [f.to_json() for f in result.failures],
         "skipped_checks": dict(result.skipped_checks),
     }

@@ -13,8 +13,7 @@ import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
 
-from kvconform.harness.results import RunReport, ScenarioResult, Verdict
-from kvconform.reports.common import rerun_command
+from kvconform.model.results import RunReport, ScenarioResult, Verdict
 
 
 def _suite_name(file: str) -> str:
@@ -32,7 +31,7 @@ def _testcase(suite: ET.Element, result: ScenarioResult, report: RunReport) -> N
     )
     if result.line is not None:
         case.set("line", str(result.line))
-    rerun = f"\n\nRerun: {rerun_command(result, report)}"
+    rerun = f"\n\nRerun: {report.rerun_command(result)}"
     if result.verdict is Verdict.FAILED:
         text = "\n".join(f"[{f.check}] {f.message}" for f in result.failures)
         failure = ET.SubElement(

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvconform.harness.results import RunReport, Verdict
-from kvconform.reports.common import rerun_command
+from kvconform.model.results import RunReport, Verdict
 
 MAX_FAILURES_SHOWN = 3
 
@@ -58,7 +57,7 @@ def render_markdown(report: RunReport) -> str:
                 lines.append(f"- **{failure.check}**: {_cell(failure.message)}")
             if len(result.failures) > MAX_FAILURES_SHOWN:
                 lines.append(f"- … {len(result.failures) - MAX_FAILURES_SHOWN} more in report.json")
-            lines += ["", f"    {rerun_command(result, report)}", ""]
+            lines += ["", f"    {report.rerun_command(result)}", ""]
     xpassed = [r for r in report.results if r.verdict is Verdict.XPASSED]
     if xpassed:
         lines += [

@@ -22,8 +22,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from kvconform.harness.observations import Observation, Trajectory
-from kvconform.harness.results import ScenarioResult
+from kvconform.model.observations import Observation, Trajectory
+from kvconform.model.results import ScenarioResult
 from kvconform.paths import cache_dir
 
 # Beyond this many requests a group's figure shows the ones with failures first.

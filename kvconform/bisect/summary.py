@@ -1,0 +1,116 @@
+"""How a bisection reports: one line per probe, then the boundary and what flipped.
+
+The scenarios that *flipped* are those whose verdict differs between the two
+probes on either side of the boundary (the nearest old candidate and the first
+new one); each is shown with the first failure or error of whichever side did
+not conform, which is usually the whole story.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from kvconform.bisect.outcome import describe_status, outcome_of, terms
+from kvconform.bisect.state import BisectState, ProbeRecord
+
+Say = Callable[[str], None]
+
+
+_OK = ("passed", "xfailed", "xpassed", "absent")
+
+
+@dataclass(frozen=True)
+class Flip:
+    """A scenario whose verdict differs across the boundary.
+
+    ``decisive`` when it went from conforming to not or back (what the
+    bisection tracked); otherwise a change such as xfailed -> xpassed.
+    """
+
+    scenario: str
+    before: str
+    after: str
+    headline: str
+
+    @property
+    def decisive(self) -> bool:
+        return (self.before in _OK) != (self.after in _OK)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "decisive": self.decisive}
+
+
+def flipped(old: ProbeRecord, new: ProbeRecord) -> list[Flip]:
+    flips = []
+    for scenario in dict.fromkeys([*old.verdicts, *new.verdicts]):
+        before = old.verdicts.get(scenario, "absent")
+        after = new.verdicts.get(scenario, "absent")
+        if before != after:
+            headline = new.headlines.get(scenario) or old.headlines.get(scenario) or ""
+            flips.append(Flip(scenario, before, after, headline))
+    return flips
+
+
+def probe_line(number: int, record: ProbeRecord, find_fix: bool, title: str = "") -> str:
+    """``probe 3: 0.30.0  nonconform (1 of 1 failed) -> bad  19.2 s  DIR``."""
+    outcome = outcome_of(record.run_status, find_fix)
+    old, new = terms(find_fix)
+    meaning = {"old": old, "new": new, "skip": "skip", "abort": "abort"}[outcome.value]
+    status = describe_status(record.run_status) if record.run_status is not None else "no report"
+    counts = ""
+    if record.verdicts:
+        counts = f" ({record.failed_count()} of {len(record.verdicts)} failed)"
+    when = "cached" if record.cached else f"{record.duration:.1f} s"
+    line = f"probe {number}: {record.label}{title}  {status}{counts} -> {meaning}  [{when}]"
+    if outcome.value in ("skip", "abort") and record.reason:
+        line += f"\n         {record.reason}"
+    return line
+
+
+MAX_SHOWN = 12
+MAX_HEADLINE = 220
+
+
+def short(headline: str) -> str:
+    """A failure message without its explanation, on about two lines."""
+    text = headline.split(" (why:", 1)[0]
+    return text if len(text) <= MAX_HEADLINE else text[: MAX_HEADLINE - 3] + "..."
+
+
+def print_flips(flips: list[Flip], old_label: str, new_label: str, say: Say) -> None:
+    decisive = [f for f in flips if f.decisive]
+    if not decisive:
+        say(
+            f"No scenario went from conforming to not, or back, between {old_label} and {new_label}."
+        )
+    else:
+        say(f"Scenarios that flipped between {old_label} and {new_label}:")
+    for flip in decisive[:MAX_SHOWN]:
+        say(f"  {flip.scenario}: {flip.before} -> {flip.after}")
+        if flip.headline:
+            say(f"      {short(flip.headline)}")
+    if len(decisive) > MAX_SHOWN:
+        say(f"  ... and {len(decisive) - MAX_SHOWN} more (every one is in bisect's state file)")
+    others = [f for f in flips if not f.decisive]
+    if others:
+        say(
+            "Other verdict changes there: "
+            + ", ".join(f"{f.scenario} {f.before} -> {f.after}" for f in others)
+        )
+
+
+def print_probes(state: BisectState, find_fix: bool, say: Say) -> None:
+    probes = list(state.probes.values())
+    cached = sum(1 for p in probes if p.cached)
+    total = sum(p.duration for p in probes if not p.cached)
+    say(f"Probes ({len(probes)}, {cached} cached, {total:.1f} s of probing) and their reports:")
+    old, new = terms(find_fix)
+    for record in probes:
+        outcome = outcome_of(record.run_status, find_fix).value
+        meaning = {"old": old, "new": new}.get(outcome, outcome)
+        say(
+            f"  {record.label:14} {describe_status(record.run_status):16} {meaning:7} {record.report_dir}"
+        )
+    say(f"State: {state.path}")

@@ -1,0 +1,1 @@
+"""The fronts: thin layers over the session (CLI, pytest plugin, explain, doctor, progress)."""

@@ -1,0 +1,619 @@
+"""The ``kvconform`` command line (``docs/cli.md``): a thin front over the session.
+
+Each command parses its arguments into a :class:`~kvconform.harness.session.RunRequest`,
+lets :class:`~kvconform.harness.session.Session` select, load and run, and prints
+what it is told. Exit statuses are :class:`~kvconform.errors.ExitStatus`. Errors
+meant for the user (a bad scenario, a vLLM lacking an API, a wrong flag) print one
+message and no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import os
+import shlex
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from kvconform import __version__
+from kvconform.errors import ExitStatus, KvconformError, UsageError
+from kvconform.fronts.progress import add_progress_option, open_progress
+from kvconform.harness import engine, session
+from kvconform.harness.checks import CHECKS, DEFAULT_CHECKS
+from kvconform.harness.coverage import render_text as render_coverage
+from kvconform.harness.expectations import (
+    DEFAULT_FILE,
+    DEFAULT_SCENARIOS,
+    default_expectations_path,
+    find_expectations,
+    load_expectations,
+)
+from kvconform.harness.loader import load_paths
+from kvconform.harness.session import RunRequest, Session, checks_from
+from kvconform.model.results import RunReport, ScenarioResult, Verdict
+from kvconform.oracles.vllm import Vllm
+
+DEFAULT_REPORT_DIR = "build/report"
+DEFAULT_FUZZ_DIR = "build/fuzz"
+
+
+# -- shared pieces ---------------------------------------------------------------------
+
+
+def add_vllm_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--vllm-src",
+        metavar="DIR",
+        help="run against the vLLM Python tree in DIR (the folder holding vllm/), put ahead "
+        "of the installed vLLM, whose compiled parts and dependencies stay",
+    )
+    group.add_argument(
+        "--vllm-release",
+        metavar="VER",
+        help="like --vllm-src, with the Python tree of PyPI release VER (downloaded once, cached)",
+    )
+
+
+def add_selection_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="*", metavar="PATH", help="scenario files or folders")
+    parser.add_argument(
+        "-k", dest="expression", metavar="EXPR", help="select scenarios like pytest -k"
+    )
+
+
+def add_expectation_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--expectations",
+        metavar="FILE",
+        help="known divergences (default: nearest expectations.yaml)",
+    )
+    group.add_argument(
+        "--no-expectations",
+        action="store_true",
+        help="apply no expectations file: a known divergence counts as nonconformance",
+    )
+
+
+def load_vllm(args: argparse.Namespace, checks: Sequence[str] = ()) -> Vllm:
+    """The vLLM the flags select (the session's one loader)."""
+    return session.load_vllm(
+        getattr(args, "vllm_src", None), getattr(args, "vllm_release", None), checks
+    )
+
+
+def run_request(args: argparse.Namespace, checks: tuple[str, ...]) -> RunRequest:
+    """The session's request for a command's selection, vLLM and expectation options."""
+    return RunRequest(
+        paths=tuple(args.paths),
+        expression=getattr(args, "expression", None),
+        checks=checks,
+        vllm_src=getattr(args, "vllm_src", None),
+        vllm_release=getattr(args, "vllm_release", None),
+        expectations=getattr(args, "expectations", None),
+        no_expectations=bool(getattr(args, "no_expectations", False)),
+        command=shlex.join(["kvconform", *sys.argv[1:]]) if sys.argv else "kvconform run",
+    )
+
+
+def say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+# -- run -------------------------------------------------------------------------------
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    lap = time.perf_counter()
+    run = Session(run_request(args, checks_from(args.checks)))
+    selection = run.select()
+    report = run.new_report(selection)
+    report.phases["select"] = time.perf_counter() - lap
+    for err in report.input_errors:
+        say(f"ERROR {err}")
+    scenarios = selection.scenarios
+    with open_progress(len(scenarios), "scenarios", mode=args.progress) as progress:
+
+        def loaded(vllm: Vllm) -> None:
+            say(
+                f"kvconform {__version__}: {len(scenarios)} scenarios against vLLM "
+                f"{vllm.version} ({vllm.source.describe()})"
+            )
+
+        def finished(result: ScenarioResult) -> None:
+            print_result(result, progress.echo)
+            progress.advance(tally=result.verdict.value)
+
+        run.run(
+            selection,
+            report,
+            on_loaded=loaded,
+            on_start=lambda scenario: progress.start_item(scenario.id),
+            on_result=finished,
+        )
+    if report.vllm_error is not None:
+        say(f"ERROR {report.vllm_error}")
+        return finish_run(report, args)
+    for note in report.notes:
+        if note.startswith("check "):
+            say(note)
+    if args.update_expectations and run.expectation_errors:
+        path = run.expectations_file()
+        say(f"\nexpectations: not rewriting {path}: it does not load (see the error above)")
+    elif args.update_expectations:
+        try:
+            rewrite_expectations(report, run.expectations_file(), args.paths, report.vllm_version)
+        except KvconformError as exc:
+            # The run's reports are still worth writing; the exit status says it went wrong.
+            say(f"ERROR {exc}")
+            report.notes.append(f"--update-expectations failed: {exc}")
+            report.exit_status = ExitStatus.BAD_INPUT
+    return finish_run(report, args)
+
+
+def rewrite_expectations(
+    report: RunReport, found: Path | None, paths: Sequence[str], version: str | None
+) -> None:
+    from kvconform.harness.expectations_update import update_expectations
+
+    version = version or "unknown"
+    path = found or default_expectations_path(paths)
+    rerun = {r.id: report.rerun_command(r) for r in report.results}
+    changes = update_expectations(path, report.results, version, rerun)
+    if not changes:
+        say(f"\nexpectations: {path} is up to date for vLLM {version}")
+        return
+    say(f"\nexpectations: rewrote {path} for vLLM {version}:")
+    for change in changes:
+        say(f"  {change}")
+    report.notes.append(
+        f"--update-expectations rewrote {path}: "
+        + ", ".join(f"{n} {k}" for k, n in Counter(c.kind for c in changes).items())
+        + " (verdicts in this report are those of the run, before the rewrite)"
+    )
+    report.expectations_file = str(path)
+
+
+def print_result(result: ScenarioResult, out: Callable[[str], None] = say) -> None:
+    skipped = "".join(f"; {name} skipped" for name in result.skipped_checks)
+    out(f"{result.verdict.value.upper():8} {result.id}  ({result.duration * 1000:.0f} ms{skipped})")
+    if result.verdict in (Verdict.FAILED, Verdict.ERROR):
+        for line in ([result.error] if result.error else []) + [
+            f"[{f.check}] {f.message}" for f in result.failures[:3]
+        ]:
+            out(f"         {line}")
+        if len(result.failures) > 3:
+            out(f"         ... {len(result.failures) - 3} more failures in report.json")
+    elif result.verdict is Verdict.XPASSED:
+        out(
+            f"         listed as a known divergence ({result.expectation}) but conforms now: "
+            "narrow the entry (kvconform run --update-expectations)"
+        )
+    elif result.expectation:
+        out(f"         known divergence: {result.expectation}")
+
+
+def finish_run(report: RunReport, args: argparse.Namespace) -> int:
+    from kvconform.reports import write_reports
+
+    report.duration = time.time() - report.started
+    counts = ", ".join(f"{v} {k}" for k, v in report.counts().items() if v)
+    say(f"\n{counts or 'nothing ran'} in {report.duration:.1f} s; exit {report.exit_status}")
+    xpassed = [r.id for r in report.results if r.verdict is Verdict.XPASSED]
+    if xpassed:
+        say(
+            f"XPASSED: {len(xpassed)} known divergence(s) conform now ({', '.join(xpassed[:5])}"
+            + (", ..." if len(xpassed) > 5 else "")
+            + "); their expectations entries are stale for this vLLM"
+        )
+    if args.report_dir:  # `check` writes reports only when asked to
+        written = write_reports(report, args.report_dir)
+        say("reports: " + ", ".join(str(p) for p in written))
+    return report.exit_status
+
+
+# -- coverage --------------------------------------------------------------------------
+
+
+def cmd_coverage(args: argparse.Namespace) -> int:
+    # Coverage needs the trajectories, not the verdicts: the checks are skipped.
+    run = Session(run_request(args, checks=()))
+    selection = run.select()
+    for err in selection.input_errors:
+        say(f"ERROR {err}")
+    results = []
+    with open_progress(len(selection.scenarios), "scenarios", mode=args.progress) as progress:
+        for scenario in selection.scenarios:
+            progress.start_item(scenario.id)
+            results.append(engine.run_scenario(scenario, run.vllm, checks=()))
+            progress.advance(tally="error" if results[-1].error else "ok")
+    notes: list[str] = []
+    coverage = run.coverage(selection.scenarios, results, notes)
+    for note in notes:
+        say(f"note: {note}")
+    say(render_coverage(coverage))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(coverage.to_json(), indent=1) + "\n")
+        say(f"coverage: {args.json}")
+    return ExitStatus.BAD_INPUT if selection.input_errors else ExitStatus.CONFORM
+
+
+# -- check -----------------------------------------------------------------------------
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """``run`` with git-bisect exit codes: 0 old, 1 new, 125 skip, 128 abort."""
+    from kvconform.bisect.outcome import git_code
+
+    args.checks = None
+    args.update_expectations = False
+    try:
+        status = cmd_run(args)
+    except KvconformError as exc:
+        say(f"ERROR {exc}")
+        status = exc.exit_status
+    code = git_code(status, args.find_fix)
+    say(
+        f"check: exit {code} for git bisect (run status {status}{', --find-fix' if args.find_fix else ''})"
+    )
+    return code
+
+
+# -- bisect ----------------------------------------------------------------------------
+
+
+def cmd_bisect(args: argparse.Namespace) -> int:
+    from kvconform.bisect import command
+
+    return command.bisect(args)
+
+
+# -- methods ---------------------------------------------------------------------------
+
+
+def cmd_methods(args: argparse.Namespace) -> int:
+    from kvconform.model.lookahead import rule_for
+
+    vllm = load_vllm(args)
+    k = args.k
+    aliases = vllm.method_aliases()
+    say(f"Speculative methods declared by vLLM {vllm.version} (lookahead for k={k}):")
+    say(f"{'method':26} {'vLLM':>5} {'kvconform':>9}  {'status':12} rule")
+    status_code = ExitStatus.CONFORM
+    for method in vllm.declared_methods():
+        canonical = aliases.get(method, method)
+        theirs = vllm.lookahead(canonical, k)
+        rule = rule_for(canonical)
+        ours = None if rule is None else rule.lookahead(k, True)
+        if rule is None:
+            status, status_code = "NOT IN TABLE", ExitStatus.NONCONFORMANCE
+        elif theirs is None:
+            status = "vLLM: n/a"
+        elif theirs != ours:
+            status, status_code = "MISMATCH", ExitStatus.NONCONFORMANCE
+        else:
+            status = "ok"
+        shown = method if canonical == method else f"{method} (= {canonical})"
+        formula = rule.formula if rule else "?"
+        say(
+            f"{shown:26} {'-' if theirs is None else theirs:>5} {'-' if ours is None else ours:>9}  "
+            f"{status:12} {formula}"
+        )
+    return status_code
+
+
+# -- explain ---------------------------------------------------------------------------
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from kvconform.fronts.explain import explain
+
+    target = args.scenario
+    paths = [target] if Path(target).exists() else [DEFAULT_SCENARIOS]
+    loaded = load_paths(paths)
+    if loaded.errors and Path(target).exists():
+        for err in loaded.errors:
+            say(f"ERROR {err}")
+        return ExitStatus.BAD_INPUT
+    chosen = [s for s in loaded.scenarios if Path(target).exists() or s.id == target]
+    if not chosen:
+        chosen = [s for s in loaded.scenarios if s.name == target]
+    if not chosen:
+        raise UsageError(
+            f"no scenario {target!r} (give a file, or an id from {DEFAULT_SCENARIOS}/)"
+        )
+    run = Session(run_request(argparse.Namespace(**vars(args), paths=()), DEFAULT_CHECKS))
+    worst = ExitStatus.CONFORM
+    for scenario in chosen:
+        result = run.run_scenario(scenario)
+        say(explain(scenario, result, run.vllm.version))
+        worst = max(worst, engine.exit_status([result]))
+    return worst
+
+
+# -- doctor ----------------------------------------------------------------------------
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from kvconform.fronts.doctor import doctor
+
+    return doctor(load_vllm(args), say)
+
+
+# -- fuzz ------------------------------------------------------------------------------
+
+
+def cmd_fuzz(args: argparse.Namespace) -> int:
+    try:
+        from kvconform.fuzz.findings import first_message
+        from kvconform.fuzz.runner import run_fuzz
+    except ImportError as exc:
+        if exc.name != "hypothesis":
+            raise
+        raise UsageError("kvconform fuzz needs Hypothesis: pip install 'kvconform[fuzz]'") from None
+
+    if args.examples < 1:
+        raise UsageError("--examples must be at least 1")
+    if args.max_findings < 1:
+        raise UsageError("--max-findings must be at least 1")
+    exp_path = Path(args.expectations) if args.expectations else find_expectations([])
+    expectations = load_expectations(exp_path) if exp_path is not None else []
+    vllm = load_vllm(args)
+    command = ["kvconform", "fuzz", "--examples", str(args.examples), "--seed", str(args.seed)]
+    command += ["--out", args.out]
+    if args.vllm_src:
+        command += ["--vllm-src", args.vllm_src]
+    if getattr(args, "vllm_release", None):
+        command += ["--vllm-release", args.vllm_release]
+    say(
+        f"kvconform {__version__}: fuzzing vLLM {vllm.version} ({vllm.source.describe()}) "
+        f"with {args.examples} examples, seed {args.seed}"
+    )
+    # A line every 5% of the budget (or 10 s) in a CI log; a bar on a terminal.
+    every = max(25, args.examples // 20)
+    with open_progress(args.examples, "examples", mode=args.progress, every_items=every) as bar:
+        stats = run_fuzz(
+            vllm,
+            args.examples,
+            args.seed,
+            args.out,
+            command=shlex.join(command),
+            progress=bar.echo,
+            on_example=lambda outcome: bar.advance(tally=outcome),
+            max_findings=args.max_findings,
+            expectations=expectations,
+        )
+    say()
+    for line in stats.summary_lines():
+        say(line)
+    say(f"  drew from {stats.space}")
+    for type_name, why in sorted(stats.excluded.items()):
+        say(f"  not fuzzed: {type_name}: {why}")
+    for type_name, how in sorted(stats.diverged.items()):
+        say(f"  probe diverged, fuzzed anyway: {type_name}: {how}")
+    if not stats.findings:
+        say("no findings; exit 0")
+        return ExitStatus.CONFORM
+    say(f"{len(stats.findings)} finding(s), reproducers in {args.out}:")
+    for finding in stats.findings:
+        steps = f"{finding.steps} step{'s' if finding.steps != 1 else ''}"
+        say(f"  {finding.number}. {finding.signature}: {finding.path} ({steps})")
+        say(f"     {' '.join(first_message(finding.result, finding.signature).split())[:300]}")
+    if len(stats.findings) >= args.max_findings:
+        say(f"stopped at --max-findings {args.max_findings}")
+    say("exit 1")
+    return ExitStatus.NONCONFORMANCE
+
+
+# -- main ------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvconform",
+        description="Differential testing of vLLM's KV-cache block reservation.",
+    )
+    parser.add_argument("--version", action="version", version=f"kvconform {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run scenarios and write reports")
+    add_selection_options(run)
+    add_vllm_options(run)
+    run.add_argument("--report-dir", default=DEFAULT_REPORT_DIR, metavar="DIR")
+    run.add_argument(
+        "--expectations",
+        metavar="FILE",
+        help="known divergences (default: nearest expectations.yaml)",
+    )
+    run.add_argument(
+        "--checks",
+        metavar="LIST",
+        help=f"comma-separated checks of {', '.join(CHECKS)}; 'default' is "
+        f"{','.join(DEFAULT_CHECKS)} (used when omitted), 'all' adds slots, which runs "
+        "vLLM's slot-mapping kernel (Triton's interpreter on a machine without CUDA)",
+    )
+    run.add_argument(
+        "--update-expectations",
+        action="store_true",
+        help="after the run, rewrite the expectations file for this vLLM version: add entries "
+        "for new failures (reason 'TODO: investigate'), narrow entries that conform now",
+    )
+    add_progress_option(run)
+    run.set_defaults(handler=cmd_run)
+
+    coverage = sub.add_parser(
+        "coverage",
+        help="which group types x methods x step kinds the scenarios exercise, and what vLLM "
+        "offers that none covers",
+    )
+    add_selection_options(coverage)
+    add_vllm_options(coverage)
+    coverage.add_argument("--json", metavar="FILE", help="also write the coverage as JSON")
+    add_progress_option(coverage)
+    coverage.set_defaults(handler=cmd_coverage)
+
+    check = sub.add_parser(
+        "check",
+        help="run scenarios and exit like a `git bisect run` script (0 good, 1 bad, 125 skip)",
+        description="Run the selected scenarios against one vLLM and exit with git bisect's "
+        "codes: 0 conform, 1 nonconformance, 125 vLLM could not be exercised (skip), 128 bad "
+        "input or usage (aborts git bisect). With --find-fix, 0 and 1 swap. Usable as "
+        "`git bisect run kvconform check --vllm-src . /abs/path/scenarios/...`. Known "
+        "divergences in the nearest expectations.yaml count as conforming, as in `run`.",
+    )
+    add_selection_options(check)
+    add_vllm_options(check)
+    check.add_argument(
+        "--find-fix", action="store_true", help="exit 0 on nonconformance and 1 on conformance"
+    )
+    check.add_argument("--report-dir", metavar="DIR", help="write reports here (default: none)")
+    add_expectation_options(check)
+    add_progress_option(check)
+    check.set_defaults(handler=cmd_check)
+
+    bisect = sub.add_parser(
+        "bisect",
+        help="find the release or commit where conformance changed",
+        description="Bisect over PyPI releases (--releases A..B) or over the commits of a "
+        "vLLM git checkout (--repo DIR --good REV --bad REV). See docs/bisect.md.",
+    )
+    add_selection_options(bisect)
+    target = bisect.add_mutually_exclusive_group(required=True)
+    target.add_argument(
+        "--releases", metavar="A..B", help="bisect the PyPI releases of vllm from A to B"
+    )
+    target.add_argument("--repo", metavar="DIR", help="bisect the commits of a vLLM checkout")
+    bisect.add_argument("--good", metavar="REV", help="with --repo: a commit that conforms")
+    bisect.add_argument("--bad", metavar="REV", help="with --repo: a commit that does not")
+    bisect.add_argument(
+        "--find-fix",
+        action="store_true",
+        help="look for the first conforming release or commit after nonconforming ones",
+    )
+    bisect.add_argument("--pre", action="store_true", help="with --releases: include pre-releases")
+    bisect.add_argument(
+        "--fresh",
+        action="store_true",
+        help="forget a saved bisection and cached probe results; list releases anew",
+    )
+    add_expectation_options(bisect)
+    bisect.set_defaults(handler=cmd_bisect)
+
+    methods = sub.add_parser("methods", help="list vLLM's speculative methods and their lookahead")
+    methods.add_argument(
+        "-k", type=int, default=3, help="num_speculative_tokens to evaluate (default 3)"
+    )
+    add_vllm_options(methods)
+    methods.set_defaults(handler=cmd_methods)
+
+    explain = sub.add_parser(
+        "explain", help="run one scenario and show every step, request and group"
+    )
+    explain.add_argument("scenario", help="a scenario file, or a scenario id under scenarios/")
+    add_vllm_options(explain)
+    explain.set_defaults(handler=cmd_explain)
+
+    doctor = sub.add_parser(
+        "doctor", help="what the installed vLLM offers and what kvconform can exercise"
+    )
+    add_vllm_options(doctor)
+    doctor.set_defaults(handler=cmd_doctor)
+
+    from kvconform.fuzz import DEFAULT_EXAMPLES, DEFAULT_MAX_FINDINGS, NIGHTLY_EXAMPLES
+
+    fuzz = sub.add_parser(
+        "fuzz", help="search generated trajectories for divergences, shrunk to YAML reproducers"
+    )
+    fuzz.add_argument(
+        "--examples",
+        type=int,
+        default=DEFAULT_EXAMPLES,
+        metavar="N",
+        help=f"scenarios to generate (default {DEFAULT_EXAMPLES}; the nightly job runs "
+        f"{NIGHTLY_EXAMPLES})",
+    )
+    fuzz.add_argument(
+        "--seed", type=int, default=0, metavar="S", help="the same seed repeats the run (default 0)"
+    )
+    fuzz.add_argument(
+        "--out",
+        default=DEFAULT_FUZZ_DIR,
+        metavar="DIR",
+        help=f"where reproducers go (default {DEFAULT_FUZZ_DIR})",
+    )
+    fuzz.add_argument(
+        "--max-findings",
+        type=int,
+        default=DEFAULT_MAX_FINDINGS,
+        metavar="N",
+        help=f"stop after N distinct findings (default {DEFAULT_MAX_FINDINGS})",
+    )
+    fuzz.add_argument(
+        "--expectations",
+        metavar="FILE",
+        help="known divergences; group types whose probe diverges as listed are not drawn "
+        f"(default: {DEFAULT_SCENARIOS}/{DEFAULT_FILE})",
+    )
+    add_vllm_options(fuzz)
+    add_progress_option(fuzz)
+    fuzz.set_defaults(handler=cmd_fuzz)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse's usage errors exit 2 already
+        code = int(exc.code or 0)
+        words = list(sys.argv[1:] if argv is None else argv)
+        if code == 2 and words[:1] == ["check"]:
+            # Under `git bisect run`, 2 would mark the commit bad: abort instead.
+            from kvconform.bisect.outcome import ABORT_CODE
+
+            return ABORT_CODE
+        return code
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    try:
+        return int(args.handler(args))
+    except KvconformError as exc:
+        say(f"ERROR {exc}")
+        return exc.exit_status
+    except KeyboardInterrupt:
+        say("interrupted")
+        return ExitStatus.INTERRUPTED
+
+
+def console_main() -> NoReturn:
+    """The ``kvconform`` command: :func:`main`, then leave without tearing vLLM down.
+
+    Once vLLM and torch are imported, the interpreter's own shutdown (freeing
+    their modules and objects) took 5-20 s on the 2-core machine, longer than
+    the whole default corpus (docs/benchmarks.md). By then the command has
+    nothing left to do: every report is written and closed. So it runs the
+    ``atexit`` handlers (logging's flush among them), flushes its streams and
+    ends the process with ``os._exit``. In-process callers (tests, bisection)
+    call :func:`main` and keep the ordinary shutdown.
+    """
+    status = main()
+    if "torch" not in sys.modules:  # nothing heavy was imported: leave the ordinary way
+        sys.exit(status)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe has nothing more to say
+            pass
+    os._exit(status)
+
+
+if __name__ == "__main__":
+    console_main()

@@ -1,0 +1,58 @@
+"""``kvconform doctor``: what the selected vLLM offers, and what kvconform can exercise.
+
+Lists the vLLM in use and where it came from, torch and the device, whether the
+warmup predictor and ``VllmConfig.num_lookahead_tokens`` exist, which KV spec
+types vLLM defines (buildable by kvconform, deliberately skipped, or new), and
+which speculative methods kvconform's lookahead table lacks. Exit 0 when
+everything vLLM offers is covered, 1 when something is new to kvconform, 3 when
+vLLM cannot be exercised at all.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+from collections.abc import Callable
+
+from kvconform import __version__
+from kvconform.model.group_types import NOT_BUILDABLE, group_type_for_class
+from kvconform.model.lookahead import rule_for
+from kvconform.oracles.vllm import MINIMUM_SUPPORTED, Vllm
+
+
+def doctor(vllm: Vllm, say: Callable[[str], None]) -> int:
+    status = 0
+    torch_version, device = vllm.runtime()
+    say(f"kvconform {__version__} on Python {platform.python_version()} ({sys.executable})")
+    say(f"vLLM {vllm.version}: {vllm.source.describe()}")
+    if vllm.below_minimum():
+        say(
+            f"  note: kvconform supports vLLM >= {MINIMUM_SUPPORTED}; older trees run for bisection only"
+        )
+    say(f"torch {torch_version}; device {device}")
+    predictor = vllm.reserved_block_count
+    say(
+        "warmup predictor _reserved_block_count: "
+        + ("present" if predictor else f"MISSING ({vllm.predictor_missing_reason()})")
+    )
+    lookahead = vllm.lookahead("eagle", 3)
+    say("VllmConfig.num_lookahead_tokens: " + ("present" if lookahead is not None else "MISSING"))
+    say("KV spec types vLLM defines:")
+    for name in vllm.offered_spec_classes():
+        group_type = group_type_for_class(name)
+        if group_type is not None:
+            say(f"  {name:28} scenario type {group_type.name}")
+        elif name in NOT_BUILDABLE:
+            say(f"  {name:28} not built: {NOT_BUILDABLE[name]}")
+        else:
+            say(f"  {name:28} NEW: kvconform has no group type for it")
+            status = 1
+    unknown = [m for m in vllm.declared_methods() if rule_for(vllm.canonical_method(m)) is None]
+    say(
+        f"speculative methods: {len(vllm.declared_methods())} declared, "
+        f"{len(unknown)} missing from kvconform's lookahead table"
+        + (f": {', '.join(unknown)}" if unknown else "")
+    )
+    if unknown:
+        status = 1
+    return status

@@ -1,0 +1,86 @@
+"""``kvconform explain``: one scenario, every step, request and group, as a table.
+
+For the developer adding a spec-decode method or a KV spec type: who held how
+many blocks at each step, what the floor was and why, and where a party fell
+short (``!``) or the parties disagreed (``~``). Where the driver did not decide
+the steps itself (scheduler mode), a line under each step says what vLLM decided.
+"""
+
+from __future__ import annotations
+
+from kvconform.model.floors import FLOORS
+from kvconform.model.results import ScenarioResult
+from kvconform.model.scenario import Scenario
+
+PARTIES = (("live", "live"), ("predicted", "pred"), ("warmup", "wu"))
+
+
+def _cell(value: int | None, floor: int, reference: int | None) -> str:
+    if value is None:
+        return "-"
+    mark = "!" if value < floor else ("~" if reference is not None and value != reference else "")
+    return f"{value}{mark}"
+
+
+def explain(scenario: Scenario, result: ScenarioResult, version: str) -> str:
+    out = [f"scenario {scenario.id}  ({scenario.file}:{scenario.line})"]
+    if scenario.description:
+        out.append(f"  {scenario.description}")
+    run = result.trajectory
+    if run is None:
+        out.append(f"verdict: {result.verdict.value}: {result.error}")
+        return "\n".join(out)
+    spec = scenario.speculative
+    method = f"{spec.method} k={spec.num_speculative_tokens}" if spec else "no speculation"
+    out.append(
+        f"vLLM {version}; {method}; lookahead {run.lookahead} from {run.lookahead_source} "
+        f"(kvconform expects {run.expected_lookahead}); parties: {', '.join(run.parties)}"
+    )
+    for note in run.notes:
+        out.append(f"note: {note}")
+    out.append("groups:")
+    for group in run.groups:
+        out.append(
+            f"  g{group.index} {group.label}, block {group.block_size}: {FLOORS[group.type].reason}"
+        )
+    parties = [(attr, short) for attr, short in PARTIES if attr in run.parties]
+    # Warmup request ids (_v2_mixed_warmup_prefill_) and labels are longer than a
+    # trajectory's; widen the columns to fit, within reason.
+    req_w = min(max([8, *(len(o.request) for o in run.observations)]), 28)
+    act_w = min(max([22, *(len(o.label) for o in run.observations)]), 48)
+    header = f"{'step':>4} {'line':>4} {'req':{req_w}} {'action':{act_w}} {'comp':>5} {'sched':>5}"
+    for group in run.groups:
+        header += f" | g{group.index} floor " + " ".join(f"{short:>4}" for _, short in parties)
+    out.append(header)
+    rows: dict[tuple[int, str], list[str]] = {}
+    for obs in run.observations:
+        key = (obs.step, obs.request)
+        if key not in rows:
+            rows[key] = [
+                f"{obs.step:>4} {obs.line or '':>4} {obs.request[:req_w]:{req_w}} "
+                f"{obs.label[:act_w]:{act_w}} "
+                f"{obs.computed:>5} {obs.scheduled:>5}"
+            ]
+        cells = " ".join(
+            f"{_cell(getattr(obs, attr), obs.floor, obs.predicted_max if attr != 'predicted' else None):>4}"
+            for attr, _ in parties
+        )
+        rows[key].append(f" | {'':2} {obs.floor:>5} {cells}")
+    last_step: int | None = None
+    for (step, _), parts in rows.items():
+        if last_step is not None and step != last_step and last_step in run.step_notes:
+            out.append(f"{'':>10}^ {run.step_notes[last_step]}")
+        out.append("".join(parts))
+        last_step = step
+    if last_step is not None and last_step in run.step_notes:
+        out.append(f"{'':>10}^ {run.step_notes[last_step]}")
+    out.append("marks: ! below the floor, ~ differs from the predictor's running maximum")
+    out.append(
+        f"verdict: {result.verdict.value}"
+        + (f" ({result.expectation})" if result.expectation else "")
+    )
+    for failure in result.failures:
+        out.append(f"  [{failure.check}] {failure.message}")
+    if result.error:
+        out.append(f"  {result.error}")
+    return "\n".join(out)

@@ -1,0 +1,232 @@
+"""pytest front: ``pytest scenarios/`` collects every YAML scenario as a test item.
+
+The repository's ``conftest.py`` loads this plugin. Each scenario file becomes a
+collector and each scenario (each ``matrix`` combination) an item named by its id,
+so ``-k`` selects as usual and tags and kinds become markers (``-m eagle``).
+
+The plugin decides nothing itself: one :class:`~kvconform.harness.session.Session`
+per process loads vLLM (once, on the first item that needs it, so ``pytest -n 2``
+imports it once per xdist worker), finds each file's expectations and runs each
+item. The item reports the session's verdict as pytest's outcome: ``passed``,
+``failed`` and ``error`` as such (with the checks' messages, not a traceback),
+``xfailed`` and ``xpassed`` as XFAIL and XPASS. ``--kvconform-slots`` (or
+``slots`` in ``--kvconform-checks``) adds the slots check; the process is then
+prepared for vLLM's slot-mapping kernel at configure time, before anything
+imports vLLM. A check that could not run is listed in the terminal summary as
+skipped, with its reason. A file that does not load becomes an item that errors
+in setup with the loader's message; the other files still run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Generator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvconform.errors import KvconformError, ScenarioError
+from kvconform.harness import session as sessions
+from kvconform.harness.loader import SCENARIO_SUFFIXES, is_scenario_file, load_file
+from kvconform.model.results import ScenarioResult, Verdict
+from kvconform.model.scenario import KINDS, Scenario
+from kvconform.oracles.vllm import prepare_slot_kernel
+
+_SESSION = pytest.StashKey["sessions.Session"]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("kvconform")
+    group.addoption(
+        "--vllm-src", metavar="DIR", help="run scenarios against the vLLM Python tree in DIR"
+    )
+    group.addoption(
+        "--vllm-release", metavar="VER", help="run scenarios against PyPI release VER's Python tree"
+    )
+    group.addoption(
+        "--kvconform-checks",
+        metavar="LIST",
+        help="comma-separated checks to run ('default', 'all' or names; default: default)",
+    )
+    group.addoption(
+        "--kvconform-slots",
+        action="store_true",
+        help="add the slots check: vLLM's slot-mapping kernel on every step "
+        "(Triton's interpreter on a machine without CUDA; slower)",
+    )
+    group.addoption("--kvconform-expectations", metavar="FILE", help="known divergences file")
+
+
+def _request(config: pytest.Config) -> sessions.RunRequest:
+    try:
+        checks = sessions.checks_from(config.getoption("kvconform_checks"), "--kvconform-checks")
+    except KvconformError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if config.getoption("kvconform_slots") and "slots" not in checks:
+        checks += ("slots",)
+    return sessions.RunRequest(
+        checks=checks,
+        vllm_src=config.getoption("vllm_src"),
+        vllm_release=config.getoption("vllm_release"),
+        expectations=config.getoption("kvconform_expectations"),
+        command="pytest",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    request = _request(config)
+    config.stash[_SESSION] = sessions.Session(request)
+    # Triton's interpreter must be chosen before vLLM is imported (on any worker).
+    if "slots" in request.checks:
+        prepare_slot_kernel()
+    for kind in KINDS:
+        config.addinivalue_line("markers", f"{kind}: kvconform scenario kind")
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    if file_path.suffix not in SCENARIO_SUFFIXES or not is_scenario_file(file_path):
+        return None
+    explicit = parent.session.isinitpath(file_path)
+    if explicit or "scenarios" in file_path.parts:
+        collector: pytest.Collector = ScenarioFile.from_parent(parent, path=file_path)
+        return collector
+    return None
+
+
+class ScenarioFile(pytest.File):
+    def collect(self) -> Iterator[pytest.Item]:
+        try:
+            scenarios = load_file(self.path)
+        except ScenarioError as error:
+            yield BadScenarioItem.from_parent(self, name=self.path.name, error=error)
+            return
+        # A broken expectations file is the input error of the first file it serves.
+        run = self.config.stash[_SESSION]
+        reported = len(run.expectation_errors)
+        run.expectations_for(self.path)
+        for broken in run.expectation_errors[reported:]:
+            name = Path(broken.where.file).name
+            yield BadScenarioItem.from_parent(self, name=name, error=broken)
+        for scenario in scenarios:
+            item = ScenarioItem.from_parent(self, name=scenario.id, scenario=scenario)
+            for tag in scenario.tags:
+                self.config.addinivalue_line("markers", f"{tag}: kvconform scenario tag")
+                item.add_marker(tag)
+            item.add_marker(scenario.kind)
+            yield item
+
+
+class ScenarioFailed(Exception):
+    def __init__(self, result: ScenarioResult) -> None:
+        self.result = result
+        super().__init__(result.headline())
+
+
+class ScenarioItem(pytest.Item):
+    def __init__(self, *, scenario: Scenario, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.scenario = scenario
+        self.result: ScenarioResult | None = None
+
+    def runtest(self) -> None:
+        run = self.config.stash[_SESSION]
+        result = self.result = run.run_scenario(self.scenario)
+        self.user_properties.append(("verdict", result.verdict.value))
+        loads = ",".join(f"{s:.2f}" for s in sessions.LOAD_SECONDS)
+        self.user_properties.append(("vllm_loads", loads))
+        self.user_properties.append(("pid", os.getpid()))
+        for name, why in result.skipped_checks.items():
+            self.user_properties.append((f"skipped check {name}", why))
+        if result.verdict in (Verdict.PASSED, Verdict.XPASSED):
+            return
+        if result.verdict is Verdict.XFAILED:
+            raise ScenarioFailed(result)  # reported as XFAIL by pytest_runtest_makereport
+        if result.skipped_checks and len(result.skipped_checks) == len(run.request.checks):
+            pytest.skip(result.error or "no selected check could run")
+        raise ScenarioFailed(result)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        exc = excinfo.value
+        if isinstance(exc, ScenarioFailed):
+            result = exc.result
+            lines = [f"{self.scenario.id}: {result.verdict.value}"]
+            if result.error:
+                lines.append(result.error)
+            lines += [f"[{f.check}] {f.message}" for f in result.failures[:10]]
+            if len(result.failures) > 10:
+                lines.append(f"... {len(result.failures) - 10} more")
+            lines.append(f"rerun alone: kvconform explain {self.scenario.file}")
+            return "\n".join(lines)
+        if isinstance(exc, KvconformError):
+            return str(exc)
+        return str(super().repr_failure(excinfo))
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        line = self.scenario.line - 1 if self.scenario.line else None
+        return self.path, line, f"scenario {self.scenario.id}"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """The session's xfailed / xpassed verdicts as pytest's XFAIL / XPASS outcomes."""
+    report = yield
+    result = getattr(item, "result", None)
+    if call.when != "call" or result is None or result.expectation is None:
+        return report
+    if result.verdict is Verdict.XFAILED:
+        report.outcome = "skipped"
+        report.wasxfail = result.expectation
+    elif result.verdict is Verdict.XPASSED:
+        report.outcome = "passed"
+        report.wasxfail = result.expectation
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    # From the items' reports (user properties travel with them under xdist).
+    skipped: Counter[tuple[str, str]] = Counter()
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if getattr(report, "when", None) != "call":
+                continue
+            for name, value in getattr(report, "user_properties", ()):
+                if name.startswith("skipped check "):
+                    skipped[(name.removeprefix("skipped check "), str(value))] += 1
+    for (check, why), count in skipped.items():
+        terminalreporter.write_line(
+            f"kvconform: check {check} SKIPPED in {count} item{'s' if count > 1 else ''}: {why}"
+        )
+
+
+class BadScenarioItem(pytest.Item):
+    """A scenario file that did not load: errors in setup with the loader's message."""
+
+    def __init__(self, *, error: ScenarioError, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.error = error
+
+    def setup(self) -> None:
+        raise self.error
+
+    def runtest(self) -> None:  # pragma: no cover - setup always raises
+        raise self.error
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        return str(excinfo.value)
+
+    # pytest renders setup errors with this method, not repr_failure; a bad
+    # scenario file deserves its one-line message, not a traceback into the loader.
+    def _repr_failure_py(
+        self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None
+    ) -> Any:
+        if isinstance(excinfo.value, ScenarioError):
+            return str(excinfo.value)
+        return super()._repr_failure_py(excinfo, style)
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        line = self.error.where.line
+        return self.path, (line - 1) if line else None, f"scenario file {self.path.name}"

@@ -1,0 +1,218 @@
+"""The scheduler driver: a ``kind: scheduler`` scenario through vLLM's real scheduler.
+
+:mod:`kvconform.oracles.scheduler` steps vLLM's ``Scheduler`` or
+``AsyncScheduler`` to the end and records what it did; this driver turns those
+records into the same :class:`Observation` and :class:`FreeEvent` rows the
+allocator driver produces, so the ``floor``, ``agree``, ``lookahead`` and
+``sanity`` checks judge scheduler runs unchanged.
+
+What each row compares:
+
+* **live** -- the blocks the scheduler's own ``KVCacheManager`` holds for the
+  request right after ``schedule()``.
+* **floor** -- the group's floor rule for the counts *as the scheduler keeps
+  them*: ``computed`` is ``num_computed_tokens`` before the step (a prefix-cache
+  hit adopted at admission included) and ``scheduled`` the tokens it scheduled,
+  drafts included; the lookahead is what the drafter writes by kvconform's
+  table (the scheduler's ``num_lookahead_tokens`` where the table lacks the
+  method; the two differ exactly when the ``lookahead`` check fails).
+  Under async scheduling ``num_computed_tokens`` already counts the steps still
+  in flight as if all their drafts were accepted: the scheduler cannot know yet
+  how many will be, so the most the drafter may write is what must be covered.
+* **predicted** -- vLLM's warmup predictor ``_reserved_block_count`` for
+  ``computed + scheduled`` tokens, and its running maximum since the request
+  last (re)started, as in allocator mode.
+
+The scheduler's decisions go beside the holdings: each row's label says what
+was scheduled for the request (``new, prefill 64/100``, ``verify 1+3 acc 1``,
+``resumed, hit 32, prefill 88``), ``Trajectory.step_notes`` what happened in the step
+(admissions, preemptions, finishes, batches in flight, free blocks), and a
+note on the trajectory sums it up.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+from kvconform.harness.drivers.common import attach_predictor
+from kvconform.model.floors import FLOORS
+from kvconform.model.observations import FreeEvent, Observation, Trajectory
+from kvconform.model.scenario import Scenario
+from kvconform.oracles.resolve import new_trajectory
+from kvconform.oracles.scheduler import (
+    FreeRecord,
+    ScheduledRequest,
+    SchedulerRun,
+    StepRecord,
+    run_scheduler,
+)
+from kvconform.oracles.vllm import Vllm
+
+
+def decision_label(row: ScheduledRequest) -> str:
+    """What the scheduler scheduled for one request in one step, in a few words."""
+    prefix = {"new": "new, ", "resumed": "resumed, "}.get(row.phase, "")
+    if row.cached:
+        prefix += f"hit {row.cached}, "
+    pending = row.known_tokens - row.computed
+    if row.drafts:
+        core = f"verify 1+{row.drafts} acc {row.accepted}"
+    elif row.prefill_chunk or pending > 1:
+        core = (
+            f"prefill {row.scheduled}/{pending}"
+            if row.scheduled < pending
+            else (f"prefill {row.scheduled}")
+        )
+    else:
+        core = "decode" if row.scheduled == 1 else f"decode {row.scheduled} (padded)"
+    return prefix + core
+
+
+def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
+    """Run a ``kind: scheduler`` scenario through vLLM's scheduler and record every step."""
+    model = scenario.model
+    run = new_trajectory(scenario, vllm)
+    record = run_scheduler(vllm, scenario, run.num_speculative_tokens)
+
+    if record.lookahead is not None:
+        run.lookahead = record.lookahead
+        run.lookahead_source = f"{record.scheduler_class}.num_lookahead_tokens"
+        if run.method is not None:
+            # The lookahead check judges the value the scheduler actually uses.
+            run.vllm_lookahead = record.lookahead
+        if record.config_lookahead is not None and record.config_lookahead != record.lookahead:
+            run.notes.append(
+                f"{record.scheduler_class}.num_lookahead_tokens is {record.lookahead} but "
+                f"VllmConfig.num_lookahead_tokens is {record.config_lookahead}"
+            )
+    lookahead = run.lookahead
+    # The floor takes what the drafter writes by kvconform's table; where the table
+    # lacks the method, the scheduler's own lookahead.
+    floor_lookahead = run.expected_lookahead if run.method is not None else 0
+    if floor_lookahead is None:
+        floor_lookahead = lookahead
+    run.floor_lookahead = floor_lookahead
+    predictor = attach_predictor(run, vllm, model, record.null_block)
+    run.all_finished = len(record.finished) == len(scenario.requests)
+    run.final_free_blocks = record.final_free_blocks
+    run.encoder_lens = {name: 0 for name in scenario.requests}
+
+    floor_rules = [FLOORS[g.type].blocks for g in model.groups]
+    predict = (
+        [predictor.for_group(g) for g in range(len(model.groups))] if predictor.available else []
+    )
+    lines = {
+        name: (req.where.line if req.where else None) for name, req in scenario.requests.items()
+    }
+    predicted_max: dict[str, list[int]] = {}
+    notes: dict[int, list[str]] = defaultdict(list)
+    observations = run.observations
+    for event in record.events:
+        if isinstance(event, FreeRecord):
+            predicted_max.pop(event.request, None)
+            notes[event.step].append(f"{event.kind} {event.request}")
+            run.events.append(
+                FreeEvent(
+                    len(observations),
+                    event.step,
+                    lines[event.request],
+                    event.request,
+                    event.kind,
+                    event.held,
+                    event.free_before,
+                    event.free_after,
+                    event.held_after,
+                )
+            )
+            continue
+        _step_note(event, notes[event.step])
+        for row in event.requests:
+            label = decision_label(row)
+            maxima = predicted_max.setdefault(row.request, [0] * len(model.groups))
+            for g, info in enumerate(run.groups):
+                floor = floor_rules[g](
+                    info.floor_input(row.computed, row.scheduled, floor_lookahead, 0)
+                )
+                predicted = pmax = None
+                if predictor.available:
+                    predicted = predict[g](row.computed + row.scheduled, 0)
+                    pmax = maxima[g] = max(maxima[g], predicted)
+                observations.append(
+                    Observation(
+                        event.step,
+                        lines[row.request],
+                        row.request,
+                        label,
+                        g,
+                        row.computed,
+                        row.scheduled,
+                        floor_lookahead,
+                        floor,
+                        len(row.block_ids[g]),
+                        predicted,
+                        pmax,
+                        None,
+                        row.block_ids[g],
+                    )
+                )
+    run.step_notes = {step: "; ".join(parts) for step, parts in sorted(notes.items())}
+    run.notes.append(summary(record, scenario))
+    return run
+
+
+def _step_note(event: StepRecord, parts: list[str]) -> None:
+    tokens = sum(row.scheduled for row in event.requests)
+    head = f"{len(event.requests)} scheduled, {tokens} tokens"
+    if event.in_flight:
+        head += f", {event.in_flight} in flight"
+    parts.insert(0, f"{head}, {event.free_blocks} blocks free")
+
+
+def summary(record: SchedulerRun, scenario: Scenario) -> str:
+    """One line: which scheduler, how it ran, and its notable decisions."""
+    steps = [e for e in record.events if isinstance(e, StepRecord)]
+    preempted = [
+        f"{e.request}@{e.step}"
+        for e in record.events
+        if isinstance(e, FreeRecord) and e.kind == "preempt"
+    ]
+    chunks: dict[str, list[int]] = defaultdict(list)
+    verifications: Counter[str] = Counter()
+    accepted: Counter[str] = Counter()
+    drafted: Counter[str] = Counter()
+    for step in steps:
+        for row in step.requests:
+            if row.drafts:
+                verifications[row.request] += 1
+                drafted[row.request] += row.drafts
+                accepted[row.request] += row.accepted or 0
+            elif row.prefill_chunk or row.known_tokens - row.computed > 1:
+                chunks[row.request].append(row.scheduled)
+    mode = {
+        "sync": "stepped synchronously",
+        "async": "stepped in lockstep",
+        "overlapped": f"overlapped ({record.max_concurrent_batches} batches in flight)",
+    }[record.mode]
+    parts = [
+        f"scheduler: {record.scheduler_class} {mode}, model runner {record.model_runner}, "
+        f"lookahead {record.lookahead}, "
+        f"prefill lookahead {record.prefill_lookahead}, {len(steps)} steps"
+    ]
+    parts.append("preempted " + (", ".join(preempted) if preempted else "none"))
+    hits = [f"{row.request} {row.cached}" for step in steps for row in step.requests if row.cached]
+    if hits:
+        parts.append("prefix hits " + ", ".join(hits))
+    chunked = [
+        f"{name} {'+'.join(map(str, sizes))}" for name, sizes in chunks.items() if len(sizes) > 1
+    ]
+    if chunked:
+        parts.append("chunked prefill " + ", ".join(chunked))
+    if verifications:
+        parts.append(
+            "accepted "
+            + ", ".join(f"{name} {accepted[name]}/{drafted[name]}" for name in verifications)
+        )
+    unfinished = [name for name in scenario.requests if name not in record.finished]
+    if unfinished:
+        parts.append("unfinished " + ", ".join(unfinished))
+    return "; ".join(parts)

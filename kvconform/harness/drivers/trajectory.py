@@ -1,0 +1,124 @@
+"""The trajectory driver: steps a scenario through every party, step by step.
+
+For each call of each step the driver asks the live ``KVCacheManager`` to
+allocate (exactly as the scheduler would), asks vLLM's warmup predictor how
+many blocks it would reserve for the same token count, computes the reference
+floor, and records one :class:`Observation` per group. It judges nothing: the
+checks read the :class:`Trajectory` afterwards. Keeping judgement out of the
+loop keeps the loop close to the cost of the allocator calls it makes.
+"""
+
+from __future__ import annotations
+
+from kvconform.errors import Location, PoolExhausted
+from kvconform.harness.drivers.common import attach_predictor
+from kvconform.model.observations import FreeEvent, Observation, Trajectory
+from kvconform.model.scenario import Action, Scenario
+from kvconform.oracles.live import LiveAllocator
+from kvconform.oracles.resolve import new_trajectory
+from kvconform.oracles.vllm import Vllm
+
+
+def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
+    """Run a ``kind: trajectory`` scenario through the live allocator and the predictor."""
+    model = scenario.model
+    run = new_trajectory(scenario, vllm)
+    lookahead = run.lookahead
+    floor_lookahead = lookahead if run.floor_lookahead is None else run.floor_lookahead
+    live = LiveAllocator(vllm, model, run)
+    predictor = attach_predictor(run, vllm, model, live.null_block)
+    num_groups = len(model.groups)
+    encoder_len = run.encoder_lens = scenario.encoder_lens()
+    for index, request in enumerate(scenario.requests.values()):
+        live.add_request(request, index)
+
+    predicted_max: dict[str, list[int]] = {}
+    finished: set[str] = set()
+    observations = run.observations
+    # The loop below runs once per allocator call and must stay close to the
+    # cost of the vLLM calls it makes (make bench, docs/benchmarks.md): what
+    # can be fixed before it is fixed here, and nothing is built that only an
+    # error would need.
+    record = observations.append
+    new_row = tuple.__new__  # an Observation without its Python-level __new__
+    per_group = [
+        (g, info.step_floor(), predictor.for_group(g) if predictor.available else None)
+        for g, info in enumerate(run.groups)
+    ]
+    finish, preempt = Action.FINISH, Action.PREEMPT
+    scenario_where = scenario.where  # a property that builds a Location: once, not per call
+    for step in scenario.steps:
+        index, line = step.index, step.line
+        for call in step.calls:
+            name, action = call.request, call.action
+            if action is finish or action is preempt:
+                held = live.block_ids(name)
+                before = live.free_blocks()
+                if action is finish:
+                    live.finish(name)
+                    finished.add(name)
+                else:
+                    live.preempt(name)
+                predicted_max.pop(name, None)
+                run.events.append(
+                    FreeEvent(
+                        len(observations),
+                        index,
+                        line,
+                        name,
+                        action.value,
+                        held,
+                        before,
+                        live.free_blocks(),
+                        live.block_ids(name),
+                    )
+                )
+                continue
+            enc = encoder_len[name]
+            try:
+                # A prefix-cache hit is computed, not written: the slots party skips it.
+                cached = live.schedule(call, enc if call.first_chunk else 0, scenario_where)
+            except PoolExhausted as exc:
+                where = Location(scenario.file, line, f"steps[{index}].{name}")
+                raise PoolExhausted(where, exc.message) from None
+            held = live.block_ids(name)
+            computed, scheduled, label = call.computed, call.scheduled, call.label
+            num_tokens = computed + scheduled
+            maxima = predicted_max.get(name)
+            if maxima is None:
+                maxima = predicted_max[name] = [0] * num_groups
+            for g, floor_of, predict in per_group:
+                predicted = pmax = None
+                if predict is not None:
+                    predicted = predict(num_tokens, enc)
+                    pmax = maxima[g]
+                    if predicted > pmax:
+                        pmax = maxima[g] = predicted
+                ids = held[g]
+                record(
+                    new_row(
+                        Observation,
+                        (
+                            index,
+                            line,
+                            name,
+                            label,
+                            g,
+                            computed,
+                            scheduled,
+                            floor_lookahead,
+                            floor_of(computed, scheduled, floor_lookahead, enc),
+                            len(ids),
+                            predicted,
+                            pmax,
+                            None,
+                            ids,
+                            None,
+                            cached,
+                        ),
+                    )
+                )
+            live.complete(call)
+    run.all_finished = len(finished) == len(scenario.requests)
+    run.final_free_blocks = live.free_blocks()
+    return run

@@ -1,0 +1,270 @@
+"""The session: one selection of scenarios, run against one vLLM, into one :class:`RunReport`.
+
+Every front goes through here, so that ``kvconform run``, ``kvconform check``,
+``kvconform coverage`` and ``pytest scenarios/`` agree on every policy:
+
+* which vLLM: :func:`load_vllm` (the installed package, ``--vllm-src DIR`` or
+  ``--vllm-release VER``), prepared for the slot-mapping kernel when the
+  ``slots`` check is selected, and loaded once per process;
+* which scenarios: the files and folders named (default ``scenarios/``) filtered
+  by a ``-k`` expression; a file that does not load is an input error and the
+  other files still run;
+* which known divergences: an explicit expectations file, none, or for each
+  scenario the nearest ``expectations.yaml`` above its file (the search stops at
+  the repository's root), each file read once;
+* the verdict of each scenario (:func:`kvconform.harness.engine.run_scenario`,
+  expectations applied), and of the run: its exit status, coverage and notes.
+
+A front only parses its own arguments into a :class:`RunRequest`, shows what the
+session tells it, and writes the reports.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvconform.errors import ExitStatus, ScenarioError, UsageError, VllmUnavailable
+from kvconform.harness import engine
+from kvconform.harness.checks import DEFAULT_CHECKS, parse_checks
+from kvconform.harness.coverage import compute_coverage, offered_by, pair_results
+from kvconform.harness.expectations import (
+    DEFAULT_SCENARIOS,
+    Expectation,
+    find_expectations,
+    load_expectations,
+)
+from kvconform.harness.loader import load_paths
+from kvconform.harness.select import compile_expression
+from kvconform.model.coverage import Coverage
+from kvconform.model.results import RunReport, ScenarioResult
+from kvconform.model.scenario import Scenario
+from kvconform.oracles import vllm as vllm_loader
+from kvconform.oracles.vllm import Vllm
+
+__all__ = [
+    "RunRequest",
+    "Selection",
+    "Session",
+    "checks_from",
+    "load_vllm",
+    "skipped_notes",
+]
+
+# One loaded vLLM per process and source: the CLI loads one; a pytest process
+# (each xdist worker) loads it on its first item and keeps it.
+_LOADED: dict[tuple[str | None, str | None], Vllm] = {}
+# Seconds each load took in this process (the pytest items report them).
+LOAD_SECONDS: list[float] = []
+
+
+def load_vllm(
+    src: str | None = None, release: str | None = None, checks: Sequence[str] = ()
+) -> Vllm:
+    """The vLLM a run selects; prepared for the slot-mapping kernel if ``slots`` runs."""
+    key = (src, release)
+    if key not in _LOADED:
+        started = time.perf_counter()
+        slot_kernel = "slots" in checks
+        if release:
+            from kvconform.harness.releases import release_tree
+
+            loaded = vllm_loader.load(
+                src=release_tree(release), release=release, slot_kernel=slot_kernel
+            )
+        else:
+            loaded = vllm_loader.load(src=src, slot_kernel=slot_kernel)
+        _LOADED[key] = loaded
+        LOAD_SECONDS.append(time.perf_counter() - started)
+    return _LOADED[key]
+
+
+def checks_from(text: str | None, option: str = "--checks") -> tuple[str, ...]:
+    """The checks a ``--checks`` value names; a wrong name is a usage error."""
+    try:
+        return parse_checks(text)
+    except ValueError as exc:
+        raise UsageError(f"{option}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What a front asks the session to run (its command line, parsed)."""
+
+    paths: tuple[str, ...] = ()
+    expression: str | None = None
+    checks: tuple[str, ...] = DEFAULT_CHECKS
+    vllm_src: str | None = None
+    vllm_release: str | None = None
+    expectations: str | None = None  # an explicit file; None: the nearest one
+    no_expectations: bool = False
+    command: str = ""
+
+    @property
+    def scenario_paths(self) -> tuple[str, ...]:
+        return self.paths or (DEFAULT_SCENARIOS,)
+
+
+@dataclass
+class Selection:
+    scenarios: list[Scenario]
+    input_errors: list[ScenarioError] = field(default_factory=list)
+
+
+class Session:
+    """One run: select, load vLLM, run each scenario, conclude."""
+
+    def __init__(self, request: RunRequest) -> None:
+        self.request = request
+        self._expectation_files: dict[Path, list[Expectation]] = {}
+        self.expectation_errors: list[ScenarioError] = []
+        self._vllm: Vllm | None = None
+
+    # -- selection ------------------------------------------------------------------------
+
+    def select(self) -> Selection:
+        """The scenarios the request's paths and ``-k`` expression select."""
+        paths = self.request.scenario_paths
+        for path in paths:
+            if not Path(path).exists():
+                raise UsageError(f"no such file or folder: {path}")
+        loaded = load_paths(list(paths))
+        scenarios = loaded.scenarios
+        if self.request.expression:
+            matches = compile_expression(self.request.expression)
+            scenarios = [s for s in scenarios if matches(s)]
+        return Selection(scenarios, list(loaded.errors))
+
+    # -- known divergences ----------------------------------------------------------------
+
+    def expectations_file(self, scenario_file: str | Path | None = None) -> Path | None:
+        """The expectations file that applies to a scenario file (or to the run's paths)."""
+        if self.request.no_expectations:
+            return None
+        if self.request.expectations:
+            return Path(self.request.expectations)
+        start = [str(scenario_file)] if scenario_file else list(self.request.scenario_paths)
+        return find_expectations(start)
+
+    def expectations_for(self, scenario_file: str | Path | None = None) -> list[Expectation]:
+        """The known divergences for a scenario file; a file that does not load is an
+        input error of the run (reported once) and excuses nothing."""
+        path = self.expectations_file(scenario_file)
+        if path is None:
+            return []
+        key = path.resolve()
+        if key not in self._expectation_files:
+            try:
+                self._expectation_files[key] = load_expectations(path)
+            except ScenarioError as err:
+                self.expectation_errors.append(err)
+                self._expectation_files[key] = []
+        return self._expectation_files[key]
+
+    # -- running --------------------------------------------------------------------------
+
+    @property
+    def vllm(self) -> Vllm:
+        if self._vllm is None:
+            request = self.request
+            self._vllm = load_vllm(request.vllm_src, request.vllm_release, request.checks)
+        return self._vllm
+
+    def run_scenario(self, scenario: Scenario) -> ScenarioResult:
+        """One scenario's verdict, its known divergences applied."""
+        return engine.run_scenario(
+            scenario, self.vllm, self.request.checks, self.expectations_for(scenario.file)
+        )
+
+    def new_report(self, selection: Selection) -> RunReport:
+        request = self.request
+        # Read the run's expectations file now, so that a broken one is an input error
+        # reported before anything runs.
+        self.expectations_for()
+        exp_path = self.expectations_file()
+        return RunReport(
+            results=[],
+            input_errors=[*selection.input_errors, *self.expectation_errors],
+            vllm_version=None,
+            vllm_source=None,
+            vllm_path=None,
+            started=time.time(),
+            command=request.command or shlex.join(["kvconform", *sys.argv[1:]]),
+            checks=request.checks,
+            expectations_file=str(exp_path) if exp_path is not None else None,
+        )
+
+    def run(
+        self,
+        selection: Selection,
+        report: RunReport,
+        *,
+        on_loaded: Callable[[Vllm], None] | None = None,
+        on_start: Callable[[Scenario], None] | None = None,
+        on_result: Callable[[ScenarioResult], None] | None = None,
+    ) -> RunReport:
+        """Run the selection into ``report``: vLLM first, then every scenario, then the
+        conclusions. A vLLM that cannot be loaded ends the run with its error."""
+        phases = report.phases
+        lap = time.perf_counter()
+        try:
+            vllm = self.vllm
+        except VllmUnavailable as exc:
+            report.vllm_error = str(exc)
+            report.vllm_version = exc.version
+            report.exit_status = (
+                ExitStatus.BAD_INPUT if report.input_errors else ExitStatus.NOT_EXERCISED
+            )
+            return report
+        report.vllm_version = vllm.version
+        report.vllm_source = vllm.source.kind
+        report.vllm_path = vllm.location
+        report.vllm_release = vllm.source.release
+        report.torch_version, report.device = vllm.runtime()
+        phases["load_vllm"], lap = time.perf_counter() - lap, time.perf_counter()
+        if on_loaded is not None:
+            on_loaded(vllm)
+        for scenario in selection.scenarios:
+            if on_start is not None:
+                on_start(scenario)
+            result = self.run_scenario(scenario)
+            report.results.append(result)
+            if on_result is not None:
+                on_result(result)
+        phases["scenarios"], lap = time.perf_counter() - lap, time.perf_counter()
+        report.coverage = self.coverage(selection.scenarios, report.results, report.notes)
+        phases["coverage"] = time.perf_counter() - lap
+        if report.device == "cpu" and any(r.kind == "warmup" for r in report.results):
+            from kvconform.oracles.warmup import CPU_RUN_NOTE
+
+            report.notes.append(CPU_RUN_NOTE)
+        report.notes.extend(skipped_notes(report.results))
+        report.exit_status = engine.exit_status(report.results, len(report.input_errors))
+        return report
+
+    def coverage(
+        self, scenarios: list[Scenario], results: list[ScenarioResult], notes: list[str]
+    ) -> Coverage:
+        """What the run exercised, against what the vLLM in use offers."""
+        try:
+            offered = offered_by(self.vllm)
+        except VllmUnavailable as exc:
+            offered = None
+            notes.append(f"coverage of what vLLM offers is missing: {exc}")
+        return compute_coverage(pair_results(scenarios, results), offered)
+
+
+def skipped_notes(results: Sequence[ScenarioResult]) -> list[str]:
+    """One line per check and reason it was skipped for: skipped, never passed."""
+    counts: dict[tuple[str, str], int] = {}
+    for result in results:
+        for name, why in result.skipped_checks.items():
+            counts[(name, why)] = counts.get((name, why), 0) + 1
+    return [
+        f"check {name} SKIPPED in {n} scenario{'s' if n > 1 else ''}: {why}"
+        for (name, why), n in counts.items()
+    ]

@@ -1,0 +1,184 @@
+"""What the driver saw: one :class:`Observation` per step, request and group.
+
+An observation is the row the checks judge and the reports print: the token
+counts of the step, the floor they imply, and how many blocks (block-table
+columns, null placeholders included) each party held. A party that did not take
+part is ``None``: the predictor on a vLLM without ``_reserved_block_count``, the
+recorded warmup on a plain trajectory.
+
+``block_ids`` are the block-table columns the live allocator handed out (null
+placeholders included); ``warmup_block_ids`` those the recorded warmup built
+by hand. The slots party (:mod:`kvconform.oracles.slots`) loads them into
+vLLM's own block table and records, in :class:`SlotRecording`, every written
+position that landed outside the request's blocks.
+
+``predicted_max`` is the running maximum of the prediction since the request
+last (re)started: vLLM never returns blocks when drafts are rejected, so after
+a rollback the live allocator is compared with the most the predictor ever
+asked for, not with its latest, smaller answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, NamedTuple
+
+from kvconform.model.floors import FLOORS, FloorInput, StepFloor
+
+
+class Observation(NamedTuple):
+    """One step, request and group. ``lookahead`` is the floor's (the contract's)."""
+
+    step: int
+    line: int | None
+    request: str
+    label: str
+    group: int
+    computed: int
+    scheduled: int
+    lookahead: int
+    floor: int
+    live: int | None
+    predicted: int | None
+    predicted_max: int | None
+    warmup: int | None = None
+    block_ids: tuple[int, ...] | list[int] | None = None
+    warmup_block_ids: tuple[int, ...] | list[int] | None = None
+    # Of the scheduled tokens, those a prefix-cache hit supplied: computed, not written.
+    cached: int = 0
+
+
+# The parties that record the block ids they held, and where (the predictor holds none).
+BLOCK_ID_PARTIES = ("live", "warmup")
+
+
+def party_block_ids(obs: Observation, party: str) -> tuple[int, ...] | list[int] | None:
+    """The block ids ``party`` held at ``obs``, or None where it recorded none."""
+    return obs.block_ids if party == "live" else obs.warmup_block_ids
+
+
+class FreeEvent(NamedTuple):
+    """A request gave its blocks back (finish or preempt).
+
+    ``seq`` is the number of observations recorded before it, which orders
+    events among observations of the same step.
+    """
+
+    seq: int
+    step: int
+    line: int | None
+    request: str
+    kind: str
+    held: tuple[list[int], ...]
+    free_before: int
+    free_after: int
+    held_after: tuple[list[int], ...]
+
+
+class SlotEscape(NamedTuple):
+    """One written position whose slot is not in a block its request holds.
+
+    ``observation`` indexes :attr:`Trajectory.observations` (the step, request,
+    group and holding it came from); ``block`` is what vLLM's kernel read from
+    kvconform's poisoned row, ``fresh_block`` what it read from the same row as
+    vLLM's ``BlockTables`` leaves it (zero-filled past the held columns).
+    """
+
+    observation: int
+    party: str
+    role: str  # "target" (a scheduled position) or "drafter" (a lookahead position)
+    position: int
+    column: int
+    slot: int
+    block: int
+    fresh_slot: int | None
+    fresh_block: int | None
+
+
+@dataclass
+class SlotRecording:
+    """What the slots party saw: every escape, and what it could not map."""
+
+    mode: str = ""
+    skipped: str | None = None
+    poison: int = -1  # written into every column past a request's held blocks
+    guard: int = -1  # written into the last column of every row
+    groups_mapped: tuple[int, ...] = ()
+    groups_skipped: Mapping[int, str] = field(default_factory=dict)
+    kernel_calls: int = 0
+    steps: int = 0
+    rows: int = 0
+    positions: int = 0
+    seconds: float = 0.0
+    escapes: list[SlotEscape] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    index: int
+    type: str
+    block_size: int
+    label: str
+    holds_null: bool
+    # The group's fixed inputs to its floor rule (FloorInput minus the step's counts).
+    floor_args: Mapping[str, Any] = field(default_factory=dict)
+
+    @cached_property
+    def _floor_parts(self) -> tuple[FloorInput, tuple[Any, ...], tuple[Any, ...]]:
+        """The fixed inputs, once: a template, and its fields around the step's counts.
+
+        Floors are evaluated per step and group, and keyword unpacking there cost
+        more than the floor rule itself (docs/benchmarks.md). Computed on first
+        use: the drivers build and replace GroupInfos per scenario.
+        """
+        template = FloorInput(
+            0, 0, 0, **{"block_size": self.block_size, "max_model_len": 0, **self.floor_args}
+        )
+        cut = FloorInput._fields.index("encoder_len")
+        return template, tuple(template[3:cut]), tuple(template[cut + 1 :])
+
+    def floor_input(
+        self, computed: int, scheduled: int, lookahead: int, encoder_len: int
+    ) -> FloorInput:
+        _, before_encoder, after_encoder = self._floor_parts
+        return FloorInput._make(
+            (computed, scheduled, lookahead) + before_encoder + (encoder_len,) + after_encoder
+        )
+
+    def step_floor(self) -> StepFloor:
+        """This group's floor rule as (computed, scheduled, lookahead, encoder_len) -> blocks."""
+        return FLOORS[self.type].for_group(self._floor_parts[0])
+
+
+@dataclass
+class Trajectory:
+    """Everything the driver recorded for one scenario."""
+
+    groups: tuple[GroupInfo, ...]
+    lookahead: int  # what the parties reserve with (vLLM's, or the scenario's override)
+    lookahead_source: str
+    max_model_len: int = 0
+    # What the drafter writes, by kvconform's own table (or the override): the floor's
+    # lookahead. It differs from `lookahead` exactly when the lookahead check fails.
+    floor_lookahead: int | None = None
+    encoder_lens: Mapping[str, int] = field(default_factory=dict)
+    method: str | None = None
+    num_speculative_tokens: int = 0
+    sample_from_anchor: bool = True
+    vllm_lookahead: int | None = None
+    expected_lookahead: int | None = None
+    observations: list[Observation] = field(default_factory=list)
+    events: list[FreeEvent] = field(default_factory=list)
+    null_block: int = 0
+    num_blocks: int = 0
+    exclusive_blocks: bool = True
+    all_finished: bool = False
+    final_free_blocks: int | None = None
+    parties: tuple[str, ...] = ("live", "predicted")
+    notes: list[str] = field(default_factory=list)
+    # Per step, what a driver that does not decide the steps saw decided (scheduler
+    # mode: admissions, preemptions, batches in flight); shown beside the holdings.
+    step_notes: dict[int, str] = field(default_factory=dict)
+    slots: SlotRecording | None = None

@@ -1,0 +1,155 @@
+"""Verdicts and failures: what a scenario run concluded.
+
+A :class:`Failure` is one violated check at one step, request and group, with
+every number a reader needs (live, predicted, warmup, floor) and a message that
+says who held how many blocks, how many the floor required, and why.
+A :class:`ScenarioResult` is one scenario's verdict:
+
+* ``passed`` -- every check held;
+* ``failed`` -- a check failed (nonconformance);
+* ``error`` -- the scenario or vLLM could not be run; ``error_kind`` says which:
+  ``input`` (the scenario is wrong), ``unsupported`` (this vLLM lacks something
+  the scenario needs) or ``crash`` (vLLM raised on a valid scenario);
+* ``xfailed`` / ``xpassed`` -- the scenario is listed in the expectations file
+  as a known divergence, and it diverged / no longer diverges.
+"""
+
+from __future__ import annotations
+
+import enum
+import shlex
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from kvconform.errors import ScenarioError
+from kvconform.model.observations import Trajectory
+
+if TYPE_CHECKING:
+    from kvconform.model.coverage import Coverage
+
+
+class Verdict(str, enum.Enum):
+    PASSED = "passed"
+    FAILED = "failed"
+    ERROR = "error"
+    XFAILED = "xfailed"
+    XPASSED = "xpassed"
+
+
+class ErrorKind(str, enum.Enum):
+    INPUT = "input"
+    UNSUPPORTED = "unsupported"
+    CRASH = "crash"
+
+
+@dataclass(frozen=True)
+class Failure:
+    check: str
+    message: str
+    step: int | None = None
+    line: int | None = None
+    request: str | None = None
+    group: int | None = None
+    spec_type: str | None = None
+    live: int | None = None
+    predicted: int | None = None
+    warmup: int | None = None
+    floor: int | None = None
+    action: str | None = None
+    # Check-specific facts in structured form (slots: positions, columns, blocks hit).
+    detail: dict[str, Any] | None = field(default=None, compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "check": self.check,
+            "step": self.step,
+            "line": self.line,
+            "request": self.request,
+            "group": self.group,
+            "spec_type": self.spec_type,
+            "action": self.action,
+            "live": self.live,
+            "predicted": self.predicted,
+            "warmup": self.warmup,
+            "floor": self.floor,
+            "message": self.message,
+            "detail": self.detail,
+        }
+
+
+@dataclass
+class ScenarioResult:
+    id: str
+    file: str
+    verdict: Verdict
+    kind: str = "trajectory"
+    tags: tuple[str, ...] = ()
+    failures: list[Failure] = field(default_factory=list)
+    error: str | None = None
+    error_kind: ErrorKind | None = None
+    # The input error is the pool running dry (PoolExhausted): the fuzzer
+    # discards such examples instead of reporting them.
+    pool_exhausted: bool = False
+    expectation: str | None = None
+    duration: float = 0.0
+    trajectory: Trajectory | None = None
+    line: int | None = None
+    description: str = ""
+    # Where the expectations entry that made this xfailed/xpassed points to.
+    expectation_evidence: str | None = None
+    # Selected checks that could not run, with why: skipped, never passed.
+    skipped_checks: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict in (Verdict.PASSED, Verdict.XFAILED, Verdict.XPASSED)
+
+    def headline(self) -> str:
+        if self.error:
+            return self.error
+        if self.failures:
+            more = f" (+{len(self.failures) - 1} more)" if len(self.failures) > 1 else ""
+            return self.failures[0].message + more
+        return ""
+
+
+@dataclass
+class RunReport:
+    """One whole run: its results, the input errors, and where it ran."""
+
+    results: list[ScenarioResult]
+    input_errors: list[ScenarioError]
+    vllm_version: str | None
+    vllm_source: str | None
+    vllm_path: str | None
+    vllm_release: str | None = None
+    vllm_error: str | None = None
+    torch_version: str | None = None
+    device: str | None = None
+    started: float = 0.0
+    duration: float = 0.0
+    command: str = ""
+    exit_status: int = 0
+    checks: tuple[str, ...] = ()
+    notes: list[str] = field(default_factory=list)
+    # What the run exercised and what the vLLM in use offers that it did not.
+    coverage: Coverage | None = None
+    expectations_file: str | None = None
+    # Seconds per phase of the run (select, load_vllm, scenarios, coverage).
+    phases: dict[str, float] = field(default_factory=dict)
+
+    def counts(self) -> dict[str, int]:
+        counts = {verdict.value: 0 for verdict in Verdict}
+        for result in self.results:
+            counts[result.verdict.value] += 1
+        counts["input errors"] = len(self.input_errors)
+        return counts
+
+    def rerun_command(self, result: ScenarioResult) -> str:
+        """The command that runs one of this run's scenarios alone, against the same vLLM."""
+        parts = ["kvconform", "run", result.file, "-k", result.id]
+        if self.vllm_release:
+            parts += ["--vllm-release", self.vllm_release]
+        elif self.vllm_source == "src" and self.vllm_path:
+            parts += ["--vllm-src", self.vllm_path.removesuffix("/vllm")]
+        return shlex.join(parts)

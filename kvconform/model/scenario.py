@@ -1,0 +1,236 @@
+"""The scenario model: what a YAML scenario means once it has been validated.
+
+A :class:`Scenario` is immutable and complete. By the time one exists, every
+default has been filled in, every ``matrix`` combination has become its own
+scenario, every ``repeat`` has been unrolled, and every step has been resolved
+into :class:`Call` objects that say exactly how many tokens were computed before
+the step, how many are scheduled in it, and how many drafts are rolled back
+after it. The token arithmetic happens once, in :mod:`kvconform.model.tokens`,
+so the driver, the checks and the reports all read the same numbers.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from kvconform.errors import Location
+
+# The kinds of scenario there are, each with its driver (kvconform.harness.drivers).
+KINDS = ("trajectory", "warmup", "scheduler")
+
+
+class Action(str, enum.Enum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+    SPEC = "spec"
+    FINISH = "finish"
+    PREEMPT = "preempt"
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One KV-cache group: a type from ``GROUP_TYPES`` plus its options."""
+
+    type: str
+    block_size: int
+    options: Mapping[str, object] = field(default_factory=dict)
+    where: Location | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+
+    def option(self, name: str) -> object:
+        return self.options[name]
+
+    @property
+    def label(self) -> str:
+        extra = ",".join(f"{k}={v}" for k, v in self.options.items() if v is not None)
+        return f"{self.type}[{extra}]" if extra else self.type
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    block_size: int
+    max_model_len: int
+    num_blocks: int
+    groups: tuple[GroupSpec, ...]
+    max_encoder_len: int = 0
+    enable_caching: bool = False
+    dcp_world_size: int = 1
+
+    @property
+    def scheduler_block_size(self) -> int:
+        """The least common multiple of the groups' block sizes (vLLM's rule)."""
+        from math import lcm
+
+        return lcm(*(g.block_size for g in self.groups))
+
+    @property
+    def hash_block_size(self) -> int:
+        """Prefix-cache hashes must tile every group's blocks: their gcd."""
+        from math import gcd
+
+        return gcd(*(g.block_size for g in self.groups))
+
+
+@dataclass(frozen=True)
+class SpeculativeSpec:
+    method: str
+    num_speculative_tokens: int
+    # None: take the lookahead from vLLM's VllmConfig.num_lookahead_tokens.
+    num_lookahead_tokens: int | None = None
+    # DSpark only: False selects the fill-in layout (one more lookahead slot).
+    sample_from_anchor: bool = True
+    where: Location | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """How many drafts a request accepts at each verification (scheduler scenarios).
+
+    ``kind`` is ``all`` (every draft accepted), ``list`` (``values`` once,
+    then every draft accepted),
+    ``repeat`` (``values`` cycled) or ``rate`` (each draft accepted with
+    probability ``rate`` until the first rejection, from a generator seeded with
+    ``seed``). :mod:`kvconform.model.acceptance` turns it into numbers.
+    """
+
+    kind: str
+    values: tuple[int, ...] = ()
+    rate: float = 1.0
+    seed: int = 0
+
+    @property
+    def label(self) -> str:
+        if self.kind == "rate":
+            return f"rate {self.rate} (seed {self.seed})"
+        if self.kind == "all":
+            return "all"
+        return f"{self.kind} {list(self.values)}"
+
+
+ACCEPT_ALL = Acceptance("all")
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    name: str
+    prompt_len: int
+    encoder_len: int = 0
+    # Prefix sharing for prefix-caching scenarios: the first prefix_len prompt
+    # tokens are those of request prefix_from.
+    prefix_from: str | None = None
+    prefix_len: int = 0
+    where: Location | None = field(default=None, compare=False)
+    # Scheduler scenarios only: when the request reaches the scheduler (the
+    # number of schedule() calls before it), how many tokens it may generate,
+    # and how many of its drafts the fabricated model output accepts.
+    arrival: int = 0
+    max_tokens: int = 16
+    acceptance: Acceptance = ACCEPT_ALL
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request's part in one step, resolved into token counts."""
+
+    request: str
+    action: Action
+    computed: int  # tokens computed before the step
+    scheduled: int  # tokens scheduled in the step (0 for finish / preempt)
+    rejected: int = 0  # drafts rolled back after the step
+    sampled: int = 0  # output tokens appended after the step
+    first_chunk: bool = False  # the request (re-)enters from the waiting queue
+    label: str = ""
+
+    @property
+    def allocates(self) -> bool:
+        return self.scheduled > 0
+
+
+@dataclass(frozen=True)
+class Step:
+    index: int
+    calls: tuple[Call, ...]
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class WarmupSpec:
+    """What a ``kind: warmup`` scenario asks of vLLM's real warmup."""
+
+    entry_points: tuple[str, ...] = ("warmup_kernels", "run_mixed_prefill_decode_warmup")
+    max_num_seqs: int = 4
+    max_num_batched_tokens: int = 512
+    mixed_num_tokens: int = 64
+
+
+SCHEDULER_MODES = ("sync", "async", "overlapped")
+MODEL_RUNNERS = ("auto", "v2", "v1")
+
+
+@dataclass(frozen=True)
+class SchedulerSpec:
+    """What a ``kind: scheduler`` scenario asks of vLLM's real scheduler.
+
+    ``mode``: ``sync`` is ``Scheduler`` (``async_scheduling`` off), stepped
+    schedule -> output -> drafts; ``async`` is ``AsyncScheduler`` stepped in
+    lockstep; ``overlapped`` is ``AsyncScheduler`` with step N+1 scheduled
+    before step N's output is applied, as vLLM's engine does by default.
+    """
+
+    mode: str = "overlapped"
+    max_num_seqs: int = 4
+    max_num_batched_tokens: int = 256
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    # MTP only: the target's MTP modules (more than one makes it multi-module).
+    num_nextn_predict_layers: int = 1
+    max_steps: int = 2000
+    # auto | v2 | v1: the model runner vLLM's configuration is built for (auto:
+    # vLLM's own choice on this machine).
+    model_runner: str = "auto"
+    where: Location | None = field(default=None, compare=False)
+
+    @property
+    def async_scheduling(self) -> bool:
+        return self.mode != "sync"
+
+    @property
+    def overlapped(self) -> bool:
+        return self.mode == "overlapped"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    id: str
+    name: str
+    file: str
+    description: str
+    tags: tuple[str, ...]
+    kind: str
+    model: ModelSpec
+    speculative: SpeculativeSpec | None
+    requests: Mapping[str, RequestSpec]
+    steps: tuple[Step, ...]
+    params: tuple[tuple[str, object], ...] = ()
+    warmup: WarmupSpec | None = None
+    line: int | None = None
+    scheduler: SchedulerSpec | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "requests", MappingProxyType(dict(self.requests)))
+
+    @property
+    def where(self) -> Location:
+        return Location(self.file, self.line)
+
+    def encoder_lens(self) -> dict[str, int]:
+        """Per request, the encoder tokens its first chunk brings (0 without cross-attention)."""
+        model = self.model
+        if not any(g.type == "cross_attention" for g in model.groups):
+            return {name: 0 for name in self.requests}
+        return {name: req.encoder_len or model.max_encoder_len for name, req in self.requests.items()}

@@ -1,0 +1,131 @@
+"""Token arithmetic of a trajectory: what each action does to a request's counts.
+
+This is the one place that knows how vLLM's scheduler moves a request's
+``num_computed_tokens`` (read from ``vllm/v1/core/sched/scheduler.py``):
+
+* A request that has not sampled since it (re)started needs a prefill: the
+  prompt the first time, prompt plus outputs after a preemption. Chunks are
+  scheduled until that is done; the chunk that completes it samples one token.
+* A running request then has exactly one uncomputed token, the last sampled one.
+  ``decode`` schedules it alone; ``spec K`` schedules it with K drafts, and after
+  the step the K - A rejected drafts are rolled back from the computed count
+  while A accepted tokens plus one bonus token are appended.
+* The scheduler never lets ``computed + scheduled`` pass ``max_model_len - 1``
+  (``num_new_tokens = min(..., max_model_len - num_computed_tokens - 1)``), so a
+  step that would is impossible, not merely unusual.
+* ``preempt`` frees the blocks and resets the computed count; ``finish`` frees
+  them for good.
+
+:class:`RequestTokens` applies one action and returns the resolved
+:class:`~kvconform.model.scenario.Call`, or raises :class:`ScenarioError` that
+says why the step cannot happen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvconform.errors import Location, ScenarioError
+from kvconform.model.scenario import Action, Call, RequestSpec
+
+
+@dataclass
+class RequestTokens:
+    spec: RequestSpec
+    computed: int = 0
+    outputs: int = 0
+    needs_prefill: bool = True
+    holds_blocks: bool = False
+    finished: bool = False
+
+    @property
+    def num_tokens(self) -> int:
+        return self.spec.prompt_len + self.outputs
+
+    @property
+    def pending(self) -> int:
+        """Tokens known but not yet computed."""
+        return self.num_tokens - self.computed
+
+    def apply(
+        self,
+        action: Action,
+        where: Location,
+        *,
+        count: int = 0,
+        accepted: int | None = None,
+        max_model_len: int,
+        num_speculative_tokens: int | None,
+    ) -> Call:
+        name = self.spec.name
+        if self.finished:
+            raise ScenarioError(where, f"request {name!r} has already finished")
+        if action is Action.FINISH:
+            self.finished = True
+            self.holds_blocks = False
+            return Call(name, action, self.computed, 0, label="finish")
+        if action is Action.PREEMPT:
+            if not self.holds_blocks:
+                raise ScenarioError(
+                    where, f"request {name!r} holds no blocks to preempt (it is not running)"
+                )
+            computed = self.computed
+            self.computed = 0
+            self.needs_prefill = True
+            self.holds_blocks = False
+            return Call(name, action, computed, 0, label="preempt")
+
+        first_chunk = not self.holds_blocks
+        before = self.computed
+        if action is Action.PREFILL:
+            if not self.needs_prefill:
+                raise ScenarioError(
+                    where,
+                    f"request {name!r} has no prompt left to prefill (computed {before} of "
+                    f"{self.num_tokens} tokens); use decode or spec",
+                )
+            if count < 1 or count > self.pending:
+                raise ScenarioError(
+                    where,
+                    f"prefill {count} is outside 1..{self.pending}, the tokens request "
+                    f"{name!r} still has to prefill",
+                )
+            scheduled, rejected = count, 0
+            sampled = 1 if count == self.pending else 0
+            label = f"prefill {count}"
+        else:
+            if self.needs_prefill:
+                raise ScenarioError(
+                    where,
+                    f"request {name!r} cannot {action.value} before its prefill is complete "
+                    f"({self.pending} tokens left to prefill)",
+                )
+            if action is Action.DECODE:
+                scheduled, rejected, sampled, label = 1, 0, 1, "decode"
+            else:
+                if num_speculative_tokens is None:
+                    raise ScenarioError(where, "a spec step needs a 'speculative' section")
+                if count < 1 or count > num_speculative_tokens:
+                    raise ScenarioError(
+                        where,
+                        f"spec {count} is outside 1..{num_speculative_tokens}: vLLM schedules at "
+                        "most num_speculative_tokens drafts",
+                    )
+                accepted = count if accepted is None else accepted
+                if not 0 <= accepted <= count:
+                    raise ScenarioError(where, f"accepted {accepted} is outside 0..{count}")
+                scheduled, rejected, sampled = 1 + count, count - accepted, accepted + 1
+                label = f"spec {count} ({accepted} accepted)"
+        if before + scheduled > max_model_len - 1:
+            raise ScenarioError(
+                where,
+                f"{label} at {before} computed tokens passes max_model_len {max_model_len}: "
+                f"vLLM's scheduler schedules at most max_model_len - computed - 1 = "
+                f"{max_model_len - before - 1} tokens",
+            )
+        self.computed = before + scheduled - rejected
+        self.outputs += sampled
+        if sampled:
+            self.needs_prefill = False
+        self.holds_blocks = True
+        return Call(name, action, before, scheduled, rejected, sampled, first_chunk, label)

@@ -1,0 +1,131 @@
+"""What a scenario means on the loaded vLLM: its lookahead, and its groups as vLLM specs.
+
+Every party starts from the same two answers, so they are given once, here:
+
+* :func:`new_trajectory` -- an empty :class:`Trajectory` for the scenario, with
+  its lookahead resolved (a scenario override, else vLLM's
+  ``VllmConfig.num_lookahead_tokens``, else kvconform's own table, and which of
+  the three it was), the floor's lookahead (kvconform's table: what the drafter
+  writes) and, per group, the inputs its floor rule reads off the vLLM spec;
+* :func:`group_specs` -- the ``KVCacheSpec`` of each group, which each party
+  builds for itself from the scenario's model.
+
+An unknown method is the scenario's error (file, line, field), not vLLM's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from kvconform.errors import ScenarioError
+from kvconform.model.group_types import GROUP_TYPES
+from kvconform.model.lookahead import expected_lookahead
+from kvconform.model.observations import GroupInfo, Trajectory
+from kvconform.model.scenario import GroupSpec, ModelSpec, Scenario
+from kvconform.oracles.vllm import Vllm
+
+__all__ = ["group_specs", "new_trajectory", "spec_options"]
+
+
+def new_trajectory(scenario: Scenario, vllm: Vllm) -> Trajectory:
+    """The scenario's empty trajectory: lookahead resolved, groups described for the floor."""
+    run = _resolve_lookahead(scenario, vllm)
+    model = scenario.model
+    specs = group_specs(vllm, model, run.num_speculative_tokens)
+    run.groups = tuple(
+        replace(
+            info,
+            floor_args=dict(
+                block_size=group.block_size,
+                max_model_len=model.max_model_len,
+                dcp_world_size=model.dcp_world_size if vllm.dcp_sharded(spec) else 1,
+                num_speculative_blocks=int(getattr(spec, "num_speculative_blocks", 0) or 0),
+                mamba_cache_mode=str(getattr(spec, "mamba_cache_mode", "none")),
+            ),
+        )
+        for info, group, spec in zip(run.groups, model.groups, specs, strict=True)
+    )
+    return run
+
+
+def spec_options(group: GroupSpec, num_speculative_tokens: int) -> dict[str, Any]:
+    """The options ``group``'s vLLM spec is built with.
+
+    A Mamba group without ``num_speculative_blocks`` gets one per speculative
+    token, as vLLM's config does for Mamba models under speculative decoding.
+    """
+    options = dict(group.options)
+    if group.type == "mamba" and options.get("num_speculative_blocks") is None:
+        options["num_speculative_blocks"] = num_speculative_tokens
+    return options
+
+
+def group_specs(vllm: Vllm, model: ModelSpec, num_speculative_tokens: int) -> list[Any]:
+    """vLLM ``KVCacheSpec``s for the model's groups, in order."""
+    return [
+        vllm.build_spec(g.type, g.block_size, spec_options(g, num_speculative_tokens))
+        for g in model.groups
+    ]
+
+
+def _resolve_lookahead(scenario: Scenario, vllm: Vllm) -> Trajectory:
+    model, spec = scenario.model, scenario.speculative
+    groups = tuple(
+        GroupInfo(i, g.type, g.block_size, g.label, GROUP_TYPES[g.type].holds_null)
+        for i, g in enumerate(model.groups)
+    )
+    if spec is None:
+        return Trajectory(
+            groups,
+            0,
+            "no speculative decoding",
+            model.max_model_len,
+            expected_lookahead=0,
+            vllm_lookahead=0,
+            floor_lookahead=0,
+        )
+    declared = vllm.declared_methods()
+    if spec.method not in declared:
+        where = spec.where or scenario.where.at("speculative.method")
+        raise ScenarioError(
+            where,
+            f"unknown speculative method {spec.method!r}; vLLM {vllm.version} declares: "
+            + ", ".join(declared),
+        )
+    method = vllm.canonical_method(spec.method)
+    k, anchor = spec.num_speculative_tokens, spec.sample_from_anchor
+    vllm_value = vllm.lookahead(method, k, anchor)
+    expected = expected_lookahead(method, k, anchor)
+    if spec.num_lookahead_tokens is not None:
+        lookahead, source = spec.num_lookahead_tokens, "scenario override"
+    elif vllm_value is not None:
+        lookahead, source = vllm_value, "VllmConfig.num_lookahead_tokens"
+    elif expected is not None:
+        lookahead = expected
+        source = f"kvconform's table (vLLM {vllm.version} has no VllmConfig.num_lookahead_tokens)"
+    else:
+        raise ScenarioError(
+            spec.where or scenario.where,
+            f"no lookahead for {spec.method!r}: vLLM {vllm.version} has no "
+            "VllmConfig.num_lookahead_tokens and kvconform's table lacks the method; "
+            "set speculative.num_lookahead_tokens",
+        )
+    return Trajectory(
+        groups,
+        lookahead,
+        source,
+        model.max_model_len,
+        method=method,
+        num_speculative_tokens=k,
+        sample_from_anchor=anchor,
+        vllm_lookahead=vllm_value,
+        floor_lookahead=(
+            spec.num_lookahead_tokens
+            if spec.num_lookahead_tokens is not None
+            else expected
+            if expected is not None
+            else lookahead
+        ),
+        expected_lookahead=expected,
+    )

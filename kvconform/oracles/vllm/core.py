@@ -1,0 +1,404 @@
+"""The core facade: what every party asks of vLLM, through one :class:`Vllm` object.
+
+Build a ``KVCacheSpec`` for a scenario group, build a ``KVCacheManager``, make a
+``Request``, call ``allocate_slots``, ask ``_reserved_block_count`` and
+``VllmConfig.num_lookahead_tokens``, enumerate the spec types and speculative
+methods the loaded vLLM declares. The parts that serve one consumer only live
+beside it: :mod:`.scheduling` (scheduler mode), :mod:`.warmup_stubs` (the warmup
+party), :mod:`.slot_kernel` (the slots party); each attaches to a :class:`Vllm`
+through :meth:`Vllm.part`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import typing
+from collections.abc import Callable, Sequence
+from functools import cached_property
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from kvconform.errors import VllmUnavailable
+from kvconform.model.group_types import GROUP_TYPES
+from kvconform.oracles.vllm.calls import call, flatten_literal
+from kvconform.oracles.vllm.versions import MINIMUM_SUPPORTED, release_of
+
+if TYPE_CHECKING:
+    from kvconform.oracles.vllm.versions import VllmSource
+
+__all__ = ["Vllm"]
+
+_Part = TypeVar("_Part")
+
+# Every spec class a scenario group is built from gets these attributes where
+# the class has such a field; their values do not influence block counts.
+_NEUTRAL_SPEC_FIELDS: dict[str, Any] = {
+    "num_kv_heads": 1,
+    "head_size": 8,
+    "page_size": 64,
+}
+
+
+class Vllm:
+    """The loaded vLLM, reduced to what kvconform asks of it."""
+
+    def __init__(self, version: str, source: VllmSource, location: str, modules: dict[str, Any]):
+        self.version = version
+        self.source = source
+        self.location = location
+        self._kvm = modules["vllm.v1.core.kv_cache_manager"]
+        self._iface = modules["vllm.v1.kv_cache_interface"]
+        self._request = modules["vllm.v1.request"]
+        # Answers that depend only on the loaded vLLM and the arguments (the
+        # method tables, the speculative config's properties): every scenario asks
+        # them again, and building a SpeculativeConfig each time cost more than
+        # a short scenario's allocator calls (docs/benchmarks.md).
+        self._memo: dict[tuple[Any, ...], Any] = {}
+
+    def _remembered(self, key: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
+
+    def part(self, factory: Callable[[Vllm], _Part]) -> _Part:
+        """The piece of the facade that ``factory`` builds for this vLLM, built once.
+
+        The consumer-specific parts (scheduling, warmup, the slot kernel) live in
+        their own modules and attach here, so this class stays the core.
+        """
+        return typing.cast(_Part, self._remembered(("part", factory), lambda: factory(self)))
+
+    def __repr__(self) -> str:
+        return f"<vLLM {self.version} from {self.source.describe()}>"
+
+    def runtime(self) -> tuple[str, str]:
+        """(torch version, device) of this process: the device warmup would run on."""
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.__version__, f"cuda: {torch.cuda.get_device_name(0)}"
+        return torch.__version__, "cpu"
+
+    def missing(self, name: str, detail: str = "") -> VllmUnavailable:
+        return VllmUnavailable(self.version, name, detail)
+
+    def optional_module(self, name: str) -> Any | None:
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            return None
+
+    # -- spec types -------------------------------------------------------------------
+
+    def spec_class(self, name: str) -> type:
+        cls = getattr(self._iface, name, None)
+        if cls is None:
+            raise self.missing(f"vllm.v1.kv_cache_interface.{name}")
+        return typing.cast(type, cls)
+
+    def offered_spec_classes(self) -> list[str]:
+        """Names of every KVCacheSpec subclass vLLM's kv_cache_interface defines."""
+        base = self._iface.KVCacheSpec
+        return sorted(
+            name
+            for name, obj in vars(self._iface).items()
+            if isinstance(obj, type)
+            and issubclass(obj, base)
+            and obj.__module__ == self._iface.__name__
+        )
+
+    def build_spec(self, type_name: str, block_size: int, options: dict[str, object]) -> Any:
+        """A vLLM KVCacheSpec for a scenario group: its options plus neutral sizes."""
+        import torch
+
+        cls = self.spec_class(GROUP_TYPES[type_name].vllm_class)
+        field_names = {f.name for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {"block_size": block_size}
+        neutral = dict(_NEUTRAL_SPEC_FIELDS, dtype=torch.float16)
+        neutral.update(shapes=((4,),), dtypes=(torch.float16,))
+        for name, value in neutral.items():
+            if name in field_names:
+                kwargs[name] = value
+        for name, value in options.items():
+            if value is None:
+                continue
+            if name not in field_names:
+                raise self.missing(f"{cls.__name__}.{name}")
+            kwargs[name] = value
+        try:
+            return cls(**kwargs)
+        except (TypeError, ValueError, AssertionError) as exc:
+            raise self.missing(
+                f"a {cls.__name__} that kvconform can build", f"{type(exc).__name__}: {exc}"
+            ) from None
+
+    def mamba_cache_modes(self) -> tuple[str, ...]:
+        """The Mamba cache modes this vLLM's config accepts (``MambaCacheMode``).
+
+        0.32 dropped "all" from the config's literal while ``MambaSpec`` still
+        takes it; a mode the config refuses is one no deployment runs.
+        """
+        cache = self.optional_module("vllm.config.cache")
+        literal = getattr(cache, "MambaCacheMode", None) if cache else None
+        return tuple(flatten_literal(literal)) if literal is not None else ("none", "align")
+
+    def dcp_sharded(self, spec: Any) -> bool:
+        """Whether the manager multiplies this group's block size by the DCP world size.
+
+        From 0.31 a spec says so itself (``dcp_sharded``: attention yes, Mamba
+        no). Releases without the field (0.28-0.30) multiply every group's
+        block size when ``dcp_world_size > 1`` (``SingleTypeKVCacheManager.__init__``).
+        """
+        return bool(getattr(spec, "dcp_sharded", True))
+
+    # -- the allocator ----------------------------------------------------------------
+
+    def kv_cache_config(self, num_blocks: int, specs: Sequence[Any]) -> Any:
+        iface = self._iface
+        groups = [iface.KVCacheGroupSpec([f"layer.{i}"], spec) for i, spec in enumerate(specs)]
+        return call(
+            iface.KVCacheConfig, num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups
+        )
+
+    def new_manager(self, kv_cache_config: Any, **kwargs: Any) -> Any:
+        return call(self._kvm.KVCacheManager, kv_cache_config=kv_cache_config, **kwargs)
+
+    def new_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        block_hasher: Callable[..., Any] | None,
+        max_tokens: int = 1 << 20,
+    ) -> Any:
+        from vllm import SamplingParams
+
+        # ignore_eos: fabricated outputs must not stop a request early by chance.
+        params = call(SamplingParams, max_tokens=max_tokens, ignore_eos=True)
+        return call(
+            self._request.Request,
+            request_id=request_id,
+            prompt_token_ids=prompt_token_ids,
+            sampling_params=params,
+            pooling_params=None,
+            block_hasher=block_hasher,
+        )
+
+    def block_hasher(
+        self, hash_block_size: int, num_hash_lookahead_tokens: int = 0
+    ) -> Callable[..., Any]:
+        utils = importlib.import_module("vllm.v1.core.kv_cache_utils")
+        hashing = self.optional_module("vllm.utils.hashing")
+        hash_fn = getattr(hashing, "sha256", None) if hashing else None
+        if hash_fn is None:
+            hash_fn = getattr(importlib.import_module("vllm.utils"), "sha256", None)
+        if hash_fn is None or not hasattr(utils, "get_request_block_hasher"):
+            raise self.missing("a request block hasher (get_request_block_hasher, sha256)")
+        utils.init_none_hash(hash_fn)
+        hasher = utils.get_request_block_hasher
+        if num_hash_lookahead_tokens:
+            return typing.cast(
+                Callable[..., Any], hasher(hash_block_size, hash_fn, num_hash_lookahead_tokens)
+            )
+        return typing.cast(Callable[..., Any], hasher(hash_block_size, hash_fn))
+
+    def running_status(self) -> Any:
+        return self._request.RequestStatus.RUNNING
+
+    def preempted_status(self) -> Any:
+        return self._request.RequestStatus.PREEMPTED
+
+    def allocate_slots(self, manager: Any, request: Any, num_new_tokens: int, **kwargs: Any) -> Any:
+        return call(
+            manager.allocate_slots, request=request, num_new_tokens=num_new_tokens, **kwargs
+        )
+
+    def computed_blocks(
+        self, manager: Any, request: Any, max_cache_hit_length: int
+    ) -> tuple[Any, int]:
+        """The prefix-cache hit for a waiting request, at most ``max_cache_hit_length`` tokens.
+
+        ``get_computed_blocks`` takes ``max_cache_hit_length`` from 0.33.0 on; before,
+        the hit is capped only at ``num_tokens - 1`` and the result may have two or
+        three values. A hit longer than the chunk cannot be expressed on such a release.
+        """
+        result = call(
+            manager.get_computed_blocks, request=request, max_cache_hit_length=max_cache_hit_length
+        )
+        blocks, hit = result[0], int(result[1])
+        if hit > max_cache_hit_length:
+            raise self.missing(
+                "KVCacheManager.get_computed_blocks(max_cache_hit_length=...)",
+                f"the prefix-cache hit of {hit} tokens is longer than the first chunk allows "
+                f"({max_cache_hit_length}); make the first prefill chunk longer than the shared prefix",
+            )
+        return blocks, hit
+
+    def cache_blocks(self, manager: Any, request: Any, num_computed_tokens: int) -> None:
+        if hasattr(manager, "cache_blocks"):
+            call(manager.cache_blocks, request=request, num_computed_tokens=num_computed_tokens)
+
+    def null_block_id(self, manager: Any) -> int:
+        return int(manager.block_pool.null_block.block_id)
+
+    def free_block_count(self, manager: Any) -> int:
+        return int(manager.block_pool.get_num_free_blocks())
+
+    # -- the warmup predictor ---------------------------------------------------------
+
+    @cached_property
+    def reserved_block_count(self) -> Callable[..., int] | None:
+        """vLLM's ``_reserved_block_count``, or None where this release lacks it."""
+        try:
+            warmup = importlib.import_module("vllm.v1.worker.gpu.warmup")
+        except Exception:  # noqa: BLE001 - an unimportable warmup means "no predictor"
+            return None
+        return getattr(warmup, "_reserved_block_count", None)
+
+    def below_minimum(self) -> bool:
+        """Older than :data:`MINIMUM_SUPPORTED` (such trees run for bisection only)."""
+        from packaging.version import InvalidVersion, Version
+
+        try:
+            return Version(release_of(self.version)) < Version(MINIMUM_SUPPORTED)
+        except InvalidVersion:
+            return False
+
+    def predictor_missing_reason(self) -> str:
+        try:
+            importlib.import_module("vllm.v1.worker.gpu.warmup")
+        except Exception as exc:  # noqa: BLE001
+            return f"vllm.v1.worker.gpu.warmup does not import ({type(exc).__name__}: {exc})"
+        return f"vLLM {self.version} has no vllm.v1.worker.gpu.warmup._reserved_block_count"
+
+    # -- speculative methods ----------------------------------------------------------
+
+    @cached_property
+    def _speculative(self) -> Any:
+        return importlib.import_module("vllm.config.speculative")
+
+    def declared_methods(self) -> tuple[str, ...]:
+        """Every method name in vLLM's ``SpeculativeMethod`` literal, in order."""
+        literal = getattr(self._speculative, "SpeculativeMethod", None)
+        if literal is None:
+            raise self.missing("vllm.config.speculative.SpeculativeMethod")
+        return typing.cast(
+            tuple[str, ...],
+            self._remembered(
+                ("declared_methods",), lambda: tuple(dict.fromkeys(flatten_literal(literal)))
+            ),
+        )
+
+    def method_aliases(self) -> dict[str, str]:
+        """Method names vLLM's SpeculativeConfig rewrites to another (MTP variants)."""
+        return dict(self._aliases)
+
+    @cached_property
+    def _aliases(self) -> dict[str, str]:
+        mtp = getattr(self._speculative, "MTPModelTypes", None)
+        if mtp is None:
+            return {}
+        return {name: "mtp" for name in flatten_literal(mtp) if name != "mtp"}
+
+    def canonical_method(self, method: str) -> str:
+        return self._aliases.get(method, method)
+
+    def _config_holder(
+        self, method: str, k: int, sample_from_anchor: bool, enable_caching: bool
+    ) -> SimpleNamespace:
+        """What ``VllmConfig``'s speculative properties read, without a model.
+
+        Built the way vLLM's own test builds it: a ``SpeculativeConfig`` made with
+        ``object.__new__`` holding the method and k, plus the few attributes the
+        properties read (the DSpark layout, the block-drop switches, prefix caching).
+        """
+        spec = object.__new__(self._speculative.SpeculativeConfig)
+        hf_config = SimpleNamespace(sample_from_anchor=sample_from_anchor)
+        for name, value in (
+            ("method", self.canonical_method(method)),
+            ("num_speculative_tokens", k),
+            ("draft_model_config", SimpleNamespace(hf_config=hf_config)),
+            ("disable_eagle_block_drop", False),
+            ("disable_lookahead_block_hashes", False),
+        ):
+            object.__setattr__(spec, name, value)
+        return SimpleNamespace(
+            speculative_config=spec,
+            num_speculative_tokens=k,
+            cache_config=SimpleNamespace(enable_prefix_caching=enable_caching),
+            kv_transfer_config=None,
+        )
+
+    def _config_property(self, name: str, holder: SimpleNamespace) -> int | None:
+        config = importlib.import_module("vllm.config")
+        prop = getattr(config.VllmConfig, name, None)
+        if not isinstance(prop, property) or prop.fget is None:
+            return None
+        value = int(prop.fget(holder))
+        setattr(holder, name, value)  # later properties read earlier ones through self
+        return value
+
+    def lookahead(
+        self, method: str | None, num_speculative_tokens: int, sample_from_anchor: bool = True
+    ) -> int | None:
+        """``VllmConfig.num_lookahead_tokens`` for a method, or None if this vLLM lacks it."""
+        key = ("lookahead", method, num_speculative_tokens, sample_from_anchor)
+        return typing.cast(
+            "int | None",
+            self._remembered(
+                key, lambda: self._lookahead(method, num_speculative_tokens, sample_from_anchor)
+            ),
+        )
+
+    def _lookahead(
+        self, method: str | None, num_speculative_tokens: int, sample_from_anchor: bool
+    ) -> int | None:
+        if method is None:
+            return self._config_property(
+                "num_lookahead_tokens", SimpleNamespace(speculative_config=None)
+            )
+        holder = self._config_holder(method, num_speculative_tokens, sample_from_anchor, False)
+        return self._config_property("num_lookahead_tokens", holder)
+
+    def manager_options(
+        self, method: str | None, k: int, sample_from_anchor: bool, enable_caching: bool
+    ) -> dict[str, int | bool]:
+        """The speculative keywords vLLM's ``Scheduler`` passes to ``KVCacheManager``.
+
+        ``use_eagle`` (trailing prefix-cache block drop) is ``use_eagle()`` before
+        0.30 and ``use_eagle_block_drop()`` after; 0.33 replaces the drop with
+        lookahead block hashes (``num_hash_lookahead_tokens``) under prefix
+        caching; ``num_prefill_lookahead`` exists from 0.28. Keywords a release's
+        ``KVCacheManager`` does not take are dropped when it is built.
+        """
+        key = ("manager_options", method, k, sample_from_anchor, enable_caching)
+        options = self._remembered(
+            key, lambda: self._manager_options(method, k, sample_from_anchor, enable_caching)
+        )
+        return dict(options)
+
+    def _manager_options(
+        self, method: str | None, k: int, sample_from_anchor: bool, enable_caching: bool
+    ) -> dict[str, int | bool]:
+        if method is None:
+            return {}
+        holder = self._config_holder(method, k, sample_from_anchor, enable_caching)
+        spec = holder.speculative_config
+        drop = getattr(spec, "use_eagle_block_drop", None) or spec.use_eagle
+        options: dict[str, int | bool] = {"use_eagle": bool(drop())}
+        prefill = self._config_property("num_prefill_lookahead_tokens", holder)
+        if prefill is not None:
+            options["num_prefill_lookahead"] = prefill
+        hashes = self._config_property("num_hash_lookahead_tokens", holder)
+        if hashes:
+            options["num_hash_lookahead_tokens"] = hashes
+            options["use_eagle"] = False  # lookahead hashes prove the boundary token
+        return options
+
+    def speculative_config(
+        self, method: str, num_speculative_tokens: int, sample_from_anchor: bool = True
+    ) -> Any:
+        """A ``SpeculativeConfig`` without a model, as vLLM's own test makes one."""
+        return self._config_holder(
+            method, num_speculative_tokens, sample_from_anchor, False
+        ).speculative_config

@@ -1,0 +1,234 @@
+"""Scheduler mode's part of the facade: vLLM's configs, its ``Scheduler`` and model outputs.
+
+Only :mod:`kvconform.oracles.scheduler` uses it. It builds what an engine would hand
+its scheduler (a ``ModelConfig`` from a local config-only folder, a full
+``SpeculativeConfig``, the ``VllmConfig`` with the pool size the engine would set
+after profiling), the scheduler class the config picks, and the model-runner
+outputs the scheduler reads back. Release differences handled here: the V2 model
+runner switch, ``resolve_kv_cache_block_sizes``, ``max_concurrent_batches``,
+0.33's ``skip_drafts`` and dynamic draft counts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import os
+from collections.abc import Iterator
+from functools import cached_property
+from types import SimpleNamespace
+from typing import Any
+
+from kvconform.oracles.vllm.calls import call, quiet_logs
+from kvconform.oracles.vllm.core import Vllm
+
+__all__ = ["Scheduling"]
+
+
+class Scheduling:
+    """vLLM's scheduling classes for one loaded vLLM: ``vllm.part(Scheduling)``."""
+
+    def __init__(self, vllm: Vllm) -> None:
+        self._vllm = vllm
+
+    @cached_property
+    def _scheduling(self) -> SimpleNamespace:
+        """vLLM's configuration, scheduler and output classes (scheduler mode only)."""
+        names = {
+            "vllm.config": (
+                "ModelConfig",
+                "SpeculativeConfig",
+                "SchedulerConfig",
+                "CacheConfig",
+                "ParallelConfig",
+                "DeviceConfig",
+                "VllmConfig",
+            ),
+            "vllm.v1.outputs": ("ModelRunnerOutput", "DraftTokenIds"),
+            "vllm.v1.structured_output": ("StructuredOutputManager",),
+        }
+        found: dict[str, Any] = {}
+        logging.disable(logging.WARNING)
+        try:
+            for module_name, attrs in names.items():
+                try:
+                    module = importlib.import_module(module_name)
+                except Exception as exc:  # noqa: BLE001 - unimportable means "cannot exercise"
+                    raise self._vllm.missing(module_name, f"{type(exc).__name__}: {exc}") from None
+                for attr in attrs:
+                    if not hasattr(module, attr):
+                        raise self._vllm.missing(f"{module_name}.{attr}")
+                    found[attr] = getattr(module, attr)
+        finally:
+            logging.disable(logging.NOTSET)
+        return SimpleNamespace(**found)
+
+    def model_config(self, model_dir: str, max_model_len: int) -> Any:
+        """A ``ModelConfig`` for a local config-only model folder: no weights, no tokenizer."""
+        # skip_tokenizer_init: the structured-output manager would otherwise load one.
+        with quiet_logs():
+            return call(
+                self._scheduling.ModelConfig,
+                model=model_dir,
+                skip_tokenizer_init=True,
+                max_model_len=max_model_len,
+                dtype="float16",
+                seed=0,
+            )
+
+    def model_speculative_config(
+        self, target: Any, method: str, num_speculative_tokens: int, **options: Any
+    ) -> Any:
+        """A full ``SpeculativeConfig`` for a target ``ModelConfig`` (scheduler mode)."""
+        parallel = self._scheduling.ParallelConfig()
+        with quiet_logs():
+            return call(
+                self._scheduling.SpeculativeConfig,
+                method=method,
+                num_speculative_tokens=num_speculative_tokens,
+                target_model_config=target,
+                target_parallel_config=parallel,
+                **options,
+            )
+
+    def scheduler_vllm_config(
+        self,
+        model_config: Any,
+        speculative_config: Any | None,
+        *,
+        block_size: int,
+        num_blocks: int,
+        enable_prefix_caching: bool,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        enable_chunked_prefill: bool,
+        long_prefill_token_threshold: int,
+        async_scheduling: bool,
+    ) -> Any:
+        """The ``VllmConfig`` an engine with these limits would hand its scheduler."""
+        api = self._scheduling
+        scheduler = call(
+            api.SchedulerConfig,
+            max_model_len=model_config.max_model_len,
+            is_encoder_decoder=False,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            enable_chunked_prefill=enable_chunked_prefill,
+            long_prefill_token_threshold=long_prefill_token_threshold,
+            async_scheduling=async_scheduling,
+        )
+        cache = call(
+            api.CacheConfig, block_size=block_size, enable_prefix_caching=enable_prefix_caching
+        )
+        parallel = (
+            speculative_config.target_parallel_config
+            if speculative_config is not None
+            and getattr(speculative_config, "target_parallel_config", None) is not None
+            else api.ParallelConfig()
+        )
+        with quiet_logs():
+            config = call(
+                api.VllmConfig,
+                model_config=model_config,
+                cache_config=cache,
+                parallel_config=parallel,
+                scheduler_config=scheduler,
+                speculative_config=speculative_config,
+                # Without it vLLM fails to infer a device on a machine without one.
+                device_config=call(api.DeviceConfig, device="cpu"),
+            )
+        # What the engine sets once it has profiled the device: the pool size.
+        config.cache_config.num_gpu_blocks = num_blocks
+        return config
+
+    def new_scheduler(
+        self, vllm_config: Any, kv_cache_config: Any, block_size: int, hash_block_size: int
+    ) -> Any:
+        """vLLM's scheduler class for this configuration (``Scheduler`` or ``AsyncScheduler``)."""
+        scheduler_config = vllm_config.scheduler_config
+        if not hasattr(scheduler_config, "get_scheduler_cls"):
+            raise self._vllm.missing("SchedulerConfig.get_scheduler_cls")
+        cls = scheduler_config.get_scheduler_cls()
+        with quiet_logs():
+            return call(
+                cls,
+                vllm_config=vllm_config,
+                kv_cache_config=kv_cache_config,
+                structured_output_manager=self._scheduling.StructuredOutputManager(vllm_config),
+                block_size=block_size,
+                hash_block_size=hash_block_size,
+                log_stats=False,
+            )
+
+    @contextlib.contextmanager
+    def model_runner(self, choice: str) -> Iterator[None]:
+        """Build configs and schedulers for model runner ``v1``, ``v2`` or vLLM's ``auto`` choice.
+
+        vLLM reads ``VLLM_USE_V2_MODEL_RUNNER`` while a config or a scheduler is
+        built (the scheduler keeps the answer). ``auto`` is what vLLM picks on
+        this machine: on a machine without a usable Triton some releases pick V1
+        where a GPU host would run V2, and refuse ``v2`` outright.
+        """
+        name = "VLLM_USE_V2_MODEL_RUNNER"
+        before = os.environ.get(name)
+        if choice == "auto":
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = "1" if choice == "v2" else "0"
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = before
+
+    def model_runner_name(self, vllm_config: Any) -> str:
+        """``V1`` or ``V2``: the model runner a built config is for (``V1`` before it existed)."""
+        return "V2" if getattr(vllm_config, "use_v2_model_runner", False) else "V1"
+
+    def kv_block_sizes(self, kv_cache_config: Any, vllm_config: Any) -> tuple[int, int]:
+        """(scheduler block size, hash block size), as the engine core resolves them."""
+        utils = importlib.import_module("vllm.v1.core.kv_cache_utils")
+        resolve = getattr(utils, "resolve_kv_cache_block_sizes", None)
+        if resolve is None:
+            raise self._vllm.missing("vllm.v1.core.kv_cache_utils.resolve_kv_cache_block_sizes")
+        scheduler_block_size, hash_block_size = resolve(kv_cache_config, vllm_config)
+        return int(scheduler_block_size), int(hash_block_size)
+
+    def lookahead_of(self, holder: Any, name: str = "num_lookahead_tokens") -> int | None:
+        """An integer attribute a scheduler or config has in some releases only."""
+        value = getattr(holder, name, None)
+        return int(value) if value is not None else None
+
+    def max_concurrent_batches(self, vllm_config: Any) -> int:
+        """Batches the engine keeps in flight (its batch queue size); 2 for async scheduling."""
+        value = getattr(vllm_config, "max_concurrent_batches", None)
+        if value is None:
+            return 2 if vllm_config.scheduler_config.async_scheduling else 1
+        return int(value)
+
+    def scheduled_drafts(self, scheduler_output: Any) -> dict[str, list[int]]:
+        return dict(scheduler_output.scheduled_spec_decode_tokens or {})
+
+    def skips_drafts(self, scheduler_output: Any) -> bool:
+        """Whether the model runner proposes no drafts after this step (0.33's ``skip_drafts``)."""
+        return bool(getattr(scheduler_output, "skip_drafts", False))
+
+    def drafts_per_step(self, scheduler_output: Any, num_speculative_tokens: int) -> int:
+        """How many drafts the drafter proposes after this step (dynamic speculation aware)."""
+        return int(getattr(scheduler_output, "num_spec_tokens_to_schedule", 0) or 0) or (
+            num_speculative_tokens
+        )
+
+    def model_runner_output(self, req_ids: list[str], sampled: list[list[int]]) -> Any:
+        return call(
+            self._scheduling.ModelRunnerOutput,
+            req_ids=req_ids,
+            req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+            sampled_token_ids=sampled,
+        )
+
+    def draft_token_ids(self, req_ids: list[str], drafts: list[list[int]]) -> Any:
+        return call(self._scheduling.DraftTokenIds, req_ids=req_ids, draft_token_ids=drafts)
