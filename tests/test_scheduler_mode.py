@@ -254,3 +254,34 @@ def test_the_scheduler_corpus_conforms(vllm):
         r for r in results if r.trajectory and any(e.kind == "preempt" for e in r.trajectory.events)
     ]
     assert preempted, "the corpus must force at least one preemption"
+
+
+def test_a_cold_vllm_cache_inspects_models_in_this_process(vllm, tmp_path, monkeypatch):
+    """On a machine without CUDA, vLLM's model inspection starts no Python process of its
+    own (seconds each on a fresh CI container), and vLLM still writes its cache file."""
+    import importlib
+    import subprocess
+
+    import torch
+
+    from kvconform.oracles.scheduler import _LLAMA, model_folder
+    from kvconform.oracles.vllm.scheduling import Scheduling
+
+    if torch.cuda.is_available():
+        pytest.skip("with CUDA, vLLM's own subprocess inspection is left alone")
+    registry = importlib.import_module("vllm.model_executor.models.registry")
+    registry._try_inspect_model_cls.cache_clear()  # forget this process's answers
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
+    spawned: list[object] = []
+
+    def no_process(*args, **kwargs):
+        spawned.append(args)
+        raise AssertionError("vLLM started a process to inspect a model")
+
+    monkeypatch.setattr(subprocess, "run", no_process)
+    config = vllm.part(Scheduling).model_config(model_folder(_LLAMA), 256)
+    assert config.architecture == "LlamaForCausalLM"
+    assert not spawned
+    cached = list((tmp_path / "modelinfos").glob("*.json"))
+    assert cached, "vLLM wrote no model-info cache file"
+    assert json.loads(cached[0].read_text())["hash"]

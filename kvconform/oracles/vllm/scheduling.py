@@ -32,6 +32,36 @@ class Scheduling:
     def __init__(self, vllm: Vllm) -> None:
         self._vllm = vllm
 
+    @contextlib.contextmanager
+    def in_process_model_inspection(self) -> Iterator[None]:
+        """vLLM's model-architecture inspection in this process, on a machine without CUDA.
+
+        A ``ModelConfig`` or ``SpeculativeConfig`` asks vLLM's model registry what
+        its architecture supports; on a cold vLLM cache (``modelinfos/`` under
+        ``VLLM_CACHE_ROOT``: a fresh CI container) the registry inspects the model
+        class in a fresh Python process (``registry._run_in_subprocess``, "to avoid
+        initializing CUDA"), which imports torch and vLLM again: seconds per
+        architecture. Where there is no CUDA to initialise, kvconform runs the same
+        inspection in this process, where torch and vLLM are already imported; the
+        registry still writes the result to its own cache in its own format. With
+        CUDA, or a release without that function, vLLM's own way is left alone.
+        """
+        import torch
+
+        registry = self._vllm.optional_module("vllm.model_executor.models.registry")
+        if registry is None or torch.cuda.is_available():
+            yield
+            return
+        original = getattr(registry, "_run_in_subprocess", None)
+        if original is None:
+            yield
+            return
+        registry._run_in_subprocess = lambda fn: fn()
+        try:
+            yield
+        finally:
+            registry._run_in_subprocess = original
+
     @cached_property
     def _scheduling(self) -> SimpleNamespace:
         """vLLM's configuration, scheduler and output classes (scheduler mode only)."""
@@ -67,7 +97,7 @@ class Scheduling:
     def model_config(self, model_dir: str, max_model_len: int) -> Any:
         """A ``ModelConfig`` for a local config-only model folder: no weights, no tokenizer."""
         # skip_tokenizer_init: the structured-output manager would otherwise load one.
-        with quiet_logs():
+        with quiet_logs(), self.in_process_model_inspection():
             return call(
                 self._scheduling.ModelConfig,
                 model=model_dir,
@@ -82,7 +112,7 @@ class Scheduling:
     ) -> Any:
         """A full ``SpeculativeConfig`` for a target ``ModelConfig`` (scheduler mode)."""
         parallel = self._scheduling.ParallelConfig()
-        with quiet_logs():
+        with quiet_logs(), self.in_process_model_inspection():
             return call(
                 self._scheduling.SpeculativeConfig,
                 method=method,
@@ -127,7 +157,7 @@ class Scheduling:
             and getattr(speculative_config, "target_parallel_config", None) is not None
             else api.ParallelConfig()
         )
-        with quiet_logs():
+        with quiet_logs(), self.in_process_model_inspection():
             config = call(
                 api.VllmConfig,
                 model_config=model_config,
