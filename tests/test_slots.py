@@ -239,10 +239,10 @@ def test_pytest_plugin_adds_the_slots_check(vllm, pytester):
 
 
 def test_pytest_plugin_says_when_the_slots_check_was_skipped(vllm, pytester, monkeypatch):
-    def no_kernel(self):
-        raise VllmUnavailable(self.version, "a Triton kernel to run", "Triton is not installed")
+    def no_kernel(vllm):
+        raise VllmUnavailable(vllm.version, "a Triton kernel to run", "Triton is not installed")
 
-    monkeypatch.setattr(type(vllm), "slot_kernel", no_kernel)
+    monkeypatch.setattr(slots_oracle, "slot_kernel_of", no_kernel)
     pytester.makeconftest('pytest_plugins = ["kvconform.fronts.pytest_plugin"]')
     (pytester.mkdir("scenarios") / "eagle.yaml").write_text(EAGLE)
     with_others = pytester.runpytest_inprocess(
