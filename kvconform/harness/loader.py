@@ -280,6 +280,7 @@ def _parse(
     speculative = _parse_speculative(top.raw("speculative"), where, top.at("speculative"))
     warmup = None
     scheduler = None
+    engine = None
     requests: dict[str, RequestSpec] = {}
     steps: tuple[Step, ...] = ()
     if kind == "scheduler":
@@ -296,6 +297,17 @@ def _parse(
         requests = _parse_scheduler_requests(
             top.raw("requests"), where, top.at("requests"), model, speculative
         )
+    elif kind == "engine":
+        from kvconform.harness.engine_loader import parse_engine
+
+        if "steps" in doc:
+            raise ScenarioError(
+                top.at("steps"), "an engine scenario has no steps: vLLM's engine decides them"
+            )
+        engine, requests = parse_engine(
+            top.raw("engine", _empty_mapping()), where, top.at("engine"), speculative, model,
+            top.raw("requests"), top.at("requests"),
+        )  # fmt: skip
     elif kind == "warmup":
         warmup = _parse_warmup(top.raw("warmup", _empty_mapping()), where)
         for key in ("requests", "steps"):
@@ -320,6 +332,7 @@ def _parse(
         warmup=warmup,
         line=doc.line,
         scheduler=scheduler,
+        engine=engine,
     )
 
 
