@@ -299,3 +299,47 @@ def test_the_model_folder_is_a_transformers_config(tmp_path, monkeypatch):
     config = json.loads((folder / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and config["num_hidden_layers"] == 1
     assert engine_party.write_model(engine_party.ModelShape(num_hidden_layers=1)) == folder
+
+
+# -- the H200 recording: judged, and replayed on CPU -----------------------------------------
+
+H200_RECORDING = "tests/data/engine/vllm-0.25.0-h200-eagle-k5-block16.json"
+H200_SCENARIO = "scenarios/engine/eagle-k5-block16.yaml"
+
+
+def h200_run():
+    from kvconform.harness.loader import load_file
+
+    (scenario,) = load_file(H200_SCENARIO)
+    recording = engine_party.EngineRecording.from_json(open(H200_RECORDING).read())
+    return scenario, recording
+
+
+def test_the_h200_run_of_vllm_0_25_0_shows_the_warmup_bug_and_a_conforming_serving_run():
+    scenario, recording = h200_run()
+    run = trajectory_from(scenario, recording)
+    failures = judge(run, ("lookahead", "floor", "agree", "sanity", "slots")).failures
+    assert [(f.check, f.request, f.warmup, f.floor) for f in failures] == [
+        ("floor", f"_warmup_{i}_", 1, 2) for i in range(4)
+    ]
+    serving = [o for o in run.observations if o.live is not None]
+    assert {o.request for o in serving} == {"a", "b", "c"}
+    assert all(o.live == o.floor for o in serving)  # every serving step held exactly the floor
+    assert run.slots is not None and run.slots.positions > 1000 and not run.slots.escapes
+
+
+def test_the_recorded_serving_steps_replay_on_cpu_with_the_engines_counts(vllm, write_scenario):
+    from kvconform.harness.engine_record import trajectory_yaml
+    from kvconform.harness.loader import load_file
+
+    scenario, recording = h200_run()
+    (replay,) = load_file(write_scenario(trajectory_yaml(scenario, recording), "replay.yaml"))
+    result = run_scenario(replay, vllm)
+    assert result.verdict is Verdict.PASSED, result.headline()
+    engine_rows = [
+        (row["request"].rpartition("-")[0], row["computed"], row["scheduled"], len(row["blocks"][0]))
+        for step in recording.steps if step["phase"] == "serving" for row in step["requests"]
+    ]  # fmt: skip
+    replayed = [(o.request, o.computed, o.scheduled, o.live) for o in result.trajectory.observations]
+    # vLLM 0.33.0's allocator, asked for the engine's counts, holds what 0.25.0's engine held.
+    assert sorted(replayed) == sorted(engine_rows)

@@ -195,25 +195,34 @@ def resolve(vllm_wheel: Path, version: str, image: set[str], cache: Path
             image_or_kernel[canonicalize_name(requirement.name)] = f"{reason} (required by vllm)"
     resolved = resolution(top, version, cache)
     carried: dict[str, tuple[str, str]] = {}
+    # The extras each carried distribution was asked for so far: a later requirement
+    # with a new extra (pydantic-extra-types[pycountry] after plain pydantic-extra-types)
+    # brings what that extra requires.
+    extras_seen: dict[str, set[str]] = {}
     queue: deque[tuple[Requirement, str]] = deque((r, "vllm") for r in top)
     while queue:
         requirement, parent = queue.popleft()
         name = canonicalize_name(requirement.name)
-        if name in carried:
+        wanted = set(requirement.extras)
+        if name in carried and wanted <= extras_seen[name]:
             continue
         reason = excluded(name, image)
         if reason is not None:
             image_or_kernel.setdefault(name, f"{reason} (required by {parent})")
             continue
         item = resolved[name]
-        carried[name] = (item["metadata"]["version"], f"required by {parent}")
-        extras = set(requirement.extras)
+        first = name not in carried
+        carried.setdefault(name, (item["metadata"]["version"], f"required by {parent}"))
+        new_extras = wanted - extras_seen.get(name, set())
+        extras_seen.setdefault(name, set()).update(wanted)
         for text in item["metadata"].get("requires_dist", []):
             sub = Requirement(text)
             marker = sub.marker
-            if marker is None or any(
-                marker.evaluate({**DEVICE_MARKERS, "extra": e}) for e in ["", *sorted(extras)]
-            ):
+            if marker is None:
+                if first:
+                    queue.append((sub, name))
+            elif any(marker.evaluate({**DEVICE_MARKERS, "extra": e})
+                     for e in ([""] if first else []) + sorted(new_extras)):  # fmt: skip
                 queue.append((sub, name))
     return carried, image_or_kernel
 
