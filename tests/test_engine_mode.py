@@ -127,7 +127,10 @@ def test_hooks_record_warmup_and_serving_steps_then_remove_themselves():
         assert StandInWorker.execute_model is not original_execute
         module.warmup_kernels(None, worker.execute_model)
         hooks.phase = "serving"
-        assert worker.execute_model(scheduler_output(new=[(new_request("a-1234abcd", [3], 39), 16)])) == "ran"
+        assert (
+            worker.execute_model(scheduler_output(new=[(new_request("a-1234abcd", [3], 39), 16)]))
+            == "ran"
+        )
         worker.execute_model(scheduler_output(cached=[("a-1234abcd", 16, 23, [4])]))
         # The drafter maps positions 39..41 of request a (state row 1): column 2, past the
         # two blocks a holds, where the persistent row holds 0, the null block.
@@ -149,8 +152,12 @@ def test_hooks_record_warmup_and_serving_steps_then_remove_themselves():
     (mapping,) = recording.mappings
     assert mapping["role"] == "drafter" and mapping["step"] == 4
     assert mapping["rows"] == [
-        {"request": "a-1234abcd", "group": 0, "positions": [39, 40, 41],
-         "slots": [7, 8, 9]}  # fmt: skip
+        {
+            "request": "a-1234abcd",
+            "group": 0,
+            "positions": [39, 40, 41],
+            "slots": [7, 8, 9],
+        }  # fmt: skip
     ]
     assert recording.block_sizes == [16] and recording.blocks_per_kv_block == [1]
 
@@ -208,7 +215,9 @@ def h200_like_recording(warmup_decode_blocks: list[int]) -> engine_party.EngineR
 
 
 def test_warmup_records_below_the_floor_fail_and_serving_conforms(scenario_from):
-    scenario = scenario_from(ENGINE_SCENARIO.replace("      b: {prompt_len: 25, max_tokens: 40}\n", ""))
+    scenario = scenario_from(
+        ENGINE_SCENARIO.replace("      b: {prompt_len: 25, max_tokens: 40}\n", "")
+    )
     run = trajectory_from(scenario, h200_like_recording([1]))
     failures = judge(run, ("lookahead", "floor", "agree", "sanity", "slots")).failures
     by_check = {f.check for f in failures}
@@ -225,7 +234,9 @@ def test_warmup_records_below_the_floor_fail_and_serving_conforms(scenario_from)
 
 
 def test_the_fixed_warmup_conforms(scenario_from):
-    scenario = scenario_from(ENGINE_SCENARIO.replace("      b: {prompt_len: 25, max_tokens: 40}\n", ""))
+    scenario = scenario_from(
+        ENGINE_SCENARIO.replace("      b: {prompt_len: 25, max_tokens: 40}\n", "")
+    )
     recording = h200_like_recording([1, 2])
     recording.mappings[0]["rows"][0]["slots"] = [1 * 16 + 13, 2 * 16 + 0]
     run = trajectory_from(scenario, recording)
@@ -236,13 +247,17 @@ def test_a_request_finished_short_of_its_max_tokens_is_a_sanity_failure(scenario
     scenario = scenario_from(ENGINE_SCENARIO)
     recording = h200_like_recording([1, 2])
     recording.outputs = {"a": 12}
-    failures = [f.message for f in judge(trajectory_from(scenario, recording), ("sanity",)).failures]
+    failures = [
+        f.message for f in judge(trajectory_from(scenario, recording), ("sanity",)).failures
+    ]
     assert "the engine finished request a with 12 tokens, not its max_tokens 40" in failures
     assert "the engine never finished request b (max_tokens 40)" in failures
 
 
 def test_a_leaked_block_after_the_run_is_a_sanity_failure(scenario_from):
-    scenario = scenario_from(ENGINE_SCENARIO.replace("      b: {prompt_len: 25, max_tokens: 40}\n", ""))
+    scenario = scenario_from(
+        ENGINE_SCENARIO.replace("      b: {prompt_len: 25, max_tokens: 40}\n", "")
+    )
     recording = h200_like_recording([1, 2])
     recording.free_blocks_after = 97
     (failure,) = judge(trajectory_from(scenario, recording), ("sanity",)).failures
@@ -250,7 +265,9 @@ def test_a_leaked_block_after_the_run_is_a_sanity_failure(scenario_from):
 
 
 def test_the_engines_lookahead_is_checked_against_kvconforms_table(scenario_from):
-    scenario = scenario_from(ENGINE_SCENARIO.replace("      b: {prompt_len: 25, max_tokens: 40}\n", ""))
+    scenario = scenario_from(
+        ENGINE_SCENARIO.replace("      b: {prompt_len: 25, max_tokens: 40}\n", "")
+    )
     recording = h200_like_recording([1, 2])
     recording.lookahead = 4
     (failure,) = judge(trajectory_from(scenario, recording), ("lookahead",)).failures
@@ -286,7 +303,9 @@ def test_settings_travel_to_the_child_as_json(scenario_from):
     settings = settings_for(scenario_from(ENGINE_SCENARIO))
     again = engine_party.EngineSettings.from_json(settings.to_json())
     assert again == settings
-    assert again.method == "eagle" and again.draft is not None and again.draft.num_hidden_layers == 1
+    assert (
+        again.method == "eagle" and again.draft is not None and again.draft.num_hidden_layers == 1
+    )
     prompts = [r.prompt_token_ids for r in again.requests]
     assert [len(p) for p in prompts] == [39, 25] and prompts[0][:16] != prompts[1][:16]
 
@@ -340,6 +359,60 @@ def test_the_recorded_serving_steps_replay_on_cpu_with_the_engines_counts(vllm, 
         (row["request"].rpartition("-")[0], row["computed"], row["scheduled"], len(row["blocks"][0]))
         for step in recording.steps if step["phase"] == "serving" for row in step["requests"]
     ]  # fmt: skip
-    replayed = [(o.request, o.computed, o.scheduled, o.live) for o in result.trajectory.observations]
+    replayed = [
+        (o.request, o.computed, o.scheduled, o.live) for o in result.trajectory.observations
+    ]
     # vLLM 0.33.0's allocator, asked for the engine's counts, holds what 0.25.0's engine held.
     assert sorted(replayed) == sorted(engine_rows)
+
+
+# -- the fronts: doctor, reports, bad input --------------------------------------------------
+
+
+def test_doctor_says_whether_engine_mode_can_run_here(vllm):
+    from kvconform.harness.doctor import doctor
+
+    lines: list[str] = []
+    doctor(vllm, lines.append)
+    (line,) = [line for line in lines if line.startswith("engine mode")]
+    reason = engine_party.unavailable_reason()
+    assert line.endswith("can run here") if reason is None else reason in line
+
+
+def test_every_report_says_why_an_engine_scenario_was_skipped(vllm, write_scenario, tmp_path):
+    import json
+
+    from kvconform.harness.cli import main
+
+    if not engine_party.unavailable_reason():
+        pytest.skip("engine mode can run here")
+    path = write_scenario(ENGINE_SCENARIO)
+    assert main(["run", str(path), "--report-dir", str(tmp_path / "r")]) == 0
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    (result,) = report["scenarios"]
+    assert result["verdict"] == "skipped" and "no CUDA device" in result["skip_reason"]
+    assert (
+        'skipped message="skipped: engine mode cannot run here'
+        in (tmp_path / "r" / "junit.xml").read_text()
+    )
+    assert "## Skipped here" in (tmp_path / "r" / "summary.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            ("engine: {", "engine: {model_runner: v3, "),
+            "engine.model_runner: must be one of v2, v1",
+        ),
+        (("max_tokens: 40}\n      b", "max_tokens: 480}\n      b"), "exceed max_model_len 512"),
+        (("kind: engine", "kind: engine\n    steps: []"), "an engine scenario has no steps"),
+        (("model: {", "model: {groups: [mamba], "), "remove model.groups"),
+        (("a: {prompt_len: 39,", "a: {prompt_len: 39, temperature: 0.5,"), "needs a seed"),
+    ],
+)
+def test_a_bad_engine_scenario_names_file_line_and_field(scenario_from, change, message):
+    from kvconform.errors import ScenarioError
+
+    with pytest.raises(ScenarioError, match=message):
+        scenario_from(ENGINE_SCENARIO.replace(*change))

@@ -145,7 +145,9 @@ def download(name: str, specifier: SpecifierSet, into: Path) -> Path:
             if found is not None:
                 return found
     stderr = done.stderr.strip().splitlines()[-1:] if done else []
-    raise SystemExit(f"gpu-engine-bundle: no cp{DEVICE_PYTHON} wheel of {name}{specifier}: {stderr}")
+    raise SystemExit(
+        f"gpu-engine-bundle: no cp{DEVICE_PYTHON} wheel of {name}{specifier}: {stderr}"
+    )
 
 
 def resolution(top: list[Requirement], version: str, cache: Path) -> dict[str, dict]:

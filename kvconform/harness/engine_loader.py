@@ -69,7 +69,8 @@ def parse_engine(
     utilization = fields.raw("gpu_memory_utilization", 0.2)
     if not isinstance(utilization, float) or not 0 < utilization < 1:
         raise ScenarioError(
-            fields.at("gpu_memory_utilization"), f"must be a fraction in (0, 1), not {utilization!r}"
+            fields.at("gpu_memory_utilization"),
+            f"must be a fraction in (0, 1), not {utilization!r}",
         )
     spec_fields: dict[str, Any] = {
         "max_num_seqs": fields.integer("max_num_seqs", 4),
@@ -85,14 +86,22 @@ def parse_engine(
     def request(name: str, req: _Fields, request_at: Location) -> RequestSpec:
         tokens = req.raw("prompt_token_ids")
         if tokens is not None:
-            if not isinstance(tokens, list) or not tokens or not all(
-                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in tokens
+            if (
+                not isinstance(tokens, list)
+                or not tokens
+                or not all(
+                    isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab
+                    for t in tokens
+                )
             ):
                 raise ScenarioError(
-                    req.at("prompt_token_ids"), f"must be a non-empty list of token ids below {vocab}"
+                    req.at("prompt_token_ids"),
+                    f"must be a non-empty list of token ids below {vocab}",
                 )
             if "prompt_len" in req.mapping:
-                raise ScenarioError(req.at("prompt_len"), "give prompt_len or prompt_token_ids, not both")
+                raise ScenarioError(
+                    req.at("prompt_len"), "give prompt_len or prompt_token_ids, not both"
+                )
             prompt_len = len(tokens)
         else:
             prompt_len = req.integer("prompt_len")
@@ -104,12 +113,19 @@ def parse_engine(
                 f"{model.max_model_len}: the engine would stop the request early",
             )
         temperature = req.raw("temperature", 0.0)
-        if isinstance(temperature, bool) or not isinstance(temperature, int | float) or temperature < 0:
-            raise ScenarioError(req.at("temperature"), f"must be a number >= 0, not {temperature!r}")
+        if (
+            isinstance(temperature, bool)
+            or not isinstance(temperature, int | float)
+            or temperature < 0
+        ):
+            raise ScenarioError(
+                req.at("temperature"), f"must be a number >= 0, not {temperature!r}"
+            )
         seed = req.optional_int("seed", minimum=0)
         if temperature and seed is None:
             raise ScenarioError(
-                req.at("temperature"), "sampling with a temperature needs a seed, so the run repeats"
+                req.at("temperature"),
+                "sampling with a temperature needs a seed, so the run repeats",
             )
         spec = RequestSpec(
             name=name,

@@ -82,7 +82,9 @@ def trajectory_yaml(scenario: Scenario, recording: EngineRecording, phase: str =
             actions[finished_at[name]][name] = "finish"
         else:
             last[name] = "finish"
-    peak = max(sum(len(b) for row in s["requests"] for b in row["blocks"]) for s in steps if s["requests"])
+    peak = max(
+        sum(len(b) for row in s["requests"] for b in row["blocks"]) for s in steps if s["requests"]
+    )
     spec = scenario.speculative
     model = scenario.model
     lines = [
@@ -117,7 +119,9 @@ def trajectory_yaml(scenario: Scenario, recording: EngineRecording, phase: str =
     return "\n".join(lines) + "\n"
 
 
-def record(scenario: Scenario, recording: EngineRecording | None, phases: Sequence[str]) -> dict[str, str]:
+def record(
+    scenario: Scenario, recording: EngineRecording | None, phases: Sequence[str]
+) -> dict[str, str]:
     """{phase: scenario text}; runs the engine when no recording is given."""
     if recording is None:
         from kvconform.harness.drivers.engine import settings_for

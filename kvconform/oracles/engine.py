@@ -330,8 +330,12 @@ class EngineHooks:
             rows.append(row)
         if rows or finished:
             self.recording.steps.append(
-                {"index": len(self.recording.steps), "phase": self.phase,
-                 "finished": finished, "requests": rows}  # fmt: skip
+                {
+                    "index": len(self.recording.steps),
+                    "phase": self.phase,
+                    "finished": finished,
+                    "requests": rows,
+                }  # fmt: skip
             )
 
     def record_mapping(self, tables: Any, idx_mapping: Any, query_start_loc: Any,
@@ -358,8 +362,12 @@ class EngineHooks:
                 continue
             for g, group_slots in enumerate(slots):
                 rows.append(
-                    {"request": index.get(state_row, f"<row {state_row}>"), "group": g,
-                     "positions": all_positions[lo:hi], "slots": group_slots[lo:hi]}  # fmt: skip
+                    {
+                        "request": index.get(state_row, f"<row {state_row}>"),
+                        "group": g,
+                        "positions": all_positions[lo:hi],
+                        "slots": group_slots[lo:hi],
+                    }  # fmt: skip
                 )
         self.recording.mappings.append(
             {"step": len(self.recording.steps) - 1, "role": role, "rows": rows}

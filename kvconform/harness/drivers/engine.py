@@ -73,8 +73,9 @@ def settings_for(scenario: Scenario) -> engine_party.EngineSettings:
         target=shape(engine.target),
         draft=shape(engine.draft) if engine.draft is not None else None,
         requests=tuple(
-            engine_party.EngineRequest(r.name, r.prompt_token_ids, r.max_tokens, r.arrival,
-                                       r.temperature, r.seed)  # fmt: skip
+            engine_party.EngineRequest(
+                r.name, r.prompt_token_ids, r.max_tokens, r.arrival, r.temperature, r.seed
+            )  # fmt: skip
             for r in engine.requests
         ),
         method=spec.method if spec is not None else None,
@@ -170,8 +171,17 @@ def trajectory_from(scenario: Scenario, recording: engine_party.EngineRecording)
                 # The worker sees the request leave, not the pool's counts: the event
                 # releases its blocks for the ownership check, the leak check reads the
                 # pool after the run instead.
-                FreeEvent(len(run.observations), step["index"], None,
-                          names.get(engine_id, engine_id), "finish", (), 0, 0, ())  # fmt: skip
+                FreeEvent(
+                    len(run.observations),
+                    step["index"],
+                    None,
+                    names.get(engine_id, engine_id),
+                    "finish",
+                    (),
+                    0,
+                    0,
+                    (),
+                )  # fmt: skip
             )
         for row in step["requests"]:
             name = names.get(row["request"], row["request"])
@@ -233,8 +243,17 @@ def slot_recording(run: Trajectory, recording: engine_party.EngineRecording,
                 if slot >= 0 and block in held and block != run.null_block:
                     continue
                 slots.escapes.append(
-                    SlotEscape(index, party, call["role"], position,
-                               position // run.groups[g].block_size, slot, block, None, None)  # fmt: skip
+                    SlotEscape(
+                        index,
+                        party,
+                        call["role"],
+                        position,
+                        position // run.groups[g].block_size,
+                        slot,
+                        block,
+                        None,
+                        None,
+                    )  # fmt: skip
                 )
     slots.steps = len(seen_steps)
     return slots
@@ -246,7 +265,9 @@ def _finish(scenario: Scenario, recording: engine_party.EngineRecording, run: Tr
     for name, request in scenario.requests.items():
         got = generated.get(name)
         if got is None:
-            run.unfinished.append(f"the engine never finished request {name} (max_tokens {request.max_tokens})")
+            run.unfinished.append(
+                f"the engine never finished request {name} (max_tokens {request.max_tokens})"
+            )
         elif got != request.max_tokens:
             run.unfinished.append(
                 f"the engine finished request {name} with {got} tokens, not its max_tokens "
