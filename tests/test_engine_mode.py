@@ -416,3 +416,27 @@ def test_a_bad_engine_scenario_names_file_line_and_field(scenario_from, change, 
 
     with pytest.raises(ScenarioError, match=message):
         scenario_from(ENGINE_SCENARIO.replace(*change))
+
+
+def test_at_k10_the_real_drafter_writes_the_warmups_kv_into_the_null_block():
+    from kvconform.harness.loader import load_file
+
+    scenario = next(s for s in load_file("scenarios/engine/eagle-vary.yaml") if s.id.endswith("[k10-bs16]"))
+    recording = engine_party.EngineRecording.from_json(
+        open("tests/data/engine/vllm-0.25.0-h200-eagle-k10-block16.json").read()
+    )
+    failures = judge(trajectory_from(scenario, recording), ("floor", "slots")).failures
+    slots = [f for f in failures if f.check == "slots"]
+    assert [f.request for f in slots] == [f"_warmup_{i}_" for i in range(4)]
+    assert all(f.detail["positions"] == [16, 17, 18, 19, 20] and f.detail["block"] == 0 for f in slots)
+    assert "drafter positions 16..20 (column 1)" in slots[0].message and "the null block" in slots[0].message
+    assert len([f for f in failures if f.check == "floor"]) == 8  # prefill and decode of 4 requests
+
+
+def test_the_file_recorded_on_the_h200_by_engine_record_replays_on_cpu(vllm):
+    from kvconform.harness.loader import load_file
+
+    (replay,) = load_file("tests/data/engine/vllm-0.26.0-h200-eagle-k5-block16-serving.yaml")
+    result = run_scenario(replay, vllm, ("lookahead", "floor", "agree", "sanity"))
+    assert result.verdict is Verdict.PASSED, result.headline()
+    assert {o.request for o in result.trajectory.observations} == {"a", "b", "c"}

@@ -256,6 +256,9 @@ def slot_recording(run: Trajectory, recording: engine_party.EngineRecording,
                     )  # fmt: skip
                 )
     slots.steps = len(seen_steps)
+    # A drafter call maps one position of every request; the slots check reports one
+    # failure per run of consecutive positions of one request, so order them that way.
+    slots.escapes.sort(key=lambda e: (e.observation, e.party, e.role, e.position))
     return slots
 
 
