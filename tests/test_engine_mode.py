@@ -323,7 +323,7 @@ def test_the_model_folder_is_a_transformers_config(tmp_path, monkeypatch):
 # -- the H200 recording: judged, and replayed on CPU -----------------------------------------
 
 H200_RECORDING = "tests/data/engine/vllm-0.25.0-h200-eagle-k5-block16.json"
-H200_SCENARIO = "scenarios/engine/eagle-k5-block16.yaml"
+H200_SCENARIO = "scenarios/engine/engine-eagle-k5-block16.yaml"
 
 
 def h200_run():
@@ -421,7 +421,7 @@ def test_a_bad_engine_scenario_names_file_line_and_field(scenario_from, change, 
 def test_at_k10_the_real_drafter_writes_the_warmups_kv_into_the_null_block():
     from kvconform.harness.loader import load_file
 
-    scenario = next(s for s in load_file("scenarios/engine/eagle-vary.yaml") if s.id.endswith("[k10-bs16]"))
+    scenario = next(s for s in load_file("scenarios/engine/engine-eagle-vary.yaml") if s.id.endswith("[k10-bs16]"))
     recording = engine_party.EngineRecording.from_json(
         open("tests/data/engine/vllm-0.25.0-h200-eagle-k10-block16.json").read()
     )
