@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from kvconform.harness.checks import judge
-from kvconform.harness.engine import exit_status, run_scenario
 from kvconform.harness.drivers.engine import trajectory_from
+from kvconform.harness.engine import exit_status, run_scenario
 from kvconform.model.results import Verdict
 from kvconform.oracles import engine as engine_party
-from kvconform.oracles.vllm_engine import HookPoint, hook_points
+from kvconform.oracles.vllm.engine import HookPoint, hook_points
 
 ENGINE_SCENARIO = """
     name: tiny-engine
@@ -370,7 +370,7 @@ def test_the_recorded_serving_steps_replay_on_cpu_with_the_engines_counts(vllm, 
 
 
 def test_doctor_says_whether_engine_mode_can_run_here(vllm):
-    from kvconform.harness.doctor import doctor
+    from kvconform.fronts.doctor import doctor
 
     lines: list[str] = []
     doctor(vllm, lines.append)
@@ -382,7 +382,7 @@ def test_doctor_says_whether_engine_mode_can_run_here(vllm):
 def test_every_report_says_why_an_engine_scenario_was_skipped(vllm, write_scenario, tmp_path):
     import json
 
-    from kvconform.harness.cli import main
+    from kvconform.fronts.cli import main
 
     if not engine_party.unavailable_reason():
         pytest.skip("engine mode can run here")
@@ -421,15 +421,24 @@ def test_a_bad_engine_scenario_names_file_line_and_field(scenario_from, change, 
 def test_at_k10_the_real_drafter_writes_the_warmups_kv_into_the_null_block():
     from kvconform.harness.loader import load_file
 
-    scenario = next(s for s in load_file("scenarios/engine/engine-eagle-vary.yaml") if s.id.endswith("[k10-bs16]"))
+    scenario = next(
+        s
+        for s in load_file("scenarios/engine/engine-eagle-vary.yaml")
+        if s.id.endswith("[k10-bs16]")
+    )
     recording = engine_party.EngineRecording.from_json(
         open("tests/data/engine/vllm-0.25.0-h200-eagle-k10-block16.json").read()
     )
     failures = judge(trajectory_from(scenario, recording), ("floor", "slots")).failures
     slots = [f for f in failures if f.check == "slots"]
     assert [f.request for f in slots] == [f"_warmup_{i}_" for i in range(4)]
-    assert all(f.detail["positions"] == [16, 17, 18, 19, 20] and f.detail["block"] == 0 for f in slots)
-    assert "drafter positions 16..20 (column 1)" in slots[0].message and "the null block" in slots[0].message
+    assert all(
+        f.detail["positions"] == [16, 17, 18, 19, 20] and f.detail["block"] == 0 for f in slots
+    )
+    assert (
+        "drafter positions 16..20 (column 1)" in slots[0].message
+        and "the null block" in slots[0].message
+    )
     assert len([f for f in failures if f.check == "floor"]) == 8  # prefill and decode of 4 requests
 
 

@@ -22,7 +22,13 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from kvconform.errors import ExitStatus, PoolExhausted, ScenarioError, ScenarioSkipped, VllmUnavailable
+from kvconform.errors import (
+    ExitStatus,
+    PoolExhausted,
+    ScenarioError,
+    ScenarioSkipped,
+    VllmUnavailable,
+)
 from kvconform.harness.checks import DEFAULT_CHECKS, judge
 from kvconform.harness.drivers import DRIVERS
 from kvconform.harness.expectations import Expectation, apply_expectations

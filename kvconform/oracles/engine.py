@@ -22,7 +22,7 @@ scenario gets a fresh one, and the hooks live exactly as long as the engine.
 The child writes an :class:`EngineRecording` as JSON; the harness's engine
 driver turns it into observations the floor, slots and sanity checks judge.
 
-Where a release keeps the hooked methods is :mod:`kvconform.oracles.vllm_engine`'s
+Where a release keeps the hooked methods is :mod:`kvconform.oracles.vllm.engine`'s
 business. Engine mode needs CUDA and a CUDA build of vLLM:
 :func:`unavailable_reason` says why it cannot run where it cannot.
 """
@@ -154,11 +154,12 @@ def unavailable_reason() -> str | None:
     vLLM on the path must be a CUDA build (its compiled ``_C`` extension present, and
     not forced onto its CPU platform by ``VLLM_TARGET_DEVICE``).
     """
-    try:
-        import torch
-    except ImportError:
+    from kvconform.oracles.vllm.engine import cuda_available
+
+    cuda = cuda_available()
+    if cuda is None:
         return "torch is not installed"
-    if not torch.cuda.is_available():
+    if not cuda:
         return "no CUDA device: engine mode runs vLLM's real engine, which needs a GPU"
     target = os.environ.get("VLLM_TARGET_DEVICE", "cuda")
     if target != "cuda":
@@ -233,7 +234,7 @@ class EngineHooks:
 
     @contextmanager
     def installed(self, points: dict[str, Any] | None = None) -> Iterator[EngineHooks]:
-        from kvconform.oracles import vllm_engine
+        from kvconform.oracles.vllm import engine as vllm_engine
 
         points = vllm_engine.hook_points() if points is None else points
         try:
@@ -302,7 +303,7 @@ class EngineHooks:
         return compute_slot_mappings
 
     def record_step(self, scheduler_output: Any) -> None:
-        from kvconform.oracles import vllm_engine
+        from kvconform.oracles.vllm import engine as vllm_engine
 
         finished = sorted(vllm_engine.finished_requests(scheduler_output))
         for name in finished:
@@ -340,7 +341,7 @@ class EngineHooks:
 
     def record_mapping(self, tables: Any, idx_mapping: Any, query_start_loc: Any,
                        positions: Any, out: Any) -> None:  # fmt: skip
-        from kvconform.oracles import vllm_engine
+        from kvconform.oracles.vllm import engine as vllm_engine
 
         if vllm_engine.is_capturing() or not self.recording.steps:
             return
@@ -465,7 +466,7 @@ def _engine_arguments(settings: EngineSettings, target: Path, draft: Path | None
 
 def drive(llm: Any, settings: EngineSettings) -> dict[str, int]:
     """Add each request at its arrival step, step the engine until all finish."""
-    from vllm import SamplingParams
+    from kvconform.oracles.vllm import engine as vllm_engine
 
     pending = sorted(settings.requests, key=lambda r: r.arrival)
     generated: dict[str, int] = {}
@@ -474,11 +475,8 @@ def drive(llm: Any, settings: EngineSettings) -> dict[str, int]:
     while pending or engine.has_unfinished_requests():
         while pending and pending[0].arrival <= step:
             request = pending.pop(0)
-            params = SamplingParams(
-                max_tokens=request.max_tokens,
-                ignore_eos=True,
-                temperature=request.temperature,
-                seed=request.seed,
+            params = vllm_engine.sampling_params(
+                request.max_tokens, request.temperature, request.seed
             )
             engine.add_request(request.name, {"prompt_token_ids": list(request.prompt_token_ids)},
                                params)  # fmt: skip
@@ -500,19 +498,15 @@ def child_main(settings_file: str, out_file: str) -> int:
         return UNAVAILABLE_STATUS
     target = write_model(settings.target)
     draft = write_model(settings.draft) if settings.draft is not None else None
-    import torch
-    import vllm
+    from kvconform.oracles.vllm import engine as vllm_engine
 
-    from kvconform.oracles import vllm_engine
-
-    recording.vllm_version = vllm.__version__
-    recording.device = torch.cuda.get_device_name(0)
+    recording.vllm_version, recording.device = vllm_engine.runtime()
     recording.model_runner = settings.model_runner
     hooks = EngineHooks(recording)
     try:
         with hooks.installed():
             started = time.perf_counter()
-            llm = vllm.LLM(**_engine_arguments(settings, target, draft))
+            llm = vllm_engine.new_llm(_engine_arguments(settings, target, draft))
             recording.seconds["engine_up"] = round(time.perf_counter() - started, 1)
             recording.lookahead, recording.lookahead_source = vllm_engine.engine_lookahead(llm)
             recording.kv_groups = vllm_engine.kv_groups(llm)

@@ -17,7 +17,9 @@ and where the lookahead the engine reserves with lives: ``VllmConfig.
 num_lookahead_tokens`` from 0.28, the scheduler's ``num_lookahead_tokens``
 attribute (set per method in ``Scheduler.__init__``) before.
 
-Only the engine child imports this module; it needs a CUDA build of vLLM.
+Engine mode's other uses of vLLM and torch (is there a CUDA device, build the
+``LLM``, sampling parameters) are here too. :func:`cuda_available` imports torch
+only; everything else is for the engine child, which needs a CUDA build of vLLM.
 """
 
 from __future__ import annotations
@@ -168,3 +170,36 @@ def is_capturing() -> bool:
     import torch
 
     return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+def cuda_available() -> bool | None:
+    """Whether torch sees a CUDA device; None where torch is not installed."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return bool(torch.cuda.is_available())
+
+
+def runtime() -> tuple[str, str]:
+    """(vLLM's version, the GPU's name) in the engine child."""
+    import torch
+    import vllm
+
+    return str(vllm.__version__), torch.cuda.get_device_name(0)
+
+
+def new_llm(arguments: dict[str, Any]) -> Any:
+    """``vllm.LLM(**arguments)``: the engine, its warmup run as part of it."""
+    import vllm
+
+    return vllm.LLM(**arguments)
+
+
+def sampling_params(max_tokens: int, temperature: float, seed: int | None) -> Any:
+    """Exactly ``max_tokens`` tokens (the end-of-sequence token ignored)."""
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        max_tokens=max_tokens, ignore_eos=True, temperature=temperature, seed=seed
+    )
