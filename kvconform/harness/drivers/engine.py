@@ -212,8 +212,11 @@ def slot_recording(run: Trajectory, recording: engine_party.EngineRecording,
                    where: dict[tuple[int, str, int], int]) -> SlotRecording:  # fmt: skip
     slots = SlotRecording(poison=_NO_POISON, guard=_NO_POISON)
     if not recording.mappings:
-        slots.skipped = "the engine's runner computed no slot mappings kvconform could see" + (
-            f" ({recording.notes[-1]})" if recording.notes else ""
+        slots.skipped = (
+            "the V1 model runner's slot mappings are not hooked (engine mode hooks the V2 "
+            "runner's BlockTables.compute_slot_mappings)"
+            if recording.model_runner == "v1"
+            else "the engine's runner computed no slot mappings kvconform could see"
         )
         return slots
     slots.mode = (
