@@ -347,11 +347,24 @@ def test_the_h200_run_of_vllm_0_25_0_shows_the_warmup_bug_and_a_conforming_servi
     assert run.slots is not None and run.slots.positions > 1000 and not run.slots.escapes
 
 
-def test_the_recorded_serving_steps_replay_on_cpu_with_the_engines_counts(vllm, write_scenario):
+@pytest.mark.parametrize(
+    ("scenario_file", "recording_file"),
+    [
+        (H200_SCENARIO, H200_RECORDING),
+        (H200_SCENARIO, "tests/data/engine/vllm-0.26.0-h200-eagle-k5-block16.json"),
+        # The V1 runner, a 150-token prompt prefilled in chunks of 64.
+        ("scenarios/engine/engine-eagle-v1-runner.yaml",
+         "tests/data/engine/vllm-0.26.0-h200-eagle-v1-runner.json"),
+    ],
+)  # fmt: skip
+def test_the_recorded_serving_steps_replay_on_cpu_with_the_engines_counts(
+    vllm, write_scenario, scenario_file, recording_file
+):
     from kvconform.harness.engine_record import trajectory_yaml
     from kvconform.harness.loader import load_file
 
-    scenario, recording = h200_run()
+    (scenario,) = load_file(scenario_file)
+    recording = engine_party.EngineRecording.from_json(open(recording_file).read())
     (replay,) = load_file(write_scenario(trajectory_yaml(scenario, recording), "replay.yaml"))
     result = run_scenario(replay, vllm)
     assert result.verdict is Verdict.PASSED, result.headline()
@@ -359,10 +372,8 @@ def test_the_recorded_serving_steps_replay_on_cpu_with_the_engines_counts(vllm, 
         (row["request"].rpartition("-")[0], row["computed"], row["scheduled"], len(row["blocks"][0]))
         for step in recording.steps if step["phase"] == "serving" for row in step["requests"]
     ]  # fmt: skip
-    replayed = [
-        (o.request, o.computed, o.scheduled, o.live) for o in result.trajectory.observations
-    ]
-    # vLLM 0.33.0's allocator, asked for the engine's counts, holds what 0.25.0's engine held.
+    replayed = [(o.request, o.computed, o.scheduled, o.live) for o in result.trajectory.observations]
+    # vLLM 0.33.0's allocator, asked for the engine's counts, holds what the engine held.
     assert sorted(replayed) == sorted(engine_rows)
 
 
