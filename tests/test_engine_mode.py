@@ -460,3 +460,16 @@ def test_the_file_recorded_on_the_h200_by_engine_record_replays_on_cpu(vllm):
     result = run_scenario(replay, vllm, ("lookahead", "floor", "agree", "sanity"))
     assert result.verdict is Verdict.PASSED, result.headline()
     assert {o.request for o in result.trajectory.observations} == {"a", "b", "c"}
+
+
+def test_a_hooked_method_the_class_inherits_is_put_back_by_deleting_the_wrapper():
+    class Subclass(StandInWorker):
+        pass
+
+    with engine_party.EngineHooks(engine_party.EngineRecording()).installed(
+        {"execute_model": HookPoint(Subclass, "execute_model")}
+    ):
+        assert "execute_model" in vars(Subclass)
+        assert Subclass({}).execute_model(scheduler_output()) == "ran"
+    assert "execute_model" not in vars(Subclass)
+    assert StandInWorker.execute_model is StandInWorker.__dict__["execute_model"]

@@ -16,10 +16,12 @@ builds, for one such release, what travels (``.gpu-engine/VERSION/``, git-ignore
   without extras, and what those require, markers evaluated for the machine: CPython
   3.12, Linux x86_64) minus what the machine's image has (``tools/gpu-image.txt``) and
   minus the GPU kernel libraries the engine never imports on this path
-  (:data:`KERNEL_LIBRARIES`). Each requirement is resolved from the metadata of the
-  wheel that required it: the newest cp312 manylinux wheel that satisfies every
-  specifier seen for the name;
-* ``MANIFEST.txt``: each wheel, its size and the requirement chain that needs it.
+  (:data:`KERNEL_LIBRARIES`). pip resolves the versions for the machine (a dry run that
+  reads metadata only, :func:`resolution`); :func:`resolve` then walks the closure from
+  vLLM's own requirements through the resolved metadata, extras included, never past a
+  distribution that stays behind, so what only torch needs (CUDA runtime wheels) stays;
+* ``MANIFEST.txt``: each wheel, its size and the requirement that needs it, and what
+  stays behind and why.
 
 Everything is packed into one tar and split into parts under :data:`PART_LIMIT_MB`
 (``parts/part-NN``, ``SHA256SUMS``): a device call carries at most 64 MiB.

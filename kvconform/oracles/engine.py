@@ -256,8 +256,10 @@ class EngineHooks:
 
     def _wrap(self, point: Any, make: Callable[[Any], Any]) -> None:
         owner, name = point.owner, point.name
-        had = name in vars(owner) if isinstance(owner, type) else True
-        original = getattr(owner, name) if not isinstance(owner, type) else vars(owner)[name]
+        # A method a class inherits is put back by deleting the wrapper, not by copying
+        # the base class's function onto the subclass.
+        had = name in vars(owner)
+        original = vars(owner)[name] if had else getattr(owner, name)
         setattr(owner, name, make(original))
 
         def restore() -> None:
