@@ -473,3 +473,26 @@ def test_a_hooked_method_the_class_inherits_is_put_back_by_deleting_the_wrapper(
         assert Subclass({}).execute_model(scheduler_output()) == "ran"
     assert "execute_model" not in vars(Subclass)
     assert StandInWorker.execute_model is StandInWorker.__dict__["execute_model"]
+
+
+def test_the_slot_mapping_hook_reads_vllms_own_block_tables_and_kernel(vllm):
+    """The hook on the real BlockTables.compute_slot_mappings (Triton's interpreter on CPU)."""
+    from kvconform.oracles.vllm.slot_kernel import slot_kernel_of
+
+    tables = slot_kernel_of(vllm).tables([16], 2, 16, [4])
+    tables.write_rows([((5, 6),), ((9,),)])
+    recording = engine_party.EngineRecording()
+    hooks = engine_party.EngineHooks(recording)
+    hooks.worker = StandInWorker({0: "a", 1: "b"})
+    recording.steps.append({"index": 0, "phase": "serving", "finished": [], "requests": []})
+    owner = hook_points()["slot_mappings"].owner
+    original = vars(owner)["compute_slot_mappings"]
+    with hooks.installed():
+        tables.map([0, 1], [0, 3, 4], [14, 15, 16, 3])
+    assert vars(owner)["compute_slot_mappings"] is original
+    (mapping,) = recording.mappings
+    assert mapping["role"] == "target" and recording.block_sizes == [16]
+    assert mapping["rows"] == [
+        {"request": "a", "group": 0, "positions": [14, 15, 16], "slots": [5 * 16 + 14, 5 * 16 + 15, 6 * 16]},
+        {"request": "b", "group": 0, "positions": [3], "slots": [9 * 16 + 3]},
+    ]  # fmt: skip
