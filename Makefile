@@ -5,6 +5,8 @@
 #   make nightly     what a GPU CI job with vLLM installed runs: the corpus with reports, then
 #                    the CUDA tests (NIGHTLY_PYTHON=python3 uses that interpreter, no .venv)
 #   make gpu-bundle  builds .gpu/, what a GPU machine without vLLM needs (docs/gpu.md)
+#   make gpu-engine-bundle VLLM=0.25.0  builds .gpu-engine/VLLM/parts, vLLM's compiled engine
+#                    for such a machine, in parts under 60 MB (docs/engine-mode.md)
 #   make fuzz        searches generated trajectories for divergences (fuzz-nightly: the nightly budget)
 #   make bench       measures kvconform's cost against vLLM's allocator: build/bench.json, a
 #                    row in docs/benchmarks.md, profiles in build/profiles (docs/benchmarks.md)
@@ -31,7 +33,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo "sudo -n")
 
 FUZZ_SEED ?= $(shell date +%Y%m%d)
 
-.PHONY: run test lint constraints clean browser nightly gpu-bundle fuzz fuzz-nightly bench
+.PHONY: run test lint constraints clean browser nightly gpu-bundle fuzz fuzz-nightly bench gpu-engine-bundle
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -68,6 +70,14 @@ gpu-bundle: $(STAMP)
 	$(BIN)/python tools/gpu_bundle.py build --out .gpu
 	rm -rf .gpu/releases
 	for v in $(GPU_RELEASES); do $(BIN)/python tools/gpu_bundle.py release $$v --out .gpu || exit 1; done
+
+# Engine mode on the lent H200 (docs/engine-mode.md): vLLM's compiled wheel (VLLM: a release
+# whose torch pin matches the machine's torch 2.11, 0.25.0 or 0.26.0), trimmed, and the wheels
+# the image lacks, split in parts; tools/gpu-engine-run.sh joins and runs them there.
+VLLM ?= 0.25.0
+
+gpu-engine-bundle: $(STAMP)
+	$(BIN)/python tools/gpu_engine_bundle.py build --vllm $(VLLM) --out .gpu-engine
 
 # Generated trajectories (docs/fuzzing.md); reproducers of findings land in build/fuzz.
 fuzz: $(STAMP)

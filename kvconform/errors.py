@@ -85,6 +85,10 @@ class VllmUnavailable(KvconformError):
         super().__init__(f"{text}: {detail}" if detail else text)
 
 
+class ScenarioSkipped(KvconformError):
+    """The scenario cannot run in this environment (engine mode without CUDA): skipped, with why."""
+
+
 class UsageError(KvconformError):
     """The command line is wrong."""
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What a GPU CI job with vLLM installed runs, as it is: the whole scenario corpus (trajectory,
-# warmup and scheduler scenarios, every check) with its reports, a fuzz run at the nightly
+# warmup, scheduler and engine scenarios, every check; engine scenarios run vLLM's real engine
+# where CUDA and a CUDA build of vLLM are, and are skipped with the reason elsewhere) with its reports, a fuzz run at the nightly
 # budget (FUZZ_EXAMPLES, default 20000), then kvconform's tests that need CUDA.
 #
 #   tools/nightly.sh [REPORT_DIR]        (default build/nightly; PYTHON picks the interpreter)

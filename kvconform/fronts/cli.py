@@ -191,6 +191,8 @@ def print_result(result: ScenarioResult, out: Callable[[str], None] = say) -> No
             out(f"         {line}")
         if len(result.failures) > 3:
             out(f"         ... {len(result.failures) - 3} more failures in report.json")
+    elif result.verdict is Verdict.SKIPPED:
+        out(f"         {result.skip_reason}")
     elif result.verdict is Verdict.XPASSED:
         out(
             f"         listed as a known divergence ({result.expectation}) but conforms now: "
@@ -337,6 +339,35 @@ def cmd_explain(args: argparse.Namespace) -> int:
         say(explain(scenario, result, run.vllm.version))
         worst = max(worst, engine.exit_status([result]))
     return worst
+
+
+# -- engine record ---------------------------------------------------------------------
+
+
+def cmd_engine_record(args: argparse.Namespace) -> int:
+    from kvconform.harness.engine_record import record
+    from kvconform.oracles.engine import EngineRecording
+
+    loaded = load_paths([args.scenario])
+    if loaded.errors:
+        for err in loaded.errors:
+            say(f"ERROR {err}")
+        return 2
+    chosen = [s for s in loaded.scenarios if args.scenario_id in (None, s.id)]
+    if len(chosen) != 1 or chosen[0].kind != "engine":
+        ids = ", ".join(s.id for s in loaded.scenarios)
+        raise UsageError(f"{args.scenario} must hold one engine scenario (-k ID picks one of: {ids})")
+    recording = None
+    if args.recording is not None:
+        recording = EngineRecording.from_json(args.recording.read_text())
+    phases = ["serving"] + (["warmup"] if args.warmup_out else [])
+    written = record(chosen[0], recording, phases)
+    for phase, out in (("serving", args.out), ("warmup", args.warmup_out)):
+        if phase in written:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(written[phase])
+            say(f"wrote {out}: the {phase} steps of {chosen[0].id} as a trajectory scenario")
+    return 0
 
 
 # -- doctor ----------------------------------------------------------------------------
@@ -526,6 +557,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_vllm_options(doctor)
     doctor.set_defaults(handler=cmd_doctor)
+
+    engine_mode = sub.add_parser("engine", help="engine mode: vLLM's real engine (docs/engine-mode.md)")
+    engine_sub = engine_mode.add_subparsers(dest="engine_command", required=True)
+    record = engine_sub.add_parser(
+        "record", help="write an engine run's steps as a kind: trajectory scenario (record -> replay)"
+    )
+    record.add_argument("scenario", help="an engine scenario file")
+    record.add_argument("-k", dest="scenario_id", help="which scenario of a matrix file (its id)")
+    record.add_argument("--out", required=True, type=Path, help="the trajectory scenario to write")
+    record.add_argument("--from", dest="recording", type=Path,
+                        help="a recording an earlier run kept (KVCONFORM_ENGINE_RECORDINGS) "
+                        "instead of running the engine")  # fmt: skip
+    record.add_argument("--warmup-out", type=Path,
+                        help="also write the warmup's steps as a trajectory scenario")  # fmt: skip
+    record.set_defaults(handler=cmd_engine_record)
 
     from kvconform.fuzz import DEFAULT_EXAMPLES, DEFAULT_MAX_FINDINGS, NIGHTLY_EXAMPLES
 

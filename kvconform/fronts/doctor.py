@@ -35,6 +35,14 @@ def doctor(vllm: Vllm, say: Callable[[str], None]) -> int:
         "warmup predictor _reserved_block_count: "
         + ("present" if predictor else f"MISSING ({vllm.predictor_missing_reason()})")
     )
+    from kvconform.oracles.engine import unavailable_reason
+
+    engine_blocker = unavailable_reason()
+    say(
+        "engine mode (kind: engine, vLLM's real engine): "
+        + ("can run here" if engine_blocker is None else f"cannot run here: {engine_blocker}; "
+           "engine scenarios are skipped")  # fmt: skip
+    )
     lookahead = vllm.lookahead("eagle", 3)
     say("VllmConfig.num_lookahead_tokens: " + ("present" if lookahead is not None else "MISSING"))
     say("KV spec types vLLM defines:")

@@ -141,6 +141,8 @@ class ScenarioItem(pytest.Item):
             self.user_properties.append((f"skipped check {name}", why))
         if result.verdict in (Verdict.PASSED, Verdict.XPASSED):
             return
+        if result.verdict is Verdict.SKIPPED:
+            pytest.skip(result.skip_reason or "skipped")
         if result.verdict is Verdict.XFAILED:
             raise ScenarioFailed(result)  # reported as XFAIL by pytest_runtest_makereport
         if result.skipped_checks and len(result.skipped_checks) == len(run.request.checks):

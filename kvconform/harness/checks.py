@@ -15,7 +15,8 @@ re-run and tested on recorded trajectories alone.
   so a new method gets a deliberate row instead of a silent pass.
 * **sanity** -- allocator invariants: no block in two live requests' tables
   (without prefix caching), nothing held after ``finish``/``preempt`` and every
-  block back in the pool, the null block only where the group type allows it.
+  block back in the pool, the null block only where the group type allows it;
+  in engine mode, every request finished with its ``max_tokens``.
 * **slots** -- every position the target or the drafter writes lands, through
   vLLM's own slot-mapping kernel, in a block its request holds. The kernel
   runs in the slots party (:mod:`kvconform.oracles.slots`), which the engine
@@ -267,6 +268,8 @@ def check_sanity(run: Trajectory) -> Iterator[Failure]:
     while pending is not None:
         yield from _free_event(run, pending, null)
         pending = next(events, None)
+    for message in run.unfinished:
+        yield Failure("sanity", message)
     if run.all_finished and run.final_free_blocks is not None:
         usable = run.num_blocks - 1
         if run.final_free_blocks != usable:

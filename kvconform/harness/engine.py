@@ -22,7 +22,13 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from kvconform.errors import ExitStatus, PoolExhausted, ScenarioError, VllmUnavailable
+from kvconform.errors import (
+    ExitStatus,
+    PoolExhausted,
+    ScenarioError,
+    ScenarioSkipped,
+    VllmUnavailable,
+)
 from kvconform.harness.checks import DEFAULT_CHECKS, judge
 from kvconform.harness.drivers import DRIVERS
 from kvconform.harness.expectations import Expectation, apply_expectations
@@ -62,6 +68,10 @@ def run_scenario(
             party = PARTIES_FOR_CHECKS.get(name)
             if party is not None:
                 party(trajectory, vllm)
+    except ScenarioSkipped as exc:
+        result.verdict, result.skip_reason = Verdict.SKIPPED, str(exc)
+        result.duration = time.perf_counter() - started
+        return result
     except ScenarioError as exc:
         result.verdict, result.error_kind, result.error = Verdict.ERROR, ErrorKind.INPUT, str(exc)
         result.pool_exhausted = isinstance(exc, PoolExhausted)

@@ -182,3 +182,5 @@ class Trajectory:
     # mode: admissions, preemptions, batches in flight); shown beside the holdings.
     step_notes: dict[int, str] = field(default_factory=dict)
     slots: SlotRecording | None = None
+    # Engine mode: requests the engine did not finish with their max_tokens, as messages.
+    unfinished: list[str] = field(default_factory=list)

@@ -11,7 +11,10 @@ A :class:`ScenarioResult` is one scenario's verdict:
   ``input`` (the scenario is wrong), ``unsupported`` (this vLLM lacks something
   the scenario needs) or ``crash`` (vLLM raised on a valid scenario);
 * ``xfailed`` / ``xpassed`` -- the scenario is listed in the expectations file
-  as a known divergence, and it diverged / no longer diverges.
+  as a known divergence, and it diverged / no longer diverges;
+* ``skipped`` -- the scenario cannot run in this environment (an engine
+  scenario without CUDA); ``skip_reason`` says why. It neither passes nor
+  fails, and leaves the exit status alone.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class Verdict(str, enum.Enum):
     ERROR = "error"
     XFAILED = "xfailed"
     XPASSED = "xpassed"
+    SKIPPED = "skipped"
 
 
 class ErrorKind(str, enum.Enum):
@@ -99,12 +103,15 @@ class ScenarioResult:
     expectation_evidence: str | None = None
     # Selected checks that could not run, with why: skipped, never passed.
     skipped_checks: dict[str, str] = field(default_factory=dict)
+    skip_reason: str | None = None
 
     @property
     def ok(self) -> bool:
-        return self.verdict in (Verdict.PASSED, Verdict.XFAILED, Verdict.XPASSED)
+        return self.verdict in (Verdict.PASSED, Verdict.XFAILED, Verdict.XPASSED, Verdict.SKIPPED)
 
     def headline(self) -> str:
+        if self.skip_reason:
+            return f"skipped: {self.skip_reason}"
         if self.error:
             return self.error
         if self.failures:

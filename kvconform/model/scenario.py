@@ -19,7 +19,7 @@ from types import MappingProxyType
 from kvconform.errors import Location
 
 # The kinds of scenario there are, each with its driver (kvconform.harness.drivers).
-KINDS = ("trajectory", "warmup", "scheduler")
+KINDS = ("trajectory", "warmup", "scheduler", "engine")
 
 
 class Action(str, enum.Enum):
@@ -204,6 +204,57 @@ class SchedulerSpec:
         return self.mode == "overlapped"
 
 
+ENGINE_RUNNERS = ("v2", "v1")
+
+
+@dataclass(frozen=True)
+class EngineModel:
+    """A tiny decoder kvconform writes as a ``transformers`` config for engine mode."""
+
+    architecture: str = "LlamaForCausalLM"
+    layers: int = 2
+    hidden_size: int = 256
+    intermediate_size: int = 512
+    heads: int = 4
+    kv_heads: int = 2
+    vocab: int = 1024
+    dtype: str = "bfloat16"
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """One request an engine scenario submits (``Scenario.requests`` has its name and sizes)."""
+
+    name: str
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    arrival: int = 0  # engine steps before it is added
+    temperature: float = 0.0  # 0: greedy
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What a ``kind: engine`` scenario asks of vLLM's real engine (``vllm.LLM``).
+
+    ``None`` leaves an option to vLLM's default. The block size, ``max_model_len``
+    and prefix caching come from the scenario's ``model`` section.
+    """
+
+    target: EngineModel
+    draft: EngineModel | None
+    requests: tuple[EngineRequest, ...]
+    model_runner: str = "v2"
+    max_num_seqs: int = 4
+    max_num_batched_tokens: int | None = None
+    enable_chunked_prefill: bool | None = None
+    async_scheduling: bool | None = None
+    enforce_eager: bool = True
+    gpu_memory_utilization: float = 0.2
+    num_gpu_blocks: int | None = None
+    where: Location | None = field(default=None, compare=False)
+
+
 @dataclass(frozen=True)
 class Scenario:
     id: str
@@ -220,6 +271,7 @@ class Scenario:
     warmup: WarmupSpec | None = None
     line: int | None = None
     scheduler: SchedulerSpec | None = None
+    engine: EngineSpec | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "requests", MappingProxyType(dict(self.requests)))

@@ -146,6 +146,8 @@ def record_slots(
     run: Trajectory, vllm: Vllm, writes: PositionsWritten = positions_written
 ) -> SlotRecording:
     """Map every step of ``run`` through vLLM's kernel; the result is also ``run.slots``."""
+    if run.slots is not None:  # the driver recorded the real mappings (engine mode)
+        return run.slots
     started = time.perf_counter()
     recording = SlotRecording()
     run.slots = recording

@@ -31,6 +31,7 @@ def scenario_json(result: ScenarioResult, report: RunReport) -> dict[str, Any]:
         "verdict": result.verdict.value,
         "error_kind": result.error_kind.value if result.error_kind else None,
         "error": result.error,
+        "skip_reason": result.skip_reason,
         "description": result.description,
         "expectation": result.expectation,
         "expectation_evidence": result.expectation_evidence,

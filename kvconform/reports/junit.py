@@ -48,6 +48,8 @@ def _testcase(suite: ET.Element, result: ScenarioResult, report: RunReport) -> N
         error.text = (result.error or "") + rerun
     elif result.verdict is Verdict.XFAILED:
         ET.SubElement(case, "skipped", message=f"known divergence (xfail): {result.expectation}")
+    elif result.verdict is Verdict.SKIPPED:
+        ET.SubElement(case, "skipped", message=f"skipped: {result.skip_reason}")
     elif result.verdict is Verdict.XPASSED:
         out = ET.SubElement(case, "system-out")
         out.text = f"XPASS: listed as a known divergence ({result.expectation}) but conforms now"
@@ -89,5 +91,7 @@ def _count(suite: ET.Element, results: list[ScenarioResult]) -> None:
     suite.set("tests", str(len(results)))
     suite.set("failures", str(sum(r.verdict is Verdict.FAILED for r in results)))
     suite.set("errors", str(sum(r.verdict is Verdict.ERROR for r in results)))
-    suite.set("skipped", str(sum(r.verdict is Verdict.XFAILED for r in results)))
+    suite.set(
+        "skipped", str(sum(r.verdict in (Verdict.XFAILED, Verdict.SKIPPED) for r in results))
+    )
     suite.set("time", f"{sum(r.duration for r in results):.6f}")

@@ -71,6 +71,11 @@ def render_markdown(report: RunReport) -> str:
         ]
         lines += [f"| `{r.id}` | {_cell(r.expectation or '')} |" for r in xpassed]
         lines.append("")
+    skipped = [r for r in report.results if r.verdict is Verdict.SKIPPED]
+    if skipped:
+        lines += ["## Skipped here", "", "| scenario | why |", "|---|---|"]
+        lines += [f"| `{r.id}` | {_cell(r.skip_reason or '')} |" for r in skipped]
+        lines.append("")
     known = [r for r in report.results if r.verdict is Verdict.XFAILED]
     if known:
         lines += ["## Known divergences (xfailed)", "", "| scenario | reason |", "|---|---|"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from kvconform.harness.drivers.engine import drive_engine
 from kvconform.harness.drivers.scheduler import drive_scheduler
 from kvconform.harness.drivers.trajectory import drive
 from kvconform.harness.drivers.warmup import drive_warmup
@@ -32,5 +33,6 @@ DRIVERS: dict[str, Driver] = {
     "trajectory": drive,
     "warmup": drive_warmup,
     "scheduler": drive_scheduler,
+    "engine": drive_engine,
 }
 assert tuple(DRIVERS) == KINDS, "every scenario kind has exactly one driver"

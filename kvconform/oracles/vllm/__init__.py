@@ -18,6 +18,8 @@ Split by consumer, one job a module:
 * :mod:`.scheduling` -- scheduler mode's configs, scheduler and outputs;
 * :mod:`.warmup_stubs` -- the warmup entry points and the stub model runners;
 * :mod:`.slot_kernel` -- the slot-mapping kernel and its process set-up;
+* :mod:`.engine` -- where a release keeps what engine mode hooks in its real engine,
+  and the engine's construction (imported only by the engine child);
 * :mod:`.calls` -- calling by signature.
 
 How releases differ (measured on the PyPI wheels 0.25.0 - 0.33.0; see

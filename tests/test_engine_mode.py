@@ -1,0 +1,498 @@
+"""Engine mode on CPU: the hooks with a worker stand-in, the driver on recordings, skipping.
+
+vLLM's real engine needs CUDA; these tests exercise everything around it. The hooks are
+installed on stand-ins of the three methods engine mode hooks (a worker whose
+``execute_model`` receives vLLM's own ``SchedulerOutput`` objects, a warmup that calls
+it, a ``BlockTables`` whose ``compute_slot_mappings`` returns a slot tensor) and must
+record what a real run would and remove themselves afterwards. The driver is fed a
+recording shaped like the one the H200 run of vLLM 0.25.0 produced (docs/engine-mode.md).
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from kvconform.harness.checks import judge
+from kvconform.harness.drivers.engine import trajectory_from
+from kvconform.harness.engine import exit_status, run_scenario
+from kvconform.model.results import Verdict
+from kvconform.oracles import engine as engine_party
+from kvconform.oracles.vllm.engine import HookPoint, hook_points
+
+ENGINE_SCENARIO = """
+    name: tiny-engine
+    kind: engine
+    model: {block_size: 16, max_model_len: 512}
+    speculative: {method: eagle, num_speculative_tokens: 5}
+    engine: {target: {layers: 2}, draft: {layers: 1}}
+    requests:
+      a: {prompt_len: 39, max_tokens: 40}
+      b: {prompt_len: 25, max_tokens: 40}
+"""
+
+
+# -- stand-ins for the hooked methods -----------------------------------------------------
+
+
+class StandInWorker:
+    """Calls nothing of vLLM's: the hooks wrap its execute_model as they wrap Worker's."""
+
+    def __init__(self, index_to_req_id: dict[int, str]) -> None:
+        self.model_runner = types.SimpleNamespace(
+            req_states=types.SimpleNamespace(index_to_req_id=index_to_req_id)
+        )
+        self.executed: list[object] = []
+
+    def execute_model(self, scheduler_output: object) -> str:
+        self.executed.append(scheduler_output)
+        return "ran"
+
+
+class StandInBlockTables:
+    """Maps position p of batch row r to slot (table[r][p // 16]) * 16 + p % 16, as vLLM's kernel."""
+
+    def __init__(self, rows: dict[int, list[int]]) -> None:
+        self.rows = rows
+        self.block_sizes_tensor = torch.tensor([16])
+        self.blocks_per_kv_block = [1]
+
+    def compute_slot_mappings(self, idx_mapping, query_start_loc, positions, num_tokens_padded):
+        out = torch.full((1, num_tokens_padded), -1, dtype=torch.int64)
+        for r, state in enumerate(idx_mapping.tolist()):
+            for t in range(int(query_start_loc[r]), int(query_start_loc[r + 1])):
+                p = int(positions[t])
+                out[0, t] = self.rows[state][p // 16] * 16 + p % 16
+        return out
+
+
+def new_request(req_id: str, blocks: list[int], prompt_len: int):
+    from vllm.v1.core.sched.output import NewRequestData
+
+    return NewRequestData(req_id, list(range(prompt_len)), [], None, None, (blocks,), 0, None)
+
+
+def scheduler_output(new=(), cached=(), finished=(), drafts=None):
+    """vLLM's own SchedulerOutput; cached: (req_id, computed, scheduled, new blocks or None)."""
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+    output = SchedulerOutput.make_empty()
+    output.scheduled_new_reqs = [request for request, _ in new]
+    counts = {request.req_id: scheduled for request, scheduled in new}
+    data = output.scheduled_cached_reqs
+    for req_id, computed, scheduled, blocks in cached:
+        data.req_ids.append(req_id)
+        data.num_computed_tokens.append(computed)
+        data.new_block_ids.append((blocks,) if blocks is not None else None)
+        data.num_output_tokens.append(1)
+        counts[req_id] = scheduled
+    output.num_scheduled_tokens = counts
+    output.scheduled_spec_decode_tokens = drafts or {}
+    output.finished_req_ids = set(finished)
+    return output
+
+
+def drafter_call(tables, *args):
+    """Calls compute_slot_mappings from a frame whose file is the drafter's, as vLLM's does."""
+    code = compile("out = tables.compute_slot_mappings(*args)", "vllm/v1/worker/gpu/spec_decode/x.py",
+                   "exec")  # fmt: skip
+    scope = {"tables": tables, "args": args}
+    exec(code, scope)  # noqa: S102 - a frame in the drafter's file, nothing else
+    return scope["out"]
+
+
+def test_hooks_record_warmup_and_serving_steps_then_remove_themselves():
+    worker = StandInWorker({0: "_warmup_0_", 1: "a-1234abcd"})
+    tables = StandInBlockTables({0: [1, 0], 1: [3, 4, 0]})
+    original_execute = StandInWorker.execute_model
+    original_slots = StandInBlockTables.compute_slot_mappings
+
+    def warmup_kernels(runner, execute):
+        execute(scheduler_output(new=[(new_request("_warmup_0_", [1], 7), 7)]))
+        execute(scheduler_output(cached=[("_warmup_0_", 7, 6, None)],
+                                 drafts={"_warmup_0_": [0] * 5}))  # fmt: skip
+        execute(scheduler_output(finished=["_warmup_0_"]))
+
+    module = types.SimpleNamespace(warmup_kernels=warmup_kernels)
+    points = {
+        "execute_model": HookPoint(StandInWorker, "execute_model"),
+        "warmup_kernels": HookPoint(module, "warmup_kernels"),
+        "slot_mappings": HookPoint(StandInBlockTables, "compute_slot_mappings"),
+    }
+    recording = engine_party.EngineRecording()
+    hooks = engine_party.EngineHooks(recording)
+    with hooks.installed(points):
+        assert StandInWorker.execute_model is not original_execute
+        module.warmup_kernels(None, worker.execute_model)
+        hooks.phase = "serving"
+        assert (
+            worker.execute_model(scheduler_output(new=[(new_request("a-1234abcd", [3], 39), 16)]))
+            == "ran"
+        )
+        worker.execute_model(scheduler_output(cached=[("a-1234abcd", 16, 23, [4])]))
+        # The drafter maps positions 39..41 of request a (state row 1): column 2, past the
+        # two blocks a holds, where the persistent row holds 0, the null block.
+        drafter_call(tables, torch.tensor([1]), torch.tensor([0, 3]), torch.tensor([39, 40, 41]), 4)
+    assert StandInWorker.execute_model is original_execute
+    assert StandInBlockTables.compute_slot_mappings is original_slots
+    assert module.warmup_kernels is warmup_kernels
+    assert len(worker.executed) == 5  # every call reached the worker
+
+    phases = [(s["phase"], [(r["request"], r["computed"], r["scheduled"], r["drafts"], r["blocks"])
+                            for r in s["requests"]], s["finished"]) for s in recording.steps]  # fmt: skip
+    assert phases == [
+        ("warmup", [("_warmup_0_", 0, 7, 0, [[1]])], []),
+        ("warmup", [("_warmup_0_", 7, 6, 5, [[1]])], []),
+        ("warmup", [], ["_warmup_0_"]),
+        ("serving", [("a-1234abcd", 0, 16, 0, [[3]])], []),
+        ("serving", [("a-1234abcd", 16, 23, 0, [[3, 4]])], []),
+    ]
+    (mapping,) = recording.mappings
+    assert mapping["role"] == "drafter" and mapping["step"] == 4
+    assert mapping["rows"] == [
+        {
+            "request": "a-1234abcd",
+            "group": 0,
+            "positions": [39, 40, 41],
+            "slots": [7, 8, 9],
+        }  # fmt: skip
+    ]
+    assert recording.block_sizes == [16] and recording.blocks_per_kv_block == [1]
+
+
+def test_hooks_are_removed_when_the_engine_raises():
+    points = {"execute_model": HookPoint(StandInWorker, "execute_model")}
+    original = StandInWorker.execute_model
+    recording = engine_party.EngineRecording()
+    with pytest.raises(RuntimeError), engine_party.EngineHooks(recording).installed(points):
+        raise RuntimeError("engine start failed")
+    assert StandInWorker.execute_model is original
+    assert "no warmup_kernels" in " ".join(recording.notes)
+
+
+def test_the_installed_vllm_has_every_hook_point():
+    points = hook_points()
+    assert points["execute_model"].owner.__name__ == "Worker"
+    assert points["warmup_kernels"] is not None
+    assert points["slot_mappings"].owner.__name__ == "BlockTables"
+
+
+# -- the driver on a recording ------------------------------------------------------------
+
+
+def h200_like_recording(warmup_decode_blocks: list[int]) -> engine_party.EngineRecording:
+    """Shaped like vLLM 0.25.0's run on the H200: a warmup request, then request a serving."""
+    steps = [
+        {"index": 0, "phase": "warmup", "finished": [], "requests": [
+            {"request": "_warmup_0_", "new": True, "resumed": False, "computed": 0,
+             "scheduled": 7, "drafts": 0, "blocks": [[1]]}]},
+        {"index": 1, "phase": "warmup", "finished": [], "requests": [
+            {"request": "_warmup_0_", "new": False, "resumed": False, "computed": 7,
+             "scheduled": 6, "drafts": 5, "blocks": [warmup_decode_blocks]}]},
+        {"index": 2, "phase": "warmup", "finished": ["_warmup_0_"], "requests": []},
+        {"index": 3, "phase": "serving", "finished": [], "requests": [
+            {"request": "a-0f0f0f0f", "new": True, "resumed": False, "computed": 0,
+             "scheduled": 39, "drafts": 0, "blocks": [[5, 6, 7, 8]]}]},
+        {"index": 4, "phase": "serving", "finished": ["a-0f0f0f0f"], "requests": []},
+    ]  # fmt: skip
+    mappings = [
+        # The drafter after the warmup's decode step: positions 13..17 (column 1 past 16).
+        {"step": 1, "role": "drafter", "rows": [
+            {"request": "_warmup_0_", "group": 0, "positions": [13, 16],
+             "slots": [1 * 16 + 13, 0 * 16 + 0]}]},
+        {"step": 3, "role": "target", "rows": [
+            {"request": "a-0f0f0f0f", "group": 0, "positions": [0, 38], "slots": [80, 8 * 16 + 6]}]},
+    ]  # fmt: skip
+    return engine_party.EngineRecording(
+        vllm_version="0.25.0", device="NVIDIA H200", model_runner="v2", lookahead=5,
+        lookahead_source="the engine's Scheduler.num_lookahead_tokens",
+        kv_groups=[{"spec": "FullAttentionSpec", "block_size": 16}], steps=steps,
+        mappings=mappings, block_sizes=[16], blocks_per_kv_block=[1], outputs={"a": 40},
+        free_blocks_after=99, pool_blocks=100, seconds={"engine_up": 21.9},
+    )  # fmt: skip
+
+
+def test_warmup_records_below_the_floor_fail_and_serving_conforms(scenario_from):
+    scenario = scenario_from(
+        ENGINE_SCENARIO.replace("      b: {prompt_len: 25, max_tokens: 40}\n", "")
+    )
+    run = trajectory_from(scenario, h200_like_recording([1]))
+    failures = judge(run, ("lookahead", "floor", "agree", "sanity", "slots")).failures
+    by_check = {f.check for f in failures}
+    assert by_check == {"floor", "slots"}
+    (floor,) = [f for f in failures if f.check == "floor"]
+    assert floor.request == "_warmup_0_" and floor.warmup == 1 and floor.floor == 2
+    assert "7 computed + 6 scheduled, 5 drafts" in floor.message
+    assert "the drafter's positions 16..17 have no block" in floor.message
+    (slots,) = [f for f in failures if f.check == "slots"]
+    assert slots.request == "_warmup_0_" and slots.detail["positions"] == [16]
+    assert "null block" in slots.message
+    serving = [o for o in run.observations if o.live is not None]
+    assert [o.request for o in serving] == ["a"] and serving[0].live >= serving[0].floor
+
+
+def test_the_fixed_warmup_conforms(scenario_from):
+    scenario = scenario_from(
+        ENGINE_SCENARIO.replace("      b: {prompt_len: 25, max_tokens: 40}\n", "")
+    )
+    recording = h200_like_recording([1, 2])
+    recording.mappings[0]["rows"][0]["slots"] = [1 * 16 + 13, 2 * 16 + 0]
+    run = trajectory_from(scenario, recording)
+    assert judge(run, ("lookahead", "floor", "agree", "sanity", "slots")).failures == []
+
+
+def test_a_request_finished_short_of_its_max_tokens_is_a_sanity_failure(scenario_from):
+    scenario = scenario_from(ENGINE_SCENARIO)
+    recording = h200_like_recording([1, 2])
+    recording.outputs = {"a": 12}
+    failures = [
+        f.message for f in judge(trajectory_from(scenario, recording), ("sanity",)).failures
+    ]
+    assert "the engine finished request a with 12 tokens, not its max_tokens 40" in failures
+    assert "the engine never finished request b (max_tokens 40)" in failures
+
+
+def test_a_leaked_block_after_the_run_is_a_sanity_failure(scenario_from):
+    scenario = scenario_from(
+        ENGINE_SCENARIO.replace("      b: {prompt_len: 25, max_tokens: 40}\n", "")
+    )
+    recording = h200_like_recording([1, 2])
+    recording.free_blocks_after = 97
+    (failure,) = judge(trajectory_from(scenario, recording), ("sanity",)).failures
+    assert "97 free blocks, not all 99" in failure.message
+
+
+def test_the_engines_lookahead_is_checked_against_kvconforms_table(scenario_from):
+    scenario = scenario_from(
+        ENGINE_SCENARIO.replace("      b: {prompt_len: 25, max_tokens: 40}\n", "")
+    )
+    recording = h200_like_recording([1, 2])
+    recording.lookahead = 4
+    (failure,) = judge(trajectory_from(scenario, recording), ("lookahead",)).failures
+    assert "num_lookahead_tokens is 4" in failure.message
+
+
+# -- without CUDA ---------------------------------------------------------------------------
+
+
+def test_without_cuda_an_engine_scenario_is_skipped_with_the_reason(vllm, scenario_from):
+    if not engine_party.unavailable_reason():
+        pytest.skip("engine mode can run here")
+    result = run_scenario(scenario_from(ENGINE_SCENARIO), vllm)
+    assert result.verdict is Verdict.SKIPPED and result.ok
+    assert "engine mode cannot run here: no CUDA device" in (result.skip_reason or "")
+    assert exit_status([result]) == 0
+
+
+def test_a_python_only_vllm_tree_cannot_run_the_engine(monkeypatch, tmp_path):
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text("")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(__import__("sys").modules, "vllm", raising=False)
+    assert "without its compiled extensions" in (engine_party.unavailable_reason() or "")
+    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")
+    assert "VLLM_TARGET_DEVICE=cpu" in (engine_party.unavailable_reason() or "")
+
+
+def test_settings_travel_to_the_child_as_json(scenario_from):
+    from kvconform.harness.drivers.engine import settings_for
+
+    settings = settings_for(scenario_from(ENGINE_SCENARIO))
+    again = engine_party.EngineSettings.from_json(settings.to_json())
+    assert again == settings
+    assert (
+        again.method == "eagle" and again.draft is not None and again.draft.num_hidden_layers == 1
+    )
+    prompts = [r.prompt_token_ids for r in again.requests]
+    assert [len(p) for p in prompts] == [39, 25] and prompts[0][:16] != prompts[1][:16]
+
+
+def test_the_model_folder_is_a_transformers_config(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVCONFORM_CACHE", str(tmp_path))
+    folder = engine_party.write_model(engine_party.ModelShape(num_hidden_layers=1))
+    import json
+
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["num_hidden_layers"] == 1
+    assert engine_party.write_model(engine_party.ModelShape(num_hidden_layers=1)) == folder
+
+
+# -- the H200 recording: judged, and replayed on CPU -----------------------------------------
+
+H200_RECORDING = "tests/data/engine/vllm-0.25.0-h200-eagle-k5-block16.json"
+H200_SCENARIO = "scenarios/engine/engine-eagle-k5-block16.yaml"
+
+
+def h200_run():
+    from kvconform.harness.loader import load_file
+
+    (scenario,) = load_file(H200_SCENARIO)
+    recording = engine_party.EngineRecording.from_json(open(H200_RECORDING).read())
+    return scenario, recording
+
+
+def test_the_h200_run_of_vllm_0_25_0_shows_the_warmup_bug_and_a_conforming_serving_run():
+    scenario, recording = h200_run()
+    run = trajectory_from(scenario, recording)
+    failures = judge(run, ("lookahead", "floor", "agree", "sanity", "slots")).failures
+    assert [(f.check, f.request, f.warmup, f.floor) for f in failures] == [
+        ("floor", f"_warmup_{i}_", 1, 2) for i in range(4)
+    ]
+    serving = [o for o in run.observations if o.live is not None]
+    assert {o.request for o in serving} == {"a", "b", "c"}
+    assert all(o.live == o.floor for o in serving)  # every serving step held exactly the floor
+    assert run.slots is not None and run.slots.positions > 1000 and not run.slots.escapes
+
+
+@pytest.mark.parametrize(
+    ("scenario_file", "recording_file"),
+    [
+        (H200_SCENARIO, H200_RECORDING),
+        (H200_SCENARIO, "tests/data/engine/vllm-0.26.0-h200-eagle-k5-block16.json"),
+        # The V1 runner, a 150-token prompt prefilled in chunks of 64.
+        ("scenarios/engine/engine-eagle-v1-runner.yaml",
+         "tests/data/engine/vllm-0.26.0-h200-eagle-v1-runner.json"),
+    ],
+)  # fmt: skip
+def test_the_recorded_serving_steps_replay_on_cpu_with_the_engines_counts(
+    vllm, write_scenario, scenario_file, recording_file
+):
+    from kvconform.harness.engine_record import trajectory_yaml
+    from kvconform.harness.loader import load_file
+
+    (scenario,) = load_file(scenario_file)
+    recording = engine_party.EngineRecording.from_json(open(recording_file).read())
+    (replay,) = load_file(write_scenario(trajectory_yaml(scenario, recording), "replay.yaml"))
+    result = run_scenario(replay, vllm)
+    assert result.verdict is Verdict.PASSED, result.headline()
+    engine_rows = [
+        (row["request"].rpartition("-")[0], row["computed"], row["scheduled"], len(row["blocks"][0]))
+        for step in recording.steps if step["phase"] == "serving" for row in step["requests"]
+    ]  # fmt: skip
+    replayed = [(o.request, o.computed, o.scheduled, o.live) for o in result.trajectory.observations]
+    # vLLM 0.33.0's allocator, asked for the engine's counts, holds what the engine held.
+    assert sorted(replayed) == sorted(engine_rows)
+
+
+# -- the fronts: doctor, reports, bad input --------------------------------------------------
+
+
+def test_doctor_says_whether_engine_mode_can_run_here(vllm):
+    from kvconform.fronts.doctor import doctor
+
+    lines: list[str] = []
+    doctor(vllm, lines.append)
+    (line,) = [line for line in lines if line.startswith("engine mode")]
+    reason = engine_party.unavailable_reason()
+    assert line.endswith("can run here") if reason is None else reason in line
+
+
+def test_every_report_says_why_an_engine_scenario_was_skipped(vllm, write_scenario, tmp_path):
+    import json
+
+    from kvconform.fronts.cli import main
+
+    if not engine_party.unavailable_reason():
+        pytest.skip("engine mode can run here")
+    path = write_scenario(ENGINE_SCENARIO)
+    assert main(["run", str(path), "--report-dir", str(tmp_path / "r")]) == 0
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    (result,) = report["scenarios"]
+    assert result["verdict"] == "skipped" and "no CUDA device" in result["skip_reason"]
+    assert (
+        'skipped message="skipped: engine mode cannot run here'
+        in (tmp_path / "r" / "junit.xml").read_text()
+    )
+    assert "## Skipped here" in (tmp_path / "r" / "summary.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            ("engine: {", "engine: {model_runner: v3, "),
+            "engine.model_runner: must be one of v2, v1",
+        ),
+        (("max_tokens: 40}\n      b", "max_tokens: 480}\n      b"), "exceed max_model_len 512"),
+        (("kind: engine", "kind: engine\n    steps: []"), "an engine scenario has no steps"),
+        (("model: {", "model: {groups: [mamba], "), "remove model.groups"),
+        (("a: {prompt_len: 39,", "a: {prompt_len: 39, temperature: 0.5,"), "needs a seed"),
+    ],
+)
+def test_a_bad_engine_scenario_names_file_line_and_field(scenario_from, change, message):
+    from kvconform.errors import ScenarioError
+
+    with pytest.raises(ScenarioError, match=message):
+        scenario_from(ENGINE_SCENARIO.replace(*change))
+
+
+def test_at_k10_the_real_drafter_writes_the_warmups_kv_into_the_null_block():
+    from kvconform.harness.loader import load_file
+
+    scenario = next(
+        s
+        for s in load_file("scenarios/engine/engine-eagle-vary.yaml")
+        if s.id.endswith("[k10-bs16]")
+    )
+    recording = engine_party.EngineRecording.from_json(
+        open("tests/data/engine/vllm-0.25.0-h200-eagle-k10-block16.json").read()
+    )
+    failures = judge(trajectory_from(scenario, recording), ("floor", "slots")).failures
+    slots = [f for f in failures if f.check == "slots"]
+    assert [f.request for f in slots] == [f"_warmup_{i}_" for i in range(4)]
+    assert all(
+        f.detail["positions"] == [16, 17, 18, 19, 20] and f.detail["block"] == 0 for f in slots
+    )
+    assert (
+        "drafter positions 16..20 (column 1)" in slots[0].message
+        and "the null block" in slots[0].message
+    )
+    assert len([f for f in failures if f.check == "floor"]) == 8  # prefill and decode of 4 requests
+
+
+def test_the_file_recorded_on_the_h200_by_engine_record_replays_on_cpu(vllm):
+    from kvconform.harness.loader import load_file
+
+    (replay,) = load_file("tests/data/engine/vllm-0.26.0-h200-eagle-k5-block16-serving.yaml")
+    result = run_scenario(replay, vllm, ("lookahead", "floor", "agree", "sanity"))
+    assert result.verdict is Verdict.PASSED, result.headline()
+    assert {o.request for o in result.trajectory.observations} == {"a", "b", "c"}
+
+
+def test_a_hooked_method_the_class_inherits_is_put_back_by_deleting_the_wrapper():
+    class Subclass(StandInWorker):
+        pass
+
+    with engine_party.EngineHooks(engine_party.EngineRecording()).installed(
+        {"execute_model": HookPoint(Subclass, "execute_model")}
+    ):
+        assert "execute_model" in vars(Subclass)
+        assert Subclass({}).execute_model(scheduler_output()) == "ran"
+    assert "execute_model" not in vars(Subclass)
+    assert StandInWorker.execute_model is StandInWorker.__dict__["execute_model"]
+
+
+def test_the_slot_mapping_hook_reads_vllms_own_block_tables_and_kernel(vllm):
+    """The hook on the real BlockTables.compute_slot_mappings (Triton's interpreter on CPU)."""
+    from kvconform.oracles.vllm.slot_kernel import slot_kernel_of
+
+    tables = slot_kernel_of(vllm).tables([16], 2, 16, [4])
+    tables.write_rows([((5, 6),), ((9,),)])
+    recording = engine_party.EngineRecording()
+    hooks = engine_party.EngineHooks(recording)
+    hooks.worker = StandInWorker({0: "a", 1: "b"})
+    recording.steps.append({"index": 0, "phase": "serving", "finished": [], "requests": []})
+    owner = hook_points()["slot_mappings"].owner
+    original = vars(owner)["compute_slot_mappings"]
+    with hooks.installed():
+        tables.map([0, 1], [0, 3, 4], [14, 15, 16, 3])
+    assert vars(owner)["compute_slot_mappings"] is original
+    (mapping,) = recording.mappings
+    assert mapping["role"] == "target" and recording.block_sizes == [16]
+    assert mapping["rows"] == [
+        {"request": "a", "group": 0, "positions": [14, 15, 16], "slots": [5 * 16 + 14, 5 * 16 + 15, 6 * 16]},
+        {"request": "b", "group": 0, "positions": [3], "slots": [9 * 16 + 3]},
+    ]  # fmt: skip
