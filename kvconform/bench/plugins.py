@@ -22,6 +22,7 @@ from kvconform.bench.figures import Figure, measured, not_available
 from kvconform.bench.timing import interleave
 from kvconform.harness.checks import CHECKS, judge
 from kvconform.harness.engine import DRIVERS, PARTIES_FOR_CHECKS, run_scenario
+from kvconform.model.results import Verdict
 from kvconform.model.scenario import Scenario
 from kvconform.oracles.vllm import Vllm
 
@@ -72,6 +73,13 @@ def kinds(scenarios: Sequence[Scenario], vllm: Vllm, rounds: int) -> dict[str, F
     if not passes:
         return figures
     results = {kind: [run_scenario(s, vllm) for s in by_kind[kind]] for kind in passes}
+    # A kind this machine cannot run (engine scenarios without CUDA) is reported with why.
+    for kind in list(passes):
+        if all(r.verdict is Verdict.SKIPPED for r in results[kind]):
+            figures[kind] = not_available(f"skipped here: {results[kind][0].skip_reason}")
+            del passes[kind]
+    if not passes:
+        return dict(sorted(figures.items()))
     timings = interleave(passes, rounds)
     for kind in passes:
         steps = _steps(results[kind])
