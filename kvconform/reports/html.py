@@ -371,7 +371,7 @@ class _Page:
             text = (self.vllm_root / file).read_text(encoding="utf-8")
         except OSError:
             return None
-        match = re.search(rf"^\s*def {re.escape(name)}\(", text, re.M)
+        match = re.search(rf"^[ \t]*def {re.escape(name)}\(", text, re.M)
         return text.count("\n", 0, match.start()) + 1 if match else None
 
     # -- groups -----------------------------------------------------------------------
