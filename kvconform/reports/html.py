@@ -138,6 +138,7 @@ details > summary { cursor: pointer; font-weight: 600; margin: 6px 0; }
 .card.group { border-left: 5px solid var(--fail); }
 .card.group > .card { margin-left: 8px; }
 p.cause { font-size: 15px; margin: 4px 0 8px; }
+ol.causes li { margin: 4px 0; }
 details.members { margin-top: 10px; } details.member { margin: 2px 0 2px 14px; }
 details.member > summary { font-weight: 400; }
 details.how summary { font-weight: 600; }
@@ -202,11 +203,13 @@ def render_html(report: RunReport, now: datetime.datetime | None = None) -> str:
         parts.append("</ul></div>")
     if report.groups:
         records = sum(g.records for g in report.groups)
+        failed = len(by_verdict[Verdict.FAILED])
         parts.append(
-            f'<h2 id="groups">Root causes: {records:,} failure records of '
-            f"{len(by_verdict[Verdict.FAILED])} failed scenarios in {len(report.groups)} "
-            "groups</h2>"
+            f'<h2 id="groups">Root causes: {records:,} failure records of {failed} failed '
+            f"scenario{'s' if failed != 1 else ''} in {len(report.groups)} "
+            f"group{'s' if len(report.groups) != 1 else ''}</h2>"
         )
+        parts += page.group_index()
         parts.append(
             f'<details class="how"><summary>How to read this</summary>{HOW_TO_READ}'
             f"<p>{GROUPS_HOW}</p></details>"
@@ -343,11 +346,12 @@ class _Page:
 
     def vllm_locations(self, escaped: str) -> str:
         """``vllm/...py:N`` in escaped text as links into the vLLM tree that ran."""
-        if self.vllm_root is None:
+        root = self.vllm_root
+        if root is None:
             return escaped
         return re.sub(
             r"\b(vllm/[\w/]+\.py)(?::(\d+))?",
-            lambda m: f'<a href="{e((self.vllm_root / m.group(1)).as_uri())}">{m.group(0)}</a>',
+            lambda m: f'<a href="{e((root / m.group(1)).as_uri())}">{m.group(0)}</a>',
             escaped,
         )
 
@@ -375,6 +379,24 @@ class _Page:
         return text.count("\n", 0, match.start()) + 1 if match else None
 
     # -- groups -----------------------------------------------------------------------
+
+    def group_index(self) -> list[str]:
+        """The groups in one line each, largest first: the first screen of the page."""
+        out = ['<ol class="causes">']
+        for number, group in enumerate(self.report.groups, 1):
+            rep = group.representative
+            out.append(
+                f'<li data-verdict="failed" data-check="{e(group.check)}" '
+                f'data-types="{e(" ".join(group.group_types))}"><a href="#g-{number}">'
+                f"<b>{group.records:,} records, {len(group.scenarios)} scenario"
+                f"{'s' if len(group.scenarios) != 1 else ''}</b></a>: "
+                f"{e(group.vllm.description)} <code>{e(group.vllm.function)}</code> "
+                f"{e(group.miss)} <span class='check'>[{e(group.check)}]</span>; e.g. "
+                f"<code>{e(rep.id)}</code>: <code>"
+                f"{e(self.report.explain_command(rep.file, rep.id))}</code></li>"
+            )
+        out.append("</ol>")
+        return out
 
     def group_card(self, number: int, group: FailureGroup) -> list[str]:
         report, party = self.report, group.vllm
