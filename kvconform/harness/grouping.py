@@ -23,7 +23,7 @@ from kvconform.model.floors import FLOORS, cdiv
 from kvconform.model.groups import LIVE_PARTY_BY_KIND, PARTIES, FailureGroup, GroupScenario
 from kvconform.model.results import Failure, ScenarioResult, Verdict
 
-__all__ = ["CHECK_WHY", "blame", "group_failures"]
+__all__ = ["CHECK_WHY", "blame", "group_failures", "never_below_floor"]
 
 # Why each check that is not about one group type's floor holds, said once per group.
 CHECK_WHY = {
@@ -119,6 +119,8 @@ def _blame_agree(failure: Failure, held_party: str, live: str, detail: dict) -> 
         return held_party, (
             f"holds fewer than {reference_name} {verb}, below the floor {_below_floor(held, floor, failure)}"
         )
+    # Both hold at least the floor: the one holding more is blamed (the contract asks
+    # for no more than the floor, so the other one is the closer to it).
     if held > reference:
         return held_party, f"holds more than {reference_name} {_over(held, reference, failure)}"
     return reference_party, f"{verb} more than {held_name} holds {_over(reference, held, failure)}"
@@ -141,6 +143,27 @@ def _landing(whose: str) -> str:
     if "of request" in whose:
         return "another request's block"
     return "a block no request holds"
+
+
+def never_below_floor(results: Iterable[ScenarioResult]) -> list[str]:
+    """The parties that took part in the run's scenarios and never fell below the floor.
+
+    What a group does not say is as telling: "the live allocator never falls short"
+    points a predictor's shortfall at the predictor.
+    """
+    took_part: dict[str, None] = {}
+    short: set[str] = set()
+    for result in results:
+        run = result.trajectory
+        if run is None:
+            continue
+        live = LIVE_PARTY_BY_KIND.get(result.kind, "live")
+        for party in run.parties:
+            took_part.setdefault(live if party == "live" else party)
+        for failure in result.failures:
+            if failure.check == "floor":
+                short.add(live if failure.party in (None, "live") else failure.party)
+    return [party for party in took_part if party not in short]
 
 
 def group_failures(results: Iterable[ScenarioResult]) -> list[FailureGroup]:

@@ -7,10 +7,11 @@ by step. The HTML report draws the same groups as cards (:mod:`kvconform.reports
 
 from __future__ import annotations
 
-from kvconform.model.groups import FailureGroup
+from kvconform.harness.grouping import never_below_floor
+from kvconform.model.groups import PARTIES, FailureGroup
 from kvconform.model.results import RunReport
 
-__all__ = ["MAX_GROUPS_LISTED", "group_lines", "spans"]
+__all__ = ["MAX_GROUPS_LISTED", "group_lines", "never_below_floor_text", "spans"]
 
 # A run with more groups than this lists the largest; report.json has every one.
 MAX_GROUPS_LISTED = 8
@@ -34,6 +35,9 @@ def group_lines(report: RunReport, limit: int = MAX_GROUPS_LISTED) -> list[str]:
         f"{records:,} failure records in {len(groups)} root-cause group"
         f"{'s' if len(groups) != 1 else ''}, largest first:"
     ]
+    fine = never_below_floor_text(report)
+    if fine:
+        lines.append(f"  ({fine})")
     for number, group in enumerate(groups[:limit], 1):
         rep = group.representative
         lines.append(f"  {number}. {group.sentence()}")
@@ -42,3 +46,12 @@ def group_lines(report: RunReport, limit: int = MAX_GROUPS_LISTED) -> list[str]:
     if len(groups) > limit:
         lines.append(f"  ... {len(groups) - limit} smaller groups in report.json and report.html")
     return lines
+
+
+def never_below_floor_text(report: RunReport) -> str:
+    """ "the live allocator never falls below the floor", for the parties that did not."""
+    parties = [PARTIES[p].description for p in never_below_floor(report.results) if p in PARTIES]
+    if not parties:
+        return ""
+    verb = "never falls" if len(parties) == 1 else "never fall"
+    return f"{' and '.join(parties)} {verb} below the floor"

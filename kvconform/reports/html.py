@@ -41,6 +41,7 @@ from kvconform.model.groups import FailureGroup, GroupScenario
 from kvconform.model.observations import FreeEvent, Observation, Trajectory
 from kvconform.model.results import Failure, RunReport, ScenarioResult, Verdict
 from kvconform.reports import plots
+from kvconform.reports.groups import never_below_floor_text
 
 MAX_MESSAGES = 25
 
@@ -396,6 +397,9 @@ class _Page:
                 f"{e(self.report.explain_command(rep.file, rep.id))}</code></li>"
             )
         out.append("</ol>")
+        fine = never_below_floor_text(self.report)
+        if fine:
+            out.append(f'<p class="note">{e(fine[0].upper() + fine[1:])}.</p>')
         return out
 
     def group_card(self, number: int, group: FailureGroup) -> list[str]:

@@ -14,7 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvconform.model.results import RunReport, Verdict
-from kvconform.reports.groups import MAX_GROUPS_LISTED, group_lines, spans
+from kvconform.reports.groups import (
+    MAX_GROUPS_LISTED,
+    group_lines,
+    never_below_floor_text,
+    spans,
+)
 
 MAX_FAILURES_SHOWN = 3
 
@@ -49,6 +54,9 @@ def render_markdown(report: RunReport) -> str:
         lines += ["## Root causes", ""]
         text = group_lines(report)
         lines.append(text[0])
+        fine = never_below_floor_text(report)
+        if fine:
+            lines.append(f"{fine[0].upper()}{fine[1:]}.")
         lines.append("")
         for number, group in enumerate(report.groups[:MAX_GROUPS_LISTED], 1):
             rep = group.representative
