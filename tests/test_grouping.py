@@ -61,8 +61,9 @@ def test_the_shape_of_a_shortfall_comes_from_the_records_numbers():
         "warmup",
         "is below the floor by several blocks",
     )
-    # In scheduler mode the live side is vLLM's scheduler.
+    # In scheduler and engine mode the live side is vLLM's scheduler, or its engine.
     assert blame(failed("t", kind="scheduler"), floor_record("live", 4))[0] == "scheduler"
+    assert blame(failed("e", kind="engine"), floor_record("live", 4))[0] == "engine"
 
 
 def test_agree_blames_the_party_below_the_floor_or_the_one_holding_more():

@@ -239,6 +239,7 @@ def render_html(report: RunReport, now: datetime.datetime | None = None) -> str:
     if by_verdict[Verdict.XPASSED]:
         parts += _xpassed(by_verdict[Verdict.XPASSED], page)
     parts += _passed(by_verdict[Verdict.PASSED])
+    parts += _skipped(by_verdict[Verdict.SKIPPED])
     if report.coverage is not None:
         parts += _coverage(report.coverage)
     parts += page.scenario_files()
@@ -857,6 +858,26 @@ def _passed(results: list[ScenarioResult]) -> list[str]:
             f'<tr data-verdict="passed" data-check="" data-types="{e(types)}">'
             f'<td class="l"><code>{e(r.id)}</code></td><td class="l">{e(r.file)}</td>'
             f"<td>{steps}</td><td>{r.duration * 1000:.0f}</td></tr>"
+        )
+    out.append("</tbody></table></details>")
+    return out
+
+
+def _skipped(results: list[ScenarioResult]) -> list[str]:
+    """Scenarios that could not run here (engine mode without CUDA), with why: never passed."""
+    if not results:
+        return []
+    out = [
+        f'<h2 id="skipped">Skipped ({len(results)})</h2>',
+        "<details><summary>Not run on this machine (click to list them with the reason)</summary>",
+        '<table class="matrix"><thead><tr><th class="l">scenario</th><th class="l">file</th>'
+        '<th class="l">why</th></tr></thead><tbody>',
+    ]
+    for r in results:
+        out.append(
+            f'<tr data-verdict="skipped" data-check="" data-types=""><td class="l">'
+            f'<code>{e(r.id)}</code></td><td class="l">{e(r.file)}</td>'
+            f'<td class="l note">{e(r.skip_reason)}</td></tr>'
         )
     out.append("</tbody></table></details>")
     return out
