@@ -292,7 +292,9 @@ def check_sanity(run: Trajectory) -> Iterator[Failure]:
         yield from _free_event(run, pending, null)
         pending = next(events, None)
     for message in run.unfinished:
-        yield Failure("sanity", message)
+        yield Failure(
+            "sanity", message, party="live", detail={"invariant": "leaves requests unfinished"}
+        )
     if run.all_finished and run.final_free_blocks is not None:
         usable = run.num_blocks - 1
         if run.final_free_blocks != usable:
