@@ -83,9 +83,11 @@ speculative: {method: eagle}
 requests: {a: {prompt_len: 30}}
 steps: [{a: {prefill: 30}}, {a: {spec: 1, accepted: 0}}]
 """
-LISTED_BUT_CONFORMS = GOOD.replace("name: good", "name: listed").replace(
-    "matrix: {num_speculative_tokens: [1, 2]}\n", ""
-).replace("{method: eagle}", "{method: eagle, num_speculative_tokens: 1}")
+LISTED_BUT_CONFORMS = (
+    GOOD.replace("name: good", "name: listed")
+    .replace("matrix: {num_speculative_tokens: [1, 2]}\n", "")
+    .replace("{method: eagle}", "{method: eagle, num_speculative_tokens: 1}")
+)
 SINK = """
 name: {name}
 model: {{groups: [{{type: sink_full_attention, sink_len: 16}}]}}

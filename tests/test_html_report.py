@@ -1,4 +1,4 @@
-"""report.html: overview, per-scenario tables and plots, rerun commands, all escaped."""
+"""report.html: overview, root-cause group cards, tables and plots, rerun commands, all escaped."""
 
 from __future__ import annotations
 
@@ -7,12 +7,14 @@ import html
 import re
 import struct
 from html.parser import HTMLParser
+from pathlib import Path
 
 import pytest
 
 from kvconform.harness.checks import run_checks
 from kvconform.harness.coverage import compute_coverage, offered_by
 from kvconform.harness.engine import run_scenario
+from kvconform.harness.grouping import group_failures
 from kvconform.model.results import ErrorKind, RunReport, ScenarioResult, Verdict
 from kvconform.reports import WRITERS, plots, write_reports
 from kvconform.reports import html as html_report
@@ -76,6 +78,7 @@ def report(vllm, scenario_from):
         exit_status=1,
         checks=("floor", "agree"),
     )
+    run.groups = group_failures(results)
     run.coverage = compute_coverage([(scenario, failed), (scenario, passed)], offered_by(vllm))
     return run
 
@@ -105,7 +108,7 @@ class Structure(HTMLParser):
 
 def article(page: str, scenario_id: str) -> str:
     match = re.search(
-        rf'<article class="card \w+" id="(s-[^"]+)">\s*<h3><span class="badge \w+">\w+</span>'
+        rf'<article class="card \w+" id="(s-[^"]+)"[^>]*>\s*<h3><span class="badge \w+">\w+</span>'
         rf"<code>{re.escape(html.escape(scenario_id))}</code>.*?</article>",
         page,
         re.S,
@@ -132,7 +135,7 @@ def test_page_is_well_formed_and_escaped(report):
     parser.feed(page)
     assert parser.errors == [] and parser.stack == []
     assert len(parser.ids) == len(set(parser.ids))
-    assert "<script" not in page  # the description's markup is text on the page
+    assert page.count("<script") == 1  # the page's filter; the description's markup is text
     assert "&lt;script&gt;alert(&quot;window&quot;)&lt;/script&gt;" in page
     assert "vLLM raised TypeError: &lt;bad&gt; &amp; worse" in page
     assert 'href="https://example.invalid/issue/7?a=1&amp;b=2"' in page
@@ -175,38 +178,79 @@ def test_failed_scenario_table_marks_the_offending_cells(report):
         f'<td class="below" title="below the floor of {obs.floor}">{obs.floor - 1}</td>'
     )
     assert '<td class="below"' not in "".join(cells[9:])  # group 1 held enough
-    # Every failure message, with a link to its row.
+    # Every failure message, with a link to its row; the floor rule's reason once.
+    text_only = re.sub(r"<a [^>]*>|</a>", "", section)  # "line N" links to the YAML
     for failure in failed.failures:
         text, _, why = failure.message.partition(" (why: ")
-        assert html.escape(text) in section
+        assert html.escape(text) in text_only
         if why:
-            assert f'<span class="why">(why: {html.escape(why)}</span>' in section
+            assert section.count(f'<p class="why">why: {html.escape(why[:-1])}</p>') == 1
     assert section.count(f'href="#s-two-groups-r{SHORTED_STEP}-a"') == len(failed.failures)
     assert f'<pre class="cmd">{html.escape(report.rerun_command(failed))}</pre>' in section
     # Finish rows say what went back to the pool.
     assert re.search(r'<tr class="event">.*?finish: \d+ blocks went back to the pool', section)
 
 
-def test_one_plot_per_group_for_failed_and_xfailed_only(report):
+def test_the_representative_is_plotted_for_the_groups_its_cause_is_about(report):
     page = html_report.render_html(report)
-    for scenario_id in ("two-groups", "known"):
-        section = article(page, scenario_id)
-        images = re.findall(
-            r'<img class="plot" alt="([^"]*)" src="data:image/png;base64,([^"]+)"', section
-        )
-        assert [alt for alt, _ in images] == [
-            "blocks held per step, g0 full_attention (block_size 16)",
-            "blocks held per step, g1 sliding_window[sliding_window=32] (block_size 16)",
-        ]
-        for _, data in images:
-            width, height = png_size(data)
-            assert width > 300 and height > 150
-    assert page.count('<img class="plot"') == 4  # passed / xpassed / error: no plots
+    section = article(page, "two-groups")
+    images = re.findall(
+        r'<img class="plot" alt="([^"]*)" src="data:image/png;base64,([^"]+)"', section
+    )
+    # Only group 0 was shorted: the cause's records are about it alone.
+    assert [alt for alt, _ in images] == ["blocks held per step, g0 full_attention (block_size 16)"]
+    for _, data in images:
+        width, height = png_size(data)
+        assert width > 300 and height > 150
+    assert page.count('<img class="plot"') == 1  # xfailed / passed / xpassed / error: none
     assert "<code>fine</code>" in page.split('id="passed"')[1]  # listed compactly
     known = article(page, "known")
     assert (
         '<span class="todo">TODO: investigate</span> (added automatically, not reviewed)' in known
     )
+
+
+def test_one_card_per_root_cause_with_its_scenarios_collapsed(report):
+    page = html_report.render_html(report)
+    # The lowered live count is below the floor and below the predictor: two records.
+    assert {(g.party, g.check) for g in report.groups} == {("live", "floor"), ("live", "agree")}
+    number, group = next((n, g) for n, g in enumerate(report.groups, 1) if g.check == "floor")
+    assert group.miss == "is below the floor by one block"  # live = floor - 1
+    card = page.split(f'<section class="card group" id="g-{number}"')[1].split("</section>")[0]
+    assert 'data-verdict="failed" data-check="floor" data-types="full_attention"' in card
+    assert "<b>the live allocator</b> <code>KVCacheManager.allocate_slots</code>" in card
+    # The file is linked into the vLLM tree that ran, at the line of the def.
+    link = re.search(
+        r'<a href="(file://[^"]+kv_cache_manager\.py)">vllm/v1/core/'
+        r"kv_cache_manager\.py:(\d+)</a>",
+        card,
+    )
+    assert link, card[:2000]
+    source = Path(report.vllm_path) / "v1/core/kv_cache_manager.py"
+    assert (
+        source.read_text()
+        .splitlines()[int(link.group(2)) - 1]
+        .lstrip()
+        .startswith("def allocate_slots(")
+    )
+    assert f"<b>{html.escape(group.miss)}</b>" in card
+    assert html.escape(report.explain_command(group.representative.file, "two-groups")) in card
+    members = re.findall(r'<details class="member".*?</details>', card, re.S)
+    assert len(members) == len(group.scenarios) == 1
+    assert "<code>two-groups</code>" in members[0]
+
+
+def test_file_lines_link_into_the_embedded_yaml(report):
+    page = html_report.render_html(report)
+    failed = report.results[1]
+    links = re.findall(r'<a class="yaml-link" href="#(y-[^"]+)">', page)
+    assert links
+    ids = set(re.findall(r' id="([^"]+)"', page))
+    assert set(links) <= ids  # every link lands
+    yaml_section = page.split('<h2 id="files">')[1]
+    first_line = Path(failed.file).read_text().splitlines()[0]
+    assert f'-L1">{html.escape(first_line)}</span>' in yaml_section
+    assert f"-L{failed.line}" in " ".join(links)
 
 
 def test_xpassed_is_its_own_section(report):
@@ -231,13 +275,6 @@ def test_without_matplotlib_the_tables_stay(report, monkeypatch):
     assert "<img" not in page
     assert "No plots: matplotlib is not installed." in page
     assert '<td class="below"' in page
-
-
-def test_plots_stop_after_the_limit(report, monkeypatch):
-    monkeypatch.setattr(html_report, "MAX_PLOTTED", 1)
-    page = html_report.render_html(report)
-    assert page.count('<img class="plot"') == 2
-    assert "No plots: plots are drawn for the first 1 scenarios only." in article(page, "known")
 
 
 def test_a_run_that_could_not_start_still_has_a_page():

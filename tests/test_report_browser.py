@@ -3,9 +3,12 @@
 The bug goes into a COPY of the installed vLLM's Python tree: the warmup
 predictor ``_reserved_block_count`` forgets the lookahead, as releases before
 0.28.0 did. ``kvconform run --vllm-src`` against that copy must fail, and its
-``report.html`` must show the failing scenario's table, a rendered plot per
-group and the command that reruns it, in a real browser without console errors.
-The screenshots land in ``build/browser/`` for a person to look at.
+``report.html`` must show the root-cause groups on top (the predictor's, named
+with its file), the representative scenario's table, rendered plots and the
+command that reruns it, and a filter that hides and shows the cards by check and
+verdict, in a real browser without console errors. The screenshots land in
+``build/browser/`` for a person to look at (``first-screen.png``: what a reader
+sees on opening the page).
 """
 
 from __future__ import annotations
@@ -129,6 +132,34 @@ CHECK_PLOTS = """
 """
 
 
+FILTER = """
+(() => {
+  const visible = sel => Array.from(document.querySelectorAll(sel)).filter(el => {
+    for (let e = el; e; e = e.parentElement) if (e.hidden) return false;
+    return true; }).length;
+  const set = (name, value) => { const s = document.getElementById('filter-' + name);
+    s.value = value; s.dispatchEvent(new Event('change')); };
+  const groups = Array.from(document.querySelectorAll('section.group'));
+  const state = { groups: groups.length,
+    causes: groups.map(g => g.querySelector('p.cause').textContent),
+    checks: groups.map(g => g.dataset.check) };
+  state.all = visible('section.group');
+  set('check', 'agree'); state.agree = visible('section.group');
+  state.agreeChecks = groups.filter(g => !g.hidden).map(g => g.dataset.check);
+  set('check', ''); set('verdict', 'passed');
+  state.passedGroups = visible('section.group');
+  state.passedRows = visible('tr[data-verdict="passed"]');
+  set('verdict', ''); set('types', 'sliding_window');
+  state.windowGroups = visible('section.group');
+  set('types', ''); set('verdict', 'passed'); set('check', 'floor');
+  state.count = document.getElementById('filter-count').textContent;
+  set('verdict', ''); set('check', '');
+  state.reset = visible('section.group');
+  return state;
+})()
+"""
+
+
 def test_the_page_renders_in_chromium(injected):
     executable = find_chromium()
     if executable is None:
@@ -138,8 +169,10 @@ def test_the_page_renders_in_chromium(injected):
     with Browser(executable) as browser:
         browser.open(page.as_uri())
         state = browser.evaluate(CHECK_PLOTS)
-        errors = browser.console_errors()
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        first = browser.screenshot(SCREENSHOTS / "first-screen.png", top=0, height=1100)
+        filtered = browser.evaluate(FILTER)
+        errors = browser.console_errors()
         whole = browser.screenshot(SCREENSHOTS / "report.png")
         top = browser.evaluate(
             "document.getElementById('s-eagle-two-groups').getBoundingClientRect().top + scrollY"
@@ -147,13 +180,27 @@ def test_the_page_renders_in_chromium(injected):
         failing = browser.screenshot(SCREENSHOTS / "failing-scenario.png", top=top, height=2400)
     assert errors == []
     assert state["title"].startswith("kvconform: NOT conform (exit 1)")
-    assert len(state["images"]) == 2
+    assert len(state["images"]) >= 1  # the representative's, of the groups its cause is about
     for image in state["images"]:
         assert image["complete"] and image["width"] > 300 and image["height"] > 150, image
         assert image["shown"] > 0, image
     assert all(width > 0 for width in state["svgs"])
     assert state["belowCells"] > 0
     assert state["tableRows"] >= 1 + 4 * 2
-    for shot in (whole, failing):
+    # The groups: the predictor's shortfall first, named with its function and file.
+    assert filtered["groups"] >= 2 and filtered["all"] == filtered["groups"]
+    assert (
+        "the warmup predictor _reserved_block_count (vllm/v1/worker/gpu/warmup.py"
+        in (filtered["causes"][0])
+    )
+    assert "below the floor by exactly the lookahead" in filtered["causes"][0]
+    # The filter: by check, by verdict (no group is "passed"), by group type, and back.
+    assert 0 < filtered["agree"] < filtered["groups"]
+    assert set(filtered["agreeChecks"]) == {"agree"}
+    assert filtered["passedGroups"] == 0 and filtered["passedRows"] == 1
+    assert filtered["windowGroups"] >= 1
+    assert filtered["count"] == "0 shown"  # no passed scenario failed a check
+    assert filtered["reset"] == filtered["groups"]
+    for shot in (first, whole, failing):
         data = shot.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000

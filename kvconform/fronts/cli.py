@@ -204,10 +204,13 @@ def print_result(result: ScenarioResult, out: Callable[[str], None] = say) -> No
 
 def finish_run(report: RunReport, args: argparse.Namespace) -> int:
     from kvconform.reports import write_reports
+    from kvconform.reports.groups import group_lines
 
     report.duration = time.time() - report.started
     counts = ", ".join(f"{v} {k}" for k, v in report.counts().items() if v)
     say(f"\n{counts or 'nothing ran'} in {report.duration:.1f} s; exit {report.exit_status}")
+    for line in group_lines(report):
+        say(line)
     xpassed = [r.id for r in report.results if r.verdict is Verdict.XPASSED]
     if xpassed:
         say(

@@ -58,10 +58,20 @@ class CheckSkipped(Exception):
 
 
 def _failure(
-    check: str, run: Trajectory, obs: Observation, message: str, detail: dict | None = None
+    check: str,
+    run: Trajectory,
+    obs: Observation,
+    message: str,
+    detail: dict | None = None,
+    party: str | None = None,
 ) -> Failure:
     group = run.groups[obs.group]
     where = f"line {obs.line}, " if obs.line is not None else ""
+    encoder_len = run.encoder_lens.get(obs.request, 0)
+    # What the floor is made of, for the root-cause groups (harness.grouping): the same
+    # step's floor without the lookahead, and whether max_model_len capped the writes.
+    without_lookahead = group.step_floor()(obs.computed, obs.scheduled, 0, encoder_len)
+    capped = 0 < run.max_model_len < obs.computed + obs.scheduled + obs.lookahead
     return Failure(
         check=check,
         message=f"step {obs.step} ({where}{obs.label}) request {obs.request}, group {obs.group} "
@@ -76,6 +86,11 @@ def _failure(
         warmup=obs.warmup,
         floor=obs.floor,
         action=obs.label,
+        party=party,
+        lookahead=obs.lookahead,
+        floor_without_lookahead=without_lookahead,
+        capped=capped,
+        dcp=int(group.floor_args.get("dcp_world_size", 1)),
         detail=detail,
     )
 
@@ -113,6 +128,7 @@ def check_floor(run: Trajectory) -> Iterator[Failure]:
                 obs,
                 f"{PARTY_NAMES[party]} holds {_blocks(held)}, below the floor of "
                 f"{obs.floor} = {rule.formula(floor_input)}{consequence} (why: {rule.reason})",
+                party=party,
             )
 
 
@@ -141,6 +157,7 @@ def check_agree(run: Trajectory) -> Iterator[Failure]:
                     obs,
                     f"{PARTY_NAMES['warmup']} holds {_blocks(obs.warmup)} but "
                     f"{PARTY_NAMES['live']} holds {_blocks(obs.live)} for the same steps",
+                    party="warmup",
                 )
             continue
         for party in ("live", "warmup"):
@@ -159,6 +176,8 @@ def check_agree(run: Trajectory) -> Iterator[Failure]:
                 f"{PARTY_NAMES[party]} holds {_blocks(held)} but {PARTY_NAMES['predicted']} "
                 f"predicts {reference}{rolled} for {obs.computed} + {obs.scheduled} tokens with "
                 f"lookahead {run.lookahead}",
+                {"predicted_max": reference},
+                party=party,
             )
 
 
@@ -241,6 +260,8 @@ def check_sanity(run: Trajectory) -> Iterator[Failure]:
                     obs,
                     f"the block table holds the null block (id {null}), which a {group.type} "
                     "group must never point at",
+                    {"invariant": "holds the null block"},
+                    party="live",
                 )
             else:
                 null_seen.discard(key)
@@ -263,13 +284,17 @@ def check_sanity(run: Trajectory) -> Iterator[Failure]:
                     obs,
                     f"block {block} is also in the table of live request {other}, without "
                     "prefix caching to share it",
+                    {"invariant": "shares a block between live requests"},
+                    party="live",
                 )
             owner[block] = request
     while pending is not None:
         yield from _free_event(run, pending, null)
         pending = next(events, None)
     for message in run.unfinished:
-        yield Failure("sanity", message)
+        yield Failure(
+            "sanity", message, party="live", detail={"invariant": "leaves requests unfinished"}
+        )
     if run.all_finished and run.final_free_blocks is not None:
         usable = run.num_blocks - 1
         if run.final_free_blocks != usable:
@@ -277,6 +302,8 @@ def check_sanity(run: Trajectory) -> Iterator[Failure]:
                 "sanity",
                 f"after every request finished the pool has {run.final_free_blocks} free blocks, "
                 f"not all {usable} (num_blocks minus the null block): blocks leaked",
+                party="live",
+                detail={"invariant": "leaks blocks"},
             )
 
 
@@ -291,6 +318,8 @@ def _free_event(run: Trajectory, event: FreeEvent, null: int) -> Iterator[Failur
             line=event.line,
             request=event.request,
             action=event.kind,
+            party="live",
+            detail={"invariant": f"still holds blocks after {event.kind}"},
         )
     if run.exclusive_blocks:
         held = {b for ids in event.held for b in ids if b != null}
@@ -303,6 +332,8 @@ def _free_event(run: Trajectory, event: FreeEvent, null: int) -> Iterator[Failur
                 line=event.line,
                 request=event.request,
                 action=event.kind,
+                party="live",
+                detail={"invariant": f"returns fewer blocks than it held at {event.kind}"},
             )
 
 
@@ -351,7 +382,7 @@ def check_slots(run: Trajectory) -> Iterator[Failure]:
             "vllm_whose": fresh or whose,
             "held": len(held),
         }
-        yield _failure("slots", run, obs, message, detail)
+        yield _failure("slots", run, obs, message, detail, party=first.party)
 
 
 def _party_ids(obs: Observation, party: str) -> list[int]:

@@ -38,6 +38,7 @@ from kvconform.harness.expectations import (
     find_expectations,
     load_expectations,
 )
+from kvconform.harness.grouping import group_failures
 from kvconform.harness.loader import load_paths
 from kvconform.harness.select import compile_expression
 from kvconform.model.coverage import Coverage
@@ -243,6 +244,7 @@ class Session:
 
             report.notes.append(CPU_RUN_NOTE)
         report.notes.extend(skipped_notes(report.results))
+        report.groups = group_failures(report.results)
         report.exit_status = engine.exit_status(report.results, len(report.input_errors))
         return report
 

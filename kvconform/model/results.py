@@ -29,6 +29,7 @@ from kvconform.model.observations import Trajectory
 
 if TYPE_CHECKING:
     from kvconform.model.coverage import Coverage
+    from kvconform.model.groups import FailureGroup
 
 
 class Verdict(str, enum.Enum):
@@ -60,6 +61,15 @@ class Failure:
     warmup: int | None = None
     floor: int | None = None
     action: str | None = None
+    # The party whose holding this record is about (live, predicted, warmup), and
+    # what the floor was made of: its lookahead, the floor the same step would have
+    # without it, whether max_model_len capped it, the decode-context-parallel
+    # factor of a column. The root-cause groups read the shape of a miss from these.
+    party: str | None = None
+    lookahead: int | None = None
+    floor_without_lookahead: int | None = None
+    capped: bool = False
+    dcp: int = 1
     # Check-specific facts in structured form (slots: positions, columns, blocks hit).
     detail: dict[str, Any] | None = field(default=None, compare=False)
 
@@ -76,6 +86,11 @@ class Failure:
             "predicted": self.predicted,
             "warmup": self.warmup,
             "floor": self.floor,
+            "party": self.party,
+            "lookahead": self.lookahead,
+            "floor_without_lookahead": self.floor_without_lookahead,
+            "capped": self.capped,
+            "dcp": self.dcp,
             "message": self.message,
             "detail": self.detail,
         }
@@ -144,6 +159,8 @@ class RunReport:
     expectations_file: str | None = None
     # Seconds per phase of the run (select, load_vllm, scenarios, coverage).
     phases: dict[str, float] = field(default_factory=dict)
+    # The failure records gathered by root cause, largest first (harness.grouping).
+    groups: list[FailureGroup] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
         counts = {verdict.value: 0 for verdict in Verdict}
@@ -155,8 +172,20 @@ class RunReport:
     def rerun_command(self, result: ScenarioResult) -> str:
         """The command that runs one of this run's scenarios alone, against the same vLLM."""
         parts = ["kvconform", "run", result.file, "-k", result.id]
+        return shlex.join(parts + self._vllm_options())
+
+    def explain_command(self, file: str, scenario_id: str) -> str:
+        """The command that shows one scenario step by step, against the same vLLM.
+
+        ``kvconform explain`` takes a scenario id under ``scenarios/``, or a file
+        (every scenario of it).
+        """
+        target = scenario_id if file.startswith("scenarios/") else file
+        return shlex.join(["kvconform", "explain", target, *self._vllm_options()])
+
+    def _vllm_options(self) -> list[str]:
         if self.vllm_release:
-            parts += ["--vllm-release", self.vllm_release]
-        elif self.vllm_source == "src" and self.vllm_path:
-            parts += ["--vllm-src", self.vllm_path.removesuffix("/vllm")]
-        return shlex.join(parts)
+            return ["--vllm-release", self.vllm_release]
+        if self.vllm_source == "src" and self.vllm_path:
+            return ["--vllm-src", self.vllm_path.removesuffix("/vllm")]
+        return []

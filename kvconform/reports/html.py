@@ -1,25 +1,26 @@
 """``report.html``: the page a person opens when the nightly is red.
 
-One self-contained file (inline CSS, plots as base64 PNG, no script, nothing
-fetched), written for a reader who did not write the scenarios:
+One self-contained file (inline CSS, plots as base64 PNG, one small inline
+script, nothing fetched), written for a reader who did not write the scenarios:
 
 * the overview: verdict, counts, which vLLM (version and where it came from),
-  torch and device, how long the run took, the command;
-* per failed, xfailed or errored scenario: what it does, how it is set up
-  (method, lookahead and where it came from, groups), the checks' messages,
-  the command that reruns it alone, a plot per group of the blocks each party
-  held against step with the floor, and the step-by-step table of live /
-  predicted / warmup / floor per group, the offending cells marked;
-* scenarios that were expected to diverge and now conform (xpassed), shown as
-  such with their expectations entry, never folded into "passed";
-* the passing scenarios, compactly;
-* the coverage matrix: what the run exercised and what vLLM offers that no
-  scenario covers.
+  torch and device, how long the run took, the command; then a filter by
+  verdict, check and group type (plain JavaScript in the page, no server);
+* the root-cause groups, largest first (:mod:`kvconform.harness.grouping`), one
+  card each: the vLLM function and file its party stands for (linked into the
+  tree that ran, at the ``def``), the shape of the miss, the group types and
+  methods it spans, the floor rule's "why" once, a representative scenario in
+  full (plots of the KV-cache groups the records are about, the step table, its
+  rerun and ``explain`` commands) and every scenario of the group collapsed
+  under it (``<details>``) with its messages, never cut;
+* errored and xfailed scenarios in full (tables, no plots), xpassed ones with
+  their expectations entry, the passing ones compactly, the coverage matrix;
+* every scenario file the page names, embedded once, so that each
+  ``file:line`` (and each "line N" in a message) is a link to the line.
 
-Plots are drawn only for failed and xfailed scenarios (at most
-:data:`MAX_PLOTTED` of them) so a run with hundreds of failures still writes its
-page in seconds. Every piece of text from a scenario, vLLM or the command line
-goes through :func:`html.escape`.
+Plots are drawn for the representatives only, so a run with hundreds of
+failures stays a page of about a megabyte. Every piece of text from a scenario,
+vLLM or the command line goes through :func:`html.escape`.
 """
 
 from __future__ import annotations
@@ -33,15 +34,16 @@ from pathlib import Path
 
 from kvconform import __version__
 from kvconform.harness.expectations_update import is_unreviewed
+from kvconform.harness.grouping import blame
 from kvconform.model.coverage import KIND_LETTERS, Coverage, OfferedItem, status_rank
 from kvconform.model.floors import FLOORS
+from kvconform.model.groups import FailureGroup, GroupScenario
 from kvconform.model.observations import FreeEvent, Observation, Trajectory
-from kvconform.model.results import RunReport, ScenarioResult, Verdict
+from kvconform.model.results import Failure, RunReport, ScenarioResult, Verdict
 from kvconform.reports import plots
+from kvconform.reports.groups import never_below_floor_text
 
-MAX_PLOTTED = 25
 MAX_MESSAGES = 25
-PROBLEM_ORDER = (Verdict.FAILED, Verdict.ERROR, Verdict.XFAILED)
 
 
 def e(value: object) -> str:
@@ -132,6 +134,19 @@ td.attempt { background: #efebe9; color: #5d4037; }
 .status.attempted { background: #efebe9; color: #5d4037; }
 .status.not-built { background: #eee; color: var(--muted); }
 details > summary { cursor: pointer; font-weight: 600; margin: 6px 0; }
+.filter { display: flex; flex-wrap: wrap; gap: 14px; align-items: center; position: sticky;
+  top: 0; z-index: 5; padding: 8px 16px; }
+.card.group { border-left: 5px solid var(--fail); }
+.card.group > .card { margin-left: 8px; }
+p.cause { font-size: 15px; margin: 4px 0 8px; }
+ol.causes li { margin: 4px 0; }
+details.members { margin-top: 10px; } details.member { margin: 2px 0 2px 14px; }
+details.member > summary { font-weight: 400; }
+details.how summary { font-weight: 600; }
+pre.yaml { background: #f7f7f7; border: 1px solid var(--line); padding: 8px 10px;
+  overflow-x: auto; }
+pre.yaml span:target { background: #fff59d; }
+[hidden] { display: none !important; }
 footer { color: var(--muted); font-size: 12px; margin-top: 40px; }
 """
 
@@ -166,6 +181,7 @@ def render_html(report: RunReport, now: datetime.datetime | None = None) -> str:
     )
     vllm = report.vllm_version or "unavailable"
     title = f"kvconform: {verdict_text} (exit {status}) - vLLM {vllm}"
+    page = _Page(report, slugs)
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -174,10 +190,8 @@ def render_html(report: RunReport, now: datetime.datetime | None = None) -> str:
         f'<header class="banner {banner}"><h1>{e(title)}</h1></header><main>',
     ]
     parts += _overview(report, counts)
-    problems = [r for v in PROBLEM_ORDER for r in report.results if r.verdict is v]
-    xpassed = [r for r in report.results if r.verdict is Verdict.XPASSED]
-    passed = [r for r in report.results if r.verdict is Verdict.PASSED]
-    parts += _contents(problems, xpassed, slugs)
+    by_verdict = {v: [r for r in report.results if r.verdict is v] for v in Verdict}
+    parts += _filter_bar(report)
     if report.vllm_error:
         parts.append('<h2 id="vllm-error">vLLM could not be exercised</h2>')
         parts.append(
@@ -188,31 +202,52 @@ def render_html(report: RunReport, now: datetime.datetime | None = None) -> str:
         parts.append('<div class="card error"><ul class="failures">')
         parts += [f'<li class="mono">{e(err)}</li>' for err in report.input_errors]
         parts.append("</ul></div>")
-    if problems:
+    if report.groups:
+        records = sum(g.records for g in report.groups)
+        failed = len(by_verdict[Verdict.FAILED])
         parts.append(
-            '<h2 id="problems">Scenarios that failed, errored or are known to diverge</h2>'
+            f'<h2 id="groups">Root causes: {records:,} failure records of {failed} failed '
+            f"scenario{'s' if failed != 1 else ''} in {len(report.groups)} "
+            f"group{'s' if len(report.groups) != 1 else ''}</h2>"
         )
-        parts.append(f'<div class="how">{HOW_TO_READ}</div>')
-        missing = plots.missing_reason()
-        plotted = 0
-        for result in problems:
-            want_plot = result.verdict in (Verdict.FAILED, Verdict.XFAILED)
-            draw = want_plot and missing is None and plotted < MAX_PLOTTED
-            plotted += draw and result.trajectory is not None
-            note = None
-            if want_plot and not draw and result.trajectory is not None:
-                note = missing or f"plots are drawn for the first {MAX_PLOTTED} scenarios only"
-            parts += _scenario(result, report, slugs[id(result)], draw, note)
-    if xpassed:
-        parts += _xpassed(xpassed, report, slugs)
-    parts += _passed(passed)
+        parts += page.group_index()
+        parts.append(
+            f'<details class="how"><summary>How to read this</summary>{HOW_TO_READ}'
+            f"<p>{GROUPS_HOW}</p></details>"
+        )
+        for number, group in enumerate(report.groups, 1):
+            parts += page.group_card(number, group)
+    members = {s.id for g in report.groups for s in g.scenarios}
+    ungrouped = [
+        r for r in by_verdict[Verdict.FAILED] if id(r) not in page.shown and r.id not in members
+    ]
+    if ungrouped:  # failed without records: not expected, but never hidden
+        parts.append('<h2 id="failed">Other failed scenarios</h2>')
+        for result in ungrouped:
+            parts += page.scenario_card(result, draw=False)
+    if by_verdict[Verdict.ERROR]:
+        parts.append(f'<h2 id="errors">Errored ({len(by_verdict[Verdict.ERROR])})</h2>')
+        for result in by_verdict[Verdict.ERROR]:
+            parts += page.scenario_card(result, draw=False)
+    if by_verdict[Verdict.XFAILED]:
+        parts.append(
+            f'<h2 id="xfailed">Known divergences that still diverge '
+            f"({len(by_verdict[Verdict.XFAILED])} xfailed)</h2>"
+        )
+        for result in by_verdict[Verdict.XFAILED]:
+            parts += page.scenario_card(result, draw=False)
+    if by_verdict[Verdict.XPASSED]:
+        parts += _xpassed(by_verdict[Verdict.XPASSED], page)
+    parts += _passed(by_verdict[Verdict.PASSED])
+    parts += _skipped(by_verdict[Verdict.SKIPPED])
     if report.coverage is not None:
         parts += _coverage(report.coverage)
+    parts += page.scenario_files()
     parts.append(
         f"<footer>Written by kvconform {e(__version__)} on {e(now.isoformat(timespec='seconds'))}. "
         "Every number here is also in report.json beside this file.</footer>"
     )
-    parts.append("</main></body></html>")
+    parts.append(f"</main><script>{SCRIPT}</script></body></html>")
     return "\n".join(parts) + "\n"
 
 
@@ -252,138 +287,421 @@ def _overview(report: RunReport, counts: dict[str, int]) -> list[str]:
     return out
 
 
-def _contents(
-    problems: list[ScenarioResult], xpassed: list[ScenarioResult], slugs: dict[int, str]
-) -> list[str]:
-    if not problems and not xpassed:
-        return []
-    out = ['<nav class="card" id="contents"><h3>Needs a look</h3><ul class="failures">']
-    for result in [*problems, *xpassed]:
-        headline = result.headline() if result.verdict is not Verdict.XPASSED else ""
-        if result.verdict is Verdict.XPASSED:
-            headline = "conforms now, but the expectations file still lists it"
-        short = headline if len(headline) <= 180 else headline[:177] + "..."
-        out.append(
-            f'<li><span class="badge {result.verdict.value}">{result.verdict.value}</span>'
-            f'<a href="#{slugs[id(result)]}"><code>{e(result.id)}</code></a> '
-            f'<span class="note">{e(short)}</span></li>'
-        )
-    out.append("</ul></nav>")
-    return out
-
-
-def _setup_facts(result: ScenarioResult, report: RunReport) -> list[tuple[str, str]]:
-    location = f"{result.file}:{result.line}" if result.line else result.file
-    facts = [("file", f"<code>{e(location)}</code>")]
-    run = result.trajectory
-    if run is not None:
-        method = (
-            f"{e(run.method)}, k = {run.num_speculative_tokens}"
-            if run.method
-            else "no speculative decoding"
-        )
-        facts.append(("speculation", method))
-        expected = (
-            ""
-            if run.expected_lookahead in (None, run.lookahead)
-            else f"; kvconform's table says {e(run.expected_lookahead)}"
-        )
-        facts.append(
-            ("lookahead", f"{run.lookahead} tokens, from {e(run.lookahead_source)}{expected}")
-        )
-        groups = "<br>".join(
-            f"<b>g{g.index}</b> {e(g.label)}, block_size {g.block_size}" for g in run.groups
-        )
-        facts.append(("KV-cache groups", groups))
-        facts.append(("max_model_len", e(run.max_model_len)))
-        facts.append(("parties", e(", ".join(run.parties))))
-        for note in run.notes:
-            facts.append(("note", e(note)))
-    if result.expectation:
-        reason = e(result.expectation)
-        if is_unreviewed(result.expectation):
-            reason = f'<span class="todo">{reason}</span> (added automatically, not reviewed)'
-        facts.append(("known divergence", reason))
-        if result.expectation_evidence:
-            facts.append(("evidence", _link_or_text(result.expectation_evidence)))
-    facts.append(("duration", f"{result.duration * 1000:.0f} ms"))
-    return facts
-
-
 def _link_or_text(text: str) -> str:
     if re.match(r"^https?://\S+$", text.strip()):
         return f'<a href="{e(text.strip())}">{e(text.strip())}</a>'
     return e(text)
 
 
-def _scenario(
-    result: ScenarioResult, report: RunReport, slug: str, draw: bool, plot_note: str | None
-) -> list[str]:
-    verdict = result.verdict.value
-    out = [
-        f'<article class="card {verdict}" id="{slug}">',
-        f'<h3><span class="badge {verdict}">{verdict}</span><code>{e(result.id)}</code></h3>',
+GROUPS_HOW = (
+    "Failure records are gathered by the party that falls short or disagrees, the check, and "
+    "the shape of the miss (computed from each record's numbers: the counts, the floor, the "
+    "floor without the lookahead, the max_model_len cap, the DCP factor), so one bug in vLLM "
+    "reads as a handful of groups. An <b>agree</b> record is blamed on the party below the "
+    "floor or, where both hold at least the floor, on the one holding more. Each card names "
+    "the vLLM code its party stands for, shows one representative scenario in full (plots and "
+    "step table) and lists every scenario of the group underneath."
+)
+# Per scenario of a group, the messages shown under it; the representative shows more.
+MESSAGES_PER_SCENARIO = 2
+
+
+def _why_stripped(message: str) -> str:
+    """A check's message without its trailing "(why: ...)": the card says it once."""
+    match = re.match(r"(?s)(.*) \(why: .*\)$", message)
+    return match.group(1) if match else message
+
+
+def _file_slug(path: str) -> str:
+    return "y-" + re.sub(r"[^A-Za-z0-9_-]+", "-", path).strip("-")
+
+
+class _Page:
+    """What the page's parts share: the report, slugs, which scenarios are drawn, files."""
+
+    def __init__(self, report: RunReport, slugs: dict[int, str]) -> None:
+        self.report = report
+        self.slugs = slugs
+        self.shown: set[int] = set()  # results drawn in full (representatives and others)
+        self.files: dict[str, str] = {}  # scenario file -> its anchor, for the YAML section
+        self.by_id = {r.id: r for r in report.results}
+        root = (report.vllm_path or "").removesuffix("/vllm")
+        self.vllm_root = Path(root) if root else None
+
+    # -- links ------------------------------------------------------------------------
+
+    def file_link(self, file: str, line: int | None) -> str:
+        """``file:line`` as a link to the line in the scenario file embedded below."""
+        anchor = self.files.setdefault(file, _file_slug(file))
+        target = f"{anchor}-L{line}" if line else anchor
+        text = f"{file}:{line}" if line else file
+        return f'<a class="yaml-link" href="#{target}"><code>{e(text)}</code></a>'
+
+    def message(self, text: str, file: str) -> str:
+        """A message escaped, its "line N" linked to the scenario file's line."""
+        anchor = self.files.setdefault(file, _file_slug(file))
+        return re.sub(
+            r"\bline (\d+)\b",
+            lambda m: f'<a class="yaml-link" href="#{anchor}-L{m.group(1)}">line {m.group(1)}</a>',
+            self.vllm_locations(e(text)),
+        )
+
+    def vllm_locations(self, escaped: str) -> str:
+        """``vllm/...py:N`` in escaped text as links into the vLLM tree that ran."""
+        root = self.vllm_root
+        if root is None:
+            return escaped
+        return re.sub(
+            r"\b(vllm/[\w/]+\.py)(?::(\d+))?",
+            lambda m: f'<a href="{e((root / m.group(1)).as_uri())}">{m.group(0)}</a>',
+            escaped,
+        )
+
+    def vllm_code(self, function: str, file: str) -> str:
+        """The party's function(s) and file, linked to the file with the def's line."""
+        lines = []
+        for name in function.split(" / "):
+            line = self._def_line(file, name.rsplit(".", 1)[-1])
+            where = f"{file}:{line}" if line else file
+            if self.vllm_root is not None and (self.vllm_root / file).is_file():
+                where = f'<a href="{e((self.vllm_root / file).as_uri())}">{e(where)}</a>'
+            else:
+                where = e(where)
+            lines.append(f"<code>{e(name)}</code> ({where})")
+        return " / ".join(lines)
+
+    def _def_line(self, file: str, name: str) -> int | None:
+        if self.vllm_root is None:
+            return None
+        try:
+            text = (self.vllm_root / file).read_text(encoding="utf-8")
+        except OSError:
+            return None
+        match = re.search(rf"^[ \t]*def {re.escape(name)}\(", text, re.M)
+        return text.count("\n", 0, match.start()) + 1 if match else None
+
+    # -- groups -----------------------------------------------------------------------
+
+    def group_index(self) -> list[str]:
+        """The groups in one line each, largest first: the first screen of the page."""
+        out = ['<ol class="causes">']
+        for number, group in enumerate(self.report.groups, 1):
+            rep = group.representative
+            out.append(
+                f'<li data-verdict="failed" data-check="{e(group.check)}" '
+                f'data-types="{e(" ".join(group.group_types))}"><a href="#g-{number}">'
+                f"<b>{group.records:,} records, {len(group.scenarios)} scenario"
+                f"{'s' if len(group.scenarios) != 1 else ''}</b></a>: "
+                f"{e(group.vllm.description)} <code>{e(group.vllm.function)}</code> "
+                f"{e(group.miss)} <span class='check'>[{e(group.check)}]</span>; e.g. "
+                f"<code>{e(rep.id)}</code>: <code>"
+                f"{e(self.report.explain_command(rep.file, rep.id))}</code></li>"
+            )
+        out.append("</ol>")
+        fine = never_below_floor_text(self.report)
+        if fine:
+            out.append(f'<p class="note">{e(fine[0].upper() + fine[1:])}.</p>')
+        return out
+
+    def group_card(self, number: int, group: FailureGroup) -> list[str]:
+        report, party = self.report, group.vllm
+        rep = group.representative
+        out = [
+            f'<section class="card group" id="g-{number}" data-verdict="failed" '
+            f'data-check="{e(group.check)}" data-types="{e(" ".join(group.group_types))}">',
+            f'<h3><span class="badge failed">#{number}</span>{group.records:,} record'
+            f"{'s' if group.records != 1 else ''} in {len(group.scenarios)} scenario"
+            f"{'s' if len(group.scenarios) != 1 else ''} "
+            f'<span class="check">{e(group.check)}</span></h3>',
+            f'<p class="cause"><b>{e(party.description)}</b> '
+            f"{self.vllm_code(party.function, party.file)} <b>{e(group.miss)}</b></p>",
+            '<dl class="facts">',
+            f"<dt>group types</dt><dd>{e(', '.join(group.group_types) or '-')}</dd>",
+            f"<dt>methods</dt><dd>{e(', '.join(group.methods) or '-')}</dd>",
+        ]
+        if group.why:
+            out.append(f'<dt>why</dt><dd class="why">{e(group.why)}</dd>')
+        out.append(
+            f"<dt>representative</dt><dd><code>{e(rep.id)}</code> ({rep.records} records)</dd>"
+        )
+        out.append(
+            f'<dt>explain it</dt><dd><pre class="cmd">'
+            f"{e(report.explain_command(rep.file, rep.id))}</pre></dd>"
+        )
+        out.append("</dl>")
+        result = self.by_id.get(rep.id)
+        if result is not None:
+            if id(result) in self.shown:
+                out.append(
+                    f'<p class="note">The representative is drawn in full above: '
+                    f'<a href="#{self.slugs[id(result)]}">{e(result.id)}</a>.</p>'
+                )
+            else:
+                # Plots of the KV-cache groups this cause's records are about.
+                involved = {f.group for f in self._records(group, result) if f.group is not None}
+                out += self.scenario_card(result, draw=True, open_=False, plot_groups=involved)
+        out.append(
+            f'<details class="members"><summary>All {len(group.scenarios)} scenarios of this '
+            "group</summary>"
+        )
+        for member in group.scenarios:
+            out += self._member(group, member)
+        out.append("</details></section>")
+        return out
+
+    def _member(self, group: FailureGroup, member: GroupScenario) -> list[str]:
+        result = self.by_id.get(member.id)
+        if result is None:
+            return []
+        mine = self._records(group, result)
+        types = sorted(
+            {
+                result.trajectory.groups[f.group].type
+                for f in mine
+                if result.trajectory is not None and f.group is not None
+            }
+        )
+        out = [
+            f'<details class="member" data-verdict="failed" data-check="{e(group.check)}" '
+            f'data-types="{e(" ".join(types))}"><summary><code>{e(member.id)}</code> '
+            f'<span class="note">{member.records} record{"s" if member.records != 1 else ""}'
+            f"</span></summary>",
+            f"<p>{self.file_link(result.file, result.line)}</p>",
+            '<ul class="failures">',
+        ]
+        for failure in mine[:MESSAGES_PER_SCENARIO]:
+            out.append(f"<li>{self.message(_why_stripped(failure.message), result.file)}</li>")
+        if len(mine) > MESSAGES_PER_SCENARIO:
+            out.append(
+                f"<li>... and {len(mine) - MESSAGES_PER_SCENARIO} more like them (report.json; "
+                "<code>kvconform explain</code> shows every step)</li>"
+            )
+        out.append("</ul>")
+        out.append(f'<pre class="cmd">{e(self.report.rerun_command(result))}</pre>')
+        out.append(
+            f'<pre class="cmd">{e(self.report.explain_command(result.file, result.id))}</pre>'
+        )
+        out.append("</details>")
+        return out
+
+    @staticmethod
+    def _records(group: FailureGroup, result: ScenarioResult) -> list[Failure]:
+        """The records of ``result`` that fall into ``group``."""
+        return [
+            f
+            for f in result.failures
+            if f.check == group.check and blame(result, f) == (group.party, group.miss)
+        ]
+
+    # -- one scenario in full ---------------------------------------------------------
+
+    def scenario_card(
+        self,
+        result: ScenarioResult,
+        draw: bool,
+        open_: bool = True,
+        plot_groups: set[int] | None = None,
+    ) -> list[str]:
+        self.shown.add(id(result))
+        report, slug = self.report, self.slugs[id(result)]
+        verdict = result.verdict.value
+        run = result.trajectory
+        checks = " ".join(sorted({f.check for f in result.failures}))
+        types = " ".join(sorted({g.type for g in run.groups})) if run is not None else ""
+        out = [
+            f'<article class="card {verdict}" id="{slug}" data-verdict="{verdict}" '
+            f'data-check="{e(checks)}" data-types="{e(types)}">',
+            f'<h3><span class="badge {verdict}">{verdict}</span><code>{e(result.id)}</code></h3>',
+        ]
+        if result.description:
+            out.append(f'<p class="desc">{e(result.description)}</p>')
+        out.append('<dl class="facts">')
+        out += [f"<dt>{e(k)}</dt><dd>{v}</dd>" for k, v in self.setup_facts(result)]
+        out.append("</dl>")
+        out.append("<h4>Rerun this scenario alone</h4>")
+        out.append(f'<pre class="cmd">{e(report.rerun_command(result))}</pre>')
+        if result.error:
+            kind = result.error_kind.value if result.error_kind else "error"
+            out.append(f"<h4>Error ({e(kind)})</h4>")
+            out.append(f'<pre class="mono">{self.message(result.error, result.file)}</pre>')
+        if result.failures:
+            out += self.failures(result, slug)
+        if run is not None and run.observations and result.verdict is not Verdict.PASSED:
+            missing = plots.missing_reason()
+            if draw and missing is None:
+                out += _plots(result, plot_groups)
+            elif draw and missing:
+                out.append(f'<p class="note">No plots: {e(missing)}.</p>')
+            out.append(f"<details{' open' if open_ else ''}><summary>Step by step</summary>")
+            out += _steps_table(result, run, slug)
+            out.append("</details>")
+        out.append("</article>")
+        return out
+
+    def setup_facts(self, result: ScenarioResult) -> list[tuple[str, str]]:
+        facts = [("file", self.file_link(result.file, result.line))]
+        run = result.trajectory
+        if run is not None:
+            method = (
+                f"{e(run.method)}, k = {run.num_speculative_tokens}"
+                if run.method
+                else "no speculative decoding"
+            )
+            facts.append(("speculation", method))
+            expected = (
+                ""
+                if run.expected_lookahead in (None, run.lookahead)
+                else f"; kvconform's table says {e(run.expected_lookahead)}"
+            )
+            facts.append(
+                ("lookahead", f"{run.lookahead} tokens, from {e(run.lookahead_source)}{expected}")
+            )
+            groups = "<br>".join(
+                f"<b>g{g.index}</b> {e(g.label)}, block_size {g.block_size}" for g in run.groups
+            )
+            facts.append(("KV-cache groups", groups))
+            facts.append(("max_model_len", e(run.max_model_len)))
+            facts.append(("parties", e(", ".join(run.parties))))
+            for note in run.notes:
+                facts.append(("note", e(note)))
+        if result.expectation:
+            reason = e(result.expectation)
+            if is_unreviewed(result.expectation):
+                reason = f'<span class="todo">{reason}</span> (added automatically, not reviewed)'
+            facts.append(("known divergence", reason))
+            if result.expectation_evidence:
+                facts.append(("evidence", _link_or_text(result.expectation_evidence)))
+        facts.append(("duration", f"{result.duration * 1000:.0f} ms"))
+        return facts
+
+    def failures(self, result: ScenarioResult, slug: str) -> list[str]:
+        by_check = Counter(f.check for f in result.failures)
+        summary = ", ".join(f"{n} x {e(check)}" for check, n in by_check.items())
+        out = [f"<h4>What failed ({summary})</h4>"]
+        # Each floor reason once, above the messages that would each repeat it.
+        reasons = dict.fromkeys(
+            m.group(1)
+            for f in result.failures
+            if (m := re.search(r"(?s) \(why: (.*)\)$", f.message)) is not None
+        )
+        out += [f'<p class="why">why: {e(reason)}</p>' for reason in reasons]
+        out.append('<ul class="failures">')
+        for failure in result.failures[:MAX_MESSAGES]:
+            link = ""
+            if failure.step is not None and failure.request is not None:
+                link = f' <a href="#{slug}-r{failure.step}-{_rid(failure.request)}">row</a>'
+            out.append(
+                f'<li><span class="check">{e(failure.check)}</span> '
+                f"{self.message(_why_stripped(failure.message), result.file)}{link}</li>"
+            )
+        if len(result.failures) > MAX_MESSAGES:
+            out.append(
+                f"<li>... and {len(result.failures) - MAX_MESSAGES} more: all are marked in the "
+                "table below and listed in report.json</li>"
+            )
+        out.append("</ul>")
+        return out
+
+    # -- the scenario files -----------------------------------------------------------
+
+    def scenario_files(self) -> list[str]:
+        """Every scenario file the page links to, embedded once, one anchor per line."""
+        if not self.files:
+            return []
+        out = [
+            '<h2 id="files">Scenario files</h2>',
+            '<p class="note">The YAML of every scenario shown above, as it was when the run '
+            "wrote this page; <code>file:line</code> links open it at the line.</p>",
+        ]
+        for file, anchor in sorted(self.files.items()):
+            try:
+                text = Path(file).read_text(encoding="utf-8")
+            except OSError as exc:
+                out.append(
+                    f'<p id="{anchor}" class="note"><code>{e(file)}</code>: not readable '
+                    f"({e(exc.strerror or exc)})</p>"
+                )
+                continue
+            numbered = "".join(
+                f'<span id="{anchor}-L{n}">{e(line)}</span>\n'
+                for n, line in enumerate(text.splitlines(), 1)
+            )
+            out.append(
+                f'<details class="yaml" id="{anchor}"><summary><code>{e(file)}</code></summary>'
+                f'<pre class="yaml">{numbered}</pre></details>'
+            )
+        return out
+
+
+def _filter_bar(report: RunReport) -> list[str]:
+    """Selects for verdict, check and group type; the page's script hides what they exclude."""
+    if not report.results:
+        return []
+    verdicts = [v.value for v in Verdict if any(r.verdict is v for r in report.results)]
+    checks = sorted({f.check for r in report.results for f in r.failures})
+    types = sorted(
+        {g.type for r in report.results if r.trajectory is not None for g in r.trajectory.groups}
+    )
+
+    def select(name: str, label: str, values: list[str]) -> str:
+        options = "".join(f'<option value="{e(v)}">{e(v)}</option>' for v in values)
+        return (
+            f'<label>{e(label)} <select id="filter-{name}" data-filter="{name}">'
+            f'<option value="">all</option>{options}</select></label>'
+        )
+
+    return [
+        '<div class="filter card" id="filter">',
+        "<b>Show</b> ",
+        select("verdict", "verdict", verdicts),
+        select("check", "check", checks),
+        select("types", "group type", types),
+        '<span class="note" id="filter-count"></span>',
+        "</div>",
     ]
-    if result.description:
-        out.append(f'<p class="desc">{e(result.description)}</p>')
-    out.append('<dl class="facts">')
-    out += [f"<dt>{e(k)}</dt><dd>{v}</dd>" for k, v in _setup_facts(result, report)]
-    out.append("</dl>")
-    out.append("<h4>Rerun this scenario alone</h4>")
-    out.append(f'<pre class="cmd">{e(report.rerun_command(result))}</pre>')
-    if result.error:
-        kind = result.error_kind.value if result.error_kind else "error"
-        out.append(f"<h4>Error ({e(kind)})</h4>")
-        out.append(f'<pre class="mono">{e(result.error)}</pre>')
-    if result.failures:
-        out += _failures(result, slug)
-    run = result.trajectory
-    if run is not None and run.observations and result.verdict is not Verdict.PASSED:
-        if draw:
-            out += _plots(result)
-        elif plot_note:
-            out.append(f'<p class="note">No plots: {e(plot_note)}.</p>')
-        out += _steps_table(result, run, slug)
-    out.append("</article>")
-    return out
 
 
-def _failures(result: ScenarioResult, slug: str) -> list[str]:
-    by_check = Counter(f.check for f in result.failures)
-    summary = ", ".join(f"{n} x {e(check)}" for check, n in by_check.items())
-    out = [f"<h4>What failed ({summary})</h4>", '<ul class="failures">']
-    for failure in result.failures[:MAX_MESSAGES]:
-        link = ""
-        if failure.step is not None and failure.request is not None:
-            link = f' <a href="#{slug}-r{failure.step}-{_rid(failure.request)}">row</a>'
-        out.append(
-            f'<li><span class="check">{e(failure.check)}</span> {_message(failure.message)}{link}</li>'
-        )
-    if len(result.failures) > MAX_MESSAGES:
-        out.append(
-            f"<li>... and {len(result.failures) - MAX_MESSAGES} more: all are marked in the "
-            "table below and listed in report.json</li>"
-        )
-    out.append("</ul>")
-    return out
-
-
-def _message(message: str) -> str:
-    """A check's message, its trailing "(why: ...)" set in small print: it is the floor
-    rule's reason, the same for every step of a group."""
-    match = re.match(r"(?s)(.*) \(why: (.*)\)$", message)
-    if match is None:
-        return e(message)
-    return f'{e(match.group(1))} <span class="why">(why: {e(match.group(2))})</span>'
+# The page's only script: the filter and opening a collapsed YAML file at a linked line.
+# Plain DOM calls, nothing fetched: the page works from a file:// URL or an artifact store.
+SCRIPT = """
+(function () {
+  const selects = Array.from(document.querySelectorAll('select[data-filter]'));
+  const items = Array.from(document.querySelectorAll('[data-verdict]'));
+  function matches(el, name, value) {
+    return !value || (el.dataset[name === 'types' ? 'types' : name] || '').split(' ')
+      .includes(value);
+  }
+  function apply() {
+    let shown = 0;
+    for (const el of items) {
+      const ok = selects.every(s => matches(el, s.dataset.filter, s.value));
+      el.hidden = !ok;
+      if (ok && !el.parentElement.closest('[data-verdict]')) shown += 1;
+    }
+    const count = document.getElementById('filter-count');
+    if (count) count.textContent = selects.some(s => s.value) ? shown + ' shown' : '';
+  }
+  selects.forEach(s => s.addEventListener('change', apply));
+  function reveal() {
+    const target = location.hash && document.getElementById(location.hash.slice(1));
+    for (let el = target; el; el = el.parentElement) {
+      if (el.tagName === 'DETAILS') el.open = true;
+    }
+    if (target) target.scrollIntoView({block: 'center'});
+  }
+  window.addEventListener('hashchange', reveal);
+  reveal();
+})();
+"""
 
 
 def _rid(request: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]+", "_", request)
 
 
-def _plots(result: ScenarioResult) -> list[str]:
+def _plots(result: ScenarioResult, only: set[int] | None = None) -> list[str]:
     out = ["<h4>Blocks held, step by step</h4>"]
-    for plot in plots.group_plots(result):
+    for plot in plots.group_plots(result, only):
         hidden = (
             f" Requests not shown: {e(', '.join(plot.requests_hidden))}."
             if plot.requests_hidden
@@ -494,7 +812,7 @@ def _steps_table(result: ScenarioResult, run: Trajectory, slug: str) -> list[str
     return out
 
 
-def _xpassed(results: list[ScenarioResult], report: RunReport, slugs: dict[int, str]) -> list[str]:
+def _xpassed(results: list[ScenarioResult], page: _Page) -> list[str]:
     out = [
         f'<h2 id="xpassed">Known divergences that conform now ({len(results)} xpassed)</h2>',
         '<p class="note">These scenarios are listed in the expectations file as known '
@@ -503,16 +821,24 @@ def _xpassed(results: list[ScenarioResult], report: RunReport, slugs: dict[int, 
         "it applied to this version only).</p>",
     ]
     for result in results:
-        out.append(f'<article class="card xpassed" id="{slugs[id(result)]}">')
+        types = (
+            " ".join(sorted({g.type for g in result.trajectory.groups}))
+            if result.trajectory is not None
+            else ""
+        )
+        out.append(
+            f'<article class="card xpassed" id="{page.slugs[id(result)]}" data-verdict="xpassed" '
+            f'data-check="" data-types="{e(types)}">'
+        )
         out.append(
             f'<h3><span class="badge xpassed">xpassed</span><code>{e(result.id)}</code></h3>'
         )
         if result.description:
             out.append(f'<p class="desc">{e(result.description)}</p>')
         out.append('<dl class="facts">')
-        out += [f"<dt>{e(k)}</dt><dd>{v}</dd>" for k, v in _setup_facts(result, report)]
+        out += [f"<dt>{e(k)}</dt><dd>{v}</dd>" for k, v in page.setup_facts(result)]
         out.append("</dl>")
-        out.append(f'<pre class="cmd">{e(report.rerun_command(result))}</pre></article>')
+        out.append(f'<pre class="cmd">{e(page.report.rerun_command(result))}</pre></article>')
     return out
 
 
@@ -527,9 +853,31 @@ def _passed(results: list[ScenarioResult]) -> list[str]:
     ]
     for r in results:
         steps = len({o.step for o in r.trajectory.observations}) if r.trajectory else 0
+        types = " ".join(sorted({g.type for g in r.trajectory.groups})) if r.trajectory else ""
         out.append(
-            f'<tr><td class="l"><code>{e(r.id)}</code></td><td class="l">{e(r.file)}</td>'
+            f'<tr data-verdict="passed" data-check="" data-types="{e(types)}">'
+            f'<td class="l"><code>{e(r.id)}</code></td><td class="l">{e(r.file)}</td>'
             f"<td>{steps}</td><td>{r.duration * 1000:.0f}</td></tr>"
+        )
+    out.append("</tbody></table></details>")
+    return out
+
+
+def _skipped(results: list[ScenarioResult]) -> list[str]:
+    """Scenarios that could not run here (engine mode without CUDA), with why: never passed."""
+    if not results:
+        return []
+    out = [
+        f'<h2 id="skipped">Skipped ({len(results)})</h2>',
+        "<details><summary>Not run on this machine (click to list them with the reason)</summary>",
+        '<table class="matrix"><thead><tr><th class="l">scenario</th><th class="l">file</th>'
+        '<th class="l">why</th></tr></thead><tbody>',
+    ]
+    for r in results:
+        out.append(
+            f'<tr data-verdict="skipped" data-check="" data-types=""><td class="l">'
+            f'<code>{e(r.id)}</code></td><td class="l">{e(r.file)}</td>'
+            f'<td class="l note">{e(r.skip_reason)}</td></tr>'
         )
     out.append("</tbody></table></details>")
     return out

@@ -3,7 +3,8 @@
 Schema ``kvconform-report/1`` (documented in ``docs/report-json.md``): at the
 top, where and against which vLLM the run happened; then one entry per
 scenario with its id, file, verdict and every failure (check, step, request,
-group, spec type, live, predicted, warmup, floor, message); at the end, the
+group, spec type, live, predicted, warmup, floor, message), after the
+root-cause groups those failures fall into; at the end, the
 coverage of the run (:mod:`kvconform.harness.coverage`). A scenario listed as a
 known divergence that conforms now has the verdict ``xpassed``.
 """
@@ -101,6 +102,7 @@ def report_json(report: RunReport) -> dict[str, Any]:
             for e in report.input_errors
         ],
         "expectations_file": report.expectations_file,
+        "groups": [group.to_json() for group in report.groups],
         "scenarios": [scenario_json(r, report) for r in report.results],
         "coverage": report.coverage.to_json() if report.coverage is not None else None,
     }

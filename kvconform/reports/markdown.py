@@ -1,6 +1,7 @@
 """``summary.md``: the few lines a CI job page shows.
 
-Verdict first, then counts, then for each failing scenario its first failure
+Verdict first, then counts, then the root-cause groups (largest first, each
+with a representative scenario and its ``explain`` command), then for each failing scenario its first failure
 and the command that reruns it, then the known divergences that conform now
 (xpassed), the ones that still diverge (xfailed) with their reasons, and the
 coverage gaps.
@@ -13,6 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvconform.model.results import RunReport, Verdict
+from kvconform.reports.groups import (
+    MAX_GROUPS_LISTED,
+    group_lines,
+    never_below_floor_text,
+    spans,
+)
 
 MAX_FAILURES_SHOWN = 3
 
@@ -42,6 +49,28 @@ def render_markdown(report: RunReport) -> str:
     if report.input_errors:
         lines += ["## Input errors", ""]
         lines += [f"- `{e}`" for e in report.input_errors]
+        lines.append("")
+    if report.groups:
+        lines += ["## Root causes", ""]
+        text = group_lines(report)
+        lines.append(text[0])
+        fine = never_below_floor_text(report)
+        if fine:
+            lines.append(f"{fine[0].upper()}{fine[1:]}.")
+        lines.append("")
+        for number, group in enumerate(report.groups[:MAX_GROUPS_LISTED], 1):
+            rep = group.representative
+            party = group.vllm
+            lines.append(
+                f"{number}. **{group.records:,} records, {len(group.scenarios)} scenarios**: "
+                f"{party.description} `{party.function}` (`{party.file}`) {_cell(group.miss)} "
+                f"[{group.check}]; {_cell(spans(group))}; e.g. `{rep.id}`: "
+                f"`{report.explain_command(rep.file, rep.id)}`"
+            )
+        if len(report.groups) > MAX_GROUPS_LISTED:
+            lines.append(
+                f"\n… {len(report.groups) - MAX_GROUPS_LISTED} smaller groups in report.json"
+            )
         lines.append("")
     bad = [r for r in report.results if r.verdict in (Verdict.FAILED, Verdict.ERROR)]
     if bad:

@@ -1,0 +1,57 @@
+"""The root-cause groups as the few lines a console or a CI summary shows first.
+
+Largest first, each with its count, what falls short where in vLLM, one
+representative scenario and the ``kvconform explain`` command that shows it step
+by step. The HTML report draws the same groups as cards (:mod:`kvconform.reports.html`).
+"""
+
+from __future__ import annotations
+
+from kvconform.harness.grouping import never_below_floor
+from kvconform.model.groups import PARTIES, FailureGroup
+from kvconform.model.results import RunReport
+
+__all__ = ["MAX_GROUPS_LISTED", "group_lines", "never_below_floor_text", "spans"]
+
+# A run with more groups than this lists the largest; report.json has every one.
+MAX_GROUPS_LISTED = 8
+
+
+def spans(group: FailureGroup) -> str:
+    """What a group reaches across: its group types and methods."""
+    return (
+        f"group types {', '.join(group.group_types) or '-'}; "
+        f"methods {', '.join(group.methods) or '-'}"
+    )
+
+
+def group_lines(report: RunReport, limit: int = MAX_GROUPS_LISTED) -> list[str]:
+    """Plain-text lines, one block per group: the sentence, the representative, its explain."""
+    groups = report.groups
+    if not groups:
+        return []
+    records = sum(g.records for g in groups)
+    lines = [
+        f"{records:,} failure records in {len(groups)} root-cause group"
+        f"{'s' if len(groups) != 1 else ''}, largest first:"
+    ]
+    fine = never_below_floor_text(report)
+    if fine:
+        lines.append(f"  ({fine})")
+    for number, group in enumerate(groups[:limit], 1):
+        rep = group.representative
+        lines.append(f"  {number}. {group.sentence()}")
+        lines.append(f"     {spans(group)}")
+        lines.append(f"     e.g. {rep.id}: {report.explain_command(rep.file, rep.id)}")
+    if len(groups) > limit:
+        lines.append(f"  ... {len(groups) - limit} smaller groups in report.json and report.html")
+    return lines
+
+
+def never_below_floor_text(report: RunReport) -> str:
+    """ "the live allocator never falls below the floor", for the parties that did not."""
+    parties = [PARTIES[p].description for p in never_below_floor(report.results) if p in PARTIES]
+    if not parties:
+        return ""
+    verb = "never falls" if len(parties) == 1 else "never fall"
+    return f"{' and '.join(parties)} {verb} below the floor"
