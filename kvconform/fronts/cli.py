@@ -614,6 +614,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_vllm_options(fuzz)
     add_progress_option(fuzz)
     fuzz.set_defaults(handler=cmd_fuzz)
+
+    from kvconform.mutate.command import add_arguments as add_mutate_arguments
+    from kvconform.mutate.command import mutate
+
+    mutate_parser = sub.add_parser(
+        "mutate", help="mutation campaign: how many mutants of vLLM's reservation code the suite kills"
+    )
+    add_mutate_arguments(mutate_parser)
+    add_vllm_options(mutate_parser)
+    mutate_parser.set_defaults(handler=lambda args: mutate(args, load_vllm))
     return parser
 
 

@@ -108,8 +108,10 @@ def discover(paths: Sequence[str | Path]) -> list[Path]:
 
 
 def is_scenario_file(path: Path) -> bool:
-    """YAML files in a scenario tree, minus expectations and private files."""
-    return not (path.name.startswith(("_", ".")) or path.stem.startswith("expectations"))
+    """YAML files in a scenario tree, minus expectations, mutation-campaign inputs and private files."""
+    return not (
+        path.name.startswith(("_", ".")) or path.stem.startswith(("expectations", "mutation-"))
+    )
 
 
 def load_paths(paths: Sequence[str | Path]) -> LoadResult:

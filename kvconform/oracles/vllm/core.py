@@ -69,6 +69,10 @@ class Vllm:
         """
         return typing.cast(_Part, self._remembered(("part", factory), lambda: factory(self)))
 
+    def forget_answers(self) -> None:
+        """Drop the remembered answers: a mutation campaign's child changed vLLM's code."""
+        self._memo.clear()
+
     def __repr__(self) -> str:
         return f"<vLLM {self.version} from {self.source.describe()}>"
 

@@ -1,0 +1,151 @@
+"""The slow path: a mutant in a fresh process, against a copy of vLLM's tree.
+
+A decorator or a parameter default is evaluated when ``def`` runs, at import;
+swapping the function's code afterwards cannot express a mutant there. Such a
+mutant gets what a user's ``--vllm-src`` run gets: a copy of the vLLM Python
+tree in use (hard links, so it costs no space and a second), the one file
+replaced by its mutated text, and a new interpreter that imports that tree and
+runs the reached scenarios (``python -m kvconform.mutate.fresh JOB``). It
+prints the same verdict payload a forked child writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from kvconform.mutate.outcome import Outcome
+
+FRESH_TIMEOUT_S = 300.0
+
+
+def _link_tree(package: Path, root: Path) -> Path:
+    """``root/vllm``: folders, ``.py`` files and their bytecode, hard-linked from ``package``."""
+    tag = f".{sys.implementation.cache_tag}.pyc"
+
+    def ignore(directory: str, names: list[str]) -> list[str]:
+        here = Path(directory)
+        return [
+            name
+            for name in names
+            if not (
+                (here / name).is_dir()
+                or name.endswith(".py")
+                or (here.name == "__pycache__" and name.endswith(tag))
+            )
+        ]
+
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:  # another file system: copy
+            shutil.copy2(src, dst)
+
+    shutil.copytree(package, root / "vllm", ignore=ignore, copy_function=link)
+    return root
+
+
+def run_fresh(
+    package: str,
+    module_file: str,
+    mutated_text: str,
+    scenario_ids: Sequence[str],
+    scenario_files: Sequence[str],
+    clean: dict[str, Outcome],
+    checks: Sequence[str],
+    expectations: str | None,
+    timeout: float = FRESH_TIMEOUT_S,
+) -> dict[str, Any]:
+    """The verdict payload of one mutant run in a new interpreter."""
+    with tempfile.TemporaryDirectory(prefix="kvconform-mutant-") as tmp:
+        root = _link_tree(Path(package), Path(tmp) / "tree")
+        relative = Path(module_file).resolve().relative_to(Path(package).resolve())
+        target = root / "vllm" / relative
+        target.unlink()  # a hard link: never write through it into the original
+        target.write_text(mutated_text, encoding="utf-8")
+        job = Path(tmp) / "job.json"
+        job.write_text(
+            json.dumps(
+                {
+                    "tree": str(root),
+                    "files": list(scenario_files),
+                    "ids": list(scenario_ids),
+                    "clean": {k: _outcome_json(v) for k, v in clean.items() if k in scenario_ids},
+                    "checks": list(checks),
+                    "expectations": expectations,
+                }
+            )
+        )
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "kvconform.mutate.fresh", str(job)],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
+        except subprocess.TimeoutExpired:
+            return {"verdict": "timeout", "note": f"fresh process killed after {timeout:.0f} s"}
+    lines = done.stdout.strip().splitlines()
+    try:
+        payload = json.loads(lines[-1]) if lines else {}
+    except json.JSONDecodeError:
+        payload = {}
+    if "verdict" not in payload:
+        # vLLM did not import with the mutant in place, or the process died.
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        return {"verdict": "incompetent", "note": f"fresh process failed: {tail[0][:300]}"}
+    return dict(payload)
+
+
+def _outcome_json(outcome: Outcome) -> dict[str, Any]:
+    return {
+        "verdict": outcome.verdict,
+        "error_kind": outcome.error_kind,
+        "failures": sorted([list(k) for k in outcome.failures], key=str),
+        "message": outcome.message,
+    }
+
+
+def _outcome_from(data: dict[str, Any]) -> Outcome:
+    return Outcome(
+        data["verdict"],
+        data["error_kind"],
+        frozenset(tuple(k) for k in data["failures"]),  # type: ignore[misc]
+        data.get("message", ""),
+    )
+
+
+def main(job_file: str) -> int:
+    from kvconform.harness.engine import run_scenario
+    from kvconform.harness.expectations import load_expectations
+    from kvconform.harness.loader import load_paths
+    from kvconform.mutate.outcome import judge_mutant, outcome_of
+    from kvconform.oracles import vllm_compat
+
+    job = json.loads(Path(job_file).read_text())
+    vllm = vllm_compat.load(src=job["tree"])
+    loaded = load_paths(job["files"]).scenarios
+    by_id = {s.id: s for s in loaded}
+    scenarios = [by_id[i] for i in job["ids"] if i in by_id]
+    expectations = load_expectations(job["expectations"]) if job["expectations"] else []
+    checks = tuple(job["checks"])
+    clean = {k: _outcome_from(v) for k, v in job["clean"].items()}
+    payload = judge_mutant(
+        scenarios,
+        lambda s: outcome_of(run_scenario(s, vllm, checks, expectations)),
+        clean,
+    )
+    sys.stdout.write("\n" + json.dumps(payload) + "\n")
+    sys.stdout.flush()
+    os._exit(0)  # vLLM's teardown takes seconds and has nothing to say
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
