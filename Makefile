@@ -8,6 +8,8 @@
 #   make gpu-engine-bundle VLLM=0.25.0  builds .gpu-engine/VLLM/parts, vLLM's compiled engine
 #                    for such a machine, in parts under 60 MB (docs/engine-mode.md)
 #   make fuzz        searches generated trajectories for divergences (fuzz-nightly: the nightly budget)
+#   make mutation    the mutation campaign: how many mutants of vLLM's reservation code the
+#                    suite kills (build/mutation/, docs/mutation.md)
 #   make bench       measures kvconform's cost against vLLM's allocator: build/bench.json, a
 #                    row in docs/benchmarks.md, profiles in build/profiles (docs/benchmarks.md)
 #
@@ -85,6 +87,11 @@ fuzz: $(STAMP)
 
 fuzz-nightly: $(STAMP)
 	$(BIN)/kvconform fuzz --examples 20000 --seed $(FUZZ_SEED) --out build/fuzz
+
+# Mutation campaign over vLLM's reservation code (docs/mutation.md): reports in build/mutation.
+.PHONY: mutation
+mutation: $(STAMP)
+	$(BIN)/kvconform mutate --report-dir build/mutation
 
 lint: $(STAMP)
 	$(BIN)/ruff check kvconform tests tools conftest.py

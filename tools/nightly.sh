@@ -2,7 +2,7 @@
 # What a GPU CI job with vLLM installed runs, as it is: the whole scenario corpus (trajectory,
 # warmup, scheduler and engine scenarios, every check; engine scenarios run vLLM's real engine
 # where CUDA and a CUDA build of vLLM are, and are skipped with the reason elsewhere) with its reports, a fuzz run at the nightly
-# budget (FUZZ_EXAMPLES, default 20000), then kvconform's tests that need CUDA.
+# budget (FUZZ_EXAMPLES, default 20000), the mutation campaign, then kvconform's tests that need CUDA.
 #
 #   tools/nightly.sh [REPORT_DIR]        (default build/nightly; PYTHON picks the interpreter)
 #
@@ -29,6 +29,10 @@ run_status=$?
     --out "$REPORT_DIR/fuzz" --progress lines
 fuzz_status=$?
 
+# The mutation campaign over vLLM's reservation code (docs/mutation.md): REPORT_DIR/mutation.
+"$PY" -m kvconform mutate --report-dir "$REPORT_DIR/mutation" --progress lines
+mutate_status=$?
+
 # Tests marked `cuda` (the warmup runs unchanged on the GPU, no synchronize patch). Without
 # a GPU they are skipped; pytest's 5 ("nothing collected") counts as success.
 "$PY" -m pytest tests -q -m cuda -p no:cacheprovider \
@@ -50,4 +54,5 @@ PYEOF
 
 if [ "$run_status" -ne 0 ]; then exit "$run_status"; fi
 if [ "$fuzz_status" -ne 0 ]; then exit "$fuzz_status"; fi
+if [ "$mutate_status" -ne 0 ]; then exit "$mutate_status"; fi
 exit "$test_status"

@@ -14,9 +14,10 @@
    scenario whose outcome differs from its baseline. A child that runs past its
    time is killed (verdict ``timeout``); the parent never runs a mutant itself,
    so the next mutant starts from the clean state.
-4. A mutant a code swap cannot express (a decorator, a parameter default, a
-   change of the closure's free variables) runs in a fresh process against a
-   hard-linked copy of the vLLM tree with the mutated file (:mod:`.fresh`).
+   A mutant of a parameter default gets the mutated defaults assigned as well.
+4. A mutant neither swap can express (a decorator, a change of the closure's
+   free variables) runs in a fresh process against a hard-linked copy of the
+   vLLM tree with the mutated file (:mod:`.fresh`).
 
 Verdicts (see :mod:`.outcome`): ``killed`` (the scenarios and checks that
 differ), ``survived`` (``covered`` says whether any scenario reached it),
@@ -36,6 +37,7 @@ import time
 import traceback
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,8 +49,10 @@ from kvconform.harness.scenario import Scenario
 from kvconform.mutate.mutants import (
     FunctionSource,
     Mutant,
+    default_sources,
     enumerate_mutants,
     find_function,
+    mutated_function_text,
     mutated_module_text,
     replacement_text,
     unified_diff,
@@ -63,6 +67,7 @@ from kvconform.oracles.mutation import (
     compiled_function_code,
     resolve_function,
     swap_code,
+    swap_defaults,
 )
 from kvconform.oracles.vllm_compat import Vllm
 
@@ -161,6 +166,8 @@ def clean_run(
 
 def _in_child(
     write_fd: int,
+    mutant: Mutant,
+    function_text: str,
     vllm: Vllm,
     function: Any,
     source: FunctionSource,
@@ -180,6 +187,8 @@ def _in_child(
         else:
             try:
                 swap_code(function, code)
+                if mutant.region == "signature":
+                    swap_defaults(function, *default_sources(function_text))
             except SwapImpossible as exc:
                 payload = {"verdict": "fresh", "note": str(exc)}
             else:
@@ -302,6 +311,8 @@ def run_mutants(
             os.close(read_fd)
             _in_child(
                 write_fd,
+                mutant,
+                mutated_function_text(target.source, mutant),
                 vllm,
                 target.function,
                 target.source,
@@ -326,7 +337,12 @@ def run_mutants(
         os.waitpid(job.pid, 0)
         seconds = time.monotonic() - job.started
         if timed_out:
-            finish(job.mutant, {"verdict": "timeout", "note": f"killed after {seconds:.0f} s"}, seconds, "fork")
+            finish(
+                job.mutant,
+                {"verdict": "timeout", "note": f"killed after {seconds:.0f} s"},
+                seconds,
+                "fork",
+            )
             return
         try:
             payload = json.loads(b"".join(job.chunks) or b"{}")
@@ -361,16 +377,19 @@ def run_mutants(
             reap(job, timed_out=True)
     selector.close()
 
-    for mutant in fresh:
+    # Fresh processes are few (decorators) and wait on vLLM's import: `jobs` at a time.
+    def one_fresh(mutant: Mutant) -> tuple[dict[str, Any], float]:
         target = by_key[f"{mutant.module}:{mutant.function}"]
         assert target.source is not None
-        order = _order(baseline.reached[target.target.key], kills[target.target.key], baseline.seconds)
+        reached = baseline.reached[target.target.key]
         text = texts.get(mutant.id) or mutated_module_text(target.source, mutant)
-        texts[mutant.id] = text
         began = time.monotonic()
         if fresh_runner is None:
-            payload = {"verdict": "skipped", "note": "needs a fresh process; none was allowed"}
-        else:
-            payload = fresh_runner(mutant, text, order)
-        finish(mutant, payload, time.monotonic() - began, "fresh")
+            return {"verdict": "skipped", "note": "needs a fresh process; none was allowed"}, 0.0
+        payload = fresh_runner(mutant, text, _order(reached, Counter(), baseline.seconds))
+        return payload, time.monotonic() - began
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        for mutant, (payload, seconds) in zip(fresh, pool.map(one_fresh, fresh), strict=True):
+            finish(mutant, payload, seconds, "fresh")
     return [results[m.id] for m in mutants if m.id in results]

@@ -39,7 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "paths", nargs="*", metavar="PATH", help="scenario files or folders (default: scenarios)"
     )
     parser.add_argument(
-        "--targets", default=DEFAULT_TARGETS, metavar="FILE", help=f"target functions (default {DEFAULT_TARGETS})"
+        "--targets",
+        default=DEFAULT_TARGETS,
+        metavar="FILE",
+        help=f"target functions (default {DEFAULT_TARGETS})",
     )
     parser.add_argument(
         "--equivalents",
@@ -50,7 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--report-dir", default=DEFAULT_REPORT_DIR, metavar="DIR")
     parser.add_argument("--shard", default="1/1", metavar="I/N", help="run the I-th of N shards")
     parser.add_argument(
-        "--mutant", action="append", default=[], metavar="ID", help="run only this mutant (repeatable)"
+        "--mutant",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="run only this mutant (repeatable)",
     )
     parser.add_argument(
         "--jobs", type=int, default=os.cpu_count() or 1, metavar="N", help="mutants at once"
@@ -231,7 +238,9 @@ def mutate(args: argparse.Namespace, load_vllm: Any) -> int:
         def on_result(result: MutantResult) -> None:
             tally[result.verdict] += 1
             if result.verdict in ("survived", "timeout"):
-                progress.echo(f"{result.verdict.upper():9} {result.mutant.id}: {result.replacement}")
+                progress.echo(
+                    f"{result.verdict.upper():9} {result.mutant.id}: {result.replacement}"
+                )
             progress.advance(tally=result.verdict)
 
         results = run_mutants(
@@ -284,9 +293,7 @@ def mutate(args: argparse.Namespace, load_vllm: Any) -> int:
             "with_fuzz": args.with_fuzz,
         },
     )
-    sources = {
-        entry.target.module: entry.source.module_text for entry in resolved if entry.source
-    }
+    sources = {entry.target.module: entry.source.module_text for entry in resolved if entry.source}
     written = reports.write(report, args.report_dir, sources)
     _say()
     _say(

@@ -94,7 +94,9 @@ def fuzz_survivors(
         return
     known = set(clean["signatures"])
     by_key = {r.target.key: r for r in resolved}
-    say(f"fuzz: {len(survivors)} survivors, {examples} examples each (clean vLLM: {len(known)} findings)")
+    say(
+        f"fuzz: {len(survivors)} survivors, {examples} examples each (clean vLLM: {len(known)} findings)"
+    )
     for result in survivors:
         mutant = result.mutant
         target = by_key[f"{mutant.module}:{mutant.function}"]
@@ -102,7 +104,9 @@ def fuzz_survivors(
         source = target.source
         text = mutated_module_text(source, mutant)
 
-        def work(text: str = text, function: Any = target.function) -> dict[str, Any]:
+        def work(
+            text: str = text, function: Any = target.function, source: Any = source
+        ) -> dict[str, Any]:
             swap_code(function, compiled_function_code(text, source.path, source.function))
             vllm.forget_answers()
             return _signatures(vllm, examples)

@@ -17,9 +17,11 @@ Where a mutation lands decides how it can run:
 
 * ``body``: the function's code object changes and nothing else; a forked
   child swaps ``__code__`` (:mod:`kvconform.oracles.mutation`).
-* ``signature`` (a parameter default) and ``decorator``: evaluated once, when
-  ``def`` runs at import; a code swap cannot express them, so they run in a
-  fresh process against a copy of vLLM's tree with the mutated file.
+* ``signature`` (a parameter default): evaluated once, when ``def`` runs; the
+  child evaluates the mutated defaults in the function's globals and assigns
+  ``__defaults__`` / ``__kwdefaults__``.
+* ``decorator``: applied once, at import; neither swap can express it, so it
+  runs in a fresh process against a copy of vLLM's tree with the mutated file.
 * annotations are not mutated: they are type hints, evaluated at most once
   when ``def`` runs and never read by the allocator (cosmic-ray itself skips
   variable annotations; kvconform extends that to parameter and return
@@ -85,7 +87,8 @@ class Mutant:
 
     @property
     def swappable(self) -> bool:
-        return self.region == "body"
+        """Runs on the fast path: a body's code swap, or a signature's defaults assigned."""
+        return self.region in ("body", "signature")
 
 
 @dataclass(frozen=True)
@@ -235,7 +238,7 @@ def enumerate_mutants(
         operator = _operator(name)
         occurrence = 0
         for node in nodes:
-            for (start, end) in operator.mutation_positions(node):
+            for start, end in operator.mutation_positions(node):
                 this = occurrence
                 occurrence += 1
                 region = _region(node, funcdef)
@@ -274,19 +277,55 @@ class _ApplyOne(Visitor):
         for index, _ in enumerate(self.operator.mutation_positions(node)):
             if self.count == self.occurrence:
                 self.applied = True
-                node = self.operator.mutate(node, index)
+                mutated = self.operator.mutate(node, index)
+                if mutated is not None and mutated is not node and hasattr(node, "prefix"):
+                    # NumberReplacer's new leaf has the prefix " ", which pulls a number
+                    # written at the start of a line up onto the previous one: keep the
+                    # original whitespace, so that the file keeps its line numbers.
+                    mutated.prefix = node.prefix
+                node = mutated
             self.count += 1
         return node
 
 
-def mutated_module_text(source: FunctionSource, mutant: Mutant) -> str:
-    """The module's text with ``mutant`` applied to its function."""
+def mutated_function_text(source: FunctionSource, mutant: Mutant) -> str:
+    """The function's text (dedented) with ``mutant`` applied."""
     tree = parso.parse(source.dedented)
     visitor = _ApplyOne(_operator(mutant.operator), mutant.occurrence)
     mutated = visitor.walk(tree)
     if not visitor.applied:
         raise ValueError(f"{mutant.id}: no such occurrence in {source.function}")
-    return source.splice(mutated.get_code())
+    return str(mutated.get_code())
+
+
+def mutated_module_text(source: FunctionSource, mutant: Mutant) -> str:
+    """The module's text with ``mutant`` applied to its function."""
+    return source.splice(mutated_function_text(source, mutant))
+
+
+def default_sources(function_text: str) -> tuple[list[str], dict[str, str]]:
+    """The source of each parameter default: positional ones in order, keyword-only by name.
+
+    The shapes of ``__defaults__`` and ``__kwdefaults__``: a ``signature`` mutant runs on
+    the fast path by evaluating these in the function's globals and assigning them.
+    """
+    funcdef = _funcdef_of(parso.parse(function_text))
+    positional: list[str] = []
+    keyword: dict[str, str] = {}
+    after_star = False
+    for child in funcdef.children[2].children:
+        if child.type == "operator" and child.value == "*":
+            after_star = True
+        elif child.type == "param":
+            if child.star_count == 1:
+                after_star = True
+            elif child.default is not None:
+                code = str(child.default.get_code()).strip()
+                if after_star:
+                    keyword[child.name.value] = code
+                else:
+                    positional.append(code)
+    return positional, keyword
 
 
 def unified_diff(source: FunctionSource, mutated: str) -> str:

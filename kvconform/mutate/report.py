@@ -70,7 +70,9 @@ def build(
     return report
 
 
-def _target_rows(targets: list[dict[str, Any]], results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _target_rows(
+    targets: list[dict[str, Any]], results: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     rows = []
     for target in targets:
         mine = [r for r in results if r["target"] == target["key"]]
@@ -102,7 +104,13 @@ def merge(reports: Iterable[dict[str, Any]]) -> dict[str, Any]:
     targets: dict[str, dict[str, Any]] = {}
     for report in reports:
         for row in report["targets"]:
-            targets.setdefault(row["key"], {k: row[k] for k in ("key", "module", "function", "missing", "reached_by", "focus")})
+            targets.setdefault(
+                row["key"],
+                {
+                    k: row[k]
+                    for k in ("key", "module", "function", "missing", "reached_by", "focus")
+                },
+            )
     merged = build(
         vllm=reports[0]["vllm"],
         targets=list(targets.values()),
@@ -171,7 +179,10 @@ def markdown(report: dict[str, Any]) -> str:
             lines += ["", f"### {verdict} ({len(chosen)})", ""]
             for r in chosen:
                 why = r.get("equivalent_reason") or r.get("note") or ""
-                lines.append(f"- `{r['id']}` line {r['line']}: `{r['replacement']}`" + (f" — {why}" if why else ""))
+                lines.append(
+                    f"- `{r['id']}` line {r['line']}: `{r['replacement']}`"
+                    + (f" — {why}" if why else "")
+                )
     return "\n".join(lines) + "\n"
 
 
@@ -247,7 +258,9 @@ def html_page(report: dict[str, Any]) -> str:
     ]
     for row in report["targets"]:
         if row.get("missing"):
-            out.append(f"<tr><td>{e(row['key'])}</td><td colspan=7>missing: {e(row['missing'])}</td></tr>")
+            out.append(
+                f"<tr><td>{e(row['key'])}</td><td colspan=7>missing: {e(row['missing'])}</td></tr>"
+            )
             continue
         out.append(
             f"<tr><td><a href='#{e(row['key'])}'>{e(row['key'])}</a></td><td>{row['mutants']}</td>"
@@ -258,7 +271,9 @@ def html_page(report: dict[str, Any]) -> str:
     for row in report["targets"]:
         if row.get("missing"):
             continue
-        out.append(f"<h2 id='{e(row['key'])}'>{e(row['function'])} <small>{e(row['module'])}</small></h2>")
+        out.append(
+            f"<h2 id='{e(row['key'])}'>{e(row['function'])} <small>{e(row['module'])}</small></h2>"
+        )
         mine = [r for r in report["results"] if r["target"] == row["key"]]
         for r in sorted(mine, key=lambda r: (r["verdict"] == "killed", r["order"])):
             killers = "; ".join(

@@ -17,6 +17,7 @@ of that which touches vLLM objects, so it lives among the oracles:
 * :func:`swap_code` replaces the code, refusing (:class:`SwapImpossible`) when
   the mutant's free variables differ from the closure the function carries:
   such a mutant needs a fresh process with a mutated source tree.
+  :func:`swap_defaults` does the same for parameter defaults.
 * :class:`ReachRecorder` notes, during one clean run, which target code
   objects each scenario calls, so that a mutant runs only the scenarios that
   reach its function. It is a ``sys.settrace`` function that sees each Python
@@ -31,7 +32,7 @@ import importlib
 import inspect
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -127,6 +128,23 @@ def swap_code(function: types.FunctionType, code: types.CodeType) -> None:
             f"free variables change ({function.__code__.co_freevars} -> {code.co_freevars})"
         )
     function.__code__ = code
+
+
+def swap_defaults(
+    function: types.FunctionType, positional: Sequence[str], keyword: dict[str, str]
+) -> None:
+    """Give ``function`` the defaults written in ``positional`` / ``keyword`` (source text).
+
+    A parameter default is evaluated when ``def`` runs; evaluating the mutated
+    expression in the function's globals and assigning it is what a fresh
+    import would have done.
+    """
+    old_keyword = function.__kwdefaults__ or {}
+    if len(positional) != len(function.__defaults__ or ()) or set(keyword) != set(old_keyword):
+        raise SwapImpossible("the mutant changes which parameters have defaults")
+    scope = function.__globals__
+    function.__defaults__ = tuple(eval(text, scope) for text in positional) or None
+    function.__kwdefaults__ = {name: eval(text, scope) for name, text in keyword.items()} or None
 
 
 def add_globals(function: types.FunctionType, names: dict[str, Any]) -> None:
