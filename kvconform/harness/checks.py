@@ -205,7 +205,31 @@ def check_lookahead(run: Trajectory) -> Iterator[Failure]:
     )
 
 
+def _warmup_blocks_in_pool(run: Trajectory) -> Iterator[Failure]:
+    """The recorded warmup hands out only blocks the pool has, and never the null block.
+
+    The warmup numbers its blocks itself (from 1, block 0 being the null block);
+    an id at or past ``num_blocks`` indexes past the KV-cache tensor on a GPU.
+    """
+    null, size = run.null_block, run.num_blocks
+    reported: set[tuple[str, int]] = set()
+    for obs in run.observations:
+        ids = obs.warmup_block_ids
+        if not ids or (obs.request, obs.group) in reported:
+            continue
+        outside = [b for b in ids if b >= size or b < 0]
+        if outside or (null in ids and not run.groups[obs.group].holds_null):
+            reported.add((obs.request, obs.group))
+            what = (
+                f"block {outside[0]}, which a pool of {size} blocks does not have"
+                if outside
+                else f"the null block (id {null})"
+            )
+            yield _failure("sanity", run, obs, f"{PARTY_NAMES['warmup']} hands out {what}")
+
+
 def check_sanity(run: Trajectory) -> Iterator[Failure]:
+    yield from _warmup_blocks_in_pool(run)
     null = run.null_block
     owner: dict[int, str] = {}
     # Per request and group, the block table last seen. A step usually appends
