@@ -216,3 +216,22 @@ def test_a_group_floor_bound_once_is_the_floor_rule():
             expected = FLOORS[group_type].blocks(f)
             assert step_floor(computed, scheduled, lookahead, encoder) == expected, (group_type, f)
             assert group.floor_input(computed, scheduled, lookahead, encoder) == f
+
+
+def test_lookahead_without_speculation_must_be_zero():
+    assert list(check_lookahead(trajectory(vllm_lookahead=0))) == []
+    assert list(check_lookahead(trajectory(vllm_lookahead=None))) == []  # release without it
+    (failure,) = check_lookahead(trajectory(vllm_lookahead=1))
+    assert "is 1 without speculative decoding" in failure.message
+
+
+def test_sanity_the_warmup_hands_out_only_pool_blocks_and_never_the_null_block():
+    def warmup_obs(ids: list[int], request: str = "w") -> Observation:
+        live_ids = [3, 4] if request == "w" else [5, 6]
+        return obs(warmup=len(ids), request=request, ids=live_ids)._replace(warmup_block_ids=ids)
+
+    assert list(check_sanity(trajectory(warmup_obs([1, 2]), warmup_obs([98, 99], "v")))) == []
+    (past,) = check_sanity(trajectory(warmup_obs([99, 100])))
+    assert "hands out block 100, which a pool of 100 blocks does not have" in past.message
+    (null,) = check_sanity(trajectory(warmup_obs([0, 1])))
+    assert "hands out the null block (id 0)" in null.message

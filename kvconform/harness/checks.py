@@ -183,6 +183,12 @@ def check_agree(run: Trajectory) -> Iterator[Failure]:
 
 def check_lookahead(run: Trajectory) -> Iterator[Failure]:
     if run.method is None:
+        if run.vllm_lookahead:  # None: this release has no num_lookahead_tokens
+            yield Failure(
+                "lookahead",
+                f"VllmConfig.num_lookahead_tokens is {run.vllm_lookahead} without speculative "
+                "decoding, where nothing drafts and the lookahead is 0",
+            )
         return
     k = run.num_speculative_tokens
     if run.expected_lookahead is None:

@@ -76,13 +76,15 @@ def _resolve_lookahead(scenario: Scenario, vllm: Vllm) -> Trajectory:
         for i, g in enumerate(model.groups)
     )
     if spec is None:
+        # Nothing drafts: the contract's lookahead is 0. vLLM's own answer is asked
+        # all the same, so that the lookahead check sees a release that reserves more.
         return Trajectory(
             groups,
             0,
             "no speculative decoding",
             model.max_model_len,
             expected_lookahead=0,
-            vllm_lookahead=0,
+            vllm_lookahead=vllm.lookahead(None, 0),
             floor_lookahead=0,
         )
     declared = vllm.declared_methods()
