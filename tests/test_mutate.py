@@ -136,11 +136,13 @@ def test_a_target_the_release_lacks_is_reported_not_raised(vllm):
 def _small_run(vllm, ids: list[str], scenarios_like: str = "circular", **kwargs):
     (target,) = campaign.resolve_targets([Target(*RESERVED.split(":"))])
     scenarios = [s for s in load_paths([REPO / "scenarios"]).scenarios if scenarios_like in s.id]
-    baseline = campaign.clean_run(scenarios, vllm, [target], ("floor", "agree"), [])
+
+    def run(scenario):
+        return run_scenario(scenario, vllm, ("floor", "agree"))
+
+    baseline = campaign.clean_run(scenarios, run, [target])
     chosen = [m for m in target.mutants if m.id in ids]
-    return target, campaign.run_mutants(
-        vllm, [target], chosen, scenarios, baseline, ("floor", "agree"), **kwargs
-    )
+    return target, campaign.run_mutants(vllm, [target], chosen, scenarios, baseline, run, **kwargs)
 
 
 def test_the_forked_child_swaps_the_code_and_the_parent_stays_clean(vllm):

@@ -623,7 +623,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_mutate_arguments(mutate_parser)
     add_vllm_options(mutate_parser)
-    mutate_parser.set_defaults(handler=lambda args: mutate(args, load_vllm))
+    add_progress_option(mutate_parser)
+    mutate_parser.set_defaults(handler=lambda args: mutate(args, open_progress))
     return parser
 
 

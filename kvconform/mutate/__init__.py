@@ -9,5 +9,5 @@ against each, and counts the mutants that turn a scenario's outcome red
 that swaps one function's code (:mod:`.campaign`), or, where a swap cannot
 express it, in a fresh process against a mutated copy of the tree
 (:mod:`.fresh`). Reports: :mod:`.report`. This package imports no vLLM itself:
-what touches vLLM's objects is :mod:`kvconform.oracles.mutation`.
+what touches vLLM's objects is :mod:`kvconform.oracles.vllm.mutation`.
 """

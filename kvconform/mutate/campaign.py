@@ -1,14 +1,14 @@
 """The campaign: one vLLM import, one clean run, then a forked child per mutant.
 
 1. vLLM is imported once (through the oracles) and every scenario of the corpus
-   runs once, clean, under a :class:`~kvconform.oracles.mutation.ReachRecorder`:
+   runs once, clean, under a :class:`~kvconform.oracles.vllm.mutation.ReachRecorder`:
    that gives each scenario's *baseline outcome* (verdict after expectations,
    and which checks failed where) and the set of target functions it calls.
 2. Each target's mutants come from cosmic-ray's operators (:mod:`.mutants`).
 3. Each mutant runs in a child made with ``os.fork()``: the child compiles the
    mutated module, swaps the code of the one function
-   (:func:`~kvconform.oracles.mutation.swap_code`), forgets the answers the
-   ``Vllm`` object remembered from the clean run, and runs through the engine
+   (:func:`~kvconform.oracles.vllm.mutation.swap_code`), forgets the answers the
+   ``Vllm`` object remembered from the clean run, and runs through the session
    only the scenarios that reached the function: first those that killed other
    mutants of the same function, then the fastest. It stops at the first
    scenario whose outcome differs from its baseline. A child that runs past its
@@ -42,10 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvconform.harness.checks import DEFAULT_CHECKS
-from kvconform.harness.engine import run_scenario
-from kvconform.harness.expectations import Expectation
-from kvconform.harness.scenario import Scenario
+from kvconform.model.results import ScenarioResult
+from kvconform.model.scenario import Scenario
 from kvconform.mutate.mutants import (
     FunctionSource,
     Mutant,
@@ -59,7 +57,8 @@ from kvconform.mutate.mutants import (
 )
 from kvconform.mutate.outcome import Outcome, judge_mutant, outcome_of
 from kvconform.mutate.targets import Equivalent, Target
-from kvconform.oracles.mutation import (
+from kvconform.oracles.vllm import Vllm
+from kvconform.oracles.vllm.mutation import (
     ReachRecorder,
     SwapImpossible,
     TargetMissing,
@@ -69,7 +68,6 @@ from kvconform.oracles.mutation import (
     swap_code,
     swap_defaults,
 )
-from kvconform.oracles.vllm_compat import Vllm
 
 # A child gets this much time beyond what its scenarios took in the clean run
 # (forking, compiling the mutant, a slower machine), and this factor on top.
@@ -138,19 +136,18 @@ def resolve_targets(
 
 def clean_run(
     scenarios: Sequence[Scenario],
-    vllm: Vllm,
+    run: Callable[[Scenario], ScenarioResult],
     targets: Sequence[ResolvedTarget],
-    checks: tuple[str, ...],
-    expectations: Sequence[Expectation],
     tick: Callable[[str], None] = lambda _: None,
 ) -> Baseline:
+    """Every scenario once, clean (``run`` is the session's), recording what it reaches."""
     codes = {t.function.__code__: t.target.key for t in targets if t.function is not None}
     recorder = ReachRecorder(codes)
     baseline = Baseline({}, {}, defaultdict(list))
     started = time.perf_counter()
     for scenario in scenarios:
         with recorder.recording() as reached:
-            result = run_scenario(scenario, vllm, checks, list(expectations))
+            result = run(scenario)
         baseline.outcomes[scenario.id] = outcome_of(result)
         baseline.seconds[scenario.id] = result.duration
         for key in sorted(reached):
@@ -174,8 +171,7 @@ def _in_child(
     mutated: str,
     scenarios: Sequence[Scenario],
     baseline: Baseline,
-    checks: tuple[str, ...],
-    expectations: Sequence[Expectation],
+    run_one: Callable[[Scenario], ScenarioResult],
 ) -> None:
     """Swap, run, report on ``write_fd``, and leave without running the parent's exit code."""
     payload: dict[str, Any]
@@ -198,7 +194,7 @@ def _in_child(
                 vllm.forget_answers()
 
                 def run(scenario: Scenario) -> Outcome:
-                    return outcome_of(run_scenario(scenario, vllm, checks, list(expectations)))
+                    return outcome_of(run_one(scenario))
 
                 payload = judge_mutant(scenarios, run, baseline.outcomes)
     except BaseException:  # noqa: BLE001 - whatever happens here is the mutant's verdict
@@ -235,8 +231,7 @@ def run_mutants(
     mutants: Sequence[Mutant],
     scenarios: Sequence[Scenario],
     baseline: Baseline,
-    checks: tuple[str, ...] = DEFAULT_CHECKS,
-    expectations: Sequence[Expectation] = (),
+    run_one: Callable[[Scenario], ScenarioResult],
     equivalents: dict[str, Equivalent] | None = None,
     jobs: int = 2,
     fresh_runner: Callable[[Mutant, str, list[str]], dict[str, Any]] | None = None,
@@ -319,8 +314,7 @@ def run_mutants(
                 text,
                 [by_id[s] for s in order],
                 baseline,
-                checks,
-                expectations,
+                run_one,
             )
         os.close(write_fd)
         os.set_blocking(read_fd, False)

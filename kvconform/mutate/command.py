@@ -1,6 +1,7 @@
 """``kvconform mutate``: the subcommand's options and its run, from flags to reports.
 
-The command line (:mod:`kvconform.harness.cli`) only registers the subcommand;
+The command line (:mod:`kvconform.fronts.cli`) only registers the subcommand
+and hands in its progress display;
 everything it does is here: load the targets, the equivalents, the corpus and
 vLLM; the clean run; the mutants of this shard; the forked runs
 (:mod:`.campaign`); with ``--with-fuzz N`` the fuzzer against each survivor
@@ -20,12 +21,12 @@ import shlex
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvconform import __version__
-from kvconform.errors import UsageError
-from kvconform.harness.progress import add_progress_option
+from kvconform.errors import ExitStatus, UsageError
 from kvconform.mutate.targets import DEFAULT_EQUIVALENTS, DEFAULT_TARGETS
 
 if TYPE_CHECKING:
@@ -81,7 +82,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="JSON",
         help="merge these shard reports (mutation.json) into --report-dir; runs nothing",
     )
-    add_progress_option(parser)
 
 
 def _say(text: str = "") -> None:
@@ -106,7 +106,7 @@ def _vllm_option(args: argparse.Namespace) -> list[str]:
     return []
 
 
-def merge_command(args: argparse.Namespace) -> int:
+def merge_command(args: argparse.Namespace) -> ExitStatus:
     from kvconform.mutate import report as reports
 
     loaded = []
@@ -125,7 +125,7 @@ def merge_command(args: argparse.Namespace) -> int:
     written = reports.write(merged, args.report_dir, sources)
     _say(f"merged {len(loaded)} reports: {merged['mutants']} mutants, score {merged['score']}")
     _say("reports: " + ", ".join(map(str, written)))
-    return 0
+    return ExitStatus.CONFORM
 
 
 def _sources_of(report: dict[str, Any]) -> dict[str, str]:
@@ -137,13 +137,10 @@ def _sources_of(report: dict[str, Any]) -> dict[str, str]:
     return sources
 
 
-def mutate(args: argparse.Namespace, load_vllm: Any) -> int:
-    """The whole campaign; ``load_vllm(args)`` is the CLI's own vLLM loader."""
+def mutate(args: argparse.Namespace, open_progress: Callable[..., Any]) -> ExitStatus:
+    """The whole campaign; ``open_progress`` is the front's progress display."""
     # Imported here: cosmic-ray (and vLLM, through the oracles) only when a campaign runs.
-    from kvconform.harness.checks import DEFAULT_CHECKS, parse_checks
-    from kvconform.harness.expectations import load_expectations
-    from kvconform.harness.loader import load_paths
-    from kvconform.harness.progress import open_progress
+    from kvconform.harness.session import RunRequest, Session, checks_from
     from kvconform.mutate import report as reports
     from kvconform.mutate.campaign import clean_run, resolve_targets, run_mutants
     from kvconform.mutate.fresh import run_fresh
@@ -157,29 +154,28 @@ def mutate(args: argparse.Namespace, load_vllm: Any) -> int:
     shard_index, shard_count = parse_shard(args.shard)
     if args.jobs < 1:
         raise UsageError("--jobs must be at least 1")
-    try:
-        checks = parse_checks(args.checks) if args.checks else DEFAULT_CHECKS
-    except ValueError as exc:
-        raise UsageError(f"--checks: {exc}") from None
-    for path in [args.targets, *(args.paths or ["scenarios"])]:
-        if not Path(path).exists():
-            raise UsageError(f"no such file or folder: {path}")
+    if not Path(args.targets).exists():
+        raise UsageError(f"no such file: {args.targets}")
     targets = load_targets(args.targets)
     equivalents = load_equivalents(args.equivalents)
-    loaded = load_paths(args.paths or ["scenarios"])
-    for error in loaded.errors:
+    session = Session(
+        RunRequest(
+            paths=tuple(args.paths),
+            checks=checks_from(args.checks),
+            vllm_src=getattr(args, "vllm_src", None),
+            vllm_release=getattr(args, "vllm_release", None),
+        )
+    )
+    selection = session.select()
+    for error in selection.input_errors:
         _say(f"ERROR {error}")
-    if loaded.errors:
-        return 2
-    expectations_file = Path(args.paths[0] if args.paths else "scenarios")
-    expectations_file = (
-        expectations_file if expectations_file.is_dir() else expectations_file.parent
-    ) / "expectations.yaml"
-    expectations = load_expectations(expectations_file) if expectations_file.exists() else []
-    scenarios = loaded.scenarios
+    if selection.input_errors:
+        return ExitStatus.BAD_INPUT
+    scenarios = selection.scenarios
+    checks = session.request.checks
 
     lap = time.perf_counter()
-    vllm = load_vllm(args, checks)
+    vllm = session.vllm
     phases["load_vllm"] = time.perf_counter() - lap
     _say(
         f"kvconform {__version__} mutate: vLLM {vllm.version} ({vllm.source.describe()}), "
@@ -196,8 +192,12 @@ def mutate(args: argparse.Namespace, load_vllm: Any) -> int:
     lap = time.perf_counter()
     with open_progress(len(scenarios), "scenarios (clean run)", mode=args.progress) as progress:
         baseline = clean_run(
-            scenarios, vllm, resolved, checks, expectations, lambda s: progress.advance()
+            scenarios, session.run_scenario, resolved, lambda s: progress.advance()
         )
+    for error in session.expectation_errors:
+        _say(f"ERROR {error}")
+    if session.expectation_errors:
+        return ExitStatus.BAD_INPUT
     phases["clean_run"] = time.perf_counter() - lap
 
     everything: list[Mutant] = [m for entry in resolved for m in entry.mutants]
@@ -228,7 +228,6 @@ def mutate(args: argparse.Namespace, load_vllm: Any) -> int:
             sorted({scenario_files[i] for i in ids}),
             baseline.outcomes,
             checks,
-            str(expectations_file) if expectations else None,
         )
 
     lap = time.perf_counter()
@@ -249,8 +248,7 @@ def mutate(args: argparse.Namespace, load_vllm: Any) -> int:
             chosen,
             scenarios,
             baseline,
-            checks,
-            expectations,
+            session.run_scenario,
             equivalents,
             jobs=args.jobs,
             fresh_runner=fresh,
@@ -309,8 +307,8 @@ def mutate(args: argparse.Namespace, load_vllm: Any) -> int:
     _say("reports: " + ", ".join(map(str, written)))
     if args.fail_under is not None and (report["score"] or 0.0) < args.fail_under:
         _say(f"score {report['score']} is below --fail-under {args.fail_under}")
-        return 1
-    return 0
+        return ExitStatus.NONCONFORMANCE
+    return ExitStatus.CONFORM
 
 
 def _target_json(entry: ResolvedTarget, reached: dict[str, list[str]]) -> dict[str, Any]:

@@ -60,7 +60,6 @@ def run_fresh(
     scenario_files: Sequence[str],
     clean: dict[str, Outcome],
     checks: Sequence[str],
-    expectations: str | None,
     timeout: float = FRESH_TIMEOUT_S,
 ) -> dict[str, Any]:
     """The verdict payload of one mutant run in a new interpreter."""
@@ -79,7 +78,6 @@ def run_fresh(
                     "ids": list(scenario_ids),
                     "clean": {k: _outcome_json(v) for k, v in clean.items() if k in scenario_ids},
                     "checks": list(checks),
-                    "expectations": expectations,
                 }
             )
         )
@@ -117,31 +115,25 @@ def _outcome_from(data: dict[str, Any]) -> Outcome:
     return Outcome(
         data["verdict"],
         data["error_kind"],
-        frozenset(tuple(k) for k in data["failures"]),  # type: ignore[misc]
+        frozenset(tuple(k) for k in data["failures"]),
         data.get("message", ""),
     )
 
 
 def main(job_file: str) -> int:
-    from kvconform.harness.engine import run_scenario
-    from kvconform.harness.expectations import load_expectations
-    from kvconform.harness.loader import load_paths
+    from kvconform.harness.session import RunRequest, Session
     from kvconform.mutate.outcome import judge_mutant, outcome_of
-    from kvconform.oracles import vllm_compat
 
     job = json.loads(Path(job_file).read_text())
-    vllm = vllm_compat.load(src=job["tree"])
-    loaded = load_paths(job["files"]).scenarios
-    by_id = {s.id: s for s in loaded}
-    scenarios = [by_id[i] for i in job["ids"] if i in by_id]
-    expectations = load_expectations(job["expectations"]) if job["expectations"] else []
-    checks = tuple(job["checks"])
-    clean = {k: _outcome_from(v) for k, v in job["clean"].items()}
-    payload = judge_mutant(
-        scenarios,
-        lambda s: outcome_of(run_scenario(s, vllm, checks, expectations)),
-        clean,
+    # The same session as the campaign's (the nearest expectations file of each
+    # scenario), against the mutated tree.
+    session = Session(
+        RunRequest(paths=tuple(job["files"]), checks=tuple(job["checks"]), vllm_src=job["tree"])
     )
+    by_id = {s.id: s for s in session.select().scenarios}
+    scenarios = [by_id[i] for i in job["ids"] if i in by_id]
+    clean = {k: _outcome_from(v) for k, v in job["clean"].items()}
+    payload = judge_mutant(scenarios, lambda s: outcome_of(session.run_scenario(s)), clean)
     sys.stdout.write("\n" + json.dumps(payload) + "\n")
     sys.stdout.flush()
     os._exit(0)  # vLLM's teardown takes seconds and has nothing to say

@@ -22,8 +22,8 @@ from typing import Any
 
 from kvconform.mutate.campaign import MutantResult, ResolvedTarget
 from kvconform.mutate.mutants import mutated_module_text
-from kvconform.oracles.mutation import compiled_function_code, swap_code
-from kvconform.oracles.vllm_compat import Vllm
+from kvconform.oracles.vllm import Vllm
+from kvconform.oracles.vllm.mutation import compiled_function_code, swap_code
 
 FUZZ_SEED = 0
 FUZZ_TIMEOUT_BASE_S = 60.0
@@ -65,7 +65,7 @@ def call_in_fork(work: Callable[[], dict[str, Any]], timeout: float) -> dict[str
 
 
 def _signatures(vllm: Vllm, examples: int) -> dict[str, Any]:
-    from kvconform.harness.fuzz.runner import run_fuzz
+    from kvconform.fuzz.runner import run_fuzz
 
     stats = run_fuzz(vllm, examples, FUZZ_SEED, None)
     return {

@@ -16,7 +16,7 @@ which is what the equivalents file needs.
 Where a mutation lands decides how it can run:
 
 * ``body``: the function's code object changes and nothing else; a forked
-  child swaps ``__code__`` (:mod:`kvconform.oracles.mutation`).
+  child swaps ``__code__`` (:mod:`kvconform.oracles.vllm.mutation`).
 * ``signature`` (a parameter default): evaluated once, when ``def`` runs; the
   child evaluates the mutated defaults in the function's globals and assigns
   ``__defaults__`` / ``__kwdefaults__``.

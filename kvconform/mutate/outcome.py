@@ -22,8 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvconform.harness.results import ErrorKind, ScenarioResult, Verdict
-from kvconform.harness.scenario import Scenario
+from kvconform.model.results import ErrorKind, ScenarioResult, Verdict
+from kvconform.model.scenario import Scenario
 
 FailureKey = tuple[str, "int | None", "str | None", "int | None"]
 
