@@ -283,6 +283,8 @@ class _ApplyOne(Visitor):
                     # written at the start of a line up onto the previous one: keep the
                     # original whitespace, so that the file keeps its line numbers.
                     mutated.prefix = node.prefix
+                    if isinstance(getattr(mutated, "value", None), str):
+                        mutated.value = mutated.value.lstrip()  # its value is " 2"
                 node = mutated
             self.count += 1
         return node
