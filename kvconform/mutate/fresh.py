@@ -64,7 +64,12 @@ def run_fresh(
 ) -> dict[str, Any]:
     """The verdict payload of one mutant run in a new interpreter."""
     with tempfile.TemporaryDirectory(prefix="kvconform-mutant-") as tmp:
-        root = _link_tree(Path(package), Path(tmp) / "tree")
+        try:
+            root = _link_tree(Path(package), Path(tmp) / "tree")
+        except OSError as exc:
+            # Not the mutant's doing (the tree went away under the campaign): say so and
+            # let the campaign write its report.
+            return {"verdict": "skipped", "note": f"could not copy the vLLM tree: {exc}"}
         relative = Path(module_file).resolve().relative_to(Path(package).resolve())
         target = root / "vllm" / relative
         target.unlink()  # a hard link: never write through it into the original
