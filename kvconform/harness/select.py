@@ -1,15 +1,30 @@
-"""``-k EXPR``: pick scenarios the way pytest's ``-k`` picks tests.
+"""Picking scenarios: ``-k EXPR``, ``FILE::ID`` and ``--shard I/N``.
 
-An expression of names joined by ``and``, ``or``, ``not`` and parentheses. A
-name matches a scenario when it is a case-insensitive substring of the
-scenario's id, one of its tags or its file's stem, so ``-k 'dflash and not
-mamba'`` and ``-k 'eagle-chunked[eagle-k3]'`` both work.
+``-k`` works the way pytest's ``-k`` picks tests: an expression of names joined
+by ``and``, ``or``, ``not`` and parentheses. A name matches a scenario when it is
+a case-insensitive substring of the scenario's id, one of its tags, its
+speculative method or its file's stem, so ``-k 'dflash and not mamba'`` and
+``-k 'eagle-chunked[eagle-k3]'`` both work.
+
+``FILE::ID`` (pytest's node-id syntax) names one scenario of a file exactly, by
+its id; the rerun commands every report prints use it, because a ``-k`` substring
+of one matrix case's id can match its neighbours too.
+
+``--shard I/N`` keeps the scenarios whose id hashes to shard ``I`` of ``N``
+(1-based). The hash is SHA-256 of the id, so every machine of a CI job's
+parallel steps puts a scenario in the same shard whatever order it loaded the
+files in, and a new scenario moves no other one. Buildkite's
+``BUILDKITE_PARALLEL_JOB`` (0-based) and ``BUILDKITE_PARALLEL_JOB_COUNT`` give the
+shard when ``--shard`` is not given.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from kvconform.errors import UsageError
 from kvconform.model.scenario import Scenario
@@ -75,6 +90,70 @@ def compile_expression(expression: str) -> Callable[[Scenario], bool]:
 
     def matches(scenario: Scenario) -> bool:
         stem = scenario.file.rsplit("/", 1)[-1].rsplit(".", 1)[0]
-        return matcher(" ".join((scenario.id, *scenario.tags, stem)).lower())
+        method = (scenario.speculative.method,) if scenario.speculative else ()
+        return matcher(" ".join((scenario.id, *scenario.tags, *method, stem)).lower())
 
     return matches
+
+
+# -- FILE::ID ---------------------------------------------------------------------------
+
+NODE_SEPARATOR = "::"
+
+
+def split_node(path: str) -> tuple[str, str | None]:
+    """``("a.yaml", "id")`` for ``a.yaml::id``; ``(path, None)`` for a plain path."""
+    file, sep, scenario_id = path.partition(NODE_SEPARATOR)
+    return (file, scenario_id) if sep else (path, None)
+
+
+# -- shards -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Shard ``index`` of ``count`` (1-based), and where that came from."""
+
+    index: int
+    count: int
+    source: str = "--shard"
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+    def holds(self, scenario_id: str) -> bool:
+        return shard_of(scenario_id, self.count) == self.index
+
+
+def shard_of(key: str, count: int) -> int:
+    """The shard (1-based) a scenario id falls in: the same on every machine."""
+    digest = hashlib.sha256(key.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") % count + 1
+
+
+def parse_shard(text: str, option: str = "--shard") -> Shard:
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if not match:
+        raise UsageError(f"{option}: expected I/N (e.g. 2/4), got {text!r}")
+    index, count = int(match.group(1)), int(match.group(2))
+    if count < 1 or not 1 <= index <= count:
+        raise UsageError(f"{option}: shard {index}/{count}: I must be between 1 and N")
+    return Shard(index, count, option)
+
+
+def shard_from(text: str | None, environ: Mapping[str, str] | None = None) -> Shard | None:
+    """The shard ``--shard`` names, else Buildkite's parallel job, else none."""
+    if text:
+        return parse_shard(text)
+    env = os.environ if environ is None else environ
+    job, count = env.get("BUILDKITE_PARALLEL_JOB"), env.get("BUILDKITE_PARALLEL_JOB_COUNT")
+    if job is None or count is None:
+        return None
+    if not (job.strip().isdigit() and count.strip().isdigit()):
+        raise UsageError(
+            f"BUILDKITE_PARALLEL_JOB={job!r} / BUILDKITE_PARALLEL_JOB_COUNT={count!r}: "
+            "expected two integers"
+        )
+    # Buildkite counts jobs from 0; shards count from 1.
+    shard = parse_shard(f"{int(job) + 1}/{int(count)}", "BUILDKITE_PARALLEL_JOB")
+    return Shard(shard.index, shard.count, "BUILDKITE_PARALLEL_JOB")

@@ -6,9 +6,11 @@ Every front goes through here, so that ``kvconform run``, ``kvconform check``,
 * which vLLM: :func:`load_vllm` (the installed package, ``--vllm-src DIR`` or
   ``--vllm-release VER``), prepared for the slot-mapping kernel when the
   ``slots`` check is selected, and loaded once per process;
-* which scenarios: the files and folders named (default ``scenarios/``) filtered
-  by a ``-k`` expression; a file that does not load is an input error and the
-  other files still run;
+* which scenarios: the files and folders named (default ``scenarios/``), or one
+  scenario as ``FILE::ID``, filtered by a ``-k`` expression and a shard
+  (:mod:`kvconform.harness.select`); a file that does not load is an input
+  error and the other files still run; a selection that matches nothing ends
+  the run with exit 5 before vLLM is imported;
 * which known divergences: an explicit expectations file, none, or for each
   scenario the nearest ``expectations.yaml`` above its file (the search stops at
   the repository's root), each file read once;
@@ -40,9 +42,9 @@ from kvconform.harness.expectations import (
 )
 from kvconform.harness.grouping import group_failures
 from kvconform.harness.loader import load_paths
-from kvconform.harness.select import compile_expression
+from kvconform.harness.select import Shard, compile_expression, split_node
 from kvconform.model.coverage import Coverage
-from kvconform.model.results import RunReport, ScenarioResult
+from kvconform.model.results import RunReport, ScenarioResult, rerun_command
 from kvconform.model.scenario import Scenario
 from kvconform.oracles import vllm as vllm_loader
 from kvconform.oracles.vllm import Vllm
@@ -54,6 +56,7 @@ __all__ = [
     "checks_from",
     "load_vllm",
     "skipped_notes",
+    "vllm_to_load",
 ]
 
 # One loaded vLLM per process and source: the CLI loads one; a pytest process
@@ -84,6 +87,15 @@ def load_vllm(
     return _LOADED[key]
 
 
+def vllm_to_load(src: str | None = None, release: str | None = None) -> str:
+    """Which vLLM a run is about to load, said without importing it (the first line)."""
+    if release:
+        return f"vLLM {release} (PyPI release's Python tree)"
+    if src:
+        return f"vLLM {vllm_loader.tree_version(src) or '(version unknown)'} (Python tree at {src})"
+    return f"vLLM {vllm_loader.installed_version() or '(not installed)'} (installed)"
+
+
 def checks_from(text: str | None, option: str = "--checks") -> tuple[str, ...]:
     """The checks a ``--checks`` value names; a wrong name is a usage error."""
     try:
@@ -104,16 +116,37 @@ class RunRequest:
     expectations: str | None = None  # an explicit file; None: the nearest one
     no_expectations: bool = False
     command: str = ""
+    shard: Shard | None = None
 
     @property
     def scenario_paths(self) -> tuple[str, ...]:
         return self.paths or (DEFAULT_SCENARIOS,)
+
+    def rerun_options(self) -> tuple[str, ...]:
+        """The options a rerun of one scenario must repeat to judge it the same way
+        (the vLLM options come from the vLLM that actually ran)."""
+        options: list[str] = []
+        if self.checks and self.checks != DEFAULT_CHECKS:
+            options += ["--checks", ",".join(self.checks)]
+        if self.no_expectations:
+            options.append("--no-expectations")
+        elif self.expectations:
+            options += ["--expectations", self.expectations]
+        return tuple(options)
 
 
 @dataclass
 class Selection:
     scenarios: list[Scenario]
     input_errors: list[ScenarioError] = field(default_factory=list)
+    loaded: int = 0  # scenarios in the files, before -k, FILE::ID and the shard
+    matched: int = 0  # after -k and FILE::ID, before the shard
+    why_empty: str = ""  # what selected nothing, when nothing was selected
+
+    @property
+    def nothing_matched(self) -> bool:
+        """Nothing to run, and not because a shard drew none or every file failed."""
+        return self.matched == 0 and not self.input_errors
 
 
 class Session:
@@ -128,17 +161,45 @@ class Session:
     # -- selection ------------------------------------------------------------------------
 
     def select(self) -> Selection:
-        """The scenarios the request's paths and ``-k`` expression select."""
-        paths = self.request.scenario_paths
-        for path in paths:
+        """The scenarios the request's paths, ``-k`` expression and shard select."""
+        request = self.request
+        nodes = [split_node(path) for path in request.scenario_paths]
+        for path, _ in nodes:
             if not Path(path).exists():
                 raise UsageError(f"no such file or folder: {path}")
-        loaded = load_paths(list(paths))
-        scenarios = loaded.scenarios
-        if self.request.expression:
-            matches = compile_expression(self.request.expression)
+        plain = [path for path, scenario_id in nodes if scenario_id is None]
+        loaded = load_paths(plain) if plain else None
+        scenarios = list(loaded.scenarios) if loaded else []
+        errors = list(loaded.errors) if loaded else []
+        missing: list[str] = []
+        for path, scenario_id in nodes:
+            if scenario_id is None:
+                continue
+            one = load_paths([path])
+            errors += one.errors
+            chosen = [s for s in one.scenarios if s.id == scenario_id]
+            if not chosen and not one.errors:
+                missing.append(f"{path} has no scenario {scenario_id!r}")
+            known = {s.id for s in scenarios}
+            scenarios += [s for s in chosen if s.id not in known]
+        total = len(scenarios)
+        if request.expression:
+            matches = compile_expression(request.expression)
             scenarios = [s for s in scenarios if matches(s)]
-        return Selection(scenarios, list(loaded.errors))
+        matched = len(scenarios)
+        if request.shard is not None:
+            scenarios = [s for s in scenarios if request.shard.holds(s.id)]
+        where = ", ".join(request.scenario_paths)
+        why = ""
+        if missing:
+            why = "; ".join(missing)
+        elif total == 0:
+            why = f"no scenario in {where}"
+        elif matched == 0:
+            why = f"-k {request.expression!r} matched none of the {total} scenarios in {where}"
+        elif not scenarios and request.shard is not None:
+            why = f"shard {request.shard} holds none of the {matched} selected scenarios"
+        return Selection(scenarios, errors, total, matched, why)
 
     # -- known divergences ----------------------------------------------------------------
 
@@ -197,6 +258,20 @@ class Session:
             command=request.command or shlex.join(["kvconform", *sys.argv[1:]]),
             checks=request.checks,
             expectations_file=str(exp_path) if exp_path is not None else None,
+            rerun_options=request.rerun_options(),
+            shard=str(request.shard) if request.shard is not None else None,
+        )
+
+    def rerun_command(self, result: ScenarioResult) -> str:
+        """The command that reruns one scenario as this session ran it (the pytest
+        front's hint; a :class:`RunReport` has its own, from what it recorded)."""
+        source = self.vllm.source
+        return rerun_command(
+            result,
+            vllm_source=source.kind,
+            vllm_path=self.vllm.location,
+            vllm_release=source.release,
+            options=self.request.rerun_options(),
         )
 
     def run(
@@ -209,7 +284,19 @@ class Session:
         on_result: Callable[[ScenarioResult], None] | None = None,
     ) -> RunReport:
         """Run the selection into ``report``: vLLM first, then every scenario, then the
-        conclusions. A vLLM that cannot be loaded ends the run with its error."""
+        conclusions. A vLLM that cannot be loaded ends the run with its error. An
+        empty selection ends it before vLLM is imported: exit 2 if files failed to
+        load, 5 if nothing matched, 0 for a shard that drew none of a selection."""
+        if not selection.scenarios:
+            if selection.why_empty:
+                report.notes.append(f"nothing selected: {selection.why_empty}")
+            if report.input_errors:
+                report.exit_status = ExitStatus.BAD_INPUT
+            elif selection.nothing_matched:
+                report.exit_status = ExitStatus.NO_SELECTION
+            else:
+                report.exit_status = ExitStatus.CONFORM
+            return report
         phases = report.phases
         lap = time.perf_counter()
         try:
