@@ -443,6 +443,41 @@ def cmd_engine_record(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- export ----------------------------------------------------------------------------
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from kvconform.harness.select import split_node
+    from kvconform.reports.vllm_test import render_vllm_test, test_name
+
+    if not args.vllm_test:
+        raise UsageError("export: say what to export (--vllm-test)")
+    target = args.scenario
+    file, scenario_id = split_node(target)
+    paths = [file] if Path(file).exists() else [DEFAULT_SCENARIOS]
+    loaded = load_paths(paths)
+    for err in loaded.errors:
+        say(f"ERROR {err}")
+    wanted = scenario_id or (None if Path(file).exists() else target)
+    chosen = [s for s in loaded.scenarios if wanted in (None, s.id)]
+    if len(chosen) != 1:
+        raise UsageError(
+            f"export: {target!r} names {len(chosen)} scenarios; name one "
+            f"(FILE::ID, or an id under {DEFAULT_SCENARIOS}/)"
+        )
+    (scenario,) = chosen
+    # No expectations: the export reproduces what vLLM does, listed or not.
+    request = run_request(argparse.Namespace(**vars(args), paths=()), DEFAULT_CHECKS)
+    run = Session(RunRequest(**{**vars(request), "no_expectations": True}))
+    result = run.run_scenario(scenario)
+    text = render_vllm_test(scenario, result, run.vllm)
+    out = Path(args.out or f"{test_name(scenario)}.py")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+    say(f"{scenario.id}: {result.verdict.value} against vLLM {run.vllm.version}; wrote {out}")
+    return ExitStatus.CONFORM
+
+
 # -- doctor ----------------------------------------------------------------------------
 
 
@@ -647,6 +682,21 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("scenario", help="a scenario file, or a scenario id under scenarios/")
     add_vllm_options(explain)
     explain.set_defaults(handler=cmd_explain)
+
+    export = sub.add_parser(
+        "export",
+        help="write a scenario's finding as a self-contained pytest file for vLLM's tests",
+        description="Run one scenario and write what it found (a floor shortfall, a "
+        "disagreement of the warmup predictor, a crash) as a pytest module in the style of "
+        "vLLM's tests/v1/core: vLLM imports only, failing while the finding holds.",
+    )
+    export.add_argument("scenario", help="FILE::ID, a one-scenario file, or an id under scenarios/")
+    export.add_argument(
+        "--vllm-test", action="store_true", help="a pytest module for vLLM's own test suite"
+    )
+    export.add_argument("--out", metavar="FILE", help="where to write it (default: test_<id>.py)")
+    add_vllm_options(export)
+    export.set_defaults(handler=cmd_export)
 
     doctor = sub.add_parser(
         "doctor", help="what the installed vLLM offers and what kvconform can exercise"
