@@ -46,24 +46,17 @@ def test_every_reproducer_is_listed_and_linked_from_findings():
 
 
 @pytest.mark.parametrize("name", sorted(FINDINGS))
-def test_the_reproducer_imports_vllm_only_and_fails_while_the_finding_holds(vllm, name):
-    path = REPRODUCERS / name
-    source = path.read_text()
-    assert "kvconform" not in source.replace("`kvconform export", "").split('"""', 2)[2]
+def test_the_reproducer_imports_vllm_only_and_fails_while_the_finding_holds(vllm, name, tmp_path):
+    source = (REPRODUCERS / name).read_text()
+    code = source.split('"""', 2)[2]  # after the docstring, which names the command
+    assert "kvconform" not in code
+    # Alone in a folder of its own, no kvconform on the path, no project conftest.
+    (tmp_path / name).write_text(source)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "--rootdir",
-            str(path.parent),
-            str(path),
-        ],
-        cwd=path.parent,
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", name],
+        cwd=tmp_path,
         env=env,
         capture_output=True,
         text=True,

@@ -1,83 +1,20 @@
-"""decode-context-parallel-block-span: the warmup predictor agrees, or it does not (found by kvconform 0.1.0).
+"""decode-context-parallel-block-span: _reserved_block_count reserves what KVCacheManager holds.
 
-Against vLLM 0.33.0, the scenario scenarios/specs/decode-context-parallel-block-span.yaml (decode-context-parallel-block-span) found:
+Against vLLM 0.33.0, the scenario decode-context-parallel-block-span
+(scenarios/specs/decode-context-parallel-block-span.yaml) found:
 
     step 0 (line 22, prefill 50) request a, group 0 (full_attention): the live
     KVCacheManager holds 2 blocks but the warmup predictor _reserved_block_count
     predicts 4 for 0 + 50 tokens with lookahead 3; step 0 (line 22, prefill 50) request
     a, group 1 (mla): the live KVCacheManager holds 2 blocks but the warmup predictor
-    _reserved_block_count predicts 4 for 0 + 50 tokens with lookahead 3; step 0 (line
-    22, prefill 300) request b, group 0 (full_attention): the live KVCacheManager holds
-    10 blocks but the warmup predictor _reserved_block_count predicts 19 for 0 + 300
-    tokens with lookahead 3; step 0 (line 22, prefill 300) request b, group 1 (mla): the
-    live KVCacheManager holds 10 blocks but the warmup predictor _reserved_block_count
-    predicts 19 for 0 + 300 tokens with lookahead 3; step 1 (line 23, spec 3 (1
-    accepted)) request a, group 0 (full_attention): the live KVCacheManager holds 2
-    blocks but the warmup predictor _reserved_block_count predicts 4 for 50 + 4 tokens
-    with lookahead 3; step 1 (line 23, spec 3 (1 accepted)) request a, group 1 (mla):
-    the live KVCacheManager holds 2 blocks but the warmup predictor
-    _reserved_block_count predicts 4 for 50 + 4 tokens with lookahead 3; step 1 (line
-    23, spec 3 (0 accepted)) request b, group 0 (full_attention): the live
-    KVCacheManager holds 10 blocks but the warmup predictor _reserved_block_count
-    predicts 20 for 300 + 4 tokens with lookahead 3; step 1 (line 23, spec 3 (0
-    accepted)) request b, group 1 (mla): the live KVCacheManager holds 10 blocks but the
-    warmup predictor _reserved_block_count predicts 20 for 300 + 4 tokens with lookahead
-    3; step 2 (line 23, spec 3 (1 accepted)) request a, group 0 (full_attention): the
-    live KVCacheManager holds 2 blocks but the warmup predictor _reserved_block_count
-    predicts 4 for 52 + 4 tokens with lookahead 3; step 2 (line 23, spec 3 (1 accepted))
-    request a, group 1 (mla): the live KVCacheManager holds 2 blocks but the warmup
-    predictor _reserved_block_count predicts 4 for 52 + 4 tokens with lookahead 3; step
-    2 (line 23, spec 3 (0 accepted)) request b, group 0 (full_attention): the live
-    KVCacheManager holds 10 blocks but the warmup predictor _reserved_block_count
-    predicts 20 for 301 + 4 tokens with lookahead 3; step 2 (line 23, spec 3 (0
-    accepted)) request b, group 1 (mla): the live KVCacheManager holds 10 blocks but the
-    warmup predictor _reserved_block_count predicts 20 for 301 + 4 tokens with lookahead
-    3; step 3 (line 23, spec 3 (1 accepted)) request a, group 0 (full_attention): the
-    live KVCacheManager holds 2 blocks but the warmup predictor _reserved_block_count
-    predicts 4 for 54 + 4 tokens with lookahead 3; step 3 (line 23, spec 3 (1 accepted))
-    request a, group 1 (mla): the live KVCacheManager holds 2 blocks but the warmup
-    predictor _reserved_block_count predicts 4 for 54 + 4 tokens with lookahead 3; step
-    3 (line 23, spec 3 (0 accepted)) request b, group 0 (full_attention): the live
-    KVCacheManager holds 10 blocks but the warmup predictor _reserved_block_count
-    predicts 20 for 302 + 4 tokens with lookahead 3; step 3 (line 23, spec 3 (0
-    accepted)) request b, group 1 (mla): the live KVCacheManager holds 10 blocks but the
-    warmup predictor _reserved_block_count predicts 20 for 302 + 4 tokens with lookahead
-    3; step 4 (line 23, spec 3 (1 accepted)) request a, group 0 (full_attention): the
-    live KVCacheManager holds 2 blocks but the warmup predictor _reserved_block_count
-    predicts 4 for 56 + 4 tokens with lookahead 3; step 4 (line 23, spec 3 (1 accepted))
-    request a, group 1 (mla): the live KVCacheManager holds 2 blocks but the warmup
-    predictor _reserved_block_count predicts 4 for 56 + 4 tokens with lookahead 3; step
-    4 (line 23, spec 3 (0 accepted)) request b, group 0 (full_attention): the live
-    KVCacheManager holds 10 blocks but the warmup predictor _reserved_block_count
-    predicts 20 for 303 + 4 tokens with lookahead 3; step 4 (line 23, spec 3 (0
-    accepted)) request b, group 1 (mla): the live KVCacheManager holds 10 blocks but the
-    warmup predictor _reserved_block_count predicts 20 for 303 + 4 tokens with lookahead
-    3; step 5 (line 23, spec 3 (1 accepted)) request a, group 0 (full_attention): the
-    live KVCacheManager holds 3 blocks but the warmup predictor _reserved_block_count
-    predicts 5 for 58 + 4 tokens with lookahead 3; step 5 (line 23, spec 3 (1 accepted))
-    request a, group 1 (mla): the live KVCacheManager holds 3 blocks but the warmup
-    predictor _reserved_block_count predicts 5 for 58 + 4 tokens with lookahead 3; step
-    5 (line 23, spec 3 (0 accepted)) request b, group 0 (full_attention): the live
-    KVCacheManager holds 10 blocks but the warmup predictor _reserved_block_count
-    predicts 20 for 304 + 4 tokens with lookahead 3; step 5 (line 23, spec 3 (0
-    accepted)) request b, group 1 (mla): the live KVCacheManager holds 10 blocks but the
-    warmup predictor _reserved_block_count predicts 20 for 304 + 4 tokens with lookahead
-    3; step 6 (line 23, spec 3 (1 accepted)) request a, group 0 (full_attention): the
-    live KVCacheManager holds 3 blocks but the warmup predictor _reserved_block_count
-    predicts 5 for 60 + 4 tokens with lookahead 3; step 6 (line 23, spec 3 (1 accepted))
-    request a, group 1 (mla): the live KVCacheManager holds 3 blocks but the warmup
-    predictor _reserved_block_count predicts 5 for 60 + 4 tokens with lookahead 3; step
-    6 (line 23, spec 3 (0 accepted)) request b, group 0 (full_attention): the live
-    KVCacheManager holds 10 blocks but the warmup predictor _reserved_block_count
-    predicts 20 for 305 + 4 tokens with lookahead 3; step 6 (line 23, spec 3 (0
-    accepted)) request b, group 1 (mla): the live KVCacheManager holds 10 blocks but the
-    warmup predictor _reserved_block_count predicts 20 for 305 + 4 tokens with lookahead
-    3
+    _reserved_block_count predicts 4 for 0 + 50 tokens with lookahead 3; and 26 more
+    such records
 
 This test replays the scenario's calls on vLLM's own KVCacheManager, as the
 scheduler makes them around allocate_slots, and asks the warmup predictor
 _reserved_block_count for the same token counts. It fails while the finding holds.
-Written by `kvconform export decode-context-parallel-block-span --vllm-test`; needs vLLM only.
+Written by `kvconform export decode-context-parallel-block-span --vllm-test` (kvconform 0.1.0);
+it needs vLLM only.
 """
 
 import torch  # noqa: F401 - the specs' dtypes
@@ -86,10 +23,10 @@ from vllm import SamplingParams
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
-    MLAAttentionSpec,
-    MambaSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
+    MLAAttentionSpec,
+    MambaSpec,
 )
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.worker.gpu.warmup import _reserved_block_count

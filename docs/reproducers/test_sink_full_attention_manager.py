@@ -1,6 +1,7 @@
-"""sink-full-attention-manager-builds: the replay raises, or it does not (found by kvconform 0.1.0).
+"""sink-full-attention-manager-builds: building and driving the KVCacheManager must not raise.
 
-Against vLLM 0.33.0, the scenario scenarios/specs/sink-full-attention-manager-builds.yaml (sink-full-attention-manager-builds) found:
+Against vLLM 0.33.0, the scenario sink-full-attention-manager-builds
+(scenarios/specs/sink-full-attention-manager-builds.yaml) found:
 
     vLLM 0.33.0 raised TypeError: SinkFullAttentionManager.__init__() got an unexpected
     keyword argument 'needs_kv_cache_zeroing' at
@@ -9,7 +10,8 @@ Against vLLM 0.33.0, the scenario scenarios/specs/sink-full-attention-manager-bu
 This test replays the scenario's calls on vLLM's own KVCacheManager, as the
 scheduler makes them around allocate_slots, and asks the warmup predictor
 _reserved_block_count for the same token counts. It fails while the finding holds.
-Written by `kvconform export sink-full-attention-manager-builds --vllm-test`; needs vLLM only.
+Written by `kvconform export sink-full-attention-manager-builds --vllm-test` (kvconform 0.1.0);
+it needs vLLM only.
 """
 
 import torch  # noqa: F401 - the specs' dtypes
@@ -17,9 +19,9 @@ import torch  # noqa: F401 - the specs' dtypes
 from vllm import SamplingParams
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.kv_cache_interface import (
-    SinkFullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
+    SinkFullAttentionSpec,
 )
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.worker.gpu.warmup import _reserved_block_count
@@ -45,9 +47,7 @@ CALLS = [
     (5, 'a', 'finish', 34, 0, 0, 0, False),
 ]
 # Blocks each (step, request, group) needs: the positions written, target and drafter.
-FLOORS = {
-
-}  # none: the replay fails before the first allocation
+FLOORS = {}  # none: the replay fails before it allocates
 
 
 def new_manager() -> KVCacheManager:

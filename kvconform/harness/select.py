@@ -23,10 +23,12 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
-from kvconform.errors import UsageError
+from kvconform.errors import ScenarioError, UsageError
+from kvconform.harness.loader import load_paths
 from kvconform.model.scenario import Scenario
 
 _TOKEN = re.compile(r"\s*(\(|\)|[^\s()]+)")
@@ -157,3 +159,65 @@ def shard_from(text: str | None, environ: Mapping[str, str] | None = None) -> Sh
     # Buildkite counts jobs from 0; shards count from 1.
     shard = parse_shard(f"{int(job) + 1}/{int(count)}", "BUILDKITE_PARALLEL_JOB")
     return Shard(shard.index, shard.count, "BUILDKITE_PARALLEL_JOB")
+
+
+# -- the selection ----------------------------------------------------------------------
+
+
+@dataclass
+class Selection:
+    """What a run selected, and how much it matched on the way (for exit 5's message)."""
+
+    scenarios: list[Scenario]
+    input_errors: list[ScenarioError] = field(default_factory=list)
+    loaded: int = 0  # scenarios in the files, after FILE::ID, before -k and the shard
+    matched: int = 0  # after -k, before the shard
+    why_empty: str = ""  # what selected nothing, when nothing was selected
+
+    @property
+    def nothing_matched(self) -> bool:
+        """Nothing to run, and not because a shard drew none or every file failed."""
+        return self.matched == 0 and not self.input_errors
+
+
+def select_scenarios(
+    paths: Sequence[str], expression: str | None, shard: Shard | None
+) -> Selection:
+    """The scenarios of ``paths`` (files, folders, ``FILE::ID``), ``-k`` and the shard."""
+    nodes = [split_node(path) for path in paths]
+    for path, _ in nodes:
+        if not Path(path).exists():
+            raise UsageError(f"no such file or folder: {path}")
+    plain = [path for path, scenario_id in nodes if scenario_id is None]
+    loaded = load_paths(plain) if plain else None
+    scenarios = list(loaded.scenarios) if loaded else []
+    errors = list(loaded.errors) if loaded else []
+    missing: list[str] = []
+    for path, scenario_id in nodes:
+        if scenario_id is None:
+            continue
+        one = load_paths([path])
+        errors += one.errors
+        chosen = [s for s in one.scenarios if s.id == scenario_id]
+        if not chosen and not one.errors:
+            missing.append(f"{path} has no scenario {scenario_id!r}")
+        known = {s.id for s in scenarios}
+        scenarios += [s for s in chosen if s.id not in known]
+    total = len(scenarios)
+    if expression:
+        matches = compile_expression(expression)
+        scenarios = [s for s in scenarios if matches(s)]
+    matched = len(scenarios)
+    if shard is not None:
+        scenarios = [s for s in scenarios if shard.holds(s.id)]
+    where = ", ".join(paths)
+    why = ""
+    if missing:
+        why = "; ".join(missing)
+    elif total == 0:
+        why = f"no scenario in {where}"
+    elif matched == 0:
+        why = f"-k {expression!r} matched none of the {total} scenarios in {where}"
+    elif not scenarios and shard is not None:
+        why = f"shard {shard} holds none of the {matched} selected scenarios"
+    return Selection(scenarios, errors, total, matched, why)

@@ -27,7 +27,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from kvconform.errors import ExitStatus, ScenarioError, UsageError, VllmUnavailable
@@ -41,8 +41,7 @@ from kvconform.harness.expectations import (
     load_expectations,
 )
 from kvconform.harness.grouping import group_failures
-from kvconform.harness.loader import load_paths
-from kvconform.harness.select import Shard, compile_expression, split_node
+from kvconform.harness.select import Selection, Shard, select_scenarios
 from kvconform.model.coverage import Coverage
 from kvconform.model.results import RunReport, ScenarioResult, rerun_command
 from kvconform.model.scenario import Scenario
@@ -135,20 +134,6 @@ class RunRequest:
         return tuple(options)
 
 
-@dataclass
-class Selection:
-    scenarios: list[Scenario]
-    input_errors: list[ScenarioError] = field(default_factory=list)
-    loaded: int = 0  # scenarios in the files, before -k, FILE::ID and the shard
-    matched: int = 0  # after -k and FILE::ID, before the shard
-    why_empty: str = ""  # what selected nothing, when nothing was selected
-
-    @property
-    def nothing_matched(self) -> bool:
-        """Nothing to run, and not because a shard drew none or every file failed."""
-        return self.matched == 0 and not self.input_errors
-
-
 class Session:
     """One run: select, load vLLM, run each scenario, conclude."""
 
@@ -163,43 +148,7 @@ class Session:
     def select(self) -> Selection:
         """The scenarios the request's paths, ``-k`` expression and shard select."""
         request = self.request
-        nodes = [split_node(path) for path in request.scenario_paths]
-        for path, _ in nodes:
-            if not Path(path).exists():
-                raise UsageError(f"no such file or folder: {path}")
-        plain = [path for path, scenario_id in nodes if scenario_id is None]
-        loaded = load_paths(plain) if plain else None
-        scenarios = list(loaded.scenarios) if loaded else []
-        errors = list(loaded.errors) if loaded else []
-        missing: list[str] = []
-        for path, scenario_id in nodes:
-            if scenario_id is None:
-                continue
-            one = load_paths([path])
-            errors += one.errors
-            chosen = [s for s in one.scenarios if s.id == scenario_id]
-            if not chosen and not one.errors:
-                missing.append(f"{path} has no scenario {scenario_id!r}")
-            known = {s.id for s in scenarios}
-            scenarios += [s for s in chosen if s.id not in known]
-        total = len(scenarios)
-        if request.expression:
-            matches = compile_expression(request.expression)
-            scenarios = [s for s in scenarios if matches(s)]
-        matched = len(scenarios)
-        if request.shard is not None:
-            scenarios = [s for s in scenarios if request.shard.holds(s.id)]
-        where = ", ".join(request.scenario_paths)
-        why = ""
-        if missing:
-            why = "; ".join(missing)
-        elif total == 0:
-            why = f"no scenario in {where}"
-        elif matched == 0:
-            why = f"-k {request.expression!r} matched none of the {total} scenarios in {where}"
-        elif not scenarios and request.shard is not None:
-            why = f"shard {request.shard} holds none of the {matched} selected scenarios"
-        return Selection(scenarios, errors, total, matched, why)
+        return select_scenarios(request.scenario_paths, request.expression, request.shard)
 
     # -- known divergences ----------------------------------------------------------------
 

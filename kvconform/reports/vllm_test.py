@@ -192,7 +192,10 @@ def render_vllm_test(scenario: Scenario, result: ScenarioResult, vllm: Vllm) -> 
     lines = [
         f'"""{scenario.id}: {what}.',
         "",
-        f"Against vLLM {vllm.version}, the scenario {scenario.file} ({scenario.id}) found:",
+        *textwrap.wrap(
+            f"Against vLLM {vllm.version}, the scenario {scenario.id} ({scenario.file}) found:",
+            88,
+        ),
         "",
         summary,
         "",
@@ -208,7 +211,7 @@ def render_vllm_test(scenario: Scenario, result: ScenarioResult, vllm: Vllm) -> 
         "from vllm import SamplingParams",
         "from vllm.v1.core.kv_cache_manager import KVCacheManager",
         "from vllm.v1.kv_cache_interface import (",
-        *[f"    {c}," for c in [*spec_classes, "KVCacheConfig", "KVCacheGroupSpec"]],
+        *[f"    {c}," for c in sorted({*spec_classes, "KVCacheConfig", "KVCacheGroupSpec"})],
         ")",
         "from vllm.v1.request import Request, RequestStatus",
         "from vllm.v1.worker.gpu.warmup import _reserved_block_count",
