@@ -19,7 +19,9 @@ with its traceback.
 
 from __future__ import annotations
 
+import difflib
 import enum
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 
@@ -66,6 +68,30 @@ class ScenarioError(KvconformError):
         self.where = where
         self.message = message
         super().__init__(f"{where}: {message}")
+
+
+class FileErrors(ScenarioError):
+    """Every problem found in one scenario file, in the order of their lines.
+
+    Its own location and message are the first problem's; ``errors`` has them all,
+    and callers that collect input errors (:func:`kvconform.harness.loader.load_paths`)
+    take the list.
+    """
+
+    def __init__(self, errors: Sequence[ScenarioError]) -> None:
+        self.errors = list(errors)
+        first = self.errors[0]
+        super().__init__(first.where, first.message)
+        self.args = ("\n".join(str(e) for e in self.errors),)
+
+    def __str__(self) -> str:
+        return "\n".join(str(e) for e in self.errors)
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> str | None:
+    """The candidate ``word`` was most probably meant as (a typo's fix), or None."""
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return close[0] if close else None
 
 
 class PoolExhausted(ScenarioError):

@@ -83,7 +83,7 @@ def test_vllm_crash_is_nonconformance_with_exit_1(vllm, corpus, tmp_path, capsys
     report = json.loads((report_dir / "report.json").read_text())
     sink = next(s for s in report["scenarios"] if s["id"] == "sink")
     assert sink["verdict"] == "error" and sink["error_kind"] == "crash"
-    assert sink["rerun"] == f"kvconform run {corpus / 'sink.yaml'} -k sink"
+    assert sink["rerun"] == f"kvconform run {corpus / 'sink.yaml'}::sink"
 
 
 def test_expectations_turn_a_known_divergence_into_xfail(vllm, corpus, tmp_path):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvconform.errors import ScenarioError
+from kvconform.errors import FileErrors, ScenarioError
 from kvconform.harness.loader import load_file, load_paths
 from kvconform.model.scenario import Action
 
@@ -213,3 +213,145 @@ def test_duplicate_scenario_ids_are_an_error(tmp_path: Path):
     loaded = load_paths([tmp_path])
     assert len(loaded.scenarios) == 1
     assert "already used" in str(loaded.errors[0])
+
+
+# -- messages that say what to write (issue 16, item 5) ---------------------------------
+
+
+def _problems(write_scenario, text: str) -> list[ScenarioError]:
+    result = load_paths([write_scenario(text)])
+    assert result.scenarios == []
+    return result.errors
+
+
+def test_a_missing_field_names_the_unknown_field_probably_meant(write_scenario):
+    (error,) = _problems(
+        write_scenario,
+        """
+        speculative:
+          methd: eagle
+          num_speculative_tokens: 2
+        requests: {a: {prompt_len: 20}}
+        steps: [{a: {prefill: 20}}]
+        """,
+    )
+    assert error.where.field == "speculative.method"
+    assert "is required; line 2 has the unknown field 'methd': did you mean 'method'?" in str(error)
+
+
+def test_known_here_lists_every_allowed_field_and_unknown_ones_get_a_did_you_mean(write_scenario):
+    (error,) = _problems(
+        write_scenario,
+        """
+        speculative: {method: eagle, num_speculative_tokens: 2, num_lookahed_tokens: 3}
+        requests: {a: {prompt_len: 20}}
+        steps: [{a: {prefill: 20}}]
+        """,
+    )
+    # num_lookahead_tokens and sample_from_anchor were not given, and are still listed.
+    assert (
+        "unknown field (did you mean 'num_lookahead_tokens'?) (known here: method, "
+        "num_lookahead_tokens, num_speculative_tokens, sample_from_anchor)"
+    ) in error.message
+    (top,) = _problems(write_scenario, MINIMAL + "matrx: {block_size: [16]}\n")
+    assert (
+        "did you mean 'matrix'?" in top.message and "matrix" in top.message.split("known here")[1]
+    )
+
+
+def test_a_misspelt_group_type_request_or_action_names_the_one_meant(write_scenario):
+    errors = _problems(
+        write_scenario,
+        """
+        model: {groups: [full_atention]}
+        requests: {a: {prompt_len: 20}}
+        steps: [{a: {prefill: 20}}]
+        """,
+    )
+    assert "unknown group type 'full_atention' (did you mean 'full_attention'?)" in str(errors[0])
+    errors = _problems(
+        write_scenario,
+        """
+        requests: {alpha: {prompt_len: 20}}
+        steps:
+          - {alpha: {prefil: 20}}
+          - {alpa: decode}
+          - {alpa: finish}
+        """,
+    )
+    assert [(e.where.line, e.where.field) for e in errors] == [
+        (3, "steps[0].alpha"),
+        (4, "steps[1].alpa"),
+    ]
+    assert "did you mean 'prefill'?" in errors[0].message
+    assert "unknown request 'alpa' (did you mean 'alpha'?)" in errors[1].message
+
+
+def test_tabs_and_empty_items_get_a_plain_hint(write_scenario):
+    (tab,) = _problems(
+        write_scenario, "requests:\n\ta: {prompt_len: 5}\nsteps: [{a: {prefill: 5}}]\n"
+    )
+    assert tab.where.line == 2
+    assert (
+        tab.message == "a tab character: YAML indents with spaces only; replace the tab with spaces"
+    )
+    empty_step, empty_action = _problems(
+        write_scenario,
+        "requests: {a: {prompt_len: 5}, b: {prompt_len: 5}}\nsteps:\n  - {a: {prefill: 5}}\n  -\n"
+        "  - b:\n",
+    )
+    assert (empty_step.where.line, empty_step.where.field) == (4, "steps[1]")
+    assert "an empty step: a '-' with nothing after it" in empty_step.message
+    assert empty_action.where.field == "steps[2].b" and "None" not in empty_action.message
+    assert "no action after the request's name" in empty_action.message
+
+
+def test_every_problem_in_a_file_is_reported_each_at_its_line(write_scenario, tmp_path):
+    text = """
+        model: {blok_size: 16}
+        speculative: {method: eagle, num_speculative_tokens: 2, extra: 1}
+        requests: {a: {prompt_len: 20}, b: {promt_len: 4}}
+        steps: [{a: {prefill: 20}}]
+        tags: [x]
+        colour: blue
+        """
+    errors = _problems(write_scenario, text)
+    assert [(e.where.line, e.where.field) for e in errors] == [
+        (1, "model.blok_size"),
+        (2, "speculative.extra"),
+        (3, "requests.b.prompt_len"),
+        (6, "colour"),
+    ]
+    # Callers that read one file get every problem too, in one error.
+    with pytest.raises(FileErrors) as info:
+        load_file(write_scenario(text))
+    assert [str(e) for e in info.value.errors] == [str(e) for e in errors]
+    assert str(info.value).count("\n") == 3
+
+
+def test_a_matrix_reports_a_problem_once_not_per_combination(write_scenario):
+    errors = _problems(
+        write_scenario,
+        """
+        speculative: {method: eagle, num_speculative_tokens: 2}
+        matrix: {num_speculative_tokens: [1, 2, 3]}
+        requests: {a: {prompt_len: 20, colour: red}}
+        steps: [{a: {prefill: 20}}]
+        """,
+    )
+    assert [e.where.field for e in errors] == ["requests.a.colour"]
+
+
+def test_an_unknown_method_names_the_declared_one_probably_meant(vllm, scenario_from):
+    from kvconform.harness.engine import run_scenario
+
+    scenario = scenario_from(
+        """
+        speculative: {method: eagel, num_speculative_tokens: 2}
+        requests: {a: {prompt_len: 20}}
+        steps: [{a: {prefill: 20}}]
+        """
+    )
+    result = run_scenario(scenario, vllm)
+    assert result.error_kind is not None and result.error_kind.value == "input"
+    assert "unknown speculative method 'eagel' (did you mean 'eagle'?)" in (result.error or "")

@@ -70,7 +70,7 @@ def test_a_failing_scenario_shows_the_checks_not_a_traceback(vllm, project):
     result = project.runpytest_inprocess("scenarios", "-p", "no:cacheprovider", "-k", "sink")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
-        ["*sink: error*", "*raised TypeError*", "*rerun alone: kvconform explain*"]
+        ["*sink: error*", "*raised TypeError*", "*rerun alone: kvconform run *sink.yaml::sink*"]
     )
 
 

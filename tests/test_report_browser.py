@@ -106,7 +106,7 @@ def test_the_page_shows_table_plots_and_rerun_command(injected):
     page = (out / "report.html").read_text()
     assert f"src ({html.escape(str(tree / 'vllm'))})" in page
     section = page.split('id="s-eagle-two-groups"')[1].split("</article>")[0]
-    rerun = f"kvconform run {tree.parent / 'scenarios' / 'eagle.yaml'} -k eagle-two-groups --vllm-src {tree}"
+    rerun = f"kvconform run {tree.parent / 'scenarios' / 'eagle.yaml'}::eagle-two-groups --vllm-src {tree}"
     assert f'<pre class="cmd">{html.escape(rerun)}</pre>' in section
     assert section.count('<img class="plot"') == 2
     # The predictor's cells fall below the floor; the live ones differ from it.

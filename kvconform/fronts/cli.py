@@ -35,7 +35,8 @@ from kvconform.harness.expectations import (
     load_expectations,
 )
 from kvconform.harness.loader import load_paths
-from kvconform.harness.session import RunRequest, Session, checks_from
+from kvconform.harness.select import Shard, shard_from
+from kvconform.harness.session import RunRequest, Session, checks_from, vllm_to_load
 from kvconform.model.results import RunReport, ScenarioResult, Verdict
 from kvconform.oracles.vllm import Vllm
 
@@ -89,9 +90,21 @@ def load_vllm(args: argparse.Namespace, checks: Sequence[str] = ()) -> Vllm:
     )
 
 
-def run_request(args: argparse.Namespace, checks: tuple[str, ...]) -> RunRequest:
+def add_shard_option(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--shard",
+        metavar="I/N",
+        help=f"{what} (1-based; default: Buildkite's BUILDKITE_PARALLEL_JOB + 1 of "
+        "BUILDKITE_PARALLEL_JOB_COUNT when set, else everything)",
+    )
+
+
+def run_request(
+    args: argparse.Namespace, checks: tuple[str, ...], shard: Shard | None = None
+) -> RunRequest:
     """The session's request for a command's selection, vLLM and expectation options."""
     return RunRequest(
+        shard=shard,
         paths=tuple(args.paths),
         expression=getattr(args, "expression", None),
         checks=checks,
@@ -112,19 +125,33 @@ def say(text: str = "") -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     lap = time.perf_counter()
-    run = Session(run_request(args, checks_from(args.checks)))
+    shard = shard_from(args.shard) if "shard" in vars(args) else None
+    run = Session(run_request(args, checks_from(args.checks), shard))
     selection = run.select()
     report = run.new_report(selection)
     report.phases["select"] = time.perf_counter() - lap
     for err in report.input_errors:
         say(f"ERROR {err}")
     scenarios = selection.scenarios
+    if not scenarios:
+        run.run(selection, report)  # concludes without importing vLLM
+        for note in report.notes:
+            say(note)
+        return finish_run(report, args)
+    # The first line comes before vLLM's import, which takes seconds.
+    picked = f"{len(scenarios)} scenarios" + (
+        f" (shard {shard} of {selection.matched})" if shard is not None else ""
+    )
+    say(
+        f"kvconform {__version__}: {picked} from {', '.join(run.request.scenario_paths)}; "
+        f"loading {vllm_to_load(args.vllm_src, args.vllm_release)}"
+    )
     with open_progress(len(scenarios), "scenarios", mode=args.progress) as progress:
 
         def loaded(vllm: Vllm) -> None:
             say(
-                f"kvconform {__version__}: {len(scenarios)} scenarios against vLLM "
-                f"{vllm.version} ({vllm.source.describe()})"
+                f"vLLM {vllm.version} loaded in {report.phases.get('load_vllm', 0.0):.1f} s "
+                f"({vllm.source.describe()})"
             )
 
         def finished(result: ScenarioResult) -> None:
@@ -202,11 +229,35 @@ def print_result(result: ScenarioResult, out: Callable[[str], None] = say) -> No
         out(f"         known divergence: {result.expectation}")
 
 
+SHORT_SUMMARY_MAX = 20
+
+
+def print_short_summary(report: RunReport) -> None:
+    """The failed ids at the end of the log, as pytest's "short test summary info",
+    each with the command that reruns it."""
+    bad = [r for r in report.results if r.verdict in (Verdict.FAILED, Verdict.ERROR)]
+    if not bad and not report.input_errors:
+        return
+    say("\n" + " short summary ".center(72, "="))
+    for err in report.input_errors[:SHORT_SUMMARY_MAX]:
+        say(f"INPUT   {err}")
+    for result in bad[:SHORT_SUMMARY_MAX]:
+        headline = " ".join(result.headline().split())
+        say(f"{result.verdict.value.upper():7} {result.id} - {headline[:160]}")
+        say(f"        rerun: {report.rerun_command(result)}")
+    hidden = max(0, len(bad) - SHORT_SUMMARY_MAX) + max(
+        0, len(report.input_errors) - SHORT_SUMMARY_MAX
+    )
+    if hidden:
+        say(f"... and {hidden} more in summary.md and report.json")
+
+
 def finish_run(report: RunReport, args: argparse.Namespace) -> int:
     from kvconform.reports import write_reports
     from kvconform.reports.groups import group_lines
 
     report.duration = time.time() - report.started
+    print_short_summary(report)
     counts = ", ".join(f"{v} {k}" for k, v in report.counts().items() if v)
     say(f"\n{counts or 'nothing ran'} in {report.duration:.1f} s; exit {report.exit_status}")
     for line in group_lines(report):
@@ -221,6 +272,25 @@ def finish_run(report: RunReport, args: argparse.Namespace) -> int:
     if args.report_dir:  # `check` writes reports only when asked to
         written = write_reports(report, args.report_dir)
         say("reports: " + ", ".join(str(p) for p in written))
+    return report.exit_status
+
+
+# -- merge -----------------------------------------------------------------------------
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from kvconform.reports import write_reports
+    from kvconform.reports.merge import merge_reports
+
+    report = merge_reports(args.dirs, command=shlex.join(["kvconform", *sys.argv[1:]]))
+    for note in report.notes:
+        if note.startswith("merge: "):
+            say(f"ERROR {note}")
+    print_short_summary(report)
+    counts = ", ".join(f"{v} {k}" for k, v in report.counts().items() if v)
+    say(f"\nmerged {len(args.dirs)} shards: {counts or 'nothing ran'}; exit {report.exit_status}")
+    written = write_reports(report, args.report_dir)
+    say("reports: " + ", ".join(str(p) for p in written))
     return report.exit_status
 
 
@@ -373,6 +443,41 @@ def cmd_engine_record(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- export ----------------------------------------------------------------------------
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from kvconform.harness.select import split_node
+    from kvconform.reports.vllm_test import render_vllm_test, test_name
+
+    if not args.vllm_test:
+        raise UsageError("export: say what to export (--vllm-test)")
+    target = args.scenario
+    file, scenario_id = split_node(target)
+    paths = [file] if Path(file).exists() else [DEFAULT_SCENARIOS]
+    loaded = load_paths(paths)
+    for err in loaded.errors:
+        say(f"ERROR {err}")
+    wanted = scenario_id or (None if Path(file).exists() else target)
+    chosen = [s for s in loaded.scenarios if wanted in (None, s.id)]
+    if len(chosen) != 1:
+        raise UsageError(
+            f"export: {target!r} names {len(chosen)} scenarios; name one "
+            f"(FILE::ID, or an id under {DEFAULT_SCENARIOS}/)"
+        )
+    (scenario,) = chosen
+    # No expectations: the export reproduces what vLLM does, listed or not.
+    request = run_request(argparse.Namespace(**vars(args), paths=()), DEFAULT_CHECKS)
+    run = Session(RunRequest(**{**vars(request), "no_expectations": True}))
+    result = run.run_scenario(scenario)
+    text = render_vllm_test(scenario, result, run.vllm)
+    out = Path(args.out or f"{test_name(scenario)}.py")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+    say(f"{scenario.id}: {result.verdict.value} against vLLM {run.vllm.version}; wrote {out}")
+    return ExitStatus.CONFORM
+
+
 # -- doctor ----------------------------------------------------------------------------
 
 
@@ -396,10 +501,24 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
 
     if args.examples < 1:
         raise UsageError("--examples must be at least 1")
+    shard = shard_from(args.shard)
+    if shard is not None:
+        from kvconform.fuzz import shard_budget
+
+        budget = args.examples
+        args.examples, args.seed = shard_budget(budget, args.seed, shard.index, shard.count)
+        say(
+            f"shard {shard} ({shard.source}): {args.examples} of {budget} examples, "
+            f"seed {args.seed}"
+        )
+        if args.examples < 1:
+            say("no examples left to this shard; exit 0")
+            return ExitStatus.CONFORM
     if args.max_findings < 1:
         raise UsageError("--max-findings must be at least 1")
     exp_path = Path(args.expectations) if args.expectations else find_expectations([])
     expectations = load_expectations(exp_path) if exp_path is not None else []
+    say(f"kvconform {__version__}: loading {vllm_to_load(args.vllm_src, args.vllm_release)}")
     vllm = load_vllm(args)
     command = ["kvconform", "fuzz", "--examples", str(args.examples), "--seed", str(args.seed)]
     command += ["--out", args.out]
@@ -462,11 +581,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_selection_options(run)
     add_vllm_options(run)
     run.add_argument("--report-dir", default=DEFAULT_REPORT_DIR, metavar="DIR")
-    run.add_argument(
-        "--expectations",
-        metavar="FILE",
-        help="known divergences (default: nearest expectations.yaml)",
-    )
+    add_expectation_options(run)
+    add_shard_option(run, "run shard I of N of the selection, by a hash of each scenario id")
     run.add_argument(
         "--checks",
         metavar="LIST",
@@ -482,6 +598,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_progress_option(run)
     run.set_defaults(handler=cmd_run)
+
+    merge = sub.add_parser(
+        "merge",
+        help="join the report directories of `run --shard` jobs into one set of reports",
+        description="Read each DIR/report.json (one per shard), write one report.json, "
+        "junit.xml, summary.md and report.html, and exit with the status of the whole "
+        "selection. A missing or repeated shard, or shards run against different vLLM "
+        "versions or checks, exits 2.",
+    )
+    merge.add_argument("dirs", nargs="+", metavar="DIR", help="a shard's --report-dir")
+    merge.add_argument("--report-dir", default=DEFAULT_REPORT_DIR, metavar="DIR")
+    merge.set_defaults(handler=cmd_merge)
 
     coverage = sub.add_parser(
         "coverage",
@@ -555,6 +683,21 @@ def build_parser() -> argparse.ArgumentParser:
     add_vllm_options(explain)
     explain.set_defaults(handler=cmd_explain)
 
+    export = sub.add_parser(
+        "export",
+        help="write a scenario's finding as a self-contained pytest file for vLLM's tests",
+        description="Run one scenario and write what it found (a floor shortfall, a "
+        "disagreement of the warmup predictor, a crash) as a pytest module in the style of "
+        "vLLM's tests/v1/core: vLLM imports only, failing while the finding holds.",
+    )
+    export.add_argument("scenario", help="FILE::ID, a one-scenario file, or an id under scenarios/")
+    export.add_argument(
+        "--vllm-test", action="store_true", help="a pytest module for vLLM's own test suite"
+    )
+    export.add_argument("--out", metavar="FILE", help="where to write it (default: test_<id>.py)")
+    add_vllm_options(export)
+    export.set_defaults(handler=cmd_export)
+
     doctor = sub.add_parser(
         "doctor", help="what the installed vLLM offers and what kvconform can exercise"
     )
@@ -611,6 +754,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="known divergences; group types whose probe diverges as listed are not drawn "
         f"(default: {DEFAULT_SCENARIOS}/{DEFAULT_FILE})",
     )
+    add_shard_option(fuzz, "run shard I of N: 1/N of the examples, with a seed of its own")
     add_vllm_options(fuzz)
     add_progress_option(fuzz)
     fuzz.set_defaults(handler=cmd_fuzz)

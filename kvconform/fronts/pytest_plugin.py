@@ -115,6 +115,8 @@ class ScenarioFile(pytest.File):
                 self.config.addinivalue_line("markers", f"{tag}: kvconform scenario tag")
                 item.add_marker(tag)
             item.add_marker(scenario.kind)
+            if scenario.speculative is not None:  # -k eagle picks eagle's scenarios
+                item.extra_keyword_matches.add(scenario.speculative.method)
             yield item
 
 
@@ -159,7 +161,8 @@ class ScenarioItem(pytest.Item):
             lines += [f"[{f.check}] {f.message}" for f in result.failures[:10]]
             if len(result.failures) > 10:
                 lines.append(f"... {len(result.failures) - 10} more")
-            lines.append(f"rerun alone: kvconform explain {self.scenario.file}")
+            run = self.config.stash[_SESSION]
+            lines.append(f"rerun alone: {run.rerun_command(result)}")
             return "\n".join(lines)
         if isinstance(exc, KvconformError):
             return str(exc)

@@ -35,7 +35,27 @@ DEFAULT_EXAMPLES = 2000
 NIGHTLY_EXAMPLES = 20000
 DEFAULT_MAX_FINDINGS = 10
 
-__all__ = ["CI_EXAMPLES", "DEFAULT_EXAMPLES", "NIGHTLY_EXAMPLES", "FuzzStats", "run_fuzz"]
+__all__ = [
+    "CI_EXAMPLES",
+    "DEFAULT_EXAMPLES",
+    "NIGHTLY_EXAMPLES",
+    "FuzzStats",
+    "run_fuzz",
+    "shard_budget",
+]
+
+
+def shard_budget(examples: int, seed: int, index: int, count: int) -> tuple[int, int]:
+    """Shard ``index`` of ``count`` (1-based) of a fuzz run: its examples and its seed.
+
+    The budget is split as evenly as it goes; each shard searches with a seed of
+    its own (``seed * count + index - 1``: shard 1 of 1 is the unsharded run), so
+    the shards of a CI job draw different examples and every machine draws the
+    same ones for the same shard. The returned pair is what a reproducer's
+    ``found by`` line names, so a finding reruns without the shard.
+    """
+    share = examples // count + (1 if index <= examples % count else 0)
+    return share, seed * count + index - 1
 
 
 def __getattr__(name: str) -> Any:

@@ -8,12 +8,24 @@ fast, with its file, line and field, and before a 15-second import.
 
 A file yields one scenario, or one per combination of its ``matrix``. Errors
 are collected per file: :func:`load_paths` returns the scenarios of every good
-file and a :class:`ScenarioError` for every bad one, so one broken file never
-hides the others.
+file and every problem of every bad one, so one broken file never hides the
+others, and one problem never hides the next in the same file. Within a file,
+what does not depend on a broken part is still read: every unknown field, each
+section (model, speculative, requests), each step; the steps are left unread
+when a part they need is broken, and a request's later calls when one of its
+calls is, so that one mistake is reported once, not again as its consequences.
+A file with several problems raises :class:`~kvconform.errors.FileErrors`.
+
+Messages say what to write, in the scenario's words: an unknown field, group
+type or request names the one probably meant (``difflib``), a missing field
+names the unknown field that was probably meant for it, "known here" lists
+every field allowed at that place, and a tab or an empty list item gets a plain
+hint instead of PyYAML's or Python's words.
 """
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -21,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvconform.errors import Location, ScenarioError
+from kvconform.errors import FileErrors, Location, ScenarioError, did_you_mean
 from kvconform.harness.yamlio import LineDict, LineList, load_yaml
 from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.scenario import (
@@ -75,6 +87,15 @@ MATRIX_KEYS: dict[str, tuple[str, str]] = {
     "mode": ("scheduler", ""),
 }
 
+# The top-level sections each kind reads besides name, description, tags, kind,
+# model, speculative and matrix.
+KIND_SECTIONS: dict[str, tuple[str, ...]] = {
+    "trajectory": ("requests", "steps"),
+    "scheduler": ("scheduler", "requests"),
+    "warmup": ("warmup",),
+    "engine": ("engine", "requests"),
+}
+
 MODEL_DEFAULTS: dict[str, Any] = {
     "block_size": 16,
     "max_model_len": 2048,
@@ -83,6 +104,43 @@ MODEL_DEFAULTS: dict[str, Any] = {
     "enable_caching": False,
     "dcp_world_size": 1,
 }
+
+
+# The problems of the file being loaded; None outside load_text (then the first raises).
+_PROBLEMS: contextvars.ContextVar[list[ScenarioError] | None] = contextvars.ContextVar(
+    "kvconform_loader_problems", default=None
+)
+
+
+def _report(error: ScenarioError) -> None:
+    """Record a problem and go on reading, or raise it when nothing collects."""
+    problems = _PROBLEMS.get()
+    if problems is None:
+        raise error
+    problems.append(error)
+
+
+class _Abandoned(Exception):
+    """A part not read further because a part it needs has a recorded problem."""
+
+
+def _attempt(read: Callable[..., Any], *args: Any, fallback: Any = None) -> tuple[Any, bool]:
+    """``(read(*args), True)``; ``(fallback, False)``, the problem recorded, if it raises."""
+    try:
+        return read(*args), True
+    except _Abandoned:
+        pass
+    except FileErrors as errors:
+        for error in errors.errors:
+            _report(error)
+    except ScenarioError as error:
+        _report(error)
+    return fallback, False
+
+
+def _hint(word: str, candidates: Iterable[str]) -> str:
+    meant = did_you_mean(word, candidates)
+    return f" (did you mean {meant!r}?)" if meant else ""
 
 
 @dataclass
@@ -120,6 +178,9 @@ def load_paths(paths: Sequence[str | Path]) -> LoadResult:
     for path in discover(paths):
         try:
             scenarios = load_file(path)
+        except FileErrors as exc:
+            result.errors.extend(exc.errors)
+            continue
         except ScenarioError as exc:
             result.errors.append(exc)
             continue
@@ -147,6 +208,31 @@ def load_file(path: str | Path) -> list[Scenario]:
 
 
 def load_text(text: str, file: str, default_name: str = "scenario") -> list[Scenario]:
+    """The scenarios of one file's text; its one problem, or :class:`FileErrors`."""
+    problems: list[ScenarioError] = []
+    token = _PROBLEMS.set(problems)
+    scenarios: list[Scenario] = []
+    try:
+        scenarios = _load(text, file, default_name)
+    except _Abandoned:
+        pass
+    except ScenarioError as error:
+        problems.append(error)
+    finally:
+        _PROBLEMS.reset(token)
+    if not problems:
+        return scenarios
+    unique: dict[tuple[str, int | None, str | None], ScenarioError] = {}
+    for problem in problems:  # a matrix repeats a problem in every combination
+        where = problem.where
+        unique.setdefault((where.file, where.line, where.field), problem)
+    ordered = sorted(unique.values(), key=lambda e: e.where.line or 0)
+    if len(ordered) == 1:
+        raise ordered[0]
+    raise FileErrors(ordered)
+
+
+def _load(text: str, file: str, default_name: str) -> list[Scenario]:
     doc = load_yaml(text, file)
     where = Location(file, getattr(doc, "line", None))
     if not isinstance(doc, LineDict):
@@ -154,10 +240,12 @@ def load_text(text: str, file: str, default_name: str = "scenario") -> list[Scen
     matrix = doc.pop("matrix", None)
     if matrix is None:
         return [_parse(doc, file, default_name, ())]
-    return [
-        _parse(variant, file, default_name, params)
-        for variant, params in _expand_matrix(doc, matrix, Location(file, doc.line_of("matrix")))
-    ]
+    scenarios = []
+    for variant, params in _expand_matrix(doc, matrix, Location(file, doc.line_of("matrix"))):
+        scenario, ok = _attempt(_parse, variant, file, default_name, params)
+        if ok:
+            scenarios.append(scenario)
+    return scenarios
 
 
 # -- matrix ----------------------------------------------------------------------------
@@ -173,7 +261,9 @@ def _expand_matrix(
         at = where.at(f"matrix.{key}", matrix.line_of(key))
         if key not in MATRIX_KEYS:
             raise ScenarioError(
-                at, f"cannot vary {key!r}; matrix keys are {', '.join(MATRIX_KEYS)}"
+                at,
+                f"cannot vary {key!r}{_hint(key, MATRIX_KEYS)}; matrix keys are "
+                + ", ".join(MATRIX_KEYS),
             )
         if not isinstance(values, list) or not values:
             raise ScenarioError(at, "must be a non-empty list of values")
@@ -217,51 +307,87 @@ class _Fields:
     """Reads a mapping field by field and complains about what is left over."""
 
     def __init__(self, mapping: Any, where: Location, path: str) -> None:
+        if mapping is None:
+            raise ScenarioError(where.at(path), "is empty: nothing follows the colon")
         if not isinstance(mapping, LineDict):
-            raise ScenarioError(where.at(path), "must be a mapping")
+            raise ScenarioError(where.at(path), f"must be a mapping, not {_shown(mapping)}")
         self.mapping = mapping
         self.where = where
         self.path = path
-        self.used: set[str] = set()
+        # Every field allowed here: those read, and those allow() names without reading.
+        self.known: set[str] = set()
+
+    def allow(self, *keys: str) -> None:
+        """Fields allowed here that this reading does not look at (listed as known)."""
+        self.known.update(keys)
+
+    def unknown(self) -> list[str]:
+        return [k for k in self.mapping if k not in self.known]
+
+    def required(self, key: str, what: str = "is required") -> ScenarioError:
+        """``key`` is missing; name the unknown field that was probably meant for it."""
+        for typo in self.unknown():
+            if did_you_mean(typo, [key]):
+                line = self.mapping.line_of(typo)
+                return ScenarioError(
+                    self.at(key),
+                    f"{what}; line {line} has the unknown field {typo!r}: did you mean {key!r}?",
+                )
+        return ScenarioError(self.at(key), what)
 
     def at(self, key: str) -> Location:
         return self.where.at(f"{self.path}.{key}" if self.path else key, self.mapping.line_of(key))
 
     def raw(self, key: str, default: Any = None) -> Any:
-        self.used.add(key)
+        self.known.add(key)
         return self.mapping.get(key, default)
 
     def integer(self, key: str, default: int | None = None, *, minimum: int = 1) -> int:
         value = self.raw(key, default)
         if value is None:
-            raise ScenarioError(self.at(key), "is required")
+            raise self.required(key)
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ScenarioError(self.at(key), f"must be an integer, not {value!r}")
+            raise ScenarioError(self.at(key), f"must be an integer, not {_shown(value)}")
         if value < minimum:
             raise ScenarioError(self.at(key), f"must be at least {minimum}, not {value}")
         return value
 
     def optional_int(self, key: str, *, minimum: int = 0) -> int | None:
+        self.known.add(key)
         return None if self.mapping.get(key) is None else self.integer(key, minimum=minimum)
 
     def flag(self, key: str, default: bool) -> bool:
         value = self.raw(key, default)
         if not isinstance(value, bool):
-            raise ScenarioError(self.at(key), f"must be true or false, not {value!r}")
+            raise ScenarioError(self.at(key), f"must be true or false, not {_shown(value)}")
         return value
 
     def text(self, key: str, default: str | None = None) -> str:
         value = self.raw(key, default)
+        if value is None:
+            raise self.required(key)
         if not isinstance(value, str) or not value:
             raise ScenarioError(self.at(key), f"must be a non-empty string, not {value!r}")
         return value
 
     def done(self) -> None:
-        extra = [k for k in self.mapping if k not in self.used]
-        if extra:
-            key = extra[0]
-            known = ", ".join(sorted(self.used))
-            raise ScenarioError(self.at(key), f"unknown field (known here: {known})")
+        """Every field not allowed here is a problem (each recorded, reading goes on)."""
+        known = ", ".join(sorted(self.known))
+        for key in self.unknown():
+            _report(
+                ScenarioError(
+                    self.at(key), f"unknown field{_hint(key, self.known)} (known here: {known})"
+                )
+            )
+
+
+def _shown(value: Any) -> str:
+    """A value as the file's author wrote it, not as Python prints it."""
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)
 
 
 # -- scenario --------------------------------------------------------------------------
@@ -282,46 +408,73 @@ def _parse(
         raise ScenarioError(top.at("tags"), "must be a list of names")
     kind = top.text("kind", "trajectory")
     if kind not in KINDS:
-        raise ScenarioError(top.at("kind"), f"must be one of {', '.join(KINDS)}, not {kind!r}")
-    model = _parse_model(top.raw("model", _empty_mapping()), where)
-    speculative = _parse_speculative(top.raw("speculative"), where, top.at("speculative"))
+        raise ScenarioError(
+            top.at("kind"), f"must be one of {', '.join(KINDS)}, not {kind!r}{_hint(kind, KINDS)}"
+        )
+    top.allow("matrix")  # popped before, expanded into this variant
+    model, model_ok = _attempt(lambda: _parse_model(top.raw("model", _empty_mapping()), where))
+    speculative, spec_ok = _attempt(
+        lambda: _parse_speculative(top.raw("speculative"), where, top.at("speculative"))
+    )
+    if not (model_ok and spec_ok):
+        # What follows reads the model and the speculation: report the requests' and
+        # the rest of the file's unknown fields, and leave the steps unread.
+        top.allow(*KIND_SECTIONS[kind])
+        if kind == "trajectory":
+            _attempt(lambda: _parse_requests(top.raw("requests"), where, top.at("requests")))
+        top.done()
+        raise _Abandoned
     warmup = None
     scheduler = None
     engine = None
     requests: dict[str, RequestSpec] = {}
     steps: tuple[Step, ...] = ()
-    if kind == "scheduler":
-        if "steps" in doc:
-            raise ScenarioError(
-                top.at("steps"),
-                "a scheduler scenario has no steps: vLLM's scheduler decides them "
-                "(describe the requests and the scheduler's limits instead)",
+    try:
+        if kind == "scheduler":
+            if "steps" in doc:
+                raise ScenarioError(
+                    top.at("steps"),
+                    "a scheduler scenario has no steps: vLLM's scheduler decides them "
+                    "(describe the requests and the scheduler's limits instead)",
+                )
+            _check_scheduler_model(model, speculative, top)
+            scheduler = _parse_scheduler(
+                top.raw("scheduler", _empty_mapping()),
+                where,
+                top.at("scheduler"),
+                speculative,
+                model,
             )
-        _check_scheduler_model(model, speculative, top)
-        scheduler = _parse_scheduler(
-            top.raw("scheduler", _empty_mapping()), where, top.at("scheduler"), speculative, model
-        )
-        requests = _parse_scheduler_requests(
-            top.raw("requests"), where, top.at("requests"), model, speculative
-        )
-    elif kind == "engine":
-        if "steps" in doc:
-            raise ScenarioError(
-                top.at("steps"), "an engine scenario has no steps: vLLM's engine decides them"
+            requests = _parse_scheduler_requests(
+                top.raw("requests"), where, top.at("requests"), model, speculative
             )
-        engine, requests = parse_engine(
-            top.raw("engine", _empty_mapping()), where, top.at("engine"), speculative, model,
-            top.raw("requests"), top.at("requests"),
-        )  # fmt: skip
-    elif kind == "warmup":
-        warmup = _parse_warmup(top.raw("warmup", _empty_mapping()), where)
-        for key in ("requests", "steps"):
-            if key in doc:
-                raise ScenarioError(top.at(key), "a warmup scenario has no requests or steps")
-    else:
-        requests = _parse_requests(top.raw("requests"), where, top.at("requests"))
-        steps = _parse_steps(top.raw("steps"), where, top.at("steps"), requests, model, speculative)
+        elif kind == "engine":
+            if "steps" in doc:
+                raise ScenarioError(
+                    top.at("steps"), "an engine scenario has no steps: vLLM's engine decides them"
+                )
+            engine, requests = parse_engine(
+                top.raw("engine", _empty_mapping()), where, top.at("engine"), speculative, model,
+                top.raw("requests"), top.at("requests"),
+            )  # fmt: skip
+        elif kind == "warmup":
+            warmup = _parse_warmup(top.raw("warmup", _empty_mapping()), where)
+            for key in ("requests", "steps"):
+                if key in doc:
+                    raise ScenarioError(top.at(key), "a warmup scenario has no requests or steps")
+        else:
+            requests = _parse_requests(top.raw("requests"), where, top.at("requests"))
+            steps = _parse_steps(
+                top.raw("steps"), where, top.at("steps"), requests, model, speculative
+            )
+    except _Abandoned:
+        pass
+    except ScenarioError as error:
+        _report(error)
+    top.allow(*KIND_SECTIONS[kind])
     top.done()
+    if _PROBLEMS.get():
+        raise _Abandoned  # its problems are recorded
     return Scenario(
         id=scenario_id,
         name=name,
@@ -362,10 +515,13 @@ def _parse_model(raw: Any, where: Location) -> ModelSpec:
     if not isinstance(raw_groups, list) or not raw_groups:
         raise ScenarioError(fields.at("groups"), "must be a non-empty list of group types")
     line_of = raw_groups.line_of if isinstance(raw_groups, LineList) else (lambda i: None)
-    groups = tuple(
-        _parse_group(item, where.at(f"model.groups[{i}]", line_of(i)), block_size)
+    parsed = [
+        _attempt(_parse_group, item, where.at(f"model.groups[{i}]", line_of(i)), block_size)
         for i, item in enumerate(raw_groups)
-    )
+    ]
+    if not all(ok for _, ok in parsed):
+        raise _Abandoned
+    groups = tuple(group for group, _ in parsed)
     return ModelSpec(
         block_size=block_size,
         max_model_len=max_model_len,
@@ -390,7 +546,8 @@ def _parse_group(item: Any, where: Location, default_block_size: int) -> GroupSp
     if group_type is None:
         raise ScenarioError(
             fields.at("type"),
-            f"unknown group type {type_name!r}; known: {', '.join(GROUP_TYPES)}",
+            f"unknown group type {type_name!r}{_hint(type_name, GROUP_TYPES)}; known: "
+            + ", ".join(GROUP_TYPES),
         )
     block_size = fields.integer("block_size", default_block_size)
     options: dict[str, object] = {}
@@ -398,7 +555,7 @@ def _parse_group(item: Any, where: Location, default_block_size: int) -> GroupSp
         value = fields.raw(opt_name, opt.default)
         if value is None:
             if opt.required:
-                raise ScenarioError(fields.at(opt_name), f"is required for {type_name} groups")
+                raise fields.required(opt_name, f"is required for {type_name} groups")
         elif isinstance(value, bool) or not isinstance(value, opt.kind):
             raise ScenarioError(fields.at(opt_name), f"must be {opt.kind.__name__}, not {value!r}")
         elif opt.choices and value not in opt.choices:
@@ -567,12 +724,20 @@ def _parse_request_map(
     if not isinstance(raw, LineDict) or not raw:
         raise ScenarioError(at, f"{what} needs a mapping of request names to requests")
     requests: dict[str, RequestSpec] = {}
+    broken = False
     for name, body in raw.items():
-        fields = _Fields(body, Location(where.file, raw.line_of(name)), f"requests.{name}")
-        request = parse_one(
-            name, fields, Location(where.file, raw.line_of(name), f"requests.{name}")
-        )
-        fields.done()
+        request_at = Location(where.file, raw.line_of(name), f"requests.{name}")
+
+        def read(name: str, body: Any, request_at: Location) -> tuple[RequestSpec, _Fields]:
+            fields = _Fields(body, Location(where.file, raw.line_of(name)), f"requests.{name}")
+            request = parse_one(name, fields, request_at)
+            fields.done()
+            return request, fields
+
+        (request, fields), ok = _attempt(read, name, body, request_at, fallback=(None, None))
+        if not ok:
+            broken = True
+            continue
         prefix_from = request.prefix_from
         if prefix_from is not None and prefix_from not in requests:
             raise ScenarioError(
@@ -583,6 +748,8 @@ def _parse_request_map(
             if request.prefix_len > limit:
                 raise ScenarioError(fields.at("prefix_len"), f"must be at most {limit}")
         requests[name] = request
+    if broken:
+        raise _Abandoned  # the steps would name a request that is not there
     return requests
 
 
@@ -687,20 +854,48 @@ def _parse_steps(
     tokens = {name: RequestTokens(spec) for name, spec in requests.items()}
     num_spec = speculative.num_speculative_tokens if speculative else None
     steps: list[Step] = []
+    # A request whose call had a problem: its later calls would only repeat it.
+    broken: set[str] = set()
     for line, body in _unroll(raw, where, "steps"):
         step_where = Location(where.file, line, f"steps[{len(steps)}]")
+        if body is None:
+            _report(
+                ScenarioError(
+                    step_where,
+                    "an empty step: a '-' with nothing after it; write {request: action} "
+                    "there, or delete the line",
+                )
+            )
+            steps.append(Step(len(steps), (), line))
+            continue
         if not isinstance(body, LineDict) or not body:
-            raise ScenarioError(step_where, "a step maps request names to actions")
+            _report(
+                ScenarioError(
+                    step_where,
+                    f"a step maps request names to actions, e.g. {{a: decode}}, not {_shown(body)}",
+                )
+            )
+            steps.append(Step(len(steps), (), line))
+            continue
         calls = []
         for request, action_raw in body.items():
             call_where = step_where.at(f"{step_where.field}.{request}", body.line_of(request))
+            if request in broken:
+                continue
             if request not in tokens:
-                raise ScenarioError(
-                    call_where, f"unknown request {request!r}; requests: {', '.join(tokens)}"
+                _report(
+                    ScenarioError(
+                        call_where,
+                        f"unknown request {request!r}{_hint(request, tokens)}; requests: "
+                        + ", ".join(tokens),
+                    )
                 )
-            action, count, accepted = _parse_action(action_raw, call_where)
-            calls.append(
-                tokens[request].apply(
+                broken.add(request)
+                continue
+
+            def call(request: str, action_raw: Any, call_where: Location) -> Any:
+                action, count, accepted = _parse_action(action_raw, call_where)
+                return tokens[request].apply(
                     action,
                     call_where,
                     count=count,
@@ -708,7 +903,12 @@ def _parse_steps(
                     max_model_len=model.max_model_len,
                     num_speculative_tokens=num_spec,
                 )
-            )
+
+            made, ok = _attempt(call, request, action_raw, call_where)
+            if ok:
+                calls.append(made)
+            else:
+                broken.add(request)
         steps.append(Step(len(steps), tuple(calls), line))
     return tuple(steps)
 
@@ -736,6 +936,12 @@ def _unroll(raw: LineList, where: Location, path: str) -> Iterable[tuple[int | N
 
 
 def _parse_action(raw: Any, where: Location) -> tuple[Action, int, int | None]:
+    if raw is None:
+        raise ScenarioError(
+            where,
+            "no action after the request's name; use decode, finish, preempt, "
+            "{prefill: N} or {spec: K}",
+        )
     if isinstance(raw, str):
         try:
             action = Action(raw)
@@ -743,9 +949,11 @@ def _parse_action(raw: Any, where: Location) -> tuple[Action, int, int | None]:
             action = None
         if action in (Action.DECODE, Action.FINISH, Action.PREEMPT):
             return action, 0, None
+        hint = _hint(raw, ("decode", "finish", "preempt"))
         raise ScenarioError(
             where,
-            f"unknown action {raw!r}; use decode, finish, preempt, {{prefill: N}} or {{spec: K}}",
+            f"unknown action {raw!r}{hint}; use decode, finish, preempt, {{prefill: N}} or "
+            "{spec: K}",
         )
     if isinstance(raw, LineDict):
         fields = _Fields(raw, Location(where.file, where.line), where.field or "")
@@ -758,8 +966,11 @@ def _parse_action(raw: Any, where: Location) -> tuple[Action, int, int | None]:
             accepted = fields.optional_int("accepted")
             fields.done()
             return Action.SPEC, count, accepted
+    shown = _shown(raw) if not isinstance(raw, LineDict) else "{" + ", ".join(raw) + "}"
+    hint = _hint(next(iter(raw)), ("prefill", "spec")) if isinstance(raw, LineDict) and raw else ""
     raise ScenarioError(
-        where, f"unknown action {raw!r}; use decode, finish, preempt, {{prefill: N}} or {{spec: K}}"
+        where,
+        f"unknown action {shown}{hint}; use decode, finish, preempt, {{prefill: N}} or {{spec: K}}",
     )
 
 

@@ -6,9 +6,11 @@ Every front goes through here, so that ``kvconform run``, ``kvconform check``,
 * which vLLM: :func:`load_vllm` (the installed package, ``--vllm-src DIR`` or
   ``--vllm-release VER``), prepared for the slot-mapping kernel when the
   ``slots`` check is selected, and loaded once per process;
-* which scenarios: the files and folders named (default ``scenarios/``) filtered
-  by a ``-k`` expression; a file that does not load is an input error and the
-  other files still run;
+* which scenarios: the files and folders named (default ``scenarios/``), or one
+  scenario as ``FILE::ID``, filtered by a ``-k`` expression and a shard
+  (:mod:`kvconform.harness.select`); a file that does not load is an input
+  error and the other files still run; a selection that matches nothing ends
+  the run with exit 5 before vLLM is imported;
 * which known divergences: an explicit expectations file, none, or for each
   scenario the nearest ``expectations.yaml`` above its file (the search stops at
   the repository's root), each file read once;
@@ -25,7 +27,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from kvconform.errors import ExitStatus, ScenarioError, UsageError, VllmUnavailable
@@ -39,10 +41,9 @@ from kvconform.harness.expectations import (
     load_expectations,
 )
 from kvconform.harness.grouping import group_failures
-from kvconform.harness.loader import load_paths
-from kvconform.harness.select import compile_expression
+from kvconform.harness.select import Selection, Shard, select_scenarios
 from kvconform.model.coverage import Coverage
-from kvconform.model.results import RunReport, ScenarioResult
+from kvconform.model.results import RunReport, ScenarioResult, rerun_command
 from kvconform.model.scenario import Scenario
 from kvconform.oracles import vllm as vllm_loader
 from kvconform.oracles.vllm import Vllm
@@ -54,6 +55,7 @@ __all__ = [
     "checks_from",
     "load_vllm",
     "skipped_notes",
+    "vllm_to_load",
 ]
 
 # One loaded vLLM per process and source: the CLI loads one; a pytest process
@@ -84,6 +86,15 @@ def load_vllm(
     return _LOADED[key]
 
 
+def vllm_to_load(src: str | None = None, release: str | None = None) -> str:
+    """Which vLLM a run is about to load, said without importing it (the first line)."""
+    if release:
+        return f"vLLM {release} (PyPI release's Python tree)"
+    if src:
+        return f"vLLM {vllm_loader.tree_version(src) or '(version unknown)'} (Python tree at {src})"
+    return f"vLLM {vllm_loader.installed_version() or '(not installed)'} (installed)"
+
+
 def checks_from(text: str | None, option: str = "--checks") -> tuple[str, ...]:
     """The checks a ``--checks`` value names; a wrong name is a usage error."""
     try:
@@ -104,16 +115,23 @@ class RunRequest:
     expectations: str | None = None  # an explicit file; None: the nearest one
     no_expectations: bool = False
     command: str = ""
+    shard: Shard | None = None
 
     @property
     def scenario_paths(self) -> tuple[str, ...]:
         return self.paths or (DEFAULT_SCENARIOS,)
 
-
-@dataclass
-class Selection:
-    scenarios: list[Scenario]
-    input_errors: list[ScenarioError] = field(default_factory=list)
+    def rerun_options(self) -> tuple[str, ...]:
+        """The options a rerun of one scenario must repeat to judge it the same way
+        (the vLLM options come from the vLLM that actually ran)."""
+        options: list[str] = []
+        if self.checks and self.checks != DEFAULT_CHECKS:
+            options += ["--checks", ",".join(self.checks)]
+        if self.no_expectations:
+            options.append("--no-expectations")
+        elif self.expectations:
+            options += ["--expectations", self.expectations]
+        return tuple(options)
 
 
 class Session:
@@ -128,17 +146,9 @@ class Session:
     # -- selection ------------------------------------------------------------------------
 
     def select(self) -> Selection:
-        """The scenarios the request's paths and ``-k`` expression select."""
-        paths = self.request.scenario_paths
-        for path in paths:
-            if not Path(path).exists():
-                raise UsageError(f"no such file or folder: {path}")
-        loaded = load_paths(list(paths))
-        scenarios = loaded.scenarios
-        if self.request.expression:
-            matches = compile_expression(self.request.expression)
-            scenarios = [s for s in scenarios if matches(s)]
-        return Selection(scenarios, list(loaded.errors))
+        """The scenarios the request's paths, ``-k`` expression and shard select."""
+        request = self.request
+        return select_scenarios(request.scenario_paths, request.expression, request.shard)
 
     # -- known divergences ----------------------------------------------------------------
 
@@ -197,6 +207,20 @@ class Session:
             command=request.command or shlex.join(["kvconform", *sys.argv[1:]]),
             checks=request.checks,
             expectations_file=str(exp_path) if exp_path is not None else None,
+            rerun_options=request.rerun_options(),
+            shard=str(request.shard) if request.shard is not None else None,
+        )
+
+    def rerun_command(self, result: ScenarioResult) -> str:
+        """The command that reruns one scenario as this session ran it (the pytest
+        front's hint; a :class:`RunReport` has its own, from what it recorded)."""
+        source = self.vllm.source
+        return rerun_command(
+            result,
+            vllm_source=source.kind,
+            vllm_path=self.vllm.location,
+            vllm_release=source.release,
+            options=self.request.rerun_options(),
         )
 
     def run(
@@ -209,7 +233,19 @@ class Session:
         on_result: Callable[[ScenarioResult], None] | None = None,
     ) -> RunReport:
         """Run the selection into ``report``: vLLM first, then every scenario, then the
-        conclusions. A vLLM that cannot be loaded ends the run with its error."""
+        conclusions. A vLLM that cannot be loaded ends the run with its error. An
+        empty selection ends it before vLLM is imported: exit 2 if files failed to
+        load, 5 if nothing matched, 0 for a shard that drew none of a selection."""
+        if not selection.scenarios:
+            if selection.why_empty:
+                report.notes.append(f"nothing selected: {selection.why_empty}")
+            if report.input_errors:
+                report.exit_status = ExitStatus.BAD_INPUT
+            elif selection.nothing_matched:
+                report.exit_status = ExitStatus.NO_SELECTION
+            else:
+                report.exit_status = ExitStatus.CONFORM
+            return report
         phases = report.phases
         lap = time.perf_counter()
         try:

@@ -73,6 +73,18 @@ _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _constru
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_sequence)
 
 
+def _tab_line(text: str, line: int | None) -> int | None:
+    """The line of the tab a YAML error is about: the error's line, else the first
+    line indented with a tab (PyYAML may notice it a line later)."""
+    lines = text.splitlines()
+    if line is not None and 0 < line <= len(lines) and "\t" in lines[line - 1]:
+        return line
+    for number, content in enumerate(lines, 1):
+        if content[: len(content) - len(content.lstrip())].count("\t"):
+            return number
+    return None
+
+
 def load_yaml(text: str, file_name: str) -> Any:
     """Parse one YAML document; syntax errors become :class:`ScenarioError`."""
     loader = _Loader(text)
@@ -83,6 +95,14 @@ def load_yaml(text: str, file_name: str) -> Any:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
         problem = exc.problem or exc.context or "invalid YAML"
+        tab = _tab_line(text, line)
+        if tab is not None:
+            # PyYAML's words for a tab ("found character that cannot start any token")
+            # name neither the tab nor the fix.
+            raise ScenarioError(
+                Location(file_name, tab),
+                "a tab character: YAML indents with spaces only; replace the tab with spaces",
+            ) from None
         raise ScenarioError(Location(file_name, line), f"invalid YAML: {problem}") from None
     except yaml.YAMLError as exc:
         raise ScenarioError(Location(file_name), f"invalid YAML: {exc}") from None

@@ -161,6 +161,10 @@ class RunReport:
     phases: dict[str, float] = field(default_factory=dict)
     # The failure records gathered by root cause, largest first (harness.grouping).
     groups: list[FailureGroup] = field(default_factory=list)
+    # What a rerun of one scenario repeats besides the vLLM: --checks, --expectations.
+    rerun_options: tuple[str, ...] = ()
+    # "I/N" when the run was one shard of a CI job's parallel steps.
+    shard: str | None = None
 
     def counts(self) -> dict[str, int]:
         counts = {verdict.value: 0 for verdict in Verdict}
@@ -170,9 +174,14 @@ class RunReport:
         return counts
 
     def rerun_command(self, result: ScenarioResult) -> str:
-        """The command that runs one of this run's scenarios alone, against the same vLLM."""
-        parts = ["kvconform", "run", result.file, "-k", result.id]
-        return shlex.join(parts + self._vllm_options())
+        """The command that runs one of this run's scenarios alone, as this run did."""
+        return rerun_command(
+            result,
+            vllm_source=self.vllm_source,
+            vllm_path=self.vllm_path,
+            vllm_release=self.vllm_release,
+            options=self.rerun_options,
+        )
 
     def explain_command(self, file: str, scenario_id: str) -> str:
         """The command that shows one scenario step by step, against the same vLLM.
@@ -181,11 +190,35 @@ class RunReport:
         (every scenario of it).
         """
         target = scenario_id if file.startswith("scenarios/") else file
-        return shlex.join(["kvconform", "explain", target, *self._vllm_options()])
+        options = vllm_options(self.vllm_source, self.vllm_path, self.vllm_release)
+        return shlex.join(["kvconform", "explain", target, *options])
 
-    def _vllm_options(self) -> list[str]:
-        if self.vllm_release:
-            return ["--vllm-release", self.vllm_release]
-        if self.vllm_source == "src" and self.vllm_path:
-            return ["--vllm-src", self.vllm_path.removesuffix("/vllm")]
-        return []
+
+def vllm_options(
+    vllm_source: str | None, vllm_path: str | None, vllm_release: str | None
+) -> list[str]:
+    """``--vllm-release VER`` or ``--vllm-src DIR`` for the vLLM a run used; none if installed."""
+    if vllm_release:
+        return ["--vllm-release", vllm_release]
+    if vllm_source == "src" and vllm_path:
+        return ["--vllm-src", vllm_path.removesuffix("/vllm")]
+    return []
+
+
+def rerun_command(
+    result: ScenarioResult,
+    *,
+    vllm_source: str | None,
+    vllm_path: str | None,
+    vllm_release: str | None,
+    options: tuple[str, ...] = (),
+) -> str:
+    """``kvconform run FILE::ID`` against the same vLLM, with the run's ``options``.
+
+    The scenario is named exactly (``FILE::ID``, not ``-k``, whose substring would
+    also pick a matrix case's neighbours); ``vllm_path`` is the ``vllm`` package's
+    folder, as :attr:`RunReport.vllm_path` records it.
+    """
+    parts = ["kvconform", "run", f"{result.file}::{result.id}"]
+    parts += vllm_options(vllm_source, vllm_path, vllm_release)
+    return shlex.join([*parts, *options])

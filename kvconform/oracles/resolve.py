@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from kvconform.errors import ScenarioError
+from kvconform.errors import ScenarioError, did_you_mean
 from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.lookahead import expected_lookahead
 from kvconform.model.observations import GroupInfo, Trajectory
@@ -90,9 +90,12 @@ def _resolve_lookahead(scenario: Scenario, vllm: Vllm) -> Trajectory:
     declared = vllm.declared_methods()
     if spec.method not in declared:
         where = spec.where or scenario.where.at("speculative.method")
+        meant = did_you_mean(spec.method, declared)
         raise ScenarioError(
             where,
-            f"unknown speculative method {spec.method!r}; vLLM {vllm.version} declares: "
+            f"unknown speculative method {spec.method!r}"
+            + (f" (did you mean {meant!r}?)" if meant else "")
+            + f"; vLLM {vllm.version} declares: "
             + ", ".join(declared),
         )
     method = vllm.canonical_method(spec.method)

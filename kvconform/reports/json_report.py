@@ -90,6 +90,8 @@ def report_json(report: RunReport) -> dict[str, Any]:
         "phases_s": {name: round(seconds, 3) for name, seconds in report.phases.items()},
         "exit_status": report.exit_status,
         "checks": list(report.checks),
+        "rerun_options": list(report.rerun_options),
+        "shard": report.shard,
         "counts": report.counts(),
         "notes": list(report.notes),
         "input_errors": [

@@ -4,7 +4,11 @@ Written to the subset of the JUnit format that Buildkite's test analytics and
 GitHub's JUnit readers (e.g. ``mikepenz/action-junit-report``) both accept: a
 ``<testsuites>`` root with one ``<testsuite>`` per scenario file, ``failure``
 for nonconformance, ``error`` for scenarios that could not run, ``skipped`` for
-known divergences (xfailed). Input errors become error test cases of their file.
+known divergences (xfailed). Input errors become error test cases of their file,
+one per error, each at its line. A failing testcase's ``line`` is that of the
+step its first failure happened at (a CI annotation then points at the step, not
+at the scenario's first line); every suite carries the vLLM version, source and
+the run's checks as ``<properties>``.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
 
+from kvconform.errors import ScenarioError
 from kvconform.model.results import RunReport, ScenarioResult, Verdict
 
 
@@ -29,8 +34,10 @@ def _testcase(suite: ET.Element, result: ScenarioResult, report: RunReport) -> N
         file=result.file,
         time=f"{result.duration:.6f}",
     )
-    if result.line is not None:
-        case.set("line", str(result.line))
+    step_lines = [f.line for f in result.failures if f.line is not None]
+    line = step_lines[0] if step_lines else result.line
+    if line is not None:
+        case.set("line", str(line))
     rerun = f"\n\nRerun: {report.rerun_command(result)}"
     if result.verdict is Verdict.FAILED:
         text = "\n".join(f"[{f.check}] {f.message}" for f in result.failures)
@@ -62,21 +69,32 @@ def write_junit(report: RunReport, directory: Path) -> Path:
     root = ET.Element("testsuites", name="kvconform", time=f"{report.duration:.3f}")
     for file, results in sorted(by_file.items()):
         suite = ET.SubElement(root, "testsuite", name=_suite_name(file))
+        _properties(suite, report)
         for result in results:
             _testcase(suite, result, report)
         _count(suite, results)
-    errors_by_file: dict[str, list[str]] = defaultdict(list)
+    errors_by_file: dict[str, list[ScenarioError]] = defaultdict(list)
     for err in report.input_errors:
-        errors_by_file[err.where.file].append(str(err))
-    for file, messages in sorted(errors_by_file.items()):
+        errors_by_file[err.where.file].append(err)
+    for file, errors in sorted(errors_by_file.items()):
         suite = ET.SubElement(root, "testsuite", name=_suite_name(file))
-        case = ET.SubElement(
-            suite, "testcase", classname=_suite_name(file), name="load", file=file, time="0"
-        )
-        error = ET.SubElement(case, "error", message=messages[0][:500], type="input")
-        error.text = "\n".join(messages)
-        suite.set("tests", "1")
-        suite.set("errors", "1")
+        _properties(suite, report)
+        for err in errors:
+            line = err.where.line
+            case = ET.SubElement(
+                suite,
+                "testcase",
+                classname=_suite_name(file),
+                name="load" if line is None else f"load (line {line})",
+                file=file,
+                time="0",
+            )
+            if line is not None:
+                case.set("line", str(line))
+            error = ET.SubElement(case, "error", message=str(err)[:500], type="input")
+            error.text = str(err)
+        suite.set("tests", str(len(errors)))
+        suite.set("errors", str(len(errors)))
         suite.set("failures", "0")
         suite.set("skipped", "0")
         suite.set("time", "0")
@@ -85,6 +103,16 @@ def write_junit(report: RunReport, directory: Path) -> Path:
     path = directory / "junit.xml"
     ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
     return path
+
+
+def _properties(suite: ET.Element, report: RunReport) -> None:
+    properties = ET.SubElement(suite, "properties")
+    for name, value in (
+        ("vllm_version", report.vllm_version or "unavailable"),
+        ("vllm_source", report.vllm_release or report.vllm_source or "-"),
+        ("checks", ",".join(report.checks)),
+    ):
+        ET.SubElement(properties, "property", name=name, value=value)
 
 
 def _count(suite: ET.Element, results: list[ScenarioResult]) -> None:
