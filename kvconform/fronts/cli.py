@@ -82,11 +82,9 @@ def add_expectation_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def load_vllm(args: argparse.Namespace, checks: Sequence[str] = ()) -> Vllm:
+def load_vllm(args: argparse.Namespace) -> Vllm:
     """The vLLM the flags select (the session's one loader)."""
-    return session.load_vllm(
-        getattr(args, "vllm_src", None), getattr(args, "vllm_release", None), checks
-    )
+    return session.load_vllm(getattr(args, "vllm_src", None), getattr(args, "vllm_release", None))
 
 
 def run_request(args: argparse.Namespace, checks: tuple[str, ...]) -> RunRequest:

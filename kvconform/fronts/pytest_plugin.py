@@ -78,9 +78,9 @@ def _request(config: pytest.Config) -> sessions.RunRequest:
 def pytest_configure(config: pytest.Config) -> None:
     request = _request(config)
     config.stash[_SESSION] = sessions.Session(request)
-    # Triton's interpreter must be chosen before vLLM is imported (on any worker).
-    if "slots" in request.checks:
-        prepare_slot_kernel()
+    # Triton's interpreter must be chosen before vLLM is imported (on any worker),
+    # whichever checks run: kvconform.oracles.vllm.loading.load says why.
+    prepare_slot_kernel()
     for kind in KINDS:
         config.addinivalue_line("markers", f"{kind}: kvconform scenario kind")
 
