@@ -279,6 +279,15 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     return command.bisect(args)
 
 
+# -- matrix ----------------------------------------------------------------------------
+
+
+def cmd_matrix(args: argparse.Namespace) -> int:
+    from kvconform.matrix.command import matrix
+
+    return matrix(args, say)
+
+
 # -- methods ---------------------------------------------------------------------------
 
 
@@ -538,6 +547,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_expectation_options(bisect)
     bisect.set_defaults(handler=cmd_bisect)
+
+    from kvconform.matrix.command import add_matrix_options
+
+    matrix = sub.add_parser(
+        "matrix",
+        help="run the corpus against every release from A to B; one matrix report",
+        description="Run `kvconform run --checks all --vllm-release V` for each PyPI release "
+        "V from A to B, each in its own process, and write matrix.json, matrix.md and "
+        "matrix.html: verdict counts per release, the scenarios whose verdict changed between "
+        "neighbouring releases, links to each run's report. Exits non-zero when a release at "
+        "or above the minimum supported one errors or fails unexpectedly. See docs/releases.md.",
+    )
+    add_selection_options(matrix)
+    add_expectation_options(matrix)
+    add_matrix_options(matrix)
+    matrix.set_defaults(handler=cmd_matrix)
 
     methods = sub.add_parser("methods", help="list vLLM's speculative methods and their lookahead")
     methods.add_argument(
