@@ -25,7 +25,8 @@ def add_matrix_options(parser: argparse.ArgumentParser) -> None:
         "--releases",
         required=True,
         metavar="A..B",
-        help="the PyPI releases of vllm from A to B on pip's index (A.. : to the newest)",
+        help="the PyPI releases of vllm from A to B on pip's index; A.. runs to the newest, "
+        "A,B,C runs exactly those",
     )
     parser.add_argument(
         "--checks",
@@ -44,7 +45,18 @@ def add_matrix_options(parser: argparse.ArgumentParser) -> None:
 
 
 def releases_in(text: str, say: Say) -> list[str]:
-    """The releases ``A..B`` (or ``A..``, to the newest) names, oldest first."""
+    """The releases ``A..B``, ``A..`` (to the newest) or ``A,B,...`` names, oldest first."""
+    if ".." not in text:
+        listed = [v.strip() for v in text.split(",") if v.strip()]
+        for version in listed:
+            try:
+                Version(version)
+            except InvalidVersion:
+                raise UsageError(f"--releases: {version!r} is not a version") from None
+        index = release_index.list_releases(say=say)
+        for version in listed:
+            release_index.releases_between(index, version, version)  # on the index, or say so
+        return release_index.ordered(list(dict.fromkeys(listed)))
     open_ended = text.endswith("..") and text.count("..") == 1
     if open_ended:
         first = text[:-2]
