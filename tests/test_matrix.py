@@ -101,7 +101,9 @@ def test_rows_below_the_minimum_say_what_kvconform_does_there(tmp_path):
 
 
 def test_reason_of_drops_what_differs_per_scenario():
-    assert reason_of("[slots] step 3 (line 9, spec 3) request a, group 0: ...") == "[slots] failures"
+    assert (
+        reason_of("[slots] step 3 (line 9, spec 3) request a, group 0: ...") == "[slots] failures"
+    )
     assert reason_of("vLLM 0.28.0 lacks vllm.v1.kv_cache_interface.CircularBufferSpec") == (
         "lacks vllm.v1.kv_cache_interface.CircularBufferSpec"
     )
@@ -119,7 +121,11 @@ def test_written_reports_link_each_release_run(tmp_path):
     assert data["schema"] == "kvconform-matrix/1" and data["exit_status"] == 1
     assert data["releases"][0]["verdicts"] == {"a": "failed", "b": "passed"}
     assert data["changes"] == [
-        {"from": "0.28.0", "to": "0.29.0", "scenarios": [{"id": "a", "from": "failed", "to": "passed"}]}
+        {
+            "from": "0.28.0",
+            "to": "0.29.0",
+            "scenarios": [{"id": "a", "from": "failed", "to": "passed"}],
+        }
     ]
     markdown = paths[1].read_text()
     assert "| release | passed | failed | exit | time | report | notes |" in markdown
