@@ -176,6 +176,12 @@ def _link(row: ReleaseRun, directory: Path) -> str:
         return str(row.folder / "report.html")
 
 
+def _changed(changed: list[Change]) -> str:
+    if not changed:
+        return "no verdict changed"
+    return f"{len(changed)} verdict{'s' if len(changed) > 1 else ''} changed"
+
+
 def _release_label(row: ReleaseRun) -> str:
     return row.release if row.supported else f"{row.release} (below minimum)"
 
@@ -208,7 +214,7 @@ def render_markdown(matrix: Matrix, directory: Path, changes_shown: int = 20) ->
         )
     lines += ["", "## Verdicts that changed between neighbouring releases", ""]
     for older, newer, changed in matrix.changes():
-        lines.append(f"- **{older.release} → {newer.release}**: {len(changed) or 'no'} changed")
+        lines.append(f"- **{older.release} → {newer.release}**: {_changed(changed)}")
         for change in changed[:changes_shown]:
             lines.append(f"  - `{change.scenario}`: {change.before} → {change.after}")
         if len(changed) > changes_shown:
@@ -265,9 +271,7 @@ def render_html(matrix: Matrix, directory: Path) -> str:
         )
     out.append("</table><h2>Verdicts that changed between neighbouring releases</h2>")
     for older, newer, changed in matrix.changes():
-        out.append(
-            f"<h3>{e(older.release)} → {e(newer.release)}: {len(changed) or 'no'} changed</h3>"
-        )
+        out.append(f"<h3>{e(older.release)} → {e(newer.release)}: {e(_changed(changed))}</h3>")
         if changed:
             out.append("<table><tr><th>scenario</th>")
             out.append(f"<th>{e(older.release)}</th><th>{e(newer.release)}</th></tr>")
