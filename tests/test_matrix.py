@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from kvconform.bisect import release_index
 from kvconform.errors import UsageError
-from kvconform.harness.bisect import release_index
 from kvconform.matrix import command
 from kvconform.matrix.runner import ReleaseRun, ScenarioCell, read_run
 from kvconform.matrix.table import Matrix, reason_of, render_console, write_matrix

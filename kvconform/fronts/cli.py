@@ -285,7 +285,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
 def cmd_matrix(args: argparse.Namespace) -> int:
     from kvconform.matrix.command import matrix
 
-    return matrix(args, say)
+    return int(matrix(args, say))
 
 
 # -- methods ---------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 ``kvconform matrix --releases A..B [PATH...]`` runs ``kvconform run --checks all
 --vllm-release V`` for each PyPI release V from A to B on pip's index (the same
-index view as ``kvconform bisect``, :mod:`kvconform.harness.bisect.release_index`),
+index view as ``kvconform bisect``, :mod:`kvconform.bisect.release_index`),
 one fresh process per release: a process can import one vLLM tree only
 (:mod:`.runner`). Each release's reports land in ``<report-dir>/<V>/``; the
 matrix itself (:mod:`.table`) is one more report over them, written as

@@ -10,11 +10,11 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from kvconform.errors import UsageError
-from kvconform.harness.bisect import release_index
+from kvconform.bisect import release_index
+from kvconform.errors import ExitStatus, UsageError
 from kvconform.matrix.runner import ReleaseRun, run_release
 from kvconform.matrix.table import Matrix, render_console, write_matrix
-from kvconform.oracles.vllm_compat import MINIMUM_SUPPORTED
+from kvconform.oracles.vllm import MINIMUM_SUPPORTED
 
 DEFAULT_REPORT_DIR = "build/matrix"
 Say = Callable[[str], None]
@@ -92,7 +92,7 @@ def run_arguments(args: argparse.Namespace) -> list[str]:
     return out
 
 
-def matrix(args: argparse.Namespace, say: Say) -> int:
+def matrix(args: argparse.Namespace, say: Say) -> ExitStatus:
     if args.jobs < 1:
         raise UsageError("--jobs must be at least 1")
     releases = releases_in(args.releases, say)
@@ -120,5 +120,5 @@ def matrix(args: argparse.Namespace, say: Say) -> int:
         say(line)
     written = write_matrix(table, directory)
     status = table.exit_status()
-    say(f"matrix: exit {status}; " + ", ".join(str(p) for p in written))
+    say(f"matrix: exit {int(status)}; " + ", ".join(str(p) for p in written))
     return status

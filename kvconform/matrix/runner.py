@@ -3,7 +3,7 @@
 Each release needs its own process, because once ``vllm`` is imported another
 tree cannot replace it. The child is ``python -m kvconform run`` with the same
 interpreter and this very kvconform first on ``PYTHONPATH``
-(:func:`kvconform.harness.bisect.probe.kvconform_env`); it runs in the row's
+(:func:`kvconform.bisect.probe.kvconform_env`); it runs in the row's
 own folder (so that a ``vllm/`` in the caller's working directory cannot shadow
 the tree under test), writes its reports there and its output to ``run.log``.
 The row is read back from the ``report.json`` it wrote.
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvconform.harness.bisect.probe import kvconform_env
+from kvconform.bisect.probe import kvconform_env
 
 LOG_FILE = "run.log"
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kvconform import __version__
+from kvconform.errors import ExitStatus
 from kvconform.matrix.runner import ReleaseRun
 
 SCHEMA = "kvconform-matrix/1"
@@ -69,13 +70,22 @@ class Matrix:
             out.append((older, newer, changed))
         return out
 
-    def exit_status(self) -> int:
-        """The worst supported row: 2 bad input, 1 nonconformance, 3 not exercisable, 0."""
-        statuses = [3 if r.exit_status is None else r.exit_status for r in self.rows if r.supported]
-        for status in (2, 1, 3):
+    def exit_status(self) -> ExitStatus:
+        """The worst supported row: bad input, then nonconformance, then not exercised."""
+        statuses = {
+            ExitStatus.NOT_EXERCISED if r.exit_status is None else ExitStatus(r.exit_status)
+            for r in self.rows
+            if r.supported
+        }
+        for status in (
+            ExitStatus.BAD_INPUT,
+            ExitStatus.NONCONFORMANCE,
+            ExitStatus.NOT_EXERCISED,
+            ExitStatus.NO_SELECTION,
+        ):
             if status in statuses:
                 return status
-        return max(statuses, default=0)
+        return ExitStatus.CONFORM
 
     def notes(self, row: ReleaseRun) -> list[str]:
         """What a reader needs beside the counts: why a row is not all green."""
@@ -115,7 +125,7 @@ class Matrix:
             "kvconform": __version__,
             "minimum_supported": self.minimum,
             "command": self.command,
-            "exit_status": self.exit_status(),
+            "exit_status": int(self.exit_status()),
             "releases": [{**row.to_json(), "notes": self.notes(row)} for row in self.rows],
             "changes": [
                 {
@@ -188,8 +198,14 @@ def _release_label(row: ReleaseRun) -> str:
 
 def _status(matrix: Matrix) -> str:
     status = matrix.exit_status()
-    meaning = {0: "conform", 1: "nonconformance or vLLM raising", 2: "bad input"}
-    return f"{status} ({meaning.get(status, 'a release could not be exercised')})"
+    meaning = {
+        ExitStatus.CONFORM: "every supported release conforms",
+        ExitStatus.NONCONFORMANCE: "an unexpected failure, or vLLM raising",
+        ExitStatus.BAD_INPUT: "bad input",
+        ExitStatus.NOT_EXERCISED: "a release could not be exercised",
+        ExitStatus.NO_SELECTION: "the selection matched no scenario",
+    }
+    return f"{int(status)} ({meaning.get(status, status.name.lower())})"
 
 
 def render_markdown(matrix: Matrix, directory: Path, changes_shown: int = 20) -> str:
