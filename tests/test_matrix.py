@@ -132,7 +132,7 @@ def test_written_reports_link_each_release_run(tmp_path):
     assert "| 0.28.0 | 1 | 1 | 1 | 12 s | [report.html](0.28.0/report.html) |" in markdown
     assert "  - `a`: failed → passed" in markdown
     page = paths[2].read_text()
-    assert '<a href="0.28.0/report.html#problems">1</a>' in page
+    assert '<a href="0.28.0/report.html#groups">1</a>' in page
     assert '<a href="0.29.0/report.html#passed">2</a>' in page
     assert render_console(matrix)[1].split() == ["0.28.0", "1", "1", "1"]
 

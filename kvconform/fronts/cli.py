@@ -191,6 +191,8 @@ def print_result(result: ScenarioResult, out: Callable[[str], None] = say) -> No
             out(f"         ... {len(result.failures) - 3} more failures in report.json")
     elif result.verdict is Verdict.SKIPPED:
         out(f"         {result.skip_reason}")
+    elif result.verdict is Verdict.UNSUPPORTED:
+        out(f"         not offered here, not counted against it: {result.error}")
     elif result.verdict is Verdict.XPASSED:
         out(
             f"         listed as a known divergence ({result.expectation}) but conforms now: "

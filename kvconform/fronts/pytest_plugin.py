@@ -145,8 +145,8 @@ class ScenarioItem(pytest.Item):
             pytest.skip(result.skip_reason or "skipped")
         if result.verdict is Verdict.XFAILED:
             raise ScenarioFailed(result)  # reported as XFAIL by pytest_runtest_makereport
-        if result.skipped_checks and len(result.skipped_checks) == len(run.request.checks):
-            pytest.skip(result.error or "no selected check could run")
+        if result.verdict is Verdict.UNSUPPORTED:
+            pytest.skip(f"unsupported: {result.error}")
         raise ScenarioFailed(result)
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:

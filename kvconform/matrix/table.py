@@ -21,14 +21,25 @@ from kvconform.matrix.runner import ReleaseRun
 
 SCHEMA = "kvconform-matrix/1"
 # Columns in this order; a verdict a report counts and this list lacks goes after them.
-VERDICT_ORDER = ("passed", "failed", "error", "unsupported", "xfailed", "xpassed", "input errors")
+VERDICT_ORDER = (
+    "passed",
+    "failed",
+    "error",
+    "unsupported",
+    "skipped",
+    "xfailed",
+    "xpassed",
+    "input errors",
+)
 # Verdicts a reader has to look at: a count of them is a link to that part of report.html.
 ANCHORS = {
     "passed": "passed",
-    "failed": "problems",
-    "error": "problems",
-    "xfailed": "problems",
+    "failed": "groups",
+    "error": "errors",
+    "xfailed": "xfailed",
     "xpassed": "xpassed",
+    "skipped": "skipped",
+    "unsupported": "unsupported",
     "input errors": "input-errors",
 }
 UPSTREAM_BUG = (
