@@ -300,6 +300,7 @@ def test_pytest_plugin_says_when_the_slots_check_was_skipped(vllm, pytester, mon
         "scenarios", "-p", "no:cacheprovider", "--kvconform-checks", "slots", "-rs"
     )
     alone.assert_outcomes(skipped=1)
+    alone.stdout.fnmatch_lines(["*unsupported: no selected check could run: slots: *Triton*"])
 
 
 @pytest.mark.slow
