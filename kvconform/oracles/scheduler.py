@@ -215,7 +215,9 @@ def model_and_speculative_config(
             try:
                 speculative = api.model_speculative_config(model_config, method, k, **options)
             except Exception as exc:  # noqa: BLE001 - the method cannot be built here
-                raise NotOffered(
+                # Not NotOffered: what fails here is this machine as often as the release
+                # (a drafter's package missing, the architecture inspection's subprocess).
+                raise VllmUnavailable(
                     vllm.version,
                     f"a SpeculativeConfig for method {method!r} in scheduler mode",
                     _first_line(exc),
