@@ -12,6 +12,8 @@
 #                    suite kills (build/mutation/, docs/mutation.md)
 #   make bench       measures kvconform's cost against vLLM's allocator: build/bench.json, a
 #                    row in docs/benchmarks.md, profiles in build/profiles (docs/benchmarks.md)
+#   make release-matrix  the corpus with every check against each vLLM release from 0.25.0 to
+#                    the newest on pip's index: build/matrix/matrix.html (docs/releases.md)
 #
 # The environment lives in .venv (git-ignored), pinned by constraints.txt (vLLM 0.33.0).
 # It is rebuilt only when pyproject.toml or constraints.txt change. Caches (pip, release
@@ -92,6 +94,14 @@ fuzz-nightly: $(STAMP)
 .PHONY: mutation
 mutation: $(STAMP)
 	$(BIN)/kvconform mutate --report-dir build/mutation
+
+# One `kvconform run --checks all --vllm-release V` per release, each in its own process;
+# releases below the minimum (0.28.0) are information rows, the others decide the status.
+MATRIX_RELEASES ?= 0.25.0..
+MATRIX_DIR ?= build/matrix
+.PHONY: release-matrix
+release-matrix: $(STAMP)
+	$(BIN)/kvconform matrix --releases $(MATRIX_RELEASES) --report-dir $(MATRIX_DIR) scenarios
 
 lint: $(STAMP)
 	$(BIN)/ruff check kvconform tests tools conftest.py

@@ -10,7 +10,10 @@ different to whoever reads a red run and each maps to its own exit status
   message alone is enough to fix the file. Exit status 2.
 * :class:`VllmUnavailable` -- the installed (or selected) vLLM cannot be
   exercised: it does not import, or it lacks an API kvconform needs. The message
-  names the vLLM version and the missing name. Exit status 3.
+  names the vLLM version and the missing name. Exit status 3. Its subclass
+  :class:`NotOffered` is narrower: the release does not offer what one scenario
+  needs (a spec type, a method, a runner or scheduler option), so the scenario
+  does not apply there; it is reported ``unsupported`` and leaves the status alone.
 * :class:`UsageError` -- the command line itself is wrong. Exit status 2.
 
 Anything else that escapes is a bug, in kvconform or in vLLM, and is reported
@@ -113,6 +116,17 @@ class VllmUnavailable(KvconformError):
 
 class ScenarioSkipped(KvconformError):
     """The scenario cannot run in this environment (engine mode without CUDA): skipped, with why."""
+
+
+class NotOffered(VllmUnavailable):
+    """The selected vLLM does not offer what a scenario needs: a KV spec type or one of
+    its fields, a speculative method, a model runner or a scheduler option.
+
+    Only the compatibility layer raises it, where it knows the difference is the
+    release's (a name it lacks, a setting it refuses), not kvconform failing to drive
+    it. The scenario's verdict is ``unsupported``; an API kvconform itself needs stays
+    a plain :class:`VllmUnavailable`.
+    """
 
 
 class UsageError(KvconformError):

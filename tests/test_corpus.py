@@ -116,6 +116,9 @@ def test_corpus_conforms_with_every_known_divergence_listed_and_used(corpus, vll
         assert entry.evidence, f"{entry.pattern}: no evidence"
         if entry.pattern.startswith("fuzz-probe-"):
             continue  # used by kvconform fuzz's probes (tests/test_fuzz.py checks them)
+        assert any(entry.matches(r.id) for r in results), f"{entry.pattern} matches no scenario"
+        if entry.vllm is not None and vllm.version not in entry.vllm:
+            continue  # another release's divergence (tests/test_release_matrix.py runs them)
         assert any(entry.applies(r.id, vllm.version) for r in results), f"{entry.pattern} unused"
 
 

@@ -84,6 +84,44 @@ def test_unknown_method_is_an_input_error_with_its_location(vllm, scenario_from)
     assert "eagle3" in result.error  # the message lists what vLLM declares
 
 
+def test_a_spec_type_the_release_does_not_offer_is_unsupported_not_an_error(vllm, scenario_from):
+    # KpoolTailSpec exists in vLLM 0.30-0.31 only; the installed 0.33.0 lacks it.
+    scenario = scenario_from(
+        "model: {groups: [{type: kpool_tail, sliding_window: 32}]}\n"
+        "requests: {a: {prompt_len: 20}}\nsteps: [{a: {prefill: 20}}]\n"
+    )
+    result = run_scenario(scenario, vllm)
+    assert result.verdict is Verdict.UNSUPPORTED and result.error_kind is ErrorKind.UNSUPPORTED
+    assert result.error == f"vLLM {vllm.version} lacks vllm.v1.kv_cache_interface.KpoolTailSpec"
+    other = run_scenario(
+        scenario_from("requests: {a: {prompt_len: 8}}\nsteps: [{a: {prefill: 8}}]\n"), vllm
+    )
+    assert exit_status([result, other]) == 0  # counted apart, not against the release
+    assert exit_status([result]) == 3  # nothing was exercised at all
+    # An expectations entry neither excuses nor xpasses it: it did not run.
+    from kvconform.harness.expectations import Expectation
+
+    listed = run_scenario(scenario, vllm, expectations=[Expectation("*", "listed")])
+    assert listed.verdict is Verdict.UNSUPPORTED and listed.expectation is None
+
+
+def test_a_method_of_another_release_is_unsupported_an_unknown_one_bad_input(
+    vllm, scenario_from, monkeypatch
+):
+    declared = tuple(m for m in vllm.declared_methods() if m != "dspark")
+    monkeypatch.setattr(type(vllm), "declared_methods", lambda self: declared)
+    text = "requests: {a: {prompt_len: 10}}\nsteps: [{a: {prefill: 10}}]\n"
+    older = run_scenario(
+        scenario_from("speculative: {method: dspark, num_speculative_tokens: 3}\n" + text), vllm
+    )
+    assert older.verdict is Verdict.UNSUPPORTED
+    assert older.error.startswith(f"vLLM {vllm.version} lacks speculative method 'dspark': it")
+    typo = run_scenario(
+        scenario_from("speculative: {method: dsprak, num_speculative_tokens: 3}\n" + text), vllm
+    )
+    assert typo.error_kind is ErrorKind.INPUT
+
+
 def test_a_dry_pool_is_a_scenario_error_not_a_crash(vllm, scenario_from):
     scenario = scenario_from(
         """
@@ -145,6 +183,11 @@ def test_exit_status_precedence():
     )
     assert exit_status([_result(Verdict.FAILED)], input_errors=1) == 2
     assert exit_status([_result(Verdict.ERROR, ErrorKind.INPUT)]) == 2
+    unsupported = _result(Verdict.UNSUPPORTED, ErrorKind.UNSUPPORTED)
+    assert exit_status([_result(Verdict.PASSED), unsupported]) == 0
+    assert exit_status([_result(Verdict.FAILED), unsupported]) == 1
+    assert exit_status([unsupported, unsupported]) == 3
+    assert exit_status([unsupported], input_errors=1) == 2
 
 
 def test_loading_vllm_takes_its_import_heap_out_of_the_collectors_scans(vllm):

@@ -217,6 +217,7 @@ def test_a_method_vllm_cannot_build_is_unsupported(scenario_from, vllm):
       a: {prompt_len: 20}
     """
     _, result = _run(scenario_from, vllm, text)
+    # The machine, not the release (suffix decoding needs its own package): not exercised.
     assert result.verdict is Verdict.ERROR and result.error_kind is ErrorKind.UNSUPPORTED
     assert "suffix" in (result.error or "") and vllm.version in (result.error or "")
     assert engine.exit_status([result]) == 3

@@ -19,6 +19,7 @@ from vllm_copy import tree_with_replacement
 
 from kvconform.errors import VllmUnavailable
 from kvconform.fronts.cli import main
+from kvconform.harness import engine
 from kvconform.harness.checks import judge, parse_checks
 from kvconform.harness.drivers.trajectory import drive
 from kvconform.harness.engine import exit_status, run_scenario
@@ -27,7 +28,7 @@ from kvconform.model.observations import Observation, SlotEscape
 from kvconform.model.results import ErrorKind, Verdict
 from kvconform.oracles import slots as slots_oracle
 from kvconform.oracles.slots import positions_written, record_slots
-from kvconform.oracles.vllm.slot_kernel import slot_kernel_of
+from kvconform.oracles.vllm.slot_kernel import SlotKernel, slot_kernel_of
 
 pytest_plugins = ["pytester"]
 
@@ -197,9 +198,52 @@ def test_a_check_that_cannot_run_is_skipped_never_passed(vllm, scenario_from, mo
     assert with_others.verdict is Verdict.PASSED
     assert "Triton is not installed" in with_others.skipped_checks["slots"]
     alone = run_scenario(scenario, vllm, ("slots",))
-    assert alone.verdict is Verdict.ERROR and alone.error_kind is ErrorKind.UNSUPPORTED
+    assert alone.verdict is Verdict.UNSUPPORTED and alone.error_kind is ErrorKind.UNSUPPORTED
     assert alone.error.startswith("no selected check could run: slots: vLLM ")
-    assert exit_status([alone]) == 3
+    assert exit_status([alone]) == 3  # nothing else ran: this vLLM was not exercised
+    assert exit_status([alone, with_others]) == 0
+
+
+def test_a_kernel_that_cannot_set_up_skips_its_check_and_the_others_decide(
+    vllm, scenario_from, monkeypatch
+):
+    # As 0.32.0's staged writes did before kvconform stood in its pinned-memory query.
+    scenario = scenario_from(EAGLE)
+
+    def no_tables(self, *args, **kwargs):
+        raise RuntimeError("Found no NVIDIA driver on your system")
+
+    monkeypatch.setattr(SlotKernel, "tables", no_tables)
+    result = run_scenario(scenario, vllm, ("floor", "slots"))
+    assert result.verdict is Verdict.PASSED, result.headline()
+    assert (
+        "BlockTables cannot be built in this process (RuntimeError: Found no NVIDIA"
+        in (result.skipped_checks["slots"])
+    )
+
+
+def test_a_party_that_raises_is_a_crash_that_keeps_the_other_checks_verdicts(
+    vllm, scenario_from, monkeypatch
+):
+    scenario = scenario_from(EAGLE)
+
+    def broken(run, vllm):
+        raise IndexError("list index out of range")
+
+    judged = []
+
+    def judging(run, checks):
+        judged.append(checks)
+        return real_judge(run, checks)
+
+    real_judge = engine.judge
+    monkeypatch.setitem(engine.PARTIES_FOR_CHECKS, "slots", broken)
+    monkeypatch.setattr(engine, "judge", judging)
+    result = run_scenario(scenario, vllm, ("floor", "slots"))
+    assert result.verdict is Verdict.ERROR and result.error_kind is ErrorKind.CRASH
+    assert "raised IndexError: list index out of range" in result.error
+    assert result.skipped_checks["slots"].startswith("its party raised (vLLM ")
+    assert judged == [("floor",)]  # the floor still judged the trajectory
 
 
 def test_only_token_indexed_groups_are_mapped(vllm, scenario_from):
@@ -256,6 +300,7 @@ def test_pytest_plugin_says_when_the_slots_check_was_skipped(vllm, pytester, mon
         "scenarios", "-p", "no:cacheprovider", "--kvconform-checks", "slots", "-rs"
     )
     alone.assert_outcomes(skipped=1)
+    alone.stdout.fnmatch_lines(["*unsupported: no selected check could run: slots: *Triton*"])
 
 
 @pytest.mark.slow

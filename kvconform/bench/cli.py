@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import inspect
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -216,9 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load_for_bench() -> Vllm:
-    """vLLM as ``kvconform run --checks all`` loads it: ready for every registered check's party."""
-    if "slot_kernel" in inspect.signature(load).parameters:
-        return load(slot_kernel=True)
+    """vLLM as ``kvconform run`` loads it: ready for every registered check's party."""
     return load()
 
 

@@ -83,11 +83,9 @@ def add_expectation_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def load_vllm(args: argparse.Namespace, checks: Sequence[str] = ()) -> Vllm:
+def load_vllm(args: argparse.Namespace) -> Vllm:
     """The vLLM the flags select (the session's one loader)."""
-    return session.load_vllm(
-        getattr(args, "vllm_src", None), getattr(args, "vllm_release", None), checks
-    )
+    return session.load_vllm(getattr(args, "vllm_src", None), getattr(args, "vllm_release", None))
 
 
 def add_shard_option(parser: argparse.ArgumentParser, what: str) -> None:
@@ -220,6 +218,8 @@ def print_result(result: ScenarioResult, out: Callable[[str], None] = say) -> No
             out(f"         ... {len(result.failures) - 3} more failures in report.json")
     elif result.verdict is Verdict.SKIPPED:
         out(f"         {result.skip_reason}")
+    elif result.verdict is Verdict.UNSUPPORTED:
+        out(f"         not offered here, not counted against it: {result.error}")
     elif result.verdict is Verdict.XPASSED:
         out(
             f"         listed as a known divergence ({result.expectation}) but conforms now: "
@@ -349,6 +349,15 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     from kvconform.bisect import command
 
     return command.bisect(args)
+
+
+# -- matrix ----------------------------------------------------------------------------
+
+
+def cmd_matrix(args: argparse.Namespace) -> int:
+    from kvconform.matrix.command import matrix
+
+    return int(matrix(args, say))
 
 
 # -- methods ---------------------------------------------------------------------------
@@ -668,6 +677,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_expectation_options(bisect)
     bisect.set_defaults(handler=cmd_bisect)
+
+    from kvconform.matrix.command import add_matrix_options
+
+    matrix = sub.add_parser(
+        "matrix",
+        help="run the corpus against every release from A to B; one matrix report",
+        description="Run `kvconform run --checks all --vllm-release V` for each PyPI release "
+        "V from A to B, each in its own process, and write matrix.json, matrix.md and "
+        "matrix.html: verdict counts per release, the scenarios whose verdict changed between "
+        "neighbouring releases, links to each run's report. Exits non-zero when a release at "
+        "or above the minimum supported one errors or fails unexpectedly. See docs/releases.md.",
+    )
+    add_selection_options(matrix)
+    add_expectation_options(matrix)
+    add_matrix_options(matrix)
+    matrix.set_defaults(handler=cmd_matrix)
 
     methods = sub.add_parser("methods", help="list vLLM's speculative methods and their lookahead")
     methods.add_argument(

@@ -78,9 +78,9 @@ def _request(config: pytest.Config) -> sessions.RunRequest:
 def pytest_configure(config: pytest.Config) -> None:
     request = _request(config)
     config.stash[_SESSION] = sessions.Session(request)
-    # Triton's interpreter must be chosen before vLLM is imported (on any worker).
-    if "slots" in request.checks:
-        prepare_slot_kernel()
+    # Triton's interpreter must be chosen before vLLM is imported (on any worker),
+    # whichever checks run: kvconform.oracles.vllm.loading.load says why.
+    prepare_slot_kernel()
     for kind in KINDS:
         config.addinivalue_line("markers", f"{kind}: kvconform scenario kind")
 
@@ -147,8 +147,8 @@ class ScenarioItem(pytest.Item):
             pytest.skip(result.skip_reason or "skipped")
         if result.verdict is Verdict.XFAILED:
             raise ScenarioFailed(result)  # reported as XFAIL by pytest_runtest_makereport
-        if result.skipped_checks and len(result.skipped_checks) == len(run.request.checks):
-            pytest.skip(result.error or "no selected check could run")
+        if result.verdict is Verdict.UNSUPPORTED:
+            pytest.skip(f"unsupported: {result.error}")
         raise ScenarioFailed(result)
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:

@@ -137,6 +137,9 @@ def build_space(
         if result.verdict is Verdict.XFAILED:
             excluded[name] = f"known divergence ({result.id}): {result.expectation}"
             continue
+        if result.verdict is Verdict.UNSUPPORTED:
+            excluded[name] = f"not offered: {result.error}"
+            continue
         if result.verdict in (Verdict.FAILED, Verdict.ERROR):
             diverged[name] = f"{result.verdict.value}: {result.headline()}"
         group_types.append(name)

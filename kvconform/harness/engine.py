@@ -10,9 +10,13 @@ on the recorded trajectory only when that check is selected, so the checks
 themselves never call vLLM.
 
 Whatever goes wrong inside one scenario stays inside its result: a bad step is
-an ``input`` error, a vLLM without a needed API is ``unsupported``, and an
+an ``input`` error; a scenario needing what the release does not offer (a spec
+type, a method, a runner or scheduler option: :class:`NotOffered`) is
+``unsupported``, its own verdict, which leaves the exit status alone; a vLLM
+lacking an API kvconform needs is an error of kind ``unsupported``; and an
 exception raised by vLLM on a valid scenario is a ``crash``, reported with the
-vLLM frame it came from. The run goes on with the next scenario.
+vLLM frame it came from. A check whose party cannot set up is skipped with the
+reason while the other checks decide. The run goes on with the next scenario.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pathlib import Path
 
 from kvconform.errors import (
     ExitStatus,
+    NotOffered,
     PoolExhausted,
     ScenarioError,
     ScenarioSkipped,
@@ -64,10 +69,6 @@ def run_scenario(
         if driver is None:
             raise ScenarioError(scenario.where.at("kind"), f"no driver for kind {scenario.kind!r}")
         trajectory = driver(scenario, vllm)
-        for name in checks:
-            party = PARTIES_FOR_CHECKS.get(name)
-            if party is not None:
-                party(trajectory, vllm)
     except ScenarioSkipped as exc:
         result.verdict, result.skip_reason = Verdict.SKIPPED, str(exc)
         result.duration = time.perf_counter() - started
@@ -75,6 +76,13 @@ def run_scenario(
     except ScenarioError as exc:
         result.verdict, result.error_kind, result.error = Verdict.ERROR, ErrorKind.INPUT, str(exc)
         result.pool_exhausted = isinstance(exc, PoolExhausted)
+    except NotOffered as exc:
+        # The release lacks what the scenario needs: it does not apply here.
+        result.verdict, result.error_kind, result.error = (
+            Verdict.UNSUPPORTED,
+            ErrorKind.UNSUPPORTED,
+            str(exc),
+        )
     except VllmUnavailable as exc:
         result.verdict, result.error_kind, result.error = (
             Verdict.ERROR,
@@ -85,19 +93,49 @@ def run_scenario(
         result.verdict, result.error_kind = Verdict.ERROR, ErrorKind.CRASH
         result.error = describe_crash(exc, vllm)
     else:
-        result.trajectory = trajectory
-        judgement = judge(trajectory, checks)
-        result.failures, result.skipped_checks = judgement.failures, judgement.skipped
-        if result.failures:
-            result.verdict = Verdict.FAILED
-        elif checks and len(judgement.skipped) == len(checks):
-            # Nothing selected could run: that is not a pass.
-            result.verdict, result.error_kind = Verdict.ERROR, ErrorKind.UNSUPPORTED
-            result.error = "no selected check could run: " + "; ".join(
-                f"{name}: {why}" for name, why in judgement.skipped.items()
-            )
+        judge_scenario(result, trajectory, vllm, checks)
     result.duration = time.perf_counter() - started
     return apply_expectations(result, list(expectations), vllm.version)
+
+
+def judge_scenario(
+    result: ScenarioResult, trajectory: Trajectory, vllm: Vllm, checks: tuple[str, ...]
+) -> None:
+    """Run the selected checks' own parties, then judge; one party's trouble stays its check's.
+
+    A party that cannot set up on this vLLM (it raises :class:`VllmUnavailable`) has its
+    check skipped with the reason; one that raises anything else makes the scenario a
+    crash. Either way the other checks still judge the trajectory, so their verdicts stay
+    in the result.
+    """
+    result.trajectory = trajectory
+    cannot_run: dict[str, str] = {}
+    crash = None
+    for name in checks:
+        party = PARTIES_FOR_CHECKS.get(name)
+        if party is None:
+            continue
+        try:
+            party(trajectory, vllm)
+        except VllmUnavailable as exc:
+            cannot_run[name] = str(exc)
+        except Exception as exc:  # noqa: BLE001 - vLLM raising on a valid scenario is a finding
+            crash = describe_crash(exc, vllm)
+            cannot_run[name] = f"its party raised ({crash})"
+    judgement = judge(trajectory, tuple(c for c in checks if c not in cannot_run))
+    skipped = {**judgement.skipped, **cannot_run}
+    result.failures = judgement.failures
+    result.skipped_checks = {name: skipped[name] for name in checks if name in skipped}
+    if crash is not None:
+        result.verdict, result.error_kind, result.error = Verdict.ERROR, ErrorKind.CRASH, crash
+    elif result.failures:
+        result.verdict = Verdict.FAILED
+    elif checks and len(result.skipped_checks) == len(checks):
+        # Nothing selected could run here: the scenario does not apply, and did not pass.
+        result.verdict, result.error_kind = Verdict.UNSUPPORTED, ErrorKind.UNSUPPORTED
+        result.error = "no selected check could run: " + "; ".join(
+            f"{name}: {why}" for name, why in result.skipped_checks.items()
+        )
 
 
 def run_all(
@@ -129,8 +167,14 @@ def describe_crash(exc: BaseException, vllm: Vllm) -> str:
 
 
 def exit_status(results: Iterable[ScenarioResult], input_errors: int = 0) -> ExitStatus:
-    """Bad input wins, then nonconformance (a crash of vLLM included), then "not exercised"."""
+    """Bad input wins, then nonconformance (a crash of vLLM included), then "not exercised".
+
+    ``unsupported`` scenarios (the release does not offer what they need) leave it
+    alone, unless nothing else ran: then this vLLM was not exercised at all.
+    """
     results = list(results)
+    if results and all(r.verdict is Verdict.UNSUPPORTED for r in results) and not input_errors:
+        return ExitStatus.NOT_EXERCISED
     if input_errors or any(r.error_kind is ErrorKind.INPUT for r in results):
         return ExitStatus.BAD_INPUT
     if any(r.verdict is Verdict.FAILED for r in results) or any(

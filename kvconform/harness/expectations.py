@@ -158,9 +158,10 @@ def apply_expectations(
 
     Every entry that applies is considered: the first one that covers the way
     the scenario diverged makes it xfailed, so an entry for one check and a
-    later one for another can sit side by side.
+    later one for another can sit side by side. Input errors are never excused,
+    and an ``unsupported`` scenario neither diverged nor conformed: it stays as it is.
     """
-    if result.error_kind is ErrorKind.INPUT:
+    if result.error_kind is ErrorKind.INPUT or result.verdict is Verdict.UNSUPPORTED:
         return result
     applicable = [e for e in expectations if e.applies(result.id, version)]
     if not applicable:

@@ -65,22 +65,17 @@ _LOADED: dict[tuple[str | None, str | None], Vllm] = {}
 LOAD_SECONDS: list[float] = []
 
 
-def load_vllm(
-    src: str | None = None, release: str | None = None, checks: Sequence[str] = ()
-) -> Vllm:
-    """The vLLM a run selects; prepared for the slot-mapping kernel if ``slots`` runs."""
+def load_vllm(src: str | None = None, release: str | None = None) -> Vllm:
+    """The vLLM a run selects (the installed one, a tree, or a PyPI release's tree)."""
     key = (src, release)
     if key not in _LOADED:
         started = time.perf_counter()
-        slot_kernel = "slots" in checks
         if release:
             from kvconform.harness.releases import release_tree
 
-            loaded = vllm_loader.load(
-                src=release_tree(release), release=release, slot_kernel=slot_kernel
-            )
+            loaded = vllm_loader.load(src=release_tree(release), release=release)
         else:
-            loaded = vllm_loader.load(src=src, slot_kernel=slot_kernel)
+            loaded = vllm_loader.load(src=src)
         _LOADED[key] = loaded
         LOAD_SECONDS.append(time.perf_counter() - started)
     return _LOADED[key]
@@ -182,7 +177,7 @@ class Session:
     def vllm(self) -> Vllm:
         if self._vllm is None:
             request = self.request
-            self._vllm = load_vllm(request.vllm_src, request.vllm_release, request.checks)
+            self._vllm = load_vllm(request.vllm_src, request.vllm_release)
         return self._vllm
 
     def run_scenario(self, scenario: Scenario) -> ScenarioResult:

@@ -8,8 +8,12 @@ A :class:`ScenarioResult` is one scenario's verdict:
 * ``passed`` -- every check held;
 * ``failed`` -- a check failed (nonconformance);
 * ``error`` -- the scenario or vLLM could not be run; ``error_kind`` says which:
-  ``input`` (the scenario is wrong), ``unsupported`` (this vLLM lacks something
-  the scenario needs) or ``crash`` (vLLM raised on a valid scenario);
+  ``input`` (the scenario is wrong), ``unsupported`` (this vLLM lacks an API
+  kvconform needs to drive it) or ``crash`` (vLLM raised on a valid scenario);
+* ``unsupported`` -- the scenario does not apply to this release: it needs a
+  spec type, method, runner or scheduler option the release does not offer, or
+  none of the selected checks can run on it; ``error`` says why. Counted apart,
+  and it does not change the exit status;
 * ``xfailed`` / ``xpassed`` -- the scenario is listed in the expectations file
   as a known divergence, and it diverged / no longer diverges;
 * ``skipped`` -- the scenario cannot run in this environment (an engine
@@ -39,6 +43,7 @@ class Verdict(str, enum.Enum):
     XFAILED = "xfailed"
     XPASSED = "xpassed"
     SKIPPED = "skipped"
+    UNSUPPORTED = "unsupported"
 
 
 class ErrorKind(str, enum.Enum):

@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from kvconform.errors import ScenarioError, did_you_mean
+from kvconform.errors import NotOffered, ScenarioError, did_you_mean
 from kvconform.model.group_types import GROUP_TYPES
-from kvconform.model.lookahead import expected_lookahead
+from kvconform.model.lookahead import expected_lookahead, rule_for
 from kvconform.model.observations import GroupInfo, Trajectory
 from kvconform.model.scenario import GroupSpec, ModelSpec, Scenario
 from kvconform.oracles.vllm import Vllm
@@ -88,6 +88,13 @@ def _resolve_lookahead(scenario: Scenario, vllm: Vllm) -> Trajectory:
             floor_lookahead=0,
         )
     declared = vllm.declared_methods()
+    if spec.method not in declared and rule_for(vllm.canonical_method(spec.method)) is not None:
+        # A method kvconform knows, from another release: this one does not offer it.
+        raise NotOffered(
+            vllm.version,
+            f"speculative method {spec.method!r}",
+            "it declares " + ", ".join(declared),
+        )
     if spec.method not in declared:
         where = spec.where or scenario.where.at("speculative.method")
         meant = did_you_mean(spec.method, declared)

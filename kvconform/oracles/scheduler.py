@@ -48,7 +48,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from kvconform.errors import PoolExhausted, ScenarioError, VllmUnavailable
+from kvconform.errors import NotOffered, PoolExhausted, ScenarioError, VllmUnavailable
 from kvconform.model.acceptance import AcceptanceStream
 from kvconform.model.scenario import Scenario
 from kvconform.oracles.live import OUTPUT_OFFSET, first_output_token, prompt_tokens
@@ -215,6 +215,8 @@ def model_and_speculative_config(
             try:
                 speculative = api.model_speculative_config(model_config, method, k, **options)
             except Exception as exc:  # noqa: BLE001 - the method cannot be built here
+                # Not NotOffered: what fails here is this machine as often as the release
+                # (a drafter's package missing, the architecture inspection's subprocess).
                 raise VllmUnavailable(
                     vllm.version,
                     f"a SpeculativeConfig for method {method!r} in scheduler mode",
@@ -322,7 +324,7 @@ class SchedulerOracle:
             except Exception as exc:  # noqa: BLE001 - vLLM refusing the configuration
                 # The loader checked vLLM's generic limits; what is left is a method,
                 # mode or combination this release does not run.
-                raise VllmUnavailable(
+                raise NotOffered(
                     vllm.version, f"support for these settings ({where})", _first_line(exc)
                 ) from None
             # Raising here, on a configuration vLLM accepted, is a finding (a crash).

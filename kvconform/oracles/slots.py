@@ -185,7 +185,14 @@ def record_slots(
         )
         for i, size in enumerate(block_sizes)
     ]
-    tables = kernel.tables(block_sizes, len(batch.rows), max(len(batch.flat), 1), columns)
+    try:
+        tables = kernel.tables(block_sizes, len(batch.rows), max(len(batch.flat), 1), columns)
+    except Exception as exc:  # noqa: BLE001 - the check cannot set up here; the others decide
+        recording.skipped = (
+            f"vLLM {vllm.version}'s BlockTables cannot be built in this process "
+            f"({type(exc).__name__}: {exc})"
+        )
+        return recording
     # Said once the tables exist: building them decides whether stand-ins were needed.
     recording.mode = kernel.mode
     run.notes.append(f"slots: {kernel.mode}")

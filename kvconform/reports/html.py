@@ -85,6 +85,7 @@ pre.cmd { background: #1e1e1e; color: #f0f0f0; padding: 8px 10px; border-radius:
 .chip.xfailed, .badge.xfailed { background: var(--warn-bg); color: var(--warn); }
 .chip.xpassed, .badge.xpassed { background: var(--xpass-bg); color: var(--xpass); }
 .chip.passed, .badge.passed { background: var(--ok-bg); color: var(--ok); }
+.chip.unsupported, .badge.unsupported { background: #eceff1; color: #455a64; }
 .chip.zero { opacity: .45; }
 .badge { border-radius: 3px; padding: 1px 6px; font-size: 12px; font-weight: 700;
   text-transform: uppercase; margin-right: 6px; vertical-align: 2px; }
@@ -240,6 +241,7 @@ def render_html(report: RunReport, now: datetime.datetime | None = None) -> str:
         parts += _xpassed(by_verdict[Verdict.XPASSED], page)
     parts += _passed(by_verdict[Verdict.PASSED])
     parts += _skipped(by_verdict[Verdict.SKIPPED])
+    parts += _unsupported(by_verdict[Verdict.UNSUPPORTED])
     if report.coverage is not None:
         parts += _coverage(report.coverage)
     parts += page.scenario_files()
@@ -839,6 +841,26 @@ def _xpassed(results: list[ScenarioResult], page: _Page) -> list[str]:
         out += [f"<dt>{e(k)}</dt><dd>{v}</dd>" for k, v in page.setup_facts(result)]
         out.append("</dl>")
         out.append(f'<pre class="cmd">{e(page.report.rerun_command(result))}</pre></article>')
+    return out
+
+
+def _unsupported(results: list[ScenarioResult]) -> list[str]:
+    if not results:
+        return []
+    out = [
+        f'<h2 id="unsupported">Not offered by this vLLM ({len(results)} unsupported)</h2>',
+        '<p class="note">These scenarios need a spec type, method, runner or scheduler option '
+        "this release does not offer (or none of the selected checks can run on them). They do "
+        "not count against it and leave the exit status alone.</p>",
+        '<table class="matrix"><thead><tr><th class="l">scenario</th><th class="l">why</th>'
+        "</tr></thead><tbody>",
+    ]
+    for r in results:
+        out.append(
+            f'<tr><td class="l"><code>{e(r.id)}</code></td>'
+            f'<td class="l">{e(r.error or "")}</td></tr>'
+        )
+    out.append("</tbody></table>")
     return out
 
 

@@ -4,11 +4,12 @@ Written to the subset of the JUnit format that Buildkite's test analytics and
 GitHub's JUnit readers (e.g. ``mikepenz/action-junit-report``) both accept: a
 ``<testsuites>`` root with one ``<testsuite>`` per scenario file, ``failure``
 for nonconformance, ``error`` for scenarios that could not run, ``skipped`` for
-known divergences (xfailed). Input errors become error test cases of their file,
-one per error, each at its line. A failing testcase's ``line`` is that of the
-step its first failure happened at (a CI annotation then points at the step, not
-at the scenario's first line); every suite carries the vLLM version, source and
-the run's checks as ``<properties>``.
+known divergences (xfailed) and for scenarios the release does not offer what
+they need for (unsupported, with the reason). Input errors become error test
+cases of their file, one per error, each at its line. A failing testcase's
+``line`` is that of the step its first failure happened at (a CI annotation then
+points at the step, not at the scenario's first line); every suite carries the
+vLLM version, source and the run's checks as ``<properties>``.
 """
 
 from __future__ import annotations
@@ -57,6 +58,11 @@ def _testcase(suite: ET.Element, result: ScenarioResult, report: RunReport) -> N
         ET.SubElement(case, "skipped", message=f"known divergence (xfail): {result.expectation}")
     elif result.verdict is Verdict.SKIPPED:
         ET.SubElement(case, "skipped", message=f"skipped: {result.skip_reason}")
+    elif result.verdict is Verdict.UNSUPPORTED:
+        skipped = ET.SubElement(
+            case, "skipped", message=f"unsupported: {result.error or ''}"[:500], type="unsupported"
+        )
+        skipped.text = result.error or ""
     elif result.verdict is Verdict.XPASSED:
         out = ET.SubElement(case, "system-out")
         out.text = f"XPASS: listed as a known divergence ({result.expectation}) but conforms now"
@@ -120,6 +126,12 @@ def _count(suite: ET.Element, results: list[ScenarioResult]) -> None:
     suite.set("failures", str(sum(r.verdict is Verdict.FAILED for r in results)))
     suite.set("errors", str(sum(r.verdict is Verdict.ERROR for r in results)))
     suite.set(
-        "skipped", str(sum(r.verdict in (Verdict.XFAILED, Verdict.SKIPPED) for r in results))
+        "skipped",
+        str(
+            sum(
+                r.verdict in (Verdict.XFAILED, Verdict.SKIPPED, Verdict.UNSUPPORTED)
+                for r in results
+            )
+        ),
     )
     suite.set("time", f"{sum(r.duration for r in results):.6f}")

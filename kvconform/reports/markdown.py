@@ -105,6 +105,19 @@ def render_markdown(report: RunReport) -> str:
         lines += ["## Skipped here", "", "| scenario | why |", "|---|---|"]
         lines += [f"| `{r.id}` | {_cell(r.skip_reason or '')} |" for r in skipped]
         lines.append("")
+    unsupported = [r for r in report.results if r.verdict is Verdict.UNSUPPORTED]
+    if unsupported:
+        lines += [
+            f"## Not offered by this vLLM (unsupported: {len(unsupported)})",
+            "",
+            "These scenarios need a spec type, method, runner or scheduler option this release "
+            "does not offer; they do not count against it.",
+            "",
+            "| scenario | why |",
+            "|---|---|",
+        ]
+        lines += [f"| `{r.id}` | {_cell(r.error or '')} |" for r in unsupported]
+        lines.append("")
     known = [r for r in report.results if r.verdict is Verdict.XFAILED]
     if known:
         lines += ["## Known divergences (xfailed)", "", "| scenario | reason |", "|---|---|"]

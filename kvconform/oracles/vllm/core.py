@@ -19,7 +19,7 @@ from functools import cached_property
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from kvconform.errors import VllmUnavailable
+from kvconform.errors import NotOffered, VllmUnavailable
 from kvconform.model.group_types import GROUP_TYPES
 from kvconform.oracles.vllm.calls import call, flatten_literal
 from kvconform.oracles.vllm.versions import MINIMUM_SUPPORTED, release_of
@@ -85,7 +85,12 @@ class Vllm:
         return torch.__version__, "cpu"
 
     def missing(self, name: str, detail: str = "") -> VllmUnavailable:
+        """An API kvconform needs is absent: this vLLM cannot be exercised here."""
         return VllmUnavailable(self.version, name, detail)
+
+    def not_offered(self, name: str, detail: str = "") -> NotOffered:
+        """This release does not offer what a scenario needs: the scenario does not apply."""
+        return NotOffered(self.version, name, detail)
 
     def optional_module(self, name: str) -> Any | None:
         try:
@@ -98,7 +103,7 @@ class Vllm:
     def spec_class(self, name: str) -> type:
         cls = getattr(self._iface, name, None)
         if cls is None:
-            raise self.missing(f"vllm.v1.kv_cache_interface.{name}")
+            raise self.not_offered(f"vllm.v1.kv_cache_interface.{name}")
         return typing.cast(type, cls)
 
     def offered_spec_classes(self) -> list[str]:
@@ -128,7 +133,7 @@ class Vllm:
             if value is None:
                 continue
             if name not in field_names:
-                raise self.missing(f"{cls.__name__}.{name}")
+                raise self.not_offered(f"{cls.__name__}.{name}")
             kwargs[name] = value
         try:
             return cls(**kwargs)
@@ -231,7 +236,7 @@ class Vllm:
         )
         blocks, hit = result[0], int(result[1])
         if hit > max_cache_hit_length:
-            raise self.missing(
+            raise self.not_offered(
                 "KVCacheManager.get_computed_blocks(max_cache_hit_length=...)",
                 f"the prefix-cache hit of {hit} tokens is longer than the first chunk allows "
                 f"({max_cache_hit_length}); make the first prefill chunk longer than the shared prefix",

@@ -45,17 +45,17 @@ def _quiet_imports(version: str) -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
-def load(
-    src: str | Path | None = None, release: str | None = None, slot_kernel: bool = False
-) -> Vllm:
+def load(src: str | Path | None = None, release: str | None = None) -> Vllm:
     """Import vLLM (optionally a tree at ``src``) and wrap it.
 
-    ``slot_kernel``: the slots check will run, so first prepare the process for
-    vLLM's slot-mapping kernel (:func:`prepare_slot_kernel`). Raises
+    The process is first prepared for vLLM's slot-mapping kernel
+    (:func:`prepare_slot_kernel`) whichever checks run: on a machine without
+    CUDA that set-up decides whether vLLM finds Triton usable, and releases
+    0.28-0.32 choose and refuse model runners by that answer, so every run of
+    every release must see the same one (docs/releases.md). Raises
     :class:`VllmUnavailable` when vLLM cannot be imported.
     """
-    if slot_kernel:
-        prepare_slot_kernel()
+    prepare_slot_kernel()
     installed = importlib.util.find_spec("vllm")
     installed_dir = (
         str(Path(installed.origin).parent) if installed is not None and installed.origin else None

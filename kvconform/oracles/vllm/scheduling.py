@@ -178,7 +178,7 @@ class Scheduling:
         """vLLM's scheduler class for this configuration (``Scheduler`` or ``AsyncScheduler``)."""
         scheduler_config = vllm_config.scheduler_config
         if not hasattr(scheduler_config, "get_scheduler_cls"):
-            raise self._vllm.missing("SchedulerConfig.get_scheduler_cls")
+            raise self._vllm.not_offered("SchedulerConfig.get_scheduler_cls")
         cls = scheduler_config.get_scheduler_cls()
         with quiet_logs():
             return call(
@@ -223,7 +223,7 @@ class Scheduling:
         utils = importlib.import_module("vllm.v1.core.kv_cache_utils")
         resolve = getattr(utils, "resolve_kv_cache_block_sizes", None)
         if resolve is None:
-            raise self._vllm.missing("vllm.v1.core.kv_cache_utils.resolve_kv_cache_block_sizes")
+            raise self._vllm.not_offered("vllm.v1.core.kv_cache_utils.resolve_kv_cache_block_sizes")
         scheduler_block_size, hash_block_size = resolve(kv_cache_config, vllm_config)
         return int(scheduler_block_size), int(hash_block_size)
 

@@ -4,8 +4,17 @@ The slots party (:mod:`kvconform.oracles.slots`) runs vLLM's own ``BlockTables``
 its Triton kernel ``_compute_slot_mappings_kernel``. With a CUDA device that is the
 compiled kernel. Without one it is the same kernel under Triton's interpreter, which
 has to be chosen before vLLM decorates its kernels, i.e. before vLLM is imported;
-hence :func:`prepare_slot_kernel`, which the session calls before loading vLLM when
-the slots check is selected. Measured recipe: ``shared/SLOT_ORACLE.md``.
+hence :func:`prepare_slot_kernel`, which :func:`~kvconform.oracles.vllm.loading.load`
+calls first and the pytest plugin before any test module imports vLLM. Measured
+recipe: ``shared/SLOT_ORACLE.md``.
+
+It runs whichever checks are selected because it also decides what vLLM believes about
+Triton: ``vllm.triton_utils`` sets ``HAS_TRITON`` from the active Triton drivers, which a
+machine without CUDA has none of, except when ``CUDA_VISIBLE_DEVICES`` is empty. vLLM
+0.28-0.32 refuse Model Runner V2 without Triton ("Model Runner V2 requires Triton") and
+let ``model_runner: auto`` pick V1; 0.33 does neither on its unspecified platform.
+Prepared only for the slots check, the same scheduler scenario ran V2 with ``--checks
+all`` and V1 (or was refused) with the default checks.
 """
 
 from __future__ import annotations
@@ -116,7 +125,8 @@ class SlotKernel:
       through a compiled op (``torch.ops._C``) that a ``.py``-only tree lacks and a
       CPU-only machine cannot pin. Here the device *is* the host, so the stand-in
       buffer's device view is the host tensor itself, unpinned; ``PIN_MEMORY`` of
-      ``vllm.utils.torch_utils`` reads False for the same reason.
+      ``vllm.utils.torch_utils`` reads False for the same reason, and so does its
+      ``is_pin_memory_available``, which 0.32.x's ``async_tensor_h2d`` calls instead.
     * CUDA: vLLM's own buffers are used as they are. Only if they cannot be built
       (a ``.py``-only tree under ``VLLM_TARGET_DEVICE=cpu``: no CUDA view op) the
       stand-in keeps the pinned buffer and views it through its
@@ -193,18 +203,26 @@ class SlotKernel:
             return
         module, torch_utils = self._buffers, self._torch_utils
         missing = object()
+        # vars(), not getattr(): 0.32 serves PIN_MEMORY from a module __getattr__,
+        # which must serve it again once the stand-in is deleted.
         saved = {
-            (owner, name): getattr(owner, name, missing)
+            (owner, name): vars(owner).get(name, missing)
             for owner, name in (
                 (module, "UvaBuffer"),
                 (module, "is_uva_available"),
                 (torch_utils, "PIN_MEMORY"),
+                (torch_utils, "is_pin_memory_available"),
             )
         }
         if self.interpreter:
             view: Callable[[Any], Any] = lambda cpu: cpu  # noqa: E731 - the host is the device
             module.UvaBuffer = _host_buffer_class(module.UvaBuffer, view, pin=False)
             torch_utils.PIN_MEMORY = False
+            # 0.32's async_tensor_h2d (the staged writes' upload) asks the platform
+            # itself instead of reading PIN_MEMORY; vLLM's unspecified platform says
+            # True on a machine without a device, and pinning then raises "Found no
+            # NVIDIA driver". Both names must say what the host can do.
+            torch_utils.is_pin_memory_available = lambda: False
         else:
             module.UvaBuffer = _host_buffer_class(module.UvaBuffer, _cuda_view, pin=True)
         module.is_uva_available = lambda: True
@@ -212,10 +230,10 @@ class SlotKernel:
             yield
         finally:
             for (owner, name), value in saved.items():
-                if value is missing:
-                    delattr(owner, name)
-                else:
+                if value is not missing:
                     setattr(owner, name, value)
+                elif name in vars(owner):
+                    delattr(owner, name)
 
 
 def _host_buffer_class(original: type, view: Callable[[Any], Any], pin: bool) -> type:

@@ -49,7 +49,7 @@ class Warmup:
             ) from None
         fn = getattr(warmup, name, None)
         if fn is None:
-            raise self._vllm.missing(f"vllm.v1.worker.gpu.warmup.{name}")
+            raise self._vllm.not_offered(f"vllm.v1.worker.gpu.warmup.{name}")
         return typing.cast(Callable[..., Any], fn)
 
     def stub_model_runner(self, settings: RunnerSettings) -> StubModelRunner:

@@ -1,0 +1,124 @@
+"""``kvconform matrix --releases A..B [PATH...]``: the command around :mod:`.runner` and :mod:`.table`."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+from kvconform.bisect import release_index
+from kvconform.errors import ExitStatus, UsageError
+from kvconform.matrix.runner import ReleaseRun, run_release
+from kvconform.matrix.table import Matrix, render_console, write_matrix
+from kvconform.oracles.vllm import MINIMUM_SUPPORTED
+
+DEFAULT_REPORT_DIR = "build/matrix"
+Say = Callable[[str], None]
+
+
+def add_matrix_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--releases",
+        required=True,
+        metavar="A..B",
+        help="the PyPI releases of vllm from A to B on pip's index; A.. runs to the newest, "
+        "A,B,C runs exactly those",
+    )
+    parser.add_argument(
+        "--checks",
+        default="all",
+        metavar="LIST",
+        help="the checks every release runs (default: all, as the nightly runs them)",
+    )
+    parser.add_argument("--report-dir", default=DEFAULT_REPORT_DIR, metavar="DIR")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="releases run at once, each in its own process (default 1)",
+    )
+
+
+def releases_in(text: str, say: Say) -> list[str]:
+    """The releases ``A..B``, ``A..`` (to the newest) or ``A,B,...`` names, oldest first."""
+    if ".." not in text:
+        listed = [v.strip() for v in text.split(",") if v.strip()]
+        for version in listed:
+            try:
+                Version(version)
+            except InvalidVersion:
+                raise UsageError(f"--releases: {version!r} is not a version") from None
+        index = release_index.list_releases(say=say)
+        for version in listed:
+            release_index.releases_between(index, version, version)  # on the index, or say so
+        return release_index.ordered(list(dict.fromkeys(listed)))
+    open_ended = text.endswith("..") and text.count("..") == 1
+    if open_ended:
+        first = text[:-2]
+        try:
+            Version(first)
+        except InvalidVersion:
+            raise UsageError(f"--releases: {first!r} is not a version") from None
+    else:
+        first, last = release_index.parse_range(text)
+    index = release_index.list_releases(say=say)
+    if open_ended:
+        final = [v for v in index if not (Version(v).is_prerelease or Version(v).is_devrelease)]
+        last = final[-1] if final else first
+        if Version(first) > Version(last):
+            raise UsageError(f"--releases: {first} is newer than the newest release, {last}")
+    return release_index.releases_between(index, first, last)
+
+
+def run_arguments(args: argparse.Namespace) -> list[str]:
+    """What every release's ``kvconform run`` gets; paths made absolute (it runs elsewhere)."""
+    paths = args.paths or ["scenarios"]
+    for path in paths:
+        if not Path(path).exists():
+            raise UsageError(f"no such file or folder: {path}")
+    out = [str(Path(p).resolve()) for p in paths]
+    if args.expression:
+        out += ["-k", args.expression]
+    out += ["--checks", args.checks]
+    if args.expectations:
+        out += ["--expectations", str(Path(args.expectations).resolve())]
+    elif args.no_expectations:
+        out += ["--no-expectations"]
+    return out
+
+
+def matrix(args: argparse.Namespace, say: Say) -> ExitStatus:
+    if args.jobs < 1:
+        raise UsageError("--jobs must be at least 1")
+    releases = releases_in(args.releases, say)
+    run_args = run_arguments(args)
+    directory = Path(args.report_dir).resolve()
+    minimum = Version(MINIMUM_SUPPORTED)
+    shown = shlex.join(run_args)
+    say(
+        f"kvconform matrix: {len(releases)} releases ({', '.join(releases)}), `kvconform run {shown}`"
+    )
+
+    def one(release: str) -> ReleaseRun:
+        supported = Version(release) >= minimum
+        row = run_release(release, run_args, directory / release, supported)
+        counts = ", ".join(f"{n} {k}" for k, n in row.counts.items() if n) or "nothing ran"
+        ran = f"exit {row.exit_status}" if row.exit_status is not None else row.problem
+        say(f"  {release}: {counts}; {ran} ({row.duration:.0f} s)")
+        return row
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        rows = list(pool.map(one, releases))
+    table = Matrix(rows, MINIMUM_SUPPORTED, shown)
+    say("")
+    for line in render_console(table):
+        say(line)
+    written = write_matrix(table, directory)
+    status = table.exit_status()
+    say(f"matrix: exit {int(status)}; " + ", ".join(str(p) for p in written))
+    return status
