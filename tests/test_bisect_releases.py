@@ -4,7 +4,9 @@
 ``VllmConfig.num_lookahead_tokens`` yet, nothing to compare) and fails the lookahead check
 on 0.28.0 (the property returns k for DSpark fill-in, which needs k + 1). Bisecting the two
 must name 0.28.0 and the flipped scenario; the same range with ``--find-fix`` must refuse
-with exit 2 and say why. The release trees live in the user's kvconform cache, so a second
+with exit 2 and say why. The divergence is listed in scenarios/expectations.yaml for
+0.28.0-0.31.0 (so nightly runs of those releases stay green), hence ``--no-expectations``:
+hunting a listed divergence's origin means not excusing it. The release trees live in the user's kvconform cache, so a second
 run of these tests downloads nothing.
 """
 
@@ -32,7 +34,9 @@ def kvconform(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.network
 @pytest.mark.slow
 def test_bisect_releases_names_the_release_that_broke_dspark_fill_in():
-    done = kvconform("bisect", "--releases", "0.27.1..0.28.0", "--fresh", str(SCENARIO))
+    done = kvconform(
+        "bisect", "--releases", "0.27.1..0.28.0", "--fresh", "--no-expectations", str(SCENARIO)
+    )
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
     assert "First bad (first nonconforming) release: 0.28.0  (last good: 0.27.1)" in out
@@ -43,7 +47,9 @@ def test_bisect_releases_names_the_release_that_broke_dspark_fill_in():
     report_dirs = [line.split()[-1] for line in out.splitlines() if "/bisect/probes/" in line]
     assert len(report_dirs) == 2 and all(Path(d, "report.json").exists() for d in report_dirs)
 
-    refused = kvconform("bisect", "--releases", "0.27.1..0.28.0", "--find-fix", str(SCENARIO))
+    refused = kvconform(
+        "bisect", "--releases", "0.27.1..0.28.0", "--find-fix", "--no-expectations", str(SCENARIO)
+    )
     out = refused.stdout + refused.stderr
     assert refused.returncode == 2, out
     assert "cannot bisect: 0.27.1 is conform and 0.28.0 is nonconform" in out
