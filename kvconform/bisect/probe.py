@@ -78,12 +78,7 @@ def run_check(label: str, vllm_args: list[str], selection: Selection, folder: Pa
         "--report-dir", str(folder), *vllm_args,
     ]  # fmt: skip
     started = time.perf_counter()
-    with open(folder / LOG_FILE, "w", encoding="utf-8") as log:
-        log.write("$ " + " ".join(command) + "\n")
-        log.flush()
-        done = subprocess.run(
-            command, cwd=folder, env=kvconform_env(), stdout=log, stderr=subprocess.STDOUT
-        )
+    done = run_logged(command, folder)
     record = read_report(label, folder)
     record.duration = time.perf_counter() - started
     if record.run_status is None:
@@ -133,3 +128,16 @@ def log_tail(folder: Path, lines: int = 3) -> str:
     except OSError:
         return "(no output)"
     return " | ".join(text[-lines:]) or "(no output)"
+
+
+def run_logged(
+    command: list[str], folder: Path, log_file: str = LOG_FILE
+) -> subprocess.CompletedProcess[bytes]:
+    """Run a kvconform command in ``folder`` with :func:`kvconform_env`, its output (after
+    the command line itself) in ``folder / log_file``."""
+    with open(folder / log_file, "w", encoding="utf-8") as log:
+        log.write("$ " + " ".join(command) + "\n")
+        log.flush()
+        return subprocess.run(
+            command, cwd=folder, env=kvconform_env(), stdout=log, stderr=subprocess.STDOUT
+        )

@@ -12,14 +12,13 @@ The row is read back from the ``report.json`` it wrote.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvconform.bisect.probe import kvconform_env
+from kvconform.bisect.probe import run_logged
 
 LOG_FILE = "run.log"
 
@@ -75,12 +74,7 @@ def run_release(release: str, run_args: list[str], folder: Path, supported: bool
         (folder / stale).unlink(missing_ok=True)
     command = run_command(release, run_args, folder)
     started = time.perf_counter()
-    with open(folder / LOG_FILE, "w", encoding="utf-8") as log:
-        log.write("$ " + " ".join(command) + "\n")
-        log.flush()
-        done = subprocess.run(
-            command, cwd=folder, env=kvconform_env(), stdout=log, stderr=subprocess.STDOUT
-        )
+    done = run_logged(command, folder, LOG_FILE)
     row = read_run(release, folder, supported)
     row.duration = time.perf_counter() - started
     if row.exit_status is None:

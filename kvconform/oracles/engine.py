@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from kvconform.errors import VllmUnavailable
+from kvconform.model.scenario import EngineRequest
 from kvconform.paths import cache_dir
 
 # One engine run: vLLM's import, the engine's start (about 22 s cold on an H200) and serving.
@@ -63,16 +64,6 @@ class ModelShape:
     vocab_size: int = 1024
     max_position_embeddings: int = 1024
     dtype: str = "bfloat16"
-
-
-@dataclass(frozen=True)
-class EngineRequest:
-    name: str
-    prompt_token_ids: tuple[int, ...]
-    max_tokens: int
-    arrival: int = 0  # engine steps before it is added
-    temperature: float = 0.0
-    seed: int | None = None
 
 
 @dataclass(frozen=True)

@@ -72,12 +72,7 @@ def settings_for(scenario: Scenario) -> engine_party.EngineSettings:
     return engine_party.EngineSettings(
         target=shape(engine.target),
         draft=shape(engine.draft) if engine.draft is not None else None,
-        requests=tuple(
-            engine_party.EngineRequest(
-                r.name, r.prompt_token_ids, r.max_tokens, r.arrival, r.temperature, r.seed
-            )  # fmt: skip
-            for r in engine.requests
-        ),
+        requests=tuple(engine.requests),
         method=spec.method if spec is not None else None,
         num_speculative_tokens=spec.num_speculative_tokens if spec is not None else 0,
         model_runner=engine.model_runner,
