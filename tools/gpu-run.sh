@@ -3,6 +3,8 @@
 # from the bundle `make gpu-bundle` built (.gpu/, carried with the working tree). One line:
 #
 #   bash tools/gpu-run.sh            (reports under $OUT/nightly when $OUT is set, else build/gpu)
+#   bash tools/gpu-run.sh CMD ARG... (runs CMD in the same environment instead, e.g.
+#                                     python3 -m kvconform mutate --jobs 14 --report-dir DIR)
 #
 # It unpacks vLLM's Python tree, installs the carried wheels this machine lacks (and only
 # those) into a scratch folder, puts both behind the repository on PYTHONPATH and runs
@@ -38,6 +40,11 @@ export VLLM_TARGET_DEVICE=cpu
 export PYTHONUNBUFFERED=1
 "$PY" -c 'import torch; print("gpu-run: torch", torch.__version__, "cuda", torch.cuda.is_available(),
           torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")'
+if [ "$#" -gt 0 ]; then               # one command in the prepared environment, its status
+    status=0
+    "$@" || status=$?
+    exit "$status"
+fi
 status=0
 if [ "${NIGHTLY:-1}" != 0 ]; then      # NIGHTLY=0: only the carried releases below
     PYTHON="$PY" bash tools/nightly.sh "$REPORT_DIR" || status=$?

@@ -190,6 +190,9 @@ def trace(out: Path, paths: Sequence[str]) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         status = cli.main(["run", *paths, "--report-dir", tmp])
+    # The nightly's mutation campaign (tools/nightly.sh) imports the mutation engine as well;
+    # without it the bundle ran the corpus and then failed on `kvconform mutate`.
+    import kvconform.mutate.mutants  # noqa: F401
     sys.meta_path.remove(tracer)
     # A module some third party imported first never reaches the tracer again: read
     # the unguarded module-level imports of every vLLM and kvconform module that ran.
@@ -273,7 +276,18 @@ def download_wheel(name: str, version: str, into: Path) -> Path:
             for candidate in into.glob("*.whl"):
                 if pattern.match(candidate.name):
                     return candidate
-    raise SystemExit(f"gpu-bundle: no cp{DEVICE_PYTHON} wheel of {name}=={version}: {done.stderr}")
+    # A distribution published only as an sdist (yattag, which cosmic-ray requires): build
+    # its wheel here. Only a pure-Python one is kept; a compiled one would be for this
+    # machine's Python, not the device's.
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check",
+                            "--no-deps", "--no-binary", name, "-w", str(into), f"{name}=={version}"],
+                           capture_output=True, text=True)  # fmt: skip
+    for candidate in into.glob("*.whl"):
+        if pattern.match(candidate.name) and candidate.name.endswith("-none-any.whl"):
+            return candidate
+    raise SystemExit(
+        f"gpu-bundle: no cp{DEVICE_PYTHON} wheel of {name}=={version}: {done.stderr}{built.stderr}"
+    )
 
 
 def pack_vllm_tree(target: Path) -> str:

@@ -158,6 +158,13 @@ def mutate(args: argparse.Namespace, open_progress: Callable[..., Any]) -> ExitS
         raise UsageError(f"no such file: {args.targets}")
     targets = load_targets(args.targets)
     equivalents = load_equivalents(args.equivalents)
+    # Mutants run in forked children, and CUDA cannot be initialised again in a child of a
+    # process that used it: on a GPU host every warmup scenario crashed ("Cannot
+    # re-initialize CUDA in forked subprocess") and those crashes counted as kills. The
+    # campaign judges reservation arithmetic, which is the same on the CPU, so it hides
+    # the GPUs before vLLM and torch are loaded (engine scenarios are then skipped, as on
+    # a machine without CUDA).
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
     session = Session(
         RunRequest(
             paths=tuple(args.paths),
