@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from kvconform.bench import bare, overhead, scaling
+from kvconform.bench import bare, overhead, processes, scaling
 from kvconform.bench.cli import ROOT, SKIPPABLE, quick_options, run_bench
 from kvconform.bench.processes import read_junit
 from kvconform.bench.report import RESULTS_HEADING, append_row, write_json
@@ -195,3 +195,39 @@ def test_read_junit_splits_import_from_scenarios_per_worker(tmp_path: Path):
     assert workers["11"]["items"] == 2 and workers["11"]["vllm_loads"] == [12.0]
     assert workers["11"]["scenario_seconds"] == pytest.approx(1.0)
     assert workers["12"]["scenario_seconds"] == pytest.approx(0.5)
+
+
+def test_a_table_begun_before_a_column_was_added_gets_the_new_header(quick_results, tmp_path):
+    doc = tmp_path / "benchmarks.md"
+    append_row(doc, quick_results)
+    lines = doc.read_text().splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("| date"))
+    # The table as it was before the mutation campaign's column existed.
+    lines[header] = lines[header].replace(" mutation campaign s (<= 1800) |", "")
+    lines[header + 1] = lines[header + 1][: -len("---|")]
+    doc.write_text("\n".join(lines) + "\n")
+    append_row(doc, quick_results)
+    lines = doc.read_text().splitlines()
+    rows = [line for line in lines if line.startswith("| 20")]
+    assert len(rows) == 2
+    assert lines[header].count("|") == rows[1].count("|") == lines[header + 1].count("|")
+    assert "mutation campaign s" in lines[header]
+
+
+def test_the_mutation_campaign_figure_reads_its_own_report(tmp_path: Path):
+    """A two-mutant campaign (_warmup_block_counter's, both equivalent) over one scenario:
+    the figure is the subprocess's wall time with the report's own numbers."""
+    targets = tmp_path / "targets.yaml"
+    targets.write_text(
+        "targets:\n  - module: vllm.v1.worker.gpu.warmup\n"
+        "    function: _warmup_block_counter\n    why: the bench's smoke campaign\n"
+    )
+    figure = processes.mutation_campaign(
+        ROOT, ["scenarios/warmup/warmup-no-speculation.yaml"], str(targets), jobs=1
+    )
+    assert figure["available"], figure
+    assert figure["mutants"] == 2 and figure["jobs"] == 1 and figure["exit_status"] == 0
+    assert figure["value"] >= figure["campaign_seconds"] > 0
+    assert isinstance(figure["meets_target"], bool)
+    missing = processes.mutation_campaign(ROOT, ["scenarios"], str(tmp_path / "none.yaml"))
+    assert not missing["available"] and "without mutation.json" in missing["reason"]

@@ -28,7 +28,7 @@ from kvconform.oracles.vllm import Vllm, load
 
 SCHEMA = "kvconform-bench/1"
 ROOT = Path(__file__).resolve().parents[2]
-SUBPROCESS_FIGURES = ("import_seconds", "suite_seconds", "xdist_speedup")
+SUBPROCESS_FIGURES = ("import_seconds", "suite_seconds", "xdist_speedup", "mutation_campaign")
 SKIPPABLE = (
     "step_overhead_ratio",
     "scaling",
@@ -43,6 +43,7 @@ TARGETED = (
     "fuzz_examples_per_second",
     "xdist_speedup",
     "scaling",
+    "mutation_campaign",
 )
 
 
@@ -61,6 +62,7 @@ class Options:
     skip: tuple[str, ...] = ()
     root: Path = ROOT
     profile_dir: Path | None = None
+    mutation_targets: str = "scenarios/mutation-targets.yaml"
     say: Callable[[str], None] = field(default=lambda line: print(line, flush=True))
 
 
@@ -141,6 +143,12 @@ def run_bench(vllm: Vllm, options: Options, load_seconds: float | None = None) -
         lambda: processes.suite_seconds(options.root, options.scenarios, imported),
     )
     figure("xdist_speedup", lambda: processes.xdist_speedup(options.root, options.scenarios))
+    figure(
+        "mutation_campaign",
+        lambda: processes.mutation_campaign(
+            options.root, options.scenarios, options.mutation_targets
+        ),
+    )
     if options.profile_dir is not None:
         results["profiles"] = _profiles(vllm, options, scenarios)
     results["targets"] = {
@@ -209,6 +217,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--profile", metavar="DIR", help="also write profiles into DIR")
     parser.add_argument(
+        "--mutation-targets",
+        default="scenarios/mutation-targets.yaml",
+        metavar="FILE",
+        help="the targets of the mutation_campaign figure (default: the whole campaign)",
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="tiny sizes, no subprocess figures (a smoke run)"
     )
     return parser
@@ -232,6 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         base.fuzz_examples = args.fuzz_examples
     base.skip = tuple(base.skip) + tuple(args.skip)
     base.profile_dir = Path(args.profile) if args.profile else None
+    base.mutation_targets = args.mutation_targets
     results = run_bench(vllm, base, load_seconds)
     out = Path(args.out)
     write_json(results, out)

@@ -11,6 +11,10 @@
   through the plugin's junit properties: its ``pid`` and the seconds its vLLM
   load took (``vllm_loads``). A worker's first item carries the load; the rest
   of its items are the corpus.
+* ``mutation_campaign``: ``kvconform mutate`` (the whole campaign of
+  ``scenarios/mutation-targets.yaml`` unless told otherwise) in a subprocess, a
+  forked child per core; the figure is the campaign's wall time, with its own
+  ``seconds``, phases, score and forked mutants per second from ``mutation.json``.
 """
 
 from __future__ import annotations
@@ -29,6 +33,10 @@ from typing import Any
 from kvconform.bench.figures import Figure, measured, not_available
 
 SUITE_MARGIN_S = 10.0
+# The campaign's goals (issue 13, docs/mutation.md): the whole campaign within half an hour
+# on the 2-core development machine, and at least 5 mutants a second on the forked path.
+CAMPAIGN_LIMIT_S = 1800.0
+FORKED_RATE_TARGET = 5.0
 
 IMPORT_PROBE = """
 import json, time
@@ -207,4 +215,41 @@ def xdist_speedup(
         # -n 2 halves the corpus and pays for two imports side by side: it wins only
         # once half the corpus outweighs what its fixed cost adds over -n 1.
         break_even_corpus_seconds=2 * max(0.0, fixed_two - fixed_one),
+    )
+
+
+def mutation_campaign(
+    root: Path,
+    paths: Sequence[str],
+    targets: str = "scenarios/mutation-targets.yaml",
+    jobs: int | None = None,
+    python: str = sys.executable,
+    timeout: float = 3 * CAMPAIGN_LIMIT_S,
+) -> Figure:
+    jobs = jobs or max(1, len(os.sched_getaffinity(0)))
+    with tempfile.TemporaryDirectory(prefix="kvconform-bench-mutate-") as tmp:
+        command = [python, "-m", "kvconform", "mutate", *paths, "--targets", targets,
+                   "--report-dir", tmp, "--jobs", str(jobs), "--progress", "off"]  # fmt: skip
+        done, wall = _run(command, root, timeout)
+        report_path = Path(tmp) / "mutation.json"
+        if not report_path.exists():
+            return not_available(
+                f"kvconform mutate exited {done.returncode} without mutation.json: "
+                f"{(done.stdout + done.stderr)[-500:]}"
+            )
+        report = json.loads(report_path.read_text())
+    rate = report.get("forked_mutants_per_second") or 0.0
+    return measured(
+        wall,
+        "s",
+        target=f"<= {CAMPAIGN_LIMIT_S:.0f} s and >= {FORKED_RATE_TARGET:.0f} forked mutants/s",
+        meets_target=wall <= CAMPAIGN_LIMIT_S and rate >= FORKED_RATE_TARGET,
+        targets_file=targets,
+        jobs=jobs,
+        mutants=report.get("mutants"),
+        score=report.get("score"),
+        forked_mutants_per_second=rate,
+        campaign_seconds=report.get("seconds"),
+        phases_seconds=report.get("phases_s"),
+        exit_status=done.returncode,
     )

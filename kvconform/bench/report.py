@@ -27,6 +27,7 @@ COLUMNS = (
     ("xdist_speedup", "xdist -n 2 vs -n 1 (>= 1)"),
     ("fuzz_examples_per_second", "fuzz ex/s (>= 50)"),
     ("scaling", "scaling spread (<= 1.25)"),
+    ("mutation_campaign", "mutation campaign s (<= 1800)"),
 )
 
 INTRO = """# Benchmarks
@@ -80,6 +81,7 @@ def row(results: dict[str, Any]) -> str:
         "xdist_speedup": _cell(results.get("xdist_speedup")),
         "fuzz_examples_per_second": _cell(results.get("fuzz_examples_per_second"), 0),
         "scaling": _cell(results.get("scaling")),
+        "mutation_campaign": _cell(results.get("mutation_campaign"), 0),
     }
     return "| " + " | ".join(cells[key] for key, _ in COLUMNS) + " |"
 
@@ -118,6 +120,10 @@ def append_row(doc: Path, results: dict[str, Any]) -> None:
         (i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines)
     )
     table = [i for i in range(start + 1, section_end) if lines[i].lstrip().startswith("|")]
+    if table and len(table) >= 2 and lines[table[0]] != _header()[0]:
+        # A column was added since the table began: the header grows, older rows keep
+        # their cells (Markdown shows the missing ones empty).
+        lines[table[0] : table[0] + 2] = _header()
     if table:
         lines.insert(table[-1] + 1, new_row)
     else:
