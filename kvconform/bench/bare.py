@@ -121,6 +121,8 @@ def run_bare(bare: BarePlan, vllm: Vllm) -> int:
                 manager, request, call.scheduled, num_lookahead_tokens=lookahead
             )
         allocations += 1
+        if call.refused:
+            continue  # the driver expects None here and leaves the request as it was
         if new_blocks is None:
             raise RuntimeError(f"{bare.scenario_id}: the pool ran dry in the bare loop")
         request.status = running

@@ -15,7 +15,9 @@ re-run and tested on recorded trajectories alone.
   so a new method gets a deliberate row instead of a silent pass.
 * **sanity** -- allocator invariants: no block in two live requests' tables
   (without prefix caching), nothing held after ``finish``/``preempt`` and every
-  block back in the pool, the null block only where the group type allows it;
+  block back in the pool, the null block only where the group type allows it,
+  and never in a column a windowed group's step still reads (its sliding window
+  or local chunk); a call the scenario marks ``refused`` is refused;
   in engine mode, every request finished with its ``max_tokens``.
 * **slots** -- every position the target or the drafter writes lands, through
   vLLM's own slot-mapping kernel, in a block its request holds. The kernel
@@ -34,7 +36,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import groupby
 
-from kvconform.model.floors import FLOORS, token_columns
+from kvconform.model.floors import FLOORS, READ_SPAN_REASONS, first_position_read, token_columns
 from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.lookahead import rule_for
 from kvconform.model.observations import (
@@ -234,8 +236,78 @@ def _warmup_blocks_in_pool(run: Trajectory) -> Iterator[Failure]:
             yield _failure("sanity", run, obs, f"{PARTY_NAMES['warmup']} hands out {what}")
 
 
+def _read_span_blocks_real(run: Trajectory) -> Iterator[Failure]:
+    """Windowed groups: the blocks a step's attention reads are real, not the null block.
+
+    The first token a step computes (past its prefix-cache hit) attends back to
+    ``first_position_read`` (a sliding window, or its own local chunk); every column
+    from there through the last column the step writes must hold a real block. A null
+    column there is KV the step reads that vLLM already freed (and may have handed to
+    another request). The floor counts columns, so it cannot see this.
+    """
+    null, groups = run.null_block, run.groups
+    for obs in run.observations:
+        span = groups[obs.group].read_span
+        ids = obs.block_ids
+        if span is None or not ids or obs.scheduled <= 0:
+            continue
+        kind, size = span
+        per_column = groups[obs.group].block_size * int(
+            groups[obs.group].floor_args.get("dcp_world_size", 1)
+        )
+        first_computed = obs.computed + obs.cached
+        first_read = first_position_read(kind, size, first_computed)
+        end = obs.computed + obs.scheduled + obs.lookahead
+        if run.max_model_len:
+            end = min(end, run.max_model_len)
+        last_column = min(len(ids), -(-end // per_column)) - 1
+        for column in range(first_read // per_column, last_column + 1):
+            if ids[column] != null:
+                continue
+            yield _failure(
+                "sanity",
+                run,
+                obs,
+                f"block-table column {column} (positions {column * per_column}.."
+                f"{(column + 1) * per_column - 1}) is the null block, but the token at "
+                f"position {first_computed} attends to positions {first_read}.."
+                f"{first_computed} ({READ_SPAN_REASONS[kind]}; {kind} {size}): the step "
+                "reads KV that was freed",
+                {"invariant": "frees a block the attention still reads", "column": column},
+                party="live",
+            )
+            break
+
+
+def _refusals_refused(run: Trajectory) -> Iterator[Failure]:
+    """A call the scenario marks ``refused`` got no blocks from ``allocate_slots``.
+
+    The scenario derives by hand that the pool cannot hold what the call needs; an
+    allocator that grants it counted the step's demand short (and hands out blocks
+    the pool does not have, or overcommits the pool another request relies on).
+    """
+    for refusal in run.refusals:
+        if not refusal.granted:
+            continue
+        where = f"line {refusal.line}, " if refusal.line is not None else ""
+        yield Failure(
+            "sanity",
+            f"step {refusal.step} ({where}{refusal.label}) request {refusal.request}: "
+            f"allocate_slots granted a call the scenario says the pool cannot hold "
+            f"({refusal.free_blocks} free blocks before it); the driver stopped there",
+            step=refusal.step,
+            line=refusal.line,
+            request=refusal.request,
+            action=refusal.label,
+            party="live",
+            detail={"invariant": "grants a call the pool cannot hold"},
+        )
+
+
 def check_sanity(run: Trajectory) -> Iterator[Failure]:
     yield from _warmup_blocks_in_pool(run)
+    yield from _read_span_blocks_real(run)
+    yield from _refusals_refused(run)
     null = run.null_block
     owner: dict[int, str] = {}
     # Per request and group, the block table last seen. A step usually appends

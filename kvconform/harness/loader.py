@@ -894,6 +894,12 @@ def _parse_steps(
                 continue
 
             def call(request: str, action_raw: Any, call_where: Location) -> Any:
+                refused = isinstance(action_raw, LineDict) and "refused" in action_raw
+                if refused:
+                    wrapper = _Fields(action_raw, call_where, call_where.field or "")
+                    action_raw = wrapper.raw("refused")
+                    wrapper.done()
+                    call_where = wrapper.at("refused")
                 action, count, accepted = _parse_action(action_raw, call_where)
                 return tokens[request].apply(
                     action,
@@ -902,6 +908,7 @@ def _parse_steps(
                     accepted=accepted,
                     max_model_len=model.max_model_len,
                     num_speculative_tokens=num_spec,
+                    refused=refused,
                 )
 
             made, ok = _attempt(call, request, action_raw, call_where)

@@ -173,3 +173,27 @@ FLOORS: Mapping[str, FloorRule] = MappingProxyType(
 
 def floor_blocks(group_type: str, f: FloorInput) -> int:
     return FLOORS[group_type].blocks(f)
+
+
+# What a windowed group's attention reads, beside the floor's count of columns: the
+# token at ``position`` attends to the positions from ``first_position_read(...)``
+# through itself. vLLM replaces the blocks before that with the null block
+# (``get_num_skipped_tokens``: its docstrings give the same spans); a block inside it
+# that is null, or freed, is KV the step reads that is gone.
+READ_SPAN_REASONS: Mapping[str, str] = MappingProxyType(
+    {
+        "window": "a sliding window of W tokens: the token at position p attends to "
+        "positions p - W + 1 through p",
+        "chunk": "chunked local attention with chunks of C tokens: the token at position p "
+        "attends to the positions of its own chunk, from p // C * C through p",
+    }
+)
+
+
+def first_position_read(kind: str, size: int, position: int) -> int:
+    """The earliest position the token at ``position`` attends to (READ_SPAN_REASONS)."""
+    if kind == "window":
+        return max(0, position - size + 1)
+    if kind == "chunk":
+        return position // size * size
+    raise ValueError(f"unknown read span {kind!r}; known: {', '.join(READ_SPAN_REASONS)}")

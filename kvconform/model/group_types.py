@@ -40,6 +40,11 @@ class GroupType:
     # column per block of tokens and put the null block where a block has been
     # dropped (or was never needed); every other type must never show it.
     holds_null: bool = False
+    # Attention that reads only a recent span of positions: ("window", option) for a
+    # sliding window of that many tokens, ("chunk", option) for chunked local attention
+    # (the positions of the token's own chunk). The blocks of that span must be real
+    # blocks (model/floors.py: first_position_read); None: no such span is checked.
+    reads: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
@@ -59,6 +64,7 @@ GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
                 "Sliding-window attention; blocks that leave the window become null.",
                 {"sliding_window": _WINDOW},
                 holds_null=True,
+                reads=("window", "sliding_window"),
             ),
             GroupType(
                 "sliding_window_mla",
@@ -66,6 +72,7 @@ GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
                 "Sliding-window MLA.",
                 {"sliding_window": _WINDOW},
                 holds_null=True,
+                reads=("window", "sliding_window"),
             ),
             GroupType(
                 "chunked_local",
@@ -73,6 +80,7 @@ GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
                 "Chunked local attention; blocks of finished chunks become null.",
                 {"attention_chunk_size": Option(int, required=True, doc="chunk size in tokens")},
                 holds_null=True,
+                reads=("chunk", "attention_chunk_size"),
             ),
             GroupType(
                 "rswa",

@@ -77,6 +77,21 @@ class FreeEvent(NamedTuple):
     held_after: tuple[list[int], ...]
 
 
+class RefusedCall(NamedTuple):
+    """A call the scenario says ``allocate_slots`` must refuse, and what it did.
+
+    ``granted``: vLLM returned blocks instead of ``None``; the driver stops there,
+    since the allocator no longer holds what the scenario's later steps assume.
+    """
+
+    step: int
+    line: int | None
+    request: str
+    label: str
+    granted: bool
+    free_blocks: int  # free blocks in the pool before the call
+
+
 class SlotEscape(NamedTuple):
     """One written position whose slot is not in a block its request holds.
 
@@ -124,6 +139,9 @@ class GroupInfo:
     holds_null: bool
     # The group's fixed inputs to its floor rule (FloorInput minus the step's counts).
     floor_args: Mapping[str, Any] = field(default_factory=dict)
+    # Windowed attention: (kind, size) for model.floors.first_position_read, the span
+    # of positions a step reads whose blocks must be real; None for other groups.
+    read_span: tuple[str, int] | None = None
 
     @cached_property
     def _floor_parts(self) -> tuple[FloorInput, tuple[Any, ...], tuple[Any, ...]]:
@@ -184,3 +202,5 @@ class Trajectory:
     slots: SlotRecording | None = None
     # Engine mode: requests the engine did not finish with their max_tokens, as messages.
     unfinished: list[str] = field(default_factory=list)
+    # Trajectory mode: the calls the scenario marks `refused`, in order.
+    refusals: list[RefusedCall] = field(default_factory=list)

@@ -15,6 +15,9 @@ This is the one place that knows how vLLM's scheduler moves a request's
   step that would is impossible, not merely unusual.
 * ``preempt`` frees the blocks and resets the computed count; ``finish`` frees
   them for good.
+* A call the scenario marks ``refused`` (``allocate_slots`` must return ``None``)
+  must be legal as written, and changes no count: vLLM's scheduler leaves a refused
+  waiting request waiting, and a refused running request where it was.
 
 :class:`RequestTokens` applies one action and returns the resolved
 :class:`~kvconform.model.scenario.Call`, or raises :class:`ScenarioError` that
@@ -56,10 +59,15 @@ class RequestTokens:
         accepted: int | None = None,
         max_model_len: int,
         num_speculative_tokens: int | None,
+        refused: bool = False,
     ) -> Call:
         name = self.spec.name
         if self.finished:
             raise ScenarioError(where, f"request {name!r} has already finished")
+        if refused and action in (Action.FINISH, Action.PREEMPT):
+            raise ScenarioError(
+                where, f"only an allocating action can be refused, not {action.value}"
+            )
         if action is Action.FINISH:
             self.finished = True
             self.holds_blocks = False
@@ -122,6 +130,10 @@ class RequestTokens:
                 f"{label} at {before} computed tokens passes max_model_len {max_model_len}: "
                 f"vLLM's scheduler schedules at most max_model_len - computed - 1 = "
                 f"{max_model_len - before - 1} tokens",
+            )
+        if refused:
+            return Call(
+                name, action, before, scheduled, 0, 0, first_chunk, f"{label} (refused)", True
             )
         self.computed = before + scheduled - rejected
         self.outputs += sampled

@@ -16,7 +16,9 @@ Every call mirrors what ``vllm/v1/core/sched/scheduler.py`` does around
 * ``preempt`` frees the blocks and resets the computed count; ``finish`` frees.
 
 ``allocate_slots`` returning ``None`` means the pool cannot serve the step:
-the scenario asked for more than its pool holds, a :class:`PoolExhausted`.
+the scenario asked for more than its pool holds, a :class:`PoolExhausted`;
+unless the scenario marks the call ``refused``, where ``None`` is the answer it
+expects (:meth:`LiveAllocator.is_refused`).
 """
 
 from __future__ import annotations
@@ -118,6 +120,29 @@ class LiveAllocator:
 
     def schedule(self, call: Call, encoder_len: int, where: Location) -> int:
         """Allocate for one call; returns the prefix-cache hit in tokens."""
+        new_blocks, hit = self._allocate(call, encoder_len)
+        if new_blocks is None:
+            raise PoolExhausted(
+                where,
+                f"the pool of {self.model.num_blocks} blocks has "
+                f"{self.vllm.free_block_count(self.manager)} free, too few for {call.label} of "
+                f"request {call.request!r}; raise model.num_blocks, or preempt or finish a request",
+            )
+        request = self._requests[call.request]
+        request.status = self._running
+        request.num_computed_tokens = call.computed + call.scheduled
+        return hit
+
+    def is_refused(self, call: Call, encoder_len: int) -> bool:
+        """Make a call the scenario says must be refused; whether ``allocate_slots`` did.
+
+        A refused call leaves the request as it was, as the scheduler leaves it.
+        """
+        new_blocks, _ = self._allocate(call, encoder_len)
+        return new_blocks is None
+
+    def _allocate(self, call: Call, encoder_len: int) -> tuple[Any, int]:
+        """``allocate_slots`` for one call: its answer (``None``: refused) and the hit."""
         request = self._requests[call.request]
         hit = 0
         if call.first_chunk:
@@ -139,16 +164,7 @@ class LiveAllocator:
             new_blocks = self.vllm.allocate_slots(
                 self.manager, request, call.scheduled, num_lookahead_tokens=self.lookahead
             )
-        if new_blocks is None:
-            raise PoolExhausted(
-                where,
-                f"the pool of {self.model.num_blocks} blocks has "
-                f"{self.vllm.free_block_count(self.manager)} free, too few for {call.label} of "
-                f"request {call.request!r}; raise model.num_blocks, or preempt or finish a request",
-            )
-        request.status = self._running
-        request.num_computed_tokens = call.computed + call.scheduled
-        return hit
+        return new_blocks, hit
 
     def complete(self, call: Call) -> None:
         """What ``update_from_output`` does after the step: rollback and sample."""

@@ -43,6 +43,7 @@ def new_trajectory(scenario: Scenario, vllm: Vllm) -> Trajectory:
                 num_speculative_blocks=int(getattr(spec, "num_speculative_blocks", 0) or 0),
                 mamba_cache_mode=str(getattr(spec, "mamba_cache_mode", "none")),
             ),
+            read_span=_read_span(group),
         )
         for info, group, spec in zip(run.groups, model.groups, specs, strict=True)
     )
@@ -59,6 +60,15 @@ def spec_options(group: GroupSpec, num_speculative_tokens: int) -> dict[str, Any
     if group.type == "mamba" and options.get("num_speculative_blocks") is None:
         options["num_speculative_blocks"] = num_speculative_tokens
     return options
+
+
+def _read_span(group: GroupSpec) -> tuple[str, int] | None:
+    """The span of positions a step of this group reads (GroupType.reads), with its size."""
+    reads = GROUP_TYPES[group.type].reads
+    if reads is None:
+        return None
+    kind, option = reads
+    return kind, int(group.options[option])  # type: ignore[call-overload]
 
 
 def group_specs(vllm: Vllm, model: ModelSpec, num_speculative_tokens: int) -> list[Any]:

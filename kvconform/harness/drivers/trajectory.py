@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from kvconform.errors import Location, PoolExhausted
 from kvconform.harness.drivers.common import attach_predictor
-from kvconform.model.observations import FreeEvent, Observation, Trajectory
+from kvconform.model.observations import FreeEvent, Observation, RefusedCall, Trajectory
 from kvconform.model.scenario import Action, Scenario
 from kvconform.oracles.live import LiveAllocator
 from kvconform.oracles.resolve import new_trajectory
@@ -47,10 +47,25 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
     ]
     finish, preempt = Action.FINISH, Action.PREEMPT
     scenario_where = scenario.where  # a property that builds a Location: once, not per call
+    granted_refusal = False
     for step in scenario.steps:
+        if granted_refusal:
+            break
         index, line = step.index, step.line
         for call in step.calls:
             name, action = call.request, call.action
+            if call.refused:
+                free_before = live.free_blocks()
+                refused = live.is_refused(call, encoder_len[name] if call.first_chunk else 0)
+                run.refusals.append(
+                    RefusedCall(index, line, name, call.label, not refused, free_before)
+                )
+                if not refused:
+                    # The allocator now holds what the scenario's later steps do not
+                    # assume: nothing after this call means anything.
+                    granted_refusal = True
+                    break
+                continue
             if action is finish or action is preempt:
                 held = live.block_ids(name)
                 before = live.free_blocks()
