@@ -145,6 +145,9 @@ class Call:
     sampled: int = 0  # output tokens appended after the step
     first_chunk: bool = False  # the request (re-)enters from the waiting queue
     label: str = ""
+    # The scenario says allocate_slots must refuse this call (return None): the pool
+    # cannot hold what it needs. A refused call changes none of the request's counts.
+    refused: bool = False
 
     @property
     def allocates(self) -> bool:
