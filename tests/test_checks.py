@@ -235,3 +235,52 @@ def test_sanity_the_warmup_hands_out_only_pool_blocks_and_never_the_null_block()
     assert "hands out block 100, which a pool of 100 blocks does not have" in past.message
     (null,) = check_sanity(trajectory(warmup_obs([0, 1])))
     assert "hands out the null block (id 0)" in null.message
+
+
+def _windowed(*observations: Observation, span: tuple[str, int]) -> Trajectory:
+    group = GroupInfo(
+        0,
+        "sliding_window" if span[0] == "window" else "chunked_local",
+        16,
+        "windowed",
+        True,
+        floor_args=dict(block_size=16, max_model_len=1024),
+        read_span=span,
+    )
+    run = Trajectory((group,), lookahead=0, lookahead_source="test", max_model_len=1024)
+    run.observations.extend(observations)
+    run.num_blocks = 100
+    return run
+
+
+def test_sanity_a_windowed_step_reads_only_real_blocks():
+    # Window 32, blocks of 16: the token at 40 attends to 9..40, columns 0..2.
+    reads_freed = obs(computed=40, scheduled=1, lookahead=0, floor=3, live=3, ids=[0, 7, 8])
+    (failure,) = check_sanity(_windowed(reads_freed, span=("window", 32)))
+    assert "column 0" in failure.message and "attends to positions 9..40" in failure.message
+    assert failure.detail["invariant"] == "frees a block the attention still reads"
+    # At 48 the window starts at 17: column 0 is outside it and may be null.
+    slid = obs(computed=48, scheduled=1, lookahead=0, floor=4, live=4, ids=[0, 7, 8, 9])
+    assert list(check_sanity(_windowed(slid, span=("window", 32)))) == []
+
+
+def test_sanity_a_chunked_local_step_reads_its_own_chunk():
+    # Chunks of 32: the token at 40 reads 32..40 (column 2); columns 0 and 1 may be null,
+    # column 2 may not, nor the column the step writes.
+    ok = obs(computed=40, scheduled=1, lookahead=0, floor=3, live=3, ids=[0, 0, 8])
+    assert list(check_sanity(_windowed(ok, span=("chunk", 32)))) == []
+    freed = obs(computed=47, scheduled=2, lookahead=0, floor=4, live=4, ids=[0, 0, 8, 0])
+    (failure,) = check_sanity(_windowed(freed, span=("chunk", 32)))
+    assert "column 3" in failure.message
+
+
+def test_sanity_a_call_the_scenario_says_is_refused_must_be():
+    from kvconform.model.observations import RefusedCall
+
+    run = trajectory()
+    run.refusals.append(RefusedCall(3, 12, "b", "prefill 31 (refused)", False, 1))
+    assert list(check_sanity(run)) == []
+    run.refusals.append(RefusedCall(4, 13, "b", "decode (refused)", True, 0))
+    (failure,) = check_sanity(run)
+    assert failure.step == 4 and failure.request == "b"
+    assert "granted a call the scenario says the pool cannot hold" in failure.message

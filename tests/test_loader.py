@@ -355,3 +355,37 @@ def test_an_unknown_method_names_the_declared_one_probably_meant(vllm, scenario_
     result = run_scenario(scenario, vllm)
     assert result.error_kind is not None and result.error_kind.value == "input"
     assert "unknown speculative method 'eagel' (did you mean 'eagle'?)" in (result.error or "")
+
+
+def test_a_refused_call_is_checked_and_changes_no_count(scenario_from):
+    scenario = scenario_from(
+        """
+        requests: {a: {prompt_len: 40}}
+        steps:
+          - {a: {prefill: 16}}
+          - {a: {refused: {prefill: 24}}}
+          - {a: {prefill: 24}}
+          - {a: {refused: decode}}
+          - {a: decode}
+        """
+    )
+    calls = [step.calls[0] for step in scenario.steps]
+    assert [(c.computed, c.scheduled, c.refused) for c in calls] == [
+        (0, 16, False),
+        (16, 24, True),  # the refused chunk is the chunk that follows
+        (16, 24, False),
+        (40, 1, True),
+        (40, 1, False),
+    ]
+    assert calls[1].sampled == 0 and calls[1].label == "prefill 24 (refused)"
+
+
+def test_a_refused_call_must_be_a_legal_allocating_action(write_scenario):
+    path = write_scenario(
+        "requests: {a: {prompt_len: 5}}\nsteps:\n  - {a: {prefill: 5}}\n"
+        "  - {a: {refused: finish}}\n"
+    )
+    with pytest.raises(ScenarioError) as info:
+        load_file(path)
+    assert "only an allocating action can be refused" in info.value.message
+    assert info.value.where.line == 4
