@@ -284,3 +284,31 @@ def test_sanity_a_call_the_scenario_says_is_refused_must_be():
     (failure,) = check_sanity(run)
     assert failure.step == 4 and failure.request == "b"
     assert "granted a call the scenario says the pool cannot hold" in failure.message
+
+
+def test_sanity_the_warmup_makes_the_passes_the_scenario_derives():
+    from kvconform.model.scenario import WarmupPass
+
+    sampled, greedy = WarmupPass(4, "random"), WarmupPass(4, "greedy")
+    made = [sampled, greedy]
+    assert list(check_sanity(trajectory(warmup_passes=made))) == []  # nothing expected
+    expected = (sampled, WarmupPass(4, "greedy", vllm=">=0.33.0"))  # the gate is not compared
+    at = "s.yaml:9: warmup.expect_passes"
+    ok = trajectory(warmup_passes=made, expected_warmup_passes=expected)
+    assert list(check_sanity(ok)) == []
+    (fewer,) = check_sanity(
+        trajectory(
+            warmup_passes=[WarmupPass(3, "random")],
+            expected_warmup_passes=expected,
+            expected_warmup_passes_at=at,
+        )
+    )
+    assert fewer.check == "sanity" and fewer.party == "warmup"
+    assert fewer.message == (
+        "warmup_kernels made 1 pass (3 requests, random), but s.yaml:9: warmup.expect_passes "
+        "derives 2 passes (4 requests, random; 4 requests, greedy)"
+    )
+    (not_greedy,) = check_sanity(
+        trajectory(warmup_passes=[sampled, sampled], expected_warmup_passes=expected)
+    )
+    assert "(4 requests, random; 4 requests, random)" in not_greedy.message

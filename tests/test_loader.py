@@ -389,3 +389,42 @@ def test_a_refused_call_must_be_a_legal_allocating_action(write_scenario):
         load_file(path)
     assert "only an allocating action can be refused" in info.value.message
     assert info.value.where.line == 4
+
+
+WARMUP_PASSES = """
+kind: warmup
+model: {num_blocks: 5}
+warmup:
+  entry_points: [warmup_kernels]
+  expect_passes:
+    - {requests: 4, sampling: random}
+    - {requests: 4, sampling: {sampling}, vllm: "{vllm}"}
+"""
+
+
+def test_warmup_expect_passes_are_read_with_their_release_gate(scenario_from):
+    text = WARMUP_PASSES.replace("{sampling}", "greedy").replace("{vllm}", ">=0.33.0")
+    passes = scenario_from(text).warmup.expect_passes
+    assert [(p.requests, p.sampling, p.vllm) for p in passes] == [
+        (4, "random", None),
+        (4, "greedy", ">=0.33.0"),
+    ]
+    assert passes[1].applies_to("0.33.0") and passes[1].applies_to("0.34.0.dev3+gabc")
+    assert not passes[1].applies_to("0.32.0") and passes[0].applies_to("0.25.0")
+
+
+def test_warmup_expect_passes_bad_input_names_the_line_and_field(write_scenario):
+    text = WARMUP_PASSES.replace("{vllm}", ">=0.33.0")
+    (sampling,) = _problems(write_scenario, text.replace("{sampling}", "beam"))
+    assert sampling.where.line == 7 and sampling.where.field == "warmup.expect_passes[1].sampling"
+    assert "unknown sampling 'beam'; known: random, greedy" in sampling.message
+    (version,) = _problems(write_scenario, text.replace(">=0.33.0", "0.33+").replace(
+        "{sampling}", "greedy"))  # fmt: skip
+    assert version.where.field == "warmup.expect_passes[1].vllm"
+    assert "not a version specifier: '0.33+'" in version.message
+    mixed_only = text.replace("{sampling}", "greedy").replace(
+        "[warmup_kernels]", "[run_mixed_prefill_decode_warmup]"
+    )
+    (entry,) = _problems(write_scenario, mixed_only)
+    assert entry.where.field == "warmup.expect_passes"
+    assert "needs warmup_kernels among the entry_points" in entry.message

@@ -13,6 +13,7 @@ from kvconform.harness.expectations import load_expectations
 from kvconform.harness.loader import load_paths
 from kvconform.model.floors import cdiv
 from kvconform.model.results import ErrorKind, Verdict
+from kvconform.model.scenario import WarmupPass
 from kvconform.oracles.vllm import warmup_stubs
 from kvconform.oracles.vllm.warmup_stubs import (
     STUB_FAMILIES,
@@ -84,6 +85,9 @@ def test_speculation_adds_vllm_033s_greedy_pass(vllm):
     # on the H200 too).
     assert len(without.steps) == 5
     assert len(with_spec.steps) == 14
+    # Each pass prefills the batch of 4 requests (max_num_seqs); the second one greedily.
+    assert with_spec.passes == [WarmupPass(4, "random"), WarmupPass(4, "greedy")]
+    assert without.passes == [WarmupPass(4, "random")]
     assert any(call.num_draft_tokens == 3 for step in with_spec.steps for call in step.calls)
 
 

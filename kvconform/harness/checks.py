@@ -101,6 +101,10 @@ def _blocks(n: int) -> str:
     return f"{n} block" if n == 1 else f"{n} blocks"
 
 
+def _passes(n: int) -> str:
+    return f"{n} pass" if n == 1 else f"{n} passes"
+
+
 def check_floor(run: Trajectory) -> Iterator[Failure]:
     for obs in run.observations:
         floor, live, predicted, warmup = obs.floor, obs.live, obs.predicted, obs.warmup
@@ -304,10 +308,33 @@ def _refusals_refused(run: Trajectory) -> Iterator[Failure]:
         )
 
 
+def _warmup_passes(run: Trajectory) -> Iterator[Failure]:
+    """warmup_kernels makes the passes the scenario derives from the runner's limits.
+
+    Each pass prefills one batch, as many requests as max_num_seqs, the token
+    budget and the pool allow (the null block kept out), and samples randomly or
+    greedily; a pass missing, or a batch smaller or larger than the limits give,
+    leaves batch shapes unwarmed or hands out blocks the pool does not have.
+    """
+    expected = run.expected_warmup_passes
+    if expected is None or tuple(run.warmup_passes) == expected:
+        return
+    made = "; ".join(str(p) for p in run.warmup_passes) or "none"
+    wanted = "; ".join(str(p) for p in expected)
+    yield Failure(
+        "sanity",
+        f"warmup_kernels made {_passes(len(run.warmup_passes))} ({made}), but "
+        f"{run.expected_warmup_passes_at} derives {_passes(len(expected))} ({wanted})",
+        party="warmup",
+        detail={"invariant": "warms other batches than its limits give"},
+    )
+
+
 def check_sanity(run: Trajectory) -> Iterator[Failure]:
     yield from _warmup_blocks_in_pool(run)
     yield from _read_span_blocks_real(run)
     yield from _refusals_refused(run)
+    yield from _warmup_passes(run)
     null = run.null_block
     owner: dict[int, str] = {}
     # Per request and group, the block table last seen. A step usually appends

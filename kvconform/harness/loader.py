@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
 from kvconform.errors import FileErrors, Location, ScenarioError, did_you_mean
 from kvconform.harness.yamlio import LineDict, LineList, load_yaml
 from kvconform.model.group_types import GROUP_TYPES
@@ -42,6 +44,7 @@ from kvconform.model.scenario import (
     KINDS,
     MODEL_RUNNERS,
     SCHEDULER_MODES,
+    WARMUP_SAMPLING,
     Acceptance,
     Action,
     EngineModel,
@@ -54,6 +57,7 @@ from kvconform.model.scenario import (
     SchedulerSpec,
     SpeculativeSpec,
     Step,
+    WarmupPass,
     WarmupSpec,
 )
 from kvconform.model.tokens import RequestTokens
@@ -818,9 +822,44 @@ def _parse_warmup(raw: Any, where: Location) -> WarmupSpec:
             "max_num_batched_tokens", defaults.max_num_batched_tokens
         ),
         mixed_num_tokens=fields.integer("mixed_num_tokens", defaults.mixed_num_tokens),
+        expect_passes=_parse_warmup_passes(fields.raw("expect_passes"), fields.at("expect_passes")),
+        expect_passes_at=fields.at("expect_passes"),
     )
+    if spec.expect_passes is not None and "warmup_kernels" not in spec.entry_points:
+        raise ScenarioError(
+            fields.at("expect_passes"), "needs warmup_kernels among the entry_points"
+        )
     fields.done()
     return spec
+
+
+def _parse_warmup_passes(raw: Any, where: Location) -> tuple[WarmupPass, ...] | None:
+    """``expect_passes``: a list of ``{requests: N, sampling: random | greedy, vllm: SPEC}``."""
+    if raw is None:
+        return None
+    if not isinstance(raw, LineList) or not raw:
+        raise ScenarioError(where, f"must be a non-empty list, not {_shown(raw)}")
+    passes = []
+    for i, item in enumerate(raw):
+        fields = _Fields(item, where.at(where.field or "", raw.line_of(i)), f"{where.field}[{i}]")
+        requests = fields.integer("requests", minimum=0)
+        sampling = fields.text("sampling")
+        if sampling not in WARMUP_SAMPLING:
+            raise ScenarioError(
+                fields.at("sampling"),
+                f"unknown sampling {sampling!r}; known: {', '.join(WARMUP_SAMPLING)}",
+            )
+        vllm = fields.raw("vllm")
+        if vllm is not None:
+            try:
+                SpecifierSet(str(vllm))
+            except InvalidSpecifier:
+                raise ScenarioError(
+                    fields.at("vllm"), f"not a version specifier: {vllm!r}"
+                ) from None
+        fields.done()
+        passes.append(WarmupPass(requests, sampling, None if vllm is None else str(vllm)))
+    return tuple(passes)
 
 
 def _parse_requests(raw: Any, where: Location, at: Location) -> dict[str, RequestSpec]:

@@ -26,6 +26,7 @@ from functools import cached_property
 from typing import Any, NamedTuple
 
 from kvconform.model.floors import FLOORS, FloorInput, StepFloor
+from kvconform.model.scenario import WarmupPass
 
 
 class Observation(NamedTuple):
@@ -204,3 +205,8 @@ class Trajectory:
     unfinished: list[str] = field(default_factory=list)
     # Trajectory mode: the calls the scenario marks `refused`, in order.
     refusals: list[RefusedCall] = field(default_factory=list)
+    # Warmup mode: the passes warmup_kernels made (the batch each prefill step entered),
+    # the passes the scenario derives by hand (None: not checked) and where it says so.
+    warmup_passes: list[WarmupPass] = field(default_factory=list)
+    expected_warmup_passes: tuple[WarmupPass, ...] | None = None
+    expected_warmup_passes_at: str = ""

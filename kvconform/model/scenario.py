@@ -16,6 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
 from kvconform.errors import Location
 
 # The kinds of scenario there are, each with its driver (kvconform.harness.drivers).
@@ -161,6 +164,36 @@ class Step:
     line: int | None = None
 
 
+WARMUP_SAMPLING = ("random", "greedy")
+
+
+@dataclass(frozen=True)
+class WarmupPass:
+    """One pass of ``warmup_kernels``: the batch its prefill step enters, and its sampling.
+
+    ``sampling`` is ``greedy`` when every request of the batch samples greedily
+    (vLLM's ``SamplingType.GREEDY``, temperature 0), ``random`` when none does.
+    """
+
+    def applies_to(self, version: str) -> bool:
+        """Whether a vLLM of ``version`` is expected to make this pass."""
+        if self.vllm is None:
+            return True
+        try:
+            return SpecifierSet(self.vllm).contains(Version(version), prereleases=True)
+        except InvalidVersion:
+            return True  # an unparsable (local) build: the newest behaviour
+
+    requests: int
+    sampling: str
+    # A version specifier: the pass is expected only of the vLLM releases it matches
+    # (the greedy pass arrived in 0.33.0). Not part of what a recorded pass is compared on.
+    vllm: str | None = field(default=None, compare=False)
+
+    def __str__(self) -> str:
+        return f"{self.requests} request{'' if self.requests == 1 else 's'}, {self.sampling}"
+
+
 @dataclass(frozen=True)
 class WarmupSpec:
     """What a ``kind: warmup`` scenario asks of vLLM's real warmup."""
@@ -169,6 +202,10 @@ class WarmupSpec:
     max_num_seqs: int = 4
     max_num_batched_tokens: int = 512
     mixed_num_tokens: int = 64
+    # The passes warmup_kernels must make, derived by hand from the limits (None: not
+    # checked), and where the scenario says so, for the failure's message.
+    expect_passes: tuple[WarmupPass, ...] | None = None
+    expect_passes_at: Location | None = field(default=None, compare=False)
 
 
 SCHEDULER_MODES = ("sync", "async", "overlapped")

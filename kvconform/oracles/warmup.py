@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvconform.model.observations import Trajectory
-from kvconform.model.scenario import Scenario, WarmupSpec
+from kvconform.model.scenario import Scenario, WarmupPass, WarmupSpec
 from kvconform.oracles.resolve import group_specs
 from kvconform.oracles.vllm import Vllm
 from kvconform.oracles.vllm.warmup_stubs import RunnerSettings, Warmup
@@ -81,6 +81,8 @@ class WarmupStep:
 class WarmupRecording:
     steps: list[WarmupStep] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # warmup_kernels' passes: each step that enters new requests starts one.
+    passes: list[WarmupPass] = field(default_factory=list)
 
 
 class SchedulerOutputRecorder:
@@ -108,6 +110,10 @@ class SchedulerOutputRecorder:
             self._prompt_len[name] = len(new.prompt_token_ids or ())
             self._encoder_len[name] = self._encoder_tokens(new)
             calls.append(self._call(name, True, new.num_computed_tokens, output, drafts))
+        if self.entry_point == "warmup_kernels" and output.scheduled_new_reqs:
+            kinds = {_sampling(new) for new in output.scheduled_new_reqs}
+            sampling = kinds.pop() if len(kinds) == 1 else "mixed"
+            self.recording.passes.append(WarmupPass(len(output.scheduled_new_reqs), sampling))
         cached = output.scheduled_cached_reqs
         for i, name in enumerate(cached.req_ids):
             added = cached.new_block_ids[i]
@@ -149,6 +155,15 @@ class SchedulerOutputRecorder:
             self._encoder_len[name],
             len(drafts.get(name, ())),
         )
+
+
+def _sampling(new: Any) -> str:
+    """How a new request samples: ``greedy`` (vLLM's SamplingType.GREEDY), ``random``,
+    or ``none`` for a pooling request (no sampling parameters)."""
+    params = new.sampling_params
+    if params is None:
+        return "none"
+    return "greedy" if params.sampling_type.name == "GREEDY" else "random"
 
 
 def record_warmup(

@@ -44,6 +44,12 @@ def drive_warmup(scenario: Scenario, vllm: Vllm) -> Trajectory:
     max_encoder_len = settings.max_encoder_len
     recording = record_warmup(vllm, settings, warmup.entry_points, warmup.mixed_num_tokens)
     run.notes.extend(recording.notes)
+    run.warmup_passes = recording.passes
+    if warmup.expect_passes is not None:
+        run.expected_warmup_passes = tuple(
+            p for p in warmup.expect_passes if p.applies_to(vllm.version)
+        )
+        run.expected_warmup_passes_at = str(warmup.expect_passes_at or scenario.file)
     if not recording.steps:
         run.notes.append("the warmup scheduled nothing: there was nothing to check")
 
