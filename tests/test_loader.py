@@ -428,3 +428,21 @@ def test_warmup_expect_passes_bad_input_names_the_line_and_field(write_scenario)
     (entry,) = _problems(write_scenario, mixed_only)
     assert entry.where.field == "warmup.expect_passes"
     assert "needs warmup_kernels among the entry_points" in entry.message
+
+
+def test_only_a_pooling_warmup_may_have_no_kv_cache_groups(write_scenario, scenario_from):
+    pooling = """
+    kind: warmup
+    model:
+      num_blocks: 16
+      groups: []
+    warmup: {entry_points: [warmup_kernels], pooling: true}
+    """
+    scenario = scenario_from(pooling)
+    assert scenario.model.groups == () and scenario.warmup.pooling
+    assert scenario.model.scheduler_block_size == scenario.model.hash_block_size == 16
+    (error,) = _problems(write_scenario, pooling.replace("pooling: true", "pooling: false"))
+    assert error.where.line == 4 and error.where.field == "model.groups"
+    assert "an empty one, a model without KV cache, only for kind: warmup with" in error.message
+    (trajectory,) = _problems(write_scenario, MINIMAL + "model: {groups: []}\n")
+    assert trajectory.where.field == "model.groups"

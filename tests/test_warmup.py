@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -254,3 +255,40 @@ def test_mixed_warmup_over_reserves_cross_attention(vllm):
     assert {(f.check, f.group) for f in result.failures} == {("agree", 1)}
     cross = [o for o in result.trajectory.observations if o.group == 1]
     assert cross and all((o.live, o.warmup, o.floor) == (0, 13, 0) for o in cross)
+
+
+def test_a_pooling_model_without_kv_cache_warms_one_batch_uncapped(vllm):
+    """Encoder-only pooling models keep no KV cache: no groups, no block, no pool cap."""
+    settings = replace(
+        _settings(vllm, speculative=False, num_blocks=2),
+        kv_cache_config=vllm.kv_cache_config(2, []),
+        is_pooling_model=True,
+    )
+    recording = record_warmup(vllm, settings, ["warmup_kernels"], 64)
+    # One prefill of max_num_seqs requests with pooling parameters, then the cleanup;
+    # a pool of 2 blocks would cap a model with KV cache at 1 request.
+    assert recording.passes == [WarmupPass(4, "none")]
+    prefill, cleanup = recording.steps
+    assert all(call.held == () and call.scheduled == 2 for call in prefill.calls)
+    assert not cleanup.calls and len(cleanup.finished) == 4
+
+
+def test_redirected_writes_lift_the_pool_cap(vllm):
+    if not stub_family(vllm.version).REDIRECTS_WRITES:
+        pytest.skip("BlockTables.redirect_writes_to_null_block is vLLM 0.32's")
+    # EAGLE k 2: 2 blocks a request at worst, so 12 blocks cap the warmup at 5 requests.
+    capped = replace(_settings(vllm, k=2, num_blocks=12), max_num_seqs=8)
+    redirected = replace(capped, redirect_writes_to_null_block=True)
+    assert record_warmup(vllm, capped, ["warmup_kernels"], 64).passes[0] == WarmupPass(5, "random")
+    assert record_warmup(vllm, redirected, ["warmup_kernels"], 64).passes[0] == WarmupPass(
+        8, "random"
+    )
+
+
+def test_redirected_writes_do_not_apply_before_vllm_032(vllm, scenario_from, monkeypatch):
+    monkeypatch.setattr(warmup_stubs, "stub_family", lambda version: StubModelRunner030)
+    redirected = EAGLE.replace("warmup: {", "warmup: {redirect_writes_to_null_block: true, ")
+    scenario = scenario_from(redirected)
+    result = run_scenario(scenario, vllm)
+    assert result.verdict is Verdict.UNSUPPORTED, result  # does not apply: no failure
+    assert "BlockTables.redirect_writes_to_null_block" in result.error

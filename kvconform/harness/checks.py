@@ -221,8 +221,12 @@ def _warmup_blocks_in_pool(run: Trajectory) -> Iterator[Failure]:
     """The recorded warmup hands out only blocks the pool has, and never the null block.
 
     The warmup numbers its blocks itself (from 1, block 0 being the null block);
-    an id at or past ``num_blocks`` indexes past the KV-cache tensor on a GPU.
+    an id at or past ``num_blocks`` indexes past the KV-cache tensor on a GPU. Not
+    when the warmup's writes are redirected to the null block (the elastic-EP
+    re-warm): then no id it hands out is written.
     """
+    if run.warmup_writes_redirected:
+        return
     null, size = run.null_block, run.num_blocks
     reported: set[tuple[str, int]] = set()
     for obs in run.observations:

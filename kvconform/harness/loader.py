@@ -434,6 +434,16 @@ def _parse(
     requests: dict[str, RequestSpec] = {}
     steps: tuple[Step, ...] = ()
     try:
+        if not model.groups and not (kind == "warmup" and _warmup_pooling(doc)):
+            # Only encoder-only pooling models allocate no KV blocks (vLLM's warmup says
+            # so); every other scenario needs a group to reserve in.
+            model_raw = doc.get("model")
+            line = model_raw.line_of("groups") if isinstance(model_raw, LineDict) else None
+            raise ScenarioError(
+                where.at("model.groups", line),
+                "must be a non-empty list of group types (an empty one, a model without "
+                "KV cache, only for kind: warmup with warmup.pooling: true)",
+            )
         if kind == "scheduler":
             if "steps" in doc:
                 raise ScenarioError(
@@ -516,8 +526,8 @@ def _parse_model(raw: Any, where: Location) -> ModelSpec:
     dcp_world_size = fields.integer("dcp_world_size", MODEL_DEFAULTS["dcp_world_size"])
     raw_groups = fields.raw("groups", ["full_attention"])
     fields.done()
-    if not isinstance(raw_groups, list) or not raw_groups:
-        raise ScenarioError(fields.at("groups"), "must be a non-empty list of group types")
+    if not isinstance(raw_groups, list):
+        raise ScenarioError(fields.at("groups"), "must be a list of group types")
     line_of = raw_groups.line_of if isinstance(raw_groups, LineList) else (lambda i: None)
     parsed = [
         _attempt(_parse_group, item, where.at(f"model.groups[{i}]", line_of(i)), block_size)
@@ -801,6 +811,11 @@ def _accepted_counts(values: list[Any], at: Location, k: int) -> tuple[int, ...]
     return tuple(values)
 
 
+def _warmup_pooling(doc: LineDict) -> bool:
+    section = doc.get("warmup")
+    return isinstance(section, LineDict) and section.get("pooling") is True
+
+
 def _parse_warmup(raw: Any, where: Location) -> WarmupSpec:
     fields = _Fields(raw, where, "warmup")
     defaults = WarmupSpec()
@@ -822,6 +837,10 @@ def _parse_warmup(raw: Any, where: Location) -> WarmupSpec:
             "max_num_batched_tokens", defaults.max_num_batched_tokens
         ),
         mixed_num_tokens=fields.integer("mixed_num_tokens", defaults.mixed_num_tokens),
+        pooling=fields.flag("pooling", defaults.pooling),
+        redirect_writes_to_null_block=fields.flag(
+            "redirect_writes_to_null_block", defaults.redirect_writes_to_null_block
+        ),
         expect_passes=_parse_warmup_passes(fields.raw("expect_passes"), fields.at("expect_passes")),
         expect_passes_at=fields.at("expect_passes"),
     )
@@ -834,7 +853,7 @@ def _parse_warmup(raw: Any, where: Location) -> WarmupSpec:
 
 
 def _parse_warmup_passes(raw: Any, where: Location) -> tuple[WarmupPass, ...] | None:
-    """``expect_passes``: a list of ``{requests: N, sampling: random | greedy, vllm: SPEC}``."""
+    """``expect_passes``: a list of ``{requests: N, sampling: random | greedy | none, vllm: SPEC}``."""
     if raw is None:
         return None
     if not isinstance(raw, LineList) or not raw:

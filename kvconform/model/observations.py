@@ -210,3 +210,6 @@ class Trajectory:
     warmup_passes: list[WarmupPass] = field(default_factory=list)
     expected_warmup_passes: tuple[WarmupPass, ...] | None = None
     expected_warmup_passes_at: str = ""
+    # Warmup mode, the elastic-EP re-warm: BlockTables writes every KV to the null
+    # block, so the block ids the warmup hands out are never written.
+    warmup_writes_redirected: bool = False

@@ -66,17 +66,19 @@ class ModelSpec:
 
     @property
     def scheduler_block_size(self) -> int:
-        """The least common multiple of the groups' block sizes (vLLM's rule)."""
+        """The least common multiple of the groups' block sizes (vLLM's rule); without
+        groups (no KV cache), the configured block size, as resolve_kv_cache_block_sizes."""
         from math import lcm
 
-        return lcm(*(g.block_size for g in self.groups))
+        return lcm(*(g.block_size for g in self.groups)) if self.groups else self.block_size
 
     @property
     def hash_block_size(self) -> int:
-        """Prefix-cache hashes must tile every group's blocks: their gcd."""
+        """Prefix-cache hashes must tile every group's blocks: their gcd (without groups,
+        the configured block size)."""
         from math import gcd
 
-        return gcd(*(g.block_size for g in self.groups))
+        return gcd(*(g.block_size for g in self.groups)) if self.groups else self.block_size
 
 
 @dataclass(frozen=True)
@@ -164,7 +166,7 @@ class Step:
     line: int | None = None
 
 
-WARMUP_SAMPLING = ("random", "greedy")
+WARMUP_SAMPLING = ("random", "greedy", "none")
 
 
 @dataclass(frozen=True)
@@ -172,7 +174,8 @@ class WarmupPass:
     """One pass of ``warmup_kernels``: the batch its prefill step enters, and its sampling.
 
     ``sampling`` is ``greedy`` when every request of the batch samples greedily
-    (vLLM's ``SamplingType.GREEDY``, temperature 0), ``random`` when none does.
+    (vLLM's ``SamplingType.GREEDY``, temperature 0), ``random`` when none does,
+    ``none`` for the pooling requests of a pooling model (no sampling parameters).
     """
 
     def applies_to(self, version: str) -> bool:
@@ -202,6 +205,10 @@ class WarmupSpec:
     max_num_seqs: int = 4
     max_num_batched_tokens: int = 512
     mixed_num_tokens: int = 64
+    # A pooling (embedding) model; with model.groups [] one without KV cache.
+    pooling: bool = False
+    # The elastic-EP re-warm: every KV write goes to the null block, no pool cap.
+    redirect_writes_to_null_block: bool = False
     # The passes warmup_kernels must make, derived by hand from the limits (None: not
     # checked), and where the scenario says so, for the failure's message.
     expect_passes: tuple[WarmupPass, ...] | None = None

@@ -245,4 +245,6 @@ def scenario_settings(vllm: Vllm, scenario: Scenario, run: Trajectory) -> Runner
         max_model_len=model.max_model_len,
         max_encoder_len=model.max_encoder_len if encoder_decoder else 0,
         is_encoder_decoder=encoder_decoder,
+        is_pooling_model=warmup.pooling,
+        redirect_writes_to_null_block=warmup.redirect_writes_to_null_block,
     )

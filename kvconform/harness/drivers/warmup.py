@@ -45,6 +45,7 @@ def drive_warmup(scenario: Scenario, vllm: Vllm) -> Trajectory:
     recording = record_warmup(vllm, settings, warmup.entry_points, warmup.mixed_num_tokens)
     run.notes.extend(recording.notes)
     run.warmup_passes = recording.passes
+    run.warmup_writes_redirected = warmup.redirect_writes_to_null_block
     if warmup.expect_passes is not None:
         run.expected_warmup_passes = tuple(
             p for p in warmup.expect_passes if p.applies_to(vllm.version)

@@ -61,6 +61,12 @@ class Warmup:
                 "a warmup kvconform can drive",
                 f"kvconform's stub model runners start at vLLM {oldest}",
             )
+        if settings.redirect_writes_to_null_block and not stub_class.REDIRECTS_WRITES:
+            raise self._vllm.not_offered(
+                "a warmup that redirects KV writes to the null block",
+                "BlockTables.redirect_writes_to_null_block (the elastic-EP re-warm) arrived "
+                "in vLLM 0.32.0",
+            )
         return stub_class(settings)
 
     def stub_shortfall(self, runner: StubModelRunner) -> VllmUnavailable | None:
@@ -117,6 +123,13 @@ class RunnerSettings:
     max_encoder_len: int
     is_encoder_decoder: bool
     vocab_size: int = 1024
+    # A pooling model (an embedding model serving the "embed" task): the warmup
+    # prefills one batch with pooling parameters and decodes nothing.
+    is_pooling_model: bool = False
+    # The elastic-EP re-warm (vllm/v1/worker/gpu/eplb_utils.py, preserve_serving_state):
+    # BlockTables redirects every KV write to the null block, and the warmup does not
+    # cap its batch by the pool.
+    redirect_writes_to_null_block: bool = False
 
 
 class StubNamespace:
@@ -155,6 +168,8 @@ class StubModelRunner(StubNamespace):
     """
 
     FAMILY = "0.25.x-0.26.x"
+    # Whether this family's warmup reads BlockTables.redirect_writes_to_null_block.
+    REDIRECTS_WRITES = False
 
     def __init__(self, settings: RunnerSettings) -> None:
         misses: list[str] = []
@@ -178,12 +193,27 @@ class StubModelRunner(StubNamespace):
                 max_num_seqs=s.max_num_seqs,
                 max_num_batched_tokens=s.max_num_batched_tokens,
             ),
-            "is_pooling_model": False,
+            "is_pooling_model": s.is_pooling_model,
             "kv_connector": self._part("kv_connector", misses, set_disabled=lambda disabled: None),
             "is_last_pp_rank": True,
-            "model_config": self._part("model_config", misses, get_vocab_size=lambda: s.vocab_size),
+            "model_config": self._part(
+                "model_config", misses, **self._model_config_attributes(s)
+            ),
             "max_num_reqs": s.max_num_seqs,
+            **self._pooling_attributes(s),
         }
+
+    def _model_config_attributes(self, s: RunnerSettings) -> dict[str, Any]:
+        attributes: dict[str, Any] = {"get_vocab_size": lambda: s.vocab_size}
+        if s.is_pooling_model:
+            # An embedding model without a pooler config: PoolingParams.verify then
+            # only sets its defaults.
+            attributes["get_pooling_task"] = lambda supported_tasks: "embed"
+            attributes["pooler_config"] = None
+        return attributes
+
+    def _pooling_attributes(self, s: RunnerSettings) -> dict[str, Any]:
+        return {"get_supported_tasks": lambda: ("embed",)} if s.is_pooling_model else {}
 
 
 class StubModelRunner027(StubModelRunner):
@@ -251,12 +281,17 @@ class StubModelRunner030(StubModelRunner029):
 class StubModelRunner032(StubModelRunner030):
     """Stands in for the ``GPUModelRunner`` attributes vLLM 0.32.x's warmup reads:
     those of 0.30 plus ``block_tables`` (None: writes are not redirected to the null
-    block, so the warmup caps its requests by the pool)."""
+    block, so the warmup caps its requests by the pool; for the elastic-EP re-warm, one
+    whose ``redirect_writes_to_null_block`` is set)."""
 
     FAMILY = "0.32.x"
+    REDIRECTS_WRITES = True
 
     def _attributes(self, s: RunnerSettings, misses: list[str]) -> dict[str, Any]:
-        return {**super()._attributes(s, misses), "block_tables": None}
+        block_tables = None
+        if s.redirect_writes_to_null_block:
+            block_tables = self._part("block_tables", misses, redirect_writes_to_null_block=True)
+        return {**super()._attributes(s, misses), "block_tables": block_tables}
 
 
 class StubModelRunner033(StubModelRunner032):
