@@ -109,6 +109,7 @@ def test_recorder_rebuilds_block_tables_from_scheduler_outputs():
                     prompt_token_ids=list(range(20)),
                     mm_features=[feature],
                     num_computed_tokens=0,
+                    sampling_params=SimpleNamespace(sampling_type=SimpleNamespace(name="GREEDY")),
                 )
             ],
             scheduled_cached_reqs=empty_cached,
@@ -146,6 +147,8 @@ def test_recorder_rebuilds_block_tables_from_scheduler_outputs():
     assert third.held == second.held and third.computed == 24  # None: nothing new
     assert recording.steps[3].finished == ("a",)
     assert [s.number for s in recording.steps] == [1, 2, 3, 4]
+    # One pass: the step that entered "a", greedily.
+    assert recording.passes == [WarmupPass(1, "greedy")]
 
 
 def test_on_cpu_warmup_runs_without_its_final_synchronize_and_says_so(vllm):
