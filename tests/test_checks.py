@@ -312,3 +312,27 @@ def test_sanity_the_warmup_makes_the_passes_the_scenario_derives():
         trajectory(warmup_passes=[sampled, sampled], expected_warmup_passes=expected)
     )
     assert "(4 requests, random; 4 requests, random)" in not_greedy.message
+
+
+def test_sanity_the_warmup_never_hands_one_block_to_two_tables():
+    from kvconform.model.observations import FreeEvent
+
+    def warmup_obs(ids: list[int], request: str, group: int = 0) -> Observation:
+        return obs(warmup=len(ids), request=request, ids=[])._replace(
+            warmup_block_ids=ids, group=group
+        )
+
+    apart = trajectory(warmup_obs([1, 2], "a"), warmup_obs([3], "b"), warmup_obs([1, 2, 4], "a"))
+    assert list(check_sanity(apart)) == []
+    (shared,) = check_sanity(trajectory(warmup_obs([1, 2], "a"), warmup_obs([2, 3], "b")))
+    assert shared.party == "warmup" and shared.request == "b"
+    assert "the recorded warmup hands out block 2, which request a holds in group 0" in (
+        shared.message
+    )
+    # Once a finishes, its blocks may go to the next request (the greedy pass reuses them).
+    freed = trajectory(warmup_obs([1, 2], "a"), warmup_obs([1, 2], "b"))
+    freed.events.append(FreeEvent(1, 1, None, "a", "finish", ([1, 2],), 97, 99, ([],)))
+    assert [f for f in check_sanity(freed) if f.party == "warmup"] == []
+    # Engine mode's GPU warmup rows have no live replay (and no finish events): not judged.
+    engine_rows = [o._replace(live=None) for o in (warmup_obs([1], "a"), warmup_obs([1], "b"))]
+    assert [f for f in check_sanity(trajectory(*engine_rows)) if f.party == "warmup"] == []

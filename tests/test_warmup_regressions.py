@@ -24,10 +24,12 @@ REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "scenarios" / "warmup"
 
 
-def run_corpus(report_dir: Path, *vllm_args: str) -> tuple[int, dict[str, Any], str]:
+def run_corpus(
+    report_dir: Path, *vllm_args: str, corpus: Path = CORPUS
+) -> tuple[int, dict[str, Any], str]:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     done = subprocess.run(
-        [sys.executable, "-m", "kvconform", "run", str(CORPUS), "--report-dir", str(report_dir),
+        [sys.executable, "-m", "kvconform", "run", str(corpus), "--report-dir", str(report_dir),
          *vllm_args],
         capture_output=True, text=True, cwd=REPO, env=env,
     )  # fmt: skip
@@ -99,3 +101,29 @@ def test_a_warmup_that_reserves_without_lookahead_turns_the_suite_red(tmp_path, 
         assert all(f["live"] >= f["floor"] and f["predicted"] >= f["floor"] for f in shortfalls)
     lookahead_ids = {s["id"] for s in report["scenarios"] if s["lookahead"]}
     assert lookahead_ids == {s["id"] for s in failed}
+
+
+# The mixed warmup's block counter, made to restart at 1 for every request and group.
+SHARED_FROM = "        next_block_id += num_blocks\n"
+SHARED_TO = "        pass  # injected by kvconform's test: every allocation starts at block 1\n"
+
+
+@pytest.mark.slow
+def test_a_warmup_that_hands_one_block_to_two_requests_turns_the_suite_red(
+    tmp_path, pristine_tree
+):
+    tree = tree_with_replacement(
+        pristine_tree, tmp_path / "tree", "v1/worker/gpu/warmup.py", SHARED_FROM, SHARED_TO
+    )
+    status, report, output = run_corpus(
+        tmp_path / "report", "--vllm-src", str(tree), corpus=CORPUS / "warmup-no-speculation.yaml"
+    )
+    assert status == 1, output
+    for scenario in report["scenarios"]:
+        # Every count is right; only the ids repeat, which only the sanity check sees.
+        assert {f["check"] for f in scenario["failures"]} == {"sanity"}, scenario["id"]
+        assert any(
+            "hands out block 1, which request _v2_mixed_warmup_decode_ holds" in f["message"]
+            for f in scenario["failures"]
+        ), scenario["id"]
+

@@ -312,6 +312,49 @@ def _refusals_refused(run: Trajectory) -> Iterator[Failure]:
         )
 
 
+def _warmup_blocks_distinct(run: Trajectory) -> Iterator[Failure]:
+    """No block the recorded warmup hands out is in two tables at once.
+
+    The warmup numbers its blocks itself ("Assign distinct block IDs per request per
+    group"); a block in two requests' tables, or in two groups of one request, is KV
+    that two writers overwrite. A request's blocks are free again once it finishes:
+    the finish events are the live replay's, so only rows the live replay mirrors
+    (warmup scenarios; not engine mode's GPU warmup rows) are judged. Not when the
+    warmup's writes are redirected to the null block.
+    """
+    if run.warmup_writes_redirected:
+        return
+    owner: dict[int, tuple[str, int]] = {}
+    held: dict[str, set[int]] = {}
+    reported: set[tuple[str, int]] = set()
+    events = iter(run.events)
+    pending = next(events, None)
+    for seq, obs in enumerate(run.observations):
+        while pending is not None and pending.seq <= seq:
+            for block in held.pop(pending.request, ()):
+                owner.pop(block, None)
+            pending = next(events, None)
+        ids = obs.warmup_block_ids
+        if not ids or obs.live is None:
+            continue
+        here = (obs.request, obs.group)
+        for block in ids:
+            other = owner.setdefault(block, here)
+            if other != here and here not in reported:
+                reported.add(here)
+                whose = f"request {other[0]}" if other[0] != obs.request else "this request"
+                yield _failure(
+                    "sanity",
+                    run,
+                    obs,
+                    f"{PARTY_NAMES['warmup']} hands out block {block}, which {whose} holds "
+                    f"in group {other[1]}",
+                    {"invariant": "hands one block to two tables"},
+                    party="warmup",
+                )
+        held.setdefault(obs.request, set()).update(ids)
+
+
 def _warmup_passes(run: Trajectory) -> Iterator[Failure]:
     """warmup_kernels makes the passes the scenario derives from the runner's limits.
 
@@ -338,6 +381,7 @@ def check_sanity(run: Trajectory) -> Iterator[Failure]:
     yield from _warmup_blocks_in_pool(run)
     yield from _read_span_blocks_real(run)
     yield from _refusals_refused(run)
+    yield from _warmup_blocks_distinct(run)
     yield from _warmup_passes(run)
     null = run.null_block
     owner: dict[int, str] = {}
