@@ -17,7 +17,8 @@ re-run and tested on recorded trajectories alone.
   (without prefix caching), nothing held after ``finish``/``preempt`` and every
   block back in the pool, the null block only where the group type allows it,
   and never in a column a windowed group's step still reads (its sliding window
-  or local chunk); a call the scenario marks ``refused`` is refused;
+  or local chunk); a call the scenario marks ``refused`` is refused, and a first
+  chunk gets the prefix-cache hit the scenario states (``expect_hit``);
   in engine mode, every request finished with its ``max_tokens``.
 * **slots** -- every position the target or the drafter writes lands, through
   vLLM's own slot-mapping kernel, in a block its request holds. The kernel
@@ -377,12 +378,34 @@ def _warmup_passes(run: Trajectory) -> Iterator[Failure]:
     )
 
 
+def _stated_hits(run: Trajectory) -> Iterator[Failure]:
+    """A first chunk gets the prefix-cache hit the scenario states (``expect_hit``).
+
+    The scenario derives the hit by hand (the full blocks a request shares with
+    blocks another request computed and allocate_slots cached), so a different hit
+    is the allocator caching too little, or caching tokens nobody computed yet.
+    """
+    for miss in run.misses:
+        where = f"line {miss.line}, " if miss.line is not None else ""
+        yield Failure(
+            "sanity",
+            f"step {miss.step} ({where}{miss.label}) request {miss.request}: {miss.message}",
+            step=miss.step,
+            line=miss.line,
+            request=miss.request,
+            action=miss.label,
+            party="live",
+            detail={"invariant": "gets a prefix-cache hit other than the one derived"},
+        )
+
+
 def check_sanity(run: Trajectory) -> Iterator[Failure]:
     yield from _warmup_blocks_in_pool(run)
     yield from _read_span_blocks_real(run)
     yield from _refusals_refused(run)
     yield from _warmup_blocks_distinct(run)
     yield from _warmup_passes(run)
+    yield from _stated_hits(run)
     null = run.null_block
     owner: dict[int, str] = {}
     # Per request and group, the block table last seen. A step usually appends

@@ -43,10 +43,12 @@ from kvconform.model.scenario import (
     ENGINE_RUNNERS,
     KINDS,
     MODEL_RUNNERS,
+    NO_CHUNK_OPTIONS,
     SCHEDULER_MODES,
     WARMUP_SAMPLING,
     Acceptance,
     Action,
+    ChunkOptions,
     EngineModel,
     EngineRequest,
     EngineSpec,
@@ -107,6 +109,7 @@ MODEL_DEFAULTS: dict[str, Any] = {
     "max_encoder_len": 0,
     "enable_caching": False,
     "dcp_world_size": 1,
+    "watermark": 0.0,
 }
 
 
@@ -428,6 +431,21 @@ def _parse(
             _attempt(lambda: _parse_requests(top.raw("requests"), where, top.at("requests")))
         top.done()
         raise _Abandoned
+    for key, value in (
+        ("watermark", model.watermark),
+        ("max_in_flight_tokens", model.max_in_flight_tokens),
+    ):
+        if value and kind != "trajectory":
+            # Only the trajectory driver builds its KVCacheManager from the model
+            # section; the other kinds' schedulers and warmups would run without it.
+            raw_model = doc.get("model")
+            line = raw_model.line_of(key) if isinstance(raw_model, LineDict) else None
+            _report(
+                ScenarioError(
+                    where.at(f"model.{key}", line),
+                    f"is read by trajectory scenarios only, not by kind {kind}",
+                )
+            )
     warmup = None
     scheduler = None
     engine = None
@@ -524,6 +542,16 @@ def _parse_model(raw: Any, where: Location) -> ModelSpec:
     )
     enable_caching = fields.flag("enable_caching", MODEL_DEFAULTS["enable_caching"])
     dcp_world_size = fields.integer("dcp_world_size", MODEL_DEFAULTS["dcp_world_size"])
+    watermark = fields.raw("watermark", MODEL_DEFAULTS["watermark"])
+    # vLLM's own bounds (SchedulerConfig.watermark: ge=0.0, lt=1.0).
+    if isinstance(watermark, bool) or not isinstance(watermark, (int, float)):
+        raise ScenarioError(fields.at("watermark"), f"must be a number, not {_shown(watermark)}")
+    if not 0.0 <= watermark < 1.0:
+        raise ScenarioError(
+            fields.at("watermark"),
+            f"must be at least 0 and below 1 (a fraction of the pool), not {watermark}",
+        )
+    max_in_flight_tokens = fields.optional_int("max_in_flight_tokens", minimum=1)
     raw_groups = fields.raw("groups", ["full_attention"])
     fields.done()
     if not isinstance(raw_groups, list):
@@ -544,6 +572,8 @@ def _parse_model(raw: Any, where: Location) -> ModelSpec:
         max_encoder_len=max_encoder_len,
         enable_caching=enable_caching,
         dcp_world_size=dcp_world_size,
+        watermark=float(watermark),
+        max_in_flight_tokens=max_in_flight_tokens,
     )
 
 
@@ -958,7 +988,7 @@ def _parse_steps(
                     action_raw = wrapper.raw("refused")
                     wrapper.done()
                     call_where = wrapper.at("refused")
-                action, count, accepted = _parse_action(action_raw, call_where)
+                action, count, accepted, options = _parse_action(action_raw, call_where)
                 return tokens[request].apply(
                     action,
                     call_where,
@@ -967,6 +997,7 @@ def _parse_steps(
                     max_model_len=model.max_model_len,
                     num_speculative_tokens=num_spec,
                     refused=refused,
+                    options=options,
                 )
 
             made, ok = _attempt(call, request, action_raw, call_where)
@@ -1000,7 +1031,7 @@ def _unroll(raw: LineList, where: Location, path: str) -> Iterable[tuple[int | N
             yield line, body
 
 
-def _parse_action(raw: Any, where: Location) -> tuple[Action, int, int | None]:
+def _parse_action(raw: Any, where: Location) -> tuple[Action, int, int | None, ChunkOptions]:
     if raw is None:
         raise ScenarioError(
             where,
@@ -1013,7 +1044,7 @@ def _parse_action(raw: Any, where: Location) -> tuple[Action, int, int | None]:
         except ValueError:
             action = None
         if action in (Action.DECODE, Action.FINISH, Action.PREEMPT):
-            return action, 0, None
+            return action, 0, None, NO_CHUNK_OPTIONS
         hint = _hint(raw, ("decode", "finish", "preempt"))
         raise ScenarioError(
             where,
@@ -1024,19 +1055,32 @@ def _parse_action(raw: Any, where: Location) -> tuple[Action, int, int | None]:
         fields = _Fields(raw, Location(where.file, where.line), where.field or "")
         if "prefill" in raw:
             count = fields.integer("prefill")
+            options = _parse_chunk_options(fields)
             fields.done()
-            return Action.PREFILL, count, None
+            return Action.PREFILL, count, None, options
         if "spec" in raw:
             count = fields.integer("spec")
             accepted = fields.optional_int("accepted")
             fields.done()
-            return Action.SPEC, count, accepted
+            return Action.SPEC, count, accepted, NO_CHUNK_OPTIONS
     shown = _shown(raw) if not isinstance(raw, LineDict) else "{" + ", ".join(raw) + "}"
     hint = _hint(next(iter(raw)), ("prefill", "spec")) if isinstance(raw, LineDict) and raw else ""
     raise ScenarioError(
         where,
         f"unknown action {shown}{hint}; use decode, finish, preempt, {{prefill: N}} or {{spec: K}}",
     )
+
+
+def _parse_chunk_options(fields: _Fields) -> ChunkOptions:
+    """A prefill's scheduler arguments and stated outcomes (scenarios/README.md)."""
+    options = ChunkOptions(
+        external=fields.integer("external", 0, minimum=0),
+        load_async=fields.flag("load_async", False),
+        full_sequence_must_fit=fields.flag("full_sequence_must_fit", False),
+        reserved_blocks=fields.integer("reserved_blocks", 0, minimum=0),
+        expect_hit=fields.optional_int("expect_hit"),
+    )
+    return options if options != NO_CHUNK_OPTIONS else NO_CHUNK_OPTIONS
 
 
 # -- engine scenarios ------------------------------------------------------------------

@@ -51,6 +51,16 @@ class Observation(NamedTuple):
     cached: int = 0
 
 
+class Miss(NamedTuple):
+    """A first chunk whose prefix-cache hit is not the one the scenario states (``expect_hit``)."""
+
+    step: int
+    line: int | None
+    request: str
+    label: str
+    message: str
+
+
 # The parties that record the block ids they held, and where (the predictor holds none).
 BLOCK_ID_PARTIES = ("live", "warmup")
 
@@ -213,3 +223,5 @@ class Trajectory:
     # Warmup mode, the elastic-EP re-warm: BlockTables writes every KV to the null
     # block, so the block ids the warmup hands out are never written.
     warmup_writes_redirected: bool = False
+    # Trajectory mode: first chunks whose hit is not the stated one (check `sanity`).
+    misses: list[Miss] = field(default_factory=list)

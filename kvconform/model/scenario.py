@@ -63,6 +63,15 @@ class ModelSpec:
     max_encoder_len: int = 0
     enable_caching: bool = False
     dcp_world_size: int = 1
+    # vLLM's SchedulerConfig.watermark: the fraction of the pool (int(watermark *
+    # num_blocks) blocks) a waiting or preempted request's admission must leave free
+    # while another request runs (KVCacheManager(watermark=...)).
+    watermark: float = 0.0
+    # What vLLM's scheduler passes as KVCacheManager(max_in_flight_tokens=...):
+    # VllmConfig.max_in_flight_tokens, concurrent batches times max_num_batched_tokens.
+    # It sizes the sliding-window and chunked-local admission cap. None: vLLM's
+    # fallback, max_model_len (no cap that binds).
+    max_in_flight_tokens: int | None = None
 
     @property
     def scheduler_block_size(self) -> int:
@@ -139,6 +148,36 @@ class RequestSpec:
 
 
 @dataclass(frozen=True)
+class ChunkOptions:
+    """What a ``prefill`` action says besides its count (first chunks only).
+
+    The first four are arguments vLLM's scheduler passes to ``allocate_slots`` when
+    it admits a request from the waiting queue; ``expect_hit`` states what vLLM does
+    (the local prefix-cache hit the chunk gets), which the ``sanity`` check asserts.
+    """
+
+    external: int = 0
+    load_async: bool = False
+    full_sequence_must_fit: bool = False
+    reserved_blocks: int = 0
+    expect_hit: int | None = None
+
+    @property
+    def admission_only(self) -> bool:
+        """Whether an option is set that only an admission (a first chunk) can have."""
+        return bool(
+            self.external
+            or self.load_async
+            or self.full_sequence_must_fit
+            or self.reserved_blocks
+            or self.expect_hit is not None
+        )
+
+
+NO_CHUNK_OPTIONS = ChunkOptions()
+
+
+@dataclass(frozen=True)
 class Call:
     """One request's part in one step, resolved into token counts."""
 
@@ -153,6 +192,18 @@ class Call:
     # The scenario says allocate_slots must refuse this call (return None): the pool
     # cannot hold what it needs. A refused call changes none of the request's counts.
     refused: bool = False
+    # First chunks only: what the scheduler passes besides the counts
+    # (scenarios/README.md, "What a prefill passes"). ``external``: tokens a KV
+    # connector supplies right after the local prefix-cache hit
+    # (num_external_computed_tokens); ``load_async``: the connector loads them after
+    # the step, which schedules nothing (the chunk is the hit plus the external tokens).
+    external: int = 0
+    load_async: bool = False
+    full_sequence_must_fit: bool = False
+    reserved_blocks: int = 0
+    # What the scenario states vLLM does, asserted by the ``sanity`` check: the local
+    # prefix-cache hit this chunk gets, in tokens.
+    expect_hit: int | None = None
 
     @property
     def allocates(self) -> bool:

@@ -26,10 +26,10 @@ says why the step cannot happen.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvconform.errors import Location, ScenarioError
-from kvconform.model.scenario import Action, Call, RequestSpec
+from kvconform.model.scenario import NO_CHUNK_OPTIONS, Action, Call, ChunkOptions, RequestSpec
 
 
 @dataclass
@@ -60,6 +60,7 @@ class RequestTokens:
         max_model_len: int,
         num_speculative_tokens: int | None,
         refused: bool = False,
+        options: ChunkOptions = NO_CHUNK_OPTIONS,
     ) -> Call:
         name = self.spec.name
         if self.finished:
@@ -67,6 +68,12 @@ class RequestTokens:
         if refused and action in (Action.FINISH, Action.PREEMPT):
             raise ScenarioError(
                 where, f"only an allocating action can be refused, not {action.value}"
+            )
+        if refused and options.expect_hit is not None:
+            raise ScenarioError(
+                where,
+                "a refused admission adopts no prefix-cache hit; state expect_hit on the "
+                "chunk that is admitted",
             )
         if action is Action.FINISH:
             self.finished = True
@@ -99,8 +106,11 @@ class RequestTokens:
                     f"{name!r} still has to prefill",
                 )
             scheduled, rejected = count, 0
-            sampled = 1 if count == self.pending else 0
+            # An asynchronous load computes nothing, so it samples nothing either.
+            sampled = 1 if count == self.pending and not options.load_async else 0
             label = f"prefill {count}"
+            if options.admission_only:
+                self._check_admission(options, count, first_chunk, where)
         else:
             if self.needs_prefill:
                 raise ScenarioError(
@@ -132,12 +142,76 @@ class RequestTokens:
                 f"{max_model_len - before - 1} tokens",
             )
         if refused:
-            return Call(
-                name, action, before, scheduled, 0, 0, first_chunk, f"{label} (refused)", True
+            return _with_options(
+                Call(
+                    name, action, before, scheduled, 0, 0, first_chunk, f"{label} (refused)", True
+                ),
+                options,
             )
         self.computed = before + scheduled - rejected
         self.outputs += sampled
         if sampled:
             self.needs_prefill = False
         self.holds_blocks = True
-        return Call(name, action, before, scheduled, rejected, sampled, first_chunk, label)
+        made = Call(name, action, before, scheduled, rejected, sampled, first_chunk, label)
+        return _with_options(made, options)
+
+    def _check_admission(
+        self, options: ChunkOptions, count: int, first_chunk: bool, where: Location
+    ) -> None:
+        """The options only a first chunk takes, and the tokens they leave to compute."""
+        name = self.spec.name
+        if not first_chunk:
+            raise ScenarioError(
+                where,
+                "external, load_async, full_sequence_must_fit, reserved_blocks and expect_hit "
+                "belong to a first chunk (the request admitted from the waiting "
+                f"queue); request {name!r} is already running",
+            )
+        known = options.external + (options.expect_hit or 0)
+        if options.load_async:
+            # The step adopts the hit and the loaded tokens and computes none; the
+            # prompt's last token is left to a later chunk, for its logits.
+            if not options.external:
+                raise ScenarioError(where, "load_async needs external tokens to load")
+            if count > self.pending - 1:
+                raise ScenarioError(
+                    where,
+                    f"an asynchronous load of prefill {count} covers the whole prompt; vLLM "
+                    "leaves at least its last token to compute (prefill at most "
+                    f"{self.pending - 1})",
+                )
+            if options.expect_hit is not None and known != count:
+                raise ScenarioError(
+                    where,
+                    f"an asynchronous load computes nothing: prefill {count} must be the "
+                    f"hit plus the external tokens ({known})",
+                )
+            return
+        if options.reserved_blocks:
+            raise ScenarioError(
+                where,
+                "reserved_blocks is what the scheduler keeps free for the prefills in flight "
+                "when it admits an asynchronous load; it needs load_async",
+            )
+        # The connector and the local hit never cover the whole chunk: the scheduler
+        # computes at least one token (the last one, for its logits).
+        if known > count - 1:
+            raise ScenarioError(
+                where,
+                f"external {options.external} plus expect_hit {options.expect_hit or 0} leave "
+                f"none of prefill {count} to compute; vLLM computes at least one token of it",
+            )
+
+
+def _with_options(call: Call, options: ChunkOptions) -> Call:
+    if options is NO_CHUNK_OPTIONS:
+        return call
+    return replace(
+        call,
+        external=options.external,
+        load_async=options.load_async,
+        full_sequence_must_fit=options.full_sequence_must_fit,
+        reserved_blocks=options.reserved_blocks,
+        expect_hit=options.expect_hit,
+    )

@@ -7,7 +7,10 @@ Every call mirrors what ``vllm/v1/core/sched/scheduler.py`` does around
   preemption) first looks up its prefix-cache hit with ``get_computed_blocks``
   (capped so at least one token is scheduled), then calls ``allocate_slots``
   with the hit, the scenario's lookahead and, for encoder-decoder models, its
-  encoder length; it is then marked running.
+  encoder length, plus what the call says the scheduler passes (``external``
+  tokens from a KV connector, ``full_sequence_must_fit``, ``reserved_blocks``)
+  and ``has_scheduled_reqs`` as the scheduler computes it (whether another
+  request is running); it is then marked running.
 * A running request calls ``allocate_slots(request, scheduled,
   num_lookahead_tokens=lookahead)``.
 * After the step, ``num_computed_tokens`` advances by the scheduled tokens,
@@ -18,7 +21,9 @@ Every call mirrors what ``vllm/v1/core/sched/scheduler.py`` does around
 ``allocate_slots`` returning ``None`` means the pool cannot serve the step:
 the scenario asked for more than its pool holds, a :class:`PoolExhausted`;
 unless the scenario marks the call ``refused``, where ``None`` is the answer it
-expects (:meth:`LiveAllocator.is_refused`).
+expects (:meth:`LiveAllocator.is_refused`). A first chunk whose prefix-cache hit
+is not the one the scenario states (``expect_hit``) is kept in ``misses`` for the
+``sanity`` check.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from kvconform.errors import Location, PoolExhausted
+from kvconform.errors import Location, PoolExhausted, ScenarioError
 from kvconform.model.observations import Trajectory
 from kvconform.model.scenario import Action, Call, ModelSpec, RequestSpec
 from kvconform.oracles.resolve import group_specs
@@ -69,6 +74,8 @@ def manager_for(
         hash_block_size=model.hash_block_size,
         enable_caching=model.enable_caching,
         dcp_world_size=model.dcp_world_size,
+        watermark=model.watermark,
+        max_in_flight_tokens=model.max_in_flight_tokens,
         log_stats=False,
         **dict(speculative_options or {}),
     )
@@ -112,6 +119,15 @@ class LiveAllocator:
         self._outputs: dict[str, int] = {}
         self._running = vllm.running_status()
         self._preempted = vllm.preempted_status()
+        self._waiting = vllm.waiting_status()
+        self._all_groups = tuple(range(len(model.groups)))
+        # Requests whose KV an asynchronous load brought in and that wait to be admitted.
+        self._loaded: set[str] = set()
+        # Requests admitted and neither preempted nor finished: the scheduler's
+        # `running` list, whose emptiness decides whether the watermark applies.
+        self._running_names: set[str] = set()
+        # First chunks whose prefix-cache hit is not the stated one (check `sanity`).
+        self.misses: list[tuple[Call, str]] = []
 
     def add_request(self, spec: RequestSpec, index: int) -> None:
         prompt = self._prompts[spec.name] = prompt_tokens(index, spec, self._prompts)
@@ -119,8 +135,8 @@ class LiveAllocator:
         self._requests[spec.name] = self.vllm.new_request(spec.name, prompt, self._hasher)
 
     def schedule(self, call: Call, encoder_len: int, where: Location) -> int:
-        """Allocate for one call; returns the prefix-cache hit in tokens."""
-        new_blocks, hit = self._allocate(call, encoder_len)
+        """Allocate for one call; returns the tokens it did not compute (hit and external)."""
+        new_blocks, hit = self._allocate(call, encoder_len, where)
         if new_blocks is None:
             raise PoolExhausted(
                 where,
@@ -129,36 +145,89 @@ class LiveAllocator:
                 f"request {call.request!r}; raise model.num_blocks, or preempt or finish a request",
             )
         request = self._requests[call.request]
-        request.status = self._running
         request.num_computed_tokens = call.computed + call.scheduled
-        return hit
+        self._loaded.discard(call.request)
+        if call.load_async:
+            # Waiting for its KV (WAITING_FOR_REMOTE_KVS), not running.
+            request.status = self._waiting
+            self._loaded.add(call.request)
+        else:
+            request.status = self._running
+            self._running_names.add(call.request)
+        return hit + call.external
 
-    def is_refused(self, call: Call, encoder_len: int) -> bool:
+    def is_refused(self, call: Call, encoder_len: int, where: Location) -> bool:
         """Make a call the scenario says must be refused; whether ``allocate_slots`` did.
 
         A refused call leaves the request as it was, as the scheduler leaves it.
         """
-        new_blocks, _ = self._allocate(call, encoder_len)
+        new_blocks, _ = self._allocate(call, encoder_len, where)
         return new_blocks is None
 
-    def _allocate(self, call: Call, encoder_len: int) -> tuple[Any, int]:
+    def _allocate(self, call: Call, encoder_len: int, where: Location) -> tuple[Any, int]:
         """``allocate_slots`` for one call: its answer (``None``: refused) and the hit."""
         request = self._requests[call.request]
         hit = 0
-        if call.first_chunk:
-            blocks = None
+        running = bool(self._running_names - {call.request})
+        if call.request in self._loaded:
+            # The first chunk after an asynchronous load: the scheduler admits the
+            # request from the waiting queue again, with its loaded tokens computed
+            # and no prefix-cache lookup.
+            new_blocks = self.vllm.allocate_slots(
+                self.manager,
+                request,
+                call.scheduled,
+                num_new_computed_tokens=0,
+                new_computed_blocks=self.manager.empty_kv_cache_blocks,
+                num_lookahead_tokens=self.lookahead,
+                has_scheduled_reqs=running,
+            )
+        elif call.first_chunk:
+            # What the scheduler passes when nothing is cached: the manager's own
+            # empty blocks (get_computed_blocks' answer without prefix caching).
+            blocks = self.manager.empty_kv_cache_blocks
             if self.model.enable_caching:
                 blocks, hit = self.vllm.computed_blocks(
                     self.manager, request, call.computed + call.scheduled - 1
                 )
+            if call.expect_hit is not None and hit != call.expect_hit:
+                self.misses.append(
+                    (
+                        call,
+                        f"gets a prefix-cache hit of {hit} tokens, but the scenario states "
+                        f"{call.expect_hit}",
+                    )
+                )
+            new_tokens = call.scheduled - hit - call.external
+            if call.load_async and new_tokens != 0:
+                raise ScenarioError(
+                    where,
+                    f"an asynchronous load computes nothing, but the prefix-cache hit of {hit} "
+                    f"tokens and external {call.external} are not {call.label}",
+                )
+            if new_tokens < 1 and not call.load_async:
+                raise ScenarioError(
+                    where,
+                    f"the prefix-cache hit of {hit} tokens and external {call.external} leave "
+                    f"none of {call.label} to compute; vLLM computes at least one token of it",
+                )
             new_blocks = self.vllm.allocate_slots(
                 self.manager,
                 request,
-                call.scheduled - hit,
+                new_tokens,
                 num_new_computed_tokens=hit,
-                new_computed_blocks=blocks if hit else None,
-                num_lookahead_tokens=self.lookahead,
+                new_computed_blocks=blocks,
+                # The scheduler allocates no lookahead for a step that only loads KV
+                # (limit_lookahead_tokens), and caches the blocks once the load is done.
+                num_lookahead_tokens=0 if call.load_async else self.lookahead,
+                num_external_computed_tokens=call.external,
+                delay_cache_blocks=call.load_async,
+                skip_zeroing_group_ids=self._all_groups if call.load_async else (),
                 num_encoder_tokens=encoder_len,
+                full_sequence_must_fit=call.full_sequence_must_fit,
+                reserved_blocks=call.reserved_blocks,
+                # What the scheduler passes: whether any request is running.
+                has_scheduled_reqs=running,
             )
         else:
             new_blocks = self.vllm.allocate_slots(
@@ -167,8 +236,16 @@ class LiveAllocator:
         return new_blocks, hit
 
     def complete(self, call: Call) -> None:
-        """What ``update_from_output`` does after the step: rollback and sample."""
+        """What ``update_from_output`` does after the step: rollback and sample.
+
+        After an asynchronous load the scheduler caches the loaded blocks and puts
+        the request back in the waiting queue (``_update_waiting_for_remote_kv``).
+        """
         request = self._requests[call.request]
+        if call.load_async:
+            if self.model.enable_caching:
+                self.vllm.cache_blocks(self.manager, request, request.num_computed_tokens)
+            return
         request.num_computed_tokens -= call.rejected
         if call.sampled:
             first = self._outputs[call.request]
@@ -211,9 +288,11 @@ class LiveAllocator:
         self.manager.free(request)
         request.status = self._preempted
         request.num_computed_tokens = 0
+        self._running_names.discard(name)
 
     def finish(self, name: str) -> None:
         self.manager.free(self._requests[name])
+        self._running_names.discard(name)
 
     def forget(self, name: str) -> None:
         """Drop a finished request, so that its name can enter again (warmup passes)."""

@@ -10,9 +10,9 @@ loop keeps the loop close to the cost of the allocator calls it makes.
 
 from __future__ import annotations
 
-from kvconform.errors import Location, PoolExhausted
+from kvconform.errors import Location, ScenarioError
 from kvconform.harness.drivers.common import attach_predictor
-from kvconform.model.observations import FreeEvent, Observation, RefusedCall, Trajectory
+from kvconform.model.observations import FreeEvent, Miss, Observation, RefusedCall, Trajectory
 from kvconform.model.scenario import Action, Scenario
 from kvconform.oracles.live import LiveAllocator
 from kvconform.oracles.resolve import new_trajectory
@@ -56,7 +56,13 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
             name, action = call.request, call.action
             if call.refused:
                 free_before = live.free_blocks()
-                refused = live.is_refused(call, encoder_len[name] if call.first_chunk else 0)
+                try:
+                    refused = live.is_refused(
+                        call, encoder_len[name] if call.first_chunk else 0, scenario_where
+                    )
+                except ScenarioError as exc:  # a chunk with nothing to compute
+                    where = Location(scenario.file, line, f"steps[{index}].{name}")
+                    raise type(exc)(where, exc.message) from None
                 run.refusals.append(
                     RefusedCall(index, line, name, call.label, not refused, free_before)
                 )
@@ -93,18 +99,26 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
             try:
                 # A prefix-cache hit is computed, not written: the slots party skips it.
                 cached = live.schedule(call, enc if call.first_chunk else 0, scenario_where)
-            except PoolExhausted as exc:
+            except ScenarioError as exc:  # a pool too small, a chunk with nothing to compute
                 where = Location(scenario.file, line, f"steps[{index}].{name}")
-                raise PoolExhausted(where, exc.message) from None
+                raise type(exc)(where, exc.message) from None
+            finally:
+                for missed, message in live.misses:
+                    run.misses.append(Miss(index, line, name, missed.label, message))
+                live.misses.clear()
             held = live.block_ids(name)
             computed, scheduled, label = call.computed, call.scheduled, call.label
             num_tokens = computed + scheduled
+            # A step that only loads KV writes nothing: no lookahead, and the warmup's
+            # predictor, which knows only computed steps, has nothing to say about it.
+            loading = call.load_async
+            step_lookahead = 0 if loading else floor_lookahead
             maxima = predicted_max.get(name)
             if maxima is None:
                 maxima = predicted_max[name] = [0] * num_groups
             for g, floor_of, predict in per_group:
                 predicted = pmax = None
-                if predict is not None:
+                if predict is not None and not loading:
                     predicted = predict(num_tokens, enc)
                     pmax = maxima[g]
                     if predicted > pmax:
@@ -121,8 +135,8 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
                             g,
                             computed,
                             scheduled,
-                            floor_lookahead,
-                            floor_of(computed, scheduled, floor_lookahead, enc),
+                            step_lookahead,
+                            floor_of(computed, scheduled, step_lookahead, enc),
                             len(ids),
                             predicted,
                             pmax,

@@ -217,6 +217,9 @@ class Vllm:
     def preempted_status(self) -> Any:
         return self._request.RequestStatus.PREEMPTED
 
+    def waiting_status(self) -> Any:
+        return self._request.RequestStatus.WAITING
+
     def allocate_slots(self, manager: Any, request: Any, num_new_tokens: int, **kwargs: Any) -> Any:
         return call(
             manager.allocate_slots, request=request, num_new_tokens=num_new_tokens, **kwargs
