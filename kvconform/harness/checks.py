@@ -12,7 +12,9 @@ re-run and tested on recorded trajectories alone.
   the prediction since the request last (re)started.
 * **lookahead** -- kvconform's table of methods agrees with
   ``VllmConfig.num_lookahead_tokens``; a method the table lacks is a failure,
-  so a new method gets a deliberate row instead of a silent pass.
+  so a new method gets a deliberate row instead of a silent pass. While a
+  request's KV loads asynchronously (scheduler mode, ``remote_prefill``) the
+  lookahead is 0: it holds exactly the blocks of the tokens being loaded.
 * **sanity** -- allocator invariants: no block in two live requests' tables
   (without prefix caching), nothing held after ``finish``/``preempt`` and every
   block back in the pool, the null block only where the group type allows it,
@@ -188,7 +190,41 @@ def check_agree(run: Trajectory) -> Iterator[Failure]:
             )
 
 
+def _async_load_lookahead(run: Trajectory) -> Iterator[Failure]:
+    """No lookahead slots while a request's KV loads asynchronously.
+
+    vLLM's scheduler admits such a request with ``num_lookahead_tokens`` limited
+    to 0 (``limit_lookahead_tokens``: no forward pass runs, so nothing drafts;
+    the lookahead is allocated when the request is scheduled after the load),
+    so that the blocks the connector fills match the remote's block for block.
+    The request then holds the blocks of its loaded tokens, no more, no fewer.
+    """
+    for index in sorted(run.async_loads):
+        obs = run.observations[index]
+        if obs.live is None or obs.live == obs.floor:
+            continue
+        extra = obs.live - obs.floor
+        yield _failure(
+            "lookahead",
+            run,
+            obs,
+            f"{PARTY_NAMES['live']} holds {_blocks(obs.live)} while the request's KV loads "
+            f"asynchronously, but its {obs.computed} loaded tokens take exactly "
+            f"{_blocks(obs.floor)}: "
+            + (
+                f"{_blocks(extra)} more, lookahead slots reserved during the load (vLLM limits "
+                "the lookahead to 0 until the KV has arrived, so that the local blocks match "
+                "the remote's)"
+                if extra > 0
+                else "fewer than the connector writes into"
+            ),
+            {"invariant": "async KV load holds exactly its tokens' blocks"},
+            party="live",
+        )
+
+
 def check_lookahead(run: Trajectory) -> Iterator[Failure]:
+    yield from _async_load_lookahead(run)
     if run.method is None:
         if run.vllm_lookahead:  # None: this release has no num_lookahead_tokens
             yield Failure(

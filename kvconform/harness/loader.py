@@ -478,7 +478,7 @@ def _parse(
                 model,
             )
             requests = _parse_scheduler_requests(
-                top.raw("requests"), where, top.at("requests"), model, speculative
+                top.raw("requests"), where, top.at("requests"), model, speculative, scheduler
             )
         elif kind == "engine":
             if "steps" in doc:
@@ -734,6 +734,7 @@ def _parse_scheduler_requests(
     at: Location,
     model: ModelSpec,
     speculative: SpeculativeSpec | None,
+    scheduler: SchedulerSpec,
 ) -> dict[str, RequestSpec]:
     def request(name: str, fields: _Fields, request_at: Location) -> RequestSpec:
         prompt_len = fields.integer("prompt_len")
@@ -752,9 +753,32 @@ def _parse_scheduler_requests(
             arrival=fields.integer("arrival", 0, minimum=0),
             max_tokens=fields.integer("max_tokens", RequestSpec.max_tokens),
             acceptance=_parse_acceptance(fields, speculative),
+            remote_prefill=_parse_remote_prefill(fields, scheduler),
         )
 
     return _parse_request_map(raw, where, at, "a scheduler scenario", request)
+
+
+def _parse_remote_prefill(fields: _Fields, scheduler: SchedulerSpec) -> int:
+    """``remote_prefill``: false, true (one step) or the schedule() calls the KV load takes."""
+    raw = fields.raw("remote_prefill", False)
+    steps = int(raw) if isinstance(raw, bool) else raw
+    if not isinstance(steps, int) or steps < 0:
+        raise ScenarioError(
+            fields.at("remote_prefill"),
+            "must be true, false or the number of schedule() calls the asynchronous KV load "
+            f"takes (an integer >= 1), not {_shown(raw)}",
+        )
+    if steps and scheduler.mode != "sync":
+        # A kv_consumer connector with batches in flight makes vLLM defer block frees
+        # past the in-flight step (Scheduler.defer_block_free), outside KVCacheManager.free,
+        # where scheduler mode observes releases.
+        raise ScenarioError(
+            fields.at("remote_prefill"),
+            f"needs scheduler.mode: sync, not {scheduler.mode!r}: with async scheduling vLLM "
+            "defers a KV consumer's block frees, which scheduler mode does not observe yet",
+        )
+    return steps
 
 
 def _parse_request_map(

@@ -211,6 +211,9 @@ class Trajectory:
     # mode: admissions, preemptions, batches in flight); shown beside the holdings.
     step_notes: dict[int, str] = field(default_factory=dict)
     slots: SlotRecording | None = None
+    # Scheduler mode: the observations of requests that began loading their KV
+    # asynchronously in that step (a KV connector's remote prefill): no lookahead.
+    async_loads: set[int] = field(default_factory=set)
     # Engine mode: requests the engine did not finish with their max_tokens, as messages.
     unfinished: list[str] = field(default_factory=list)
     # Trajectory mode: the calls the scenario marks `refused`, in order.

@@ -145,6 +145,10 @@ class RequestSpec:
     arrival: int = 0
     max_tokens: int = 16
     acceptance: Acceptance = ACCEPT_ALL
+    # Scheduler scenarios only: 0 computes the prompt here; N >= 1 says its KV was
+    # prefilled on a remote instance (P/D) and loads asynchronously through vLLM's
+    # NixlConnector, the transfer reported received in the N-th step's output.
+    remote_prefill: int = 0
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,13 @@ reserved. It
 * records, right after every ``schedule()``, each scheduled request's counts as
   the scheduler keeps them and the block ids it holds per group, and every
   release of blocks (the manager's ``free``, wrapped to observe it, not to
-  change it) with the pool's free count around it.
+  change it) with the pool's free count around it;
+* for a request prefilled remotely (``remote_prefill``), runs vLLM's
+  ``NixlConnector`` on the scheduler side (a P/D decode instance): the
+  ``schedule()`` that admits it allocates blocks for the prompt's KV and parks it
+  in ``WAITING_FOR_REMOTE_KVS``, which is recorded with the blocks it holds
+  then; the fabricated output of the ``remote_prefill``-th step from there
+  reports the transfer received (``finished_recving``), as the worker would.
 
 The driver (:mod:`kvconform.harness.drivers.scheduler`) turns these records into
 observations. What the fabricated output does not model is listed in
@@ -246,6 +252,15 @@ class ScheduledRequest(NamedTuple):
     block_ids: tuple[list[int], ...]
 
 
+class LoadRecord(NamedTuple):
+    """A request began loading its KV asynchronously (``WAITING_FOR_REMOTE_KVS``)."""
+
+    step: int
+    request: str
+    tokens: int  # num_computed_tokens once loaded: the local prefix hit plus the remote KV
+    block_ids: tuple[list[int], ...]
+
+
 class StepRecord(NamedTuple):
     step: int
     requests: tuple[ScheduledRequest, ...]
@@ -277,7 +292,7 @@ class SchedulerRun:
     max_concurrent_batches: int
     null_block: int
     model_runner: str = "V2"  # the model runner the configuration was built for
-    events: list[StepRecord | FreeRecord] = field(default_factory=list)
+    events: list[StepRecord | FreeRecord | LoadRecord] = field(default_factory=list)
     finished: set[str] = field(default_factory=set)
     final_free_blocks: int | None = None
     max_num_scheduled_tokens: int | None = None
@@ -315,6 +330,7 @@ class SchedulerOracle:
                     enable_chunked_prefill=self.limits.enable_chunked_prefill,
                     long_prefill_token_threshold=self.limits.long_prefill_token_threshold,
                     async_scheduling=self.limits.async_scheduling,
+                    remote_prefill=any(r.remote_prefill for r in scenario.requests.values()),
                 )
                 block_size, hash_block_size = api.kv_block_sizes(kv_cache_config, self.config)
                 max_concurrent_batches = api.max_concurrent_batches(self.config)
@@ -357,9 +373,13 @@ class SchedulerOracle:
         prompts: dict[str, list[int]] = {}
         for index, req in enumerate(scenario.requests.values()):
             prompt = prompts[req.name] = prompt_tokens(index, req, prompts)
-            self._requests[req.name] = vllm.new_request(
+            request = self._requests[req.name] = vllm.new_request(
                 req.name, prompt, hasher, max_tokens=req.max_tokens
             )
+            if req.remote_prefill:
+                request.kv_transfer_params = api.remote_prefill_params(
+                    req.name, req.prompt_len, block_size
+                )
         self._acceptance = {
             name: AcceptanceStream(req.acceptance, name) for name, req in scenario.requests.items()
         }
@@ -368,6 +388,9 @@ class SchedulerOracle:
         }
         self._started: set[str] = set()  # scheduled at least once
         self._restart: set[str] = set()  # preempted, not scheduled since
+        self._remote = {name for name, req in scenario.requests.items() if req.remote_prefill}
+        self._loading: dict[str, int] = {}  # KV loads in flight: steps until received
+        self._loaded: set[str] = set()  # began loading remote KV, not scheduled since
         self._step = 0  # schedule() calls made (and skipped while idle before an arrival)
         self._current = 0  # the ongoing or latest schedule() call
 
@@ -408,11 +431,24 @@ class SchedulerOracle:
         drafts = self.api.scheduled_drafts(output)
         rows = []
         answers: list[tuple[str, int | None]] = []
+        for rid in sorted(self._remote - self._loaded):
+            request = self.scheduler.requests.get(rid)
+            if request is not None and self.api.is_loading_remote_kv(request):
+                self._loaded.add(rid)
+                self._loading[rid] = self.scenario.requests[rid].remote_prefill
+                self.run.events.append(
+                    LoadRecord(
+                        self._step,
+                        rid,
+                        int(request.num_computed_tokens),
+                        tuple(list(ids) for ids in self.manager.get_block_ids(rid)),
+                    )
+                )
         for rid, scheduled in output.num_scheduled_tokens.items():
             request = self.scheduler.requests[rid]
             computed = int(request.num_computed_tokens) - scheduled
             if rid not in self._started:
-                phase = "new"
+                phase = "loaded" if rid in self._loaded else "new"
             elif rid in self._restart:
                 phase = "resumed"
             else:
@@ -452,6 +488,13 @@ class SchedulerOracle:
             self.scheduler.add_request(self._requests[self._pending.pop(0).name])
 
     def _model_output(self, answers: list[tuple[str, int | None]]) -> Any:
+        # The worker reports a transfer received in the output of the step it finished in.
+        received = set()
+        for rid in list(self._loading):
+            self._loading[rid] -= 1
+            if self._loading[rid] <= 0:
+                received.add(rid)
+                del self._loading[rid]
         req_ids: list[str] = []
         sampled: list[list[int]] = []
         for rid, accepted in answers:
@@ -462,7 +505,7 @@ class SchedulerOracle:
             first = self._next_output[rid]
             self._next_output[rid] = first + 1 + accepted
             sampled.append(list(range(first, first + 1 + accepted)))
-        return self.api.model_runner_output(req_ids, sampled)
+        return self.api.model_runner_output(req_ids, sampled, received)
 
     def _feed_drafts(self, output: Any) -> None:
         """What ``EngineCore.post_step`` does for a synchronous scheduler."""
@@ -507,7 +550,8 @@ class SchedulerOracle:
                 output = scheduler.schedule()
                 answers = self._record(output, in_flight)
                 self._step += 1
-                executed = output.total_num_scheduled_tokens > 0
+                # A KV load in flight makes progress without scheduled tokens.
+                executed = output.total_num_scheduled_tokens > 0 or bool(self._loading)
                 if executed or in_flight:
                     idle_since = None
                 elif idle_since is None:

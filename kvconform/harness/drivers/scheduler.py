@@ -23,6 +23,14 @@ What each row compares:
   ``computed + scheduled`` tokens, and its running maximum since the request
   last (re)started, as in allocator mode.
 
+* **remote KV loads** -- a request prefilled remotely (``remote_prefill``) gets a
+  row at the step it begins loading its KV asynchronously: ``computed`` the
+  tokens its blocks are for (local prefix hit plus the remote KV), nothing
+  scheduled and no lookahead, for nothing runs on it until the KV has arrived;
+  no prediction (the warmup has no loads). The row's index goes to
+  ``Trajectory.async_loads``, where the ``lookahead`` check holds it to
+  exactly those blocks (vLLM limits the lookahead while KV loads).
+
 The scheduler's decisions go beside the holdings: each row's label says what
 was scheduled for the request (``new, prefill 64/100``, ``verify 1+3 acc 1``,
 ``resumed, hit 32, prefill 88``), ``Trajectory.step_notes`` what happened in the step
@@ -41,6 +49,7 @@ from kvconform.model.scenario import Scenario
 from kvconform.oracles.resolve import new_trajectory
 from kvconform.oracles.scheduler import (
     FreeRecord,
+    LoadRecord,
     ScheduledRequest,
     SchedulerRun,
     StepRecord,
@@ -52,7 +61,9 @@ from kvconform.oracles.vllm import Vllm
 def decision_label(row: ScheduledRequest) -> str:
     """What the scheduler scheduled for one request in one step, in a few words."""
     prefix = {"new": "new, ", "resumed": "resumed, "}.get(row.phase, "")
-    if row.cached:
+    if row.phase == "loaded":
+        prefix = f"remote KV {row.cached} loaded, "
+    elif row.cached:
         prefix += f"hit {row.cached}, "
     pending = row.known_tokens - row.computed
     if row.drafts:
@@ -125,6 +136,10 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
                 )
             )
             continue
+        if isinstance(event, LoadRecord):
+            notes[event.step].append(f"{event.request} loads {event.tokens} tokens of remote KV")
+            _load_rows(run, event, lines[event.request], floor_rules)
+            continue
         _step_note(event, notes[event.step])
         for row in event.requests:
             label = decision_label(row)
@@ -158,6 +173,33 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
     run.step_notes = {step: "; ".join(parts) for step, parts in sorted(notes.items())}
     run.notes.append(summary(record, scenario))
     return run
+
+
+def _load_rows(
+    run: Trajectory, event: LoadRecord, line: int | None, floor_rules: list
+) -> None:
+    """One row per group for a request that began loading its KV asynchronously."""
+    label = f"loading remote KV {event.tokens} (async)"
+    for g, info in enumerate(run.groups):
+        run.async_loads.add(len(run.observations))
+        run.observations.append(
+            Observation(
+                event.step,
+                line,
+                event.request,
+                label,
+                g,
+                event.tokens,
+                0,
+                0,
+                floor_rules[g](info.floor_input(event.tokens, 0, 0, 0)),
+                len(event.block_ids[g]),
+                None,
+                None,
+                None,
+                event.block_ids[g],
+            )
+        )
 
 
 def _step_note(event: StepRecord, parts: list[str]) -> None:
@@ -199,9 +241,17 @@ def summary(record: SchedulerRun, scenario: Scenario) -> str:
         f"prefill lookahead {record.prefill_lookahead}, {len(steps)} steps"
     ]
     parts.append("preempted " + (", ".join(preempted) if preempted else "none"))
-    hits = [f"{row.request} {row.cached}" for step in steps for row in step.requests if row.cached]
+    hits = [
+        f"{row.request} {row.cached}"
+        for step in steps
+        for row in step.requests
+        if row.cached and row.phase != "loaded"
+    ]
     if hits:
         parts.append("prefix hits " + ", ".join(hits))
+    loads = [f"{e.request} {e.tokens}" for e in record.events if isinstance(e, LoadRecord)]
+    if loads:
+        parts.append("remote KV loaded asynchronously " + ", ".join(loads))
     chunked = [
         f"{name} {'+'.join(map(str, sizes))}" for name, sizes in chunks.items() if len(sizes) > 1
     ]

@@ -7,6 +7,13 @@ after profiling), the scheduler class the config picks, and the model-runner
 outputs the scheduler reads back. Release differences handled here: the V2 model
 runner switch, ``resolve_kv_cache_block_sizes``, ``max_concurrent_batches``,
 0.33's ``skip_drafts`` and dynamic draft counts.
+
+Remote prefill (P/D disaggregation, a decode instance): the configuration carries
+vLLM's own ``NixlConnector`` as a ``kv_consumer``; its scheduler side runs without
+a worker, as in vLLM's own connector unit tests (``tests/v1/kv_connector/unit``):
+a request whose ``kv_transfer_params`` say ``do_remote_prefill`` gets its prompt's
+KV loaded asynchronously (``WAITING_FOR_REMOTE_KVS``), and the fabricated model
+output reports the transfer received (``KVConnectorOutput.finished_recving``).
 """
 
 from __future__ import annotations
@@ -24,6 +31,10 @@ from kvconform.oracles.vllm.calls import call, quiet_logs
 from kvconform.oracles.vllm.core import Vllm
 
 __all__ = ["Scheduling"]
+
+# The KV connector of remote-prefill scenarios: vLLM's NIXL connector (pull mode), whose
+# scheduler side reports a remote prefill's prompt as external tokens loaded asynchronously.
+_CONNECTOR = "NixlConnector"
 
 
 class Scheduling:
@@ -73,9 +84,11 @@ class Scheduling:
                 "CacheConfig",
                 "ParallelConfig",
                 "DeviceConfig",
+                "KVTransferConfig",
                 "VllmConfig",
             ),
-            "vllm.v1.outputs": ("ModelRunnerOutput", "DraftTokenIds"),
+            "vllm.v1.outputs": ("ModelRunnerOutput", "DraftTokenIds", "KVConnectorOutput"),
+            "vllm.v1.request": ("RequestStatus",),
             "vllm.v1.structured_output": ("StructuredOutputManager",),
         }
         found: dict[str, Any] = {}
@@ -135,8 +148,13 @@ class Scheduling:
         enable_chunked_prefill: bool,
         long_prefill_token_threshold: int,
         async_scheduling: bool,
+        remote_prefill: bool = False,
     ) -> Any:
-        """The ``VllmConfig`` an engine with these limits would hand its scheduler."""
+        """The ``VllmConfig`` an engine with these limits would hand its scheduler.
+
+        ``remote_prefill``: a decode instance of a P/D deployment, with vLLM's
+        ``NixlConnector`` as its ``kv_consumer`` KV connector.
+        """
         api = self._scheduling
         scheduler = call(
             api.SchedulerConfig,
@@ -165,6 +183,11 @@ class Scheduling:
                 parallel_config=parallel,
                 scheduler_config=scheduler,
                 speculative_config=speculative_config,
+                kv_transfer_config=(
+                    call(api.KVTransferConfig, kv_connector=_CONNECTOR, kv_role="kv_consumer")
+                    if remote_prefill
+                    else None
+                ),
                 # Without it vLLM fails to infer a device on a machine without one.
                 device_config=call(api.DeviceConfig, device="cpu"),
             )
@@ -252,13 +275,47 @@ class Scheduling:
             num_speculative_tokens
         )
 
-    def model_runner_output(self, req_ids: list[str], sampled: list[list[int]]) -> Any:
+    def model_runner_output(
+        self,
+        req_ids: list[str],
+        sampled: list[list[int]],
+        finished_recving: set[str] | None = None,
+    ) -> Any:
+        """What the runner returns; ``finished_recving``: KV transfers it received this step."""
+        connector_output = (
+            call(self._scheduling.KVConnectorOutput, finished_recving=set(finished_recving))
+            if finished_recving
+            else None
+        )
         return call(
             self._scheduling.ModelRunnerOutput,
             req_ids=req_ids,
             req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
             sampled_token_ids=sampled,
+            kv_connector_output=connector_output,
         )
+
+    def remote_prefill_params(self, request_id: str, prompt_len: int, block_size: int) -> dict:
+        """``kv_transfer_params`` of a request prefilled on a remote instance.
+
+        The fields the router hands a decode instance, as vLLM's connector unit
+        tests build them (``create_request(do_remote_prefill=True)``): the remote
+        engine, its request and the blocks holding the prompt's KV there.
+        """
+        return {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_engine_id": "kvconform-prefill",
+            "remote_request_id": f"prefill-{request_id}",
+            "remote_block_ids": list(range(-(-prompt_len // block_size))),
+            "remote_host": "localhost",
+            "remote_port": 1234,
+            "tp_size": 1,
+        }
+
+    def is_loading_remote_kv(self, request: Any) -> bool:
+        """Whether a request waits for its asynchronous KV load (``WAITING_FOR_REMOTE_KVS``)."""
+        return bool(request.status == self._scheduling.RequestStatus.WAITING_FOR_REMOTE_KVS)
 
     def draft_token_ids(self, req_ids: list[str], drafts: list[list[int]]) -> Any:
         return call(self._scheduling.DraftTokenIds, req_ids=req_ids, draft_token_ids=drafts)
