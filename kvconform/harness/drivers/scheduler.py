@@ -175,9 +175,7 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
     return run
 
 
-def _load_rows(
-    run: Trajectory, event: LoadRecord, line: int | None, floor_rules: list
-) -> None:
+def _load_rows(run: Trajectory, event: LoadRecord, line: int | None, floor_rules: list) -> None:
     """One row per group for a request that began loading its KV asynchronously."""
     label = f"loading remote KV {event.tokens} (async)"
     for g, info in enumerate(run.groups):
