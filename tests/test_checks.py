@@ -336,3 +336,26 @@ def test_sanity_the_warmup_never_hands_one_block_to_two_tables():
     # Engine mode's GPU warmup rows have no live replay (and no finish events): not judged.
     engine_rows = [o._replace(live=None) for o in (warmup_obs([1], "a"), warmup_obs([1], "b"))]
     assert [f for f in check_sanity(trajectory(*engine_rows)) if f.party == "warmup"] == []
+
+
+def test_lookahead_holds_an_async_kv_load_to_exactly_its_tokens_blocks():
+    def loading(live: int) -> Trajectory:
+        # 64 loaded tokens, nothing scheduled, lookahead 0: cdiv(64, 16) = 4 blocks.
+        row = obs(computed=64, scheduled=0, lookahead=0, floor=4, live=live, predicted=None)
+        run = trajectory(
+            row, method="eagle", num_speculative_tokens=3, vllm_lookahead=3, expected_lookahead=3
+        )
+        run.async_loads.add(0)
+        return run
+
+    assert list(check_lookahead(loading(4))) == []
+    (extra,) = check_lookahead(loading(5))
+    assert extra.check == "lookahead" and extra.live == 5 and extra.floor == 4
+    assert "holds 5 blocks while the request's KV loads asynchronously" in extra.message
+    assert "1 block more, lookahead slots reserved during the load" in extra.message
+    (fewer,) = check_lookahead(loading(3))
+    assert "fewer than the connector writes into" in fewer.message
+    # The same holding on an ordinary row is the floor check's business, not this rule's.
+    plain = loading(5)
+    plain.async_loads.clear()
+    assert list(check_lookahead(plain)) == []

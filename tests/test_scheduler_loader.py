@@ -55,6 +55,15 @@ def test_scheduler_defaults(scenario_from):
     assert scenario.speculative is None
 
 
+def test_remote_prefill_is_off_by_default_and_true_means_one_step(scenario_from):
+    scenario = scenario_from(
+        "kind: scheduler\nscheduler: {mode: sync}\nrequests:\n"
+        "  a: {prompt_len: 40}\n  b: {prompt_len: 40, remote_prefill: true}\n"
+        "  c: {prompt_len: 40, remote_prefill: 3}\n  d: {prompt_len: 40, remote_prefill: false}\n"
+    )
+    assert [r.remote_prefill for r in scenario.requests.values()] == [0, 1, 3, 0]
+
+
 def test_matrix_over_scheduler_modes(write_scenario):
     path = write_scenario(
         "name: m\nkind: scheduler\nmatrix:\n  mode: [sync, async, overlapped]\n"
@@ -188,6 +197,24 @@ SPEC = "speculative: {method: eagle, num_speculative_tokens: 3}\n"
             4,
             "scheduler.num_nextn_predict_layers",
             "MTP only",
+        ),
+        (
+            "kind: scheduler\nscheduler: {mode: sync}\nrequests:\n  a: {prompt_len: 5, remote_prefill: -1}\n",
+            4,
+            "requests.a.remote_prefill",
+            "number of schedule() calls the asynchronous KV load takes",
+        ),
+        (
+            "kind: scheduler\nscheduler: {mode: sync}\nrequests:\n  a: {prompt_len: 5, remote_prefill: two}\n",
+            4,
+            "requests.a.remote_prefill",
+            "not 'two'",
+        ),
+        (
+            "kind: scheduler\nrequests:\n  a: {prompt_len: 5, remote_prefill: true}\n",
+            3,
+            "requests.a.remote_prefill",
+            "needs scheduler.mode: sync, not 'overlapped'",
         ),
         (
             "kind: trajectory\nscheduler: {mode: sync}\nrequests: {a: {prompt_len: 5}}\n"

@@ -286,3 +286,38 @@ def test_a_cold_vllm_cache_inspects_models_in_this_process(vllm, tmp_path, monke
     cached = list((tmp_path / "modelinfos").glob("*.json"))
     assert cached, "vLLM wrote no model-info cache file"
     assert json.loads(cached[0].read_text())["hash"]
+
+
+def test_a_remote_prefill_loads_its_kv_asynchronously_without_lookahead(scenario_from, vllm):
+    text = """
+    kind: scheduler
+    model: {block_size: 16, max_model_len: 512, num_blocks: 64}
+    speculative: {method: eagle, num_speculative_tokens: 3}
+    scheduler: {mode: sync, max_num_batched_tokens: 128}
+    requests:
+      a: {prompt_len: 64, max_tokens: 6, remote_prefill: 2}
+      b: {prompt_len: 81, max_tokens: 6, remote_prefill: true, arrival: 1}
+      c: {prompt_len: 40, max_tokens: 6}
+    """
+    _, result = _run(scenario_from, vllm, text)
+    assert result.verdict is Verdict.PASSED, result.headline()
+    run = result.trajectory
+    assert run is not None and run.all_finished and run.final_free_blocks == 63
+    rows = _rows(result)
+    load_a, first_a = rows["a"][:2]
+    # Admitted at step 0 into WAITING_FOR_REMOTE_KVS: blocks for the 64 loaded tokens,
+    # cdiv(64, 16) = 4, and none for the lookahead (limit_lookahead_tokens).
+    assert (load_a.step, load_a.label) == (0, "loading remote KV 64 (async)")
+    assert (load_a.computed, load_a.scheduled, load_a.lookahead, load_a.live) == (64, 0, 0, 4)
+    assert load_a.predicted is None
+    # Received in the output of the second step, scheduled in the third with the prompt's
+    # last token recomputed (63 computed), padded to 1 + k, and the lookahead reserved:
+    # cdiv(63 + 4 + 3, 16) = 5.
+    assert (first_a.step, first_a.label) == (2, "remote KV 63 loaded, verify 1+3 acc 3")
+    assert (first_a.computed, first_a.scheduled, first_a.live) == (63, 4, 5)
+    load_b = rows["b"][0]
+    assert (load_b.step, load_b.computed, load_b.live) == (1, 81, 6)  # cdiv(81, 16)
+    assert rows["b"][1].step == 2  # a one-step load: scheduled right after
+    assert not any(r.label.startswith("loading") for r in rows["c"])
+    assert {run.observations.index(load_a), run.observations.index(load_b)} == run.async_loads
+    assert "remote KV loaded asynchronously a 64, b 81" in run.notes[-1]
