@@ -321,3 +321,18 @@ def test_a_remote_prefill_loads_its_kv_asynchronously_without_lookahead(scenario
     assert not any(r.label.startswith("loading") for r in rows["c"])
     assert {run.observations.index(load_a), run.observations.index(load_b)} == run.async_loads
     assert "remote KV loaded asynchronously a 64, b 81" in run.notes[-1]
+
+
+def test_multi_module_mtp_hashes_cover_the_drafters_lookahead(vllm):
+    """num_hash_lookahead_tokens = 3 for three MTP modules: a block's hash covers the 3
+    tokens after it, so a prefix hit takes block 3 (tokens 48..63) only when tokens 64..66
+    match too, and the trailing-block drop is off."""
+    (scenario,) = load_file(SCENARIOS / "sched-mtp-hash-lookahead.yaml")
+    result = engine.run_scenario(scenario, vllm)
+    assert result.verdict is Verdict.PASSED, result.headline()
+    rows = _rows(result)
+    # b shares 67 tokens with a: blocks 0-3 and their 3 lookahead tokens match, a hit of 64
+    # (the drop would leave 48); c shares 66, one short of block 3's lookahead: 48 (with a
+    # lookahead hash of 1 token it would be 64).
+    assert (rows["b"][0].label, rows["b"][0].computed) == ("new, hit 64, prefill 26", 64)
+    assert (rows["c"][0].label, rows["c"][0].computed) == ("new, hit 48, prefill 32", 48)
