@@ -199,6 +199,25 @@ SPEC = "speculative: {method: eagle, num_speculative_tokens: 3}\n"
             "MTP only",
         ),
         (
+            "kind: scheduler\nrequests:\n  a: {prompt_len: 5, expect_hit: 0}\n",
+            3,
+            "requests.a.expect_hit",
+            "needs model.enable_caching: true",
+        ),
+        (
+            "kind: scheduler\nmodel: {enable_caching: true}\nrequests:\n  a: {prompt_len: 32, expect_hit: 32}\n",
+            4,
+            "requests.a.expect_hit",
+            "must be below prompt_len 32",
+        ),
+        (
+            "kind: scheduler\nmodel: {enable_caching: true}\nscheduler: {mode: sync}\nrequests:\n"
+            "  a: {prompt_len: 32, expect_hit: 16, remote_prefill: true}\n",
+            5,
+            "requests.a.expect_hit",
+            "not judged for a remote_prefill request",
+        ),
+        (
             "kind: scheduler\nscheduler: {mode: sync}\nrequests:\n  a: {prompt_len: 5, remote_prefill: -1}\n",
             4,
             "requests.a.remote_prefill",

@@ -336,3 +336,25 @@ def test_multi_module_mtp_hashes_cover_the_drafters_lookahead(vllm):
     # lookahead hash of 1 token it would be 64).
     assert (rows["b"][0].label, rows["b"][0].computed) == ("new, hit 64, prefill 26", 64)
     assert (rows["c"][0].label, rows["c"][0].computed) == ("new, hit 48, prefill 32", 48)
+
+
+def test_a_hit_other_than_the_stated_one_fails_sanity(scenario_from, vllm):
+    text = """
+    kind: scheduler
+    model: {max_model_len: 1024, num_blocks: 96, enable_caching: true}
+    scheduler: {mode: sync, max_num_batched_tokens: 128}
+    requests:
+      a: {prompt_len: 100, max_tokens: 4}
+      b: {prompt_len: 90, prefix_from: a, prefix_len: 64, max_tokens: 4, arrival: 2, expect_hit: HIT}
+    """
+    # No speculation: legacy hashes and no trailing-block drop, so b adopts a's 4 full
+    # shared blocks, 64 tokens.
+    _, result = _run(scenario_from, vllm, text.replace("HIT", "64"))
+    assert result.verdict is Verdict.PASSED, result.headline()
+    _, result = _run(scenario_from, vllm, text.replace("HIT", "48"))
+    assert result.verdict is Verdict.FAILED
+    (failure,) = result.failures
+    assert failure.check == "sanity" and failure.request == "b"
+    assert "adopted a prefix-cache hit of 64 tokens at admission, but the scenario states 48" in (
+        failure.message
+    )

@@ -20,7 +20,8 @@ re-run and tested on recorded trajectories alone.
   block back in the pool, the null block only where the group type allows it,
   and never in a column a windowed group's step still reads (its sliding window
   or local chunk); a call the scenario marks ``refused`` is refused, and a first
-  chunk gets the prefix-cache hit the scenario states (``expect_hit``);
+  chunk (in scheduler mode, a request's first admission) gets the prefix-cache
+  hit the scenario states (``expect_hit``);
   in engine mode, every request finished with its ``max_tokens``.
 * **slots** -- every position the target or the drafter writes lands, through
   vLLM's own slot-mapping kernel, in a block its request holds. The kernel

@@ -754,9 +754,33 @@ def _parse_scheduler_requests(
             max_tokens=fields.integer("max_tokens", RequestSpec.max_tokens),
             acceptance=_parse_acceptance(fields, speculative),
             remote_prefill=_parse_remote_prefill(fields, scheduler),
+            expect_hit=_parse_expect_hit(fields, model, prompt_len),
         )
 
     return _parse_request_map(raw, where, at, "a scheduler scenario", request)
+
+
+def _parse_expect_hit(fields: _Fields, model: ModelSpec, prompt_len: int) -> int | None:
+    """``expect_hit``: the prefix-cache hit the request must adopt at its first admission."""
+    hit = fields.optional_int("expect_hit")
+    if hit is None:
+        return None
+    if not model.enable_caching:
+        raise ScenarioError(
+            fields.at("expect_hit"), "needs model.enable_caching: true (a prefix-cache hit)"
+        )
+    if hit >= prompt_len:
+        raise ScenarioError(
+            fields.at("expect_hit"),
+            f"must be below prompt_len {prompt_len}: vLLM always computes the prompt's last "
+            "token, so a hit never covers the whole prompt",
+        )
+    if fields.raw("remote_prefill", False):
+        raise ScenarioError(
+            fields.at("expect_hit"),
+            "is not judged for a remote_prefill request (its local hit is folded into the load)",
+        )
+    return hit
 
 
 def _parse_remote_prefill(fields: _Fields, scheduler: SchedulerSpec) -> int:

@@ -52,7 +52,7 @@ class Observation(NamedTuple):
 
 
 class Miss(NamedTuple):
-    """A first chunk whose prefix-cache hit is not the one the scenario states (``expect_hit``)."""
+    """A first chunk (admission) whose prefix-cache hit is not the one the scenario states."""
 
     step: int
     line: int | None
@@ -226,5 +226,6 @@ class Trajectory:
     # Warmup mode, the elastic-EP re-warm: BlockTables writes every KV to the null
     # block, so the block ids the warmup hands out are never written.
     warmup_writes_redirected: bool = False
-    # Trajectory mode: first chunks whose hit is not the stated one (check `sanity`).
+    # Trajectory mode: first chunks whose hit is not the stated one; scheduler mode: first
+    # admissions (check `sanity`).
     misses: list[Miss] = field(default_factory=list)

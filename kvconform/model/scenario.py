@@ -149,6 +149,9 @@ class RequestSpec:
     # prefilled on a remote instance (P/D) and loads asynchronously through vLLM's
     # NixlConnector, the transfer reported received in the N-th step's output.
     remote_prefill: int = 0
+    # Scheduler scenarios only: the prefix-cache hit (tokens) the request must adopt at
+    # its first admission, derived by hand from the scenario; None: not judged.
+    expect_hit: int | None = None
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from collections import Counter, defaultdict
 
 from kvconform.harness.drivers.common import attach_predictor
 from kvconform.model.floors import FLOORS
-from kvconform.model.observations import FreeEvent, Observation, Trajectory
+from kvconform.model.observations import FreeEvent, Miss, Observation, Trajectory
 from kvconform.model.scenario import Scenario
 from kvconform.oracles.resolve import new_trajectory
 from kvconform.oracles.scheduler import (
@@ -143,6 +143,18 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
         _step_note(event, notes[event.step])
         for row in event.requests:
             label = decision_label(row)
+            expected_hit = scenario.requests[row.request].expect_hit
+            if row.phase == "new" and expected_hit not in (None, row.cached):
+                run.misses.append(
+                    Miss(
+                        event.step,
+                        lines[row.request],
+                        row.request,
+                        label,
+                        f"adopted a prefix-cache hit of {row.cached} tokens at admission, but "
+                        f"the scenario states {expected_hit} (expect_hit)",
+                    )
+                )
             maxima = predicted_max.setdefault(row.request, [0] * len(model.groups))
             for g, info in enumerate(run.groups):
                 floor = floor_rules[g](
