@@ -41,9 +41,10 @@ note on the trajectory sums it up.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Callable
 
 from kvconform.harness.drivers.common import attach_predictor
-from kvconform.model.floors import FLOORS
+from kvconform.model.floors import FLOORS, FloorInput
 from kvconform.model.observations import FreeEvent, Miss, Observation, Trajectory
 from kvconform.model.scenario import Scenario
 from kvconform.oracles.resolve import new_trajectory
@@ -187,7 +188,12 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
     return run
 
 
-def _load_rows(run: Trajectory, event: LoadRecord, line: int | None, floor_rules: list) -> None:
+def _load_rows(
+    run: Trajectory,
+    event: LoadRecord,
+    line: int | None,
+    floor_rules: list[Callable[[FloorInput], int]],
+) -> None:
     """One row per group for a request that began loading its KV asynchronously."""
     label = f"loading remote KV {event.tokens} (async)"
     for g, info in enumerate(run.groups):
