@@ -122,6 +122,8 @@ def test_bare_loop_walks_the_harness_trajectory_call_for_call(vllm, monkeypatch)
     loaded = load_paths([ROOT / "scenarios"]).scenarios + [scaling.scenario(6, 3)]
     work = overhead.workload(loaded, vllm)
     assert work.scenarios, work.excluded
+    # What the bare loop does not make: the connector / admission-gate arguments.
+    assert "admission options" in work.excluded["connector-tokens-after-sliding-window-hit"]
     allocations: Counter[str] = Counter()
     allocate_slots = vllm.allocate_slots
 

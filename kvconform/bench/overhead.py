@@ -58,6 +58,12 @@ def workload(scenarios: Sequence[Scenario], vllm: Vllm) -> Workload:
         if scenario.kind != "trajectory":
             excluded[scenario.id] = f"kind {scenario.kind}: no bare loop"
             continue
+        if _admission_options(scenario):
+            # The bare loop makes the plain scheduler call (counts, hit, lookahead); the
+            # connector and admission-gate arguments of scenarios/admission are
+            # correctness cases, not the per-step cost the ratio measures.
+            excluded[scenario.id] = "admission options (connector tokens, gates): no bare loop"
+            continue
         result = run_scenario(scenario, vllm, checks=())
         if result.trajectory is None:
             excluded[scenario.id] = f"ends in an error: {result.error}"
@@ -65,6 +71,17 @@ def workload(scenarios: Sequence[Scenario], vllm: Vllm) -> Workload:
         chosen.append(scenario)
         trajectories.append(result.trajectory)
     return Workload(chosen, [plan(s, vllm) for s in chosen], trajectories, excluded)
+
+
+def _admission_options(scenario: Scenario) -> bool:
+    model = scenario.model
+    if model.watermark or model.max_in_flight_tokens is not None:
+        return True
+    return any(
+        call.external or call.load_async or call.full_sequence_must_fit or call.reserved_blocks
+        for step in scenario.steps
+        for call in step.calls
+    )
 
 
 def harness_pass(
