@@ -359,3 +359,64 @@ def test_lookahead_holds_an_async_kv_load_to_exactly_its_tokens_blocks():
     plain = loading(5)
     plain.async_loads.clear()
     assert list(check_lookahead(plain)) == []
+
+
+def mamba_align_trajectory(*observations: Observation, caching: bool = True) -> Trajectory:
+    """A Mamba "align" group with two speculative state blocks and one checkpoint column."""
+    group = GroupInfo(
+        0,
+        "mamba",
+        16,
+        "mamba align",
+        True,
+        floor_args=dict(
+            block_size=16,
+            max_model_len=1024,
+            mamba_cache_mode="align",
+            num_speculative_blocks=2,
+            num_prefill_checkpoint_blocks=1,
+        ),
+    )
+    run = Trajectory((group,), lookahead=0, lookahead_source="test", max_model_len=1024)
+    run.observations.extend(observations)
+    run.num_blocks = 100
+    run.exclusive_blocks = not caching
+    return run
+
+
+def test_sanity_mamba_align_state_columns_must_be_real_blocks():
+    # The last 1 + 2 columns are the running state and two speculative states.
+    assert list(check_sanity(mamba_align_trajectory(obs(ids=[0, 0, 3, 4, 5])))) == []
+    (failure,) = check_sanity(mamba_align_trajectory(obs(ids=[0, 3, 0, 4, 5])))
+    assert failure.detail == {"invariant": "mamba align null state"}
+    assert "column 2 of the last 3" in failure.message
+    (short,) = check_sanity(mamba_align_trajectory(obs(ids=[4, 5])))
+    assert short.detail == {"invariant": "mamba align null state"}
+
+
+def test_sanity_mamba_align_state_blocks_are_never_shared_even_with_prefix_caching():
+    # b reads a's cached state 3 (shared, fine) but writes into a's state block 5.
+    reads = mamba_align_trajectory(obs(ids=[0, 3, 4, 5, 6]), obs(ids=[0, 3, 7, 8, 9], request="b"))
+    assert list(check_sanity(reads)) == []
+    writes = mamba_align_trajectory(
+        obs(ids=[0, 3, 4, 5, 6]), obs(ids=[0, 0, 7, 8, 5], request="b")
+    )
+    (failure,) = check_sanity(writes)
+    assert failure.request == "b"
+    assert "state block 5" in failure.message and "live request a" in failure.message
+    # Once a has finished, its blocks may go to b.
+    freed = mamba_align_trajectory(
+        obs(ids=[0, 3, 4, 5, 6]), obs(1, ids=[0, 0, 7, 8, 5], request="b")
+    )
+    freed.events.append(FreeEvent(1, 1, 11, "a", "finish", ([3, 4, 5, 6],), 90, 94, ([],)))
+    assert list(check_sanity(freed)) == []
+
+
+def test_sanity_mamba_align_holds_at_most_its_states_checkpoint_and_one_copy():
+    # 2 states + 2 speculative + 1 checkpoint + 1 copy-on-write tail = 6 real blocks.
+    assert list(check_sanity(mamba_align_trajectory(obs(ids=[1, 2, 0, 3, 4, 5, 6])))) == []
+    (failure,) = check_sanity(mamba_align_trajectory(obs(ids=[1, 2, 7, 3, 4, 5, 6])))
+    assert failure.detail == {"invariant": "mamba align state blocks held"}
+    assert "holds 7 real blocks" in failure.message
+
+

@@ -436,6 +436,96 @@ def _stated_hits(run: Trajectory) -> Iterator[Failure]:
         )
 
 
+def _mamba_align_groups(run: Trajectory) -> dict[int, tuple[int, int]]:
+    """group index -> (num_speculative_blocks, num_prefill_checkpoint_blocks) of its
+    Mamba "align" groups."""
+    return {
+        g.index: (
+            int(g.floor_args.get("num_speculative_blocks", 0)),
+            int(g.floor_args.get("num_prefill_checkpoint_blocks", 0)),
+        )
+        for g in run.groups
+        if g.type == "mamba" and g.floor_args.get("mamba_cache_mode") == "align"
+    }
+
+
+def _mamba_align_state_blocks(run: Trajectory) -> Iterator[Failure]:
+    """Where a Mamba "align" request's state lives, after every allocation.
+
+    vLLM's ``MambaManager`` (align) keeps the running state in the last
+    ``1 + num_speculative_blocks`` columns of the request's table ("We always save
+    the running state at the last (1 + num_speculative_blocks) block"): the kernel
+    writes the step's final state and each draft's state there, so each must be a
+    real block (not the null block) that no other live request holds, prefix caching
+    or not (a cache hit shares a block a request reads from, never one it writes).
+    Every older state is nulled once the next one exists, so a request holds at most
+    ``2 + num_speculative_blocks + num_prefill_checkpoint_blocks`` real blocks plus
+    one private copy-on-write tail (the previous state, the running and speculative
+    ones, the checkpoint column): what ``MambaSpec.max_memory_usage_bytes`` sizes
+    the pool for in align mode. Only the live party's tables are read.
+    """
+    align = _mamba_align_groups(run)
+    if not align:
+        return
+    null = run.null_block
+    tables: dict[str, dict[int, list[int]]] = {}
+    reported: set[tuple[str, int, str]] = set()
+    events = list(run.events)
+    next_event = 0
+    for seq, obs in enumerate(run.observations):
+        while next_event < len(events) and events[next_event].seq <= seq:
+            tables.pop(events[next_event].request, None)
+            next_event += 1
+        ids = list(obs.block_ids or ())
+        tables.setdefault(obs.request, {})[obs.group] = ids
+        shape = align.get(obs.group)
+        if shape is None or obs.block_ids is None:
+            continue
+        speculative, checkpoint = shape
+        state_columns = 1 + speculative
+        tail = ids[-state_columns:] if len(ids) >= state_columns else ids
+        problem = None
+        if len(ids) < state_columns or null in tail:
+            column = len(ids) - state_columns + (tail.index(null) if null in tail else 0)
+            problem = (
+                "null state",
+                f"column {column} of the last {state_columns} (the running state and "
+                f"{speculative} speculative state blocks the kernel writes) is the null block "
+                f"(table {ids})",
+            )
+        else:
+            for other, other_tables in tables.items():
+                if other == obs.request:
+                    continue
+                shared = sorted({b for t in other_tables.values() for b in t} & set(tail))
+                if shared:
+                    problem = (
+                        "shared state",
+                        f"the state block {shared[0]} it writes is also in the table of "
+                        f"live request {other}",
+                    )
+                    break
+        if problem is None:
+            real = len({b for b in ids if b != null})
+            bound = 2 + speculative + checkpoint + 1
+            if real > bound:
+                problem = (
+                    "state blocks held",
+                    f"holds {real} real blocks, more than the {bound} a Mamba align request "
+                    f"ever needs (2 states + {speculative} speculative + {checkpoint} checkpoint "
+                    "+ 1 copy-on-write tail): an older state was not nulled",
+                )
+        if problem is None:
+            continue
+        key = (obs.request, obs.group, problem[0])
+        if key in reported:
+            continue
+        reported.add(key)
+        yield _failure(
+            "sanity", run, obs, problem[1], {"invariant": f"mamba align {problem[0]}"}, "live"
+        )
+
+
 def check_sanity(run: Trajectory) -> Iterator[Failure]:
     yield from _warmup_blocks_in_pool(run)
     yield from _read_span_blocks_real(run)
@@ -443,6 +533,7 @@ def check_sanity(run: Trajectory) -> Iterator[Failure]:
     yield from _warmup_blocks_distinct(run)
     yield from _warmup_passes(run)
     yield from _stated_hits(run)
+    yield from _mamba_align_state_blocks(run)
     null = run.null_block
     owner: dict[int, str] = {}
     # Per request and group, the block table last seen. A step usually appends

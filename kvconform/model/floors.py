@@ -46,6 +46,8 @@ class FloorInput(NamedTuple):
     dcp_world_size: int = 1
     num_speculative_blocks: int = 0
     mamba_cache_mode: str = "none"
+    # Mamba "align": the reserved column the worker exports a prefill checkpoint into.
+    num_prefill_checkpoint_blocks: int = 0
 
 
 @dataclass(frozen=True)

@@ -103,6 +103,18 @@ GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
                         doc="speculative state blocks; default num_speculative_tokens, "
                         "as vLLM's MambaBase.get_kv_cache_spec sets it",
                     ),
+                    "num_prefill_checkpoint_blocks": Option(
+                        int,
+                        None,
+                        doc="align only: a reserved column the worker exports a mid-chunk "
+                        "prefill checkpoint into (vLLM's Mamba2/GDN layers set 1)",
+                    ),
+                    "prefill_checkpoint_alignment": Option(
+                        int,
+                        None,
+                        doc="tokens the checkpoint must lie from the chunk start in multiples "
+                        "of (the kernel's chunk grid; Mamba2 sets 1)",
+                    ),
                 },
                 holds_null=True,
             ),

@@ -17,6 +17,11 @@ Every call mirrors what ``vllm/v1/core/sched/scheduler.py`` does around
   rejected drafts are rolled back from it, sampled tokens are appended and, as
   the scheduler does under speculative decoding, verified blocks are cached.
 * ``preempt`` frees the blocks and resets the computed count; ``finish`` frees.
+* Each step starts with ``new_step_starts`` (:meth:`LiveAllocator.new_step`), as
+  ``Scheduler.schedule`` starts: Mamba "align" refuses a request whose prefix hit
+  ends on a state another request cached in the same step, until the next one.
+  Each step ends with ``take_kv_cache_block_copies`` (:meth:`LiveAllocator.end_step`):
+  the blocks a copy-on-write of a partial prefix hit retained go back.
 
 ``allocate_slots`` returning ``None`` means the pool cannot serve the step:
 the scenario asked for more than its pool holds, a :class:`PoolExhausted`;
@@ -133,6 +138,15 @@ class LiveAllocator:
         prompt = self._prompts[spec.name] = prompt_tokens(index, spec, self._prompts)
         self._outputs[spec.name] = first_output_token(index)
         self._requests[spec.name] = self.vllm.new_request(spec.name, prompt, self._hasher)
+
+    def new_step(self) -> None:
+        """A scheduler step begins: ``Scheduler.schedule`` calls ``new_step_starts`` first."""
+        self.vllm.new_step_starts(self.manager)
+
+    def end_step(self) -> None:
+        """Every request of the step is allocated: the step's copy-on-write copies are
+        handed over and the blocks retained for them released, as ``schedule`` ends."""
+        self.vllm.release_block_copies(self.manager)
 
     def schedule(self, call: Call, encoder_len: int, where: Location) -> int:
         """Allocate for one call; returns the tokens it did not compute (hit and external)."""

@@ -42,6 +42,9 @@ def new_trajectory(scenario: Scenario, vllm: Vllm) -> Trajectory:
                 dcp_world_size=model.dcp_world_size if vllm.dcp_sharded(spec) else 1,
                 num_speculative_blocks=int(getattr(spec, "num_speculative_blocks", 0) or 0),
                 mamba_cache_mode=str(getattr(spec, "mamba_cache_mode", "none")),
+                num_prefill_checkpoint_blocks=int(
+                    getattr(spec, "num_prefill_checkpoint_blocks", 0) or 0
+                ),
             ),
             read_span=_read_span(group),
         )

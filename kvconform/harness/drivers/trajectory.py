@@ -52,6 +52,7 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
         if granted_refusal:
             break
         index, line = step.index, step.line
+        live.new_step()
         for call in step.calls:
             name, action = call.request, call.action
             if call.refused:
@@ -148,6 +149,7 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
                     )
                 )
             live.complete(call)
+        live.end_step()
     run.all_finished = len(finished) == len(scenario.requests)
     run.final_free_blocks = live.free_blocks()
     return run

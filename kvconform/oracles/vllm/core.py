@@ -250,6 +250,25 @@ class Vllm:
         if hasattr(manager, "cache_blocks"):
             call(manager.cache_blocks, request=request, num_computed_tokens=num_computed_tokens)
 
+    def new_step_starts(self, manager: Any) -> None:
+        """What ``Scheduler.schedule`` tells the manager first, every step (Mamba
+        "align" forgets which blocks were cached this step)."""
+        if hasattr(manager, "new_step_starts"):
+            manager.new_step_starts()
+
+    def release_block_copies(self, manager: Any) -> None:
+        """What ``Scheduler.schedule`` does with the step's copy-on-write copies once every
+        request is allocated: ``take_kv_cache_block_copies`` hands them to the worker and
+        the blocks both ends of each copy were retained for go back (the synchronous
+        scheduler frees them at once, ``_free_cow_retained_blocks``). Releases before
+        0.33 have no copies."""
+        take = getattr(manager, "take_kv_cache_block_copies", None)
+        if take is None:
+            return
+        _, retained = take()
+        if retained:
+            manager.block_pool.free_blocks(retained)
+
     def null_block_id(self, manager: Any) -> int:
         return int(manager.block_pool.null_block.block_id)
 
