@@ -1120,13 +1120,14 @@ def _parse_action(raw: Any, where: Location) -> tuple[Action, int, int | None, C
 
 
 def _parse_chunk_options(fields: _Fields) -> ChunkOptions:
-    """A prefill's scheduler arguments and stated outcomes (scenarios/README.md)."""
+    """A prefill's scheduler arguments, stated outcomes and tokens in flight (scenarios/README.md)."""
     options = ChunkOptions(
         external=fields.integer("external", 0, minimum=0),
         load_async=fields.flag("load_async", False),
         full_sequence_must_fit=fields.flag("full_sequence_must_fit", False),
         reserved_blocks=fields.integer("reserved_blocks", 0, minimum=0),
         expect_hit=fields.optional_int("expect_hit"),
+        in_flight=fields.integer("in_flight", 0, minimum=0),
     )
     return options if options != NO_CHUNK_OPTIONS else NO_CHUNK_OPTIONS
 

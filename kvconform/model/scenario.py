@@ -156,11 +156,14 @@ class RequestSpec:
 
 @dataclass(frozen=True)
 class ChunkOptions:
-    """What a ``prefill`` action says besides its count (first chunks only).
+    """What a ``prefill`` action says besides its count.
 
     The first four are arguments vLLM's scheduler passes to ``allocate_slots`` when
     it admits a request from the waiting queue; ``expect_hit`` states what vLLM does
     (the local prefix-cache hit the chunk gets), which the ``sanity`` check asserts.
+    ``in_flight`` belongs to a later chunk: the request's tokens scheduled in earlier
+    steps whose output the asynchronous scheduler has not applied yet
+    (``Request.num_in_flight_tokens``).
     """
 
     external: int = 0
@@ -168,6 +171,7 @@ class ChunkOptions:
     full_sequence_must_fit: bool = False
     reserved_blocks: int = 0
     expect_hit: int | None = None
+    in_flight: int = 0
 
     @property
     def admission_only(self) -> bool:
@@ -211,6 +215,10 @@ class Call:
     # What the scenario states vLLM does, asserted by the ``sanity`` check: the local
     # prefix-cache hit this chunk gets, in tokens.
     expect_hit: int | None = None
+    # Later chunks only: the request's tokens scheduled in earlier steps whose output
+    # the asynchronous scheduler has not applied yet (Request.num_in_flight_tokens),
+    # part of ``computed``; vLLM frees windowed blocks only below computed - in_flight.
+    in_flight: int = 0
 
     @property
     def allocates(self) -> bool:

@@ -111,6 +111,8 @@ class RequestTokens:
             label = f"prefill {count}"
             if options.admission_only:
                 self._check_admission(options, count, first_chunk, where)
+            if options.in_flight:
+                self._check_in_flight(options.in_flight, first_chunk, before, where)
         else:
             if self.needs_prefill:
                 raise ScenarioError(
@@ -155,6 +157,25 @@ class RequestTokens:
         self.holds_blocks = True
         made = Call(name, action, before, scheduled, rejected, sampled, first_chunk, label)
         return _with_options(made, options)
+
+    def _check_in_flight(
+        self, in_flight: int, first_chunk: bool, computed: int, where: Location
+    ) -> None:
+        """In-flight tokens are earlier steps' tokens: a running request's, within its computed."""
+        if first_chunk:
+            raise ScenarioError(
+                where,
+                "in_flight belongs to a later chunk of a running request (the tokens its "
+                f"earlier steps still have in flight); request {self.spec.name!r} is admitted "
+                "by this chunk",
+            )
+        if in_flight > computed:
+            raise ScenarioError(
+                where,
+                f"in_flight {in_flight} exceeds the {computed} tokens request "
+                f"{self.spec.name!r} has computed: vLLM counts scheduled tokens as computed "
+                "when it schedules them, so the tokens in flight are among them",
+            )
 
     def _check_admission(
         self, options: ChunkOptions, count: int, first_chunk: bool, where: Location
@@ -214,4 +235,5 @@ def _with_options(call: Call, options: ChunkOptions) -> Call:
         full_sequence_must_fit=options.full_sequence_must_fit,
         reserved_blocks=options.reserved_blocks,
         expect_hit=options.expect_hit,
+        in_flight=options.in_flight,
     )

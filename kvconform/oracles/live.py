@@ -12,7 +12,9 @@ Every call mirrors what ``vllm/v1/core/sched/scheduler.py`` does around
   and ``has_scheduled_reqs`` as the scheduler computes it (whether another
   request is running); it is then marked running.
 * A running request calls ``allocate_slots(request, scheduled,
-  num_lookahead_tokens=lookahead)``.
+  num_lookahead_tokens=lookahead)``, with ``num_in_flight_tokens`` set to the call's
+  ``in_flight`` (the tokens of its earlier steps an asynchronous scheduler has not
+  had back yet) for the call.
 * After the step, ``num_computed_tokens`` advances by the scheduled tokens,
   rejected drafts are rolled back from it, sampled tokens are appended and, as
   the scheduler does under speculative decoding, verified blocks are cached.
@@ -244,9 +246,17 @@ class LiveAllocator:
                 has_scheduled_reqs=running,
             )
         else:
-            new_blocks = self.vllm.allocate_slots(
-                self.manager, request, call.scheduled, num_lookahead_tokens=self.lookahead
-            )
+            # Under asynchronous scheduling the request's earlier steps may still be in
+            # flight: their tokens count as computed (the scheduler advances the count
+            # when it schedules them) and in num_in_flight_tokens until their output is
+            # applied (_update_after_schedule, update_from_output).
+            request.num_in_flight_tokens = call.in_flight
+            try:
+                new_blocks = self.vllm.allocate_slots(
+                    self.manager, request, call.scheduled, num_lookahead_tokens=self.lookahead
+                )
+            finally:
+                request.num_in_flight_tokens = 0
         return new_blocks, hit
 
     def complete(self, call: Call) -> None:

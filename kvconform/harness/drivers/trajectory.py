@@ -113,13 +113,16 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
             # A step that only loads KV writes nothing: no lookahead, and the warmup's
             # predictor, which knows only computed steps, has nothing to say about it.
             loading = call.load_async
+            # The predictor models synchronous steps: with tokens in flight vLLM frees a
+            # windowed group's blocks only below the processed tokens, and holds more.
+            unpredicted = loading or call.in_flight > 0
             step_lookahead = 0 if loading else floor_lookahead
             maxima = predicted_max.get(name)
             if maxima is None:
                 maxima = predicted_max[name] = [0] * num_groups
             for g, floor_of, predict in per_group:
                 predicted = pmax = None
-                if predict is not None and not loading:
+                if predict is not None and not unpredicted:
                     predicted = predict(num_tokens, enc)
                     pmax = maxima[g]
                     if predicted > pmax:
