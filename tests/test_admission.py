@@ -170,3 +170,62 @@ def test_max_in_flight_tokens_reaches_the_model_and_must_be_positive(write_scena
         load_file(path)
     assert info.value.where.field == "model.max_in_flight_tokens", str(info.value)
     assert "at least 1" in info.value.message
+
+
+# -- in_flight: the tokens an asynchronous scheduler has not applied yet ------------------
+
+IN_FLIGHT = """\
+model: {block_size: 1, max_model_len: 64, num_blocks: 9,
+        groups: [{type: sliding_window, sliding_window: 1}]}
+requests: {a: {prompt_len: 8}, b: {prompt_len: 2}}
+steps:
+  - {a: {prefill: 4}}
+  - {a: {prefill: 4, in_flight: INFLIGHT}}
+  - {b: {refused: {prefill: 1}}}
+  - {a: finish}
+"""
+
+
+def test_in_flight_reaches_a_later_chunk(scenario_from):
+    scenario = scenario_from(IN_FLIGHT.replace("INFLIGHT", "3"))
+    first, second = (step.calls[0] for step in scenario.steps[:2])
+    assert first.in_flight == 0 and first.first_chunk
+    assert (second.computed, second.scheduled, second.in_flight) == (4, 4, 3)
+    assert not second.first_chunk
+
+
+@pytest.mark.parametrize(
+    ("steps", "line", "field", "words"),
+    [
+        ("  - {a: {prefill: 10, in_flight: 4}}\n", 3, "steps[0].a", "later chunk"),
+        ("  - {a: {prefill: 10}}\n  - {a: {prefill: 10, in_flight: 11}}\n", 4, "steps[1].a",
+         "exceeds the 10 tokens"),
+        ("  - {a: {prefill: 10}}\n  - {a: {prefill: 10, in_flight: -1}}\n", 4,
+         "steps[1].a.in_flight", "at least 0"),
+        ("  - {a: {prefill: 10}}\n  - {a: {prefill: 10, inflight: 4}}\n", 4,
+         "steps[1].a.inflight", "did you mean 'in_flight'"),
+    ],
+)  # fmt: skip
+def test_bad_in_flight_names_file_line_and_field(write_scenario, steps, line, field, words):
+    path = write_scenario(f"requests: {{a: {{prompt_len: 50}}}}\nsteps:\n{steps}")
+    with pytest.raises(ScenarioError) as info:
+        load_file(path)
+    error = info.value
+    assert (error.where.file, error.where.line, error.where.field) == (str(path), line, field), str(
+        error
+    )
+    assert words in error.message, str(error)
+
+
+def test_tokens_in_flight_keep_their_window_blocks(vllm, scenario_from):
+    # Window 1, blocks of 1: a's second chunk at computed 4. With its first chunk (4
+    # tokens) in flight nothing is processed and no block is freed: a holds all 8 usable
+    # blocks and b is refused. With 3 in flight, one token is processed and the window
+    # drops block 0: b fits, which the scenario says it must not.
+    held = run_scenario(scenario_from(IN_FLIGHT.replace("INFLIGHT", "4")), vllm)
+    assert held.verdict is Verdict.PASSED, held.failures or held.error
+    freed = run_scenario(scenario_from(IN_FLIGHT.replace("INFLIGHT", "3")), vllm)
+    assert freed.verdict is Verdict.FAILED
+    (failure,) = freed.failures
+    assert failure.check == "sanity" and failure.request == "b"
+    assert "granted a call the scenario says the pool cannot hold" in failure.message
