@@ -290,9 +290,11 @@ def _read_span_blocks_real(run: Trajectory) -> Iterator[Failure]:
     from there through the last column the step writes must hold a real block. A null
     column there is KV the step reads that vLLM already freed (and may have handed to
     another request). The floor counts columns, so it cannot see this.
+    Where vLLM bounds the read (SWA bounded replay, ``Trajectory.read_bounds``), the
+    span starts no lower than that bound.
     """
-    null, groups = run.null_block, run.groups
-    for obs in run.observations:
+    null, groups, bounds = run.null_block, run.groups, run.read_bounds
+    for index, obs in enumerate(run.observations):
         span = groups[obs.group].read_span
         ids = obs.block_ids
         if span is None or not ids or obs.scheduled <= 0:
@@ -303,6 +305,8 @@ def _read_span_blocks_real(run: Trajectory) -> Iterator[Failure]:
         )
         first_computed = obs.computed + obs.cached
         first_read = first_position_read(kind, size, first_computed)
+        if bounds:
+            first_read = min(max(first_read, bounds.get(index, 0)), first_computed)
         end = obs.computed + obs.scheduled + obs.lookahead
         if run.max_model_len:
             end = min(end, run.max_model_len)

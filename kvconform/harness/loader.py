@@ -600,7 +600,7 @@ def _parse_group(item: Any, where: Location, default_block_size: int) -> GroupSp
         if value is None:
             if opt.required:
                 raise fields.required(opt_name, f"is required for {type_name} groups")
-        elif isinstance(value, bool) or not isinstance(value, opt.kind):
+        elif (opt.kind is bool) != isinstance(value, bool) or not isinstance(value, opt.kind):
             raise ScenarioError(fields.at(opt_name), f"must be {opt.kind.__name__}, not {value!r}")
         elif opt.choices and value not in opt.choices:
             choices = ", ".join(map(str, opt.choices))

@@ -70,7 +70,15 @@ GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
                 "sliding_window_mla",
                 "SlidingWindowMLASpec",
                 "Sliding-window MLA.",
-                {"sliding_window": _WINDOW},
+                {
+                    "sliding_window": _WINDOW,
+                    # DeepSeek V4.1's SWA bounded replay (prefix_replay_tokens = the
+                    # window): the group is left out of prefix caching and the scheduler
+                    # recomputes the last window of a hit instead.
+                    "bounded_replay": Option(
+                        bool, default=False, doc="DeepSeek V4.1's SWA bounded replay"
+                    ),
+                },
                 holds_null=True,
                 reads=("window", "sliding_window"),
             ),

@@ -211,6 +211,10 @@ class Trajectory:
     # mode: admissions, preemptions, batches in flight); shown beside the holdings.
     step_notes: dict[int, str] = field(default_factory=dict)
     slots: SlotRecording | None = None
+    # Scheduler mode: observation index -> the lowest position its step's attention
+    # reads in that group, where vLLM bounds it (SWA bounded replay: a replayed hit has
+    # no sliding-window KV below Request.replay_start, and the kernel reads none).
+    read_bounds: dict[int, int] = field(default_factory=dict)
     # Scheduler mode: the observations of requests that began loading their KV
     # asynchronously in that step (a KV connector's remote prefill): no lookahead.
     async_loads: set[int] = field(default_factory=set)

@@ -250,6 +250,9 @@ class ScheduledRequest(NamedTuple):
     prefill_chunk: bool  # the step ends inside the known tokens: it samples nothing
     accepted: int | None  # drafts the fabricated output accepts; None: samples nothing
     block_ids: tuple[list[int], ...]
+    # SWA bounded replay (a group with prefix_replay_tokens): the position from which
+    # the request's sliding-window KV exists (Request.replay_start); 0: none.
+    replay_start: int = 0
 
 
 class LoadRecord(NamedTuple):
@@ -474,6 +477,7 @@ class SchedulerOracle:
                     chunk,
                     accepted,
                     tuple(list(ids) for ids in self.manager.get_block_ids(rid)),
+                    int(getattr(request, "replay_start", 0) or 0),
                 )
             )
         self.run.events.append(

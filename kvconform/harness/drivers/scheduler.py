@@ -161,8 +161,12 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
                 floor = floor_rules[g](
                     info.floor_input(row.computed, row.scheduled, floor_lookahead, 0)
                 )
+                if row.replay_start and model.groups[g].options.get("bounded_replay"):
+                    run.read_bounds[len(observations)] = row.replay_start
                 predicted = pmax = None
-                if predictor.available:
+                # A replayed hit holds the whole hit's blocks while its computed count
+                # is rewound to the replay start: the warmup predictor has no such step.
+                if predictor.available and not row.replay_start:
                     predicted = predict[g](row.computed + row.scheduled, 0)
                     pmax = maxima[g] = max(maxima[g], predicted)
                 observations.append(
