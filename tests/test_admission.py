@@ -229,3 +229,39 @@ def test_tokens_in_flight_keep_their_window_blocks(vllm, scenario_from):
     (failure,) = freed.failures
     assert failure.check == "sanity" and failure.request == "b"
     assert "granted a call the scenario says the pool cannot hold" in failure.message
+
+
+# -- bounded_replay: a boolean group option ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [("true", True), ("false", True), ("1", False), ("yes please", False)],
+)
+def test_bounded_replay_takes_true_or_false(write_scenario, value, ok):
+    path = write_scenario(
+        "model:\n  groups:\n    - {type: mla}\n"
+        f"    - {{type: sliding_window_mla, sliding_window: 64, bounded_replay: {value}}}\n"
+        "requests: {a: {prompt_len: 5}}\nsteps: [{a: {prefill: 5}}]\n"
+    )
+    if ok:
+        (scenario,) = load_file(path)
+        assert scenario.model.groups[1].options["bounded_replay"] is (value == "true")
+        return
+    with pytest.raises(ScenarioError) as info:
+        load_file(path)
+    error = info.value
+    assert error.where.field == "model.groups[1].bounded_replay", str(error)
+    assert error.where.line == 4, str(error)
+    assert "must be bool" in error.message, str(error)
+
+
+def test_an_integer_option_still_refuses_a_boolean(write_scenario):
+    path = write_scenario(
+        "model:\n  groups:\n    - {type: sliding_window, sliding_window: true}\n"
+        "requests: {a: {prompt_len: 5}}\nsteps: [{a: {prefill: 5}}]\n"
+    )
+    with pytest.raises(ScenarioError) as info:
+        load_file(path)
+    assert info.value.where.field == "model.groups[0].sliding_window"
+    assert "must be int" in info.value.message

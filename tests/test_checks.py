@@ -264,6 +264,23 @@ def test_sanity_a_windowed_step_reads_only_real_blocks():
     assert list(check_sanity(_windowed(slid, span=("window", 32)))) == []
 
 
+def test_sanity_a_bounded_replay_reads_nothing_below_its_replay_start():
+    # Window 64, blocks of 16: the token at 48 would attend to 0..48 (columns 0..3), but a
+    # replayed hit has no window KV below Request.replay_start = 48, and vLLM reads none.
+    replayed = obs(computed=48, scheduled=32, lookahead=0, floor=5, live=5, ids=[0, 0, 0, 7, 8])
+    (failure,) = check_sanity(_windowed(replayed, span=("window", 64)))
+    assert "column 0" in failure.message  # without the bound: the whole window
+    bounded = _windowed(replayed, span=("window", 64))
+    bounded.read_bounds[0] = 48
+    assert list(check_sanity(bounded)) == []
+    # The bound lowers nothing: column 3 (positions 48..63) is read and must be real.
+    reads_freed = obs(computed=48, scheduled=32, lookahead=0, floor=5, live=5, ids=[0, 0, 0, 0, 8])
+    bounded = _windowed(reads_freed, span=("window", 64))
+    bounded.read_bounds[0] = 48
+    (failure,) = check_sanity(bounded)
+    assert "column 3" in failure.message and "attends to positions 48..48" in failure.message
+
+
 def test_sanity_a_chunked_local_step_reads_its_own_chunk():
     # Chunks of 32: the token at 40 reads 32..40 (column 2); columns 0 and 1 may be null,
     # column 2 may not, nor the column the step writes.
