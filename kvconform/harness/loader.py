@@ -462,6 +462,7 @@ def _parse(
                 "must be a non-empty list of group types (an empty one, a model without "
                 "KV cache, only for kind: warmup with warmup.pooling: true)",
             )
+        _check_extra_retained(model, speculative, kind)
         if kind == "scheduler":
             if "steps" in doc:
                 raise ScenarioError(
@@ -622,6 +623,46 @@ def _parse_speculative(raw: Any, where: Location, at: Location) -> SpeculativeSp
     return SpeculativeSpec(
         method, num_speculative_tokens, lookahead, sample_from_anchor, fields.at("method")
     )
+
+
+def _check_extra_retained(
+    model: ModelSpec, speculative: SpeculativeSpec | None, kind: str
+) -> None:
+    """A sliding window's ``extra_retained_tokens`` only as vLLM 0.33.0's planner sets it.
+
+    ``get_global_kv_cache_groups`` gives every sliding-window spec
+    ``max(0, num_prefill_lookahead_tokens - 1)``, and ``num_prefill_lookahead_tokens``
+    is ``num_speculative_tokens`` for multi-module MTP (1 for other EAGLE-family
+    methods): so k - 1, with k >= 2, on every sliding-window group alike. (That the
+    method is MTP is checked where vLLM's method aliases are known, oracles/resolve.py.)
+    Kinds other than trajectories build their groups from vLLM's own config.
+    """
+    windowed = [g for g in model.groups if "extra_retained_tokens" in GROUP_TYPES[g.type].options]
+    for group in windowed:
+        value = group.options.get("extra_retained_tokens")
+        if value is None:
+            continue
+        where = group.where or Location("<scenario>")
+        at = where.at(f"{where.field}.extra_retained_tokens")
+        if kind != "trajectory":
+            raise ScenarioError(
+                at, "only in trajectory scenarios (the other kinds build groups from vLLM's config)"
+            )
+        k = speculative.num_speculative_tokens if speculative is not None else 0
+        if value != k - 1 or k < 2:
+            raise ScenarioError(
+                at,
+                f"must be num_speculative_tokens - 1 ({k - 1 if k >= 2 else 'needs k >= 2'}), "
+                f"not {value}: vLLM sets it only for multi-module MTP, to "
+                "num_prefill_lookahead_tokens - 1 (kv_cache_planning.get_global_kv_cache_groups)",
+            )
+        unset = [g for g in windowed if g.options.get("extra_retained_tokens") is None]
+        if unset:
+            raise ScenarioError(
+                unset[0].where or at,
+                f"extra_retained_tokens: {value} must be set on every sliding-window group "
+                "(vLLM's planner tags all of them alike)",
+            )
 
 
 def _check_scheduler_model(

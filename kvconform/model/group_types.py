@@ -51,6 +51,12 @@ class GroupType:
 
 
 _WINDOW = Option(int, required=True, doc="window size in tokens")
+# vLLM's planner tags every sliding-window spec with max(0, num_prefill_lookahead_tokens - 1)
+# (kv_cache_planning.get_global_kv_cache_groups): k - 1 under multi-module MTP, else 0.
+# None builds the spec without it (vLLM's default, 0); the loader admits only k - 1.
+_EXTRA_RETAINED = Option(
+    int, None, doc="trailing tokens kept below the window (multi-module MTP: k - 1)"
+)
 
 GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
     {
@@ -62,7 +68,7 @@ GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
                 "sliding_window",
                 "SlidingWindowSpec",
                 "Sliding-window attention; blocks that leave the window become null.",
-                {"sliding_window": _WINDOW},
+                {"sliding_window": _WINDOW, "extra_retained_tokens": _EXTRA_RETAINED},
                 holds_null=True,
                 reads=("window", "sliding_window"),
             ),
@@ -72,6 +78,7 @@ GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
                 "Sliding-window MLA.",
                 {
                     "sliding_window": _WINDOW,
+                    "extra_retained_tokens": _EXTRA_RETAINED,
                     # DeepSeek V4.1's SWA bounded replay (prefix_replay_tokens = the
                     # window): the group is left out of prefix caching and the scheduler
                     # recomputes the last window of a hit instead.

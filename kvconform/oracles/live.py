@@ -42,7 +42,7 @@ from typing import Any
 from kvconform.errors import Location, PoolExhausted, ScenarioError
 from kvconform.model.observations import Trajectory
 from kvconform.model.scenario import Action, Call, ModelSpec, RequestSpec
-from kvconform.oracles.resolve import group_specs
+from kvconform.oracles.resolve import extra_retained_tokens, group_specs
 from kvconform.oracles.vllm import Vllm
 
 # Token ids: disjoint ranges per request so that prefix-cache hits happen only
@@ -108,6 +108,12 @@ class LiveAllocator:
             if as_scheduler
             else {}
         )
+        extra = extra_retained_tokens(model)
+        if as_scheduler and extra:
+            # Multi-module MTP (the only case the loader admits a sliding window's
+            # extra_retained_tokens for): vLLM's num_prefill_lookahead_tokens is k, not
+            # the single-module 1 the model-less config holder gives.
+            options["num_prefill_lookahead"] = extra + 1
         self.vllm = vllm
         self.model = model
         self.lookahead = run.lookahead

@@ -25,13 +25,21 @@ from kvconform.model.observations import GroupInfo, Trajectory
 from kvconform.model.scenario import GroupSpec, ModelSpec, Scenario
 from kvconform.oracles.vllm import Vllm
 
-__all__ = ["group_specs", "new_trajectory", "spec_options"]
+__all__ = ["extra_retained_tokens", "group_specs", "new_trajectory", "spec_options"]
 
 
 def new_trajectory(scenario: Scenario, vllm: Vllm) -> Trajectory:
     """The scenario's empty trajectory: lookahead resolved, groups described for the floor."""
     run = _resolve_lookahead(scenario, vllm)
     model = scenario.model
+    if extra_retained_tokens(model) and run.method != "mtp":
+        group = next(g for g in model.groups if g.options.get("extra_retained_tokens"))
+        where = group.where or scenario.where
+        raise ScenarioError(
+            where.at(f"{where.field}.extra_retained_tokens"),
+            "needs speculative.method mtp (or an MTP variant): vLLM sets it only for "
+            f"multi-module MTP, not for {run.method!r}",
+        )
     specs = group_specs(vllm, model, run.num_speculative_tokens)
     run.groups = tuple(
         replace(
@@ -65,13 +73,27 @@ def spec_options(group: GroupSpec, num_speculative_tokens: int) -> dict[str, Any
     return options
 
 
+def extra_retained_tokens(model: ModelSpec) -> int:
+    """The sliding windows' ``extra_retained_tokens`` (the loader makes them all alike), or 0."""
+    values = [int(g.options.get("extra_retained_tokens") or 0) for g in model.groups]  # type: ignore[call-overload]
+    return max(values, default=0)
+
+
 def _read_span(group: GroupSpec) -> tuple[str, int] | None:
-    """The span of positions a step of this group reads (GroupType.reads), with its size."""
+    """The span of positions a step of this group must find in real blocks, with its size.
+
+    GroupType.reads; a sliding window's ``extra_retained_tokens`` widen it: vLLM keeps
+    those tokens below the window readable (``SlidingWindowSpec.num_retained_tokens``
+    is ``sliding_window - 1 + extra_retained_tokens``) for multi-module MTP's re-prefill.
+    """
     reads = GROUP_TYPES[group.type].reads
     if reads is None:
         return None
     kind, option = reads
-    return kind, int(group.options[option])  # type: ignore[call-overload]
+    size = int(group.options[option])  # type: ignore[call-overload]
+    if kind == "window":
+        size += int(group.options.get("extra_retained_tokens") or 0)  # type: ignore[call-overload]
+    return kind, size
 
 
 def group_specs(vllm: Vllm, model: ModelSpec, num_speculative_tokens: int) -> list[Any]:
