@@ -446,3 +446,74 @@ def test_only_a_pooling_warmup_may_have_no_kv_cache_groups(write_scenario, scena
     assert "an empty one, a model without KV cache, only for kind: warmup with" in error.message
     (trajectory,) = _problems(write_scenario, MINIMAL + "model: {groups: []}\n")
     assert trajectory.where.field == "model.groups"
+_SWA_RETAIN = "  groups: [{type: sliding_window, sliding_window: 8, extra_retained_tokens: %d}]\n"
+
+
+@pytest.mark.parametrize(
+    ("speculative", "retained", "words"),
+    [
+        ("speculative: {method: mtp, num_speculative_tokens: 3}\n", 1, "must be num_speculative_tokens - 1 (2)"),
+        ("speculative: {method: mtp, num_speculative_tokens: 1}\n", 0, "needs k >= 2"),
+        ("", 2, "needs k >= 2"),
+    ],
+)
+def test_extra_retained_tokens_only_as_vllm_sets_it(write_scenario, speculative, retained, words):
+    path = write_scenario(
+        speculative
+        + "model:\n"
+        + _SWA_RETAIN % retained
+        + "requests: {a: {prompt_len: 5}}\nsteps: [{a: {prefill: 5}}]\n"
+    )
+    with pytest.raises(ScenarioError) as info:
+        load_file(path)
+    assert info.value.where.field == "model.groups[0].extra_retained_tokens", str(info.value)
+    assert words in info.value.message, str(info.value)
+
+
+def test_extra_retained_tokens_on_every_sliding_window_group(write_scenario):
+    path = write_scenario(
+        "speculative: {method: mtp, num_speculative_tokens: 3}\n"
+        "model:\n  groups:\n"
+        "    - {type: sliding_window, sliding_window: 8, extra_retained_tokens: 2}\n"
+        "    - {type: sliding_window_mla, sliding_window: 8}\n"
+        "requests: {a: {prompt_len: 5}}\nsteps: [{a: {prefill: 5}}]\n"
+    )
+    with pytest.raises(ScenarioError) as info:
+        load_file(path)
+    assert info.value.where.field == "model.groups[1]", str(info.value)
+    assert "every sliding-window group" in info.value.message
+
+
+def test_extra_retained_tokens_loads_and_widens_the_read_span(scenario_from):
+    from kvconform.oracles.resolve import _read_span, extra_retained_tokens
+
+    scenario = scenario_from(
+        """
+        speculative: {method: mtp, num_speculative_tokens: 3}
+        model:
+          groups: [full_attention, {type: sliding_window, sliding_window: 8, extra_retained_tokens: 2}]
+        requests: {a: {prompt_len: 5}}
+        steps: [{a: {prefill: 5}}]
+        """
+    )
+    assert extra_retained_tokens(scenario.model) == 2
+    # The window of 8 plus the 2 retained tokens (SlidingWindowSpec.num_retained_tokens + 1).
+    assert _read_span(scenario.model.groups[1]) == ("window", 10)
+    assert _read_span(scenario.model.groups[0]) is None
+
+
+def test_extra_retained_tokens_needs_mtp(vllm, scenario_from):
+    from kvconform.harness.engine import run_scenario
+
+    scenario = scenario_from(
+        """
+        speculative: {method: eagle, num_speculative_tokens: 3}
+        model:
+          groups: [{type: sliding_window, sliding_window: 8, extra_retained_tokens: 2}]
+        requests: {a: {prompt_len: 20}}
+        steps: [{a: {prefill: 20}}]
+        """
+    )
+    result = run_scenario(scenario, vllm)
+    assert result.error_kind is not None and result.error_kind.value == "input"
+    assert "needs speculative.method mtp" in (result.error or "")
