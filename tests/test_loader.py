@@ -250,8 +250,9 @@ def test_known_here_lists_every_allowed_field_and_unknown_ones_get_a_did_you_mea
     )
     # num_lookahead_tokens and sample_from_anchor were not given, and are still listed.
     assert (
-        "unknown field (did you mean 'num_lookahead_tokens'?) (known here: method, "
-        "num_lookahead_tokens, num_speculative_tokens, sample_from_anchor)"
+        "unknown field (did you mean 'num_lookahead_tokens'?) (known here: "
+        "disable_lookahead_block_hashes, method, num_lookahead_tokens, num_speculative_tokens, "
+        "sample_from_anchor)"
     ) in error.message
     (top,) = _problems(write_scenario, MINIMAL + "matrx: {block_size: [16]}\n")
     assert (
@@ -517,3 +518,58 @@ def test_extra_retained_tokens_needs_mtp(vllm, scenario_from):
     result = run_scenario(scenario, vllm)
     assert result.error_kind is not None and result.error_kind.value == "input"
     assert "needs speculative.method mtp" in (result.error or "")
+
+
+def test_eagle_group_and_lookahead_hash_switch_load(scenario_from):
+    scenario = scenario_from(
+        """
+        speculative: {method: eagle, num_speculative_tokens: 1, disable_lookahead_block_hashes: true}
+        model:
+          groups: [{type: full_attention, eagle_group: true}, {type: sliding_window, sliding_window: 17}]
+        requests: {a: {prompt_len: 5}}
+        steps: [{a: {prefill: 5}}]
+        """
+    )
+    assert [g.eagle_group for g in scenario.model.groups] == [True, False]
+    assert scenario.speculative is not None
+    assert scenario.speculative.disable_lookahead_block_hashes is True
+
+
+def test_eagle_group_must_be_a_flag(write_scenario):
+    path = write_scenario(
+        "model:\n  groups: [{type: full_attention, eagle_group: 1}]\n"
+        "requests: {a: {prompt_len: 5}}\nsteps: [{a: {prefill: 5}}]\n"
+    )
+    with pytest.raises(ScenarioError) as info:
+        load_file(path)
+    assert info.value.where.field == "model.groups[0].eagle_group", str(info.value)
+    assert "true or false" in info.value.message
+
+
+def test_eagle_group_needs_a_method_with_the_block_drop(vllm, scenario_from):
+    from kvconform.harness.engine import run_scenario
+
+    scenario = scenario_from(
+        """
+        speculative: {method: ngram, num_speculative_tokens: 2}
+        model:
+          groups: [{type: full_attention, eagle_group: true}]
+        requests: {a: {prompt_len: 20}}
+        steps: [{a: {prefill: 20}}]
+        """
+    )
+    result = run_scenario(scenario, vllm)
+    assert result.error_kind is not None and result.error_kind.value == "input"
+    assert "use_eagle_block_drop" in (result.error or "")
+
+
+def test_eagle_group_only_in_trajectory_scenarios(write_scenario):
+    path = write_scenario(
+        "kind: scheduler\nspeculative: {method: eagle, num_speculative_tokens: 1}\n"
+        "model:\n  groups: [{type: full_attention, eagle_group: true}]\n"
+        "requests: {a: {prompt_len: 5}}\n"
+    )
+    with pytest.raises(ScenarioError) as info:
+        load_file(path)
+    assert info.value.where.field == "model.groups[0].eagle_group", str(info.value)
+    assert "only in trajectory scenarios" in info.value.message

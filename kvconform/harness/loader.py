@@ -607,8 +607,9 @@ def _parse_group(item: Any, where: Location, default_block_size: int) -> GroupSp
             choices = ", ".join(map(str, opt.choices))
             raise ScenarioError(fields.at(opt_name), f"must be one of {choices}, not {value!r}")
         options[opt_name] = value
+    eagle_group = fields.flag("eagle_group", False)
     fields.done()
-    return GroupSpec(type_name, block_size, options, where)
+    return GroupSpec(type_name, block_size, options, where, eagle_group=eagle_group)
 
 
 def _parse_speculative(raw: Any, where: Location, at: Location) -> SpeculativeSpec | None:
@@ -619,9 +620,15 @@ def _parse_speculative(raw: Any, where: Location, at: Location) -> SpeculativeSp
     num_speculative_tokens = fields.integer("num_speculative_tokens")
     lookahead = fields.optional_int("num_lookahead_tokens")
     sample_from_anchor = fields.flag("sample_from_anchor", True)
+    no_hashes = fields.flag("disable_lookahead_block_hashes", False)
     fields.done()
     return SpeculativeSpec(
-        method, num_speculative_tokens, lookahead, sample_from_anchor, fields.at("method")
+        method,
+        num_speculative_tokens,
+        lookahead,
+        sample_from_anchor,
+        fields.at("method"),
+        disable_lookahead_block_hashes=no_hashes,
     )
 
 
@@ -637,6 +644,19 @@ def _check_extra_retained(
     method is MTP is checked where vLLM's method aliases are known, oracles/resolve.py.)
     Kinds other than trajectories build their groups from vLLM's own config.
     """
+    if kind != "trajectory":
+        # The other kinds build their KV-cache groups and speculative config from vLLM's.
+        flagged = [g for g in model.groups if g.eagle_group]
+        if flagged:
+            where = flagged[0].where or Location("<scenario>")
+            raise ScenarioError(where.at(f"{where.field}.eagle_group"), "only in trajectory scenarios")
+        if speculative is not None and speculative.disable_lookahead_block_hashes:
+            raise ScenarioError(
+                (speculative.where or Location("<scenario>")).at(
+                    "speculative.disable_lookahead_block_hashes"
+                ),
+                "only in trajectory scenarios",
+            )
     windowed = [g for g in model.groups if "extra_retained_tokens" in GROUP_TYPES[g.type].options]
     for group in windowed:
         value = group.options.get("extra_retained_tokens")

@@ -196,6 +196,9 @@ class Trajectory:
     method: str | None = None
     num_speculative_tokens: int = 0
     sample_from_anchor: bool = True
+    # SpeculativeConfig.disable_lookahead_block_hashes: the EAGLE trailing-block drop
+    # on prefix hits instead of lookahead block hashes.
+    disable_lookahead_block_hashes: bool = False
     vllm_lookahead: int | None = None
     expected_lookahead: int | None = None
     observations: list[Observation] = field(default_factory=list)

@@ -41,6 +41,9 @@ class GroupSpec:
     block_size: int
     options: Mapping[str, object] = field(default_factory=dict)
     where: Location | None = field(default=None, compare=False)
+    # KVCacheGroupSpec.is_eagle_group: the group holds the drafter's layers (vLLM's
+    # planner flags such groups when use_eagle_block_drop() holds).
+    eagle_group: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
@@ -99,6 +102,9 @@ class SpeculativeSpec:
     # DSpark only: False selects the fill-in layout (one more lookahead slot).
     sample_from_anchor: bool = True
     where: Location | None = field(default=None, compare=False)
+    # SpeculativeConfig.disable_lookahead_block_hashes (prefix caching: drop the
+    # trailing hit block, as before 0.33, instead of hashing the drafter's lookahead).
+    disable_lookahead_block_hashes: bool = False
 
 
 @dataclass(frozen=True)

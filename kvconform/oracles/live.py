@@ -75,7 +75,7 @@ def manager_for(
 ) -> Any:
     """A ``KVCacheManager`` for ``model``'s pool and groups, built as the scheduler builds it."""
     return vllm.new_manager(
-        vllm.kv_cache_config(model.num_blocks, specs),
+        vllm.kv_cache_config(model.num_blocks, specs, [g.eagle_group for g in model.groups]),
         max_model_len=model.max_model_len,
         scheduler_block_size=model.scheduler_block_size,
         hash_block_size=model.hash_block_size,
@@ -103,7 +103,11 @@ class LiveAllocator:
         """
         options = (
             vllm.manager_options(
-                run.method, run.num_speculative_tokens, run.sample_from_anchor, model.enable_caching
+                run.method,
+                run.num_speculative_tokens,
+                run.sample_from_anchor,
+                model.enable_caching,
+                run.disable_lookahead_block_hashes,
             )
             if as_scheduler
             else {}

@@ -32,6 +32,17 @@ def new_trajectory(scenario: Scenario, vllm: Vllm) -> Trajectory:
     """The scenario's empty trajectory: lookahead resolved, groups described for the floor."""
     run = _resolve_lookahead(scenario, vllm)
     model = scenario.model
+    for group in model.groups:
+        if group.eagle_group and not (
+            run.method is not None
+            and vllm.eagle_block_drop(run.method, run.num_speculative_tokens, run.sample_from_anchor)
+        ):
+            where = group.where or scenario.where
+            raise ScenarioError(
+                where.at(f"{where.field}.eagle_group"),
+                "vLLM flags a group as an EAGLE group only when the speculative method drops "
+                f"the trailing prefix-cache block (use_eagle_block_drop()); {run.method!r} does not",
+            )
     if extra_retained_tokens(model) and run.method != "mtp":
         group = next(g for g in model.groups if g.options.get("extra_retained_tokens"))
         where = group.where or scenario.where
@@ -166,6 +177,7 @@ def _resolve_lookahead(scenario: Scenario, vllm: Vllm) -> Trajectory:
         method=method,
         num_speculative_tokens=k,
         sample_from_anchor=anchor,
+        disable_lookahead_block_hashes=spec.disable_lookahead_block_hashes,
         vllm_lookahead=vllm_value,
         floor_lookahead=(
             spec.num_lookahead_tokens

@@ -163,9 +163,22 @@ class Vllm:
 
     # -- the allocator ----------------------------------------------------------------
 
-    def kv_cache_config(self, num_blocks: int, specs: Sequence[Any]) -> Any:
+    def kv_cache_config(
+        self, num_blocks: int, specs: Sequence[Any], eagle_groups: Sequence[bool] = ()
+    ) -> Any:
+        """A ``KVCacheConfig`` of one group per spec; ``eagle_groups`` flags the groups that
+        hold the drafter's layers (``KVCacheGroupSpec.is_eagle_group``, vLLM >= 0.31)."""
         iface = self._iface
-        groups = [iface.KVCacheGroupSpec([f"layer.{i}"], spec) for i, spec in enumerate(specs)]
+        flags = list(eagle_groups) + [False] * (len(specs) - len(eagle_groups))
+        groups = [
+            call(iface.KVCacheGroupSpec, layer_names=[f"layer.{i}"], kv_cache_spec=spec)
+            for i, spec in enumerate(specs)
+        ]
+        for group, flag in zip(groups, flags, strict=True):
+            if flag:
+                if not hasattr(group, "is_eagle_group"):
+                    raise self.not_offered("KVCacheGroupSpec.is_eagle_group")
+                group.is_eagle_group = True
         return call(
             iface.KVCacheConfig, num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups
         )
@@ -335,7 +348,12 @@ class Vllm:
         return self._aliases.get(method, method)
 
     def _config_holder(
-        self, method: str, k: int, sample_from_anchor: bool, enable_caching: bool
+        self,
+        method: str,
+        k: int,
+        sample_from_anchor: bool,
+        enable_caching: bool,
+        disable_lookahead_block_hashes: bool = False,
     ) -> SimpleNamespace:
         """What ``VllmConfig``'s speculative properties read, without a model.
 
@@ -350,7 +368,7 @@ class Vllm:
             ("num_speculative_tokens", k),
             ("draft_model_config", SimpleNamespace(hf_config=hf_config)),
             ("disable_eagle_block_drop", False),
-            ("disable_lookahead_block_hashes", False),
+            ("disable_lookahead_block_hashes", disable_lookahead_block_hashes),
         ):
             object.__setattr__(spec, name, value)
         return SimpleNamespace(
@@ -392,7 +410,12 @@ class Vllm:
         return self._config_property("num_lookahead_tokens", holder)
 
     def manager_options(
-        self, method: str | None, k: int, sample_from_anchor: bool, enable_caching: bool
+        self,
+        method: str | None,
+        k: int,
+        sample_from_anchor: bool,
+        enable_caching: bool,
+        disable_lookahead_block_hashes: bool = False,
     ) -> dict[str, int | bool]:
         """The speculative keywords vLLM's ``Scheduler`` passes to ``KVCacheManager``.
 
@@ -402,18 +425,34 @@ class Vllm:
         caching; ``num_prefill_lookahead`` exists from 0.28. Keywords a release's
         ``KVCacheManager`` does not take are dropped when it is built.
         """
-        key = ("manager_options", method, k, sample_from_anchor, enable_caching)
+        no_hashes = disable_lookahead_block_hashes
+        key = ("manager_options", method, k, sample_from_anchor, enable_caching, no_hashes)
         options = self._remembered(
-            key, lambda: self._manager_options(method, k, sample_from_anchor, enable_caching)
+            key,
+            lambda: self._manager_options(method, k, sample_from_anchor, enable_caching, no_hashes),
         )
         return dict(options)
 
+    def eagle_block_drop(self, method: str, k: int, sample_from_anchor: bool = True) -> bool:
+        """``SpeculativeConfig.use_eagle_block_drop()`` (``use_eagle()`` before it existed):
+        whether vLLM's planner flags the groups holding draft layers as EAGLE groups."""
+        spec = self._config_holder(method, k, sample_from_anchor, False).speculative_config
+        drop = getattr(spec, "use_eagle_block_drop", None) or spec.use_eagle
+        return bool(drop())
+
     def _manager_options(
-        self, method: str | None, k: int, sample_from_anchor: bool, enable_caching: bool
+        self,
+        method: str | None,
+        k: int,
+        sample_from_anchor: bool,
+        enable_caching: bool,
+        disable_lookahead_block_hashes: bool = False,
     ) -> dict[str, int | bool]:
         if method is None:
             return {}
-        holder = self._config_holder(method, k, sample_from_anchor, enable_caching)
+        holder = self._config_holder(
+            method, k, sample_from_anchor, enable_caching, disable_lookahead_block_hashes
+        )
         spec = holder.speculative_config
         drop = getattr(spec, "use_eagle_block_drop", None) or spec.use_eagle
         options: dict[str, int | bool] = {"use_eagle": bool(drop())}
