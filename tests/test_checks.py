@@ -437,3 +437,22 @@ def test_sanity_mamba_align_holds_at_most_its_states_checkpoint_and_one_copy():
     assert "holds 7 real blocks" in failure.message
 
 
+
+
+def test_sanity_mamba_align_running_table_only_appends_or_nulls_columns():
+    # a's state moves on: column 1 is nulled and the table grows (what vLLM does).
+    grows = mamba_align_trajectory(obs(ids=[0, 3, 4, 5]), obs(1, ids=[0, 0, 4, 5, 6]))
+    assert list(check_sanity(grows)) == []
+    # A running request's column 1 switching to another real block (an in-place
+    # copy-on-write): the worker, which only appends, still uses block 3 there.
+    swapped = mamba_align_trajectory(obs(ids=[0, 3, 4, 5]), obs(1, ids=[0, 9, 4, 5, 6]))
+    (failure,) = check_sanity(swapped)
+    assert failure.detail == {"invariant": "mamba align rewritten table"}
+    assert "column 1 changed from block 3 to block 9" in failure.message
+    shrinks = mamba_align_trajectory(obs(ids=[0, 3, 4, 5, 6]), obs(1, ids=[0, 3, 4, 5]))
+    (short,) = check_sanity(shrinks)
+    assert "shrank from 5 to 4 columns" in short.message
+    # After a preemption the request starts a new table.
+    preempted = mamba_align_trajectory(obs(ids=[0, 3, 4, 5]), obs(1, ids=[0, 9, 4, 5, 6]))
+    preempted.events.append(FreeEvent(1, 1, 11, "a", "preempt", ([3, 4, 5],), 90, 93, ([],)))
+    assert list(check_sanity(preempted)) == []

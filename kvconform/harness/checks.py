@@ -453,6 +453,38 @@ def _mamba_align_groups(run: Trajectory) -> dict[int, tuple[int, int]]:
     }
 
 
+def _mamba_align_rewritten_column(
+    before: list[int] | None, ids: list[int], null: int
+) -> tuple[str, str] | None:
+    """A running request's table changed other than by appending or nulling a column.
+
+    The worker keeps its own copy of a running request's block table and only appends
+    the block ids each step hands it (vLLM's MambaManager: "The worker block table of a
+    running request is append-only"). So between two allocations of a live request a
+    column may keep its block or become the null block (a state the worker no longer
+    reads), and the table may grow; a column that turns into another real block, or a
+    table that shrinks, is one the worker would still read from the old block.
+    """
+    if before is None:
+        return None
+    if len(ids) < len(before):
+        return (
+            "rewritten table",
+            f"its table shrank from {len(before)} to {len(ids)} columns while it ran "
+            f"(before {before}, now {ids}); the worker's copy only grows",
+        )
+    # ids is at least as long as before here; its appended columns are new.
+    for column, (old, new) in enumerate(zip(before, ids, strict=False)):
+        if new != old and new != null:
+            return (
+                "rewritten table",
+                f"column {column} changed from block {old} to block {new} while it ran "
+                f"(before {before}, now {ids}); the worker's copy only appends, so it "
+                "would still use the old block there",
+            )
+    return None
+
+
 def _mamba_align_state_blocks(run: Trajectory) -> Iterator[Failure]:
     """Where a Mamba "align" request's state lives, after every allocation.
 
@@ -466,7 +498,9 @@ def _mamba_align_state_blocks(run: Trajectory) -> Iterator[Failure]:
     ``2 + num_speculative_blocks + num_prefill_checkpoint_blocks`` real blocks plus
     one private copy-on-write tail (the previous state, the running and speculative
     ones, the checkpoint column): what ``MambaSpec.max_memory_usage_bytes`` sizes
-    the pool for in align mode. Only the live party's tables are read.
+    the pool for in align mode. Between two allocations a live request's table only
+    grows or nulls columns (``_mamba_align_rewritten_column``). Only the live party's
+    tables are read.
     """
     align = _mamba_align_groups(run)
     if not align:
@@ -481,6 +515,7 @@ def _mamba_align_state_blocks(run: Trajectory) -> Iterator[Failure]:
             tables.pop(events[next_event].request, None)
             next_event += 1
         ids = list(obs.block_ids or ())
+        before = tables.get(obs.request, {}).get(obs.group)
         tables.setdefault(obs.request, {})[obs.group] = ids
         shape = align.get(obs.group)
         if shape is None or obs.block_ids is None:
@@ -488,8 +523,8 @@ def _mamba_align_state_blocks(run: Trajectory) -> Iterator[Failure]:
         speculative, checkpoint = shape
         state_columns = 1 + speculative
         tail = ids[-state_columns:] if len(ids) >= state_columns else ids
-        problem = None
-        if len(ids) < state_columns or null in tail:
+        problem = _mamba_align_rewritten_column(before, ids, null)
+        if problem is None and (len(ids) < state_columns or null in tail):
             column = len(ids) - state_columns + (tail.index(null) if null in tail else 0)
             problem = (
                 "null state",
@@ -497,7 +532,7 @@ def _mamba_align_state_blocks(run: Trajectory) -> Iterator[Failure]:
                 f"{speculative} speculative state blocks the kernel writes) is the null block "
                 f"(table {ids})",
             )
-        else:
+        elif problem is None:
             for other, other_tables in tables.items():
                 if other == obs.request:
                     continue
