@@ -217,16 +217,31 @@ def corpus() -> list[Scenario]:
     return [s for s in loaded.scenarios if s.kind == "trajectory"]
 
 
+def _states_admissions(scenario: Scenario) -> bool:
+    """Whether the scenario states what an admission must do (a refused call, a hit)."""
+    return any(
+        call.refused or call.expect_hit is not None
+        for step in scenario.steps
+        for call in step.calls
+    )
+
+
 def compare(report: dict[str, Any], vllm: Vllm, bug: Bug | None) -> dict[str, Prediction]:
     """Assert every scenario's verdict and failing checks are the model's; return the model."""
     expectations = load_expectations(SCENARIOS / "expectations.yaml")
     predicted = {s.id: predict(s, vllm, bug, expectations) for s in corpus()}
     observed = {entry["id"]: entry for entry in report["scenarios"]}
     assert set(predicted) <= set(observed)
+    states_admissions = {s.id for s in corpus() if _states_admissions(s)}
     wrong = []
     for scenario_id, expected in predicted.items():
         entry = observed[scenario_id]
         checks = {f["check"] for f in entry["failures"]}
+        if bug is not None and scenario_id in states_admissions and expected.checks:
+            # The model predicts holdings, not admissions: a bug that changes the
+            # allocator's demand may also admit a call the scenario states is refused (or
+            # change a stated hit), which `sanity` reports on top of the predicted checks.
+            checks = checks - ({"sanity"} - expected.checks)
         if entry["verdict"] != expected.verdict or (expected.checks and checks != expected.checks):
             wrong.append(
                 f"{scenario_id}: expected {expected.verdict} {sorted(expected.checks)}, "
