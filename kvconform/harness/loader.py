@@ -434,6 +434,8 @@ def _parse(
     for key, value in (
         ("watermark", model.watermark),
         ("max_in_flight_tokens", model.max_in_flight_tokens),
+        # 0 is a setting (sparse retention), not an absence.
+        ("prefix_cache_retention_interval", model.prefix_cache_retention_interval is not None),
     ):
         if value and kind != "trajectory":
             # Only the trajectory driver builds its KVCacheManager from the model
@@ -553,6 +555,7 @@ def _parse_model(raw: Any, where: Location) -> ModelSpec:
             f"must be at least 0 and below 1 (a fraction of the pool), not {watermark}",
         )
     max_in_flight_tokens = fields.optional_int("max_in_flight_tokens", minimum=1)
+    retention_interval = fields.optional_int("prefix_cache_retention_interval", minimum=0)
     raw_groups = fields.raw("groups", ["full_attention"])
     fields.done()
     if not isinstance(raw_groups, list):
@@ -565,7 +568,7 @@ def _parse_model(raw: Any, where: Location) -> ModelSpec:
     if not all(ok for _, ok in parsed):
         raise _Abandoned
     groups = tuple(group for group, _ in parsed)
-    return ModelSpec(
+    model = ModelSpec(
         block_size=block_size,
         max_model_len=max_model_len,
         num_blocks=num_blocks,
@@ -575,7 +578,33 @@ def _parse_model(raw: Any, where: Location) -> ModelSpec:
         dcp_world_size=dcp_world_size,
         watermark=float(watermark),
         max_in_flight_tokens=max_in_flight_tokens,
+        prefix_cache_retention_interval=retention_interval,
     )
+    if retention_interval is not None:
+        _check_retention_interval(model, fields.at("prefix_cache_retention_interval"))
+    return model
+
+
+def _check_retention_interval(model: ModelSpec, where: Location) -> None:
+    """vLLM's own rule (``_validate_prefix_cache_retention_interval``): retention only
+    sparsifies sliding-window and Mamba checkpoints, and a positive interval must land on
+    cache-hit boundaries, so be a multiple of the scheduler block size."""
+    interval = model.prefix_cache_retention_interval
+    assert interval is not None
+    if interval and not any(
+        g.type in ("sliding_window", "sliding_window_mla", "mamba") for g in model.groups
+    ):
+        raise ScenarioError(
+            where,
+            f"is {interval}, but the model has no sliding_window or mamba group, "
+            "the only ones retention applies to (vLLM accepts only 0 then)",
+        )
+    if interval % model.scheduler_block_size:
+        raise ScenarioError(
+            where,
+            f"must be a multiple of the scheduler block size "
+            f"({model.scheduler_block_size}), not {interval}",
+        )
 
 
 def _parse_group(item: Any, where: Location, default_block_size: int) -> GroupSpec:

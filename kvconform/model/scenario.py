@@ -75,6 +75,14 @@ class ModelSpec:
     # It sizes the sliding-window and chunked-local admission cap. None: vLLM's
     # fallback, max_model_len (no cap that binds).
     max_in_flight_tokens: int | None = None
+    # What vLLM's engine core resolves into KVCacheConfig.prefix_cache_retention_interval
+    # from CacheConfig.prefix_cache_retention_interval: None keeps sliding-window and
+    # Mamba prefix-cache checkpoints densely (KVCacheConfig's own default, what kvconform
+    # built before the field existed), 0 keeps only the semantic ones (CacheConfig's
+    # default: sparse retention), a positive multiple of the scheduler block size adds
+    # periodic ones. Under 0 a Mamba "align" group reserves a prefill checkpoint block only
+    # for the chunk that reaches the prompt's end.
+    prefix_cache_retention_interval: int | None = None
 
     @property
     def scheduler_block_size(self) -> int:

@@ -75,7 +75,12 @@ def manager_for(
 ) -> Any:
     """A ``KVCacheManager`` for ``model``'s pool and groups, built as the scheduler builds it."""
     return vllm.new_manager(
-        vllm.kv_cache_config(model.num_blocks, specs, [g.eagle_group for g in model.groups]),
+        vllm.kv_cache_config(
+            model.num_blocks,
+            specs,
+            [g.eagle_group for g in model.groups],
+            prefix_cache_retention_interval=model.prefix_cache_retention_interval,
+        ),
         max_model_len=model.max_model_len,
         scheduler_block_size=model.scheduler_block_size,
         hash_block_size=model.hash_block_size,

@@ -164,10 +164,16 @@ class Vllm:
     # -- the allocator ----------------------------------------------------------------
 
     def kv_cache_config(
-        self, num_blocks: int, specs: Sequence[Any], eagle_groups: Sequence[bool] = ()
+        self,
+        num_blocks: int,
+        specs: Sequence[Any],
+        eagle_groups: Sequence[bool] = (),
+        prefix_cache_retention_interval: int | None = None,
     ) -> Any:
         """A ``KVCacheConfig`` of one group per spec; ``eagle_groups`` flags the groups that
-        hold the drafter's layers (``KVCacheGroupSpec.is_eagle_group``, vLLM >= 0.31)."""
+        hold the drafter's layers (``KVCacheGroupSpec.is_eagle_group``, vLLM >= 0.31); a
+        retention interval (0.33's ``prefix_cache_retention_interval``, None: dense) is
+        passed only where one is asked for."""
         iface = self._iface
         flags = list(eagle_groups) + [False] * (len(specs) - len(eagle_groups))
         groups = [
@@ -179,8 +185,20 @@ class Vllm:
                 if not hasattr(group, "is_eagle_group"):
                     raise self.not_offered("KVCacheGroupSpec.is_eagle_group")
                 group.is_eagle_group = True
+        extra: dict[str, Any] = {}
+        if prefix_cache_retention_interval is not None:
+            fields = getattr(iface.KVCacheConfig, "__dataclass_fields__", {})
+            if "prefix_cache_retention_interval" not in fields:
+                raise self.not_offered(
+                    "KVCacheConfig.prefix_cache_retention_interval", "this release has none"
+                )
+            extra["prefix_cache_retention_interval"] = prefix_cache_retention_interval
         return call(
-            iface.KVCacheConfig, num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups
+            iface.KVCacheConfig,
+            num_blocks=num_blocks,
+            kv_cache_tensors=[],
+            kv_cache_groups=groups,
+            **extra,
         )
 
     def new_manager(self, kv_cache_config: Any, **kwargs: Any) -> Any:
