@@ -11,7 +11,9 @@ makes for the allocator and the predictor, and nothing else:
   encoder length on a request's first chunk), ``get_block_ids`` once, and the
   predictor ``_reserved_block_count`` once per group, then what the
   scheduler's ``update_from_output`` does (rollback, sampled tokens, caching);
-* ``free`` on ``finish`` and ``preempt``.
+* ``free`` on ``finish`` and ``preempt``;
+* per step, what ``Scheduler.schedule`` does around its calls: ``new_step_starts``
+  first, the copy-on-write hand-over last.
 
 It reads the *resolved* :class:`~kvconform.model.scenario.Call` s of a loaded
 scenario, so both sides walk the same legal trajectory, and it calls vLLM
@@ -46,8 +48,12 @@ class BarePlan:
     manager_options: dict[str, int | bool]  # the scheduler's speculative KVCacheManager options
     prompts: tuple[tuple[str, tuple[int, ...]], ...]
     encoder_lens: dict[str, int]
-    calls: tuple[Call, ...]
+    steps: tuple[tuple[Call, ...], ...]
     use_predictor: bool
+
+    @property
+    def calls(self) -> tuple[Call, ...]:
+        return tuple(call for step in self.steps for call in step)
 
 
 def plan(scenario: Scenario, vllm: Vllm) -> BarePlan:
@@ -72,7 +78,7 @@ def plan(scenario: Scenario, vllm: Vllm) -> BarePlan:
         ),
         tuple((name, tuple(p)) for name, p in prompts.items()),
         scenario.encoder_lens(),
-        tuple(call for step in scenario.steps for call in step.calls),
+        tuple(tuple(step.calls) for step in scenario.steps),
         vllm.reserved_block_count is not None,
     )
 
@@ -92,59 +98,63 @@ def run_bare(bare: BarePlan, vllm: Vllm) -> int:
     lookahead, max_model_len = bare.lookahead, model.max_model_len
     allocate_slots, get_block_ids = vllm.allocate_slots, manager.get_block_ids
     allocations = 0
-    for call in bare.calls:
-        request = requests[call.request]
-        if call.action is Action.FINISH or call.action is Action.PREEMPT:
-            manager.free(request)
-            if call.action is Action.PREEMPT:
-                request.status = preempted
-                request.num_computed_tokens = 0
-            continue
-        enc = bare.encoder_lens[call.request]
-        if call.first_chunk:
-            blocks, hit = None, 0
-            if caching:
-                blocks, hit = vllm.computed_blocks(
-                    manager, request, call.computed + call.scheduled - 1
-                )
-            new_blocks = allocate_slots(
-                manager,
-                request,
-                call.scheduled - hit,
-                num_new_computed_tokens=hit,
-                new_computed_blocks=blocks if hit else None,
-                num_lookahead_tokens=lookahead,
-                num_encoder_tokens=enc,
-            )
-        else:
-            new_blocks = allocate_slots(
-                manager, request, call.scheduled, num_lookahead_tokens=lookahead
-            )
-        allocations += 1
-        if call.refused:
-            continue  # the driver expects None here and leaves the request as it was
-        if new_blocks is None:
-            raise RuntimeError(f"{bare.scenario_id}: the pool ran dry in the bare loop")
-        request.status = running
-        request.num_computed_tokens = call.computed + call.scheduled
-        get_block_ids(call.request)
-        if predict is not None:
-            num_tokens = call.computed + call.scheduled
-            for spec in specs:
-                predict(
-                    num_tokens,
-                    spec,
+    new_step, end_step = vllm.new_step_starts, vllm.release_block_copies
+    for step in bare.steps:
+        new_step(manager)  # Scheduler.schedule begins every step with it
+        for call in step:
+            request = requests[call.request]
+            if call.action is Action.FINISH or call.action is Action.PREEMPT:
+                manager.free(request)
+                if call.action is Action.PREEMPT:
+                    request.status = preempted
+                    request.num_computed_tokens = 0
+                continue
+            enc = bare.encoder_lens[call.request]
+            if call.first_chunk:
+                blocks, hit = None, 0
+                if caching:
+                    blocks, hit = vllm.computed_blocks(
+                        manager, request, call.computed + call.scheduled - 1
+                    )
+                new_blocks = allocate_slots(
+                    manager,
+                    request,
+                    call.scheduled - hit,
+                    num_new_computed_tokens=hit,
+                    new_computed_blocks=blocks if hit else None,
                     num_lookahead_tokens=lookahead,
-                    max_model_len=max_model_len,
-                    max_encoder_len=enc,
+                    num_encoder_tokens=enc,
                 )
-        request.num_computed_tokens -= call.rejected
-        if call.sampled:
-            first = outputs[call.request]
-            outputs[call.request] = first + call.sampled
-            request.append_output_token_ids(list(range(first, first + call.sampled)))
-            if caching:
-                vllm.cache_blocks(manager, request, request.num_computed_tokens)
+            else:
+                new_blocks = allocate_slots(
+                    manager, request, call.scheduled, num_lookahead_tokens=lookahead
+                )
+            allocations += 1
+            if call.refused:
+                continue  # the driver expects None here and leaves the request as it was
+            if new_blocks is None:
+                raise RuntimeError(f"{bare.scenario_id}: the pool ran dry in the bare loop")
+            request.status = running
+            request.num_computed_tokens = call.computed + call.scheduled
+            get_block_ids(call.request)
+            if predict is not None:
+                num_tokens = call.computed + call.scheduled
+                for spec in specs:
+                    predict(
+                        num_tokens,
+                        spec,
+                        num_lookahead_tokens=lookahead,
+                        max_model_len=max_model_len,
+                        max_encoder_len=enc,
+                    )
+            request.num_computed_tokens -= call.rejected
+            if call.sampled:
+                first = outputs[call.request]
+                outputs[call.request] = first + call.sampled
+                request.append_output_token_ids(list(range(first, first + call.sampled)))
+                if caching:
+                    vllm.cache_blocks(manager, request, request.num_computed_tokens)
+        end_step(manager)  # and ends it handing over the copy-on-write copies
     return allocations
 
 

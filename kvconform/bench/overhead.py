@@ -78,7 +78,11 @@ def _admission_options(scenario: Scenario) -> bool:
     if model.watermark or model.max_in_flight_tokens is not None:
         return True
     return any(
-        call.external or call.load_async or call.full_sequence_must_fit or call.reserved_blocks
+        call.external
+        or call.load_async
+        or call.full_sequence_must_fit
+        or call.reserved_blocks
+        or call.in_flight
         for step in scenario.steps
         for call in step.calls
     )
