@@ -573,3 +573,33 @@ def test_eagle_group_only_in_trajectory_scenarios(write_scenario):
         load_file(path)
     assert info.value.where.field == "model.groups[0].eagle_group", str(info.value)
     assert "only in trajectory scenarios" in info.value.message
+
+
+RELEASE_RANGED = """\
+name: ranged
+vllm: "{releases}"
+model: {{groups: [full_attention]}}
+requests: {{a: {{prompt_len: 20}}}}
+steps:
+  - {{a: {{prefill: 20}}}}
+  - {{a: finish}}
+"""
+
+
+def test_a_scenario_may_name_the_releases_whose_behaviour_it_states(tmp_path: Path, vllm):
+    from kvconform.harness.engine import run_scenario
+
+    path = tmp_path / "ranged.yaml"
+    path.write_text(RELEASE_RANGED.format(releases=f"=={vllm.version}"))
+    (scenario,) = load_file(path)
+    assert scenario.vllm_releases == f"=={vllm.version}"
+    assert run_scenario(scenario, vllm).verdict.value == "passed"
+    path.write_text(RELEASE_RANGED.format(releases="<0.1"))
+    (scenario,) = load_file(path)
+    result = run_scenario(scenario, vllm)
+    assert result.verdict.value == "unsupported", result.error
+    assert "<0.1" in (result.error or "")
+    path.write_text(RELEASE_RANGED.format(releases="newer please"))
+    with pytest.raises((ScenarioError, FileErrors)) as caught:
+        load_file(path)
+    assert ":2: vllm: not a version specifier" in str(caught.value)

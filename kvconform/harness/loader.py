@@ -413,6 +413,15 @@ def _parse(
     tags = top.raw("tags", []) or []
     if not isinstance(tags, list) or not all(isinstance(t, str) and t for t in tags):
         raise ScenarioError(top.at("tags"), "must be a list of names")
+    vllm_releases = top.raw("vllm", None)
+    if vllm_releases is not None:
+        try:
+            SpecifierSet(str(vllm_releases))
+        except InvalidSpecifier:
+            raise ScenarioError(
+                top.at("vllm"), f"not a version specifier: {vllm_releases!r} (e.g. '>=0.33.0')"
+            ) from None
+        vllm_releases = str(vllm_releases)
     kind = top.text("kind", "trajectory")
     if kind not in KINDS:
         raise ScenarioError(
@@ -526,6 +535,7 @@ def _parse(
         line=doc.line,
         scheduler=scheduler,
         engine=engine,
+        vllm_releases=vllm_releases,
     )
 
 

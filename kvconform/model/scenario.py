@@ -398,6 +398,9 @@ class Scenario:
     warmup: WarmupSpec | None = None
     line: int | None = None
     scheduler: SchedulerSpec | None = None
+    # The vLLM releases whose behaviour the scenario states (a version specifier, e.g.
+    # ">=0.33.0"); on any other release its verdict is unsupported. None: every release.
+    vllm_releases: str | None = None
     engine: EngineSpec | None = None
 
     def __post_init__(self) -> None:

@@ -317,6 +317,25 @@ class Vllm:
             return None
         return getattr(warmup, "_reserved_block_count", None)
 
+    def require_release(self, releases: str | None, what: str) -> None:
+        """Raise :class:`NotOffered` unless this release is in ``releases`` (a version
+        specifier): a scenario that states behaviour some releases introduced."""
+        if releases is None:
+            return
+        from packaging.specifiers import SpecifierSet
+        from packaging.version import InvalidVersion
+
+        try:
+            inside = SpecifierSet(releases).contains(release_of(self.version), prereleases=True)
+        except InvalidVersion:
+            return  # a source tree without a release number: run it
+        if not inside:
+            raise NotOffered(
+                self.version,
+                f"the behaviour {what} states",
+                f"the scenario is written for vLLM {releases}",
+            )
+
     def below_minimum(self) -> bool:
         """Older than :data:`MINIMUM_SUPPORTED` (such trees run for bisection only)."""
         from packaging.version import InvalidVersion, Version
