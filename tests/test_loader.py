@@ -447,13 +447,19 @@ def test_only_a_pooling_warmup_may_have_no_kv_cache_groups(write_scenario, scena
     assert "an empty one, a model without KV cache, only for kind: warmup with" in error.message
     (trajectory,) = _problems(write_scenario, MINIMAL + "model: {groups: []}\n")
     assert trajectory.where.field == "model.groups"
+
+
 _SWA_RETAIN = "  groups: [{type: sliding_window, sliding_window: 8, extra_retained_tokens: %d}]\n"
 
 
 @pytest.mark.parametrize(
     ("speculative", "retained", "words"),
     [
-        ("speculative: {method: mtp, num_speculative_tokens: 3}\n", 1, "must be num_speculative_tokens - 1 (2)"),
+        (
+            "speculative: {method: mtp, num_speculative_tokens: 3}\n",
+            1,
+            "must be num_speculative_tokens - 1 (2)",
+        ),
         ("speculative: {method: mtp, num_speculative_tokens: 1}\n", 0, "needs k >= 2"),
         ("", 2, "needs k >= 2"),
     ],

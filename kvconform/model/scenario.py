@@ -415,4 +415,6 @@ class Scenario:
         model = self.model
         if not any(g.type == "cross_attention" for g in model.groups):
             return {name: 0 for name in self.requests}
-        return {name: req.encoder_len or model.max_encoder_len for name, req in self.requests.items()}
+        return {
+            name: req.encoder_len or model.max_encoder_len for name, req in self.requests.items()
+        }
