@@ -413,15 +413,7 @@ def _parse(
     tags = top.raw("tags", []) or []
     if not isinstance(tags, list) or not all(isinstance(t, str) and t for t in tags):
         raise ScenarioError(top.at("tags"), "must be a list of names")
-    vllm_releases = top.raw("vllm", None)
-    if vllm_releases is not None:
-        try:
-            SpecifierSet(str(vllm_releases))
-        except InvalidSpecifier:
-            raise ScenarioError(
-                top.at("vllm"), f"not a version specifier: {vllm_releases!r} (e.g. '>=0.33.0')"
-            ) from None
-        vllm_releases = str(vllm_releases)
+    vllm_releases = _releases(top)
     kind = top.text("kind", "trajectory")
     if kind not in KINDS:
         raise ScenarioError(
@@ -1046,17 +1038,24 @@ def _parse_warmup_passes(raw: Any, where: Location) -> tuple[WarmupPass, ...] | 
                 fields.at("sampling"),
                 f"unknown sampling {sampling!r}; known: {', '.join(WARMUP_SAMPLING)}",
             )
-        vllm = fields.raw("vllm")
-        if vllm is not None:
-            try:
-                SpecifierSet(str(vllm))
-            except InvalidSpecifier:
-                raise ScenarioError(
-                    fields.at("vllm"), f"not a version specifier: {vllm!r}"
-                ) from None
+        vllm = _releases(fields)
         fields.done()
-        passes.append(WarmupPass(requests, sampling, None if vllm is None else str(vllm)))
+        passes.append(WarmupPass(requests, sampling, vllm))
     return tuple(passes)
+
+
+def _releases(fields: _Fields) -> str | None:
+    """The optional ``vllm`` field: a version specifier naming vLLM releases."""
+    raw = fields.raw("vllm")
+    if raw is None:
+        return None
+    try:
+        SpecifierSet(str(raw))
+    except InvalidSpecifier:
+        raise ScenarioError(
+            fields.at("vllm"), f"not a version specifier: {raw!r} (e.g. '>=0.33.0')"
+        ) from None
+    return str(raw)
 
 
 def _parse_requests(raw: Any, where: Location, at: Location) -> dict[str, RequestSpec]:
