@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 
 from kvconform.errors import ScenarioError
-from kvconform.harness.checks import check_sanity
-from kvconform.harness.engine import run_scenario
+from kvconform.harness.checks import CHECKS
 from kvconform.harness.loader import load_file
+from kvconform.harness.runner import run_scenario
 from kvconform.model.observations import Miss, Trajectory
 from kvconform.model.results import Verdict
 
@@ -122,7 +122,7 @@ def test_bad_watermark_names_its_line(write_scenario, model, kind_lines, words):
 def test_sanity_reports_each_stated_hit_vllm_did_not_give():
     run = Trajectory(groups=(), lookahead=0, lookahead_source="test")
     run.misses.append(Miss(3, 12, "b", "prefill 80", "gets a hit of 48"))
-    (failure,) = check_sanity(run)
+    (failure,) = CHECKS["sanity"].find(run)
     assert failure.check == "sanity" and failure.request == "b" and failure.line == 12
     assert failure.message == "step 3 (line 12, prefill 80) request b: gets a hit of 48"
     assert failure.detail == {"invariant": "gets a prefix-cache hit other than the one derived"}

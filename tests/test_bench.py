@@ -20,8 +20,8 @@ from kvconform.bench.cli import ROOT, SKIPPABLE, quick_options, run_bench
 from kvconform.bench.processes import read_junit
 from kvconform.bench.report import RESULTS_HEADING, append_row, write_json
 from kvconform.harness.checks import CHECKS, DEFAULT_CHECKS
-from kvconform.harness.engine import DRIVERS, run_scenario
 from kvconform.harness.loader import load_paths
+from kvconform.harness.runner import DRIVERS, run_scenario
 
 # A small corpus that still takes every path of the bare loop (chunked prefill, spec
 # steps, preemption, prefix caching, cross-attention) and every scenario kind.

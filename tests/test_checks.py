@@ -6,8 +6,7 @@ check's logic alone; tests/test_engine.py drives the real KVCacheManager.
 
 from __future__ import annotations
 
-from kvconform.harness.checks import check_agree, check_floor, check_lookahead, check_sanity
-from kvconform.model.floors import FLOORS
+from kvconform.harness.checks import CHECKS
 from kvconform.model.observations import FreeEvent, GroupInfo, Observation, Trajectory
 
 
@@ -59,8 +58,8 @@ def obs(
 
 
 def test_floor_passes_at_the_floor_and_fails_one_below():
-    assert list(check_floor(trajectory(obs(live=2)))) == []
-    (failure,) = check_floor(trajectory(obs(live=1, predicted=2)))
+    assert list(CHECKS["floor"].find(trajectory(obs(live=2)))) == []
+    (failure,) = CHECKS["floor"].find(trajectory(obs(live=1, predicted=2)))
     assert failure.check == "floor" and failure.live == 1 and failure.floor == 2
     # The message says who, how many, what the floor is made of, and which positions are lost.
     assert "the live KVCacheManager holds 1 block, below the floor of 2" in failure.message
@@ -70,7 +69,7 @@ def test_floor_passes_at_the_floor_and_fails_one_below():
 
 
 def test_floor_judges_every_party_present():
-    failures = list(check_floor(trajectory(obs(live=2, predicted=1, warmup=1))))
+    failures = list(CHECKS["floor"].find(trajectory(obs(live=2, predicted=1, warmup=1))))
     assert sorted(f.message.split(" holds")[0].split(": ")[-1] for f in failures) == [
         "the recorded warmup",
         "the warmup predictor _reserved_block_count",
@@ -79,8 +78,8 @@ def test_floor_judges_every_party_present():
 
 def test_agree_uses_the_running_maximum_after_rollback():
     # After rejected drafts the prediction shrinks but vLLM keeps the blocks: no alarm.
-    assert list(check_agree(trajectory(obs(live=3, predicted=2, pmax=3)))) == []
-    (failure,) = check_agree(trajectory(obs(live=3, predicted=2, pmax=2)))
+    assert list(CHECKS["agree"].find(trajectory(obs(live=3, predicted=2, pmax=3)))) == []
+    (failure,) = CHECKS["agree"].find(trajectory(obs(live=3, predicted=2, pmax=2)))
     assert (
         "holds 3 blocks but the warmup predictor _reserved_block_count predicts 2"
         in failure.message
@@ -90,7 +89,7 @@ def test_agree_uses_the_running_maximum_after_rollback():
 def test_agree_without_predictor_compares_warmup_and_live():
     no_predictor = obs(live=2, predicted=None, pmax=None, warmup=1)
     no_predictor = no_predictor._replace(predicted_max=None)
-    (failure,) = check_agree(trajectory(no_predictor))
+    (failure,) = CHECKS["agree"].find(trajectory(no_predictor))
     assert (
         "the recorded warmup holds 1 block but the live KVCacheManager holds 2" in failure.message
     )
@@ -99,7 +98,7 @@ def test_agree_without_predictor_compares_warmup_and_live():
 def test_lookahead_flags_a_mismatch_and_an_unknown_method():
     assert (
         list(
-            check_lookahead(
+            CHECKS["lookahead"].find(
                 trajectory(
                     method="dflash",
                     num_speculative_tokens=3,
@@ -110,23 +109,24 @@ def test_lookahead_flags_a_mismatch_and_an_unknown_method():
         )
         == []
     )
-    (mismatch,) = check_lookahead(
+    (mismatch,) = CHECKS["lookahead"].find(
         trajectory(
             method="dflash", num_speculative_tokens=3, vllm_lookahead=3, expected_lookahead=4
         )
     )
     assert "is 3 for method 'dflash' with k=3, but the drafter needs k + 1 = 4" in mismatch.message
-    (unknown,) = check_lookahead(
+    (unknown,) = CHECKS["lookahead"].find(
         trajectory(
             method="brand_new", num_speculative_tokens=3, vllm_lookahead=0, expected_lookahead=None
         )
     )
-    assert "not in kvconform's lookahead table" in unknown.message
+    assert "has no entry in kvconform's method registry" in unknown.message
+    assert "kvconform/model/methods.py" in unknown.message
 
 
 def test_sanity_catches_a_block_in_two_tables():
     run = trajectory(obs(0, ids=[1, 2], request="a"), obs(0, ids=[2, 3], request="b"))
-    (failure,) = check_sanity(run)
+    (failure,) = CHECKS["sanity"].find(run)
     assert "block 2 is also in the table of live request a" in failure.message
 
 
@@ -134,23 +134,23 @@ def test_sanity_allows_reuse_after_a_free_and_sharing_with_prefix_caching():
     first, second = obs(0, ids=[1, 2], request="a"), obs(1, ids=[1, 2], request="b")
     run = trajectory(first, second)
     run.events.append(FreeEvent(1, 0, 10, "a", "finish", ([1, 2],), 10, 12, ([],)))
-    assert list(check_sanity(run)) == []
+    assert list(CHECKS["sanity"].find(run)) == []
     shared = trajectory(first, second, exclusive_blocks=False)
-    assert list(check_sanity(shared)) == []
+    assert list(CHECKS["sanity"].find(shared)) == []
 
 
 def test_sanity_checks_what_a_free_gives_back():
     run = trajectory(obs(0, ids=[1, 2]))
     run.events.append(FreeEvent(1, 0, 10, "a", "finish", ([1, 2],), 10, 11, ([2],)))
-    messages = [f.message for f in check_sanity(run)]
+    messages = [f.message for f in CHECKS["sanity"].find(run)]
     assert any("still holds blocks in groups [0] after finish" in m for m in messages)
     assert any("held 2 distinct blocks but 1 went back to the pool" in m for m in messages)
 
 
 def test_sanity_null_block_only_where_the_type_allows_it():
-    (failure,) = check_sanity(trajectory(obs(ids=[0, 5])))
+    (failure,) = CHECKS["sanity"].find(trajectory(obs(ids=[0, 5])))
     assert "null block (id 0)" in failure.message
-    assert list(check_sanity(trajectory(obs(ids=[0, 5]), group_type="sliding_window"))) == []
+    assert list(CHECKS["sanity"].find(trajectory(obs(ids=[0, 5]), group_type="sliding_window"))) == []
 
 
 def test_sanity_follows_each_table_step_by_step():
@@ -160,11 +160,11 @@ def test_sanity_follows_each_table_step_by_step():
         obs(1, ids=[1, 2], request="a"),
         obs(2, ids=[3, 2], request="b"),
     )
-    (shared,) = check_sanity(grows)
+    (shared,) = CHECKS["sanity"].find(grows)
     assert shared.step == 2 and "block 2 is also in the table of live request a" in shared.message
     # A null block is reported at every step it stays in the table, and no longer once gone.
     stays = trajectory(obs(0, ids=[0, 5]), obs(1, ids=[0, 5, 6]), obs(2, ids=[7, 5, 6]))
-    assert [f.step for f in check_sanity(stays)] == [0, 1]
+    assert [f.step for f in CHECKS["sanity"].find(stays)] == [0, 1]
     # A table whose earlier columns change (a window slid) no longer owns the old blocks.
     slid = trajectory(
         obs(0, ids=[1, 2], request="a"),
@@ -172,26 +172,27 @@ def test_sanity_follows_each_table_step_by_step():
         obs(2, ids=[1], request="b"),
         group_type="sliding_window",
     )
-    assert list(check_sanity(slid)) == []
+    assert list(CHECKS["sanity"].find(slid)) == []
     kept = trajectory(
         obs(0, ids=[1, 2], request="a"),
         obs(1, ids=[1, 2, 3], request="a"),
         obs(2, ids=[1], request="b"),
     )
-    assert [f.step for f in check_sanity(kept)] == [2]
+    assert [f.step for f in CHECKS["sanity"].find(kept)] == [2]
 
 
 def test_sanity_detects_leaked_blocks_at_the_end():
     run = trajectory(obs(ids=[1, 2]), all_finished=True, final_free_blocks=97)
-    (failure,) = check_sanity(run)
+    (failure,) = CHECKS["sanity"].find(run)
     assert "97 free blocks, not all 99" in failure.message
 
 
 def test_every_group_type_has_a_floor_with_a_reason():
     from kvconform.model.group_types import GROUP_TYPES
 
-    assert set(FLOORS) == set(GROUP_TYPES)
-    assert all(len(rule.reason) > 20 for rule in FLOORS.values())
+    for group_type in GROUP_TYPES.values():
+        rules = [group_type.floor, *(group_type.floor_by[1].values() if group_type.floor_by else ())]
+        assert all(len(rule.reason) > 20 and rule.family for rule in rules), group_type.name
 
 
 def test_a_group_floor_bound_once_is_the_floor_rule():
@@ -206,22 +207,24 @@ def test_a_group_floor_bound_once_is_the_floor_rule():
         dict(block_size=64, max_model_len=4096, mamba_cache_mode="align", num_speculative_blocks=3),
         dict(block_size=32, max_model_len=4096, mamba_cache_mode="none", num_speculative_blocks=2),
     ]
-    for group_type, fixed in product(FLOORS, fixed_inputs):
+    from kvconform.model.group_types import GROUP_TYPES
+
+    for group_type, fixed in product(GROUP_TYPES, fixed_inputs):
         group = GroupInfo(0, group_type, fixed["block_size"], group_type, False, floor_args=fixed)
         step_floor = group.step_floor()
         for computed, scheduled, lookahead, encoder in product(
             (0, 15, 16, 1000), (1, 4, 17), (0, 3, 8), (0, 1500)
         ):
             f = FloorInput(computed, scheduled, lookahead, encoder_len=encoder, **fixed)
-            expected = FLOORS[group_type].blocks(f)
+            expected = GROUP_TYPES[group_type].floor_for(fixed).blocks(f)
             assert step_floor(computed, scheduled, lookahead, encoder) == expected, (group_type, f)
             assert group.floor_input(computed, scheduled, lookahead, encoder) == f
 
 
 def test_lookahead_without_speculation_must_be_zero():
-    assert list(check_lookahead(trajectory(vllm_lookahead=0))) == []
-    assert list(check_lookahead(trajectory(vllm_lookahead=None))) == []  # release without it
-    (failure,) = check_lookahead(trajectory(vllm_lookahead=1))
+    assert list(CHECKS["lookahead"].find(trajectory(vllm_lookahead=0))) == []
+    assert list(CHECKS["lookahead"].find(trajectory(vllm_lookahead=None))) == []  # release without it
+    (failure,) = CHECKS["lookahead"].find(trajectory(vllm_lookahead=1))
     assert "is 1 without speculative decoding" in failure.message
 
 
@@ -230,10 +233,10 @@ def test_sanity_the_warmup_hands_out_only_pool_blocks_and_never_the_null_block()
         live_ids = [3, 4] if request == "w" else [5, 6]
         return obs(warmup=len(ids), request=request, ids=live_ids)._replace(warmup_block_ids=ids)
 
-    assert list(check_sanity(trajectory(warmup_obs([1, 2]), warmup_obs([98, 99], "v")))) == []
-    (past,) = check_sanity(trajectory(warmup_obs([99, 100])))
+    assert list(CHECKS["sanity"].find(trajectory(warmup_obs([1, 2]), warmup_obs([98, 99], "v")))) == []
+    (past,) = CHECKS["sanity"].find(trajectory(warmup_obs([99, 100])))
     assert "hands out block 100, which a pool of 100 blocks does not have" in past.message
-    (null,) = check_sanity(trajectory(warmup_obs([0, 1])))
+    (null,) = CHECKS["sanity"].find(trajectory(warmup_obs([0, 1])))
     assert "hands out the null block (id 0)" in null.message
 
 
@@ -256,28 +259,28 @@ def _windowed(*observations: Observation, span: tuple[str, int]) -> Trajectory:
 def test_sanity_a_windowed_step_reads_only_real_blocks():
     # Window 32, blocks of 16: the token at 40 attends to 9..40, columns 0..2.
     reads_freed = obs(computed=40, scheduled=1, lookahead=0, floor=3, live=3, ids=[0, 7, 8])
-    (failure,) = check_sanity(_windowed(reads_freed, span=("window", 32)))
+    (failure,) = CHECKS["sanity"].find(_windowed(reads_freed, span=("window", 32)))
     assert "column 0" in failure.message and "attends to positions 9..40" in failure.message
     assert failure.detail["invariant"] == "frees a block the attention still reads"
     # At 48 the window starts at 17: column 0 is outside it and may be null.
     slid = obs(computed=48, scheduled=1, lookahead=0, floor=4, live=4, ids=[0, 7, 8, 9])
-    assert list(check_sanity(_windowed(slid, span=("window", 32)))) == []
+    assert list(CHECKS["sanity"].find(_windowed(slid, span=("window", 32)))) == []
 
 
 def test_sanity_a_bounded_replay_reads_nothing_below_its_replay_start():
     # Window 64, blocks of 16: the token at 48 would attend to 0..48 (columns 0..3), but a
     # replayed hit has no window KV below Request.replay_start = 48, and vLLM reads none.
     replayed = obs(computed=48, scheduled=32, lookahead=0, floor=5, live=5, ids=[0, 0, 0, 7, 8])
-    (failure,) = check_sanity(_windowed(replayed, span=("window", 64)))
+    (failure,) = CHECKS["sanity"].find(_windowed(replayed, span=("window", 64)))
     assert "column 0" in failure.message  # without the bound: the whole window
     bounded = _windowed(replayed, span=("window", 64))
     bounded.read_bounds[0] = 48
-    assert list(check_sanity(bounded)) == []
+    assert list(CHECKS["sanity"].find(bounded)) == []
     # The bound lowers nothing: column 3 (positions 48..63) is read and must be real.
     reads_freed = obs(computed=48, scheduled=32, lookahead=0, floor=5, live=5, ids=[0, 0, 0, 0, 8])
     bounded = _windowed(reads_freed, span=("window", 64))
     bounded.read_bounds[0] = 48
-    (failure,) = check_sanity(bounded)
+    (failure,) = CHECKS["sanity"].find(bounded)
     assert "column 3" in failure.message and "attends to positions 48..48" in failure.message
 
 
@@ -285,9 +288,9 @@ def test_sanity_a_chunked_local_step_reads_its_own_chunk():
     # Chunks of 32: the token at 40 reads 32..40 (column 2); columns 0 and 1 may be null,
     # column 2 may not, nor the column the step writes.
     ok = obs(computed=40, scheduled=1, lookahead=0, floor=3, live=3, ids=[0, 0, 8])
-    assert list(check_sanity(_windowed(ok, span=("chunk", 32)))) == []
+    assert list(CHECKS["sanity"].find(_windowed(ok, span=("chunk", 32)))) == []
     freed = obs(computed=47, scheduled=2, lookahead=0, floor=4, live=4, ids=[0, 0, 8, 0])
-    (failure,) = check_sanity(_windowed(freed, span=("chunk", 32)))
+    (failure,) = CHECKS["sanity"].find(_windowed(freed, span=("chunk", 32)))
     assert "column 3" in failure.message
 
 
@@ -296,9 +299,9 @@ def test_sanity_a_call_the_scenario_says_is_refused_must_be():
 
     run = trajectory()
     run.refusals.append(RefusedCall(3, 12, "b", "prefill 31 (refused)", False, 1))
-    assert list(check_sanity(run)) == []
+    assert list(CHECKS["sanity"].find(run)) == []
     run.refusals.append(RefusedCall(4, 13, "b", "decode (refused)", True, 0))
-    (failure,) = check_sanity(run)
+    (failure,) = CHECKS["sanity"].find(run)
     assert failure.step == 4 and failure.request == "b"
     assert "granted a call the scenario says the pool cannot hold" in failure.message
 
@@ -308,12 +311,12 @@ def test_sanity_the_warmup_makes_the_passes_the_scenario_derives():
 
     sampled, greedy = WarmupPass(4, "random"), WarmupPass(4, "greedy")
     made = [sampled, greedy]
-    assert list(check_sanity(trajectory(warmup_passes=made))) == []  # nothing expected
+    assert list(CHECKS["sanity"].find(trajectory(warmup_passes=made))) == []  # nothing expected
     expected = (sampled, WarmupPass(4, "greedy", vllm=">=0.33.0"))  # the gate is not compared
     at = "s.yaml:9: warmup.expect_passes"
     ok = trajectory(warmup_passes=made, expected_warmup_passes=expected)
-    assert list(check_sanity(ok)) == []
-    (fewer,) = check_sanity(
+    assert list(CHECKS["sanity"].find(ok)) == []
+    (fewer,) = CHECKS["sanity"].find(
         trajectory(
             warmup_passes=[WarmupPass(3, "random")],
             expected_warmup_passes=expected,
@@ -325,7 +328,7 @@ def test_sanity_the_warmup_makes_the_passes_the_scenario_derives():
         "warmup_kernels made 1 pass (3 requests, random), but s.yaml:9: warmup.expect_passes "
         "derives 2 passes (4 requests, random; 4 requests, greedy)"
     )
-    (not_greedy,) = check_sanity(
+    (not_greedy,) = CHECKS["sanity"].find(
         trajectory(warmup_passes=[sampled, sampled], expected_warmup_passes=expected)
     )
     assert "(4 requests, random; 4 requests, random)" in not_greedy.message
@@ -340,8 +343,8 @@ def test_sanity_the_warmup_never_hands_one_block_to_two_tables():
         )
 
     apart = trajectory(warmup_obs([1, 2], "a"), warmup_obs([3], "b"), warmup_obs([1, 2, 4], "a"))
-    assert list(check_sanity(apart)) == []
-    (shared,) = check_sanity(trajectory(warmup_obs([1, 2], "a"), warmup_obs([2, 3], "b")))
+    assert list(CHECKS["sanity"].find(apart)) == []
+    (shared,) = CHECKS["sanity"].find(trajectory(warmup_obs([1, 2], "a"), warmup_obs([2, 3], "b")))
     assert shared.party == "warmup" and shared.request == "b"
     assert "the recorded warmup hands out block 2, which request a holds in group 0" in (
         shared.message
@@ -349,10 +352,10 @@ def test_sanity_the_warmup_never_hands_one_block_to_two_tables():
     # Once a finishes, its blocks may go to the next request (the greedy pass reuses them).
     freed = trajectory(warmup_obs([1, 2], "a"), warmup_obs([1, 2], "b"))
     freed.events.append(FreeEvent(1, 1, None, "a", "finish", ([1, 2],), 97, 99, ([],)))
-    assert [f for f in check_sanity(freed) if f.party == "warmup"] == []
+    assert [f for f in CHECKS["sanity"].find(freed) if f.party == "warmup"] == []
     # Engine mode's GPU warmup rows have no live replay (and no finish events): not judged.
     engine_rows = [o._replace(live=None) for o in (warmup_obs([1], "a"), warmup_obs([1], "b"))]
-    assert [f for f in check_sanity(trajectory(*engine_rows)) if f.party == "warmup"] == []
+    assert [f for f in CHECKS["sanity"].find(trajectory(*engine_rows)) if f.party == "warmup"] == []
 
 
 def test_lookahead_holds_an_async_kv_load_to_exactly_its_tokens_blocks():
@@ -365,17 +368,17 @@ def test_lookahead_holds_an_async_kv_load_to_exactly_its_tokens_blocks():
         run.async_loads.add(0)
         return run
 
-    assert list(check_lookahead(loading(4))) == []
-    (extra,) = check_lookahead(loading(5))
+    assert list(CHECKS["lookahead"].find(loading(4))) == []
+    (extra,) = CHECKS["lookahead"].find(loading(5))
     assert extra.check == "lookahead" and extra.live == 5 and extra.floor == 4
     assert "holds 5 blocks while the request's KV loads asynchronously" in extra.message
     assert "1 block more, lookahead slots reserved during the load" in extra.message
-    (fewer,) = check_lookahead(loading(3))
+    (fewer,) = CHECKS["lookahead"].find(loading(3))
     assert "fewer than the connector writes into" in fewer.message
     # The same holding on an ordinary row is the floor check's business, not this rule's.
     plain = loading(5)
     plain.async_loads.clear()
-    assert list(check_lookahead(plain)) == []
+    assert list(CHECKS["lookahead"].find(plain)) == []
 
 
 def mamba_align_trajectory(*observations: Observation, caching: bool = True) -> Trajectory:
@@ -403,22 +406,22 @@ def mamba_align_trajectory(*observations: Observation, caching: bool = True) -> 
 
 def test_sanity_mamba_align_state_columns_must_be_real_blocks():
     # The last 1 + 2 columns are the running state and two speculative states.
-    assert list(check_sanity(mamba_align_trajectory(obs(ids=[0, 0, 3, 4, 5])))) == []
-    (failure,) = check_sanity(mamba_align_trajectory(obs(ids=[0, 3, 0, 4, 5])))
+    assert list(CHECKS["sanity"].find(mamba_align_trajectory(obs(ids=[0, 0, 3, 4, 5])))) == []
+    (failure,) = CHECKS["sanity"].find(mamba_align_trajectory(obs(ids=[0, 3, 0, 4, 5])))
     assert failure.detail == {"invariant": "mamba align null state"}
     assert "column 2 of the last 3" in failure.message
-    (short,) = check_sanity(mamba_align_trajectory(obs(ids=[4, 5])))
+    (short,) = CHECKS["sanity"].find(mamba_align_trajectory(obs(ids=[4, 5])))
     assert short.detail == {"invariant": "mamba align null state"}
 
 
 def test_sanity_mamba_align_state_blocks_are_never_shared_even_with_prefix_caching():
     # b reads a's cached state 3 (shared, fine) but writes into a's state block 5.
     reads = mamba_align_trajectory(obs(ids=[0, 3, 4, 5, 6]), obs(ids=[0, 3, 7, 8, 9], request="b"))
-    assert list(check_sanity(reads)) == []
+    assert list(CHECKS["sanity"].find(reads)) == []
     writes = mamba_align_trajectory(
         obs(ids=[0, 3, 4, 5, 6]), obs(ids=[0, 0, 7, 8, 5], request="b")
     )
-    (failure,) = check_sanity(writes)
+    (failure,) = CHECKS["sanity"].find(writes)
     assert failure.request == "b"
     assert "state block 5" in failure.message and "live request a" in failure.message
     # Once a has finished, its blocks may go to b.
@@ -426,13 +429,13 @@ def test_sanity_mamba_align_state_blocks_are_never_shared_even_with_prefix_cachi
         obs(ids=[0, 3, 4, 5, 6]), obs(1, ids=[0, 0, 7, 8, 5], request="b")
     )
     freed.events.append(FreeEvent(1, 1, 11, "a", "finish", ([3, 4, 5, 6],), 90, 94, ([],)))
-    assert list(check_sanity(freed)) == []
+    assert list(CHECKS["sanity"].find(freed)) == []
 
 
 def test_sanity_mamba_align_holds_at_most_its_states_checkpoint_and_one_copy():
     # 2 states + 2 speculative + 1 checkpoint + 1 copy-on-write tail = 6 real blocks.
-    assert list(check_sanity(mamba_align_trajectory(obs(ids=[1, 2, 0, 3, 4, 5, 6])))) == []
-    (failure,) = check_sanity(mamba_align_trajectory(obs(ids=[1, 2, 7, 3, 4, 5, 6])))
+    assert list(CHECKS["sanity"].find(mamba_align_trajectory(obs(ids=[1, 2, 0, 3, 4, 5, 6])))) == []
+    (failure,) = CHECKS["sanity"].find(mamba_align_trajectory(obs(ids=[1, 2, 7, 3, 4, 5, 6])))
     assert failure.detail == {"invariant": "mamba align state blocks held"}
     assert "holds 7 real blocks" in failure.message
 
@@ -442,17 +445,17 @@ def test_sanity_mamba_align_holds_at_most_its_states_checkpoint_and_one_copy():
 def test_sanity_mamba_align_running_table_only_appends_or_nulls_columns():
     # a's state moves on: column 1 is nulled and the table grows (what vLLM does).
     grows = mamba_align_trajectory(obs(ids=[0, 3, 4, 5]), obs(1, ids=[0, 0, 4, 5, 6]))
-    assert list(check_sanity(grows)) == []
+    assert list(CHECKS["sanity"].find(grows)) == []
     # A running request's column 1 switching to another real block (an in-place
     # copy-on-write): the worker, which only appends, still uses block 3 there.
     swapped = mamba_align_trajectory(obs(ids=[0, 3, 4, 5]), obs(1, ids=[0, 9, 4, 5, 6]))
-    (failure,) = check_sanity(swapped)
+    (failure,) = CHECKS["sanity"].find(swapped)
     assert failure.detail == {"invariant": "mamba align rewritten table"}
     assert "column 1 changed from block 3 to block 9" in failure.message
     shrinks = mamba_align_trajectory(obs(ids=[0, 3, 4, 5, 6]), obs(1, ids=[0, 3, 4, 5]))
-    (short,) = check_sanity(shrinks)
+    (short,) = CHECKS["sanity"].find(shrinks)
     assert "shrank from 5 to 4 columns" in short.message
     # After a preemption the request starts a new table.
     preempted = mamba_align_trajectory(obs(ids=[0, 3, 4, 5]), obs(1, ids=[0, 9, 4, 5, 6]))
     preempted.events.append(FreeEvent(1, 1, 11, "a", "preempt", ([3, 4, 5],), 90, 93, ([],)))
-    assert list(check_sanity(preempted)) == []
+    assert list(CHECKS["sanity"].find(preempted)) == []

@@ -12,12 +12,12 @@ import pytest
 
 from kvconform.fronts.cli import main
 from kvconform.harness.drivers.trajectory import drive
-from kvconform.harness.engine import exit_status, run_all
 from kvconform.harness.expectations import load_expectations
 from kvconform.harness.loader import discover, load_paths
+from kvconform.harness.runner import exit_status, run_all
 from kvconform.model.floors import cdiv
 from kvconform.model.group_types import GROUP_TYPES
-from kvconform.model.lookahead import expected_lookahead
+from kvconform.model.methods import expected_lookahead
 from kvconform.model.results import Verdict
 from kvconform.model.scenario import Scenario
 

@@ -18,7 +18,7 @@ from kvconform.harness.coverage import (
     pool_peak,
     render_text,
 )
-from kvconform.harness.engine import run_scenario
+from kvconform.harness.runner import run_scenario
 from kvconform.model.results import ErrorKind, ScenarioResult, Verdict
 
 # Speculative, squeezed: a 5-block pool (4 usable) that the request fills, and a

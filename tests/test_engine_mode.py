@@ -17,7 +17,7 @@ import torch
 
 from kvconform.harness.checks import judge
 from kvconform.harness.drivers.engine import trajectory_from
-from kvconform.harness.engine import exit_status, run_scenario
+from kvconform.harness.runner import exit_status, run_scenario
 from kvconform.model.results import Verdict
 from kvconform.oracles import engine as engine_party
 from kvconform.oracles.vllm.engine import HookPoint, hook_points

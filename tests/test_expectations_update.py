@@ -21,7 +21,7 @@ from kvconform.harness.expectations_update import (
     ExpectationsUpdateError,
     update_expectations,
 )
-from kvconform.model import lookahead
+from kvconform.model import methods
 from kvconform.model.results import ErrorKind, Failure, ScenarioResult, Verdict
 
 V = "0.33.0"
@@ -206,12 +206,10 @@ steps:
 
 
 def test_run_update_expectations_end_to_end(vllm, write_scenario, tmp_path, monkeypatch, capsys):
-    # kvconform's own lookahead table loses its EAGLE row: the lookahead check
+    # kvconform's own method registry loses its EAGLE entry: the lookahead check
     # then fails every eagle scenario (vLLM itself is untouched).
     monkeypatch.setattr(
-        lookahead,
-        "LOOKAHEAD_TABLE",
-        tuple(r for r in lookahead.LOOKAHEAD_TABLE if "eagle" not in r.methods),
+        methods, "METHODS", {n: m for n, m in methods.METHODS.items() if n != "eagle"}
     )
     write_scenario(EAGLE, "eagle.yaml")
     write_scenario(PLAIN, "plain.yaml")

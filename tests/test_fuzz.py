@@ -23,11 +23,10 @@ from kvconform.fronts.cli import main
 from kvconform.fuzz.findings import Signature
 from kvconform.fuzz.runner import run_fuzz
 from kvconform.fuzz.space import build_space
-from kvconform.fuzz.strategies import OPTION_STRATEGIES
 from kvconform.harness import checks
-from kvconform.harness.engine import run_scenario
 from kvconform.harness.expectations import load_expectations
 from kvconform.harness.loader import load_file
+from kvconform.harness.runner import run_scenario
 from kvconform.model.group_types import group_type_for_class
 from kvconform.model.observations import Trajectory
 from kvconform.model.results import Failure, Verdict
@@ -61,7 +60,7 @@ def test_fuzz_run_finds_nothing_on_the_installed_vllm(
 
 
 def test_space_offers_every_buildable_type_and_method(vllm: Vllm) -> None:
-    space = build_space(vllm, OPTION_STRATEGIES, EXPECTATIONS)
+    space = build_space(vllm, EXPECTATIONS)
     offered = set(space.group_types) | set(space.excluded)
     for name in ("full_attention", "sliding_window", "mamba", "mla", "cross_attention"):
         assert name in space.group_types
@@ -75,7 +74,8 @@ def test_space_offers_every_buildable_type_and_method(vllm: Vllm) -> None:
     assert space.lookahead("dflash", 3, True) == 4 and space.lookahead("eagle", 3, True) == 3
     if "dspark" in space.methods:
         assert space.lookahead("dspark", 3, False) == space.lookahead("dspark", 3, True) + 1
-    assert set(space.mamba_cache_modes) == set(vllm.mamba_cache_modes())
+    modes = space.offered_choices[("mamba", "mamba_cache_mode")]
+    assert set(modes) == set(vllm.literal_values("vllm.config.cache.MambaCacheMode") or ())
     # Each fuzz-probe entry of the expectations file keeps its type out, none is stale.
     for entry in EXPECTATIONS:
         if entry.pattern.startswith("fuzz-probe-") and entry.applies(entry.pattern, vllm.version):

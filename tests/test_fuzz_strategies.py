@@ -18,13 +18,12 @@ from kvconform.fuzz.document import flow, render, with_header
 from kvconform.fuzz.findings import Signature, first_message, signatures
 from kvconform.fuzz.space import FuzzSpace, probe_document
 from kvconform.fuzz.strategies import (
-    OPTION_STRATEGIES,
     legal_advance,
     scenario_documents,
 )
 from kvconform.harness.loader import load_text
 from kvconform.model.group_types import GROUP_TYPES
-from kvconform.model.lookahead import expected_lookahead
+from kvconform.model.methods import expected_lookahead
 from kvconform.model.observations import GroupInfo, Trajectory
 from kvconform.model.results import ErrorKind, Failure, ScenarioResult, Verdict
 from kvconform.model.scenario import Action
@@ -38,9 +37,9 @@ METHODS = {
     "ngram": ("ngram",),
 }
 SPACE = FuzzSpace(
-    group_types=tuple(t for t in GROUP_TYPES if t in OPTION_STRATEGIES),
+    group_types=tuple(name for name, t in GROUP_TYPES.items() if t.fuzzed),
     methods=METHODS,
-    mamba_cache_modes=("none", "align", "all"),
+    offered_choices={("mamba", "mamba_cache_mode"): ("none", "align", "all")},
     lookaheads={
         (m, k, anchor): int(expected_lookahead(m, k, anchor) or 0)
         for m in METHODS
@@ -51,11 +50,14 @@ SPACE = FuzzSpace(
 QUICK = settings(max_examples=150, derandomize=True, database=None, deadline=None)
 
 
-def test_every_group_type_has_an_option_strategy_and_a_probe() -> None:
+def test_every_group_type_is_fuzzed_and_has_a_probe() -> None:
     # A group type added to the vocabulary without fuzz support would silently
     # drop out of the search (it is listed as "not fuzzed", but nobody reads that).
-    assert set(OPTION_STRATEGIES) == set(GROUP_TYPES)
-    for type_name in GROUP_TYPES:
+    assert all(t.fuzzed for t in GROUP_TYPES.values())
+    for type_name, group_type in GROUP_TYPES.items():
+        required = {n for n, o in group_type.options.items() if o.required}
+        assert required <= set(group_type.probe_options()), type_name
+        assert required <= {n for n, o in group_type.options.items() if o.draw}, type_name
         (scenario,) = load_text(render(probe_document(type_name, "eagle")), "probe.yaml")
         assert [g.type for g in scenario.model.groups] == [type_name]
         assert {c.action for s in scenario.steps for c in s.calls} == set(Action)
@@ -167,27 +169,29 @@ def _trajectory(*types: str, mamba_mode: str = "none") -> Trajectory:
     return Trajectory(groups, 2, "test")
 
 
-def _failure(check: str, message: str, group: int | None = 0, **numbers: int) -> Failure:
-    return Failure(check, message, step=0, request="a", group=group, **numbers)  # type: ignore[arg-type]
+def _failure(
+    check: str, message: str, group: int | None = 0, party: str | None = None, **numbers: int
+) -> Failure:
+    return Failure(check, message, step=0, request="a", group=group, party=party, **numbers)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
     ("failure", "types", "expected"),
     [
         (
-            _failure("floor", "step 0 ...: the warmup predictor _reserved_block_count holds 1"),
+            _failure("floor", "step 0 ...: the warmup predictor holds 1", party="predicted"),
             ("sliding_window",),
             Signature("floor", "predicted", "token-indexed"),
         ),
         (
-            _failure("floor", "step 0 ...: the live KVCacheManager holds 1 block, below"),
+            _failure("floor", "step 0 ...: the live KVCacheManager holds 1 block", party="live"),
             ("mamba",),
             Signature("floor", "live", "MambaSpec"),
         ),
         (
             _failure("agree", "live holds 3 but predicts 2", live=3, predicted=2),
             ("mamba",),
-            Signature("agree", "mamba", "live above"),
+            Signature("agree", "mamba-state", "live above"),
         ),
         (
             _failure("sanity", "blocks leaked", group=None),
@@ -208,6 +212,8 @@ def test_signatures_are_coarse_where_one_root_cause_shows_many_times(
     failure = replace(failure, spec_type=spec_type if failure.group is not None else None)
     result = ScenarioResult("x", "x.yaml", Verdict.FAILED, failures=[failure])
     result.trajectory = _trajectory(*types)
+    # The lookahead check's signature is the scenario's method.
+    result.trajectory.method = "dflash" if failure.check == "lookahead" else None
     assert signatures(result) == [expected]
     assert first_message(result, expected) == failure.message
 

@@ -13,8 +13,8 @@ import pytest
 
 from kvconform.harness.checks import run_checks
 from kvconform.harness.coverage import compute_coverage, offered_by
-from kvconform.harness.engine import run_scenario
-from kvconform.harness.grouping import group_failures
+from kvconform.harness.root_causes import find_root_causes
+from kvconform.harness.runner import run_scenario
 from kvconform.model.results import ErrorKind, RunReport, ScenarioResult, Verdict
 from kvconform.reports import WRITERS, plots, write_reports
 from kvconform.reports import html as html_report
@@ -78,7 +78,7 @@ def report(vllm, scenario_from):
         exit_status=1,
         checks=("floor", "agree"),
     )
-    run.groups = group_failures(results)
+    run.root_causes = find_root_causes(results)
     run.coverage = compute_coverage([(scenario, failed), (scenario, passed)], offered_by(vllm))
     return run
 
@@ -213,8 +213,8 @@ def test_the_representative_is_plotted_for_the_groups_its_cause_is_about(report)
 def test_one_card_per_root_cause_with_its_scenarios_collapsed(report):
     page = html_report.render_html(report)
     # The lowered live count is below the floor and below the predictor: two records.
-    assert {(g.party, g.check) for g in report.groups} == {("live", "floor"), ("live", "agree")}
-    number, group = next((n, g) for n, g in enumerate(report.groups, 1) if g.check == "floor")
+    assert {(g.party, g.check) for g in report.root_causes} == {("live", "floor"), ("live", "agree")}
+    number, group = next((n, g) for n, g in enumerate(report.root_causes, 1) if g.check == "floor")
     assert group.miss == "is below the floor by one block"  # live = floor - 1
     card = page.split(f'<section class="card group" id="g-{number}"')[1].split("</section>")[0]
     assert 'data-verdict="failed" data-check="floor" data-types="full_attention"' in card

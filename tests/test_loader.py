@@ -344,7 +344,7 @@ def test_a_matrix_reports_a_problem_once_not_per_combination(write_scenario):
 
 
 def test_an_unknown_method_names_the_declared_one_probably_meant(vllm, scenario_from):
-    from kvconform.harness.engine import run_scenario
+    from kvconform.harness.runner import run_scenario
 
     scenario = scenario_from(
         """
@@ -510,7 +510,7 @@ def test_extra_retained_tokens_loads_and_widens_the_read_span(scenario_from):
 
 
 def test_extra_retained_tokens_needs_mtp(vllm, scenario_from):
-    from kvconform.harness.engine import run_scenario
+    from kvconform.harness.runner import run_scenario
 
     scenario = scenario_from(
         """
@@ -553,7 +553,7 @@ def test_eagle_group_must_be_a_flag(write_scenario):
 
 
 def test_eagle_group_needs_a_method_with_the_block_drop(vllm, scenario_from):
-    from kvconform.harness.engine import run_scenario
+    from kvconform.harness.runner import run_scenario
 
     scenario = scenario_from(
         """
@@ -593,7 +593,7 @@ steps:
 
 
 def test_a_scenario_may_name_the_releases_whose_behaviour_it_states(tmp_path: Path, vllm):
-    from kvconform.harness.engine import run_scenario
+    from kvconform.harness.runner import run_scenario
 
     path = tmp_path / "ranged.yaml"
     path.write_text(RELEASE_RANGED.format(releases=f"=={vllm.version}"))

@@ -16,8 +16,8 @@ import pytest
 from vllm_copy import REPO, run_kvconform
 
 from kvconform.errors import ScenarioError
-from kvconform.harness.engine import run_scenario
 from kvconform.harness.loader import load_paths
+from kvconform.harness.runner import run_scenario
 from kvconform.mutate import campaign
 from kvconform.mutate.mutants import enumerate_mutants, find_function, mutated_module_text
 from kvconform.mutate.report import merge

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 
 from kvconform.errors import ScenarioError
-from kvconform.harness.engine import run_scenario
 from kvconform.harness.loader import load_file
+from kvconform.harness.runner import run_scenario
 from kvconform.model.results import Verdict
 
 MAMBA = (

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kvconform.fronts.explain import explain
-from kvconform.harness import engine
+from kvconform.harness import runner
 from kvconform.harness.loader import load_file
 from kvconform.model.floors import cdiv
 from kvconform.model.observations import Observation
@@ -39,7 +39,7 @@ requests:
 
 def _run(scenario_from, vllm, text):
     scenario = scenario_from(text)
-    result = engine.run_scenario(scenario, vllm)
+    result = runner.run_scenario(scenario, vllm)
     return scenario, result
 
 
@@ -108,7 +108,7 @@ def test_labels_show_chunking_and_acceptance(scenario_from, vllm):
 
 def test_preemption_is_recorded_and_the_resumed_request_reserves_again(scenario_from, vllm):
     (scenario,) = load_file(SCENARIOS / "sched-pool-pressure.yaml")[:1]
-    result = engine.run_scenario(scenario, vllm)
+    result = runner.run_scenario(scenario, vllm)
     assert result.verdict is Verdict.PASSED, result.headline()
     run = result.trajectory
     assert run is not None
@@ -206,7 +206,7 @@ def test_a_pool_too_small_is_an_input_error(scenario_from, vllm):
     assert result.verdict is Verdict.ERROR and result.error_kind is ErrorKind.INPUT
     assert "model.num_blocks" in (result.error or "")
     assert "scheduled nothing" in (result.error or "")
-    assert engine.exit_status([result]) == 2
+    assert runner.exit_status([result]) == 2
 
 
 def test_a_method_vllm_cannot_build_is_unsupported(scenario_from, vllm):
@@ -220,7 +220,7 @@ def test_a_method_vllm_cannot_build_is_unsupported(scenario_from, vllm):
     # The machine, not the release (suffix decoding needs its own package): not exercised.
     assert result.verdict is Verdict.ERROR and result.error_kind is ErrorKind.UNSUPPORTED
     assert "suffix" in (result.error or "") and vllm.version in (result.error or "")
-    assert engine.exit_status([result]) == 3
+    assert runner.exit_status([result]) == 3
 
 
 def test_reports_and_explain_carry_the_decisions(scenario_from, vllm, tmp_path):
@@ -248,7 +248,7 @@ def test_the_scheduler_corpus_conforms(vllm):
     assert len(scenarios) > 30
     modes = {s.scheduler.mode for s in scenarios if s.scheduler}
     assert modes == {"sync", "async", "overlapped"}
-    results = list(engine.run_all(scenarios, vllm))
+    results = list(runner.run_all(scenarios, vllm))
     bad = [f"{r.id}: {r.headline()}" for r in results if r.verdict is not Verdict.PASSED]
     assert not bad, "\n".join(bad)
     preempted = [
@@ -328,7 +328,7 @@ def test_multi_module_mtp_hashes_cover_the_drafters_lookahead(vllm):
     tokens after it, so a prefix hit takes block 3 (tokens 48..63) only when tokens 64..66
     match too, and the trailing-block drop is off."""
     (scenario,) = load_file(SCENARIOS / "sched-mtp-hash-lookahead.yaml")
-    result = engine.run_scenario(scenario, vllm)
+    result = runner.run_scenario(scenario, vllm)
     assert result.verdict is Verdict.PASSED, result.headline()
     rows = _rows(result)
     # b shares 67 tokens with a: blocks 0-3 and their 3 lookahead tokens match, a hit of 64

@@ -9,7 +9,7 @@ replaces one precise piece of text, and runs the corpus in a subprocess with
 Which scenarios must fail is *derived* here, from each scenario's own numbers
 and kvconform's contract (the floor table and the lookahead table), by a small
 model of the block counts each party holds: a token-indexed group (every floor
-row that is :func:`~kvconform.model.floors.token_columns`) and a Mamba group
+rule counts token columns) and a Mamba group
 outside "align" mode hold ``cdiv(min(computed + scheduled + lookahead,
 max_model_len), block)`` (plus the speculative state blocks), with the
 lookahead dropped on the party the bug breaks; blocks are never returned on
@@ -36,8 +36,9 @@ from vllm_copy import installed_vllm_dir, tree_with_replacement
 
 from kvconform.harness.expectations import Expectation, load_expectations
 from kvconform.harness.loader import load_paths
-from kvconform.model.floors import FLOORS, cdiv, token_columns
-from kvconform.model.lookahead import expected_lookahead
+from kvconform.model.floors import cdiv
+from kvconform.model.group_types import GROUP_TYPES
+from kvconform.model.methods import expected_lookahead
 from kvconform.model.scenario import Action, Scenario
 from kvconform.oracles.vllm import Vllm
 
@@ -46,7 +47,7 @@ SCENARIOS = REPO / "scenarios"
 # Trajectory folders only: warmup scenarios replay vLLM's real warmup, which the
 # model below does not describe.
 FOLDERS = [SCENARIOS / name for name in ("specs", "methods", "hybrid", "regressions")]
-TOKEN_INDEXED = frozenset(name for name, rule in FLOORS.items() if rule.blocks is token_columns)
+TOKEN_INDEXED = frozenset(n for n, t in GROUP_TYPES.items() if t.floor.counts_token_columns)
 # Group types whose KVCacheManager vLLM 0.33.0 cannot build (docs/findings.md, finding 1):
 # their scenarios crash before any block count exists, with or without a bug.
 CRASHING_TYPES = frozenset({"sink_full_attention"})

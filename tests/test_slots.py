@@ -19,10 +19,10 @@ from vllm_copy import tree_with_replacement
 
 from kvconform.errors import VllmUnavailable
 from kvconform.fronts.cli import main
-from kvconform.harness import engine
+from kvconform.harness import runner
 from kvconform.harness.checks import judge, parse_checks
 from kvconform.harness.drivers.trajectory import drive
-from kvconform.harness.engine import exit_status, run_scenario
+from kvconform.harness.runner import exit_status, run_scenario
 from kvconform.model.floors import cdiv
 from kvconform.model.observations import Observation, SlotEscape
 from kvconform.model.results import ErrorKind, Verdict
@@ -236,9 +236,9 @@ def test_a_party_that_raises_is_a_crash_that_keeps_the_other_checks_verdicts(
         judged.append(checks)
         return real_judge(run, checks)
 
-    real_judge = engine.judge
-    monkeypatch.setitem(engine.PARTIES_FOR_CHECKS, "slots", broken)
-    monkeypatch.setattr(engine, "judge", judging)
+    real_judge = runner.judge
+    monkeypatch.setitem(runner.PARTIES_FOR_CHECKS, "slots", broken)
+    monkeypatch.setattr(runner, "judge", judging)
     result = run_scenario(scenario, vllm, ("floor", "slots"))
     assert result.verdict is Verdict.ERROR and result.error_kind is ErrorKind.CRASH
     assert "raised IndexError: list index out of range" in result.error

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import pytest
 
 from kvconform.fronts import cli
-from kvconform.harness.engine import exit_status, run_scenario
 from kvconform.harness.expectations import load_expectations
 from kvconform.harness.loader import load_paths
+from kvconform.harness.runner import exit_status, run_scenario
 from kvconform.model.floors import cdiv
 from kvconform.model.results import ErrorKind, Verdict
 from kvconform.model.scenario import WarmupPass

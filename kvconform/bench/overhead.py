@@ -1,7 +1,7 @@
 """``step_overhead_ratio``: the harness against the bare loop, on the same trajectories.
 
 The harness pass is what ``kvconform run`` does per scenario once vLLM is
-imported: :func:`kvconform.harness.engine.run_scenario` (driver, recording,
+imported: :func:`kvconform.harness.runner.run_scenario` (driver, recording,
 checks, expectations). The bare pass is :mod:`kvconform.bench.bare` on the
 same scenarios. Both run in this process, interleaved (:mod:`.timing`); the
 figure is the median over rounds of harness time / bare time.
@@ -26,8 +26,8 @@ from kvconform.bench.bare import BarePlan, count_steps, plan, run_bare_all
 from kvconform.bench.figures import Figure, measured, not_available
 from kvconform.bench.timing import CallCounter, Timings, interleave
 from kvconform.harness.checks import DEFAULT_CHECKS, run_checks
-from kvconform.harness.engine import DRIVERS, run_scenario
 from kvconform.harness.expectations import Expectation
+from kvconform.harness.runner import DRIVERS, run_scenario
 from kvconform.model.observations import Trajectory
 from kvconform.model.scenario import Scenario
 from kvconform.oracles.vllm import Vllm

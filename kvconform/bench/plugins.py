@@ -1,8 +1,8 @@
 """Figures for what kvconform registers: fuzzing, scenario kinds, checks.
 
-A scenario kind has a driver in :data:`kvconform.harness.engine.DRIVERS`, a
+A scenario kind has a driver in :data:`kvconform.harness.runner.DRIVERS`, a
 check an entry in :data:`kvconform.harness.checks.CHECKS` (and, where it has a
-party of its own, in ``PARTIES_FOR_CHECKS``). The benchmark measures whatever
+party of its own, its record's ``record``). The benchmark measures whatever
 is registered, so a new kind or check gets its figure without a change here.
 
 * ``fuzz_examples_per_second``: ``run_fuzz(vllm, examples, seed)``; its own
@@ -21,7 +21,7 @@ from typing import Any
 from kvconform.bench.figures import Figure, measured, not_available
 from kvconform.bench.timing import interleave
 from kvconform.harness.checks import CHECKS, judge
-from kvconform.harness.engine import DRIVERS, PARTIES_FOR_CHECKS, run_scenario
+from kvconform.harness.runner import DRIVERS, run_scenario
 from kvconform.model.results import Verdict
 from kvconform.model.scenario import Scenario
 from kvconform.oracles.vllm import Vllm
@@ -104,7 +104,7 @@ def checks(
 
     A check is a pure function of a recorded trajectory, so its cost is timed
     on the corpus's trajectories (interleaved, median of ``rounds``). A check
-    with a party of its own (``PARTIES_FOR_CHECKS``: ``slots`` runs vLLM's
+    with a party of its own (``Check.record``: ``slots`` runs vLLM's
     slot-mapping kernel) is also charged for the party, timed once on the first
     ``party_sample`` scenarios: on CPU that kernel runs under Triton's
     interpreter, too slow to run over the whole corpus in a benchmark.
@@ -118,7 +118,7 @@ def checks(
             figures[name] = not_available("no scenario of the corpus runs to its end")
         return figures
     party_details: dict[str, dict[str, Any]] = {}
-    for name, party in PARTIES_FOR_CHECKS.items():
+    for name, party in ((n, c.record) for n, c in CHECKS.items() if c.record is not None):
         sample = trajectories[:party_sample]
         started = time.perf_counter()
         for trajectory in sample:

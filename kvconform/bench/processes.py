@@ -45,7 +45,7 @@ import torch
 t1 = time.perf_counter()
 from kvconform.oracles.vllm import load
 vllm = load()
-import kvconform.harness.engine, kvconform.oracles.live, kvconform.oracles.predictor
+import kvconform.harness.runner, kvconform.oracles.live, kvconform.oracles.predictor
 t2 = time.perf_counter()
 print(json.dumps({"torch": t1 - t0, "vllm_and_oracles": t2 - t1, "total": t2 - t0,
                   "vllm_version": vllm.version, "torch_version": torch.__version__}))

@@ -24,7 +24,7 @@ from typing import NoReturn
 from kvconform import __version__
 from kvconform.errors import ExitStatus, KvconformError, UsageError
 from kvconform.fronts.progress import add_progress_option, open_progress
-from kvconform.harness import engine, session
+from kvconform.harness import runner
 from kvconform.harness.checks import CHECKS, DEFAULT_CHECKS
 from kvconform.harness.coverage import render_text as render_coverage
 from kvconform.harness.expectations import (
@@ -36,7 +36,7 @@ from kvconform.harness.expectations import (
 )
 from kvconform.harness.loader import load_paths
 from kvconform.harness.select import Shard, shard_from
-from kvconform.harness.session import RunRequest, Session, checks_from, vllm_to_load
+from kvconform.harness.session import RunRequest, Session, checks_from, load_vllm, vllm_to_load
 from kvconform.model.results import RunReport, ScenarioResult, Verdict
 from kvconform.oracles.vllm import Vllm
 
@@ -83,9 +83,9 @@ def add_expectation_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def load_vllm(args: argparse.Namespace) -> Vllm:
+def vllm_from_args(args: argparse.Namespace) -> Vllm:
     """The vLLM the flags select (the session's one loader)."""
-    return session.load_vllm(getattr(args, "vllm_src", None), getattr(args, "vllm_release", None))
+    return load_vllm(getattr(args, "vllm_src", None), getattr(args, "vllm_release", None))
 
 
 def add_shard_option(parser: argparse.ArgumentParser, what: str) -> None:
@@ -124,15 +124,15 @@ def say(text: str = "") -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     lap = time.perf_counter()
     shard = shard_from(args.shard) if "shard" in vars(args) else None
-    run = Session(run_request(args, checks_from(args.checks), shard))
-    selection = run.select()
-    report = run.new_report(selection)
+    session = Session(run_request(args, checks_from(args.checks), shard))
+    selection = session.select()
+    report = session.new_report(selection)
     report.phases["select"] = time.perf_counter() - lap
     for err in report.input_errors:
         say(f"ERROR {err}")
     scenarios = selection.scenarios
     if not scenarios:
-        run.run(selection, report)  # concludes without importing vLLM
+        session.run(selection, report)  # concludes without importing vLLM
         for note in report.notes:
             say(note)
         return finish_run(report, args)
@@ -141,7 +141,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         f" (shard {shard} of {selection.matched})" if shard is not None else ""
     )
     say(
-        f"kvconform {__version__}: {picked} from {', '.join(run.request.scenario_paths)}; "
+        f"kvconform {__version__}: {picked} from {', '.join(session.request.scenario_paths)}; "
         f"loading {vllm_to_load(args.vllm_src, args.vllm_release)}"
     )
     with open_progress(len(scenarios), "scenarios", mode=args.progress) as progress:
@@ -156,7 +156,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             print_result(result, progress.echo)
             progress.advance(tally=result.verdict.value)
 
-        run.run(
+        session.run(
             selection,
             report,
             on_loaded=loaded,
@@ -169,12 +169,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     for note in report.notes:
         if note.startswith("check "):
             say(note)
-    if args.update_expectations and run.expectation_errors:
-        path = run.expectations_file()
+    if args.update_expectations and session.expectation_errors:
+        path = session.expectations_file()
         say(f"\nexpectations: not rewriting {path}: it does not load (see the error above)")
     elif args.update_expectations:
         try:
-            rewrite_expectations(report, run.expectations_file(), args.paths, report.vllm_version)
+            rewrite_expectations(
+                report, session.expectations_file(), args.paths, report.vllm_version
+            )
         except KvconformError as exc:
             # The run's reports are still worth writing; the exit status says it went wrong.
             say(f"ERROR {exc}")
@@ -254,7 +256,7 @@ def print_short_summary(report: RunReport) -> None:
 
 def finish_run(report: RunReport, args: argparse.Namespace) -> int:
     from kvconform.reports import write_reports
-    from kvconform.reports.groups import group_lines
+    from kvconform.reports.root_causes import group_lines
 
     report.duration = time.time() - report.started
     print_short_summary(report)
@@ -299,18 +301,18 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 def cmd_coverage(args: argparse.Namespace) -> int:
     # Coverage needs the trajectories, not the verdicts: the checks are skipped.
-    run = Session(run_request(args, checks=()))
-    selection = run.select()
+    session = Session(run_request(args, checks=()))
+    selection = session.select()
     for err in selection.input_errors:
         say(f"ERROR {err}")
     results = []
     with open_progress(len(selection.scenarios), "scenarios", mode=args.progress) as progress:
         for scenario in selection.scenarios:
             progress.start_item(scenario.id)
-            results.append(engine.run_scenario(scenario, run.vllm, checks=()))
+            results.append(runner.run_scenario(scenario, session.vllm, checks=()))
             progress.advance(tally="error" if results[-1].error else "ok")
     notes: list[str] = []
-    coverage = run.coverage(selection.scenarios, results, notes)
+    coverage = session.coverage(selection.scenarios, results, notes)
     for note in notes:
         say(f"note: {note}")
     say(render_coverage(coverage))
@@ -364,9 +366,9 @@ def cmd_matrix(args: argparse.Namespace) -> int:
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
-    from kvconform.model.lookahead import rule_for
+    from kvconform.model.methods import REGISTRY_FILE, method_for
 
-    vllm = load_vllm(args)
+    vllm = vllm_from_args(args)
     k = args.k
     aliases = vllm.method_aliases()
     say(f"Speculative methods declared by vLLM {vllm.version} (lookahead for k={k}):")
@@ -375,9 +377,9 @@ def cmd_methods(args: argparse.Namespace) -> int:
     for method in vllm.declared_methods():
         canonical = aliases.get(method, method)
         theirs = vllm.lookahead(canonical, k)
-        rule = rule_for(canonical)
-        ours = None if rule is None else rule.lookahead(k, True)
-        if rule is None:
+        entry = method_for(canonical)
+        ours = None if entry is None else entry.lookahead(k, True)
+        if entry is None:
             status, status_code = "NOT IN TABLE", ExitStatus.NONCONFORMANCE
         elif theirs is None:
             status = "vLLM: n/a"
@@ -386,7 +388,7 @@ def cmd_methods(args: argparse.Namespace) -> int:
         else:
             status = "ok"
         shown = method if canonical == method else f"{method} (= {canonical})"
-        formula = rule.formula if rule else "?"
+        formula = entry.rule.formula if entry else f"? (no entry in {REGISTRY_FILE})"
         say(
             f"{shown:26} {'-' if theirs is None else theirs:>5} {'-' if ours is None else ours:>9}  "
             f"{status:12} {formula}"
@@ -414,12 +416,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
         raise UsageError(
             f"no scenario {target!r} (give a file, or an id from {DEFAULT_SCENARIOS}/)"
         )
-    run = Session(run_request(argparse.Namespace(**vars(args), paths=()), DEFAULT_CHECKS))
+    session = Session(run_request(argparse.Namespace(**vars(args), paths=()), DEFAULT_CHECKS))
     worst = ExitStatus.CONFORM
     for scenario in chosen:
-        result = run.run_scenario(scenario)
-        say(explain(scenario, result, run.vllm.version))
-        worst = max(worst, engine.exit_status([result]))
+        result = session.run_scenario(scenario)
+        say(explain(scenario, result, session.vllm.version))
+        worst = max(worst, runner.exit_status([result]))
     return worst
 
 
@@ -438,7 +440,9 @@ def cmd_engine_record(args: argparse.Namespace) -> int:
     chosen = [s for s in loaded.scenarios if args.scenario_id in (None, s.id)]
     if len(chosen) != 1 or chosen[0].kind != "engine":
         ids = ", ".join(s.id for s in loaded.scenarios)
-        raise UsageError(f"{args.scenario} must hold one engine scenario (-k ID picks one of: {ids})")
+        raise UsageError(
+            f"{args.scenario} must hold one engine scenario (-k ID picks one of: {ids})"
+        )
     recording = None
     if args.recording is not None:
         recording = EngineRecording.from_json(args.recording.read_text())
@@ -477,13 +481,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     (scenario,) = chosen
     # No expectations: the export reproduces what vLLM does, listed or not.
     request = run_request(argparse.Namespace(**vars(args), paths=()), DEFAULT_CHECKS)
-    run = Session(RunRequest(**{**vars(request), "no_expectations": True}))
-    result = run.run_scenario(scenario)
-    text = render_vllm_test(scenario, result, run.vllm)
+    session = Session(RunRequest(**{**vars(request), "no_expectations": True}))
+    result = session.run_scenario(scenario)
+    text = render_vllm_test(scenario, result, session.vllm)
     out = Path(args.out or f"{test_name(scenario)}.py")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text, encoding="utf-8")
-    say(f"{scenario.id}: {result.verdict.value} against vLLM {run.vllm.version}; wrote {out}")
+    say(f"{scenario.id}: {result.verdict.value} against vLLM {session.vllm.version}; wrote {out}")
     return ExitStatus.CONFORM
 
 
@@ -493,7 +497,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     from kvconform.fronts.doctor import doctor
 
-    return doctor(load_vllm(args), say)
+    return doctor(vllm_from_args(args), say)
 
 
 # -- fuzz ------------------------------------------------------------------------------
@@ -528,7 +532,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     exp_path = Path(args.expectations) if args.expectations else find_expectations([])
     expectations = load_expectations(exp_path) if exp_path is not None else []
     say(f"kvconform {__version__}: loading {vllm_to_load(args.vllm_src, args.vllm_release)}")
-    vllm = load_vllm(args)
+    vllm = vllm_from_args(args)
     command = ["kvconform", "fuzz", "--examples", str(args.examples), "--seed", str(args.seed)]
     command += ["--out", args.out]
     if args.vllm_src:
@@ -729,10 +733,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_vllm_options(doctor)
     doctor.set_defaults(handler=cmd_doctor)
 
-    engine_mode = sub.add_parser("engine", help="engine mode: vLLM's real engine (docs/engine-mode.md)")
+    engine_mode = sub.add_parser(
+        "engine", help="engine mode: vLLM's real engine (docs/engine-mode.md)"
+    )
     engine_sub = engine_mode.add_subparsers(dest="engine_command", required=True)
     record = engine_sub.add_parser(
-        "record", help="write an engine run's steps as a kind: trajectory scenario (record -> replay)"
+        "record",
+        help="write an engine run's steps as a kind: trajectory scenario (record -> replay)",
     )
     record.add_argument("scenario", help="an engine scenario file")
     record.add_argument("-k", dest="scenario_id", help="which scenario of a matrix file (its id)")
@@ -788,7 +795,8 @@ def build_parser() -> argparse.ArgumentParser:
     from kvconform.mutate.command import mutate
 
     mutate_parser = sub.add_parser(
-        "mutate", help="mutation campaign: how many mutants of vLLM's reservation code the suite kills"
+        "mutate",
+        help="mutation campaign: how many mutants of vLLM's reservation code the suite kills",
     )
     add_mutate_arguments(mutate_parser)
     add_vllm_options(mutate_parser)

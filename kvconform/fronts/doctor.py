@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from kvconform import __version__
 from kvconform.model.group_types import NOT_BUILDABLE, group_type_for_class
-from kvconform.model.lookahead import rule_for
+from kvconform.model.methods import BUILTIN_METHODS, REGISTRY_FILE, method_for
 from kvconform.oracles.vllm import MINIMUM_SUPPORTED, Vllm
 
 
@@ -40,10 +40,13 @@ def doctor(vllm: Vllm, say: Callable[[str], None]) -> int:
     engine_blocker = unavailable_reason()
     say(
         "engine mode (kind: engine, vLLM's real engine): "
-        + ("can run here" if engine_blocker is None else f"cannot run here: {engine_blocker}; "
-           "engine scenarios are skipped")  # fmt: skip
+        + (
+            "can run here"
+            if engine_blocker is None
+            else f"cannot run here: {engine_blocker}; engine scenarios are skipped"
+        )  # fmt: skip
     )
-    lookahead = vllm.lookahead("eagle", 3)
+    lookahead = vllm.lookahead(BUILTIN_METHODS[0].name, 3)
     say("VllmConfig.num_lookahead_tokens: " + ("present" if lookahead is not None else "MISSING"))
     say("KV spec types vLLM defines:")
     for name in vllm.offered_spec_classes():
@@ -55,11 +58,11 @@ def doctor(vllm: Vllm, say: Callable[[str], None]) -> int:
         else:
             say(f"  {name:28} NEW: kvconform has no group type for it")
             status = 1
-    unknown = [m for m in vllm.declared_methods() if rule_for(vllm.canonical_method(m)) is None]
+    unknown = [m for m in vllm.declared_methods() if method_for(vllm.canonical_method(m)) is None]
     say(
         f"speculative methods: {len(vllm.declared_methods())} declared, "
-        f"{len(unknown)} missing from kvconform's lookahead table"
-        + (f": {', '.join(unknown)}" if unknown else "")
+        f"{len(unknown)} without an entry in kvconform's method registry"
+        + (f": {', '.join(unknown)} (add a Method to {REGISTRY_FILE})" if unknown else "")
     )
     if unknown:
         status = 1

@@ -8,7 +8,6 @@ the steps itself (scheduler mode), a line under each step says what vLLM decided
 
 from __future__ import annotations
 
-from kvconform.model.floors import FLOORS
 from kvconform.model.results import ScenarioResult
 from kvconform.model.scenario import Scenario
 
@@ -26,34 +25,34 @@ def explain(scenario: Scenario, result: ScenarioResult, version: str) -> str:
     out = [f"scenario {scenario.id}  ({scenario.file}:{scenario.line})"]
     if scenario.description:
         out.append(f"  {scenario.description}")
-    run = result.trajectory
-    if run is None:
+    trajectory = result.trajectory
+    if trajectory is None:
         out.append(f"verdict: {result.verdict.value}: {result.error}")
         return "\n".join(out)
     spec = scenario.speculative
     method = f"{spec.method} k={spec.num_speculative_tokens}" if spec else "no speculation"
     out.append(
-        f"vLLM {version}; {method}; lookahead {run.lookahead} from {run.lookahead_source} "
-        f"(kvconform expects {run.expected_lookahead}); parties: {', '.join(run.parties)}"
+        f"vLLM {version}; {method}; lookahead {trajectory.lookahead} from {trajectory.lookahead_source} "
+        f"(kvconform expects {trajectory.expected_lookahead}); parties: {', '.join(trajectory.parties)}"
     )
-    for note in run.notes:
+    for note in trajectory.notes:
         out.append(f"note: {note}")
     out.append("groups:")
-    for group in run.groups:
+    for group in trajectory.groups:
         out.append(
-            f"  g{group.index} {group.label}, block {group.block_size}: {FLOORS[group.type].reason}"
+            f"  g{group.index} {group.label}, block {group.block_size}: {group.floor_rule.reason}"
         )
-    parties = [(attr, short) for attr, short in PARTIES if attr in run.parties]
+    parties = [(attr, short) for attr, short in PARTIES if attr in trajectory.parties]
     # Warmup request ids (_v2_mixed_warmup_prefill_) and labels are longer than a
     # trajectory's; widen the columns to fit, within reason.
-    req_w = min(max([8, *(len(o.request) for o in run.observations)]), 28)
-    act_w = min(max([22, *(len(o.label) for o in run.observations)]), 48)
+    req_w = min(max([8, *(len(o.request) for o in trajectory.observations)]), 28)
+    act_w = min(max([22, *(len(o.label) for o in trajectory.observations)]), 48)
     header = f"{'step':>4} {'line':>4} {'req':{req_w}} {'action':{act_w}} {'comp':>5} {'sched':>5}"
-    for group in run.groups:
+    for group in trajectory.groups:
         header += f" | g{group.index} floor " + " ".join(f"{short:>4}" for _, short in parties)
     out.append(header)
     rows: dict[tuple[int, str], list[str]] = {}
-    for obs in run.observations:
+    for obs in trajectory.observations:
         key = (obs.step, obs.request)
         if key not in rows:
             rows[key] = [
@@ -68,12 +67,12 @@ def explain(scenario: Scenario, result: ScenarioResult, version: str) -> str:
         rows[key].append(f" | {'':2} {obs.floor:>5} {cells}")
     last_step: int | None = None
     for (step, _), parts in rows.items():
-        if last_step is not None and step != last_step and last_step in run.step_notes:
-            out.append(f"{'':>10}^ {run.step_notes[last_step]}")
+        if last_step is not None and step != last_step and last_step in trajectory.step_notes:
+            out.append(f"{'':>10}^ {trajectory.step_notes[last_step]}")
         out.append("".join(parts))
         last_step = step
-    if last_step is not None and last_step in run.step_notes:
-        out.append(f"{'':>10}^ {run.step_notes[last_step]}")
+    if last_step is not None and last_step in trajectory.step_notes:
+        out.append(f"{'':>10}^ {trajectory.step_notes[last_step]}")
     out.append("marks: ! below the floor, ~ differs from the predictor's running maximum")
     out.append(
         f"verdict: {result.verdict.value}"

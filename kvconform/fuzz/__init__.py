@@ -3,7 +3,7 @@
 Hand-written scenarios find what their authors thought of; generated ones find
 the rest. The fuzzer draws whole scenario *documents* -- plain dicts in the v1
 YAML format -- renders each to YAML text, loads that text through the real
-loader and runs it through :func:`kvconform.harness.engine.run_scenario`, the
+loader and runs it through :func:`kvconform.harness.runner.run_scenario`, the
 same engine as ``kvconform run``. A failure is shrunk by Hypothesis and the
 shrunk text, which is exactly what was run, is written out as a reproducer.
 

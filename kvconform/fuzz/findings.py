@@ -16,9 +16,10 @@ while a failure of another party or another code path is another:
 * ``lookahead``: (lookahead, method);
 * a crash of vLLM on a legal scenario: (crash, exception type, vLLM frame).
 
-The *floor family* of a group is the rule of kvconform's floor table it falls
-under: "token-indexed" for every type whose floor counts token columns, else
-the type itself (Mamba split by ``align`` mode). The price of coarseness: a
+The *floor family* of a group is the family of its floor rule
+(``FloorRule.family``: "token-indexed" for every type whose floor counts token
+columns, "mamba-state", "mamba-align", "encoder", "ring"). Each check's record
+computes its part of the signature (``Check.signature``). The price of coarseness: a
 second, independent bug with the same signature as a reported one stays hidden
 until the first is fixed; the summary says so.
 
@@ -31,10 +32,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from kvconform.harness.checks import PARTY_NAMES
-from kvconform.model.floors import FLOORS, token_columns
-from kvconform.model.observations import GroupInfo
-from kvconform.model.results import ErrorKind, Failure, ScenarioResult, Verdict
+from kvconform.harness.checks import CHECKS
+from kvconform.model.results import ErrorKind, ScenarioResult, Verdict
 
 
 @dataclass(frozen=True, order=True)
@@ -70,7 +69,10 @@ def first_message(result: ScenarioResult, signature: Signature) -> str:
 
 
 def signed_failures(result: ScenarioResult) -> list[tuple[Signature, str]]:
-    """Each failure of a result (a crash first) with its signature and message."""
+    """Each failure of a result (a crash first) with its signature and message.
+
+    A check's part of the signature is its record's (``Check.signature``).
+    """
     signed: list[tuple[Signature, str]] = []
     if result.verdict is Verdict.ERROR and result.error_kind is ErrorKind.CRASH:
         error = result.error or "?"
@@ -80,53 +82,7 @@ def signed_failures(result: ScenarioResult) -> list[tuple[Signature, str]]:
             signed.append((Signature("crash", match["type"], where), error))
         else:
             signed.append((Signature("crash", error[:60]), error))
-    groups = result.trajectory.groups if result.trajectory is not None else ()
     for failure in result.failures:
-        group = groups[failure.group] if failure.group is not None else None
-        if failure.check == "lookahead":
-            signature = Signature("lookahead", _method_of(failure.message))
-        elif failure.check == "floor":
-            party = _party_of(failure.message)
-            subject = floor_family(group) if party == "predicted" else failure.spec_type
-            signature = Signature("floor", party, subject or "-")
-        elif failure.check == "agree":
-            signature = Signature("agree", floor_family(group), _side(result, failure))
-        else:
-            signature = Signature(failure.check, failure.spec_type or "-")
-        signed.append((signature, failure.message))
+        subject, detail = CHECKS[failure.check].signature(result, failure)
+        signed.append((Signature(failure.check, subject, detail), failure.message))
     return signed
-
-
-def _side(result: ScenarioResult, failure: Failure) -> str:
-    """Whether the live allocator holds more or less than the predictor's running maximum."""
-    reference = failure.predicted
-    if result.trajectory is not None:
-        for obs in result.trajectory.observations:
-            if (obs.step, obs.request, obs.group) == (failure.step, failure.request, failure.group):
-                reference = obs.predicted_max
-                break
-    return "live above" if (failure.live or 0) > (reference or 0) else "live below"
-
-
-def floor_family(group: GroupInfo | None) -> str:
-    """The floor-table rule a group falls under (see the module docstring)."""
-    if group is None:
-        return "-"
-    if FLOORS[group.type].blocks is token_columns:
-        return "token-indexed"
-    if group.type == "mamba" and group.floor_args.get("mamba_cache_mode") == "align":
-        return "mamba-align"
-    return group.type
-
-
-def _party_of(message: str) -> str:
-    # The floor check names the party below the floor right after the group.
-    for party, name in PARTY_NAMES.items():
-        if f": {name} holds" in message:
-            return party
-    return "?"
-
-
-def _method_of(message: str) -> str:
-    match = re.search(r"method '([^']+)'", message)
-    return match[1] if match else "?"

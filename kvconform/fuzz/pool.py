@@ -25,21 +25,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvconform.model.floors import cdiv
+from kvconform.model.floors import ENCODER_COLUMNS, ONE_RING_BLOCK, cdiv
 
 
 @dataclass(frozen=True)
 class GroupDemand:
-    type: str
+    family: str  # the group's floor family (FloorRule.family)
     block_size: int
-    extra_blocks: int = 0  # Mamba's speculative blocks
+    extra_blocks: int = 0  # speculative state blocks (Mamba)
 
     def columns(self, tokens: int, encoder_len: int) -> int:
-        if self.type == "cross_attention":
+        if self.family == ENCODER_COLUMNS.family:
             return cdiv(encoder_len, self.block_size)
-        if self.type == "circular_buffer":
+        if self.family == ONE_RING_BLOCK.family:
             return 1
-        return cdiv(tokens, self.block_size) + (self.extra_blocks if self.type == "mamba" else 0)
+        return cdiv(tokens, self.block_size) + self.extra_blocks
 
 
 @dataclass

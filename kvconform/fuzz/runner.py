@@ -39,10 +39,10 @@ from kvconform.fuzz import DEFAULT_EXAMPLES, DEFAULT_MAX_FINDINGS
 from kvconform.fuzz.document import render, with_header
 from kvconform.fuzz.findings import Signature, first_message, signatures
 from kvconform.fuzz.space import FuzzSpace, build_space
-from kvconform.fuzz.strategies import OPTION_STRATEGIES, scenario_documents
-from kvconform.harness.engine import run_scenario
+from kvconform.fuzz.strategies import scenario_documents
 from kvconform.harness.expectations import Expectation
 from kvconform.harness.loader import load_text
+from kvconform.harness.runner import run_scenario
 from kvconform.model.floors import cdiv
 from kvconform.model.observations import Trajectory
 from kvconform.model.results import ErrorKind, ScenarioResult
@@ -197,7 +197,7 @@ def run_fuzz(
     started = time.perf_counter()
     stats = FuzzStats(seed=seed, budget=examples, vllm_version=vllm.version)
     if space is None:
-        space = build_space(vllm, OPTION_STRATEGIES, expectations)
+        space = build_space(vllm, expectations)
     stats.excluded = dict(space.excluded)
     stats.diverged = dict(space.diverged)
     stats.space = space.describe()
@@ -302,37 +302,37 @@ def _run_document(doc: dict[str, Any], vllm: Vllm, file: str = "<fuzz>") -> Scen
     return run_scenario(scenario, vllm)
 
 
-def _measure(run: Trajectory | None, doc: dict[str, Any], stats: FuzzStats) -> None:
+def _measure(trajectory: Trajectory | None, doc: dict[str, Any], stats: FuzzStats) -> None:
     """Count whether an example reached the max_model_len edge and pool pressure."""
-    if run is None:
+    if trajectory is None:
         return
-    limit = run.max_model_len
-    past = [o for o in run.observations if o.computed + o.scheduled + o.lookahead > limit]
+    limit = trajectory.max_model_len
+    past = [o for o in trajectory.observations if o.computed + o.scheduled + o.lookahead > limit]
     if past:
         stats.reached_edge += 1
-        sizes = [g.block_size for g in run.groups]
+        sizes = [g.block_size for g in trajectory.groups]
         if any(
             cdiv(o.computed + o.scheduled + o.lookahead, sizes[o.group])
             > cdiv(limit, sizes[o.group])
             for o in past
         ):
             stats.cap_decided += 1
-    if run.num_blocks and run.num_blocks - 1 - peak_blocks_held(run) <= 1:
+    if trajectory.num_blocks and trajectory.num_blocks - 1 - peak_blocks_held(trajectory) <= 1:
         stats.under_pressure += 1
 
 
-def peak_blocks_held(run: Trajectory) -> int:
+def peak_blocks_held(trajectory: Trajectory) -> int:
     """The most pool blocks the live allocator held at once (null placeholders excluded)."""
     held: dict[tuple[str, int], int] = {}
     total = peak = 0
-    events = iter(run.events)
+    events = iter(trajectory.events)
     pending = next(events, None)
-    for seq, obs in enumerate(run.observations):
+    for seq, obs in enumerate(trajectory.observations):
         while pending is not None and pending.seq <= seq:
             for key in [k for k in held if k[0] == pending.request]:
                 total -= held.pop(key)
             pending = next(events, None)
-        count = sum(1 for b in obs.block_ids or () if b != run.null_block)
+        count = sum(1 for b in obs.block_ids or () if b != trajectory.null_block)
         key = (obs.request, obs.group)
         total += count - held.get(key, 0)
         held[key] = count

@@ -19,38 +19,18 @@ read once, here, from the loaded :class:`~kvconform.oracles.vllm.Vllm`:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvconform.fuzz.document import render
-from kvconform.harness.engine import run_scenario
 from kvconform.harness.expectations import Expectation
 from kvconform.harness.loader import load_text
+from kvconform.harness.runner import run_scenario
 from kvconform.model.group_types import GROUP_TYPES
-from kvconform.model.lookahead import expected_lookahead
+from kvconform.model.methods import METHODS, expected_lookahead
 from kvconform.model.results import ScenarioResult, Verdict
 from kvconform.oracles.vllm import Vllm
-
-# Options of each group type for the probe: the simplest legal values at block size 16.
-PROBE_OPTIONS: Mapping[str, dict[str, Any]] = {
-    "full_attention": {},
-    "mla": {},
-    "hidden_state": {},
-    "circular_buffer": {},
-    "cross_attention": {},
-    "sliding_window": {"sliding_window": 32},
-    "sliding_window_mla": {"sliding_window": 32},
-    "kpool_tail": {"sliding_window": 32},
-    "rswa": {"rswa_window": 32},
-    "chunked_local": {"attention_chunk_size": 32},
-    "mamba": {},
-    "sink_full_attention": {"sink_len": 16},
-}
-
-# The order groups are drawn in: Hypothesis shrinks towards the first.
-PREFERRED_TYPES = ("full_attention", "sliding_window", "mamba", "mla")
-PREFERRED_METHODS = ("eagle", "mtp", "dflash", "dspark", "draft_model", "ngram")
 
 
 @dataclass(frozen=True)
@@ -60,7 +40,8 @@ class FuzzSpace:
     group_types: tuple[str, ...]
     # canonical method -> the declared names that mean it (the canonical one first)
     methods: Mapping[str, tuple[str, ...]]
-    mamba_cache_modes: tuple[str, ...] = ("none", "align")
+    # (group type, option) -> the values the loaded vLLM's config accepts (Draw "offered")
+    offered_choices: Mapping[tuple[str, str], tuple[object, ...]] = field(default_factory=dict)
     # (canonical method, k, sample_from_anchor) -> the lookahead vLLM reserves
     lookaheads: Mapping[tuple[str, int, bool], int] = field(default_factory=dict)
     # type -> why it is not drawn (no option strategy, or a known divergence)
@@ -91,25 +72,16 @@ class FuzzSpace:
         )
 
 
-def build_space(
-    vllm: Vllm,
-    drawable: Collection[str],
-    expectations: Sequence[Expectation] = (),
-    **limits: Any,
-) -> FuzzSpace:
-    """Read the fuzz space off a loaded vLLM, probing each group type once.
-
-    ``drawable``: the group types the fuzzer has option strategies for
-    (:data:`kvconform.fuzz.strategies.OPTION_STRATEGIES`).
-    """
+def build_space(vllm: Vllm, expectations: Sequence[Expectation] = (), **limits: Any) -> FuzzSpace:
+    """Read the fuzz space off a loaded vLLM, probing each group type once."""
     offered = set(vllm.offered_spec_classes())
     excluded: dict[str, str] = {}
     candidates = []
     for name, group_type in GROUP_TYPES.items():
         if group_type.vllm_class not in offered:
             continue  # this vLLM lacks the class: nothing to fuzz, nothing to report
-        if name not in drawable or name not in PROBE_OPTIONS:
-            excluded[name] = "kvconform's fuzzer has no strategy for its options"
+        if not group_type.fuzzed:
+            excluded[name] = "kvconform's fuzzer does not draw it (GroupType.fuzzed)"
             continue
         candidates.append(name)
     declared = vllm.declared_methods()
@@ -147,30 +119,40 @@ def build_space(
         group_types=tuple(group_types),
         diverged=diverged,
         methods=grouped,
-        mamba_cache_modes=vllm.mamba_cache_modes(),
+        offered_choices=offered_choices(vllm),
         lookaheads=lookaheads,
         excluded=excluded,
         **limits,
     )
 
 
+def offered_choices(vllm: Vllm) -> dict[tuple[str, str], tuple[object, ...]]:
+    """Per option drawn from what vLLM offers, the values the loaded vLLM accepts."""
+    offered: dict[tuple[str, str], tuple[object, ...]] = {}
+    for name, group_type in GROUP_TYPES.items():
+        for option_name, option in group_type.options.items():
+            if option.draw is None or option.draw.kind != "offered":
+                continue
+            values = vllm.literal_values(option.vllm_literal) if option.vllm_literal else None
+            offered[(name, option_name)] = values if values is not None else option.choices
+    return offered
+
+
 def _rank(method: str) -> tuple[int, str]:
-    return (
-        PREFERRED_METHODS.index(method) if method in PREFERRED_METHODS else len(PREFERRED_METHODS),
-        method,
-    )
+    entry = METHODS.get(method)
+    rank = entry.fuzz_rank if entry is not None else None
+    return (len(METHODS) if rank is None else rank, method)
 
 
 def _type_rank(name: str) -> tuple[int, str]:
-    return (
-        PREFERRED_TYPES.index(name) if name in PREFERRED_TYPES else len(PREFERRED_TYPES),
-        name,
-    )
+    rank = GROUP_TYPES[name].fuzz_rank
+    return (len(GROUP_TYPES) if rank is None else rank, name)
 
 
 def probe_document(type_name: str, method: str | None) -> dict[str, Any]:
     """A short trajectory over one group of ``type_name``: every action once."""
-    group = {"type": type_name, **PROBE_OPTIONS[type_name]}
+    group_type = GROUP_TYPES[type_name]
+    group = {"type": type_name, **group_type.probe_options()}
     doc: dict[str, Any] = {
         "name": f"fuzz-probe-{type_name}",
         "model": {
@@ -180,7 +162,7 @@ def probe_document(type_name: str, method: str | None) -> dict[str, Any]:
             "groups": [group],
         },
     }
-    if type_name == "cross_attention":
+    if group_type.encoder:
         doc["model"]["max_encoder_len"] = 40
     steps: list[dict[str, Any]] = [{"a": {"prefill": 24}}, {"a": {"prefill": 16}}]
     if method is not None:

@@ -39,11 +39,12 @@ from hypothesis import strategies as st
 from kvconform.errors import Location
 from kvconform.fuzz.pool import GroupDemand, PoolDemand
 from kvconform.fuzz.space import FuzzSpace
+from kvconform.model.group_types import GROUP_TYPES, GroupType
+from kvconform.model.methods import method_for
 from kvconform.model.scenario import Action, RequestSpec
 from kvconform.model.tokens import RequestTokens
 
 DrawFn = Callable[[st.SearchStrategy[Any]], Any]
-OptionStrategy = Callable[[DrawFn, int, FuzzSpace], dict[str, Any]]
 
 REQUEST_NAMES = ("a", "b", "c", "d", "e", "f", "g", "h")
 
@@ -65,35 +66,32 @@ def _one_of(options: tuple[Any, ...]) -> st.SearchStrategy[Any]:
 _NOWHERE = Location("<fuzz>")
 
 
-def _window(option: str) -> OptionStrategy:
-    return lambda draw, block_size, space: {option: draw(_ints(1, 4 * block_size))}
+def draw_options(
+    draw: DrawFn, group_type: GroupType, block_size: int, space: FuzzSpace
+) -> dict[str, Any]:
+    """The options of one group of ``group_type``, drawn as its registry entry says.
 
-
-def _mamba(draw: DrawFn, block_size: int, space: FuzzSpace) -> dict[str, Any]:
-    modes = sorted(space.mamba_cache_modes, key=lambda m: (m != "none", m))
-    mode = draw(_one_of(tuple(modes)))
-    return {} if mode == "none" else {"mamba_cache_mode": mode}
-
-
-# The options of each group type the fuzzer can draw; a type missing here is not fuzzed.
-OPTION_STRATEGIES: dict[str, OptionStrategy] = {
-    "full_attention": lambda draw, block_size, space: {},
-    "mla": lambda draw, block_size, space: {},
-    "hidden_state": lambda draw, block_size, space: {},
-    "circular_buffer": lambda draw, block_size, space: {},
-    "cross_attention": lambda draw, block_size, space: {},
-    "sliding_window": _window("sliding_window"),
-    "sliding_window_mla": _window("sliding_window"),
-    "kpool_tail": _window("sliding_window"),
-    "rswa": _window("rswa_window"),
-    "chunked_local": lambda draw, block_size, space: {
-        "attention_chunk_size": block_size * draw(_ints(1, 4))
-    },
-    "mamba": _mamba,
-    "sink_full_attention": lambda draw, block_size, space: {
-        "sink_len": block_size * draw(_ints(1, 2))
-    },
-}
+    An option without a :class:`~kvconform.model.group_types.Draw` keeps its default;
+    an ``offered`` option drawn at its default is left out of the document.
+    """
+    options: dict[str, Any] = {}
+    for name, option in group_type.options.items():
+        how = option.draw
+        if how is None:
+            continue
+        if how.kind == "tokens":
+            options[name] = draw(_ints(how.low, how.high * block_size))
+        elif how.kind == "blocks":
+            options[name] = block_size * draw(_ints(how.low, how.high))
+        elif how.kind == "offered":
+            offered = space.offered_choices.get((group_type.name, name), option.choices)
+            values = sorted(offered, key=lambda v: (v != option.default, str(v)))
+            value = draw(_one_of(tuple(values)))
+            if value != option.default:
+                options[name] = value
+        else:
+            raise ValueError(f"{group_type.name}.{name}: unknown draw kind {how.kind!r}")
+    return options
 
 
 class Advance(NamedTuple):
@@ -132,7 +130,7 @@ def scenario_documents(draw: DrawFn, space: FuzzSpace, name: str = "fuzz") -> di
     anchor = bool(speculative.get("sample_from_anchor", True)) if speculative else True
     lookahead = space.lookahead(canonical, k or 0, anchor)
 
-    has_cross = any(_type_of(g) == "cross_attention" for g in groups)
+    has_cross = any(GROUP_TYPES[_type_of(g)].encoder for g in groups)
     max_encoder_len = draw(_ints(1, space.max_encoder_len)) if has_cross else 0
     requests = _draw_requests(draw, space, max_model_len, max_encoder_len)
     demand = PoolDemand(
@@ -172,7 +170,7 @@ def _draw_groups(draw: DrawFn, space: FuzzSpace) -> tuple[list[Any], list[int]]:
     for _ in range(count):
         type_name = draw(_one_of(space.group_types))
         block_size = draw(_one_of(space.block_sizes))
-        options = OPTION_STRATEGIES[type_name](draw, block_size, space)
+        options = draw_options(draw, GROUP_TYPES[type_name], block_size, space)
         block_sizes.append(block_size)
         if block_sizes[0] != block_size:
             options["block_size"] = block_size
@@ -204,7 +202,8 @@ def _draw_speculative(draw: DrawFn, space: FuzzSpace) -> tuple[dict[str, Any] | 
         "method": draw(_one_of(space.methods[canonical])),
         "num_speculative_tokens": draw(_ints(1, space.max_speculative_tokens)),
     }
-    if canonical == "dspark" and draw(_BOOLS):
+    entry = method_for(canonical)
+    if entry is not None and entry.anchor_layouts and draw(_BOOLS):
         section["sample_from_anchor"] = False
     return section, canonical
 
@@ -237,11 +236,12 @@ def _small(draw: DrawFn, high: int) -> int:
 
 
 def _demand(group: Any, block_size: int, k: int | None) -> GroupDemand:
-    type_name = _type_of(group)
+    group_type = GROUP_TYPES[_type_of(group)]
     options = {} if isinstance(group, str) else group
-    # Mamba's speculative state blocks default to k (vLLM's MambaBase does the same).
-    extra = int(options.get("num_speculative_blocks") or k or 0) if type_name == "mamba" else 0
-    return GroupDemand(type_name, block_size, extra)
+    # Speculative state blocks default to k (vLLM's MambaBase does the same).
+    option = group_type.speculative_blocks
+    extra = int(options.get(option) or k or 0) if option is not None else 0
+    return GroupDemand(group_type.floor_for(options).family, block_size, extra)
 
 
 # A request's move in a step, from one integer: Hypothesis shrinks it towards idle.

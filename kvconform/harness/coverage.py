@@ -56,11 +56,10 @@ def offered_by(vllm: Vllm) -> Offered:
     )
 
 
-
 # -- computing it -----------------------------------------------------------------------
 
 
-def scenario_step_kinds(scenario: Scenario, run: Trajectory | None) -> set[str]:
+def scenario_step_kinds(scenario: Scenario, trajectory: Trajectory | None) -> set[str]:
     """The step kinds one scenario went through (the derived ones need its trajectory)."""
     kinds: set[str] = set()
     if scenario.kind != "trajectory":
@@ -70,28 +69,28 @@ def scenario_step_kinds(scenario: Scenario, run: Trajectory | None) -> set[str]:
             kinds.add(call.action.value)
             if call.action is Action.SPEC and call.rejected:
                 kinds.add(ROLLBACK)
-    if run is None:
+    if trajectory is None:
         return kinds
-    limit = run.max_model_len or scenario.model.max_model_len
-    if any(o.computed + o.scheduled + o.lookahead > limit for o in run.observations):
+    limit = trajectory.max_model_len or scenario.model.max_model_len
+    if any(o.computed + o.scheduled + o.lookahead > limit for o in trajectory.observations):
         kinds.add(EDGE)
-    if pool_peak(run) >= PRESSURE * max(1, run.num_blocks - 1):
+    if pool_peak(trajectory) >= PRESSURE * max(1, trajectory.num_blocks - 1):
         kinds.add(POOL_PRESSURE)
     return kinds
 
 
-def pool_peak(run: Trajectory) -> int:
+def pool_peak(trajectory: Trajectory) -> int:
     """The most distinct non-null blocks the live requests held at once, step by step."""
     tables: dict[tuple[str, int], tuple[int, ...]] = {}
-    events = iter(run.events)
+    events = iter(trajectory.events)
     pending = next(events, None)
     peak = 0
     step = None
 
     def in_use() -> int:
-        return len({b for ids in tables.values() for b in ids if b != run.null_block})
+        return len({b for ids in tables.values() for b in ids if b != trajectory.null_block})
 
-    for seq, obs in enumerate(run.observations):
+    for seq, obs in enumerate(trajectory.observations):
         while pending is not None and pending.seq <= seq:
             tables = {k: v for k, v in tables.items() if k[0] != pending.request}
             pending = next(events, None)
@@ -111,21 +110,21 @@ def compute_coverage(
         if result.error_kind is ErrorKind.INPUT:
             continue
         coverage.scenarios += 1
-        run = result.trajectory
-        if run is not None and run.method is not None:
-            method = run.method
+        trajectory = result.trajectory
+        if trajectory is not None and trajectory.method is not None:
+            method = trajectory.method
         elif scenario.speculative is not None:
             method = scenario.speculative.method
             method = offered.canonical(method) if offered else method
         else:
             method = NO_METHOD
         types = dict.fromkeys(g.type for g in scenario.model.groups)
-        if run is None or result.verdict is Verdict.ERROR:
+        if trajectory is None or result.verdict is Verdict.ERROR:
             for group_type in types:
                 coverage.attempted[(group_type, method)].add(scenario.id)
             continue
         coverage.exercised += 1
-        for kind in scenario_step_kinds(scenario, run):
+        for kind in scenario_step_kinds(scenario, trajectory):
             for group_type in types:
                 coverage.cells[(group_type, method, kind)].add(scenario.id)
     return coverage
@@ -140,6 +139,7 @@ def pair_results(
 
 
 # -- the text view ----------------------------------------------------------------------
+
 
 def render_text(coverage: Coverage) -> str:
     """The coverage matrix for a terminal: types x methods with step-kind letters."""

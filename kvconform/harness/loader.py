@@ -29,7 +29,7 @@ import contextvars
 import copy
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,8 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from kvconform.errors import FileErrors, Location, ScenarioError, did_you_mean
 from kvconform.harness.yamlio import LineDict, LineList, load_yaml
-from kvconform.model.group_types import GROUP_TYPES
+from kvconform.model.group_types import DEFAULT_GROUPS, GROUP_TYPES, types_for
+from kvconform.model.methods import METHODS
 from kvconform.model.scenario import (
     ACCEPT_ALL,
     ENGINE_RUNNERS,
@@ -49,7 +50,6 @@ from kvconform.model.scenario import (
     Acceptance,
     Action,
     ChunkOptions,
-    EngineModel,
     EngineRequest,
     EngineSpec,
     GroupSpec,
@@ -62,21 +62,15 @@ from kvconform.model.scenario import (
     WarmupPass,
     WarmupSpec,
 )
+from kvconform.model.tiny_model import ENGINE_TARGETS, TinyModel
 from kvconform.model.tokens import RequestTokens
-from kvconform.oracles.engine import ARCHITECTURES as ENGINE_ARCHITECTURES
 
 SCENARIO_SUFFIXES = (".yaml", ".yml")
 # Group types a scheduler scenario may use: the tiny model kvconform builds for
 # vLLM's scheduler is a plain decoder, so types that need a hybrid, encoder-decoder
 # or context-parallel model configuration (Mamba alignment, cross-attention, ...)
 # would be scheduled without the model-driven behaviour they exist for.
-SCHEDULER_GROUP_TYPES = (
-    "full_attention",
-    "mla",
-    "sliding_window",
-    "sliding_window_mla",
-    "chunked_local",
-)
+SCHEDULER_GROUP_TYPES = types_for("scheduler")
 WARMUP_ENTRY_POINTS = ("warmup_kernels", "run_mixed_prefill_decode_warmup")
 
 # Matrix keys, where each lands in the document, and how it shows in the id.
@@ -558,7 +552,7 @@ def _parse_model(raw: Any, where: Location) -> ModelSpec:
         )
     max_in_flight_tokens = fields.optional_int("max_in_flight_tokens", minimum=1)
     retention_interval = fields.optional_int("prefix_cache_retention_interval", minimum=0)
-    raw_groups = fields.raw("groups", ["full_attention"])
+    raw_groups = fields.raw("groups", list(DEFAULT_GROUPS))
     fields.done()
     if not isinstance(raw_groups, list):
         raise ScenarioError(fields.at("groups"), "must be a list of group types")
@@ -593,12 +587,11 @@ def _check_retention_interval(model: ModelSpec, where: Location) -> None:
     cache-hit boundaries, so be a multiple of the scheduler block size."""
     interval = model.prefix_cache_retention_interval
     assert interval is not None
-    if interval and not any(
-        g.type in ("sliding_window", "sliding_window_mla", "mamba") for g in model.groups
-    ):
+    if interval and not any(GROUP_TYPES[g.type].retention for g in model.groups):
+        retained = " or ".join(name for name, t in GROUP_TYPES.items() if t.retention)
         raise ScenarioError(
             where,
-            f"is {interval}, but the model has no sliding_window or mamba group, "
+            f"is {interval}, but the model has no {retained} group, "
             "the only ones retention applies to (vLLM accepts only 0 then)",
         )
     if interval % model.scheduler_block_size:
@@ -663,9 +656,7 @@ def _parse_speculative(raw: Any, where: Location, at: Location) -> SpeculativeSp
     )
 
 
-def _check_extra_retained(
-    model: ModelSpec, speculative: SpeculativeSpec | None, kind: str
-) -> None:
+def _check_extra_retained(model: ModelSpec, speculative: SpeculativeSpec | None, kind: str) -> None:
     """A sliding window's ``extra_retained_tokens`` only as vLLM 0.33.0's planner sets it.
 
     ``get_global_kv_cache_groups`` gives every sliding-window spec
@@ -680,7 +671,9 @@ def _check_extra_retained(
         flagged = [g for g in model.groups if g.eagle_group]
         if flagged:
             where = flagged[0].where or Location("<scenario>")
-            raise ScenarioError(where.at(f"{where.field}.eagle_group"), "only in trajectory scenarios")
+            raise ScenarioError(
+                where.at(f"{where.field}.eagle_group"), "only in trajectory scenarios"
+            )
         if speculative is not None and speculative.disable_lookahead_block_hashes:
             raise ScenarioError(
                 (speculative.where or Location("<scenario>")).at(
@@ -759,7 +752,7 @@ def _parse_scheduler(
             fields.at("mode"), f"must be one of {', '.join(SCHEDULER_MODES)}, not {mode!r}"
         )
     layers = fields.integer("num_nextn_predict_layers", defaults.num_nextn_predict_layers)
-    if layers != 1 and (speculative is None or "mtp" not in speculative.method):
+    if layers != 1 and (speculative is None or not _stacks_mtp_modules(speculative.method)):
         raise ScenarioError(
             fields.at("num_nextn_predict_layers"), "applies to MTP only (speculative.method: mtp)"
         )
@@ -794,6 +787,11 @@ def _parse_scheduler(
     fields.done()
     _check_scheduler_limits(spec, model, fields)
     return spec
+
+
+def _stacks_mtp_modules(method: str) -> bool:
+    """The scenario's method (or a vLLM alias of it, such as ``mimo_mtp``) stacks MTP modules."""
+    return any(m.mtp_modules and m.name in method for m in METHODS.values())
 
 
 def _check_scheduler_limits(spec: SchedulerSpec, model: ModelSpec, fields: _Fields) -> None:
@@ -1240,7 +1238,7 @@ def _parse_chunk_options(fields: _Fields) -> ChunkOptions:
 # group list must stay the default, since the engine builds its groups from the model.
 
 # Methods whose drafter is a separate model kvconform writes (the draft shape applies).
-DRAFT_MODEL_METHODS = ("eagle", "eagle3", "draft_model", "dflash")
+DRAFT_MODEL_METHODS = tuple(name for name, m in METHODS.items() if m.has_draft_model)
 DTYPES = ("bfloat16", "float16", "float32")
 
 
@@ -1248,7 +1246,7 @@ def parse_engine(
     raw: Any, where: Location, at: Location, speculative: SpeculativeSpec | None,
     model: ModelSpec, raw_requests: Any, requests_at: Location,
 ) -> tuple[EngineSpec, dict[str, RequestSpec]]:  # fmt: skip
-    if [g.type for g in model.groups] != ["full_attention"]:
+    if tuple(g.type for g in model.groups) != DEFAULT_GROUPS:
         raise ScenarioError(
             where.at("model.groups"),
             "an engine scenario takes its KV-cache groups from the model vLLM builds; "
@@ -1266,11 +1264,11 @@ def parse_engine(
         raise ScenarioError(
             fields.at("model_runner"), f"must be one of {', '.join(ENGINE_RUNNERS)}, not {runner!r}"
         )
-    target = _parse_shape(fields.raw("target", None), fields, "target", EngineModel())
+    target = _parse_shape(fields.raw("target", None), fields, "target", TinyModel())
     draft = None
     if speculative is not None and speculative.method in DRAFT_MODEL_METHODS:
         draft = _parse_shape(fields.raw("draft", None), fields, "draft",
-                             EngineModel(**{**target.__dict__, "layers": 1}))  # fmt: skip
+                             replace(target, layers=1))  # fmt: skip
     elif fields.raw("draft") is not None:
         raise ScenarioError(
             fields.at("draft"),
@@ -1383,7 +1381,7 @@ def _optional_flag(fields: _Fields, key: str) -> bool | None:
     return None if fields.mapping.get(key) is None else fields.flag(key, False)
 
 
-def _parse_shape(raw: Any, parent: _Fields, key: str, default: EngineModel) -> EngineModel:
+def _parse_shape(raw: Any, parent: _Fields, key: str, default: TinyModel) -> TinyModel:
     if raw is None:
         return default
     fields = _Fields(raw, parent.where, f"engine.{key}")
@@ -1393,10 +1391,10 @@ def _parse_shape(raw: Any, parent: _Fields, key: str, default: EngineModel) -> E
     values["architecture"] = fields.text("architecture", default.architecture)
     values["dtype"] = fields.text("dtype", default.dtype)
     fields.done()
-    if values["architecture"] not in ENGINE_ARCHITECTURES:
+    if values["architecture"] not in ENGINE_TARGETS:
         raise ScenarioError(
             fields.at("architecture"),
-            f"must be one of {', '.join(ENGINE_ARCHITECTURES)}, not {values['architecture']!r}",
+            f"must be one of {', '.join(ENGINE_TARGETS)}, not {values['architecture']!r}",
         )
     if values["dtype"] not in DTYPES:
         raise ScenarioError(fields.at("dtype"), f"must be one of {', '.join(DTYPES)}")
@@ -1404,4 +1402,4 @@ def _parse_shape(raw: Any, parent: _Fields, key: str, default: EngineModel) -> E
         raise ScenarioError(
             fields.at("heads"), "hidden_size must divide by heads, and heads by kv_heads"
         )
-    return EngineModel(**values)
+    return replace(default, **values)

@@ -14,7 +14,7 @@ Every front goes through here, so that ``kvconform run``, ``kvconform check``,
 * which known divergences: an explicit expectations file, none, or for each
   scenario the nearest ``expectations.yaml`` above its file (the search stops at
   the repository's root), each file read once;
-* the verdict of each scenario (:func:`kvconform.harness.engine.run_scenario`,
+* the verdict of each scenario (:func:`kvconform.harness.runner.run_scenario`,
   expectations applied), and of the run: its exit status, coverage and notes.
 
 A front only parses its own arguments into a :class:`RunRequest`, shows what the
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvconform.errors import ExitStatus, ScenarioError, UsageError, VllmUnavailable
-from kvconform.harness import engine
+from kvconform.harness import runner
 from kvconform.harness.checks import DEFAULT_CHECKS, parse_checks
 from kvconform.harness.coverage import compute_coverage, offered_by, pair_results
 from kvconform.harness.expectations import (
@@ -40,7 +40,7 @@ from kvconform.harness.expectations import (
     find_expectations,
     load_expectations,
 )
-from kvconform.harness.grouping import group_failures
+from kvconform.harness.root_causes import find_root_causes
 from kvconform.harness.select import Selection, Shard, select_scenarios
 from kvconform.model.coverage import Coverage
 from kvconform.model.results import RunReport, ScenarioResult, rerun_command
@@ -182,7 +182,7 @@ class Session:
 
     def run_scenario(self, scenario: Scenario) -> ScenarioResult:
         """One scenario's verdict, its known divergences applied."""
-        return engine.run_scenario(
+        return runner.run_scenario(
             scenario, self.vllm, self.request.checks, self.expectations_for(scenario.file)
         )
 
@@ -275,8 +275,8 @@ class Session:
 
             report.notes.append(CPU_RUN_NOTE)
         report.notes.extend(skipped_notes(report.results))
-        report.groups = group_failures(report.results)
-        report.exit_status = engine.exit_status(report.results, len(report.input_errors))
+        report.root_causes = find_root_causes(report.results)
+        report.exit_status = runner.exit_status(report.results, len(report.input_errors))
         return report
 
     def coverage(

@@ -60,6 +60,14 @@ class FloorRule:
     # fixed inputs bound once (``blocks`` is then written through it, so the two
     # cannot disagree). Without it, :meth:`for_group` wraps ``blocks``.
     bind: Callable[[FloorInput], StepFloor] | None = None
+    # The rule's name where failures are gathered (the fuzzer's signatures, the
+    # root causes): every rule that counts token columns is "token-indexed".
+    family: str = ""
+
+    @property
+    def counts_token_columns(self) -> bool:
+        """The rule counts one column per block of written positions (token-indexed)."""
+        return self.blocks is token_columns
 
     def for_group(self, fixed: FloorInput) -> StepFloor:
         """This rule for one group: ``fixed`` holds its inputs; its counts are ignored."""
@@ -105,23 +113,21 @@ def _token_formula(f: FloorInput) -> str:
     )
 
 
-def _mamba_formula(f: FloorInput) -> str:
-    if f.mamba_cache_mode == "align":
-        return f"cdiv({f.computed} + {f.scheduled}, {f.block_size}) + {f.num_speculative_blocks}"
-    return f"1 + {f.num_speculative_blocks} speculative blocks"
-
-
-def _bind_mamba(fixed: FloorInput) -> StepFloor:
-    block_size, speculative_blocks = fixed.block_size, fixed.num_speculative_blocks
-    if fixed.mamba_cache_mode == "align":
-        return lambda computed, scheduled, lookahead, encoder_len: (
-            cdiv(computed + scheduled, block_size) + speculative_blocks
-        )
+def _bind_mamba_state(fixed: FloorInput) -> StepFloor:
+    speculative_blocks = fixed.num_speculative_blocks
     return lambda computed, scheduled, lookahead, encoder_len: 1 + speculative_blocks
 
 
-def _mamba(f: FloorInput) -> int:
-    return _bind_mamba(f)(f.computed, f.scheduled, f.lookahead, f.encoder_len)
+def _bind_mamba_aligned(fixed: FloorInput) -> StepFloor:
+    block_size, speculative_blocks = fixed.block_size, fixed.num_speculative_blocks
+    return lambda computed, scheduled, lookahead, encoder_len: (
+        cdiv(computed + scheduled, block_size) + speculative_blocks
+    )
+
+
+def _through(bind: Callable[[FloorInput], StepFloor]) -> Callable[[FloorInput], int]:
+    """A rule's ``blocks`` written through its ``bind``, so that the two cannot disagree."""
+    return lambda f: bind(f)(f.computed, f.scheduled, f.lookahead, f.encoder_len)
 
 
 _TOKEN_INDEXED = (
@@ -135,46 +141,47 @@ _WINDOWED = (
     "must still reach the drafter's last position"
 )
 
-_TOKEN_RULE = FloorRule(_TOKEN_INDEXED, token_columns, _token_formula, _bind_token_columns)
-_WINDOW_RULE = FloorRule(_WINDOWED, token_columns, _token_formula, _bind_token_columns)
-
-FLOORS: Mapping[str, FloorRule] = MappingProxyType(
-    {
-        "full_attention": _TOKEN_RULE,
-        "mla": _TOKEN_RULE,
-        "hidden_state": _TOKEN_RULE,
-        "sink_full_attention": _TOKEN_RULE,
-        "sliding_window": _WINDOW_RULE,
-        "sliding_window_mla": _WINDOW_RULE,
-        "chunked_local": _WINDOW_RULE,
-        "rswa": _WINDOW_RULE,
-        "kpool_tail": _WINDOW_RULE,
-        "mamba": FloorRule(
-            "Mamba keeps a running state, not per-token KV, and drafters have no Mamba layers, "
-            "so lookahead needs no state: mode 'align' writes the state into the column of the "
-            "last scheduled token's block, then one column per speculative block; other modes "
-            "need the running state plus one block per speculative block",
-            _mamba,
-            _mamba_formula,
-            _bind_mamba,
-        ),
-        "cross_attention": FloorRule(
-            "cross-attention holds the encoder's K/V: one column per block_size encoder tokens, "
-            "written once; decoder tokens and drafts add nothing",
-            lambda f: cdiv(f.encoder_len, f.block_size),
-            lambda f: f"cdiv({f.encoder_len} encoder tokens, {f.block_size})",
-        ),
-        "circular_buffer": FloorRule(
-            "a circular buffer is one ring block for the request's whole lifetime",
-            lambda f: 1,
-            lambda f: "1",
-        ),
-    }
+_MAMBA_REASON = (
+    "Mamba keeps a running state, not per-token KV, and drafters have no Mamba layers, "
+    "so lookahead needs no state: mode 'align' writes the state into the column of the "
+    "last scheduled token's block, then one column per speculative block; other modes "
+    "need the running state plus one block per speculative block"
 )
 
-
-def floor_blocks(group_type: str, f: FloorInput) -> int:
-    return FLOORS[group_type].blocks(f)
+# The rules a group type's registry entry (model/group_types.py) names.
+TOKEN_COLUMNS = FloorRule(
+    _TOKEN_INDEXED, token_columns, _token_formula, _bind_token_columns, "token-indexed"
+)
+WINDOWED_COLUMNS = FloorRule(
+    _WINDOWED, token_columns, _token_formula, _bind_token_columns, "token-indexed"
+)
+MAMBA_STATE = FloorRule(
+    _MAMBA_REASON,
+    _through(_bind_mamba_state),
+    lambda f: f"1 + {f.num_speculative_blocks} speculative blocks",
+    _bind_mamba_state,
+    "mamba-state",
+)
+MAMBA_ALIGNED_STATE = FloorRule(
+    _MAMBA_REASON,
+    _through(_bind_mamba_aligned),
+    lambda f: f"cdiv({f.computed} + {f.scheduled}, {f.block_size}) + {f.num_speculative_blocks}",
+    _bind_mamba_aligned,
+    "mamba-align",
+)
+ENCODER_COLUMNS = FloorRule(
+    "cross-attention holds the encoder's K/V: one column per block_size encoder tokens, "
+    "written once; decoder tokens and drafts add nothing",
+    lambda f: cdiv(f.encoder_len, f.block_size),
+    lambda f: f"cdiv({f.encoder_len} encoder tokens, {f.block_size})",
+    family="encoder",
+)
+ONE_RING_BLOCK = FloorRule(
+    "a circular buffer is one ring block for the request's whole lifetime",
+    lambda f: 1,
+    lambda f: "1",
+    family="ring",
+)
 
 
 # What a windowed group's attention reads, beside the floor's count of columns: the

@@ -1,15 +1,25 @@
-"""The KV-cache group types a scenario can name, as plain data.
+"""The KV-cache group types a scenario can name: one registry entry per type.
 
 A scenario says ``groups: [full_attention, {type: mamba, mamba_cache_mode:
-align}]``; this module is the vocabulary of that list. Each :class:`GroupType`
-names the vLLM ``KVCacheSpec`` class it becomes, the options the scenario may
-set (with their defaults), and whether the group's block table may legitimately
-hold the null block (a placeholder for blocks the allocator has dropped or never
-needed).
+align}]``; this module is the vocabulary of that list, and the one place that
+knows what each type is. A :class:`GroupType` entry says:
+
+* how a scenario names it (``name``) and the options it may set, with their
+  defaults, choices and how the fuzzer draws them (:class:`Option`, :class:`Draw`);
+* the vLLM ``KVCacheSpec`` class it becomes, by name (``vllm_class``);
+* its floor rule, the contract a party is held to (:mod:`kvconform.model.floors`),
+  chosen by an option where the type has several layouts (Mamba "align");
+* whether its block table may hold the null block, and the span of positions a
+  step of it reads (windowed attention);
+* which scenario kinds take it (``modes``) and what else kvconform needs to know
+  about it (encoder input, prefix-cache retention, speculative state blocks).
+
+Every other module reads these entries; none spells a type's name. Adding a group
+type is one entry here plus, where its behaviour is new, a floor rule.
 
 Nothing here imports vLLM: the loader validates scenarios with this table
-before vLLM is even imported, and :mod:`kvconform.oracles.specs` turns a
-validated group into a vLLM spec object.
+before vLLM is even imported, and :mod:`kvconform.oracles.vllm` turns a
+validated group into a vLLM spec object by ``vllm_class``.
 """
 
 from __future__ import annotations
@@ -17,6 +27,35 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+
+from kvconform.model.floors import (
+    ENCODER_COLUMNS,
+    MAMBA_ALIGNED_STATE,
+    MAMBA_STATE,
+    ONE_RING_BLOCK,
+    TOKEN_COLUMNS,
+    WINDOWED_COLUMNS,
+    FloorRule,
+)
+
+# The kinds of scenario (model.scenario.KINDS) that build their groups from the
+# scenario's own list; scheduler and engine scenarios take only some types.
+EVERY_KIND_WITH_GROUPS = frozenset({"trajectory", "warmup"})
+
+
+@dataclass(frozen=True)
+class Draw:
+    """How the fuzzer draws an option, as data (:mod:`kvconform.fuzz.strategies`).
+
+    ``tokens``: any count of tokens from ``low`` to ``high`` blocks' worth;
+    ``blocks``: a whole number of blocks, ``low`` to ``high`` of them;
+    ``offered``: one of the values the loaded vLLM accepts for the option, the
+    option's default first (so that the fuzzer shrinks towards it).
+    """
+
+    kind: str
+    low: int = 1
+    high: int = 1
 
 
 @dataclass(frozen=True)
@@ -28,6 +67,13 @@ class Option:
     required: bool = False
     choices: tuple[object, ...] = ()
     doc: str = ""
+    # How the fuzzer draws it; None: the fuzzer leaves it at its default.
+    draw: Draw | None = None
+    # The simplest legal value at block size 16, for the fuzzer's probe of the type.
+    probe: object = None
+    # vLLM's literal type (``module.Name``) listing the values its config accepts,
+    # where that is narrower than ``choices``; the fuzzer draws only those.
+    vllm_literal: str | None = None
 
 
 @dataclass(frozen=True)
@@ -35,7 +81,10 @@ class GroupType:
     name: str
     vllm_class: str
     doc: str
+    floor: FloorRule
     options: Mapping[str, Option] = field(default_factory=dict)
+    # An option that picks another floor rule: (option, {value: rule}).
+    floor_by: tuple[str, Mapping[object, FloorRule]] | None = None
     # Sliding windows, chunked-local attention, R-SWA and Mamba "align" keep one
     # column per block of tokens and put the null block where a block has been
     # dropped (or was never needed); every other type must never show it.
@@ -45,37 +94,88 @@ class GroupType:
     # (the positions of the token's own chunk). The blocks of that span must be real
     # blocks (model/floors.py: first_position_read); None: no such span is checked.
     reads: tuple[str, str] | None = None
+    # The scenario kinds that take this type.
+    modes: frozenset[str] = EVERY_KIND_WITH_GROUPS
+    # Sized by the request's encoder input (an encoder-decoder model).
+    encoder: bool = False
+    # vLLM's prefix-cache retention interval sparsifies this type's checkpoints.
+    retention: bool = False
+    # The option holding speculative state blocks, which default to one per
+    # speculative token (vLLM's MambaBase.get_kv_cache_spec); None: the type has none.
+    speculative_blocks: str | None = None
+    # Whether the fuzzer draws the type at all, and where it ranks it (Hypothesis
+    # shrinks towards the first; None: after the ranked ones).
+    fuzzed: bool = True
+    fuzz_rank: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
 
+    def floor_for(self, options: Mapping[str, object]) -> FloorRule:
+        """The floor rule of a group of this type with ``options``."""
+        if self.floor_by is not None:
+            option, rules = self.floor_by
+            return rules.get(options.get(option), self.floor)
+        return self.floor
 
-_WINDOW = Option(int, required=True, doc="window size in tokens")
+    def probe_options(self) -> dict[str, object]:
+        """The options of the fuzzer's probe of this type (block size 16)."""
+        return {name: o.probe for name, o in self.options.items() if o.probe is not None}
+
+
+_WINDOW = Option(
+    int, required=True, doc="window size in tokens", draw=Draw("tokens", 1, 4), probe=32
+)
 # vLLM's planner tags every sliding-window spec with max(0, num_prefill_lookahead_tokens - 1)
 # (kv_cache_planning.get_global_kv_cache_groups): k - 1 under multi-module MTP, else 0.
 # None builds the spec without it (vLLM's default, 0); the loader admits only k - 1.
 _EXTRA_RETAINED = Option(
     int, None, doc="trailing tokens kept below the window (multi-module MTP: k - 1)"
 )
+# Scheduler scenarios build vLLM's scheduler over a tiny plain decoder, so they take
+# the types such a model's config can have; types that need a hybrid, encoder-decoder
+# or context-parallel model configuration would be scheduled without the model-driven
+# behaviour they exist for.
+_PLAIN_DECODER = EVERY_KIND_WITH_GROUPS | {"scheduler"}
 
 GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
     {
         t.name: t
         for t in (
-            GroupType("full_attention", "FullAttentionSpec", "Full attention."),
-            GroupType("mla", "MLAAttentionSpec", "Multi-head latent attention."),
+            GroupType(
+                "full_attention",
+                "FullAttentionSpec",
+                "Full attention.",
+                TOKEN_COLUMNS,
+                # The engine builds its groups from the model: a plain decoder's one group.
+                modes=_PLAIN_DECODER | {"engine"},
+                fuzz_rank=0,
+            ),
+            GroupType(
+                "mla",
+                "MLAAttentionSpec",
+                "Multi-head latent attention.",
+                TOKEN_COLUMNS,
+                modes=_PLAIN_DECODER,
+                fuzz_rank=3,
+            ),  # fmt: skip
             GroupType(
                 "sliding_window",
                 "SlidingWindowSpec",
                 "Sliding-window attention; blocks that leave the window become null.",
+                WINDOWED_COLUMNS,
                 {"sliding_window": _WINDOW, "extra_retained_tokens": _EXTRA_RETAINED},
                 holds_null=True,
                 reads=("window", "sliding_window"),
+                modes=_PLAIN_DECODER,
+                retention=True,
+                fuzz_rank=1,
             ),
             GroupType(
                 "sliding_window_mla",
                 "SlidingWindowMLASpec",
                 "Sliding-window MLA.",
+                WINDOWED_COLUMNS,
                 {
                     "sliding_window": _WINDOW,
                     "extra_retained_tokens": _EXTRA_RETAINED,
@@ -88,19 +188,32 @@ GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
                 },
                 holds_null=True,
                 reads=("window", "sliding_window"),
+                modes=_PLAIN_DECODER,
+                retention=True,
             ),
             GroupType(
                 "chunked_local",
                 "ChunkedLocalAttentionSpec",
                 "Chunked local attention; blocks of finished chunks become null.",
-                {"attention_chunk_size": Option(int, required=True, doc="chunk size in tokens")},
+                WINDOWED_COLUMNS,
+                {
+                    "attention_chunk_size": Option(
+                        int,
+                        required=True,
+                        doc="chunk size in tokens",
+                        draw=Draw("blocks", 1, 4),
+                        probe=32,
+                    )
+                },  # fmt: skip
                 holds_null=True,
                 reads=("chunk", "attention_chunk_size"),
+                modes=_PLAIN_DECODER,
             ),
             GroupType(
                 "rswa",
                 "RSWASpec",
                 "Reference sliding-window attention: prompt kept, decode window slides.",
+                WINDOWED_COLUMNS,
                 {"rswa_window": _WINDOW},
                 holds_null=True,
             ),
@@ -108,9 +221,15 @@ GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
                 "mamba",
                 "MambaSpec",
                 "Mamba state. 'align' keeps block-aligned states with nulls between.",
+                MAMBA_STATE,
                 {
                     "mamba_cache_mode": Option(
-                        str, "none", choices=("none", "align", "all"), doc="vLLM's mamba_cache_mode"
+                        str,
+                        "none",
+                        choices=("none", "align", "all"),
+                        doc="vLLM's mamba_cache_mode",
+                        draw=Draw("offered"),
+                        vllm_literal="vllm.config.cache.MambaCacheMode",
                     ),
                     "num_speculative_blocks": Option(
                         int,
@@ -130,38 +249,52 @@ GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
                         doc="tokens the checkpoint must lie from the chunk start in multiples "
                         "of (the kernel's chunk grid; Mamba2 sets 1)",
                     ),
-                },
+                },  # fmt: skip
+                floor_by=("mamba_cache_mode", MappingProxyType({"align": MAMBA_ALIGNED_STATE})),
                 holds_null=True,
+                retention=True,
+                speculative_blocks="num_speculative_blocks",
+                fuzz_rank=2,
             ),
             GroupType(
                 "cross_attention",
                 "CrossAttentionSpec",
                 "Cross-attention of an encoder-decoder model; sized by the encoder length.",
+                ENCODER_COLUMNS,
+                encoder=True,
             ),
             GroupType(
                 "circular_buffer",
                 "CircularBufferSpec",
                 "One ring block per request for its whole lifetime.",
+                ONE_RING_BLOCK,
             ),
             GroupType(
                 "sink_full_attention",
                 "SinkFullAttentionSpec",
                 "Full attention with attention-sink tokens.",
+                TOKEN_COLUMNS,
                 {
                     "sink_len": Option(
-                        int, required=True, doc="sink tokens, a multiple of block_size"
+                        int,
+                        required=True,
+                        doc="sink tokens, a multiple of block_size",
+                        draw=Draw("blocks", 1, 2),
+                        probe=16,
                     )
-                },
+                },  # fmt: skip
             ),
             GroupType(
                 "hidden_state",
                 "HiddenStateCacheSpec",
                 "Hidden-state cache of extract_hidden_states (MLA layout).",
+                TOKEN_COLUMNS,
             ),
             GroupType(
                 "kpool_tail",
                 "KpoolTailSpec",
                 "K-pool tail (vLLM 0.30-0.31 only).",
+                WINDOWED_COLUMNS,
                 {"sliding_window": _WINDOW},
                 holds_null=True,
             ),
@@ -192,9 +325,17 @@ NOT_BUILDABLE: Mapping[str, str] = MappingProxyType(
     }
 )
 
+# The group list of a scenario that names none.
+DEFAULT_GROUPS: tuple[str, ...] = ("full_attention",)
+
 
 def group_type_for_class(class_name: str) -> GroupType | None:
     for group_type in GROUP_TYPES.values():
         if group_type.vllm_class == class_name:
             return group_type
     return None
+
+
+def types_for(kind: str) -> tuple[str, ...]:
+    """The group types a scenario of ``kind`` may name, in registry order."""
+    return tuple(name for name, t in GROUP_TYPES.items() if kind in t.modes)

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, NamedTuple
 
-from kvconform.model.floors import FLOORS, FloorInput, StepFloor
+from kvconform.model.floors import FloorInput, FloorRule, StepFloor
+from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.scenario import WarmupPass
 
 
@@ -176,9 +177,14 @@ class GroupInfo:
             (computed, scheduled, lookahead) + before_encoder + (encoder_len,) + after_encoder
         )
 
+    @cached_property
+    def floor_rule(self) -> FloorRule:
+        """The floor rule of this group's type, for its layout (Mamba "align")."""
+        return GROUP_TYPES[self.type].floor_for(self.floor_args)
+
     def step_floor(self) -> StepFloor:
         """This group's floor rule as (computed, scheduled, lookahead, encoder_len) -> blocks."""
-        return FLOORS[self.type].for_group(self._floor_parts[0])
+        return self.floor_rule.for_group(self._floor_parts[0])
 
 
 @dataclass

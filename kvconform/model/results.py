@@ -33,7 +33,7 @@ from kvconform.model.observations import Trajectory
 
 if TYPE_CHECKING:
     from kvconform.model.coverage import Coverage
-    from kvconform.model.groups import FailureGroup
+    from kvconform.model.root_causes import RootCause
 
 
 class Verdict(str, enum.Enum):
@@ -164,8 +164,8 @@ class RunReport:
     expectations_file: str | None = None
     # Seconds per phase of the run (select, load_vllm, scenarios, coverage).
     phases: dict[str, float] = field(default_factory=dict)
-    # The failure records gathered by root cause, largest first (harness.grouping).
-    groups: list[FailureGroup] = field(default_factory=list)
+    # The failure records gathered by root cause, largest first (harness.root_causes).
+    root_causes: list[RootCause] = field(default_factory=list)
     # What a rerun of one scenario repeats besides the vLLM: --checks, --expectations.
     rerun_options: tuple[str, ...] = ()
     # "I/N" when the run was one shard of a CI job's parallel steps.

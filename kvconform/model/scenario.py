@@ -20,6 +20,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from kvconform.errors import Location
+from kvconform.model.tiny_model import TinyModel
 
 # The kinds of scenario there are, each with its driver (kvconform.harness.drivers).
 KINDS = ("trajectory", "warmup", "scheduler", "engine")
@@ -335,20 +336,6 @@ ENGINE_RUNNERS = ("v2", "v1")
 
 
 @dataclass(frozen=True)
-class EngineModel:
-    """A tiny decoder kvconform writes as a ``transformers`` config for engine mode."""
-
-    architecture: str = "LlamaForCausalLM"
-    layers: int = 2
-    hidden_size: int = 256
-    intermediate_size: int = 512
-    heads: int = 4
-    kv_heads: int = 2
-    vocab: int = 1024
-    dtype: str = "bfloat16"
-
-
-@dataclass(frozen=True)
 class EngineRequest:
     """One request an engine scenario submits (``Scenario.requests`` has its name and sizes)."""
 
@@ -368,8 +355,8 @@ class EngineSpec:
     and prefix caching come from the scenario's ``model`` section.
     """
 
-    target: EngineModel
-    draft: EngineModel | None
+    target: TinyModel
+    draft: TinyModel | None
     requests: tuple[EngineRequest, ...]
     model_runner: str = "v2"
     max_num_seqs: int = 4

@@ -29,7 +29,6 @@ business. Engine mode needs CUDA and a CUDA build of vLLM:
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -45,6 +44,8 @@ from typing import Any
 
 from kvconform.errors import VllmUnavailable
 from kvconform.model.scenario import EngineRequest
+from kvconform.model.tiny_model import TinyModel
+from kvconform.oracles.tiny_models import model_folder
 from kvconform.paths import cache_dir
 
 # One engine run: vLLM's import, the engine's start (about 22 s cold on an H200) and serving.
@@ -52,26 +53,11 @@ ENGINE_TIMEOUT_S = 480
 
 
 @dataclass(frozen=True)
-class ModelShape:
-    """A tiny decoder, written as a ``transformers`` config (architectures set)."""
-
-    architecture: str = "LlamaForCausalLM"
-    num_hidden_layers: int = 2
-    hidden_size: int = 256
-    intermediate_size: int = 512
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    vocab_size: int = 1024
-    max_position_embeddings: int = 1024
-    dtype: str = "bfloat16"
-
-
-@dataclass(frozen=True)
 class EngineSettings:
     """Everything the child needs to build and drive one engine (JSON-able)."""
 
-    target: ModelShape
-    draft: ModelShape | None
+    target: TinyModel
+    draft: TinyModel | None
     requests: tuple[EngineRequest, ...]
     method: str | None = None
     num_speculative_tokens: int = 0
@@ -94,8 +80,8 @@ class EngineSettings:
     @classmethod
     def from_json(cls, text: str) -> EngineSettings:
         raw = json.loads(text)
-        raw["target"] = ModelShape(**raw["target"])
-        raw["draft"] = ModelShape(**raw["draft"]) if raw["draft"] else None
+        raw["target"] = TinyModel.from_json(raw["target"])
+        raw["draft"] = TinyModel.from_json(raw["draft"]) if raw["draft"] else None
         raw["requests"] = tuple(
             EngineRequest(**{**r, "prompt_token_ids": tuple(r["prompt_token_ids"])})
             for r in raw["requests"]
@@ -166,42 +152,6 @@ def unavailable_reason() -> str | None:
     if not compiled:
         return "the vLLM on the path is a Python tree without its compiled extensions (vllm._C)"
     return None
-
-
-# -- the tiny models ---------------------------------------------------------------------
-
-
-def write_model(shape: ModelShape) -> Path:
-    """The model folder for ``shape`` in kvconform's cache, written once (config only)."""
-    key = hashlib.sha256(json.dumps(asdict(shape), sort_keys=True).encode()).hexdigest()[:16]
-    folder = cache_dir("engine-models") / f"{shape.architecture}-{key}"
-    if (folder / "config.json").exists():
-        return folder
-    import transformers
-
-    config = transformers.AutoConfig.for_model(
-        ARCHITECTURES[shape.architecture],
-        vocab_size=shape.vocab_size,
-        hidden_size=shape.hidden_size,
-        intermediate_size=shape.intermediate_size,
-        num_hidden_layers=shape.num_hidden_layers,
-        num_attention_heads=shape.num_attention_heads,
-        num_key_value_heads=shape.num_key_value_heads,
-        max_position_embeddings=shape.max_position_embeddings,
-    )
-    config.architectures = [shape.architecture]
-    partial = folder.with_name(folder.name + f".tmp{os.getpid()}")
-    config.save_pretrained(partial)
-    partial.replace(folder)
-    return folder
-
-
-# The architectures a scenario may name, and the transformers model type of each.
-ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "Qwen2ForCausalLM": "qwen2",
-    "MistralForCausalLM": "mistral",
-}
 
 
 # -- the hooks ---------------------------------------------------------------------------
@@ -489,8 +439,8 @@ def child_main(settings_file: str, out_file: str) -> int:
     if reason is not None:
         print(reason, file=sys.stderr)
         return UNAVAILABLE_STATUS
-    target = write_model(settings.target)
-    draft = write_model(settings.draft) if settings.draft is not None else None
+    target = model_folder(settings.target)
+    draft = model_folder(settings.draft) if settings.draft is not None else None
     from kvconform.oracles.vllm import engine as vllm_engine
 
     recording.vllm_version, recording.device = vllm_engine.runtime()

@@ -97,7 +97,7 @@ class LiveAllocator:
     """One ``KVCacheManager`` shared by all requests of a scenario."""
 
     def __init__(
-        self, vllm: Vllm, model: ModelSpec, run: Trajectory, *, as_scheduler: bool = True
+        self, vllm: Vllm, model: ModelSpec, trajectory: Trajectory, *, as_scheduler: bool = True
     ) -> None:
         """A manager for ``model``'s pool and groups, allocating with ``run``'s lookahead.
 
@@ -108,11 +108,11 @@ class LiveAllocator:
         """
         options = (
             vllm.manager_options(
-                run.method,
-                run.num_speculative_tokens,
-                run.sample_from_anchor,
+                trajectory.method,
+                trajectory.num_speculative_tokens,
+                trajectory.sample_from_anchor,
                 model.enable_caching,
-                run.disable_lookahead_block_hashes,
+                trajectory.disable_lookahead_block_hashes,
             )
             if as_scheduler
             else {}
@@ -125,8 +125,8 @@ class LiveAllocator:
             options["num_prefill_lookahead"] = extra + 1
         self.vllm = vllm
         self.model = model
-        self.lookahead = run.lookahead
-        self.specs = group_specs(vllm, model, run.num_speculative_tokens)
+        self.lookahead = trajectory.lookahead
+        self.specs = group_specs(vllm, model, trajectory.num_speculative_tokens)
         self.manager = manager_for(vllm, model, self.specs, options)
         self.null_block = vllm.null_block_id(self.manager)
         self._hasher = (

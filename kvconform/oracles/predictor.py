@@ -20,12 +20,12 @@ from kvconform.oracles.vllm import Vllm
 class Predictor:
     """``_reserved_block_count`` for one scenario's groups, with its lookahead and cap."""
 
-    def __init__(self, vllm: Vllm, model: ModelSpec, run: Trajectory) -> None:
+    def __init__(self, vllm: Vllm, model: ModelSpec, trajectory: Trajectory) -> None:
         self._fn = vllm.reserved_block_count
         self.unavailable_reason = None if self._fn is not None else vllm.predictor_missing_reason()
         self._max_model_len = model.max_model_len
-        self._lookahead = run.lookahead
-        self.specs = group_specs(vllm, model, run.num_speculative_tokens)
+        self._lookahead = trajectory.lookahead
+        self.specs = group_specs(vllm, model, trajectory.num_speculative_tokens)
 
     @property
     def available(self) -> bool:

@@ -20,7 +20,7 @@ from typing import Any
 
 from kvconform.errors import NotOffered, ScenarioError, did_you_mean
 from kvconform.model.group_types import GROUP_TYPES
-from kvconform.model.lookahead import expected_lookahead, rule_for
+from kvconform.model.methods import expected_lookahead, method_for
 from kvconform.model.observations import GroupInfo, Trajectory
 from kvconform.model.scenario import GroupSpec, ModelSpec, Scenario
 from kvconform.oracles.vllm import Vllm
@@ -30,29 +30,32 @@ __all__ = ["extra_retained_tokens", "group_specs", "new_trajectory", "spec_optio
 
 def new_trajectory(scenario: Scenario, vllm: Vllm) -> Trajectory:
     """The scenario's empty trajectory: lookahead resolved, groups described for the floor."""
-    run = _resolve_lookahead(scenario, vllm)
+    trajectory = _resolve_lookahead(scenario, vllm)
     model = scenario.model
     for group in model.groups:
         if group.eagle_group and not (
-            run.method is not None
-            and vllm.eagle_block_drop(run.method, run.num_speculative_tokens, run.sample_from_anchor)
+            trajectory.method is not None
+            and vllm.eagle_block_drop(
+                trajectory.method, trajectory.num_speculative_tokens, trajectory.sample_from_anchor
+            )
         ):
             where = group.where or scenario.where
             raise ScenarioError(
                 where.at(f"{where.field}.eagle_group"),
                 "vLLM flags a group as an EAGLE group only when the speculative method drops "
-                f"the trailing prefix-cache block (use_eagle_block_drop()); {run.method!r} does not",
+                f"the trailing prefix-cache block (use_eagle_block_drop()); {trajectory.method!r} does not",
             )
-    if extra_retained_tokens(model) and run.method != "mtp":
+    entry = method_for(trajectory.method)
+    if extra_retained_tokens(model) and not (entry is not None and entry.mtp_modules):
         group = next(g for g in model.groups if g.options.get("extra_retained_tokens"))
         where = group.where or scenario.where
         raise ScenarioError(
             where.at(f"{where.field}.extra_retained_tokens"),
             "needs speculative.method mtp (or an MTP variant): vLLM sets it only for "
-            f"multi-module MTP, not for {run.method!r}",
+            f"multi-module MTP, not for {trajectory.method!r}",
         )
-    specs = group_specs(vllm, model, run.num_speculative_tokens)
-    run.groups = tuple(
+    specs = group_specs(vllm, model, trajectory.num_speculative_tokens)
+    trajectory.groups = tuple(
         replace(
             info,
             floor_args=dict(
@@ -67,20 +70,22 @@ def new_trajectory(scenario: Scenario, vllm: Vllm) -> Trajectory:
             ),
             read_span=_read_span(group),
         )
-        for info, group, spec in zip(run.groups, model.groups, specs, strict=True)
+        for info, group, spec in zip(trajectory.groups, model.groups, specs, strict=True)
     )
-    return run
+    return trajectory
 
 
 def spec_options(group: GroupSpec, num_speculative_tokens: int) -> dict[str, Any]:
     """The options ``group``'s vLLM spec is built with.
 
-    A Mamba group without ``num_speculative_blocks`` gets one per speculative
-    token, as vLLM's config does for Mamba models under speculative decoding.
+    A group type with speculative state blocks (``GroupType.speculative_blocks``:
+    Mamba) left unset gets one per speculative token, as vLLM's config does for
+    Mamba models under speculative decoding.
     """
     options = dict(group.options)
-    if group.type == "mamba" and options.get("num_speculative_blocks") is None:
-        options["num_speculative_blocks"] = num_speculative_tokens
+    speculative_blocks = GROUP_TYPES[group.type].speculative_blocks
+    if speculative_blocks is not None and options.get(speculative_blocks) is None:
+        options[speculative_blocks] = num_speculative_tokens
     return options
 
 
@@ -134,7 +139,7 @@ def _resolve_lookahead(scenario: Scenario, vllm: Vllm) -> Trajectory:
             floor_lookahead=0,
         )
     declared = vllm.declared_methods()
-    if spec.method not in declared and rule_for(vllm.canonical_method(spec.method)) is not None:
+    if spec.method not in declared and method_for(vllm.canonical_method(spec.method)) is not None:
         # A method kvconform knows, from another release: this one does not offer it.
         raise NotOffered(
             vllm.version,

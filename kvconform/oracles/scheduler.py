@@ -42,26 +42,20 @@ observations. What the fabricated output does not model is listed in
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
-import os
-import shutil
-import tempfile
 from collections import deque
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
-from types import MappingProxyType
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from kvconform.errors import NotOffered, PoolExhausted, ScenarioError, VllmUnavailable
 from kvconform.model.acceptance import AcceptanceStream
+from kvconform.model.methods import method_for
 from kvconform.model.scenario import Scenario
+from kvconform.model.tiny_model import SCHEDULER_TARGET
 from kvconform.oracles.live import OUTPUT_OFFSET, first_output_token, prompt_tokens
 from kvconform.oracles.resolve import group_specs
+from kvconform.oracles.tiny_models import model_folder
 from kvconform.oracles.vllm import Vllm
 from kvconform.oracles.vllm.scheduling import Scheduling
-from kvconform.paths import cache_dir
 
 # Draft token ids sit above a request's outputs (the layout of kvconform.oracles.live),
 # so no prefix-cache hit ever comes from a draft.
@@ -71,111 +65,6 @@ _DRAFT_OFFSET = 900_000
 # arrival to wait for, cannot change the scheduler's state; a few in a row mean
 # the requests can never be served.
 _STALL_STEPS = 3
-
-
-# -- config-only model folders ---------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TinyModel:
-    """A config-only model folder: a transformers config class, its size and extras."""
-
-    config_class: str  # a transformers configuration class
-    architecture: str  # what vLLM's model registry resolves
-    num_hidden_layers: int = 2
-    extra: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "extra", MappingProxyType(dict(self.extra)))
-
-
-_SIZES = dict(
-    vocab_size=1000,
-    hidden_size=64,
-    intermediate_size=128,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    # Large, so that any scenario's max_model_len is allowed.
-    max_position_embeddings=131072,
-)
-_LLAMA = TinyModel("LlamaConfig", "LlamaForCausalLM")
-_LLAMA_DRAFT = TinyModel("LlamaConfig", "LlamaForCausalLM", num_hidden_layers=1)
-_DFLASH_DRAFT = TinyModel("Qwen3Config", "DFlashDraftModel", num_hidden_layers=1)
-
-
-def _mimo(num_nextn_predict_layers: int) -> TinyModel:
-    # vLLM's SpeculativeConfig turns a MiMo target into its MTP draft
-    # ("mimo_mtp"); more than one module makes it multi-module MTP.
-    return TinyModel(
-        "Qwen2Config",
-        "MiMoForCausalLM",
-        extra={"num_nextn_predict_layers": num_nextn_predict_layers},
-    )
-
-
-@dataclass(frozen=True)
-class MethodModels:
-    """Which folders a speculative method needs: the target, and the drafter's if any."""
-
-    target: TinyModel = _LLAMA
-    draft: TinyModel | None = None
-    options: Mapping[str, Any] = field(default_factory=dict)
-
-
-def method_models(method: str | None, num_nextn_predict_layers: int = 1) -> MethodModels:
-    """The folders and ``SpeculativeConfig`` options a (canonical) method is built with."""
-    if method in ("eagle", "eagle3", "draft_model"):
-        return MethodModels(draft=_LLAMA_DRAFT)
-    if method == "dflash":
-        return MethodModels(draft=_DFLASH_DRAFT)
-    if method == "mtp":
-        return MethodModels(target=_mimo(num_nextn_predict_layers))
-    if method in ("ngram", "ngram_gpu"):
-        return MethodModels(options={"prompt_lookup_min": 2, "prompt_lookup_max": 4})
-    # DSpark drafts from the target's own checkpoint; others are vLLM's to refuse.
-    return MethodModels()
-
-
-def model_folder(model: TinyModel, sample_from_anchor: bool = True) -> str:
-    """The folder of a config-only model, written once under kvconform's cache."""
-    import transformers
-
-    extra = dict(model.extra)
-    if not sample_from_anchor:
-        extra["sample_from_anchor"] = False  # DSpark's fill-in layout
-    spec = {
-        "class": model.config_class,
-        "architecture": model.architecture,
-        "layers": model.num_hidden_layers,
-        "extra": extra,
-        "sizes": _SIZES,
-        "transformers": transformers.__version__,
-    }
-    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
-    root = cache_dir("scheduler-models")
-    folder = root / f"{model.architecture}-{digest}"
-    if (folder / "config.json").exists():
-        return str(folder)
-    config = getattr(transformers, model.config_class)(
-        num_hidden_layers=model.num_hidden_layers, **_SIZES, **extra
-    )
-    staging = Path(tempfile.mkdtemp(dir=root, prefix=".staging-"))
-    try:
-        config.save_pretrained(staging)
-        path = staging / "config.json"
-        data = json.loads(path.read_text())
-        # transformers 5 does not write `architectures` from a bare config;
-        # vLLM needs it to pick the model class (and the EAGLE draft's).
-        data["architectures"] = [model.architecture]
-        data.update(extra)
-        path.write_text(json.dumps(data, indent=1))
-        try:
-            os.replace(staging, folder)
-        except OSError:
-            pass  # another process wrote it first (pytest-xdist); theirs is the same
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return str(folder)
 
 
 # -- configuration, built once per process ---------------------------------------------
@@ -198,10 +87,16 @@ def model_and_speculative_config(
     """``(ModelConfig, SpeculativeConfig | None)`` for a scenario: fresh copies of cached ones."""
     spec = scenario.speculative
     assert scenario.scheduler is not None
-    models = method_models(method, scenario.scheduler.num_nextn_predict_layers)
-    anchor = spec.sample_from_anchor if spec is not None else True
-    target = model_folder(models.target, anchor)
-    draft = model_folder(models.draft) if models.draft is not None and spec else None
+    entry = method_for(method)
+    target_model = entry.target if entry is not None else SCHEDULER_TARGET
+    extra = dict(target_model.extra)
+    if entry is not None and entry.mtp_modules:
+        extra["num_nextn_predict_layers"] = scenario.scheduler.num_nextn_predict_layers
+    if spec is not None and not spec.sample_from_anchor:
+        extra["sample_from_anchor"] = False  # DSpark's fill-in layout
+    target = str(model_folder(replace(target_model, extra=extra)))
+    draft_model = entry.draft if entry is not None and spec is not None else None
+    draft = str(model_folder(draft_model)) if draft_model is not None else None
     max_model_len = scenario.model.max_model_len
     k = spec.num_speculative_tokens if spec is not None else 0
     key = (vllm.location, target, draft, method, k, max_model_len)
@@ -215,7 +110,7 @@ def model_and_speculative_config(
             ) from None
         speculative = None
         if spec is not None and method is not None:
-            options = dict(models.options)
+            options = dict(entry.speculative_options) if entry is not None else {}
             if draft is not None:
                 options["model"] = draft
             try:

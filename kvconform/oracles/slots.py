@@ -29,7 +29,7 @@ recorded :class:`Trajectory` through that kernel:
    would write: in a fresh row, block 0, the null block.
 
 Only token-indexed groups are mapped (the group types whose reference floor is
-:func:`~kvconform.model.floors.token_columns`); the others, and groups
+a :attr:`~kvconform.model.floors.FloorRule.counts_token_columns` rule); the others, and groups
 sharded by decode context parallelism, are listed with the reason in
 :attr:`SlotRecording.groups_skipped`. The party records; ``check_slots`` in
 :mod:`kvconform.harness.checks` judges.
@@ -44,7 +44,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvconform.errors import VllmUnavailable
-from kvconform.model.floors import FLOORS, token_columns
 from kvconform.model.observations import (
     BLOCK_ID_PARTIES,
     Observation,
@@ -80,14 +79,14 @@ def positions_written(obs: Observation, max_model_len: int) -> Writes:
     return target, drafter
 
 
-def skipped_groups(run: Trajectory) -> dict[int, str]:
+def skipped_groups(trajectory: Trajectory) -> dict[int, str]:
     """Groups the kernel check does not map, with why."""
     skipped = {}
-    for group in run.groups:
-        if FLOORS[group.type].blocks is not token_columns:
+    for group in trajectory.groups:
+        if not group.floor_rule.counts_token_columns:
             skipped[group.index] = (
                 f"{group.type}: its block table is not indexed by token position "
-                f"({FLOORS[group.type].reason})"
+                f"({group.floor_rule.reason})"
             )
         elif int(group.floor_args.get("dcp_world_size", 1)) > 1:
             skipped[group.index] = (
@@ -107,11 +106,13 @@ class _Row:
     positions: tuple[int, ...]  # the target's, then the drafter's
 
 
-def _steps(run: Trajectory, mapped: Sequence[int], writes: PositionsWritten) -> list[list[_Row]]:
+def _steps(
+    trajectory: Trajectory, mapped: Sequence[int], writes: PositionsWritten
+) -> list[list[_Row]]:
     """Rows per step: one per party and request, in the order the driver recorded them."""
     steps: dict[int, dict[tuple[str, str], dict[int, tuple[int, Sequence[int]]]]] = {}
     first: dict[tuple[int, str, str], Observation] = {}
-    for index, obs in enumerate(run.observations):
+    for index, obs in enumerate(trajectory.observations):
         if obs.group not in mapped:
             continue
         for party in BLOCK_ID_PARTIES:
@@ -127,7 +128,7 @@ def _steps(run: Trajectory, mapped: Sequence[int], writes: PositionsWritten) -> 
         for (party, request), by_group in requests.items():
             if len(by_group) != len(mapped):
                 continue  # a party that recorded only some groups: nothing to align
-            target, drafter = writes(first[(step, party, request)], run.max_model_len)
+            target, drafter = writes(first[(step, party, request)], trajectory.max_model_len)
             rows.append(
                 _Row(
                     party,
@@ -143,22 +144,22 @@ def _steps(run: Trajectory, mapped: Sequence[int], writes: PositionsWritten) -> 
 
 
 def record_slots(
-    run: Trajectory, vllm: Vllm, writes: PositionsWritten = positions_written
+    trajectory: Trajectory, vllm: Vllm, writes: PositionsWritten = positions_written
 ) -> SlotRecording:
     """Map every step of ``run`` through vLLM's kernel; the result is also ``run.slots``."""
-    if run.slots is not None:  # the driver recorded the real mappings (engine mode)
-        return run.slots
+    if trajectory.slots is not None:  # the driver recorded the real mappings (engine mode)
+        return trajectory.slots
     started = time.perf_counter()
     recording = SlotRecording()
-    run.slots = recording
-    skipped = skipped_groups(run)
+    trajectory.slots = recording
+    skipped = skipped_groups(trajectory)
     recording.groups_skipped = skipped
-    mapped = [g.index for g in run.groups if g.index not in skipped]
+    mapped = [g.index for g in trajectory.groups if g.index not in skipped]
     recording.groups_mapped = tuple(mapped)
     if not mapped:
         recording.skipped = "no token-indexed group to map: " + "; ".join(skipped.values())
         return recording
-    steps = [rows for rows in _steps(run, mapped, writes) if rows]
+    steps = [rows for rows in _steps(trajectory, mapped, writes) if rows]
     if not steps:
         recording.skipped = "no party recorded the block ids it held"
         return recording
@@ -168,10 +169,10 @@ def record_slots(
         recording.skipped = str(exc)
         return recording
 
-    block_sizes = [run.groups[g].block_size for g in mapped]
+    block_sizes = [trajectory.groups[g].block_size for g in mapped]
     batch = _Batch(steps)
     highest = max(
-        [run.null_block, run.num_blocks - 1]
+        [trajectory.null_block, trajectory.num_blocks - 1]
         + [b for held in batch.rows for ids in held for b in ids]
     )
     recording.poison, recording.guard = highest + 1, highest + 2
@@ -195,7 +196,7 @@ def record_slots(
         return recording
     # Said once the tables exist: building them decides whether stand-ins were needed.
     recording.mode = kernel.mode
-    run.notes.append(f"slots: {kernel.mode}")
+    trajectory.notes.append(f"slots: {kernel.mode}")
     tables.write_rows(
         [
             tuple(
@@ -207,7 +208,7 @@ def record_slots(
     )
     slots = tables.map(range(len(batch.rows)), batch.starts, batch.flat)
     recording.kernel_calls = 1
-    outside = _outside(batch, slots, block_sizes, run.null_block)
+    outside = _outside(batch, slots, block_sizes, trajectory.null_block)
 
     fresh = _as_vllm_leaves_them(kernel, batch, outside, block_sizes, columns)
     recording.kernel_calls += 1 if fresh else 0

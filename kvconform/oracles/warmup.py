@@ -217,7 +217,7 @@ def record_warmup(
     return recording
 
 
-def scenario_settings(vllm: Vllm, scenario: Scenario, run: Trajectory) -> RunnerSettings:
+def scenario_settings(vllm: Vllm, scenario: Scenario, trajectory: Trajectory) -> RunnerSettings:
     """The stub runner's settings for a ``kind: warmup`` scenario.
 
     Its KV groups, the lookahead ``run`` resolved, the method's
@@ -234,11 +234,11 @@ def scenario_settings(vllm: Vllm, scenario: Scenario, run: Trajectory) -> Runner
         speculative_config = vllm.speculative_config(
             spec.method, spec.num_speculative_tokens, spec.sample_from_anchor
         )
-    specs = group_specs(vllm, model, run.num_speculative_tokens)
+    specs = group_specs(vllm, model, trajectory.num_speculative_tokens)
     return RunnerSettings(
         kv_cache_config=vllm.kv_cache_config(model.num_blocks, specs),
-        num_speculative_tokens=run.num_speculative_tokens,
-        num_lookahead_tokens=run.lookahead,
+        num_speculative_tokens=trajectory.num_speculative_tokens,
+        num_lookahead_tokens=trajectory.lookahead,
         speculative_config=speculative_config,
         max_num_seqs=warmup.max_num_seqs,
         max_num_batched_tokens=warmup.max_num_batched_tokens,

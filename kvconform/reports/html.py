@@ -6,7 +6,7 @@ script, nothing fetched), written for a reader who did not write the scenarios:
 * the overview: verdict, counts, which vLLM (version and where it came from),
   torch and device, how long the run took, the command; then a filter by
   verdict, check and group type (plain JavaScript in the page, no server);
-* the root-cause groups, largest first (:mod:`kvconform.harness.grouping`), one
+* the root-cause groups, largest first (:mod:`kvconform.harness.root_causes`), one
   card each: the vLLM function and file its party stands for (linked into the
   tree that ran, at the ``def``), the shape of the miss, the group types and
   methods it spans, the floor rule's "why" once, a representative scenario in
@@ -34,14 +34,13 @@ from pathlib import Path
 
 from kvconform import __version__
 from kvconform.harness.expectations_update import is_unreviewed
-from kvconform.harness.grouping import blame
+from kvconform.harness.root_causes import blame
 from kvconform.model.coverage import KIND_LETTERS, Coverage, OfferedItem, status_rank
-from kvconform.model.floors import FLOORS
-from kvconform.model.groups import FailureGroup, GroupScenario
 from kvconform.model.observations import FreeEvent, Observation, Trajectory
 from kvconform.model.results import Failure, RunReport, ScenarioResult, Verdict
+from kvconform.model.root_causes import RootCause, RootCauseScenario
 from kvconform.reports import plots
-from kvconform.reports.groups import never_below_floor_text
+from kvconform.reports.root_causes import never_below_floor_text
 
 MAX_MESSAGES = 25
 
@@ -203,22 +202,22 @@ def render_html(report: RunReport, now: datetime.datetime | None = None) -> str:
         parts.append('<div class="card error"><ul class="failures">')
         parts += [f'<li class="mono">{e(err)}</li>' for err in report.input_errors]
         parts.append("</ul></div>")
-    if report.groups:
-        records = sum(g.records for g in report.groups)
+    if report.root_causes:
+        records = sum(g.records for g in report.root_causes)
         failed = len(by_verdict[Verdict.FAILED])
         parts.append(
             f'<h2 id="groups">Root causes: {records:,} failure records of {failed} failed '
-            f"scenario{'s' if failed != 1 else ''} in {len(report.groups)} "
-            f"group{'s' if len(report.groups) != 1 else ''}</h2>"
+            f"scenario{'s' if failed != 1 else ''} in {len(report.root_causes)} "
+            f"group{'s' if len(report.root_causes) != 1 else ''}</h2>"
         )
         parts += page.group_index()
         parts.append(
             f'<details class="how"><summary>How to read this</summary>{HOW_TO_READ}'
             f"<p>{GROUPS_HOW}</p></details>"
         )
-        for number, group in enumerate(report.groups, 1):
+        for number, group in enumerate(report.root_causes, 1):
             parts += page.group_card(number, group)
-    members = {s.id for g in report.groups for s in g.scenarios}
+    members = {s.id for g in report.root_causes for s in g.scenarios}
     ungrouped = [
         r for r in by_verdict[Verdict.FAILED] if id(r) not in page.shown and r.id not in members
     ]
@@ -387,7 +386,7 @@ class _Page:
     def group_index(self) -> list[str]:
         """The groups in one line each, largest first: the first screen of the page."""
         out = ['<ol class="causes">']
-        for number, group in enumerate(self.report.groups, 1):
+        for number, group in enumerate(self.report.root_causes, 1):
             rep = group.representative
             out.append(
                 f'<li data-verdict="failed" data-check="{e(group.check)}" '
@@ -405,7 +404,7 @@ class _Page:
             out.append(f'<p class="note">{e(fine[0].upper() + fine[1:])}.</p>')
         return out
 
-    def group_card(self, number: int, group: FailureGroup) -> list[str]:
+    def group_card(self, number: int, group: RootCause) -> list[str]:
         report, party = self.report, group.vllm
         rep = group.representative
         out = [
@@ -451,7 +450,7 @@ class _Page:
         out.append("</details></section>")
         return out
 
-    def _member(self, group: FailureGroup, member: GroupScenario) -> list[str]:
+    def _member(self, group: RootCause, member: RootCauseScenario) -> list[str]:
         result = self.by_id.get(member.id)
         if result is None:
             return []
@@ -487,7 +486,7 @@ class _Page:
         return out
 
     @staticmethod
-    def _records(group: FailureGroup, result: ScenarioResult) -> list[Failure]:
+    def _records(group: RootCause, result: ScenarioResult) -> list[Failure]:
         """The records of ``result`` that fall into ``group``."""
         return [
             f
@@ -507,9 +506,11 @@ class _Page:
         self.shown.add(id(result))
         report, slug = self.report, self.slugs[id(result)]
         verdict = result.verdict.value
-        run = result.trajectory
+        trajectory = result.trajectory
         checks = " ".join(sorted({f.check for f in result.failures}))
-        types = " ".join(sorted({g.type for g in run.groups})) if run is not None else ""
+        types = (
+            " ".join(sorted({g.type for g in trajectory.groups})) if trajectory is not None else ""
+        )
         out = [
             f'<article class="card {verdict}" id="{slug}" data-verdict="{verdict}" '
             f'data-check="{e(checks)}" data-types="{e(types)}">',
@@ -528,43 +529,48 @@ class _Page:
             out.append(f'<pre class="mono">{self.message(result.error, result.file)}</pre>')
         if result.failures:
             out += self.failures(result, slug)
-        if run is not None and run.observations and result.verdict is not Verdict.PASSED:
+        if (
+            trajectory is not None
+            and trajectory.observations
+            and result.verdict is not Verdict.PASSED
+        ):
             missing = plots.missing_reason()
             if draw and missing is None:
                 out += _plots(result, plot_groups)
             elif draw and missing:
                 out.append(f'<p class="note">No plots: {e(missing)}.</p>')
             out.append(f"<details{' open' if open_ else ''}><summary>Step by step</summary>")
-            out += _steps_table(result, run, slug)
+            out += _steps_table(result, trajectory, slug)
             out.append("</details>")
         out.append("</article>")
         return out
 
     def setup_facts(self, result: ScenarioResult) -> list[tuple[str, str]]:
         facts = [("file", self.file_link(result.file, result.line))]
-        run = result.trajectory
-        if run is not None:
+        trajectory = result.trajectory
+        if trajectory is not None:
             method = (
-                f"{e(run.method)}, k = {run.num_speculative_tokens}"
-                if run.method
+                f"{e(trajectory.method)}, k = {trajectory.num_speculative_tokens}"
+                if trajectory.method
                 else "no speculative decoding"
             )
             facts.append(("speculation", method))
             expected = (
                 ""
-                if run.expected_lookahead in (None, run.lookahead)
-                else f"; kvconform's table says {e(run.expected_lookahead)}"
+                if trajectory.expected_lookahead in (None, trajectory.lookahead)
+                else f"; kvconform's table says {e(trajectory.expected_lookahead)}"
             )
             facts.append(
-                ("lookahead", f"{run.lookahead} tokens, from {e(run.lookahead_source)}{expected}")
+                ("lookahead", f"{trajectory.lookahead} tokens, from {e(trajectory.lookahead_source)}{expected}")
             )
             groups = "<br>".join(
-                f"<b>g{g.index}</b> {e(g.label)}, block_size {g.block_size}" for g in run.groups
+                f"<b>g{g.index}</b> {e(g.label)}, block_size {g.block_size}"
+                for g in trajectory.groups
             )
             facts.append(("KV-cache groups", groups))
-            facts.append(("max_model_len", e(run.max_model_len)))
-            facts.append(("parties", e(", ".join(run.parties))))
-            for note in run.notes:
+            facts.append(("max_model_len", e(trajectory.max_model_len)))
+            facts.append(("parties", e(", ".join(trajectory.parties))))
+            for note in trajectory.notes:
                 facts.append(("note", e(note)))
         if result.expectation:
             reason = e(result.expectation)
@@ -739,12 +745,12 @@ def _cell(obs: Observation, attr: str, reference: int | None) -> str:
     return f"<td{css}{title}>{text}</td>"
 
 
-def _steps_table(result: ScenarioResult, run: Trajectory, slug: str) -> list[str]:
-    parties = [p for p in ("live", "predicted", "warmup") if p in run.parties]
-    if "warmup" not in parties and any(o.warmup is not None for o in run.observations):
+def _steps_table(result: ScenarioResult, trajectory: Trajectory, slug: str) -> list[str]:
+    parties = [p for p in ("live", "predicted", "warmup") if p in trajectory.parties]
+    if "warmup" not in parties and any(o.warmup is not None for o in trajectory.observations):
         parties.append("warmup")
     failing = {(f.step, f.request) for f in result.failures if f.step is not None}
-    groups = run.groups
+    groups = trajectory.groups
     out = [
         "<h4>Step by step</h4>",
         '<p class="legend note"><span class="mono" style="background:var(--fail-bg);'
@@ -759,7 +765,7 @@ def _steps_table(result: ScenarioResult, run: Trajectory, slug: str) -> list[str
         '<th rowspan="2">scheduled</th>',
     ]
     for g in groups:
-        reason = FLOORS[g.type].reason if g.type in FLOORS else ""
+        reason = g.floor_rule.reason
         out.append(
             f'<th colspan="{1 + len(parties)}" class="sep" title="{e(reason)}">'
             f"g{g.index} {e(g.label)}</th>"
@@ -771,9 +777,9 @@ def _steps_table(result: ScenarioResult, run: Trajectory, slug: str) -> list[str
     out.append("</tr></thead><tbody>")
     rows: dict[tuple[int, str], list[Observation]] = {}
     order: list[FreeEvent | tuple[int, str]] = []
-    events = list(run.events)
+    events = list(trajectory.events)
     next_event = 0
-    for seq, obs in enumerate(run.observations):
+    for seq, obs in enumerate(trajectory.observations):
         while next_event < len(events) and events[next_event].seq <= seq:
             order.append(events[next_event])
             next_event += 1

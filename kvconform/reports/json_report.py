@@ -41,21 +41,22 @@ def scenario_json(result: ScenarioResult, report: RunReport) -> dict[str, Any]:
         "failures": [f.to_json() for f in result.failures],
         "skipped_checks": dict(result.skipped_checks),
     }
-    run = result.trajectory
-    if run is not None:
+    trajectory = result.trajectory
+    if trajectory is not None:
         entry.update(
-            lookahead=run.lookahead,
-            lookahead_source=run.lookahead_source,
-            method=run.method,
-            parties=list(run.parties),
+            lookahead=trajectory.lookahead,
+            lookahead_source=trajectory.lookahead_source,
+            method=trajectory.method,
+            parties=list(trajectory.parties),
             groups=[
-                {"type": g.type, "label": g.label, "block_size": g.block_size} for g in run.groups
+                {"type": g.type, "label": g.label, "block_size": g.block_size}
+                for g in trajectory.groups
             ],
-            notes=list(run.notes),
-            steps=len({o.step for o in run.observations}),
+            notes=list(trajectory.notes),
+            steps=len({o.step for o in trajectory.observations}),
         )
-        if run.slots is not None:
-            slots = run.slots
+        if trajectory.slots is not None:
+            slots = trajectory.slots
             entry["slots"] = {
                 "mode": slots.mode,
                 "skipped": slots.skipped,
@@ -104,7 +105,7 @@ def report_json(report: RunReport) -> dict[str, Any]:
             for e in report.input_errors
         ],
         "expectations_file": report.expectations_file,
-        "groups": [group.to_json() for group in report.groups],
+        "root_causes": [cause.to_json() for cause in report.root_causes],
         "scenarios": [scenario_json(r, report) for r in report.results],
         "coverage": report.coverage.to_json() if report.coverage is not None else None,
     }

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvconform.model.results import RunReport, Verdict
-from kvconform.reports.groups import (
+from kvconform.reports.root_causes import (
     MAX_GROUPS_LISTED,
     group_lines,
     never_below_floor_text,
@@ -50,7 +50,7 @@ def render_markdown(report: RunReport) -> str:
         lines += ["## Input errors", ""]
         lines += [f"- `{e}`" for e in report.input_errors]
         lines.append("")
-    if report.groups:
+    if report.root_causes:
         lines += ["## Root causes", ""]
         text = group_lines(report)
         lines.append(text[0])
@@ -58,7 +58,7 @@ def render_markdown(report: RunReport) -> str:
         if fine:
             lines.append(f"{fine[0].upper()}{fine[1:]}.")
         lines.append("")
-        for number, group in enumerate(report.groups[:MAX_GROUPS_LISTED], 1):
+        for number, group in enumerate(report.root_causes[:MAX_GROUPS_LISTED], 1):
             rep = group.representative
             party = group.vllm
             lines.append(
@@ -67,9 +67,9 @@ def render_markdown(report: RunReport) -> str:
                 f"[{group.check}]; {_cell(spans(group))}; e.g. `{rep.id}`: "
                 f"`{report.explain_command(rep.file, rep.id)}`"
             )
-        if len(report.groups) > MAX_GROUPS_LISTED:
+        if len(report.root_causes) > MAX_GROUPS_LISTED:
             lines.append(
-                f"\n… {len(report.groups) - MAX_GROUPS_LISTED} smaller groups in report.json"
+                f"\n… {len(report.root_causes) - MAX_GROUPS_LISTED} smaller groups in report.json"
             )
         lines.append("")
     bad = [r for r in report.results if r.verdict in (Verdict.FAILED, Verdict.ERROR)]

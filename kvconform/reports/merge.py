@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kvconform.errors import ExitStatus, Location, ScenarioError, UsageError
-from kvconform.harness.engine import exit_status
+from kvconform.harness.runner import exit_status
 from kvconform.model.results import ErrorKind, Failure, RunReport, ScenarioResult, Verdict
 
 __all__ = ["merge_reports", "read_report"]

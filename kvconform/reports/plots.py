@@ -73,34 +73,36 @@ def _new_figure(width: float, height: float) -> Any:
 
 def group_plots(result: ScenarioResult, only: Collection[int] | None = None) -> list[GroupPlot]:
     """One PNG (base64) per group of a scenario's trajectory (of the groups in ``only``)."""
-    run = result.trajectory
-    if run is None or not run.observations:
+    trajectory = result.trajectory
+    if trajectory is None or not trajectory.observations:
         return []
     failing: dict[tuple[int, str], set[int]] = defaultdict(set)
     for failure in result.failures:
         if failure.group is not None and failure.request is not None and failure.step is not None:
             failing[(failure.group, failure.request)].add(failure.step)
     return [
-        _group_plot(run, group.index, failing)
-        for group in run.groups
+        _group_plot(trajectory, group.index, failing)
+        for group in trajectory.groups
         if only is None or group.index in only
     ]
 
 
-def _group_plot(run: Trajectory, group: int, failing: dict[tuple[int, str], set[int]]) -> GroupPlot:
+def _group_plot(
+    trajectory: Trajectory, group: int, failing: dict[tuple[int, str], set[int]]
+) -> GroupPlot:
     rows: dict[str, list[Observation]] = defaultdict(list)
-    for obs in run.observations:
+    for obs in trajectory.observations:
         if obs.group == group:
             rows[obs.request].append(obs)
     requests = sorted(rows, key=lambda r: (not failing.get((group, r)), list(rows).index(r)))
     shown, hidden = requests[:MAX_PANELS], requests[MAX_PANELS:]
     shown.sort(key=list(rows).index)
-    info = run.groups[group]
+    info = trajectory.groups[group]
     figure = _new_figure(7.6, 0.6 + 1.9 * len(shown))
     axes = figure.subplots(len(shown), 1, sharex=True, squeeze=False)[:, 0]
-    last_step = max(o.step for o in run.observations)
+    last_step = max(o.step for o in trajectory.observations)
     for ax, request in zip(axes, shown, strict=True):
-        _panel(ax, run, rows[request], request, failing.get((group, request), set()))
+        _panel(ax, trajectory, rows[request], request, failing.get((group, request), set()))
         ax.set_xlim(-0.5, last_step + 0.5)
     axes[-1].set_xlabel("step")
     legend: dict[str, Any] = {}
@@ -146,14 +148,16 @@ def _png(figure: Any) -> bytes:
     return out.getvalue()
 
 
-def _panel(ax: Any, run: Trajectory, rows: list[Observation], request: str, bad: set[int]) -> None:
+def _panel(
+    ax: Any, trajectory: Trajectory, rows: list[Observation], request: str, bad: set[int]
+) -> None:
     steps = [o.step for o in rows]
     floor = [o.floor for o in rows]
     # Drawn above the parties' lines: where a party sits exactly on the floor the
     # dashes stay visible on top of it.
     ax.plot(steps, floor, "--", color=COLORS["floor"], linewidth=1.2, label="floor", zorder=4)
     series = [("live", "live KVCacheManager", "o")]
-    if "predicted" in run.parties:
+    if "predicted" in trajectory.parties:
         series.append(("predicted", "predictor (this step)", "x"))
     if any(o.warmup is not None for o in rows):
         series.append(("warmup", "recorded warmup", "s"))
@@ -202,7 +206,7 @@ def _panel(ax: Any, run: Trajectory, rows: list[Observation], request: str, bad:
             linewidth=1.2,
             label="predictor (running max)",
         )
-    for event in run.events:
+    for event in trajectory.events:
         if event.request == request:
             ax.axvline(event.step, color="#888888", linestyle=":", linewidth=1)
             ax.annotate(

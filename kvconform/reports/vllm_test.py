@@ -104,9 +104,7 @@ def render_vllm_test(scenario: Scenario, result: ScenarioResult, vllm: Vllm) -> 
             "scenario's calls are decided by vLLM, not by the file"
         )
     if any(c.refused for step in scenario.steps for c in step.calls):
-        raise UsageError(
-            f"{scenario.id}: export --vllm-test takes scenarios without refused calls"
-        )
+        raise UsageError(f"{scenario.id}: export --vllm-test takes scenarios without refused calls")
     if scenario.model.enable_caching:
         raise UsageError(
             f"{scenario.id}: export --vllm-test takes scenarios without prefix caching"

@@ -25,12 +25,12 @@ with the reason (:class:`~kvconform.errors.ScenarioSkipped`).
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from kvconform.errors import ScenarioSkipped, VllmUnavailable
-from kvconform.model.floors import FLOORS
 from kvconform.model.group_types import GROUP_TYPES, group_type_for_class
-from kvconform.model.lookahead import expected_lookahead
+from kvconform.model.methods import expected_lookahead
 from kvconform.model.observations import (
     FreeEvent,
     GroupInfo,
@@ -39,7 +39,8 @@ from kvconform.model.observations import (
     SlotRecording,
     Trajectory,
 )
-from kvconform.model.scenario import EngineModel, Scenario
+from kvconform.model.scenario import Scenario
+from kvconform.model.tiny_model import TinyModel
 from kvconform.oracles import engine as engine_party
 from kvconform.oracles.vllm import Vllm
 
@@ -56,18 +57,8 @@ def settings_for(scenario: Scenario) -> engine_party.EngineSettings:
     assert engine is not None
     spec = scenario.speculative
 
-    def shape(model: EngineModel) -> engine_party.ModelShape:
-        return engine_party.ModelShape(
-            architecture=model.architecture,
-            num_hidden_layers=model.layers,
-            hidden_size=model.hidden_size,
-            intermediate_size=model.intermediate_size,
-            num_attention_heads=model.heads,
-            num_key_value_heads=model.kv_heads,
-            vocab_size=model.vocab,
-            max_position_embeddings=max(1024, scenario.model.max_model_len),
-            dtype=model.dtype,
-        )
+    def shape(model: TinyModel) -> TinyModel:
+        return replace(model, max_position_embeddings=max(1024, scenario.model.max_model_len))
 
     return engine_party.EngineSettings(
         target=shape(engine.target),
@@ -141,7 +132,7 @@ def trajectory_from(scenario: Scenario, recording: engine_party.EngineRecording)
         raise VllmUnavailable(recording.vllm_version, "the engine's lookahead",
                               recording.lookahead_source)  # fmt: skip
     floor_lookahead = expected if expected is not None else engine_lookahead
-    run = Trajectory(
+    trajectory = Trajectory(
         tuple(groups),
         engine_lookahead,
         recording.lookahead_source,
@@ -155,19 +146,19 @@ def trajectory_from(scenario: Scenario, recording: engine_party.EngineRecording)
         exclusive_blocks=not model.enable_caching,
     )
     names = request_names(scenario, recording)
-    floor_rules = [FLOORS[g.type].blocks for g in groups]
+    floor_rules = [info.floor_rule.blocks for info in trajectory.groups]
     where: dict[tuple[int, str, int], int] = {}  # (step, engine id, group) -> observation
     counts = {"warmup": 0, "serving": 0, "startup": 0}
     for step in recording.steps:
         phase = step["phase"]
         counts[phase] = counts.get(phase, 0) + 1
         for engine_id in step["finished"]:
-            run.events.append(
+            trajectory.events.append(
                 # The worker sees the request leave, not the pool's counts: the event
                 # releases its blocks for the ownership check, the leak check reads the
                 # pool after the run instead.
                 FreeEvent(
-                    len(run.observations),
+                    len(trajectory.observations),
                     step["index"],
                     None,
                     names.get(engine_id, engine_id),
@@ -187,8 +178,8 @@ def trajectory_from(scenario: Scenario, recording: engine_party.EngineRecording)
                 floor = floor_rules[g](info.floor_input(row["computed"], row["scheduled"],
                                                         floor_lookahead, 0))  # fmt: skip
                 serving = phase != "warmup"
-                where[(step["index"], row["request"], g)] = len(run.observations)
-                run.observations.append(
+                where[(step["index"], row["request"], g)] = len(trajectory.observations)
+                trajectory.observations.append(
                     Observation(
                         step["index"], None, name, label, g, row["computed"], row["scheduled"],
                         floor_lookahead, floor,
@@ -198,12 +189,12 @@ def trajectory_from(scenario: Scenario, recording: engine_party.EngineRecording)
                         None if serving else held,
                     )
                 )  # fmt: skip
-    run.slots = slot_recording(run, recording, where)
-    _finish(scenario, recording, run, names, counts)
-    return run
+    trajectory.slots = slot_recording(trajectory, recording, where)
+    _finish(scenario, recording, trajectory, names, counts)
+    return trajectory
 
 
-def slot_recording(run: Trajectory, recording: engine_party.EngineRecording,
+def slot_recording(trajectory: Trajectory, recording: engine_party.EngineRecording,
                    where: dict[tuple[int, str, int], int]) -> SlotRecording:  # fmt: skip
     slots = SlotRecording(poison=_NO_POISON, guard=_NO_POISON)
     if not recording.mappings:
@@ -218,7 +209,7 @@ def slot_recording(run: Trajectory, recording: engine_party.EngineRecording,
         f"vLLM {recording.vllm_version}'s engine on {recording.device}: the slot mappings "
         "BlockTables.compute_slot_mappings returned to the V2 model runner and its drafter"
     )
-    slots.groups_mapped = tuple(g.index for g in run.groups)
+    slots.groups_mapped = tuple(g.index for g in trajectory.groups)
     sizes, per = recording.block_sizes, recording.blocks_per_kv_block
     seen_steps = set()
     for call in recording.mappings:
@@ -229,16 +220,16 @@ def slot_recording(run: Trajectory, recording: engine_party.EngineRecording,
             index = where.get((call["step"], row["request"], g))
             if index is None:
                 continue  # a row of a request this step did not schedule (padding)
-            obs = run.observations[index]
+            obs = trajectory.observations[index]
             party = "warmup" if obs.live is None else "live"
             held = set((obs.block_ids if party == "live" else obs.warmup_block_ids) or ())
             slots.rows += 1
-            kernel_size = sizes[g] if g < len(sizes) else run.groups[g].block_size
+            kernel_size = sizes[g] if g < len(sizes) else trajectory.groups[g].block_size
             per_kv = per[g] if g < len(per) else 1
             for position, slot in zip(row["positions"], row["slots"], strict=False):
                 slots.positions += 1
                 block = (slot // kernel_size) // per_kv if slot >= 0 else slot
-                if slot >= 0 and block in held and block != run.null_block:
+                if slot >= 0 and block in held and block != trajectory.null_block:
                     continue
                 slots.escapes.append(
                     SlotEscape(
@@ -246,7 +237,7 @@ def slot_recording(run: Trajectory, recording: engine_party.EngineRecording,
                         party,
                         call["role"],
                         position,
-                        position // run.groups[g].block_size,
+                        position // trajectory.groups[g].block_size,
                         slot,
                         block,
                         None,
@@ -260,28 +251,28 @@ def slot_recording(run: Trajectory, recording: engine_party.EngineRecording,
     return slots
 
 
-def _finish(scenario: Scenario, recording: engine_party.EngineRecording, run: Trajectory,
+def _finish(scenario: Scenario, recording: engine_party.EngineRecording, trajectory: Trajectory,
             names: dict[str, str], counts: dict[str, int]) -> None:  # fmt: skip
     generated = {names.get(k, k): v for k, v in recording.outputs.items()}
     for name, request in scenario.requests.items():
         got = generated.get(name)
         if got is None:
-            run.unfinished.append(
+            trajectory.unfinished.append(
                 f"the engine never finished request {name} (max_tokens {request.max_tokens})"
             )
         elif got != request.max_tokens:
-            run.unfinished.append(
+            trajectory.unfinished.append(
                 f"the engine finished request {name} with {got} tokens, not its max_tokens "
                 f"{request.max_tokens}"
             )
-    run.all_finished = not run.unfinished and recording.free_blocks_after is not None
-    run.final_free_blocks = recording.free_blocks_after
-    run.num_blocks = recording.pool_blocks or 0
+    trajectory.all_finished = not trajectory.unfinished and recording.free_blocks_after is not None
+    trajectory.final_free_blocks = recording.free_blocks_after
+    trajectory.num_blocks = recording.pool_blocks or 0
     up = recording.seconds.get("engine_up")
-    run.notes.append(
+    trajectory.notes.append(
         f"vLLM {recording.vllm_version}'s real engine on {recording.device} ({recording.model_runner} "
         f"model runner): up in {up} s, {counts.get('warmup', 0)} warmup and "
         f"{counts.get('serving', 0)} serving steps executed, {len(recording.mappings)} slot "
         f"mappings seen; lookahead {recording.lookahead} from {recording.lookahead_source}"
     )
-    run.notes.extend(recording.notes)
+    trajectory.notes.extend(recording.notes)

@@ -44,7 +44,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 
 from kvconform.harness.drivers.common import attach_predictor
-from kvconform.model.floors import FLOORS, FloorInput
+from kvconform.model.floors import FloorInput
 from kvconform.model.observations import FreeEvent, Miss, Observation, Trajectory
 from kvconform.model.scenario import Scenario
 from kvconform.oracles.resolve import new_trajectory
@@ -83,33 +83,33 @@ def decision_label(row: ScheduledRequest) -> str:
 def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
     """Run a ``kind: scheduler`` scenario through vLLM's scheduler and record every step."""
     model = scenario.model
-    run = new_trajectory(scenario, vllm)
-    record = run_scheduler(vllm, scenario, run.num_speculative_tokens)
+    trajectory = new_trajectory(scenario, vllm)
+    record = run_scheduler(vllm, scenario, trajectory.num_speculative_tokens)
 
     if record.lookahead is not None:
-        run.lookahead = record.lookahead
-        run.lookahead_source = f"{record.scheduler_class}.num_lookahead_tokens"
-        if run.method is not None:
+        trajectory.lookahead = record.lookahead
+        trajectory.lookahead_source = f"{record.scheduler_class}.num_lookahead_tokens"
+        if trajectory.method is not None:
             # The lookahead check judges the value the scheduler actually uses.
-            run.vllm_lookahead = record.lookahead
+            trajectory.vllm_lookahead = record.lookahead
         if record.config_lookahead is not None and record.config_lookahead != record.lookahead:
-            run.notes.append(
+            trajectory.notes.append(
                 f"{record.scheduler_class}.num_lookahead_tokens is {record.lookahead} but "
                 f"VllmConfig.num_lookahead_tokens is {record.config_lookahead}"
             )
-    lookahead = run.lookahead
+    lookahead = trajectory.lookahead
     # The floor takes what the drafter writes by kvconform's table; where the table
     # lacks the method, the scheduler's own lookahead.
-    floor_lookahead = run.expected_lookahead if run.method is not None else 0
+    floor_lookahead = trajectory.expected_lookahead if trajectory.method is not None else 0
     if floor_lookahead is None:
         floor_lookahead = lookahead
-    run.floor_lookahead = floor_lookahead
-    predictor = attach_predictor(run, vllm, model, record.null_block)
-    run.all_finished = len(record.finished) == len(scenario.requests)
-    run.final_free_blocks = record.final_free_blocks
-    run.encoder_lens = {name: 0 for name in scenario.requests}
+    trajectory.floor_lookahead = floor_lookahead
+    predictor = attach_predictor(trajectory, vllm, model, record.null_block)
+    trajectory.all_finished = len(record.finished) == len(scenario.requests)
+    trajectory.final_free_blocks = record.final_free_blocks
+    trajectory.encoder_lens = {name: 0 for name in scenario.requests}
 
-    floor_rules = [FLOORS[g.type].blocks for g in model.groups]
+    floor_rules = [info.floor_rule.blocks for info in trajectory.groups]
     predict = (
         [predictor.for_group(g) for g in range(len(model.groups))] if predictor.available else []
     )
@@ -118,12 +118,12 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
     }
     predicted_max: dict[str, list[int]] = {}
     notes: dict[int, list[str]] = defaultdict(list)
-    observations = run.observations
+    observations = trajectory.observations
     for event in record.events:
         if isinstance(event, FreeRecord):
             predicted_max.pop(event.request, None)
             notes[event.step].append(f"{event.kind} {event.request}")
-            run.events.append(
+            trajectory.events.append(
                 FreeEvent(
                     len(observations),
                     event.step,
@@ -139,14 +139,14 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
             continue
         if isinstance(event, LoadRecord):
             notes[event.step].append(f"{event.request} loads {event.tokens} tokens of remote KV")
-            _load_rows(run, event, lines[event.request], floor_rules)
+            _load_rows(trajectory, event, lines[event.request], floor_rules)
             continue
         _step_note(event, notes[event.step])
         for row in event.requests:
             label = decision_label(row)
             expected_hit = scenario.requests[row.request].expect_hit
             if row.phase == "new" and expected_hit not in (None, row.cached):
-                run.misses.append(
+                trajectory.misses.append(
                     Miss(
                         event.step,
                         lines[row.request],
@@ -157,12 +157,12 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
                     )
                 )
             maxima = predicted_max.setdefault(row.request, [0] * len(model.groups))
-            for g, info in enumerate(run.groups):
+            for g, info in enumerate(trajectory.groups):
                 floor = floor_rules[g](
                     info.floor_input(row.computed, row.scheduled, floor_lookahead, 0)
                 )
                 if row.replay_start and model.groups[g].options.get("bounded_replay"):
-                    run.read_bounds[len(observations)] = row.replay_start
+                    trajectory.read_bounds[len(observations)] = row.replay_start
                 predicted = pmax = None
                 # A replayed hit holds the whole hit's blocks while its computed count
                 # is rewound to the replay start: the warmup predictor has no such step.
@@ -187,22 +187,22 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
                         row.block_ids[g],
                     )
                 )
-    run.step_notes = {step: "; ".join(parts) for step, parts in sorted(notes.items())}
-    run.notes.append(summary(record, scenario))
-    return run
+    trajectory.step_notes = {step: "; ".join(parts) for step, parts in sorted(notes.items())}
+    trajectory.notes.append(summary(record, scenario))
+    return trajectory
 
 
 def _load_rows(
-    run: Trajectory,
+    trajectory: Trajectory,
     event: LoadRecord,
     line: int | None,
     floor_rules: list[Callable[[FloorInput], int]],
 ) -> None:
     """One row per group for a request that began loading its KV asynchronously."""
     label = f"loading remote KV {event.tokens} (async)"
-    for g, info in enumerate(run.groups):
-        run.async_loads.add(len(run.observations))
-        run.observations.append(
+    for g, info in enumerate(trajectory.groups):
+        trajectory.async_loads.add(len(trajectory.observations))
+        trajectory.observations.append(
             Observation(
                 event.step,
                 line,

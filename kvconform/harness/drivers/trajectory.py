@@ -22,19 +22,21 @@ from kvconform.oracles.vllm import Vllm
 def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
     """Run a ``kind: trajectory`` scenario through the live allocator and the predictor."""
     model = scenario.model
-    run = new_trajectory(scenario, vllm)
-    lookahead = run.lookahead
-    floor_lookahead = lookahead if run.floor_lookahead is None else run.floor_lookahead
-    live = LiveAllocator(vllm, model, run)
-    predictor = attach_predictor(run, vllm, model, live.null_block)
+    trajectory = new_trajectory(scenario, vllm)
+    lookahead = trajectory.lookahead
+    floor_lookahead = (
+        lookahead if trajectory.floor_lookahead is None else trajectory.floor_lookahead
+    )
+    live = LiveAllocator(vllm, model, trajectory)
+    predictor = attach_predictor(trajectory, vllm, model, live.null_block)
     num_groups = len(model.groups)
-    encoder_len = run.encoder_lens = scenario.encoder_lens()
+    encoder_len = trajectory.encoder_lens = scenario.encoder_lens()
     for index, request in enumerate(scenario.requests.values()):
         live.add_request(request, index)
 
     predicted_max: dict[str, list[int]] = {}
     finished: set[str] = set()
-    observations = run.observations
+    observations = trajectory.observations
     # The loop below runs once per allocator call and must stay close to the
     # cost of the vLLM calls it makes (make bench, docs/benchmarks.md): what
     # can be fixed before it is fixed here, and nothing is built that only an
@@ -43,7 +45,7 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
     new_row = tuple.__new__  # an Observation without its Python-level __new__
     per_group = [
         (g, info.step_floor(), predictor.for_group(g) if predictor.available else None)
-        for g, info in enumerate(run.groups)
+        for g, info in enumerate(trajectory.groups)
     ]
     finish, preempt = Action.FINISH, Action.PREEMPT
     scenario_where = scenario.where  # a property that builds a Location: once, not per call
@@ -64,7 +66,7 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
                 except ScenarioError as exc:  # a chunk with nothing to compute
                     where = Location(scenario.file, line, f"steps[{index}].{name}")
                     raise type(exc)(where, exc.message) from None
-                run.refusals.append(
+                trajectory.refusals.append(
                     RefusedCall(index, line, name, call.label, not refused, free_before)
                 )
                 if not refused:
@@ -82,7 +84,7 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
                 else:
                     live.preempt(name)
                 predicted_max.pop(name, None)
-                run.events.append(
+                trajectory.events.append(
                     FreeEvent(
                         len(observations),
                         index,
@@ -105,7 +107,7 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
                 raise type(exc)(where, exc.message) from None
             finally:
                 for missed, message in live.misses:
-                    run.misses.append(Miss(index, line, name, missed.label, message))
+                    trajectory.misses.append(Miss(index, line, name, missed.label, message))
                 live.misses.clear()
             held = live.block_ids(name)
             computed, scheduled, label = call.computed, call.scheduled, call.label
@@ -153,6 +155,6 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
                 )
             live.complete(call)
         live.end_step()
-    run.all_finished = len(finished) == len(scenario.requests)
-    run.final_free_blocks = live.free_blocks()
-    return run
+    trajectory.all_finished = len(finished) == len(scenario.requests)
+    trajectory.final_free_blocks = live.free_blocks()
+    return trajectory

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from kvconform.errors import Location
 from kvconform.harness.drivers.common import attach_predictor
-from kvconform.model.floors import FLOORS
 from kvconform.model.observations import FreeEvent, Observation, Trajectory
 from kvconform.model.scenario import Scenario, WarmupSpec
 from kvconform.oracles.live import LiveAllocator
@@ -37,36 +36,38 @@ def drive_warmup(scenario: Scenario, vllm: Vllm) -> Trajectory:
     """Run a ``kind: warmup`` scenario: record the warmup, replay it, predict it."""
     model = scenario.model
     warmup = scenario.warmup or WarmupSpec()
-    run = new_trajectory(scenario, vllm)
-    lookahead = run.lookahead
-    floor_lookahead = lookahead if run.floor_lookahead is None else run.floor_lookahead
-    settings = scenario_settings(vllm, scenario, run)
+    trajectory = new_trajectory(scenario, vllm)
+    lookahead = trajectory.lookahead
+    floor_lookahead = (
+        lookahead if trajectory.floor_lookahead is None else trajectory.floor_lookahead
+    )
+    settings = scenario_settings(vllm, scenario, trajectory)
     max_encoder_len = settings.max_encoder_len
     recording = record_warmup(vllm, settings, warmup.entry_points, warmup.mixed_num_tokens)
-    run.notes.extend(recording.notes)
-    run.warmup_passes = recording.passes
-    run.warmup_writes_redirected = warmup.redirect_writes_to_null_block
+    trajectory.notes.extend(recording.notes)
+    trajectory.warmup_passes = recording.passes
+    trajectory.warmup_writes_redirected = warmup.redirect_writes_to_null_block
     if warmup.expect_passes is not None:
-        run.expected_warmup_passes = tuple(
+        trajectory.expected_warmup_passes = tuple(
             p for p in warmup.expect_passes if p.applies_to(vllm.version)
         )
-        run.expected_warmup_passes_at = str(warmup.expect_passes_at or scenario.file)
+        trajectory.expected_warmup_passes_at = str(warmup.expect_passes_at or scenario.file)
     if not recording.steps:
-        run.notes.append("the warmup scheduled nothing: there was nothing to check")
+        trajectory.notes.append("the warmup scheduled nothing: there was nothing to check")
 
-    live = LiveAllocator(vllm, model, run, as_scheduler=False)
-    run.parties = ("live", "predicted", "warmup")
-    predictor = attach_predictor(run, vllm, model, live.null_block)
-    floor_rules = [FLOORS[g.type].blocks for g in model.groups]
+    live = LiveAllocator(vllm, model, trajectory, as_scheduler=False)
+    trajectory.parties = ("live", "predicted", "warmup")
+    predictor = attach_predictor(trajectory, vllm, model, live.null_block)
+    floor_rules = [info.floor_rule.blocks for info in trajectory.groups]
     predict = (
         [predictor.for_group(g) for g in range(len(model.groups))] if predictor.available else []
     )
     encoder_lens: dict[str, int] = {}
-    run.encoder_lens = encoder_lens
+    trajectory.encoder_lens = encoder_lens
 
     held_by_live: set[str] = set()
     predicted_max: dict[str, list[int]] = {}
-    observations = run.observations
+    observations = trajectory.observations
     for step in recording.steps:
         for name in step.finished:
             if name not in held_by_live:
@@ -74,7 +75,7 @@ def drive_warmup(scenario: Scenario, vllm: Vllm) -> Trajectory:
             held, before = live.block_ids(name), live.free_blocks()
             live.finish(name)
             after = live.free_blocks()
-            run.events.append(
+            trajectory.events.append(
                 FreeEvent(
                     len(observations),
                     step.index,
@@ -104,7 +105,9 @@ def drive_warmup(scenario: Scenario, vllm: Vllm) -> Trajectory:
             maxima = predicted_max.setdefault(name, [0] * len(model.groups))
             for g in range(len(model.groups)):
                 floor = floor_rules[g](
-                    run.groups[g].floor_input(call.computed, call.scheduled, floor_lookahead, enc)
+                    trajectory.groups[g].floor_input(
+                        call.computed, call.scheduled, floor_lookahead, enc
+                    )
                 )
                 predicted = pmax = None
                 if predictor.available:
@@ -131,6 +134,6 @@ def drive_warmup(scenario: Scenario, vllm: Vllm) -> Trajectory:
                         call.held[g],
                     )
                 )
-    run.all_finished = not held_by_live
-    run.final_free_blocks = live.free_blocks()
-    return run
+    trajectory.all_finished = not held_by_live
+    trajectory.final_free_blocks = live.free_blocks()
+    return trajectory

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvconform.errors import NotOffered, VllmUnavailable
 from kvconform.model.group_types import GROUP_TYPES
+from kvconform.model.methods import METHODS
 from kvconform.oracles.vllm.calls import call, flatten_literal
 from kvconform.oracles.vllm.versions import MINIMUM_SUPPORTED, release_of
 
@@ -142,15 +143,17 @@ class Vllm:
                 f"a {cls.__name__} that kvconform can build", f"{type(exc).__name__}: {exc}"
             ) from None
 
-    def mamba_cache_modes(self) -> tuple[str, ...]:
-        """The Mamba cache modes this vLLM's config accepts (``MambaCacheMode``).
+    def literal_values(self, dotted: str) -> tuple[str, ...] | None:
+        """The values of one of vLLM's literal types (``module.Name``), or None if absent.
 
-        0.32 dropped "all" from the config's literal while ``MambaSpec`` still
-        takes it; a mode the config refuses is one no deployment runs.
+        A group option's ``Option.vllm_literal``: e.g. the Mamba cache modes the
+        config accepts (0.32 dropped "all" from ``MambaCacheMode`` while
+        ``MambaSpec`` still takes it; a mode the config refuses is one no deployment runs).
         """
-        cache = self.optional_module("vllm.config.cache")
-        literal = getattr(cache, "MambaCacheMode", None) if cache else None
-        return tuple(flatten_literal(literal)) if literal is not None else ("none", "align")
+        module_name, _, name = dotted.rpartition(".")
+        module = self.optional_module(module_name)
+        literal = getattr(module, name, None) if module else None
+        return tuple(flatten_literal(literal)) if literal is not None else None
 
     def dcp_sharded(self, spec: Any) -> bool:
         """Whether the manager multiplies this group's block size by the DCP world size.
@@ -376,10 +379,13 @@ class Vllm:
 
     @cached_property
     def _aliases(self) -> dict[str, str]:
-        mtp = getattr(self._speculative, "MTPModelTypes", None)
-        if mtp is None:
-            return {}
-        return {name: "mtp" for name in flatten_literal(mtp) if name != "mtp"}
+        aliases: dict[str, str] = {}
+        for entry in METHODS.values():
+            literal = getattr(self._speculative, entry.vllm_aliases or "", None)
+            if literal is not None:
+                names = flatten_literal(literal)
+                aliases.update({n: entry.name for n in names if n != entry.name})
+        return aliases
 
     def canonical_method(self, method: str) -> str:
         return self._aliases.get(method, method)

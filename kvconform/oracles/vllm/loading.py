@@ -123,5 +123,3 @@ def load(src: str | Path | None = None, release: str | None = None) -> Vllm:
     # unreachable objects (measured: 23 objects, kept for the life of the process).
     gc.freeze()
     return loaded_vllm
-
-

@@ -312,7 +312,6 @@ class SlotTables:
         return slots.cpu().numpy().copy()
 
 
-
 def _find_slot_kernel(vllm: Vllm) -> SlotKernel | VllmUnavailable:
     """vLLM's slot-mapping kernel in this process, or why it cannot run."""
     setup = _kernel_setup_now()
@@ -344,6 +343,7 @@ def _find_slot_kernel(vllm: Vllm) -> SlotKernel | VllmUnavailable:
             "imported (kvconform selects it when the slots check is chosen before loading)",
         )
     return SlotKernel(vllm, module, False, setup)
+
 
 def slot_kernel_of(vllm: Vllm) -> SlotKernel:
     """vLLM's slot-mapping kernel, ready to run; raises :class:`VllmUnavailable` if not."""

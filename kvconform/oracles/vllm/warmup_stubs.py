@@ -196,9 +196,7 @@ class StubModelRunner(StubNamespace):
             "is_pooling_model": s.is_pooling_model,
             "kv_connector": self._part("kv_connector", misses, set_disabled=lambda disabled: None),
             "is_last_pp_rank": True,
-            "model_config": self._part(
-                "model_config", misses, **self._model_config_attributes(s)
-            ),
+            "model_config": self._part("model_config", misses, **self._model_config_attributes(s)),
             "max_num_reqs": s.max_num_seqs,
             **self._pooling_attributes(s),
         }

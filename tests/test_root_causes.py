@@ -15,7 +15,7 @@ import json
 import pytest
 from vllm_copy import run_kvconform, tree_with_replacement
 
-from kvconform.harness.grouping import blame, group_failures
+from kvconform.harness.root_causes import blame, find_root_causes
 from kvconform.model.observations import GroupInfo, Trajectory
 from kvconform.model.results import Failure, ScenarioResult, Verdict
 
@@ -106,7 +106,7 @@ def test_groups_count_records_and_scenarios_largest_first():
     two = failed("two", floor_record("predicted", 4), floor_record("live", 1))
     known = failed("known", floor_record("live", 1))
     known.verdict = Verdict.XFAILED  # known divergences are not grouped
-    groups = group_failures([one, two, known])
+    groups = find_root_causes([one, two, known])
     assert [(g.party, g.records, [s.id for s in g.scenarios]) for g in groups] == [
         ("predicted", 3, ["one", "two"]),
         ("live", 1, ["two"]),
@@ -168,7 +168,7 @@ def test_two_bugs_at_once_give_two_groups_with_the_right_parties(tmp_path, prist
     assert proc.returncode == 1, proc.stdout + proc.stderr
     report = json.loads((out / "report.json").read_text())
     records = sum(len(s["failures"]) for s in report["scenarios"])
-    groups = report["groups"]
+    groups = report["root_causes"]
     # Every record in one of two causes, one per party, both the lookahead forgotten.
     assert sorted((g["party"], g["check"], g["miss"]) for g in groups) == [
         ("live", "floor", "is below the floor by exactly the lookahead"),

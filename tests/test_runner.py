@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 
 from kvconform.harness.drivers.trajectory import drive
-from kvconform.harness.engine import exit_status, run_scenario
+from kvconform.harness.runner import exit_status, run_scenario
 from kvconform.model.results import ErrorKind, ScenarioResult, Verdict
 
 

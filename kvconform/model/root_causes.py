@@ -1,14 +1,14 @@
 """Root-cause groups: the failure records of a run, gathered by who fell short and how.
 
 One bug in vLLM fails many scenarios at many steps, and listing them one by one
-hides that they share a cause. A :class:`FailureGroup` gathers the records
+hides that they share a cause. A :class:`RootCause` gathers the records
 (:class:`~kvconform.model.results.Failure`) that have the same *party* (the
 part of vLLM whose count is wrong), the same *check* and the same *miss* (the
 shape of the wrong count, computed from the numbers the record carries: "short
 by exactly the lookahead", "off by one block at the max_model_len cap", ...),
 and lists the group types, methods and scenarios it spans. Each party names the
 vLLM function and file it stands for, so a group reads as a sentence about
-vLLM's code. :mod:`kvconform.harness.grouping` builds the groups; the reports
+vLLM's code. :mod:`kvconform.harness.root_causes` builds the groups; the reports
 show them largest first.
 """
 
@@ -88,7 +88,7 @@ LIVE_PARTY_BY_KIND: Mapping[str, str] = MappingProxyType(
 
 
 @dataclass(frozen=True)
-class GroupScenario:
+class RootCauseScenario:
     """One scenario of a group: where it is and how many of the group's records it has."""
 
     id: str
@@ -98,7 +98,7 @@ class GroupScenario:
 
 
 @dataclass
-class FailureGroup:
+class RootCause:
     """The records of one party, check and miss, and what they span."""
 
     check: str
@@ -107,7 +107,7 @@ class FailureGroup:
     records: int = 0
     group_types: list[str] = field(default_factory=list)
     methods: list[str] = field(default_factory=list)
-    scenarios: list[GroupScenario] = field(default_factory=list)
+    scenarios: list[RootCauseScenario] = field(default_factory=list)
     # The floor rule's reason (or the check's), said once for the whole group.
     why: str = ""
 
@@ -121,7 +121,7 @@ class FailureGroup:
         return PARTIES[self.party]
 
     @property
-    def representative(self) -> GroupScenario:
+    def representative(self) -> RootCauseScenario:
         """The scenario with the most records of this group (the first one on a tie)."""
         return max(self.scenarios, key=lambda s: s.records)
 

@@ -1,12 +1,12 @@
-"""The engine: run scenarios, judge them, apply expectations, decide the exit status.
+"""The runner: run scenarios, judge them, apply expectations, decide the exit status.
 
 Both fronts -- the ``kvconform`` command line and the pytest plugin -- call
 :func:`run_scenario`; neither re-implements any part of it. A scenario's
 ``kind`` picks its driver from :data:`DRIVERS`; the driver records a
 :class:`Trajectory`, the checks judge it, and the result carries both. A check
 that needs a party of its own beyond the driver's (``slots``: vLLM's
-slot-mapping kernel) names it in :data:`PARTIES_FOR_CHECKS`; the engine runs it
-on the recorded trajectory only when that check is selected, so the checks
+slot-mapping kernel) names it in its record (``Check.record``); the runner runs
+it on the recorded trajectory only when that check is selected, so the checks
 themselves never call vLLM.
 
 Whatever goes wrong inside one scenario stays inside its result: a bad step is
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from kvconform.errors import (
@@ -34,18 +34,13 @@ from kvconform.errors import (
     ScenarioSkipped,
     VllmUnavailable,
 )
-from kvconform.harness.checks import DEFAULT_CHECKS, judge
+from kvconform.harness.checks import CHECKS, DEFAULT_CHECKS, judge
 from kvconform.harness.drivers import DRIVERS
 from kvconform.harness.expectations import Expectation, apply_expectations
 from kvconform.model.observations import Trajectory
 from kvconform.model.results import ErrorKind, ScenarioResult, Verdict
 from kvconform.model.scenario import Scenario
-from kvconform.oracles.slots import record_slots
 from kvconform.oracles.vllm import Vllm
-
-# Parties that record, after the driver, what one check judges: run only when
-# that check is selected. Any kind of scenario gets them (they read a Trajectory).
-PARTIES_FOR_CHECKS: dict[str, Callable[[Trajectory, Vllm], object]] = {"slots": record_slots}
 
 
 def run_scenario(
@@ -113,7 +108,7 @@ def judge_scenario(
     cannot_run: dict[str, str] = {}
     crash = None
     for name in checks:
-        party = PARTIES_FOR_CHECKS.get(name)
+        party = CHECKS[name].record
         if party is None:
             continue
         try:

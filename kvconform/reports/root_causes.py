@@ -7,9 +7,9 @@ by step. The HTML report draws the same groups as cards (:mod:`kvconform.reports
 
 from __future__ import annotations
 
-from kvconform.harness.grouping import never_below_floor
-from kvconform.model.groups import PARTIES, FailureGroup
+from kvconform.harness.root_causes import never_below_floor
 from kvconform.model.results import RunReport
+from kvconform.model.root_causes import PARTIES, RootCause
 
 __all__ = ["MAX_GROUPS_LISTED", "group_lines", "never_below_floor_text", "spans"]
 
@@ -17,7 +17,7 @@ __all__ = ["MAX_GROUPS_LISTED", "group_lines", "never_below_floor_text", "spans"
 MAX_GROUPS_LISTED = 8
 
 
-def spans(group: FailureGroup) -> str:
+def spans(group: RootCause) -> str:
     """What a group reaches across: its group types and methods."""
     return (
         f"group types {', '.join(group.group_types) or '-'}; "
@@ -27,7 +27,7 @@ def spans(group: FailureGroup) -> str:
 
 def group_lines(report: RunReport, limit: int = MAX_GROUPS_LISTED) -> list[str]:
     """Plain-text lines, one block per group: the sentence, the representative, its explain."""
-    groups = report.groups
+    groups = report.root_causes
     if not groups:
         return []
     records = sum(g.records for g in groups)

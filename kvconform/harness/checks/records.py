@@ -1,0 +1,102 @@
+"""What every check shares: the failure record at one observation, and the shape of a miss.
+
+:func:`failure_at` builds a :class:`~kvconform.model.results.Failure` at one
+observation with every number a reader needs and what the floor was made of
+(its lookahead, the floor the same step would have without it, whether
+``max_model_len`` capped it, the decode-context-parallel factor); the root
+causes read the shape of a miss from those numbers (:func:`below_floor`,
+:func:`above`).
+"""
+
+from __future__ import annotations
+
+from kvconform.model.floors import cdiv
+from kvconform.model.group_types import GROUP_TYPES
+from kvconform.model.observations import Observation, Trajectory
+from kvconform.model.results import Failure, ScenarioResult
+from kvconform.model.root_causes import LIVE_PARTY_BY_KIND
+
+PARTY_NAMES = {
+    "live": "the live KVCacheManager",
+    "predicted": "the warmup predictor _reserved_block_count",
+    "warmup": "the recorded warmup",
+}
+
+
+def failure_at(
+    check: str,
+    trajectory: Trajectory,
+    obs: Observation,
+    message: str,
+    detail: dict | None = None,
+    party: str | None = None,
+) -> Failure:
+    """A failure of ``check`` at one observation (step, request, group)."""
+    group = trajectory.groups[obs.group]
+    where = f"line {obs.line}, " if obs.line is not None else ""
+    encoder_len = trajectory.encoder_lens.get(obs.request, 0)
+    # What the floor is made of, for the root causes: the same step's floor without
+    # the lookahead, and whether max_model_len capped the writes.
+    without_lookahead = group.step_floor()(obs.computed, obs.scheduled, 0, encoder_len)
+    capped = 0 < trajectory.max_model_len < obs.computed + obs.scheduled + obs.lookahead
+    return Failure(
+        check=check,
+        message=f"step {obs.step} ({where}{obs.label}) request {obs.request}, group {obs.group} "
+        f"({group.label}): {message}",
+        step=obs.step,
+        line=obs.line,
+        request=obs.request,
+        group=obs.group,
+        spec_type=GROUP_TYPES[group.type].vllm_class,
+        live=obs.live,
+        predicted=obs.predicted,
+        warmup=obs.warmup,
+        floor=obs.floor,
+        action=obs.label,
+        party=party,
+        lookahead=obs.lookahead,
+        floor_without_lookahead=without_lookahead,
+        capped=capped,
+        dcp=int(group.floor_args.get("dcp_world_size", 1)),
+        detail=detail,
+    )
+
+
+def blocks(n: int) -> str:
+    return f"{n} block" if n == 1 else f"{n} blocks"
+
+
+def live_party(result: ScenarioResult) -> str:
+    """The live side of a scenario: the allocator, or vLLM's scheduler or engine that
+    decided the steps (:data:`~kvconform.model.root_causes.LIVE_PARTY_BY_KIND`)."""
+    return LIVE_PARTY_BY_KIND.get(result.kind, "live")
+
+
+def named(result: ScenarioResult, party: str | None) -> str:
+    """A record's party, with "live" named as the live side of the scenario's kind."""
+    return live_party(result) if party in (None, "live") else party
+
+
+def count(failure: Failure, party: str) -> int | None:
+    value = getattr(failure, party, None)
+    return value if isinstance(value, int) else None
+
+
+def below_floor(held: int, floor: int, failure: Failure) -> str:
+    """How a count below the floor falls short, from the numbers the record carries."""
+    if failure.lookahead and held == failure.floor_without_lookahead:
+        return "by exactly the lookahead"
+    if failure.capped and floor - held == 1:
+        return "by one block at the max_model_len cap"
+    if failure.dcp > 1 and held == cdiv(floor, failure.dcp):
+        return "by the DCP factor"
+    return "by one block" if floor - held == 1 else "by several blocks"
+
+
+def above(larger: int, smaller: int, failure: Failure) -> str:
+    """How much more one party holds than the other, both at or above the floor."""
+    if failure.capped and larger - smaller == 1:
+        return "by one block at the max_model_len cap"
+    if failure.dcp > 1 and smaller == cdiv(larger, failure.dcp):
+        return "by the DCP factor"
+    return "by one block" if larger - smaller == 1 else "by several blocks"

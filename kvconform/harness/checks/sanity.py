@@ -1,0 +1,512 @@
+"""``sanity``: allocator invariants that hold whatever the floor.
+
+* no block in two live requests' tables (without prefix caching), nothing held
+  after ``finish`` / ``preempt``, every block back in the pool at the end;
+* the null block only where the group type allows it, and never in a column a
+  windowed group's step still reads (its sliding window or local chunk);
+* a call the scenario marks ``refused`` is refused, and a first chunk (in
+  scheduler mode, a request's first admission) gets the prefix-cache hit the
+  scenario states (``expect_hit``);
+* the recorded warmup hands out only blocks of the pool, each to one table, in
+  the passes its limits give;
+* a Mamba "align" request's state blocks are real, its own, and its table only
+  grows or nulls columns;
+* in engine mode, every request finished with its ``max_tokens``.
+
+Each failure names its invariant (``detail["invariant"]``): the root causes
+gather by it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from kvconform.harness.checks.records import PARTY_NAMES, failure_at, named
+from kvconform.model.checks import Check, always
+from kvconform.model.floors import MAMBA_ALIGNED_STATE, READ_SPAN_REASONS, first_position_read
+from kvconform.model.observations import FreeEvent, Trajectory
+from kvconform.model.results import Failure, ScenarioResult
+
+
+def _passes(n: int) -> str:
+    return f"{n} pass" if n == 1 else f"{n} passes"
+
+
+def _warmup_blocks_in_pool(trajectory: Trajectory) -> Iterator[Failure]:
+    """The recorded warmup hands out only blocks the pool has, and never the null block.
+
+    The warmup numbers its blocks itself (from 1, block 0 being the null block);
+    an id at or past ``num_blocks`` indexes past the KV-cache tensor on a GPU. Not
+    when the warmup's writes are redirected to the null block (the elastic-EP
+    re-warm): then no id it hands out is written.
+    """
+    if trajectory.warmup_writes_redirected:
+        return
+    null, size = trajectory.null_block, trajectory.num_blocks
+    reported: set[tuple[str, int]] = set()
+    for obs in trajectory.observations:
+        ids = obs.warmup_block_ids
+        if not ids or (obs.request, obs.group) in reported:
+            continue
+        outside = [b for b in ids if b >= size or b < 0]
+        if outside or (null in ids and not trajectory.groups[obs.group].holds_null):
+            reported.add((obs.request, obs.group))
+            what = (
+                f"block {outside[0]}, which a pool of {size} blocks does not have"
+                if outside
+                else f"the null block (id {null})"
+            )
+            yield failure_at("sanity", trajectory, obs, f"{PARTY_NAMES['warmup']} hands out {what}")
+
+
+def _read_span_blocks_real(trajectory: Trajectory) -> Iterator[Failure]:
+    """Windowed groups: the blocks a step's attention reads are real, not the null block.
+
+    The first token a step computes (past its prefix-cache hit) attends back to
+    ``first_position_read`` (a sliding window, or its own local chunk); every column
+    from there through the last column the step writes must hold a real block. A null
+    column there is KV the step reads that vLLM already freed (and may have handed to
+    another request). The floor counts columns, so it cannot see this.
+    Where vLLM bounds the read (SWA bounded replay, ``Trajectory.read_bounds``), the
+    span starts no lower than that bound.
+    """
+    null, groups, bounds = trajectory.null_block, trajectory.groups, trajectory.read_bounds
+    for index, obs in enumerate(trajectory.observations):
+        span = groups[obs.group].read_span
+        ids = obs.block_ids
+        if span is None or not ids or obs.scheduled <= 0:
+            continue
+        kind, size = span
+        per_column = groups[obs.group].block_size * int(
+            groups[obs.group].floor_args.get("dcp_world_size", 1)
+        )
+        first_computed = obs.computed + obs.cached
+        first_read = first_position_read(kind, size, first_computed)
+        if bounds:
+            first_read = min(max(first_read, bounds.get(index, 0)), first_computed)
+        end = obs.computed + obs.scheduled + obs.lookahead
+        if trajectory.max_model_len:
+            end = min(end, trajectory.max_model_len)
+        last_column = min(len(ids), -(-end // per_column)) - 1
+        for column in range(first_read // per_column, last_column + 1):
+            if ids[column] != null:
+                continue
+            yield failure_at(
+                "sanity",
+                trajectory,
+                obs,
+                f"block-table column {column} (positions {column * per_column}.."
+                f"{(column + 1) * per_column - 1}) is the null block, but the token at "
+                f"position {first_computed} attends to positions {first_read}.."
+                f"{first_computed} ({READ_SPAN_REASONS[kind]}; {kind} {size}): the step "
+                "reads KV that was freed",
+                {"invariant": "frees a block the attention still reads", "column": column},
+                party="live",
+            )
+            break
+
+
+def _refusals_refused(trajectory: Trajectory) -> Iterator[Failure]:
+    """A call the scenario marks ``refused`` got no blocks from ``allocate_slots``.
+
+    The scenario derives by hand that the pool cannot hold what the call needs; an
+    allocator that grants it counted the step's demand short (and hands out blocks
+    the pool does not have, or overcommits the pool another request relies on).
+    """
+    for refusal in trajectory.refusals:
+        if not refusal.granted:
+            continue
+        where = f"line {refusal.line}, " if refusal.line is not None else ""
+        yield Failure(
+            "sanity",
+            f"step {refusal.step} ({where}{refusal.label}) request {refusal.request}: "
+            f"allocate_slots granted a call the scenario says the pool cannot hold "
+            f"({refusal.free_blocks} free blocks before it); the driver stopped there",
+            step=refusal.step,
+            line=refusal.line,
+            request=refusal.request,
+            action=refusal.label,
+            party="live",
+            detail={"invariant": "grants a call the pool cannot hold"},
+        )
+
+
+def _warmup_blocks_distinct(trajectory: Trajectory) -> Iterator[Failure]:
+    """No block the recorded warmup hands out is in two tables at once.
+
+    The warmup numbers its blocks itself ("Assign distinct block IDs per request per
+    group"); a block in two requests' tables, or in two groups of one request, is KV
+    that two writers overwrite. A request's blocks are free again once it finishes:
+    the finish events are the live replay's, so only rows the live replay mirrors
+    (warmup scenarios; not engine mode's GPU warmup rows) are judged. Not when the
+    warmup's writes are redirected to the null block.
+    """
+    if trajectory.warmup_writes_redirected:
+        return
+    owner: dict[int, tuple[str, int]] = {}
+    held: dict[str, set[int]] = {}
+    reported: set[tuple[str, int]] = set()
+    events = iter(trajectory.events)
+    pending = next(events, None)
+    for seq, obs in enumerate(trajectory.observations):
+        while pending is not None and pending.seq <= seq:
+            for block in held.pop(pending.request, ()):
+                owner.pop(block, None)
+            pending = next(events, None)
+        ids = obs.warmup_block_ids
+        if not ids or obs.live is None:
+            continue
+        here = (obs.request, obs.group)
+        for block in ids:
+            other = owner.setdefault(block, here)
+            if other != here and here not in reported:
+                reported.add(here)
+                whose = f"request {other[0]}" if other[0] != obs.request else "this request"
+                yield failure_at(
+                    "sanity",
+                    trajectory,
+                    obs,
+                    f"{PARTY_NAMES['warmup']} hands out block {block}, which {whose} holds "
+                    f"in group {other[1]}",
+                    {"invariant": "hands one block to two tables"},
+                    party="warmup",
+                )
+        held.setdefault(obs.request, set()).update(ids)
+
+
+def _warmup_passes(trajectory: Trajectory) -> Iterator[Failure]:
+    """warmup_kernels makes the passes the scenario derives from the runner's limits.
+
+    Each pass prefills one batch, as many requests as max_num_seqs, the token
+    budget and the pool allow (the null block kept out), and samples randomly or
+    greedily; a pass missing, or a batch smaller or larger than the limits give,
+    leaves batch shapes unwarmed or hands out blocks the pool does not have.
+    """
+    expected = trajectory.expected_warmup_passes
+    if expected is None or tuple(trajectory.warmup_passes) == expected:
+        return
+    made = "; ".join(str(p) for p in trajectory.warmup_passes) or "none"
+    wanted = "; ".join(str(p) for p in expected)
+    yield Failure(
+        "sanity",
+        f"warmup_kernels made {_passes(len(trajectory.warmup_passes))} ({made}), but "
+        f"{trajectory.expected_warmup_passes_at} derives {_passes(len(expected))} ({wanted})",
+        party="warmup",
+        detail={"invariant": "warms other batches than its limits give"},
+    )
+
+
+def _stated_hits(trajectory: Trajectory) -> Iterator[Failure]:
+    """A first chunk gets the prefix-cache hit the scenario states (``expect_hit``).
+
+    The scenario derives the hit by hand (the full blocks a request shares with
+    blocks another request computed and allocate_slots cached), so a different hit
+    is the allocator caching too little, or caching tokens nobody computed yet.
+    """
+    for miss in trajectory.misses:
+        where = f"line {miss.line}, " if miss.line is not None else ""
+        yield Failure(
+            "sanity",
+            f"step {miss.step} ({where}{miss.label}) request {miss.request}: {miss.message}",
+            step=miss.step,
+            line=miss.line,
+            request=miss.request,
+            action=miss.label,
+            party="live",
+            detail={"invariant": "gets a prefix-cache hit other than the one derived"},
+        )
+
+
+def _mamba_align_groups(trajectory: Trajectory) -> dict[int, tuple[int, int]]:
+    """group index -> (num_speculative_blocks, num_prefill_checkpoint_blocks) of its
+    Mamba "align" groups."""
+    return {
+        g.index: (
+            int(g.floor_args.get("num_speculative_blocks", 0)),
+            int(g.floor_args.get("num_prefill_checkpoint_blocks", 0)),
+        )
+        for g in trajectory.groups
+        if g.floor_rule is MAMBA_ALIGNED_STATE
+    }
+
+
+def _mamba_align_rewritten_column(
+    before: list[int] | None, ids: list[int], null: int
+) -> tuple[str, str] | None:
+    """A running request's table changed other than by appending or nulling a column.
+
+    The worker keeps its own copy of a running request's block table and only appends
+    the block ids each step hands it (vLLM's MambaManager: "The worker block table of a
+    running request is append-only"). So between two allocations of a live request a
+    column may keep its block or become the null block (a state the worker no longer
+    reads), and the table may grow; a column that turns into another real block, or a
+    table that shrinks, is one the worker would still read from the old block.
+    """
+    if before is None:
+        return None
+    if len(ids) < len(before):
+        return (
+            "rewritten table",
+            f"its table shrank from {len(before)} to {len(ids)} columns while it ran "
+            f"(before {before}, now {ids}); the worker's copy only grows",
+        )
+    # ids is at least as long as before here; its appended columns are new.
+    for column, (old, new) in enumerate(zip(before, ids, strict=False)):
+        if new != old and new != null:
+            return (
+                "rewritten table",
+                f"column {column} changed from block {old} to block {new} while it ran "
+                f"(before {before}, now {ids}); the worker's copy only appends, so it "
+                "would still use the old block there",
+            )
+    return None
+
+
+def _mamba_align_state_blocks(trajectory: Trajectory) -> Iterator[Failure]:
+    """Where a Mamba "align" request's state lives, after every allocation.
+
+    vLLM's ``MambaManager`` (align) keeps the running state in the last
+    ``1 + num_speculative_blocks`` columns of the request's table ("We always save
+    the running state at the last (1 + num_speculative_blocks) block"): the kernel
+    writes the step's final state and each draft's state there, so each must be a
+    real block (not the null block) that no other live request holds, prefix caching
+    or not (a cache hit shares a block a request reads from, never one it writes).
+    Every older state is nulled once the next one exists, so a request holds at most
+    ``2 + num_speculative_blocks + num_prefill_checkpoint_blocks`` real blocks plus
+    one private copy-on-write tail (the previous state, the running and speculative
+    ones, the checkpoint column): what ``MambaSpec.max_memory_usage_bytes`` sizes
+    the pool for in align mode. Between two allocations a live request's table only
+    grows or nulls columns (``_mamba_align_rewritten_column``). Only the live party's
+    tables are read.
+    """
+    align = _mamba_align_groups(trajectory)
+    if not align:
+        return
+    null = trajectory.null_block
+    tables: dict[str, dict[int, list[int]]] = {}
+    reported: set[tuple[str, int, str]] = set()
+    events = list(trajectory.events)
+    next_event = 0
+    for seq, obs in enumerate(trajectory.observations):
+        while next_event < len(events) and events[next_event].seq <= seq:
+            tables.pop(events[next_event].request, None)
+            next_event += 1
+        ids = list(obs.block_ids or ())
+        before = tables.get(obs.request, {}).get(obs.group)
+        tables.setdefault(obs.request, {})[obs.group] = ids
+        shape = align.get(obs.group)
+        if shape is None or obs.block_ids is None:
+            continue
+        speculative, checkpoint = shape
+        state_columns = 1 + speculative
+        tail = ids[-state_columns:] if len(ids) >= state_columns else ids
+        problem = _mamba_align_rewritten_column(before, ids, null)
+        if problem is None and (len(ids) < state_columns or null in tail):
+            column = len(ids) - state_columns + (tail.index(null) if null in tail else 0)
+            problem = (
+                "null state",
+                f"column {column} of the last {state_columns} (the running state and "
+                f"{speculative} speculative state blocks the kernel writes) is the null block "
+                f"(table {ids})",
+            )
+        elif problem is None:
+            for other, other_tables in tables.items():
+                if other == obs.request:
+                    continue
+                shared = sorted({b for t in other_tables.values() for b in t} & set(tail))
+                if shared:
+                    problem = (
+                        "shared state",
+                        f"the state block {shared[0]} it writes is also in the table of "
+                        f"live request {other}",
+                    )
+                    break
+        if problem is None:
+            real = len({b for b in ids if b != null})
+            bound = 2 + speculative + checkpoint + 1
+            if real > bound:
+                problem = (
+                    "state blocks held",
+                    f"holds {real} real blocks, more than the {bound} a Mamba align request "
+                    f"ever needs (2 states + {speculative} speculative + {checkpoint} checkpoint "
+                    "+ 1 copy-on-write tail): an older state was not nulled",
+                )
+        if problem is None:
+            continue
+        key = (obs.request, obs.group, problem[0])
+        if key in reported:
+            continue
+        reported.add(key)
+        yield failure_at(
+            "sanity",
+            trajectory,
+            obs,
+            problem[1],
+            {"invariant": f"mamba align {problem[0]}"},
+            "live",
+        )
+
+
+def find(trajectory: Trajectory) -> Iterator[Failure]:
+    yield from _warmup_blocks_in_pool(trajectory)
+    yield from _read_span_blocks_real(trajectory)
+    yield from _refusals_refused(trajectory)
+    yield from _warmup_blocks_distinct(trajectory)
+    yield from _warmup_passes(trajectory)
+    yield from _stated_hits(trajectory)
+    yield from _mamba_align_state_blocks(trajectory)
+    null = trajectory.null_block
+    owner: dict[int, str] = {}
+    # Per request and group, the block table last seen. A step usually appends
+    # to it, so only the appended columns are new: the check stays linear in a
+    # trajectory's length instead of rescanning every table at every step.
+    last: dict[str, dict[int, list[int]]] = {}
+    # Tables whose last state held the null block where their group must not.
+    null_seen: set[tuple[str, int]] = set()
+    events = iter(trajectory.events)
+    pending: FreeEvent | None = next(events, None)
+
+    def release(request: str) -> None:
+        for ids in last.pop(request, {}).values():
+            for block in ids:
+                if owner.get(block) == request:
+                    del owner[block]
+
+    groups, exclusive = trajectory.groups, trajectory.exclusive_blocks
+    next_event = pending.seq if pending is not None else -1
+    for seq, obs in enumerate(trajectory.observations):
+        if seq == next_event:
+            while pending is not None and pending.seq <= seq:
+                yield from _free_event(trajectory, pending, null)
+                release(pending.request)
+                pending = next(events, None)
+            next_event = pending.seq if pending is not None else -1
+        raw = obs.block_ids
+        ids = raw if isinstance(raw, list) else list(raw or ())
+        request, group_index = obs.request, obs.group
+        tables = last.get(request)
+        if tables is None:
+            tables = last[request] = {}
+        prev = tables.get(group_index)
+        tables[group_index] = ids
+        new: Sequence[int]
+        if prev is None:
+            new, appended = ids, False
+        elif len(ids) == len(prev):  # most steps add no block: no slices to build
+            appended = ids == prev
+            new = () if appended else ids
+        else:
+            appended = ids[: len(prev)] == prev
+            new = ids[len(prev) :] if appended else ids
+        group = groups[group_index]
+        if not group.holds_null and (null in new or (null_seen and appended)):
+            key = (request, group_index)
+            if null in new or key in null_seen:
+                null_seen.add(key)
+                yield failure_at(
+                    "sanity",
+                    trajectory,
+                    obs,
+                    f"the block table holds the null block (id {null}), which a {group.type} "
+                    "group must never point at",
+                    {"invariant": "holds the null block"},
+                    party="live",
+                )
+            else:
+                null_seen.discard(key)
+        elif null_seen and not group.holds_null:
+            null_seen.discard((request, group_index))
+        if not exclusive:
+            continue
+        if prev is not None and not appended:
+            for block in prev:
+                if owner.get(block) == request:
+                    del owner[block]
+        for block in new:
+            if block == null:
+                continue
+            other = owner.get(block)
+            if other is not None and other != request:
+                yield failure_at(
+                    "sanity",
+                    trajectory,
+                    obs,
+                    f"block {block} is also in the table of live request {other}, without "
+                    "prefix caching to share it",
+                    {"invariant": "shares a block between live requests"},
+                    party="live",
+                )
+            owner[block] = request
+    while pending is not None:
+        yield from _free_event(trajectory, pending, null)
+        pending = next(events, None)
+    for message in trajectory.unfinished:
+        yield Failure(
+            "sanity", message, party="live", detail={"invariant": "leaves requests unfinished"}
+        )
+    if trajectory.all_finished and trajectory.final_free_blocks is not None:
+        usable = trajectory.num_blocks - 1
+        if trajectory.final_free_blocks != usable:
+            yield Failure(
+                "sanity",
+                f"after every request finished the pool has {trajectory.final_free_blocks} free blocks, "
+                f"not all {usable} (num_blocks minus the null block): blocks leaked",
+                party="live",
+                detail={"invariant": "leaks blocks"},
+            )
+
+
+def _free_event(trajectory: Trajectory, event: FreeEvent, null: int) -> Iterator[Failure]:
+    where = f"step {event.step} ({event.kind}) request {event.request}"
+    still = [g for g, ids in enumerate(event.held_after) if ids]
+    if still:
+        yield Failure(
+            "sanity",
+            f"{where}: still holds blocks in groups {still} after {event.kind}",
+            step=event.step,
+            line=event.line,
+            request=event.request,
+            action=event.kind,
+            party="live",
+            detail={"invariant": f"still holds blocks after {event.kind}"},
+        )
+    if trajectory.exclusive_blocks:
+        held = {b for ids in event.held for b in ids if b != null}
+        returned = event.free_after - event.free_before
+        if returned != len(held):
+            yield Failure(
+                "sanity",
+                f"{where}: held {len(held)} distinct blocks but {returned} went back to the pool",
+                step=event.step,
+                line=event.line,
+                request=event.request,
+                action=event.kind,
+                party="live",
+                detail={"invariant": f"returns fewer blocks than it held at {event.kind}"},
+            )
+
+
+def blame(result: ScenarioResult, failure: Failure) -> tuple[str, str]:
+    invariant = (failure.detail or {}).get("invariant", "breaks an allocator invariant")
+    return named(result, "live"), str(invariant)
+
+
+def signature(result: ScenarioResult, failure: Failure) -> tuple[str, str]:
+    """(spec class): each spec class has its own manager; "-" for a failure of no group
+    (a leak over the whole pool)."""
+    return failure.spec_type or "-", ""
+
+
+CHECK = Check(
+    "sanity",
+    "allocator invariants: no block shared without prefix caching, all returned, the null "
+    "block only where allowed, stated refusals and hits, warmup and Mamba align tables",
+    find,
+    blame,
+    signature,
+    always(
+        "allocator invariants that hold whatever the floor: no block in two live "
+        "requests' tables without prefix caching, everything back in the pool after finish "
+        "or preempt, the null block only where the group type keeps placeholders"
+    ),
+)
