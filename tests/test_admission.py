@@ -43,12 +43,21 @@ def test_admission_fields_reach_the_call(scenario_from):
     )
     assert scenario.model.watermark == 0.25
     a, b, b_after = (step.calls[0] for step in scenario.steps)
-    assert (a.external, a.full_sequence_must_fit, a.expect_hit) == (32, True, 0)
+    assert (a.options.external, a.options.full_sequence_must_fit, a.options.expect_hit) == (
+        32,
+        True,
+        0,
+    )
     assert (a.computed, a.scheduled, a.sampled) == (0, 80, 0)
-    assert (b.external, b.load_async, b.reserved_blocks, b.sampled) == (64, True, 2, 0)
+    assert (b.options.external, b.options.load_async, b.options.reserved_blocks, b.sampled) == (
+        64,
+        True,
+        2,
+        0,
+    )
     # After the load the request computes the rest of its prompt and samples.
     assert (b_after.computed, b_after.scheduled, b_after.sampled) == (64, 36, 1)
-    assert not b_after.first_chunk and b_after.external == 0
+    assert not b_after.first_chunk and b_after.options.external == 0
 
 
 def test_a_refused_admission_leaves_the_request_waiting(scenario_from):
@@ -62,7 +71,7 @@ def test_a_refused_admission_leaves_the_request_waiting(scenario_from):
     )
     refused, admitted = (step.calls[0] for step in scenario.steps)
     assert refused.refused and refused.first_chunk and refused.sampled == 0
-    assert refused.full_sequence_must_fit  # the fields inside `refused` reach the call
+    assert refused.options.full_sequence_must_fit  # the fields inside `refused` reach the call
     assert admitted.first_chunk and admitted.computed == 0 and admitted.sampled == 1
 
 
@@ -82,8 +91,8 @@ def test_a_refused_admission_leaves_the_request_waiting(scenario_from):
          "steps[0].a", "hit plus the external"),
         ("  - {a: {refused: {prefill: 30, expect_hit: 0}}}\n", 3,
          "steps[0].a.refused", "refused admission"),
-        ("  - {a: {prefill: 30, external: -1}}\n", 3, "steps[0].a.external", "at least 0"),
-        ("  - {a: {prefill: 30, load_async: 1}}\n", 3, "steps[0].a.load_async",
+        ("  - {a: {prefill: 30, external: -1}}\n", 3, "steps[0].a.options.external", "at least 0"),
+        ("  - {a: {prefill: 30, load_async: 1}}\n", 3, "steps[0].a.options.load_async",
          "true or false"),
         ("  - {a: {prefill: 30, exernal: 4}}\n", 3, "steps[0].a.exernal", "did you mean 'external'"),
     ],
@@ -189,7 +198,7 @@ steps:
 def test_in_flight_reaches_a_later_chunk(scenario_from):
     scenario = scenario_from(IN_FLIGHT.replace("INFLIGHT", "3"))
     first, second = (step.calls[0] for step in scenario.steps[:2])
-    assert first.in_flight == 0 and first.first_chunk
+    assert first.options.in_flight == 0 and first.first_chunk
     assert (second.computed, second.scheduled, second.in_flight) == (4, 4, 3)
     assert not second.first_chunk
 
@@ -201,7 +210,7 @@ def test_in_flight_reaches_a_later_chunk(scenario_from):
         ("  - {a: {prefill: 10}}\n  - {a: {prefill: 10, in_flight: 11}}\n", 4, "steps[1].a",
          "exceeds the 10 tokens"),
         ("  - {a: {prefill: 10}}\n  - {a: {prefill: 10, in_flight: -1}}\n", 4,
-         "steps[1].a.in_flight", "at least 0"),
+         "steps[1].a.options.in_flight", "at least 0"),
         ("  - {a: {prefill: 10}}\n  - {a: {prefill: 10, inflight: 4}}\n", 4,
          "steps[1].a.inflight", "did you mean 'in_flight'"),
     ],

@@ -150,7 +150,9 @@ def test_sanity_checks_what_a_free_gives_back():
 def test_sanity_null_block_only_where_the_type_allows_it():
     (failure,) = CHECKS["sanity"].find(trajectory(obs(ids=[0, 5])))
     assert "null block (id 0)" in failure.message
-    assert list(CHECKS["sanity"].find(trajectory(obs(ids=[0, 5]), group_type="sliding_window"))) == []
+    assert (
+        list(CHECKS["sanity"].find(trajectory(obs(ids=[0, 5]), group_type="sliding_window"))) == []
+    )
 
 
 def test_sanity_follows_each_table_step_by_step():
@@ -191,7 +193,10 @@ def test_every_group_type_has_a_floor_with_a_reason():
     from kvconform.model.group_types import GROUP_TYPES
 
     for group_type in GROUP_TYPES.values():
-        rules = [group_type.floor, *(group_type.floor_by[1].values() if group_type.floor_by else ())]
+        rules = [
+            group_type.floor,
+            *(group_type.floor_by[1].values() if group_type.floor_by else ()),
+        ]
         assert all(len(rule.reason) > 20 and rule.family for rule in rules), group_type.name
 
 
@@ -223,7 +228,9 @@ def test_a_group_floor_bound_once_is_the_floor_rule():
 
 def test_lookahead_without_speculation_must_be_zero():
     assert list(CHECKS["lookahead"].find(trajectory(vllm_lookahead=0))) == []
-    assert list(CHECKS["lookahead"].find(trajectory(vllm_lookahead=None))) == []  # release without it
+    assert (
+        list(CHECKS["lookahead"].find(trajectory(vllm_lookahead=None))) == []
+    )  # release without it
     (failure,) = CHECKS["lookahead"].find(trajectory(vllm_lookahead=1))
     assert "is 1 without speculative decoding" in failure.message
 
@@ -233,7 +240,9 @@ def test_sanity_the_warmup_hands_out_only_pool_blocks_and_never_the_null_block()
         live_ids = [3, 4] if request == "w" else [5, 6]
         return obs(warmup=len(ids), request=request, ids=live_ids)._replace(warmup_block_ids=ids)
 
-    assert list(CHECKS["sanity"].find(trajectory(warmup_obs([1, 2]), warmup_obs([98, 99], "v")))) == []
+    assert (
+        list(CHECKS["sanity"].find(trajectory(warmup_obs([1, 2]), warmup_obs([98, 99], "v")))) == []
+    )
     (past,) = CHECKS["sanity"].find(trajectory(warmup_obs([99, 100])))
     assert "hands out block 100, which a pool of 100 blocks does not have" in past.message
     (null,) = CHECKS["sanity"].find(trajectory(warmup_obs([0, 1])))
@@ -418,9 +427,7 @@ def test_sanity_mamba_align_state_blocks_are_never_shared_even_with_prefix_cachi
     # b reads a's cached state 3 (shared, fine) but writes into a's state block 5.
     reads = mamba_align_trajectory(obs(ids=[0, 3, 4, 5, 6]), obs(ids=[0, 3, 7, 8, 9], request="b"))
     assert list(CHECKS["sanity"].find(reads)) == []
-    writes = mamba_align_trajectory(
-        obs(ids=[0, 3, 4, 5, 6]), obs(ids=[0, 0, 7, 8, 5], request="b")
-    )
+    writes = mamba_align_trajectory(obs(ids=[0, 3, 4, 5, 6]), obs(ids=[0, 0, 7, 8, 5], request="b"))
     (failure,) = CHECKS["sanity"].find(writes)
     assert failure.request == "b"
     assert "state block 5" in failure.message and "live request a" in failure.message
@@ -438,8 +445,6 @@ def test_sanity_mamba_align_holds_at_most_its_states_checkpoint_and_one_copy():
     (failure,) = CHECKS["sanity"].find(mamba_align_trajectory(obs(ids=[1, 2, 7, 3, 4, 5, 6])))
     assert failure.detail == {"invariant": "mamba align state blocks held"}
     assert "holds 7 real blocks" in failure.message
-
-
 
 
 def test_sanity_mamba_align_running_table_only_appends_or_nulls_columns():

@@ -372,7 +372,9 @@ def test_the_recorded_serving_steps_replay_on_cpu_with_the_engines_counts(
         (row["request"].rpartition("-")[0], row["computed"], row["scheduled"], len(row["blocks"][0]))
         for step in recording.steps if step["phase"] == "serving" for row in step["requests"]
     ]  # fmt: skip
-    replayed = [(o.request, o.computed, o.scheduled, o.live) for o in result.trajectory.observations]
+    replayed = [
+        (o.request, o.computed, o.scheduled, o.live) for o in result.trajectory.observations
+    ]
     # vLLM 0.33.0's allocator, asked for the engine's counts, holds what the engine held.
     assert sorted(replayed) == sorted(engine_rows)
 

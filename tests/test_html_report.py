@@ -213,7 +213,10 @@ def test_the_representative_is_plotted_for_the_groups_its_cause_is_about(report)
 def test_one_card_per_root_cause_with_its_scenarios_collapsed(report):
     page = html_report.render_html(report)
     # The lowered live count is below the floor and below the predictor: two records.
-    assert {(g.party, g.check) for g in report.root_causes} == {("live", "floor"), ("live", "agree")}
+    assert {(g.party, g.check) for g in report.root_causes} == {
+        ("live", "floor"),
+        ("live", "agree"),
+    }
     number, group = next((n, g) for n, g in enumerate(report.root_causes, 1) if g.check == "floor")
     assert group.miss == "is below the floor by one block"  # live = floor - 1
     card = page.split(f'<section class="card group" id="g-{number}"')[1].split("</section>")[0]

@@ -221,7 +221,7 @@ def corpus() -> list[Scenario]:
 def _states_admissions(scenario: Scenario) -> bool:
     """Whether the scenario states what an admission must do (a refused call, a hit)."""
     return any(
-        call.refused or call.expect_hit is not None
+        call.refused or call.options.expect_hit is not None
         for step in scenario.steps
         for call in step.calls
     )

@@ -109,9 +109,7 @@ SHARED_TO = "        pass  # injected by kvconform's test: every allocation star
 
 
 @pytest.mark.slow
-def test_a_warmup_that_hands_one_block_to_two_requests_turns_the_suite_red(
-    tmp_path, pristine_tree
-):
+def test_a_warmup_that_hands_one_block_to_two_requests_turns_the_suite_red(tmp_path, pristine_tree):
     tree = tree_with_replacement(
         pristine_tree, tmp_path / "tree", "v1/worker/gpu/warmup.py", SHARED_FROM, SHARED_TO
     )
@@ -126,4 +124,3 @@ def test_a_warmup_that_hands_one_block_to_two_requests_turns_the_suite_red(
             "hands out block 1, which request _v2_mixed_warmup_decode_ holds" in f["message"]
             for f in scenario["failures"]
         ), scenario["id"]
-

@@ -21,8 +21,7 @@ from kvconform.bench import overhead, plugins, processes, scaling
 from kvconform.bench.figures import Figure, guarded, not_available
 from kvconform.bench.machine import machine_facts
 from kvconform.bench.report import append_row, write_json
-from kvconform.fronts.cli import find_expectations
-from kvconform.harness.expectations import load_expectations
+from kvconform.harness.expectations import find_expectations, load_expectations
 from kvconform.harness.loader import load_paths
 from kvconform.oracles.vllm import Vllm, load
 

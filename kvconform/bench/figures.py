@@ -39,10 +39,6 @@ def not_available(reason: str) -> Figure:
     return {"available": False, "reason": reason}
 
 
-def value_of(figure: Figure) -> Any:
-    return figure.get("value") if figure.get("available") else None
-
-
 def median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
 

@@ -78,11 +78,11 @@ def _admission_options(scenario: Scenario) -> bool:
     if model.watermark or model.max_in_flight_tokens is not None:
         return True
     return any(
-        call.external
-        or call.load_async
-        or call.full_sequence_must_fit
-        or call.reserved_blocks
-        or call.in_flight
+        call.options.external
+        or call.options.load_async
+        or call.options.full_sequence_must_fit
+        or call.options.reserved_blocks
+        or call.options.in_flight
         for step in scenario.steps
         for call in step.calls
     )

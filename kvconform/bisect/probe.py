@@ -122,9 +122,10 @@ def read_report(label: str, folder: Path) -> ProbeRecord:
     )
 
 
-def log_tail(folder: Path, lines: int = 3) -> str:
+def log_tail(folder: Path, lines: int = 3, log_file: str = LOG_FILE) -> str:
+    """The last ``lines`` lines of a child's log in ``folder``, on one line."""
     try:
-        text = (folder / LOG_FILE).read_text(encoding="utf-8").strip().splitlines()
+        text = (folder / log_file).read_text(encoding="utf-8").strip().splitlines()
     except OSError:
         return "(no output)"
     return " | ".join(text[-lines:]) or "(no output)"

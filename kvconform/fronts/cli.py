@@ -31,8 +31,6 @@ from kvconform.harness.expectations import (
     DEFAULT_FILE,
     DEFAULT_SCENARIOS,
     default_expectations_path,
-    find_expectations,
-    load_expectations,
 )
 from kvconform.harness.loader import load_paths
 from kvconform.harness.select import Shard, shard_from
@@ -504,79 +502,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
-    try:
-        from kvconform.fuzz.findings import first_message
-        from kvconform.fuzz.runner import run_fuzz
-    except ImportError as exc:
-        if exc.name != "hypothesis":
-            raise
-        raise UsageError("kvconform fuzz needs Hypothesis: pip install 'kvconform[fuzz]'") from None
+    from kvconform.fuzz.command import fuzz
 
-    if args.examples < 1:
-        raise UsageError("--examples must be at least 1")
-    shard = shard_from(args.shard)
-    if shard is not None:
-        from kvconform.fuzz import shard_budget
-
-        budget = args.examples
-        args.examples, args.seed = shard_budget(budget, args.seed, shard.index, shard.count)
-        say(
-            f"shard {shard} ({shard.source}): {args.examples} of {budget} examples, "
-            f"seed {args.seed}"
-        )
-        if args.examples < 1:
-            say("no examples left to this shard; exit 0")
-            return ExitStatus.CONFORM
-    if args.max_findings < 1:
-        raise UsageError("--max-findings must be at least 1")
-    exp_path = Path(args.expectations) if args.expectations else find_expectations([])
-    expectations = load_expectations(exp_path) if exp_path is not None else []
-    say(f"kvconform {__version__}: loading {vllm_to_load(args.vllm_src, args.vllm_release)}")
-    vllm = vllm_from_args(args)
-    command = ["kvconform", "fuzz", "--examples", str(args.examples), "--seed", str(args.seed)]
-    command += ["--out", args.out]
-    if args.vllm_src:
-        command += ["--vllm-src", args.vllm_src]
-    if getattr(args, "vllm_release", None):
-        command += ["--vllm-release", args.vllm_release]
-    say(
-        f"kvconform {__version__}: fuzzing vLLM {vllm.version} ({vllm.source.describe()}) "
-        f"with {args.examples} examples, seed {args.seed}"
-    )
-    # A line every 5% of the budget (or 10 s) in a CI log; a bar on a terminal.
-    every = max(25, args.examples // 20)
-    with open_progress(args.examples, "examples", mode=args.progress, every_items=every) as bar:
-        stats = run_fuzz(
-            vllm,
-            args.examples,
-            args.seed,
-            args.out,
-            command=shlex.join(command),
-            progress=bar.echo,
-            on_example=lambda outcome: bar.advance(tally=outcome),
-            max_findings=args.max_findings,
-            expectations=expectations,
-        )
-    say()
-    for line in stats.summary_lines():
-        say(line)
-    say(f"  drew from {stats.space}")
-    for type_name, why in sorted(stats.excluded.items()):
-        say(f"  not fuzzed: {type_name}: {why}")
-    for type_name, how in sorted(stats.diverged.items()):
-        say(f"  probe diverged, fuzzed anyway: {type_name}: {how}")
-    if not stats.findings:
-        say("no findings; exit 0")
-        return ExitStatus.CONFORM
-    say(f"{len(stats.findings)} finding(s), reproducers in {args.out}:")
-    for finding in stats.findings:
-        steps = f"{finding.steps} step{'s' if finding.steps != 1 else ''}"
-        say(f"  {finding.number}. {finding.signature}: {finding.path} ({steps})")
-        say(f"     {' '.join(first_message(finding.result, finding.signature).split())[:300]}")
-    if len(stats.findings) >= args.max_findings:
-        say(f"stopped at --max-findings {args.max_findings}")
-    say("exit 1")
-    return ExitStatus.NONCONFORMANCE
+    return fuzz(args, say, open_progress)
 
 
 # -- main ------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvconform.bisect.probe import run_logged
+from kvconform.bisect.probe import log_tail, run_logged
 
 LOG_FILE = "run.log"
 
@@ -78,7 +78,7 @@ def run_release(release: str, run_args: list[str], folder: Path, supported: bool
     row = read_run(release, folder, supported)
     row.duration = time.perf_counter() - started
     if row.exit_status is None:
-        row.problem = f"kvconform run exited {done.returncode} without a report: {log_tail(folder)}"
+        row.problem = f"kvconform run exited {done.returncode} without a report: {log_tail(folder, log_file=LOG_FILE)}"
     return row
 
 
@@ -109,11 +109,3 @@ def headline_of(entry: dict[str, Any]) -> str:
         return f"[{failures[0]['check']}] {failures[0]['message']}"
     skipped = entry.get("skipped_checks") or {}
     return next((f"{name} skipped: {why}" for name, why in skipped.items()), "")
-
-
-def log_tail(folder: Path, lines: int = 3) -> str:
-    try:
-        text = (folder / LOG_FILE).read_text(encoding="utf-8").strip().splitlines()
-    except OSError:
-        return "(no output)"
-    return " | ".join(text[-lines:]) or "(no output)"

@@ -218,22 +218,9 @@ class Call:
     # The scenario says allocate_slots must refuse this call (return None): the pool
     # cannot hold what it needs. A refused call changes none of the request's counts.
     refused: bool = False
-    # First chunks only: what the scheduler passes besides the counts
-    # (scenarios/README.md, "What a prefill passes"). ``external``: tokens a KV
-    # connector supplies right after the local prefix-cache hit
-    # (num_external_computed_tokens); ``load_async``: the connector loads them after
-    # the step, which schedules nothing (the chunk is the hit plus the external tokens).
-    external: int = 0
-    load_async: bool = False
-    full_sequence_must_fit: bool = False
-    reserved_blocks: int = 0
-    # What the scenario states vLLM does, asserted by the ``sanity`` check: the local
-    # prefix-cache hit this chunk gets, in tokens.
-    expect_hit: int | None = None
-    # Later chunks only: the request's tokens scheduled in earlier steps whose output
-    # the asynchronous scheduler has not applied yet (Request.num_in_flight_tokens),
-    # part of ``computed``; vLLM frees windowed blocks only below computed - in_flight.
-    in_flight: int = 0
+    # What the prefill action says besides its count (first chunks: the arguments the
+    # scheduler passes at admission; later chunks: the tokens in flight).
+    options: ChunkOptions = NO_CHUNK_OPTIONS
 
     @property
     def allocates(self) -> bool:

@@ -26,7 +26,7 @@ says why the step cannot happen.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from kvconform.errors import Location, ScenarioError
 from kvconform.model.scenario import NO_CHUNK_OPTIONS, Action, Call, ChunkOptions, RequestSpec
@@ -144,19 +144,18 @@ class RequestTokens:
                 f"{max_model_len - before - 1} tokens",
             )
         if refused:
-            return _with_options(
-                Call(
-                    name, action, before, scheduled, 0, 0, first_chunk, f"{label} (refused)", True
-                ),
+            return Call(
+                name, action, before, scheduled, 0, 0, first_chunk, f"{label} (refused)", True,
                 options,
-            )
+            )  # fmt: skip
         self.computed = before + scheduled - rejected
         self.outputs += sampled
         if sampled:
             self.needs_prefill = False
         self.holds_blocks = True
-        made = Call(name, action, before, scheduled, rejected, sampled, first_chunk, label)
-        return _with_options(made, options)
+        return Call(
+            name, action, before, scheduled, rejected, sampled, first_chunk, label, False, options
+        )
 
     def _check_in_flight(
         self, in_flight: int, first_chunk: bool, computed: int, where: Location
@@ -223,17 +222,3 @@ class RequestTokens:
                 f"external {options.external} plus expect_hit {options.expect_hit or 0} leave "
                 f"none of prefill {count} to compute; vLLM computes at least one token of it",
             )
-
-
-def _with_options(call: Call, options: ChunkOptions) -> Call:
-    if options is NO_CHUNK_OPTIONS:
-        return call
-    return replace(
-        call,
-        external=options.external,
-        load_async=options.load_async,
-        full_sequence_must_fit=options.full_sequence_must_fit,
-        reserved_blocks=options.reserved_blocks,
-        expect_hit=options.expect_hit,
-        in_flight=options.in_flight,
-    )

@@ -107,7 +107,6 @@ class Baseline:
     outcomes: dict[str, Outcome]
     seconds: dict[str, float]
     reached: dict[str, list[str]]  # target key -> scenario ids, corpus order
-    total_seconds: float = 0.0
 
 
 def resolve_targets(
@@ -144,7 +143,6 @@ def clean_run(
     codes = {t.function.__code__: t.target.key for t in targets if t.function is not None}
     recorder = ReachRecorder(codes)
     baseline = Baseline({}, {}, defaultdict(list))
-    started = time.perf_counter()
     for scenario in scenarios:
         with recorder.recording() as reached:
             result = run(scenario)
@@ -153,7 +151,6 @@ def clean_run(
         for key in sorted(reached):
             baseline.reached[key].append(scenario.id)
         tick(scenario.id)
-    baseline.total_seconds = time.perf_counter() - started
     baseline.reached = dict(baseline.reached)
     return baseline
 

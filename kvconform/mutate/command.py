@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvconform import __version__
 from kvconform.errors import ExitStatus, UsageError
+from kvconform.harness.select import parse_shard
 from kvconform.mutate.targets import DEFAULT_EQUIVALENTS, DEFAULT_TARGETS
 
 if TYPE_CHECKING:
@@ -88,16 +89,6 @@ def _say(text: str = "") -> None:
     print(text, flush=True)
 
 
-def parse_shard(text: str) -> tuple[int, int]:
-    try:
-        index, count = (int(x) for x in text.split("/"))
-    except ValueError:
-        raise UsageError(f"--shard {text!r}: expected I/N, e.g. 2/4") from None
-    if not 1 <= index <= count:
-        raise UsageError(f"--shard {text!r}: I must be between 1 and N")
-    return index, count
-
-
 def _vllm_option(args: argparse.Namespace) -> list[str]:
     if getattr(args, "vllm_release", None):
         return ["--vllm-release", args.vllm_release]
@@ -151,7 +142,8 @@ def mutate(args: argparse.Namespace, open_progress: Callable[..., Any]) -> ExitS
         return merge_command(args)
     started = time.perf_counter()
     phases: dict[str, float] = {}
-    shard_index, shard_count = parse_shard(args.shard)
+    shard = parse_shard(args.shard)
+    shard_index, shard_count = shard.index, shard.count
     if args.jobs < 1:
         raise UsageError("--jobs must be at least 1")
     if not Path(args.targets).exists():

@@ -178,14 +178,14 @@ class LiveAllocator:
         request = self._requests[call.request]
         request.num_computed_tokens = call.computed + call.scheduled
         self._loaded.discard(call.request)
-        if call.load_async:
+        if call.options.load_async:
             # Waiting for its KV (WAITING_FOR_REMOTE_KVS), not running.
             request.status = self._waiting
             self._loaded.add(call.request)
         else:
             request.status = self._running
             self._running_names.add(call.request)
-        return hit + call.external
+        return hit + call.options.external
 
     def is_refused(self, call: Call, encoder_len: int, where: Location) -> bool:
         """Make a call the scenario says must be refused; whether ``allocate_slots`` did.
@@ -221,25 +221,25 @@ class LiveAllocator:
                 blocks, hit = self.vllm.computed_blocks(
                     self.manager, request, call.computed + call.scheduled - 1
                 )
-            if call.expect_hit is not None and hit != call.expect_hit:
+            if call.options.expect_hit is not None and hit != call.options.expect_hit:
                 self.misses.append(
                     (
                         call,
                         f"gets a prefix-cache hit of {hit} tokens, but the scenario states "
-                        f"{call.expect_hit}",
+                        f"{call.options.expect_hit}",
                     )
                 )
-            new_tokens = call.scheduled - hit - call.external
-            if call.load_async and new_tokens != 0:
+            new_tokens = call.scheduled - hit - call.options.external
+            if call.options.load_async and new_tokens != 0:
                 raise ScenarioError(
                     where,
                     f"an asynchronous load computes nothing, but the prefix-cache hit of {hit} "
-                    f"tokens and external {call.external} are not {call.label}",
+                    f"tokens and external {call.options.external} are not {call.label}",
                 )
-            if new_tokens < 1 and not call.load_async:
+            if new_tokens < 1 and not call.options.load_async:
                 raise ScenarioError(
                     where,
-                    f"the prefix-cache hit of {hit} tokens and external {call.external} leave "
+                    f"the prefix-cache hit of {hit} tokens and external {call.options.external} leave "
                     f"none of {call.label} to compute; vLLM computes at least one token of it",
                 )
             new_blocks = self.vllm.allocate_slots(
@@ -250,13 +250,13 @@ class LiveAllocator:
                 new_computed_blocks=blocks,
                 # The scheduler allocates no lookahead for a step that only loads KV
                 # (limit_lookahead_tokens), and caches the blocks once the load is done.
-                num_lookahead_tokens=0 if call.load_async else self.lookahead,
-                num_external_computed_tokens=call.external,
-                delay_cache_blocks=call.load_async,
-                skip_zeroing_group_ids=self._all_groups if call.load_async else (),
+                num_lookahead_tokens=0 if call.options.load_async else self.lookahead,
+                num_external_computed_tokens=call.options.external,
+                delay_cache_blocks=call.options.load_async,
+                skip_zeroing_group_ids=self._all_groups if call.options.load_async else (),
                 num_encoder_tokens=encoder_len,
-                full_sequence_must_fit=call.full_sequence_must_fit,
-                reserved_blocks=call.reserved_blocks,
+                full_sequence_must_fit=call.options.full_sequence_must_fit,
+                reserved_blocks=call.options.reserved_blocks,
                 # What the scheduler passes: whether any request is running.
                 has_scheduled_reqs=running,
             )
@@ -265,7 +265,7 @@ class LiveAllocator:
             # flight: their tokens count as computed (the scheduler advances the count
             # when it schedules them) and in num_in_flight_tokens until their output is
             # applied (_update_after_schedule, update_from_output).
-            request.num_in_flight_tokens = call.in_flight
+            request.num_in_flight_tokens = call.options.in_flight
             try:
                 new_blocks = self.vllm.allocate_slots(
                     self.manager, request, call.scheduled, num_lookahead_tokens=self.lookahead
@@ -281,7 +281,7 @@ class LiveAllocator:
         the request back in the waiting queue (``_update_waiting_for_remote_kv``).
         """
         request = self._requests[call.request]
-        if call.load_async:
+        if call.options.load_async:
             if self.model.enable_caching:
                 self.vllm.cache_blocks(self.manager, request, request.num_computed_tokens)
             return

@@ -561,7 +561,10 @@ class _Page:
                 else f"; kvconform's table says {e(trajectory.expected_lookahead)}"
             )
             facts.append(
-                ("lookahead", f"{trajectory.lookahead} tokens, from {e(trajectory.lookahead_source)}{expected}")
+                (
+                    "lookahead",
+                    f"{trajectory.lookahead} tokens, from {e(trajectory.lookahead_source)}{expected}",
+                )
             )
             groups = "<br>".join(
                 f"<b>g{g.index}</b> {e(g.label)}, block_size {g.block_size}"

@@ -47,7 +47,6 @@ class GroupPlot:
     group: int
     title: str
     png_base64: str
-    requests_shown: tuple[str, ...]
     requests_hidden: tuple[str, ...]
 
 
@@ -128,7 +127,6 @@ def _group_plot(
         group,
         title,
         base64.b64encode(_png(figure)).decode("ascii"),
-        tuple(shown),
         tuple(hidden),
     )
 

@@ -114,10 +114,10 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
             num_tokens = computed + scheduled
             # A step that only loads KV writes nothing: no lookahead, and the warmup's
             # predictor, which knows only computed steps, has nothing to say about it.
-            loading = call.load_async
+            loading = call.options.load_async
             # The predictor models synchronous steps: with tokens in flight vLLM frees a
             # windowed group's blocks only below the processed tokens, and holds more.
-            unpredicted = loading or call.in_flight > 0
+            unpredicted = loading or call.options.in_flight > 0
             step_lookahead = 0 if loading else floor_lookahead
             maxima = predicted_max.get(name)
             if maxima is None:

@@ -92,10 +92,6 @@ def resolve_function(module: str, qualname: str) -> types.FunctionType:
     return function
 
 
-def source_file(function: types.FunctionType) -> str:
-    return function.__code__.co_filename
-
-
 def _find_code(code: types.CodeType, qualname: str) -> types.CodeType | None:
     for const in code.co_consts:
         if isinstance(const, types.CodeType):

@@ -173,7 +173,6 @@ class StubModelRunner(StubNamespace):
 
     def __init__(self, settings: RunnerSettings) -> None:
         misses: list[str] = []
-        self.stub_settings = settings
         super().__init__("GPUModelRunner", misses, **self._attributes(settings, misses))
 
     def _part(self, name: str, misses: list[str], **attributes: Any) -> StubNamespace:
