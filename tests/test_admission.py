@@ -91,8 +91,8 @@ def test_a_refused_admission_leaves_the_request_waiting(scenario_from):
          "steps[0].a", "hit plus the external"),
         ("  - {a: {refused: {prefill: 30, expect_hit: 0}}}\n", 3,
          "steps[0].a.refused", "refused admission"),
-        ("  - {a: {prefill: 30, external: -1}}\n", 3, "steps[0].a.options.external", "at least 0"),
-        ("  - {a: {prefill: 30, load_async: 1}}\n", 3, "steps[0].a.options.load_async",
+        ("  - {a: {prefill: 30, external: -1}}\n", 3, "steps[0].a.external", "at least 0"),
+        ("  - {a: {prefill: 30, load_async: 1}}\n", 3, "steps[0].a.load_async",
          "true or false"),
         ("  - {a: {prefill: 30, exernal: 4}}\n", 3, "steps[0].a.exernal", "did you mean 'external'"),
     ],
@@ -199,7 +199,7 @@ def test_in_flight_reaches_a_later_chunk(scenario_from):
     scenario = scenario_from(IN_FLIGHT.replace("INFLIGHT", "3"))
     first, second = (step.calls[0] for step in scenario.steps[:2])
     assert first.options.in_flight == 0 and first.first_chunk
-    assert (second.computed, second.scheduled, second.in_flight) == (4, 4, 3)
+    assert (second.computed, second.scheduled, second.options.in_flight) == (4, 4, 3)
     assert not second.first_chunk
 
 
@@ -210,7 +210,7 @@ def test_in_flight_reaches_a_later_chunk(scenario_from):
         ("  - {a: {prefill: 10}}\n  - {a: {prefill: 10, in_flight: 11}}\n", 4, "steps[1].a",
          "exceeds the 10 tokens"),
         ("  - {a: {prefill: 10}}\n  - {a: {prefill: 10, in_flight: -1}}\n", 4,
-         "steps[1].a.options.in_flight", "at least 0"),
+         "steps[1].a.in_flight", "at least 0"),
         ("  - {a: {prefill: 10}}\n  - {a: {prefill: 10, inflight: 4}}\n", 4,
          "steps[1].a.inflight", "did you mean 'in_flight'"),
     ],

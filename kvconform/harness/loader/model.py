@@ -1,0 +1,217 @@
+"""The ``model`` and ``speculative`` sections: groups, pool, lengths and the method.
+
+Group types and their options come from the group-type registry
+(:mod:`kvconform.model.group_types`); what a setting left out defaults to is
+:data:`MODEL_DEFAULTS`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvconform.errors import Location, ScenarioError
+from kvconform.harness.loader.fields import (
+    Abandoned,
+    Fields,
+    as_written,
+    attempt,
+    empty_mapping,
+    suggestion,
+)
+from kvconform.harness.yamlio import LineList
+from kvconform.model.group_types import DEFAULT_GROUPS, GROUP_TYPES
+from kvconform.model.scenario import (
+    GroupSpec,
+    ModelSpec,
+    SpeculativeSpec,
+)
+
+MODEL_DEFAULTS: dict[str, Any] = {
+    "block_size": 16,
+    "max_model_len": 2048,
+    "num_blocks": 256,
+    "max_encoder_len": 0,
+    "enable_caching": False,
+    "dcp_world_size": 1,
+    "watermark": 0.0,
+}
+
+
+def parse_model(raw: Any, where: Location) -> ModelSpec:
+    fields = Fields(raw, where, "model")
+    block_size = fields.integer("block_size", MODEL_DEFAULTS["block_size"])
+    max_model_len = fields.integer("max_model_len", MODEL_DEFAULTS["max_model_len"], minimum=2)
+    num_blocks = fields.integer("num_blocks", MODEL_DEFAULTS["num_blocks"], minimum=2)
+    max_encoder_len = fields.integer(
+        "max_encoder_len", MODEL_DEFAULTS["max_encoder_len"], minimum=0
+    )
+    enable_caching = fields.flag("enable_caching", MODEL_DEFAULTS["enable_caching"])
+    dcp_world_size = fields.integer("dcp_world_size", MODEL_DEFAULTS["dcp_world_size"])
+    watermark = fields.raw("watermark", MODEL_DEFAULTS["watermark"])
+    # vLLM's own bounds (SchedulerConfig.watermark: ge=0.0, lt=1.0).
+    if isinstance(watermark, bool) or not isinstance(watermark, (int, float)):
+        raise ScenarioError(
+            fields.at("watermark"), f"must be a number, not {as_written(watermark)}"
+        )
+    if not 0.0 <= watermark < 1.0:
+        raise ScenarioError(
+            fields.at("watermark"),
+            f"must be at least 0 and below 1 (a fraction of the pool), not {watermark}",
+        )
+    max_in_flight_tokens = fields.optional_int("max_in_flight_tokens", minimum=1)
+    retention_interval = fields.optional_int("prefix_cache_retention_interval", minimum=0)
+    raw_groups = fields.raw("groups", list(DEFAULT_GROUPS))
+    fields.done()
+    if not isinstance(raw_groups, list):
+        raise ScenarioError(fields.at("groups"), "must be a list of group types")
+    line_of = raw_groups.line_of if isinstance(raw_groups, LineList) else (lambda i: None)
+    parsed = [
+        attempt(_parse_group, item, where.at(f"model.groups[{i}]", line_of(i)), block_size)
+        for i, item in enumerate(raw_groups)
+    ]
+    if not all(ok for _, ok in parsed):
+        raise Abandoned
+    groups = tuple(group for group, _ in parsed)
+    model = ModelSpec(
+        block_size=block_size,
+        max_model_len=max_model_len,
+        num_blocks=num_blocks,
+        groups=groups,
+        max_encoder_len=max_encoder_len,
+        enable_caching=enable_caching,
+        dcp_world_size=dcp_world_size,
+        watermark=float(watermark),
+        max_in_flight_tokens=max_in_flight_tokens,
+        prefix_cache_retention_interval=retention_interval,
+    )
+    if retention_interval is not None:
+        _check_retention_interval(model, fields.at("prefix_cache_retention_interval"))
+    return model
+
+
+def _check_retention_interval(model: ModelSpec, where: Location) -> None:
+    """vLLM's own rule (``_validate_prefix_cache_retention_interval``): retention only
+    sparsifies sliding-window and Mamba checkpoints, and a positive interval must land on
+    cache-hit boundaries, so be a multiple of the scheduler block size."""
+    interval = model.prefix_cache_retention_interval
+    assert interval is not None
+    if interval and not any(GROUP_TYPES[g.type].retention for g in model.groups):
+        retained = " or ".join(name for name, t in GROUP_TYPES.items() if t.retention)
+        raise ScenarioError(
+            where,
+            f"is {interval}, but the model has no {retained} group, "
+            "the only ones retention applies to (vLLM accepts only 0 then)",
+        )
+    if interval % model.scheduler_block_size:
+        raise ScenarioError(
+            where,
+            f"must be a multiple of the scheduler block size "
+            f"({model.scheduler_block_size}), not {interval}",
+        )
+
+
+def _parse_group(item: Any, where: Location, default_block_size: int) -> GroupSpec:
+    if isinstance(item, str):
+        item_map = empty_mapping()
+        item_map["type"] = item
+        item_map.line = where.line
+        item = item_map
+    assert where.field is not None
+    fields = Fields(item, Location(where.file, where.line), where.field)
+    type_name = fields.text("type")
+    group_type = GROUP_TYPES.get(type_name)
+    if group_type is None:
+        raise ScenarioError(
+            fields.at("type"),
+            f"unknown group type {type_name!r}{suggestion(type_name, GROUP_TYPES)}; known: "
+            + ", ".join(GROUP_TYPES),
+        )
+    block_size = fields.integer("block_size", default_block_size)
+    options: dict[str, object] = {}
+    for opt_name, opt in group_type.options.items():
+        value = fields.raw(opt_name, opt.default)
+        if value is None:
+            if opt.required:
+                raise fields.required(opt_name, f"is required for {type_name} groups")
+        elif (opt.kind is bool) != isinstance(value, bool) or not isinstance(value, opt.kind):
+            raise ScenarioError(fields.at(opt_name), f"must be {opt.kind.__name__}, not {value!r}")
+        elif opt.choices and value not in opt.choices:
+            choices = ", ".join(map(str, opt.choices))
+            raise ScenarioError(fields.at(opt_name), f"must be one of {choices}, not {value!r}")
+        options[opt_name] = value
+    eagle_group = fields.flag("eagle_group", False)
+    fields.done()
+    return GroupSpec(type_name, block_size, options, where, eagle_group=eagle_group)
+
+
+def parse_speculative(raw: Any, where: Location, at: Location) -> SpeculativeSpec | None:
+    if raw is None:
+        return None
+    fields = Fields(raw, where, "speculative")
+    method = fields.text("method")
+    num_speculative_tokens = fields.integer("num_speculative_tokens")
+    lookahead = fields.optional_int("num_lookahead_tokens")
+    sample_from_anchor = fields.flag("sample_from_anchor", True)
+    no_hashes = fields.flag("disable_lookahead_block_hashes", False)
+    fields.done()
+    return SpeculativeSpec(
+        method,
+        num_speculative_tokens,
+        lookahead,
+        sample_from_anchor,
+        fields.at("method"),
+        disable_lookahead_block_hashes=no_hashes,
+    )
+
+
+def check_extra_retained(model: ModelSpec, speculative: SpeculativeSpec | None, kind: str) -> None:
+    """A sliding window's ``extra_retained_tokens`` only as vLLM 0.33.0's planner sets it.
+
+    ``get_global_kv_cache_groups`` gives every sliding-window spec
+    ``max(0, num_prefill_lookahead_tokens - 1)``, and ``num_prefill_lookahead_tokens``
+    is ``num_speculative_tokens`` for multi-module MTP (1 for other EAGLE-family
+    methods): so k - 1, with k >= 2, on every sliding-window group alike. (That the
+    method is MTP is checked where vLLM's method aliases are known, oracles/resolve.py.)
+    Kinds other than trajectories build their groups from vLLM's own config.
+    """
+    if kind != "trajectory":
+        # The other kinds build their KV-cache groups and speculative config from vLLM's.
+        flagged = [g for g in model.groups if g.eagle_group]
+        if flagged:
+            where = flagged[0].where or Location("<scenario>")
+            raise ScenarioError(
+                where.at(f"{where.field}.eagle_group"), "only in trajectory scenarios"
+            )
+        if speculative is not None and speculative.disable_lookahead_block_hashes:
+            raise ScenarioError(
+                (speculative.where or Location("<scenario>")).at(
+                    "speculative.disable_lookahead_block_hashes"
+                ),
+                "only in trajectory scenarios",
+            )
+    windowed = [g for g in model.groups if "extra_retained_tokens" in GROUP_TYPES[g.type].options]
+    for group in windowed:
+        value = group.options.get("extra_retained_tokens")
+        if value is None:
+            continue
+        where = group.where or Location("<scenario>")
+        at = where.at(f"{where.field}.extra_retained_tokens")
+        if kind != "trajectory":
+            raise ScenarioError(
+                at, "only in trajectory scenarios (the other kinds build groups from vLLM's config)"
+            )
+        k = speculative.num_speculative_tokens if speculative is not None else 0
+        if value != k - 1 or k < 2:
+            raise ScenarioError(
+                at,
+                f"must be num_speculative_tokens - 1 ({k - 1 if k >= 2 else 'needs k >= 2'}), "
+                f"not {value}: vLLM sets it only for multi-module MTP, to "
+                "num_prefill_lookahead_tokens - 1 (kv_cache_planning.get_global_kv_cache_groups)",
+            )
+        unset = [g for g in windowed if g.options.get("extra_retained_tokens") is None]
+        if unset:
+            raise ScenarioError(
+                unset[0].where or at,
+                f"extra_retained_tokens: {value} must be set on every sliding-window group "
+                "(vLLM's planner tags all of them alike)",
+            )

@@ -1,0 +1,216 @@
+"""A scheduler scenario's ``scheduler`` section and requests (vLLM's scheduler decides the steps).
+
+vLLM's own ``SchedulerConfig`` rules are checked here, before vLLM is imported.
+Group types come from the registry's scheduler mode (``GroupType.modes``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvconform.errors import Location, ScenarioError
+from kvconform.harness.loader.fields import Fields, as_written
+from kvconform.harness.loader.model import MODEL_DEFAULTS
+from kvconform.harness.loader.requests import parse_acceptance, parse_request_map
+from kvconform.model.group_types import types_for
+from kvconform.model.methods import METHODS
+from kvconform.model.scenario import (
+    MODEL_RUNNERS,
+    SCHEDULER_MODES,
+    ModelSpec,
+    RequestSpec,
+    SchedulerSpec,
+    SpeculativeSpec,
+)
+
+# Group types a scheduler scenario may use: the tiny model kvconform builds for
+# vLLM's scheduler is a plain decoder, so types that need a hybrid, encoder-decoder
+# or context-parallel model configuration (Mamba alignment, cross-attention, ...)
+# would be scheduled without the model-driven behaviour they exist for.
+SCHEDULER_GROUP_TYPES = types_for("scheduler")
+
+
+def check_scheduler_model(
+    model: ModelSpec, speculative: SpeculativeSpec | None, top: Fields
+) -> None:
+    for group in model.groups:
+        if group.type not in SCHEDULER_GROUP_TYPES:
+            raise ScenarioError(
+                group.where or top.at("model.groups"),
+                f"group type {group.type!r} is not available in scheduler scenarios (the model "
+                "kvconform builds for the scheduler is a plain decoder); use "
+                + ", ".join(SCHEDULER_GROUP_TYPES)
+                + ", or a kind: trajectory scenario",
+            )
+    for name in ("max_encoder_len", "dcp_world_size"):
+        default = MODEL_DEFAULTS[name]
+        if getattr(model, name) != default:
+            raise ScenarioError(
+                top.at(f"model.{name}"),
+                f"must be {default} in a scheduler scenario (the scheduler's model is a plain "
+                "decoder on one rank)",
+            )
+    if speculative is not None and speculative.num_lookahead_tokens is not None:
+        raise ScenarioError(
+            speculative.where or top.at("speculative"),
+            "speculative.num_lookahead_tokens: a scheduler scenario takes the lookahead from "
+            "vLLM's scheduler; remove the override",
+        )
+
+
+def parse_scheduler(
+    raw: Any,
+    where: Location,
+    at: Location,
+    speculative: SpeculativeSpec | None,
+    model: ModelSpec,
+) -> SchedulerSpec:
+    fields = Fields(raw, where, "scheduler")
+    defaults = SchedulerSpec()
+    mode = fields.text("mode", defaults.mode)
+    if mode not in SCHEDULER_MODES:
+        raise ScenarioError(
+            fields.at("mode"), f"must be one of {', '.join(SCHEDULER_MODES)}, not {mode!r}"
+        )
+    layers = fields.integer("num_nextn_predict_layers", defaults.num_nextn_predict_layers)
+    if layers != 1 and (speculative is None or not _stacks_mtp_modules(speculative.method)):
+        raise ScenarioError(
+            fields.at("num_nextn_predict_layers"), "applies to MTP only (speculative.method: mtp)"
+        )
+    if speculative is not None and speculative.num_speculative_tokens % layers:
+        raise ScenarioError(
+            fields.at("num_nextn_predict_layers"),
+            f"vLLM needs num_speculative_tokens ({speculative.num_speculative_tokens}) to be a "
+            f"multiple of the MTP modules ({layers})",
+        )
+    runner = fields.text("model_runner", defaults.model_runner)
+    if runner not in MODEL_RUNNERS:
+        raise ScenarioError(
+            fields.at("model_runner"), f"must be one of {', '.join(MODEL_RUNNERS)}, not {runner!r}"
+        )
+    spec = SchedulerSpec(
+        mode=mode,
+        model_runner=runner,
+        max_num_seqs=fields.integer("max_num_seqs", defaults.max_num_seqs),
+        max_num_batched_tokens=fields.integer(
+            "max_num_batched_tokens", defaults.max_num_batched_tokens
+        ),
+        enable_chunked_prefill=fields.flag(
+            "enable_chunked_prefill", defaults.enable_chunked_prefill
+        ),
+        long_prefill_token_threshold=fields.integer(
+            "long_prefill_token_threshold", defaults.long_prefill_token_threshold, minimum=0
+        ),
+        num_nextn_predict_layers=layers,
+        max_steps=fields.integer("max_steps", defaults.max_steps),
+        where=Location(where.file, fields.mapping.line or at.line, "scheduler"),
+    )
+    fields.done()
+    _check_scheduler_limits(spec, model, fields)
+    return spec
+
+
+def _stacks_mtp_modules(method: str) -> bool:
+    """The scenario's method (or a vLLM alias of it, such as ``mimo_mtp``) stacks MTP modules."""
+    return any(m.mtp_modules and m.name in method for m in METHODS.values())
+
+
+def _check_scheduler_limits(spec: SchedulerSpec, model: ModelSpec, fields: Fields) -> None:
+    """vLLM's own SchedulerConfig rules, checked before vLLM is imported.
+
+    Whatever else vLLM refuses to build is reported as unsupported by that
+    release (a method or mode it does not run), not as a bad scenario.
+    """
+    if spec.max_num_batched_tokens < spec.max_num_seqs:
+        raise ScenarioError(
+            fields.at("max_num_batched_tokens"),
+            f"must be at least max_num_seqs ({spec.max_num_seqs}), as vLLM requires",
+        )
+    if not spec.enable_chunked_prefill and spec.max_num_batched_tokens < model.max_model_len:
+        raise ScenarioError(
+            fields.at("max_num_batched_tokens"),
+            f"must be at least max_model_len ({model.max_model_len}) without chunked prefill, "
+            "as vLLM requires",
+        )
+    if spec.long_prefill_token_threshold > model.max_model_len:
+        raise ScenarioError(
+            fields.at("long_prefill_token_threshold"),
+            f"must be at most max_model_len ({model.max_model_len}), as vLLM requires",
+        )
+
+
+def parse_scheduler_requests(
+    raw: Any,
+    where: Location,
+    at: Location,
+    model: ModelSpec,
+    speculative: SpeculativeSpec | None,
+    scheduler: SchedulerSpec,
+) -> dict[str, RequestSpec]:
+    def request(name: str, fields: Fields, request_at: Location) -> RequestSpec:
+        prompt_len = fields.integer("prompt_len")
+        if prompt_len >= model.max_model_len:
+            raise ScenarioError(
+                fields.at("prompt_len"),
+                f"must be below max_model_len {model.max_model_len}: vLLM rejects a prompt "
+                "that leaves no room for one output token",
+            )
+        return RequestSpec(
+            name=name,
+            prompt_len=prompt_len,
+            prefix_from=fields.raw("prefix_from"),
+            prefix_len=fields.integer("prefix_len", 0, minimum=0),
+            where=request_at,
+            arrival=fields.integer("arrival", 0, minimum=0),
+            max_tokens=fields.integer("max_tokens", RequestSpec.max_tokens),
+            acceptance=parse_acceptance(fields, speculative),
+            remote_prefill=_parse_remote_prefill(fields, scheduler),
+            expect_hit=_parse_expect_hit(fields, model, prompt_len),
+        )
+
+    return parse_request_map(raw, where, at, "a scheduler scenario", request)
+
+
+def _parse_expect_hit(fields: Fields, model: ModelSpec, prompt_len: int) -> int | None:
+    """``expect_hit``: the prefix-cache hit the request must adopt at its first admission."""
+    hit = fields.optional_int("expect_hit")
+    if hit is None:
+        return None
+    if not model.enable_caching:
+        raise ScenarioError(
+            fields.at("expect_hit"), "needs model.enable_caching: true (a prefix-cache hit)"
+        )
+    if hit >= prompt_len:
+        raise ScenarioError(
+            fields.at("expect_hit"),
+            f"must be below prompt_len {prompt_len}: vLLM always computes the prompt's last "
+            "token, so a hit never covers the whole prompt",
+        )
+    if fields.raw("remote_prefill", False):
+        raise ScenarioError(
+            fields.at("expect_hit"),
+            "is not judged for a remote_prefill request (its local hit is folded into the load)",
+        )
+    return hit
+
+
+def _parse_remote_prefill(fields: Fields, scheduler: SchedulerSpec) -> int:
+    """``remote_prefill``: false, true (one step) or the schedule() calls the KV load takes."""
+    raw = fields.raw("remote_prefill", False)
+    steps = int(raw) if isinstance(raw, bool) else raw
+    if not isinstance(steps, int) or steps < 0:
+        raise ScenarioError(
+            fields.at("remote_prefill"),
+            "must be true, false or the number of schedule() calls the asynchronous KV load "
+            f"takes (an integer >= 1), not {as_written(raw)}",
+        )
+    if steps and scheduler.mode != "sync":
+        # A kv_consumer connector with batches in flight makes vLLM defer block frees
+        # past the in-flight step (Scheduler.defer_block_free), outside KVCacheManager.free,
+        # where scheduler mode observes releases.
+        raise ScenarioError(
+            fields.at("remote_prefill"),
+            f"needs scheduler.mode: sync, not {scheduler.mode!r}: with async scheduling vLLM "
+            "defers a KV consumer's block frees, which scheduler mode does not observe yet",
+        )
+    return steps

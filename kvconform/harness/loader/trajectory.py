@@ -1,0 +1,184 @@
+"""A trajectory scenario's ``steps``: each step's actions, checked against the token state.
+
+Every action is applied to the request's :class:`~kvconform.model.tokens.RequestTokens`,
+so an impossible step (a prefill past the prompt, a spec step before the
+prefill ends, a step past ``max_model_len``) is reported with its line and field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from kvconform.errors import Location, ScenarioError
+from kvconform.harness.loader.fields import Fields, as_written, attempt, report, suggestion
+from kvconform.harness.yamlio import LineDict, LineList
+from kvconform.model.scenario import (
+    NO_CHUNK_OPTIONS,
+    Action,
+    ChunkOptions,
+    ModelSpec,
+    RequestSpec,
+    SpeculativeSpec,
+    Step,
+)
+from kvconform.model.tokens import RequestTokens
+
+
+def parse_steps(
+    raw: Any,
+    where: Location,
+    at: Location,
+    requests: dict[str, RequestSpec],
+    model: ModelSpec,
+    speculative: SpeculativeSpec | None,
+) -> tuple[Step, ...]:
+    if not isinstance(raw, LineList) or not raw:
+        raise ScenarioError(at, "a trajectory needs a non-empty list of steps")
+    tokens = {name: RequestTokens(spec) for name, spec in requests.items()}
+    num_spec = speculative.num_speculative_tokens if speculative else None
+    steps: list[Step] = []
+    # A request whose call had a problem: its later calls would only repeat it.
+    broken: set[str] = set()
+    for line, body in _unroll(raw, where, "steps"):
+        step_where = Location(where.file, line, f"steps[{len(steps)}]")
+        if body is None:
+            report(
+                ScenarioError(
+                    step_where,
+                    "an empty step: a '-' with nothing after it; write {request: action} "
+                    "there, or delete the line",
+                )
+            )
+            steps.append(Step(len(steps), (), line))
+            continue
+        if not isinstance(body, LineDict) or not body:
+            report(
+                ScenarioError(
+                    step_where,
+                    f"a step maps request names to actions, e.g. {{a: decode}}, not {as_written(body)}",
+                )
+            )
+            steps.append(Step(len(steps), (), line))
+            continue
+        calls = []
+        for request, action_raw in body.items():
+            call_where = step_where.at(f"{step_where.field}.{request}", body.line_of(request))
+            if request in broken:
+                continue
+            if request not in tokens:
+                report(
+                    ScenarioError(
+                        call_where,
+                        f"unknown request {request!r}{suggestion(request, tokens)}; requests: "
+                        + ", ".join(tokens),
+                    )
+                )
+                broken.add(request)
+                continue
+
+            def call(request: str, action_raw: Any, call_where: Location) -> Any:
+                refused = isinstance(action_raw, LineDict) and "refused" in action_raw
+                if refused:
+                    wrapper = Fields(action_raw, call_where, call_where.field or "")
+                    action_raw = wrapper.raw("refused")
+                    wrapper.done()
+                    call_where = wrapper.at("refused")
+                action, count, accepted, options = _parse_action(action_raw, call_where)
+                return tokens[request].apply(
+                    action,
+                    call_where,
+                    count=count,
+                    accepted=accepted,
+                    max_model_len=model.max_model_len,
+                    num_speculative_tokens=num_spec,
+                    refused=refused,
+                    options=options,
+                )
+
+            made, ok = attempt(call, request, action_raw, call_where)
+            if ok:
+                calls.append(made)
+            else:
+                broken.add(request)
+        steps.append(Step(len(steps), tuple(calls), line))
+    return tuple(steps)
+
+
+def _unroll(raw: LineList, where: Location, path: str) -> Iterable[tuple[int | None, Any]]:
+    for i, body in enumerate(raw):
+        line = raw.line_of(i)
+        if isinstance(body, LineDict) and "repeat" in body:
+            fields = Fields(body, Location(where.file, line), f"{path}[{i}]")
+            times = fields.integer("repeat")
+            inner = fields.raw("steps")
+            if inner is None:
+                single = fields.raw("step")
+                if single is None:
+                    raise ScenarioError(fields.at("step"), "repeat needs 'step' or 'steps'")
+                inner = LineList([single])
+                inner.line, inner.item_lines = body.line_of("step"), [body.line_of("step") or 0]
+            fields.done()
+            if not isinstance(inner, LineList) or not inner:
+                raise ScenarioError(fields.at("steps"), "must be a non-empty list of steps")
+            for _ in range(times):
+                yield from _unroll(inner, where, f"{path}[{i}].steps")
+        else:
+            yield line, body
+
+
+def _parse_action(raw: Any, where: Location) -> tuple[Action, int, int | None, ChunkOptions]:
+    if raw is None:
+        raise ScenarioError(
+            where,
+            "no action after the request's name; use decode, finish, preempt, "
+            "{prefill: N} or {spec: K}",
+        )
+    if isinstance(raw, str):
+        try:
+            action = Action(raw)
+        except ValueError:
+            action = None
+        if action in (Action.DECODE, Action.FINISH, Action.PREEMPT):
+            return action, 0, None, NO_CHUNK_OPTIONS
+        hint = suggestion(raw, ("decode", "finish", "preempt"))
+        raise ScenarioError(
+            where,
+            f"unknown action {raw!r}{hint}; use decode, finish, preempt, {{prefill: N}} or "
+            "{spec: K}",
+        )
+    if isinstance(raw, LineDict):
+        fields = Fields(raw, Location(where.file, where.line), where.field or "")
+        if "prefill" in raw:
+            count = fields.integer("prefill")
+            options = _parse_chunk_options(fields)
+            fields.done()
+            return Action.PREFILL, count, None, options
+        if "spec" in raw:
+            count = fields.integer("spec")
+            accepted = fields.optional_int("accepted")
+            fields.done()
+            return Action.SPEC, count, accepted, NO_CHUNK_OPTIONS
+    shown = as_written(raw) if not isinstance(raw, LineDict) else "{" + ", ".join(raw) + "}"
+    hint = (
+        suggestion(next(iter(raw)), ("prefill", "spec"))
+        if isinstance(raw, LineDict) and raw
+        else ""
+    )
+    raise ScenarioError(
+        where,
+        f"unknown action {shown}{hint}; use decode, finish, preempt, {{prefill: N}} or {{spec: K}}",
+    )
+
+
+def _parse_chunk_options(fields: Fields) -> ChunkOptions:
+    """A prefill's scheduler arguments, stated outcomes and tokens in flight (scenarios/README.md)."""
+    options = ChunkOptions(
+        external=fields.integer("external", 0, minimum=0),
+        load_async=fields.flag("load_async", False),
+        full_sequence_must_fit=fields.flag("full_sequence_must_fit", False),
+        reserved_blocks=fields.integer("reserved_blocks", 0, minimum=0),
+        expect_hit=fields.optional_int("expect_hit"),
+        in_flight=fields.integer("in_flight", 0, minimum=0),
+    )
+    return options if options != NO_CHUNK_OPTIONS else NO_CHUNK_OPTIONS
