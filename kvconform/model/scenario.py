@@ -20,6 +20,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from kvconform.errors import Location
+from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.tiny_model import TinyModel
 
 # The kinds of scenario there are, each with its driver (kvconform.harness.drivers).
@@ -84,6 +85,11 @@ class ModelSpec:
     # periodic ones. Under 0 a Mamba "align" group reserves a prefill checkpoint block only
     # for the chunk that reaches the prompt's end.
     prefix_cache_retention_interval: int | None = None
+
+    @property
+    def encoder_decoder(self) -> bool:
+        """A group is sized by the request's encoder input (cross-attention)."""
+        return any(GROUP_TYPES[g.type].encoder for g in self.groups)
 
     @property
     def scheduler_block_size(self) -> int:
@@ -387,7 +393,7 @@ class Scenario:
     def encoder_lens(self) -> dict[str, int]:
         """Per request, the encoder tokens its first chunk brings (0 without cross-attention)."""
         model = self.model
-        if not any(g.type == "cross_attention" for g in model.groups):
+        if not model.encoder_decoder:
             return {name: 0 for name in self.requests}
         return {
             name: req.encoder_len or model.max_encoder_len for name, req in self.requests.items()

@@ -227,7 +227,7 @@ def scenario_settings(vllm: Vllm, scenario: Scenario, trajectory: Trajectory) ->
     """
     model = scenario.model
     warmup = scenario.warmup or WarmupSpec()
-    encoder_decoder = any(g.type == "cross_attention" for g in model.groups)
+    encoder_decoder = model.encoder_decoder
     spec = scenario.speculative
     speculative_config = None
     if spec is not None:
