@@ -80,7 +80,7 @@ def _admission_options(scenario: Scenario) -> bool:
     return any(
         call.options.external
         or call.options.load_async
-        or call.options.full_sequence_must_fit
+        or call.options.full_sequence_must_fit is not None
         or call.options.reserved_blocks
         or call.options.in_flight
         for step in scenario.steps

@@ -40,6 +40,7 @@ from kvconform.harness.expectations import Expectation, apply_expectations
 from kvconform.model.observations import Trajectory
 from kvconform.model.results import ErrorKind, ScenarioResult, Verdict
 from kvconform.model.scenario import Scenario
+from kvconform.oracles.resolve import resolve_settings
 from kvconform.oracles.vllm import Vllm
 
 
@@ -64,6 +65,8 @@ def run_scenario(
         driver = DRIVERS.get(scenario.kind)
         if driver is None:
             raise ScenarioError(scenario.where.at("kind"), f"no driver for kind {scenario.kind!r}")
+        # Every setting the file leaves out takes vLLM's default for this release.
+        scenario, result.settings = resolve_settings(scenario, vllm)
         trajectory = driver(scenario, vllm)
     except ScenarioSkipped as exc:
         result.verdict, result.skip_reason = Verdict.SKIPPED, str(exc)

@@ -74,6 +74,9 @@ class Option:
     # vLLM's literal type (``module.Name``) listing the values its config accepts,
     # where that is narrower than ``choices``; the fuzzer draws only those.
     vllm_literal: str | None = None
+    # Left out, the option follows prefix caching as vLLM derives it: {caching on or
+    # off: value}; a stated value implies the caching setting it follows from.
+    follows_caching: Mapping[bool, object] | None = None
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,9 @@ class GroupType:
     # The option holding speculative state blocks, which default to one per
     # speculative token (vLLM's MambaBase.get_kv_cache_spec); None: the type has none.
     speculative_blocks: str | None = None
+    # Attention (KV per token); False for a recurrent state (Mamba). vLLM's default for
+    # prefix caching depends on the model's attention type (ModelConfig.attn_type).
+    attention: bool = True
     # Whether the fuzzer draws the type at all, and where it ranks it (Hypothesis
     # shrinks towards the first; None: after the ranked ones).
     fuzzed: bool = True
@@ -230,6 +236,9 @@ GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
                         doc="vLLM's mamba_cache_mode",
                         draw=Draw("offered"),
                         vllm_literal="vllm.config.cache.MambaCacheMode",
+                        # MambaModelConfig.verify_and_update_config: prefix caching on
+                        # makes "none" "align"; off makes any mode "none".
+                        follows_caching=MappingProxyType({True: "align", False: "none"}),
                     ),
                     "num_speculative_blocks": Option(
                         int,
@@ -254,6 +263,7 @@ GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
                 holds_null=True,
                 retention=True,
                 speculative_blocks="num_speculative_blocks",
+                attention=False,
                 fuzz_rank=2,
             ),
             GroupType(

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvconform.errors import ScenarioError
 from kvconform.model.observations import Trajectory
+from kvconform.model.settings import SettingsRecord
 
 if TYPE_CHECKING:
     from kvconform.model.coverage import Coverage
@@ -124,6 +125,8 @@ class ScenarioResult:
     # Selected checks that could not run, with why: skipped, never passed.
     skipped_checks: dict[str, str] = field(default_factory=dict)
     skip_reason: str | None = None
+    # The settings the scenario ran with, and which differ from vLLM's defaults.
+    settings: SettingsRecord | None = None
 
     @property
     def ok(self) -> bool:

@@ -46,6 +46,8 @@ class GroupSpec:
     # KVCacheGroupSpec.is_eagle_group: the group holds the drafter's layers (vLLM's
     # planner flags such groups when use_eagle_block_drop() holds).
     eagle_group: bool = False
+    # The options the file states (the others hold their defaults, or vLLM's).
+    stated: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
@@ -66,6 +68,8 @@ class ModelSpec:
     num_blocks: int
     groups: tuple[GroupSpec, ...]
     max_encoder_len: int = 0
+    # vLLM's settings (kvconform.model.settings): what the file states, else placeholders
+    # that resolve_settings replaces with vLLM's defaults for the release before a run.
     enable_caching: bool = False
     dcp_world_size: int = 1
     # vLLM's SchedulerConfig.watermark: the fraction of the pool (int(watermark *
@@ -85,11 +89,26 @@ class ModelSpec:
     # periodic ones. Under 0 a Mamba "align" group reserves a prefill checkpoint block only
     # for the chunk that reaches the prompt's end.
     prefix_cache_retention_interval: int | None = None
+    # SchedulerConfig.scheduler_reserve_full_isl: a first chunk (an admission) passes
+    # allocate_slots(full_sequence_must_fit=...) unless the chunk states its own.
+    scheduler_reserve_full_isl: bool = True
+    # The settings of kvconform.model.settings.SETTINGS this section states.
+    stated: frozenset[str] = frozenset()
 
     @property
     def encoder_decoder(self) -> bool:
         """A group is sized by the request's encoder input (cross-attention)."""
         return any(GROUP_TYPES[g.type].encoder for g in self.groups)
+
+    @property
+    def attn_type(self) -> str:
+        """vLLM's ``ModelConfig.attn_type`` of a model with these groups."""
+        if self.encoder_decoder:
+            return "encoder_decoder"
+        attention = [GROUP_TYPES[g.type].attention for g in self.groups]
+        if not any(attention):
+            return "attention_free"
+        return "decoder" if all(attention) else "hybrid"
 
     @property
     def scheduler_block_size(self) -> int:
@@ -189,7 +208,8 @@ class ChunkOptions:
 
     external: int = 0
     load_async: bool = False
-    full_sequence_must_fit: bool = False
+    # None: the scenario's scheduler_reserve_full_isl setting (vLLM's default unless stated).
+    full_sequence_must_fit: bool | None = None
     reserved_blocks: int = 0
     expect_hit: int | None = None
     in_flight: int = 0
@@ -200,7 +220,7 @@ class ChunkOptions:
         return bool(
             self.external
             or self.load_async
-            or self.full_sequence_must_fit
+            or self.full_sequence_must_fit is not None
             or self.reserved_blocks
             or self.expect_hit is not None
         )
@@ -314,6 +334,9 @@ class SchedulerSpec:
     # auto | v2 | v1: the model runner vLLM's configuration is built for (auto:
     # vLLM's own choice on this machine).
     model_runner: str = "auto"
+    # The settings of kvconform.model.settings.SETTINGS this section states; the others
+    # (chunked prefill, the mode's async scheduling) resolve to vLLM's defaults.
+    stated: frozenset[str] = frozenset()
     where: Location | None = field(default=None, compare=False)
 
     @property
@@ -360,6 +383,15 @@ class EngineSpec:
     gpu_memory_utilization: float = 0.2
     num_gpu_blocks: int | None = None
     where: Location | None = field(default=None, compare=False)
+
+    @property
+    def stated(self) -> frozenset[str]:
+        """The settings this section states (None leaves them to vLLM's engine)."""
+        return frozenset(
+            name
+            for name in ("enable_chunked_prefill", "async_scheduling")
+            if getattr(self, name) is not None
+        )
 
 
 @dataclass(frozen=True)

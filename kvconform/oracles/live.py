@@ -96,6 +96,14 @@ def manager_for(
 class LiveAllocator:
     """One ``KVCacheManager`` shared by all requests of a scenario."""
 
+    def _full_sequence_must_fit(self, call: Call) -> bool:
+        """What vLLM's scheduler passes at an admission: ``scheduler_reserve_full_isl``
+        (the scenario's setting, vLLM's default unless stated), unless the chunk says."""
+        if not call.first_chunk:
+            return False
+        stated = call.options.full_sequence_must_fit
+        return self.model.scheduler_reserve_full_isl if stated is None else stated
+
     def __init__(
         self, vllm: Vllm, model: ModelSpec, trajectory: Trajectory, *, as_scheduler: bool = True
     ) -> None:
@@ -255,7 +263,7 @@ class LiveAllocator:
                 delay_cache_blocks=call.options.load_async,
                 skip_zeroing_group_ids=self._all_groups if call.options.load_async else (),
                 num_encoder_tokens=encoder_len,
-                full_sequence_must_fit=call.options.full_sequence_must_fit,
+                full_sequence_must_fit=self._full_sequence_must_fit(call),
                 reserved_blocks=call.options.reserved_blocks,
                 # What the scheduler passes: whether any request is running.
                 has_scheduled_reqs=running,

@@ -23,9 +23,116 @@ from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.methods import expected_lookahead, method_for
 from kvconform.model.observations import GroupInfo, Trajectory
 from kvconform.model.scenario import GroupSpec, ModelSpec, Scenario
+from kvconform.model.settings import SETTINGS, SettingsRecord
 from kvconform.oracles.vllm import Vllm
 
-__all__ = ["extra_retained_tokens", "group_specs", "new_trajectory", "spec_options"]
+__all__ = [
+    "extra_retained_tokens",
+    "group_specs",
+    "new_trajectory",
+    "resolve_settings",
+    "spec_options",
+]
+
+
+def resolve_settings(scenario: Scenario, vllm: Vllm) -> tuple[Scenario, SettingsRecord]:
+    """The scenario with every setting it leaves out set to vLLM's default for this release.
+
+    What the file states wins; the record says what ran, vLLM's defaults, and which
+    settings the scenario chose (kvconform.model.settings).
+    """
+    defaults = vllm.default_settings()
+    # EngineArgs leaves prefix caching to the model: on unless its attention type
+    # does not support it (encoder-decoder, attention-free).
+    supported = vllm.prefix_caching_default(scenario.model.attn_type)
+    if supported is not None:
+        defaults["enable_caching"] = supported
+    kind_settings = [s for s in SETTINGS.values() if scenario.kind in s.kinds]
+    stated = set(scenario.model.stated)
+    implied = caching_implied_by_groups(scenario.model)
+    if implied is not None and "enable_caching" not in stated:
+        # A stated Mamba "none" is vLLM's configuration with prefix caching off.
+        scenario = replace(
+            scenario,
+            model=replace(scenario.model, enable_caching=implied,
+                          stated=scenario.model.stated | {"enable_caching"}),
+        )  # fmt: skip
+        stated.add("enable_caching")
+    if scenario.scheduler is not None:
+        stated |= scenario.scheduler.stated
+    if scenario.engine is not None:
+        stated |= scenario.engine.stated
+    values: dict[str, Any] = {}
+    for setting in kind_settings:
+        if setting.name in stated:
+            values[setting.name] = _stated_value(scenario, setting.name)
+        elif setting.name in defaults:
+            values[setting.name] = defaults[setting.name]
+    model = replace(
+        scenario.model,
+        **{
+            name: values[name]
+            for name in ("enable_caching", "prefix_cache_retention_interval",
+                         "scheduler_reserve_full_isl")
+            if name in values and name not in scenario.model.stated
+        },
+    )  # fmt: skip
+    model = replace(model, groups=_groups_following_caching(model))
+    resolved = replace(scenario, model=model)
+    if scenario.scheduler is not None:
+        resolved = replace(
+            resolved,
+            scheduler=replace(
+                scenario.scheduler,
+                enable_chunked_prefill=bool(values.get("enable_chunked_prefill", True)),
+                mode=scenario.scheduler.mode
+                if "async_scheduling" in stated
+                else ("overlapped" if values.get("async_scheduling", True) else "sync"),
+            ),
+        )
+    record = SettingsRecord(
+        values=values,
+        defaults={name: defaults.get(name) for name in values},
+        stated=frozenset(stated & set(values)),
+    )
+    return resolved, record
+
+
+def caching_implied_by_groups(model: ModelSpec) -> bool | None:
+    """The prefix-caching setting a group's stated option implies (Option.follows_caching:
+    vLLM derives Mamba's cache mode from prefix caching), or None."""
+    for group in model.groups:
+        for name in group.stated:
+            follows = GROUP_TYPES[group.type].options[name].follows_caching
+            if follows is None:
+                continue
+            for caching, value in follows.items():
+                if group.options.get(name) == value:
+                    return caching
+    return None
+
+
+def _groups_following_caching(model: ModelSpec) -> tuple[GroupSpec, ...]:
+    """The groups with their caching-following options set as vLLM derives them."""
+    groups = []
+    for group in model.groups:
+        options = dict(group.options)
+        for name, option in GROUP_TYPES[group.type].options.items():
+            if option.follows_caching is not None and name not in group.stated:
+                options[name] = option.follows_caching[model.enable_caching]
+        groups.append(replace(group, options=options) if options != group.options else group)
+    return tuple(groups)
+
+
+def _stated_value(scenario: Scenario, name: str) -> Any:
+    if name in scenario.model.stated:
+        return getattr(scenario.model, name)
+    if scenario.scheduler is not None and name in scenario.scheduler.stated:
+        if name == "async_scheduling":
+            return scenario.scheduler.async_scheduling
+        return getattr(scenario.scheduler, name)
+    assert scenario.engine is not None
+    return getattr(scenario.engine, name)
 
 
 def new_trajectory(scenario: Scenario, vllm: Vllm) -> Trajectory:

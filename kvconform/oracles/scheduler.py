@@ -214,7 +214,12 @@ class SchedulerOracle:
         model_config, speculative = model_and_speculative_config(vllm, scenario, self.method)
         where = self.limits.where or scenario.where.at("scheduler")
         kv_specs = group_specs(vllm, model, num_speculative_tokens)
-        kv_cache_config = vllm.kv_cache_config(model.num_blocks, kv_specs)
+        # As vLLM's engine core builds it: the retention interval from the cache config.
+        kv_cache_config = vllm.kv_cache_config(
+            model.num_blocks,
+            kv_specs,
+            prefix_cache_retention_interval=model.prefix_cache_retention_interval,
+        )
         with api.model_runner(self.limits.model_runner):
             try:
                 self.config = api.scheduler_vllm_config(
@@ -223,6 +228,8 @@ class SchedulerOracle:
                     block_size=model.scheduler_block_size,
                     num_blocks=model.num_blocks,
                     enable_prefix_caching=model.enable_caching,
+                    prefix_cache_retention_interval=model.prefix_cache_retention_interval,
+                    scheduler_reserve_full_isl=model.scheduler_reserve_full_isl,
                     max_num_seqs=self.limits.max_num_seqs,
                     max_num_batched_tokens=self.limits.max_num_batched_tokens,
                     enable_chunked_prefill=self.limits.enable_chunked_prefill,

@@ -41,6 +41,8 @@ def scenario_json(result: ScenarioResult, report: RunReport) -> dict[str, Any]:
         "failures": [f.to_json() for f in result.failures],
         "skipped_checks": dict(result.skipped_checks),
     }
+    if result.settings is not None:
+        entry.update(result.settings.to_json())
     trajectory = result.trajectory
     if trajectory is not None:
         entry.update(

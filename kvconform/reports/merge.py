@@ -28,6 +28,7 @@ from typing import Any
 from kvconform.errors import ExitStatus, Location, ScenarioError, UsageError
 from kvconform.harness.runner import exit_status
 from kvconform.model.results import ErrorKind, Failure, RunReport, ScenarioResult, Verdict
+from kvconform.model.settings import SettingsRecord
 
 __all__ = ["merge_reports", "read_report"]
 
@@ -68,6 +69,7 @@ def _result(entry: dict[str, Any]) -> ScenarioResult:
         description=entry.get("description", ""),
         expectation_evidence=entry.get("expectation_evidence"),
         skipped_checks=dict(entry.get("skipped_checks", {})),
+        settings=SettingsRecord.from_json(entry),
     )
 
 

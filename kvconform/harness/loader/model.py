@@ -1,8 +1,11 @@
 """The ``model`` and ``speculative`` sections: groups, pool, lengths and the method.
 
 Group types and their options come from the group-type registry
-(:mod:`kvconform.model.group_types`); what a setting left out defaults to is
-:data:`MODEL_DEFAULTS`.
+(:mod:`kvconform.model.group_types`). A field that is one of vLLM's settings
+(:data:`kvconform.model.settings.SETTINGS`: prefix caching, the retention
+interval, full-sequence admission) is recorded as stated when the file says it;
+left out, it takes vLLM's default for the release under test when the scenario
+runs. Every other field left out takes :data:`MODEL_DEFAULTS`.
 """
 
 from __future__ import annotations
@@ -25,13 +28,13 @@ from kvconform.model.scenario import (
     ModelSpec,
     SpeculativeSpec,
 )
+from kvconform.model.settings import SETTINGS
 
 MODEL_DEFAULTS: dict[str, Any] = {
     "block_size": 16,
     "max_model_len": 2048,
     "num_blocks": 256,
     "max_encoder_len": 0,
-    "enable_caching": False,
     "dcp_world_size": 1,
     "watermark": 0.0,
 }
@@ -45,7 +48,12 @@ def parse_model(raw: Any, where: Location) -> ModelSpec:
     max_encoder_len = fields.integer(
         "max_encoder_len", MODEL_DEFAULTS["max_encoder_len"], minimum=0
     )
-    enable_caching = fields.flag("enable_caching", MODEL_DEFAULTS["enable_caching"])
+    # vLLM's settings: read when stated; the placeholders are resolved before a run.
+    stated = frozenset(
+        s.name for s in SETTINGS.values() if s.field.startswith("model.") and s.name in fields.mapping
+    )
+    enable_caching = fields.flag("enable_caching", False)
+    reserve_full_isl = fields.flag("scheduler_reserve_full_isl", True)
     dcp_world_size = fields.integer("dcp_world_size", MODEL_DEFAULTS["dcp_world_size"])
     watermark = fields.raw("watermark", MODEL_DEFAULTS["watermark"])
     # vLLM's own bounds (SchedulerConfig.watermark: ge=0.0, lt=1.0).
@@ -83,8 +91,12 @@ def parse_model(raw: Any, where: Location) -> ModelSpec:
         watermark=float(watermark),
         max_in_flight_tokens=max_in_flight_tokens,
         prefix_cache_retention_interval=retention_interval,
+        scheduler_reserve_full_isl=reserve_full_isl,
+        stated=stated,
     )
-    if retention_interval is not None:
+    if "enable_caching" in stated:
+        _check_caching_followers(model)
+    if "prefix_cache_retention_interval" in stated and retention_interval is not None:
         _check_retention_interval(model, fields.at("prefix_cache_retention_interval"))
     return model
 
@@ -140,8 +152,27 @@ def _parse_group(item: Any, where: Location, default_block_size: int) -> GroupSp
             raise ScenarioError(fields.at(opt_name), f"must be one of {choices}, not {value!r}")
         options[opt_name] = value
     eagle_group = fields.flag("eagle_group", False)
+    stated = frozenset(name for name in group_type.options if name in fields.mapping)
     fields.done()
-    return GroupSpec(type_name, block_size, options, where, eagle_group=eagle_group)
+    return GroupSpec(type_name, block_size, options, where, eagle_group=eagle_group, stated=stated)
+
+
+def _check_caching_followers(model: ModelSpec) -> None:
+    """A stated option vLLM derives from prefix caching agrees with the stated caching."""
+    for group in model.groups:
+        for name in sorted(group.stated):
+            follows = GROUP_TYPES[group.type].options[name].follows_caching
+            value = group.options.get(name)
+            if follows is None or value not in follows.values():
+                continue
+            if follows[model.enable_caching] != value:
+                where = group.where or Location("<scenario>")
+                raise ScenarioError(
+                    where.at(f"{where.field}.{name}"),
+                    f"is {value!r}, but vLLM derives it from prefix caching: with "
+                    f"enable_caching: {str(model.enable_caching).lower()} it is "
+                    f"{follows[model.enable_caching]!r} (leave it out, or change enable_caching)",
+                )
 
 
 def parse_speculative(raw: Any, where: Location, at: Location) -> SpeculativeSpec | None:

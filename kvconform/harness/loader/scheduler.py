@@ -22,6 +22,7 @@ from kvconform.model.scenario import (
     SchedulerSpec,
     SpeculativeSpec,
 )
+from kvconform.model.settings import SETTINGS
 
 # Group types a scheduler scenario may use: the tiny model kvconform builds for
 # vLLM's scheduler is a plain decoder, so types that need a hybrid, encoder-decoder
@@ -103,6 +104,13 @@ def parse_scheduler(
         ),
         num_nextn_predict_layers=layers,
         max_steps=fields.integer("max_steps", defaults.max_steps),
+        # vLLM's settings this section states (the mode states async scheduling).
+        stated=frozenset(
+            s.name
+            for s in SETTINGS.values()
+            if s.field.startswith("scheduler.")
+            and s.field.removeprefix("scheduler.") in fields.mapping
+        ),
         where=Location(where.file, fields.mapping.line or at.line, "scheduler"),
     )
     fields.done()

@@ -176,7 +176,11 @@ def _parse_chunk_options(fields: Fields) -> ChunkOptions:
     options = ChunkOptions(
         external=fields.integer("external", 0, minimum=0),
         load_async=fields.flag("load_async", False),
-        full_sequence_must_fit=fields.flag("full_sequence_must_fit", False),
+        full_sequence_must_fit=(
+            None
+            if fields.raw("full_sequence_must_fit") is None
+            else fields.flag("full_sequence_must_fit", False)
+        ),
         reserved_blocks=fields.integer("reserved_blocks", 0, minimum=0),
         expect_hit=fields.optional_int("expect_hit"),
         in_flight=fields.integer("in_flight", 0, minimum=0),

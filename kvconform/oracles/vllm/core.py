@@ -11,10 +11,12 @@ through :meth:`Vllm.part`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
+import os
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import cached_property
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -22,13 +24,38 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from kvconform.errors import NotOffered, VllmUnavailable
 from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.methods import METHODS
-from kvconform.oracles.vllm.calls import call, flatten_literal
+from kvconform.model.settings import SETTINGS
+from kvconform.oracles.vllm.calls import call, flatten_literal, quiet_logs
 from kvconform.oracles.vllm.versions import MINIMUM_SUPPORTED, release_of
 
 if TYPE_CHECKING:
     from kvconform.oracles.vllm.versions import VllmSource
 
 __all__ = ["Vllm"]
+
+# The environment variable 0.28's coordinator reads the retention interval from.
+_RETENTION_VARIABLE = "VLLM_PREFIX_CACHE_RETENTION_INTERVAL"
+_UNSET: Any = object()
+
+
+@contextlib.contextmanager
+def _environment(name: str, value: Any) -> Iterator[None]:
+    """``name`` set to ``value`` (unset for None) while the block runs; _UNSET: untouched."""
+    if value is _UNSET:
+        yield
+        return
+    before = os.environ.get(name)
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = str(value)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 _Part = TypeVar("_Part")
 
@@ -56,6 +83,9 @@ class Vllm:
         # them again, and building a SpeculativeConfig each time cost more than
         # a short scenario's allocator calls (docs/benchmarks.md).
         self._memo: dict[tuple[Any, ...], Any] = {}
+        # KVCacheConfigs of releases that read the retention interval from the
+        # environment (0.28), by id, until their manager is built.
+        self._retention_by_config: dict[int, int | None] = {}
 
     def _remembered(self, key: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
         if key not in self._memo:
@@ -164,6 +194,48 @@ class Vllm:
         """
         return bool(getattr(spec, "dcp_sharded", True))
 
+    # -- vLLM's defaults -------------------------------------------------------------
+
+    def default_settings(self) -> dict[str, Any]:
+        """vLLM's own default for each setting of kvconform.model.settings.SETTINGS.
+
+        Read from the config classes' field defaults (pydantic's, default factories
+        called), so it is the release's answer, not kvconform's. Releases whose
+        ``CacheConfig`` has no retention field read ``VLLM_PREFIX_CACHE_RETENTION_INTERVAL``
+        (0.28; unset: dense, None). ``async_scheduling``'s None is what VllmConfig
+        resolves it to for a plain decoder on one GPU: on.
+        """
+        defaults: dict[str, Any] = {}
+        for setting in SETTINGS.values():
+            module_name, class_name, field_name = setting.vllm_default.rsplit(".", 2)
+            module = self.optional_module(module_name)
+            cls = getattr(module, class_name, None) if module is not None else None
+            fields = getattr(cls, "__pydantic_fields__", {}) if cls is not None else {}
+            if field_name in fields:
+                defaults[setting.name] = fields[field_name].get_default(
+                    call_default_factory=True
+                )
+            elif setting.name == "prefix_cache_retention_interval":
+                defaults[setting.name] = self._retention_from_environment()
+        if defaults.get("async_scheduling", True) is None:
+            defaults["async_scheduling"] = True
+        return defaults
+
+    def prefix_caching_default(self, attn_type: str) -> bool | None:
+        """Whether vLLM turns prefix caching on by default for a generative model of this
+        attention type (``ModelConfig.is_prefix_caching_supported``, which ``EngineArgs``
+        takes as the default); None where the release has no such rule."""
+        model = self.optional_module("vllm.config.model")
+        rule = getattr(getattr(model, "ModelConfig", None), "is_prefix_caching_supported", None)
+        if not isinstance(rule, property) or rule.fget is None:
+            return None
+        with quiet_logs():
+            return bool(rule.fget(SimpleNamespace(attn_type=attn_type, pooler_config=None)))
+
+    def _retention_from_environment(self) -> int | None:
+        envs = self.optional_module("vllm.envs")
+        return getattr(envs, _RETENTION_VARIABLE, None) if envs is not None else None
+
     # -- the allocator ----------------------------------------------------------------
 
     def kv_cache_config(
@@ -189,23 +261,32 @@ class Vllm:
                     raise self.not_offered("KVCacheGroupSpec.is_eagle_group")
                 group.is_eagle_group = True
         extra: dict[str, Any] = {}
-        if prefix_cache_retention_interval is not None:
-            fields = getattr(iface.KVCacheConfig, "__dataclass_fields__", {})
-            if "prefix_cache_retention_interval" not in fields:
-                raise self.not_offered(
-                    "KVCacheConfig.prefix_cache_retention_interval", "this release has none"
-                )
+        fields = getattr(iface.KVCacheConfig, "__dataclass_fields__", {})
+        by_environment = "prefix_cache_retention_interval" not in fields
+        if not by_environment:
             extra["prefix_cache_retention_interval"] = prefix_cache_retention_interval
-        return call(
+        elif prefix_cache_retention_interval is not None and not hasattr(
+            self.optional_module("vllm.envs"), _RETENTION_VARIABLE
+        ):
+            raise self.not_offered(
+                "KVCacheConfig.prefix_cache_retention_interval", "this release has none"
+            )
+        config = call(
             iface.KVCacheConfig,
             num_blocks=num_blocks,
             kv_cache_tensors=[],
             kv_cache_groups=groups,
             **extra,
         )
+        if by_environment:
+            # 0.28's coordinator reads the interval from the environment when it is built.
+            self._retention_by_config[id(config)] = prefix_cache_retention_interval
+        return config
 
     def new_manager(self, kv_cache_config: Any, **kwargs: Any) -> Any:
-        return call(self._kvm.KVCacheManager, kv_cache_config=kv_cache_config, **kwargs)
+        retention = self._retention_by_config.pop(id(kv_cache_config), _UNSET)
+        with _environment(_RETENTION_VARIABLE, retention):
+            return call(self._kvm.KVCacheManager, kv_cache_config=kv_cache_config, **kwargs)
 
     def new_request(
         self,

@@ -143,6 +143,8 @@ class Scheduling:
         block_size: int,
         num_blocks: int,
         enable_prefix_caching: bool,
+        prefix_cache_retention_interval: int | None,
+        scheduler_reserve_full_isl: bool,
         max_num_seqs: int,
         max_num_batched_tokens: int,
         enable_chunked_prefill: bool,
@@ -165,9 +167,13 @@ class Scheduling:
             enable_chunked_prefill=enable_chunked_prefill,
             long_prefill_token_threshold=long_prefill_token_threshold,
             async_scheduling=async_scheduling,
+            scheduler_reserve_full_isl=scheduler_reserve_full_isl,
         )
         cache = call(
-            api.CacheConfig, block_size=block_size, enable_prefix_caching=enable_prefix_caching
+            api.CacheConfig,
+            block_size=block_size,
+            enable_prefix_caching=enable_prefix_caching,
+            prefix_cache_retention_interval=prefix_cache_retention_interval,
         )
         parallel = (
             speculative_config.target_parallel_config
