@@ -103,10 +103,10 @@ class ScenarioFile(pytest.File):
             yield BadScenarioItem.from_parent(self, name=self.path.name, error=error)
             return
         # A broken expectations file is the input error of the first file it serves.
-        run = self.config.stash[_SESSION]
-        reported = len(run.expectation_errors)
-        run.expectations_for(self.path)
-        for broken in run.expectation_errors[reported:]:
+        session = self.config.stash[_SESSION]
+        reported = len(session.expectation_errors)
+        session.expectations_for(self.path)
+        for broken in session.expectation_errors[reported:]:
             name = Path(broken.where.file).name
             yield BadScenarioItem.from_parent(self, name=name, error=broken)
         for scenario in scenarios:
@@ -133,8 +133,8 @@ class ScenarioItem(pytest.Item):
         self.result: ScenarioResult | None = None
 
     def runtest(self) -> None:
-        run = self.config.stash[_SESSION]
-        result = self.result = run.run_scenario(self.scenario)
+        session = self.config.stash[_SESSION]
+        result = self.result = session.run_scenario(self.scenario)
         self.user_properties.append(("verdict", result.verdict.value))
         loads = ",".join(f"{s:.2f}" for s in sessions.LOAD_SECONDS)
         self.user_properties.append(("vllm_loads", loads))
@@ -161,8 +161,8 @@ class ScenarioItem(pytest.Item):
             lines += [f"[{f.check}] {f.message}" for f in result.failures[:10]]
             if len(result.failures) > 10:
                 lines.append(f"... {len(result.failures) - 10} more")
-            run = self.config.stash[_SESSION]
-            lines.append(f"rerun alone: {run.rerun_command(result)}")
+            session = self.config.stash[_SESSION]
+            lines.append(f"rerun alone: {session.rerun_command(result)}")
             return "\n".join(lines)
         if isinstance(exc, KvconformError):
             return str(exc)

@@ -89,6 +89,26 @@ class FreeEvent(NamedTuple):
     held_after: tuple[list[int], ...]
 
 
+class Denial(NamedTuple):
+    """A step vLLM refused although the floor says the pool holds it (check ``capacity``).
+
+    ``who`` is the vLLM function that refused (``allocate_slots``, or ``schedule`` for
+    a request the scheduler never schedules); ``floor_need`` the blocks the floor's
+    arithmetic needs for it, ``available`` the free blocks it could use (free minus
+    reserved and watermark blocks). The driver stops there.
+    """
+
+    step: int
+    line: int | None
+    request: str
+    label: str
+    who: str
+    floor_need: int
+    available: int
+    free: int
+    detail: str = ""
+
+
 class RefusedCall(NamedTuple):
     """A call the scenario says ``allocate_slots`` must refuse, and what it did.
 
@@ -229,6 +249,9 @@ class Trajectory:
     async_loads: set[int] = field(default_factory=set)
     # Engine mode: requests the engine did not finish with their max_tokens, as messages.
     unfinished: list[str] = field(default_factory=list)
+    # Steps vLLM refused although the floor fits them (check `capacity`); the driver
+    # stops at the first.
+    denials: list[Denial] = field(default_factory=list)
     # Trajectory mode: the calls the scenario marks `refused`, in order.
     refusals: list[RefusedCall] = field(default_factory=list)
     # Warmup mode: the passes warmup_kernels made (the batch each prefill step entered),

@@ -93,6 +93,17 @@ def manager_for(
     )
 
 
+class StepDenied(Exception):
+    """vLLM refused a call whose blocks the floor's arithmetic fits in the pool."""
+
+    def __init__(
+        self, call: Call, who: str, need: int, available: int, free: int, detail: str
+    ) -> None:
+        super().__init__(f"{who} refused {call.label} of {call.request!r}")
+        self.call, self.who, self.need = call, who, need
+        self.available, self.free, self.detail = available, free, detail
+
+
 class LiveAllocator:
     """One ``KVCacheManager`` shared by all requests of a scenario."""
 
@@ -134,6 +145,14 @@ class LiveAllocator:
         self.vllm = vllm
         self.model = model
         self.lookahead = trajectory.lookahead
+        # The floor of each group, and the floor's lookahead (what the drafter writes):
+        # the arithmetic a refusal is judged by.
+        self._floors = [group.step_floor() for group in trajectory.groups]
+        self.floor_lookahead = (
+            trajectory.lookahead
+            if trajectory.floor_lookahead is None
+            else trajectory.floor_lookahead
+        )
         self.specs = group_specs(vllm, model, trajectory.num_speculative_tokens)
         self.manager = manager_for(vllm, model, self.specs, options)
         self.null_block = vllm.null_block_id(self.manager)
@@ -174,15 +193,17 @@ class LiveAllocator:
         self.vllm.release_block_copies(self.manager)
 
     def schedule(self, call: Call, encoder_len: int, where: Location) -> int:
-        """Allocate for one call; returns the tokens it did not compute (hit and external)."""
-        new_blocks, hit = self._allocate(call, encoder_len, where)
+        """Allocate for one call; returns the tokens it did not compute (hit and external).
+
+        A refusal (``allocate_slots`` returns None) is the scenario's problem when the
+        floor's own arithmetic does not fit the pool (:class:`PoolExhausted`), and vLLM's
+        when it does (:class:`StepDenied`, judged by the ``capacity`` check).
+        """
+        free = self.vllm.free_block_count(self.manager)
+        held = [len(ids) for ids in self.block_ids(call.request)]
+        new_blocks, hit, hit_blocks = self._allocate(call, encoder_len, where)
         if new_blocks is None:
-            raise PoolExhausted(
-                where,
-                f"the pool of {self.model.num_blocks} blocks has "
-                f"{self.vllm.free_block_count(self.manager)} free, too few for {call.label} of "
-                f"request {call.request!r}; raise model.num_blocks, or preempt or finish a request",
-            )
+            raise self._refusal(call, encoder_len, where, free, held, hit, hit_blocks)
         request = self._requests[call.request]
         request.num_computed_tokens = call.computed + call.scheduled
         self._loaded.discard(call.request)
@@ -200,13 +221,80 @@ class LiveAllocator:
 
         A refused call leaves the request as it was, as the scheduler leaves it.
         """
-        new_blocks, _ = self._allocate(call, encoder_len, where)
+        new_blocks, _, _ = self._allocate(call, encoder_len, where)
         return new_blocks is None
 
-    def _allocate(self, call: Call, encoder_len: int, where: Location) -> tuple[Any, int]:
-        """``allocate_slots`` for one call: its answer (``None``: refused) and the hit."""
+    def _refusal(
+        self,
+        call: Call,
+        encoder_len: int,
+        where: Location,
+        free: int,
+        held: list[int],
+        hit: int,
+        hit_blocks: Any,
+    ) -> Exception:
+        """Whose a refusal is: the floor's arithmetic for this call against the pool.
+
+        New blocks the floor needs: per group, the floor's columns after the call
+        minus the columns the request holds and the prefix hit brings, plus the hit's
+        blocks that sit in the free queue. An admission under full-sequence admission
+        needs the whole sequence's columns too. The blocks it may use: the free ones
+        minus ``reserved_blocks`` and, while another request runs, the watermark.
+        """
+        request = self._requests[call.request]
+        evictable = (
+            self.vllm.evictable_blocks(hit_blocks, self.null_block) if hit_blocks is not None else 0
+        )
+        tokens_after = (call.computed, call.scheduled, self.floor_lookahead)
+        full = call.first_chunk and self._full_sequence_must_fit(call)
+        need = full_need = evictable
+        for group, floor, have in zip(self.model.groups, self._floors, held, strict=True):
+            hit_columns = hit // group.block_size
+            columns = floor(*tokens_after, encoder_len)
+            need += max(0, columns - max(have, hit_columns))
+            if full:
+                whole = min(request.num_tokens, self.model.max_model_len)
+                full_need += max(0, floor(0, whole, 0, encoder_len) - max(have, hit_columns))
+        running = bool(self._running_names - {call.request})
+        watermark = self.vllm.watermark_blocks(self.manager) if call.first_chunk and running else 0
+        available = free - call.options.reserved_blocks - watermark
+        kept = (
+            f" ({free} free"
+            + (f", {call.options.reserved_blocks} reserved" if call.options.reserved_blocks else "")
+            + (f", {watermark} kept by the watermark" if watermark else "")
+            + ")"
+        )
+        if need > available or (full and full_need > available):
+            what = (
+                f"{full_need} blocks for the whole sequence of {request.num_tokens} tokens "
+                "(full-sequence admission, scheduler_reserve_full_isl)"
+                if full and full_need > available
+                else f"{need} new blocks"
+            )
+            return PoolExhausted(
+                where,
+                f"by the floor's own arithmetic {call.label} of request {call.request!r} needs "
+                f"{what}, but the pool of {self.model.num_blocks} blocks has {available} to "
+                f"give{kept}; raise model.num_blocks, preempt or finish a request, or mark the "
+                "call refused",
+            )
+        return StepDenied(
+            call,
+            "allocate_slots",
+            need,
+            available,
+            free,
+            f"{available} of {self.model.num_blocks} blocks to give{kept}"
+            + (f"; the whole sequence needs {full_need}" if full else ""),
+        )
+
+    def _allocate(self, call: Call, encoder_len: int, where: Location) -> tuple[Any, int, Any]:
+        """``allocate_slots`` for one call: its answer (``None``: refused), the hit and
+        the hit's blocks."""
         request = self._requests[call.request]
         hit = 0
+        blocks = None
         running = bool(self._running_names - {call.request})
         if call.request in self._loaded:
             # The first chunk after an asynchronous load: the scheduler admits the
@@ -280,7 +368,7 @@ class LiveAllocator:
                 )
             finally:
                 request.num_in_flight_tokens = 0
-        return new_blocks, hit
+        return new_blocks, hit, blocks
 
     def complete(self, call: Call) -> None:
         """What ``update_from_output`` does after the step: rollback and sample.

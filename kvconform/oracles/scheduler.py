@@ -48,6 +48,7 @@ from typing import Any, NamedTuple
 
 from kvconform.errors import NotOffered, PoolExhausted, ScenarioError, VllmUnavailable
 from kvconform.model.acceptance import AcceptanceStream
+from kvconform.model.floors import StepFloor
 from kvconform.model.methods import method_for
 from kvconform.model.scenario import Scenario
 from kvconform.model.tiny_model import SCHEDULER_TARGET
@@ -166,6 +167,17 @@ class StepRecord(NamedTuple):
     free_blocks: int
 
 
+class StallRecord(NamedTuple):
+    """The scheduler scheduled nothing while a waiting request fits the pool by the floor."""
+
+    step: int  # the schedule() call it stopped scheduling at
+    request: str
+    floor_need: int
+    available: int
+    free: int
+    detail: str
+
+
 class FreeRecord(NamedTuple):
     """The scheduler released a request's blocks (``KVCacheManager.free``)."""
 
@@ -194,6 +206,9 @@ class SchedulerRun:
     finished: set[str] = field(default_factory=set)
     final_free_blocks: int | None = None
     max_num_scheduled_tokens: int | None = None
+    # Where the scheduler stopped serving a request the pool holds (liveness); the
+    # run stops there.
+    stall: StallRecord | None = None
 
 
 # -- stepping --------------------------------------------------------------------------
@@ -201,6 +216,10 @@ class SchedulerRun:
 
 class SchedulerOracle:
     """vLLM's scheduler for one scenario, with its requests, stepped to the end."""
+
+    # The groups' floors and the floor's lookahead: set by run_scheduler.
+    floors: list[StepFloor] | None = None
+    floor_lookahead: int = 0
 
     def __init__(self, vllm: Vllm, scenario: Scenario, num_speculative_tokens: int) -> None:
         assert scenario.scheduler is not None
@@ -425,9 +444,43 @@ class SchedulerOracle:
         ]
         self.scheduler.update_draft_token_ids(self.api.draft_token_ids(req_ids, drafts))
 
-    def _stalled(self, since: int) -> PoolExhausted:
+    def _stalled(self, since: int) -> PoolExhausted | StallRecord:
+        """Whose a stall is: the scenario's when no waiting request fits the pool by the
+        floor's arithmetic, vLLM's (a :class:`StallRecord`) when one does.
+
+        The waiting request first in line needs its next chunk's floor columns (the
+        token budget's worth, or the rest of its prompt) minus what it holds, and under
+        full-sequence admission its whole sequence's, against the free blocks (minus the
+        watermark while another request runs).
+        """
         waiting = [rid for rid in self._requests if rid in self.scheduler.requests]
         model = self.scenario.model
+        free = self.vllm.free_block_count(self.manager)
+        running = {r.request_id for r in getattr(self.scheduler, "running", ())}
+        head = next((rid for rid in waiting if rid not in running), None)
+        if head is not None and self.floors is not None:
+            request = self.scheduler.requests[head]
+            computed = int(request.num_computed_tokens)
+            budget = self.limits.max_num_batched_tokens
+            left = int(request.num_tokens) - computed
+            chunk = min(left, budget) if self.limits.enable_chunked_prefill else left
+            held = [len(ids) for ids in self.manager.get_block_ids(head)]
+            need = full_need = 0
+            for floor, have in zip(self.floors, held, strict=True):
+                need += max(0, floor(computed, chunk, self.floor_lookahead, 0) - have)
+                whole = min(int(request.num_tokens), model.max_model_len)
+                full_need += max(0, floor(0, whole, 0, 0) - have)
+            full = model.scheduler_reserve_full_isl
+            watermark = self.vllm.watermark_blocks(self.manager) if running else 0
+            available = free - watermark
+            if need <= available and (not full or full_need <= available):
+                return StallRecord(
+                    since, head, max(need, full_need if full else 0), available, free,
+                    f"{available} of {model.num_blocks} blocks to give ({free} free"
+                    + (f", {watermark} kept by the watermark" if watermark else "")
+                    + f"); its next chunk of {chunk} tokens needs {need}"
+                    + (f", its whole sequence {full_need}" if full else ""),
+                )  # fmt: skip
         return PoolExhausted(
             self.scenario.where.at("model.num_blocks"),
             f"vLLM's scheduler scheduled nothing from step {since} on, with nothing in flight, "
@@ -464,7 +517,11 @@ class SchedulerOracle:
                     idle_since = self._step - 1
                 if idle_since is not None and self._step - idle_since >= _STALL_STEPS:
                     if not self._pending:
-                        raise self._stalled(idle_since)
+                        stalled = self._stalled(idle_since)
+                        if isinstance(stalled, PoolExhausted):
+                            raise stalled
+                        self.run.stall = stalled
+                        break
                     self._step = max(self._step, self._pending[0].arrival)
                 queue.appendleft((output, self._model_output(answers)))
                 if len(queue) < size and (executed or scheduler.has_requests()):
@@ -483,6 +540,18 @@ class SchedulerOracle:
         return self.run
 
 
-def run_scheduler(vllm: Vllm, scenario: Scenario, num_speculative_tokens: int) -> SchedulerRun:
-    """Build vLLM's scheduler for a ``kind: scheduler`` scenario and step it to the end."""
-    return SchedulerOracle(vllm, scenario, num_speculative_tokens).step_to_end()
+def run_scheduler(
+    vllm: Vllm,
+    scenario: Scenario,
+    num_speculative_tokens: int,
+    floors: list[StepFloor] | None = None,
+    floor_lookahead: int = 0,
+) -> SchedulerRun:
+    """Build vLLM's scheduler for a ``kind: scheduler`` scenario and step it to the end.
+
+    ``floors``: each group's floor, with ``floor_lookahead``, to tell a stall that is
+    the scenario's (its pool too small) from one that is vLLM's (:class:`StallRecord`).
+    """
+    oracle = SchedulerOracle(vllm, scenario, num_speculative_tokens)
+    oracle.floors, oracle.floor_lookahead = floors, floor_lookahead
+    return oracle.step_to_end()

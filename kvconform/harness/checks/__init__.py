@@ -1,6 +1,6 @@
 """The checks: one module each, registered here in reporting order.
 
-Each module (``lookahead``, ``floor``, ``agree``, ``sanity``, ``slots``) holds a
+Each module (``lookahead``, ``floor``, ``capacity``, ``agree``, ``sanity``, ``slots``) holds a
 check's judgement and its :class:`~kvconform.model.checks.Check` record; this
 package assembles the registry :data:`CHECKS`, reads ``--checks`` values and
 judges a recorded trajectory with the selected checks. The contract they
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from kvconform.harness.checks import agree, floor, lookahead, sanity, slots
+from kvconform.harness.checks import agree, capacity, floor, lookahead, sanity, slots
 from kvconform.harness.checks.records import PARTY_NAMES
 from kvconform.model.checks import Check, CheckSkipped
 from kvconform.model.observations import Trajectory
@@ -36,7 +36,10 @@ __all__ = [
 # In reporting order: a wrong lookahead is the cause of the floor failures it brings,
 # so it is reported first.
 CHECKS: Mapping[str, Check] = MappingProxyType(
-    {module.CHECK.name: module.CHECK for module in (lookahead, floor, agree, sanity, slots)}
+    {
+        module.CHECK.name: module.CHECK
+        for module in (lookahead, floor, capacity, agree, sanity, slots)
+    }
 )
 # What a plain run checks. `slots` runs vLLM's kernel (under Triton's interpreter
 # on a machine without CUDA) and is chosen with --checks (all, or default,slots).

@@ -45,7 +45,7 @@ from collections.abc import Callable
 
 from kvconform.harness.drivers.common import attach_predictor
 from kvconform.model.floors import FloorInput
-from kvconform.model.observations import FreeEvent, Miss, Observation, Trajectory
+from kvconform.model.observations import Denial, FreeEvent, Miss, Observation, Trajectory
 from kvconform.model.scenario import Scenario
 from kvconform.oracles.resolve import new_trajectory
 from kvconform.oracles.scheduler import (
@@ -84,7 +84,14 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
     """Run a ``kind: scheduler`` scenario through vLLM's scheduler and record every step."""
     model = scenario.model
     trajectory = new_trajectory(scenario, vllm)
-    record = run_scheduler(vllm, scenario, trajectory.num_speculative_tokens)
+    contract_lookahead = trajectory.expected_lookahead if trajectory.method is not None else 0
+    record = run_scheduler(
+        vllm,
+        scenario,
+        trajectory.num_speculative_tokens,
+        [info.step_floor() for info in trajectory.groups],
+        trajectory.lookahead if contract_lookahead is None else contract_lookahead,
+    )
 
     if record.lookahead is not None:
         trajectory.lookahead = record.lookahead
@@ -107,6 +114,16 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
     predictor = attach_predictor(trajectory, vllm, model, record.null_block)
     trajectory.all_finished = len(record.finished) == len(scenario.requests)
     trajectory.final_free_blocks = record.final_free_blocks
+    if record.stall is not None:
+        stall = record.stall
+        where = scenario.requests[stall.request].where
+        trajectory.denials.append(
+            Denial(
+                stall.step, where.line if where else None, stall.request,
+                f"waiting {stall.request}", "schedule", stall.floor_need, stall.available,
+                stall.free, stall.detail,
+            )
+        )  # fmt: skip
     trajectory.encoder_lens = {name: 0 for name in scenario.requests}
 
     floor_rules = [info.floor_rule.blocks for info in trajectory.groups]

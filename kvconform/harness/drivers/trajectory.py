@@ -11,10 +11,10 @@ loop keeps the loop close to the cost of the allocator calls it makes.
 from __future__ import annotations
 
 from kvconform.errors import Location, ScenarioError
-from kvconform.harness.drivers.common import attach_predictor
+from kvconform.harness.drivers.common import attach_predictor, denial
 from kvconform.model.observations import FreeEvent, Miss, Observation, RefusedCall, Trajectory
 from kvconform.model.scenario import Action, Scenario
-from kvconform.oracles.live import LiveAllocator
+from kvconform.oracles.live import LiveAllocator, StepDenied
 from kvconform.oracles.resolve import new_trajectory
 from kvconform.oracles.vllm import Vllm
 
@@ -49,9 +49,11 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
     ]
     finish, preempt = Action.FINISH, Action.PREEMPT
     scenario_where = scenario.where  # a property that builds a Location: once, not per call
-    granted_refusal = False
+    # The allocator no longer holds what the scenario's later steps assume (it granted a
+    # call the scenario marks refused, or refused one the floor fits): stop there.
+    stopped = False
     for step in scenario.steps:
-        if granted_refusal:
+        if stopped:
             break
         index, line = step.index, step.line
         live.new_step()
@@ -70,9 +72,7 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
                     RefusedCall(index, line, name, call.label, not refused, free_before)
                 )
                 if not refused:
-                    # The allocator now holds what the scenario's later steps do not
-                    # assume: nothing after this call means anything.
-                    granted_refusal = True
+                    stopped = True
                     break
                 continue
             if action is finish or action is preempt:
@@ -102,6 +102,10 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
             try:
                 # A prefix-cache hit is computed, not written: the slots party skips it.
                 cached = live.schedule(call, enc if call.first_chunk else 0, scenario_where)
+            except StepDenied as denied:
+                trajectory.denials.append(denial(denied, index, line))
+                stopped = True
+                break
             except ScenarioError as exc:  # a pool too small, a chunk with nothing to compute
                 where = Location(scenario.file, line, f"steps[{index}].{name}")
                 raise type(exc)(where, exc.message) from None

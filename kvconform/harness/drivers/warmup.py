@@ -23,10 +23,10 @@ release without a predictor, of warmup with live), and allocator sanity.
 from __future__ import annotations
 
 from kvconform.errors import Location
-from kvconform.harness.drivers.common import attach_predictor
+from kvconform.harness.drivers.common import attach_predictor, denial
 from kvconform.model.observations import FreeEvent, Observation, Trajectory
 from kvconform.model.scenario import Scenario, WarmupSpec
-from kvconform.oracles.live import LiveAllocator
+from kvconform.oracles.live import LiveAllocator, StepDenied
 from kvconform.oracles.resolve import new_trajectory
 from kvconform.oracles.vllm import Vllm
 from kvconform.oracles.warmup import record_warmup, scenario_settings
@@ -69,6 +69,8 @@ def drive_warmup(scenario: Scenario, vllm: Vllm) -> Trajectory:
     predicted_max: dict[str, list[int]] = {}
     observations = trajectory.observations
     for step in recording.steps:
+        if trajectory.denials:
+            break  # the live replay no longer holds what the recorded warmup held
         for name in step.finished:
             if name not in held_by_live:
                 continue
@@ -98,7 +100,13 @@ def drive_warmup(scenario: Scenario, vllm: Vllm) -> Trajectory:
             if call.new:
                 encoder_lens[name] = call.encoder_len
             enc = encoder_lens.get(name, 0)
-            live.replay(name, call.computed, call.scheduled, call.prompt_len, enc, where, label)
+            try:
+                live.replay(
+                    name, call.computed, call.scheduled, call.prompt_len, enc, where, label
+                )
+            except StepDenied as denied:
+                trajectory.denials.append(denial(denied, step.index, None))
+                break
             held_by_live.add(name)
             live_held = live.block_ids(name)
             num_tokens = call.computed + call.scheduled

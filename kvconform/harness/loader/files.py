@@ -81,9 +81,18 @@ def load_paths(paths: Sequence[str | Path]) -> LoadResult:
 def load_file(path: str | Path) -> list[Scenario]:
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as exc:
         raise ScenarioError(Location(str(path)), f"cannot read: {exc.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ScenarioError(
+            Location(str(path), line),
+            f"is not UTF-8: byte 0x{data[exc.start]:02x} at offset {exc.start} cannot be "
+            "decoded (save the file as UTF-8)",
+        ) from None
     return load_text(text, str(path), default_name=path.stem)
 
 

@@ -50,7 +50,9 @@ def parse_model(raw: Any, where: Location) -> ModelSpec:
     )
     # vLLM's settings: read when stated; the placeholders are resolved before a run.
     stated = frozenset(
-        s.name for s in SETTINGS.values() if s.field.startswith("model.") and s.name in fields.mapping
+        s.name
+        for s in SETTINGS.values()
+        if s.field.startswith("model.") and s.name in fields.mapping
     )
     enable_caching = fields.flag("enable_caching", False)
     reserve_full_isl = fields.flag("scheduler_reserve_full_isl", True)

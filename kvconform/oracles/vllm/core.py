@@ -57,6 +57,7 @@ def _environment(name: str, value: Any) -> Iterator[None]:
         else:
             os.environ[name] = before
 
+
 _Part = TypeVar("_Part")
 
 # Every spec class a scenario group is built from gets these attributes where
@@ -212,9 +213,7 @@ class Vllm:
             cls = getattr(module, class_name, None) if module is not None else None
             fields = getattr(cls, "__pydantic_fields__", {}) if cls is not None else {}
             if field_name in fields:
-                defaults[setting.name] = fields[field_name].get_default(
-                    call_default_factory=True
-                )
+                defaults[setting.name] = fields[field_name].get_default(call_default_factory=True)
             elif setting.name == "prefix_cache_retention_interval":
                 defaults[setting.name] = self._retention_from_environment()
         if defaults.get("async_scheduling", True) is None:
@@ -389,6 +388,22 @@ class Vllm:
 
     def free_block_count(self, manager: Any) -> int:
         return int(manager.block_pool.get_num_free_blocks())
+
+    def watermark_blocks(self, manager: Any) -> int:
+        """Blocks an admission must leave free while another request runs (0 before the
+        manager had a watermark)."""
+        return int(getattr(manager, "watermark_blocks", 0) or 0)
+
+    def evictable_blocks(self, blocks: Any, null_block: int) -> int:
+        """How many of a prefix hit's blocks sit in the free queue (no request holds them):
+        taking them uses free blocks as a new allocation does."""
+        groups = getattr(blocks, "blocks", None) or ()
+        return sum(
+            1
+            for group in groups
+            for block in group
+            if block.block_id != null_block and getattr(block, "ref_cnt", 1) == 0
+        )
 
     # -- the warmup predictor ---------------------------------------------------------
 
