@@ -1,0 +1,198 @@
+"""What a scenario says is what runs, and a verdict blames whoever decided.
+
+* A setting the scenario leaves out takes vLLM's own default for the release
+  (prefix caching, the retention interval, full-sequence admission), and
+  report.json says so per scenario (``settings``, ``non_default``).
+* Exit 2 is for a problem in the file: it does not parse, is not UTF-8, or a step
+  is impossible by the floor's own arithmetic. A refusal where the floor fits the
+  pool is vLLM's: a ``capacity`` failure, exit 1 (shown on vLLM's own allocator
+  with an over-allocating bug injected).
+* The exit precedence table of docs/cli.md.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from vllm_copy import run_kvconform, tree_with_replacement
+
+from kvconform.errors import ExitStatus, ScenarioError
+from kvconform.fronts.cli import main
+from kvconform.harness.loader import load_paths
+from kvconform.harness.runner import exit_status, run_scenario
+from kvconform.model.results import ErrorKind, ScenarioResult, Verdict
+
+EXACT_POOL = """
+name: circular-exact
+model:
+  block_size: 16
+  max_model_len: 256
+  num_blocks: 5
+  groups: [full_attention, circular_buffer]
+requests: {a: {prompt_len: 16}, b: {prompt_len: 16}}
+steps:
+  - {a: {prefill: 16}}
+  - {b: {prefill: 16}}
+  - {a: finish, b: finish}
+"""
+
+
+def test_left_out_settings_take_vllms_defaults_and_the_report_says_so(
+    vllm, write_scenario, tmp_path
+):
+    write_scenario(
+        "model: {groups: [full_attention]}\nrequests: {a: {prompt_len: 20}}\n"
+        "steps: [{a: {prefill: 20}}, {a: finish}]\n",
+        "plain.yaml",
+    )
+    write_scenario(
+        "model: {enable_caching: false, groups: [full_attention]}\n"
+        "requests: {a: {prompt_len: 20}}\nsteps: [{a: {prefill: 20}}, {a: finish}]\n",
+        "uncached.yaml",
+    )
+    out = tmp_path / "report"
+    assert main(["run", str(tmp_path), "--report-dir", str(out), "--progress", "off"]) == 0
+    report = {s["id"]: s for s in json.loads((out / "report.json").read_text())["scenarios"]}
+    defaults = vllm.default_settings()
+    plain, uncached = report["plain"], report["uncached"]
+    # A decoder-only model: vLLM serves it with prefix caching on.
+    assert plain["settings"]["enable_caching"] == {
+        "value": True,
+        "vllm_default": True,
+        "source": "vLLM default",
+    }
+    assert plain["settings"]["prefix_cache_retention_interval"]["value"] == defaults[
+        "prefix_cache_retention_interval"
+    ]
+    assert plain["non_default"] == []
+    assert uncached["settings"]["enable_caching"]["source"] == "scenario"
+    assert uncached["non_default"] == ["enable_caching"]
+
+
+def test_vllms_defaults_follow_the_model_as_vllm_derives_them(vllm, scenario_from):
+    from kvconform.oracles.resolve import resolve_settings
+
+    # Encoder-decoder models: vLLM turns prefix caching off by default.
+    cross = scenario_from(
+        "model: {max_encoder_len: 32, groups: [full_attention, cross_attention]}\n"
+        "requests: {a: {prompt_len: 20}}\nsteps: [{a: {prefill: 20}}]\n"
+    )
+    resolved, record = resolve_settings(cross, vllm)
+    assert resolved.model.enable_caching is False and record.values["enable_caching"] is False
+    # Mamba's cache mode follows prefix caching (align when on), unless stated.
+    hybrid = scenario_from(
+        "model: {block_size: 16, groups: [full_attention, {type: mamba}]}\n"
+        "requests: {a: {prompt_len: 20}}\nsteps: [{a: {prefill: 20}}]\n"
+    )
+    resolved, _ = resolve_settings(hybrid, vllm)
+    assert resolved.model.enable_caching is True
+    assert resolved.model.groups[1].options["mamba_cache_mode"] == "align"
+    # A stated "none" is vLLM's configuration with prefix caching off.
+    none = scenario_from(
+        "model: {block_size: 16, groups: [full_attention, {type: mamba, mamba_cache_mode: none}]}\n"
+        "requests: {a: {prompt_len: 20}}\nsteps: [{a: {prefill: 20}}]\n"
+    )
+    resolved, record = resolve_settings(none, vllm)
+    assert resolved.model.enable_caching is False and "enable_caching" in record.stated
+
+
+def test_a_stated_mode_that_contradicts_stated_caching_is_refused_at_load(scenario_from):
+    with pytest.raises(ScenarioError, match="derives it from prefix caching") as info:
+        scenario_from(
+            "model:\n  enable_caching: false\n"
+            "  groups: [{type: mamba, mamba_cache_mode: align}]\n"
+            "requests: {a: {prompt_len: 20}}\nsteps: [{a: {prefill: 20}}]\n"
+        )
+    assert info.value.where.field == "model.groups[0].mamba_cache_mode"
+
+
+def test_a_step_the_floor_cannot_fit_is_the_scenarios_error(vllm, scenario_from):
+    # 3 usable blocks; a and b need 2 each: b is impossible by the floor's arithmetic.
+    scenario = scenario_from(EXACT_POOL.replace("num_blocks: 5", "num_blocks: 4"))
+    result = run_scenario(scenario, vllm)
+    assert result.verdict is Verdict.ERROR and result.error_kind is ErrorKind.INPUT
+    assert "by the floor's own arithmetic prefill 16 of request 'b' needs" in (result.error or "")
+    assert exit_status([result]) == ExitStatus.BAD_INPUT
+
+
+@pytest.mark.slow
+def test_an_allocator_that_asks_more_than_the_floor_is_a_failure_not_bad_input(
+    pristine_tree, tmp_path
+):
+    # vLLM's CircularBufferManager made to ask two ring blocks for a new request: the
+    # exact pool (4 usable: 2 for a, 2 for b) refuses b, although the floor fits it.
+    tree = tree_with_replacement(
+        pristine_tree,
+        tmp_path / "vllm-tree",
+        "v1/core/single_type_kv_cache_manager.py",
+        "return 0 if self.req_to_blocks.get(request_id) else 1",
+        "return 0 if self.req_to_blocks.get(request_id) else 2",
+    )
+    scenario = tmp_path / "scenarios" / "circular-exact.yaml"
+    scenario.parent.mkdir()
+    scenario.write_text(EXACT_POOL.lstrip(), encoding="utf-8")
+    out = tmp_path / "report"
+    done = run_kvconform(
+        "run", scenario.parent, "--vllm-src", tree, "--report-dir", out, "--progress", "off",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == ExitStatus.NONCONFORMANCE, done.stdout + done.stderr
+    (entry,) = json.loads((out / "report.json").read_text())["scenarios"]
+    assert entry["verdict"] == "failed"
+    (failure,) = entry["failures"]
+    assert failure["check"] == "capacity" and failure["request"] == "b"
+    assert "KVCacheManager.allocate_slots refuses it" in failure["message"]
+    assert "needs 2 blocks" in failure["message"], failure["message"]
+
+
+def test_a_file_that_is_not_utf8_is_one_input_error_and_the_rest_runs(tmp_path, capsys):
+    (tmp_path / "good.yaml").write_text(
+        "model: {groups: [full_attention]}\nrequests: {a: {prompt_len: 20}}\n"
+        "steps: [{a: {prefill: 20}}, {a: finish}]\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "latin1.yaml").write_bytes(b"name: caf\xe9\nmodel: {groups: [full_attention]}\n")
+    loaded = load_paths([tmp_path])
+    assert [s.id for s in loaded.scenarios] == ["good"]
+    (error,) = loaded.errors
+    assert error.where.file.endswith("latin1.yaml") and error.where.line == 1
+    assert "not UTF-8: byte 0xe9 at offset 9" in error.message
+    out = tmp_path / "report"
+    status = main(["run", str(tmp_path), "--report-dir", str(out), "--progress", "off"])
+    assert status == ExitStatus.BAD_INPUT
+    report = json.loads((out / "report.json").read_text())
+    assert [s["verdict"] for s in report["scenarios"]] == ["passed"]
+    assert "latin1.yaml" in capsys.readouterr().out
+
+
+def _result(verdict: Verdict, kind: ErrorKind | None = None) -> ScenarioResult:
+    return ScenarioResult("x", "x.yaml", verdict, error_kind=kind)
+
+
+@pytest.mark.parametrize(
+    ("verdicts", "input_errors", "expected"),
+    [
+        # docs/cli.md, "Exit status": the first row that applies wins.
+        ([Verdict.FAILED, (Verdict.ERROR, ErrorKind.UNSUPPORTED)], 1, ExitStatus.BAD_INPUT),
+        ([(Verdict.ERROR, ErrorKind.INPUT), Verdict.FAILED], 0, ExitStatus.BAD_INPUT),
+        ([Verdict.FAILED, (Verdict.ERROR, ErrorKind.UNSUPPORTED)], 0, ExitStatus.NONCONFORMANCE),
+        ([(Verdict.ERROR, ErrorKind.CRASH), Verdict.PASSED], 0, ExitStatus.NONCONFORMANCE),
+        ([(Verdict.ERROR, ErrorKind.UNSUPPORTED), Verdict.PASSED], 0, ExitStatus.NOT_EXERCISED),
+        ([Verdict.UNSUPPORTED, Verdict.UNSUPPORTED], 0, ExitStatus.NOT_EXERCISED),
+        ([Verdict.UNSUPPORTED, Verdict.PASSED, Verdict.SKIPPED], 0, ExitStatus.CONFORM),
+        ([Verdict.XFAILED, Verdict.XPASSED], 0, ExitStatus.CONFORM),
+    ],
+)
+def test_exit_precedence(verdicts, input_errors, expected):
+    results = [_result(*v) if isinstance(v, tuple) else _result(v) for v in verdicts]
+    assert exit_status(results, input_errors) == expected
+
+
+def test_exit_precedence_is_documented():
+    text = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text(encoding="utf-8")
+    section = text[text.index("### Precedence") :]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    statuses = [int(row.rstrip(" |").rsplit("|", 1)[1]) for row in rows]
+    assert statuses == [2, 1, 3, 0], "docs/cli.md's precedence table is out of order"
