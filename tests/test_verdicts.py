@@ -196,3 +196,19 @@ def test_exit_precedence_is_documented():
     rows = [line for line in section.splitlines() if line.startswith("| ") and line[2].isdigit()]
     statuses = [int(row.rstrip(" |").rsplit("|", 1)[1]) for row in rows]
     assert statuses == [2, 1, 3, 0], "docs/cli.md's precedence table is out of order"
+
+
+def test_coverage_counts_scenarios_per_setting_and_marks_non_defaults():
+    from kvconform.harness.coverage import count_settings, render_text
+    from kvconform.model.coverage import Coverage
+    from kvconform.model.settings import SettingsRecord
+
+    coverage = Coverage()
+    defaults = {"enable_caching": True, "prefix_cache_retention_interval": 0}
+    for caching in (True, True, False):
+        values = {"enable_caching": caching, "prefix_cache_retention_interval": 0}
+        count_settings(coverage, SettingsRecord(values, defaults))
+    assert dict(coverage.settings["enable_caching"]) == {"true": 2, "false (vLLM: true)": 1}
+    assert dict(coverage.settings["prefix_cache_retention_interval"]) == {"0": 3}
+    assert "false (vLLM: true): 1" in render_text(coverage)
+    assert coverage.to_json()["settings"]["enable_caching"]["true"] == 2

@@ -26,6 +26,7 @@ finish) plus situations derived from the recorded trajectory:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 
 from kvconform.model.coverage import (
@@ -43,6 +44,7 @@ from kvconform.model.coverage import (
 from kvconform.model.observations import Trajectory
 from kvconform.model.results import ErrorKind, ScenarioResult, Verdict
 from kvconform.model.scenario import Action, Scenario
+from kvconform.model.settings import SettingsRecord
 from kvconform.oracles.vllm import Vllm
 
 
@@ -110,6 +112,8 @@ def compute_coverage(
         if result.error_kind is ErrorKind.INPUT:
             continue
         coverage.scenarios += 1
+        if result.settings is not None:
+            count_settings(coverage, result.settings)
         trajectory = result.trajectory
         if trajectory is not None and trajectory.method is not None:
             method = trajectory.method
@@ -128,6 +132,17 @@ def compute_coverage(
             for group_type in types:
                 coverage.cells[(group_type, method, kind)].add(scenario.id)
     return coverage
+
+
+def count_settings(coverage: Coverage, record: SettingsRecord) -> None:
+    """Count one scenario under each setting's value; a value other than vLLM's
+    default is shown with the default beside it."""
+    for name, value in record.values.items():
+        shown = json.dumps(value)
+        if name in record.non_default:
+            shown += f" (vLLM: {json.dumps(record.defaults.get(name))})"
+        counts = coverage.settings[name]
+        counts[shown] = counts.get(shown, 0) + 1
 
 
 def pair_results(
@@ -183,6 +198,11 @@ def render_text(coverage: Coverage) -> str:
             if more:
                 note += f"  (+{len(more)} variants vLLM runs as {item.name}: {', '.join(more)})"
             out.append(f"  {item.status.upper():10} method {item.name}{note}")
+    if coverage.settings:
+        out.append("\nsettings (scenarios per value; vLLM's default where a scenario states another)")
+        for name, values in sorted(coverage.settings.items()):
+            shown = ", ".join(f"{value}: {count}" for value, count in sorted(values.items()))
+            out.append(f"  {name:32} {shown}")
     gaps = coverage.gaps()
     out.append(f"\n{len(gaps)} gaps" + (":" if gaps else ""))
     out += [f"  - {gap}" for gap in gaps]

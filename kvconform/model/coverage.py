@@ -75,6 +75,9 @@ class Coverage:
     scenarios: int = 0
     exercised: int = 0
     offered: Offered | None = None
+    # setting -> its value as shown (non-default values marked) -> scenarios that ran
+    # with it (kvconform.model.settings)
+    settings: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(dict))
 
     # -- views ------------------------------------------------------------------------
 
@@ -215,6 +218,7 @@ class Coverage:
                 for t in self.group_types()
                 if t in self.exercised_types()
             },
+            "settings": {name: dict(values) for name, values in self.settings.items()},
             "attempted": [
                 {"group_type": t, "method": m, "scenarios": sorted(ids)}
                 for (t, m), ids in sorted(self.attempted.items())
