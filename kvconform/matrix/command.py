@@ -12,6 +12,8 @@ from packaging.version import InvalidVersion, Version
 
 from kvconform.bisect import release_index
 from kvconform.errors import ExitStatus, UsageError
+from kvconform.harness.loader import discover
+from kvconform.matrix.lock import write_lock
 from kvconform.matrix.runner import ReleaseRun, run_release
 from kvconform.matrix.table import Matrix, render_console, write_matrix
 from kvconform.oracles.vllm import MINIMUM_SUPPORTED
@@ -35,6 +37,13 @@ def add_matrix_options(parser: argparse.ArgumentParser) -> None:
         help="the checks every release runs (default: all, as the nightly runs them)",
     )
     parser.add_argument("--report-dir", default=DEFAULT_REPORT_DIR, metavar="DIR")
+    parser.add_argument(
+        "--lock",
+        metavar="FILE",
+        help="after a run in which every supported release exits 0, write the release lock "
+        "(the releases, a hash of each scenario file) to FILE: make test then runs only "
+        "the scenarios changed since against each release",
+    )
     parser.add_argument(
         "--jobs",
         type=int,
@@ -121,4 +130,15 @@ def matrix(args: argparse.Namespace, say: Say) -> ExitStatus:
     written = write_matrix(table, directory)
     status = table.exit_status()
     say(f"matrix: exit {int(status)}; " + ", ".join(str(p) for p in written))
+    if args.lock:
+        supported = [row for row in rows if row.supported]
+        if status is ExitStatus.CONFORM and supported and not args.expression:
+            write_lock(
+                Path(args.lock),
+                [row.release for row in supported],
+                discover(args.paths or ["scenarios"]),
+            )
+            say(f"release lock: {args.lock} ({', '.join(r.release for r in supported)})")
+        else:
+            say(f"release lock: {args.lock} left as it was (the matrix is not green)")
     return status
