@@ -1,14 +1,15 @@
 """The docs match the tree: what they name exists, and they cite nothing outside it.
 
 The documents are README.md, scenarios/README.md and docs/**/*.md. The *code* of a
-document is its fenced blocks, its inline code spans (`...`, which may wrap a line) and
-its link targets ([text](target)). The rules, one test each:
+document is its fenced and indented blocks, its inline code spans (`...`, which may wrap
+a line) and its link targets ([text](target)). The rules, one test each:
 
 (a) **Paths.** A word of code (split at blanks, quotes, brackets, commas, ``=``) is a
     repository path when it starts with a top-level folder of the repository
     (``TOP_FOLDERS``) or is a top-level file (``TOP_FILES``). It must exist; a glob
     (``scenarios/warmup/*.yaml``) must match at least one file; ``FILE::ID`` and
-    ``FILE:LINE`` are checked as FILE; ``REV:path`` (git's notation: the file at commit
+    ``FILE:LINE`` are checked as FILE, and the ID of ``FILE::ID`` must be a scenario id of
+    that scenario file or a test of that test module; ``REV:path`` (git's notation: the file at commit
     REV, for what a document says the tree was) must exist at REV where the history is at
     hand. Not checked: words with a placeholder (``<...>``,
     ``{...}``, ``...``, ``$VAR``); build outputs and caches (``build/``, ``.gpu/``,
@@ -74,6 +75,8 @@ def documents() -> list[Path]:
 # -- reading a document's code ------------------------------------------------------------
 
 _FENCE = re.compile(r"^ {0,3}(```|~~~)[^\n]*\n(.*?)^ {0,3}\1[ \t]*$", re.M | re.S)
+# An indented code block: lines indented by four spaces or a tab, after a blank line.
+_INDENTED = re.compile(r"(?:\A|\n)[ \t]*\n((?:(?: {4,}|\t)[^\n]*(?:\n|\Z))+)")
 # An inline code span: backticks, then text without a blank line, then as many backticks.
 _SPAN = re.compile(r"(`+)((?:(?!\n\s*\n).)+?)\1", re.S)
 _LINK = re.compile(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
@@ -83,6 +86,8 @@ def code_of(text: str) -> tuple[list[str], list[str]]:
     """(code pieces, link targets) of a Markdown text."""
     pieces = [m.group(2) for m in _FENCE.finditer(text)]
     prose = _FENCE.sub("", text)
+    pieces += [m.group(1) for m in _INDENTED.finditer(prose)]
+    prose = _INDENTED.sub("\n", prose)
     pieces += [m.group(2) for m in _SPAN.finditer(prose)]
     links = [m.group(1) for m in _LINK.finditer(_SPAN.sub("", prose))]
     return pieces, links
@@ -128,6 +133,31 @@ def missing_paths(text: str, document: Path, root: Path = REPO) -> list[str]:
         if not _exists(root, relative):
             missing.append(target)
     return missing
+
+
+_NODE = re.compile(r"(?<![\w./-])((?:scenarios|tests)/[\w./-]+\.(?:ya?ml|py))::([^\s`'\"),;]+)")
+
+
+def missing_node_ids(text: str, root: Path = REPO) -> list[str]:
+    """``FILE::ID`` words in code whose ID the file does not define (rule a): a scenario id
+    of a scenario file (loaded by kvconform's loader, which needs no vLLM), or a test
+    function or class of a Python file."""
+    from kvconform.harness.loader import load_file
+
+    bad = []
+    for piece in code_of(text)[0]:
+        for file, node in _NODE.findall(piece):
+            path = root / file
+            if not path.is_file():
+                continue  # missing_paths reports it
+            if path.suffix == ".py":
+                ids = set(_bound_names(path))
+                node = re.split(r"::|\[", node)[0]
+            else:
+                ids = {scenario.id for scenario in load_file(path)}
+            if node not in ids:
+                bad.append(f"{file}::{node}")
+    return bad
 
 
 def _exists(root: Path, word: str) -> bool:
@@ -417,7 +447,8 @@ def _text(path: Path) -> str:
 
 @pytest.mark.parametrize("document", documents(), ids=lambda p: p.relative_to(REPO).as_posix())
 def test_every_path_a_document_names_exists(document: Path) -> None:
-    assert missing_paths(_text(document), document) == []
+    text = _text(document)
+    assert missing_paths(text, document) == [] and missing_node_ids(text) == []
 
 
 @pytest.mark.parametrize("document", documents(), ids=lambda p: p.relative_to(REPO).as_posix())
@@ -473,6 +504,27 @@ def test_a_missing_path_is_reported(tmp_path: Path) -> None:
         "docs/gone.md",
         "scenarios/spec/*.yaml",
         "gone.md",
+    ]
+
+
+def test_an_unknown_scenario_or_test_id_is_reported(tmp_path: Path) -> None:
+    (tmp_path / "scenarios").mkdir()
+    (tmp_path / "scenarios" / "a.yaml").write_text(
+        "name: a\nmatrix: {num_speculative_tokens: [1, 3]}\n"
+        "speculative: {method: eagle, num_speculative_tokens: 1}\n"
+        "requests: {r: {prompt_len: 4}}\nsteps: [{r: {prefill: 4}}]\n"
+    )
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_x.py").write_text("def test_one():\n    pass\n")
+    text = (
+        "```\nkvconform run scenarios/a.yaml::a[k3] scenarios/a.yaml::a[k2]\n"
+        "pytest tests/test_x.py::test_one tests/test_x.py::test_two[p]\n```\n"
+        "and, indented after a blank line:\n\n    kvconform run scenarios/a.yaml::b\n"
+    )
+    assert missing_node_ids(text, tmp_path) == [
+        "scenarios/a.yaml::a[k2]",
+        "tests/test_x.py::test_two",
+        "scenarios/a.yaml::b",
     ]
 
 
