@@ -1,7 +1,7 @@
 """The checks on recorded trajectories: each one fires on the violation it names, and only then.
 
 These tests build trajectories by hand (no vLLM), so each assertion is about the
-check's logic alone; tests/test_engine.py drives the real KVCacheManager.
+check's logic alone; tests/test_runner.py drives the real KVCacheManager.
 """
 
 from __future__ import annotations

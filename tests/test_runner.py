@@ -10,7 +10,7 @@ from kvconform.model.results import ErrorKind, ScenarioResult, Verdict
 
 
 def test_live_holdings_follow_the_allocator_contract(vllm, scenario_from):
-    # GPU.md measured 7, 7, 7, 8, 8, 8, 8 blocks at 100..124 tokens with lookahead 4;
+    # docs/gpu.md: the H200 run measured 7, 7, 7, 8, 8, 8, 8 blocks at 100..124 tokens with lookahead 4;
     # the same trajectory through kvconform must record exactly that.
     scenario = scenario_from(
         """

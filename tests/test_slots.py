@@ -55,7 +55,7 @@ def _short_of_the_lookahead(obs: Observation) -> Observation:
 
 
 def test_the_kernel_reads_past_the_held_columns_unbounded(vllm):
-    # SLOT_ORACLE.md's measurement, through kvconform's compatibility layer: the
+    # docs/slots.md's measurement, through kvconform's compatibility layer: the
     # request owns blocks 100 and 101; positions 28..35 cross into column 2.
     kernel = slot_kernel_of(vllm)
     tables = kernel.tables([16], 2, 16, [4])

@@ -82,7 +82,7 @@ def test_speculation_adds_vllm_033s_greedy_pass(vllm):
     with_spec = record_warmup(vllm, _settings(vllm), ["warmup_kernels"], 64)
     without = record_warmup(vllm, _settings(vllm, speculative=False), ["warmup_kernels"], 64)
     # Without speculation: prefill, 3 decode steps, cleanup. With it: prefill, 5
-    # decode steps (spec and non-spec batch shapes), cleanup, twice (GPU.md saw 14
+    # decode steps (spec and non-spec batch shapes), cleanup, twice (docs/gpu.md: 14
     # on the H200 too).
     assert len(without.steps) == 5
     assert len(with_spec.steps) == 14

@@ -44,7 +44,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_IMAGE = REPO / "tools" / "gpu-image.txt"
-# The machine's Python and platforms (/work/.library/device README): cp312, manylinux x86_64.
+# The machine's Python and platforms (docs/gpu.md): cp312, manylinux x86_64.
 DEVICE_PYTHON = "3.12"
 DEVICE_MARKERS = {
     "python_version": DEVICE_PYTHON,

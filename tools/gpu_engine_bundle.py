@@ -3,7 +3,7 @@
 Engine mode (docs/engine-mode.md) runs ``vllm.LLM`` itself, so the machine needs vLLM's
 compiled build, not the ``.py`` tree ``make gpu-bundle`` carries. The lent H200 has
 torch 2.11.0 and no network; vLLM's compiled extensions are built against one torch, and
-0.25.0-0.26.0 are the releases that pin 2.11.0 (shared/engine/README.md). This script
+0.25.0-0.26.0 are the releases that pin 2.11.0 (docs/engine-mode.md). This script
 builds, for one such release, what travels (``.gpu-engine/VERSION/``, git-ignored):
 
 * ``vllm-tree.tar.gz``: the release's wheel, unpacked and trimmed of what the H200 run
@@ -63,7 +63,7 @@ from gpu_bundle import (  # noqa: E402 - the same machine, the same tags
 )
 
 PART_LIMIT_MB = 59
-# Paths in the wheel the H200 run never loads (shared/engine/README.md, measured).
+# Paths in the wheel the H200 run never loads (measured there; docs/engine-mode.md).
 TRIMMED = (
     "vllm/third_party/deep_gemm/",
     "vllm/third_party/fmha_sm100/",

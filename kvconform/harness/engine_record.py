@@ -8,7 +8,7 @@ with the engine's own (computed, scheduled) counts. A GPU finding becomes a CPU
 scenario anyone can rerun, against any vLLM.
 
 How a recorded row becomes an action (the trajectory format's token arithmetic,
-``kvconform/harness/trajectory.py``):
+``kvconform/model/tokens.py``):
 
 * computed below the prompt: ``{prefill: scheduled}``;
 * drafts scheduled: ``{spec: drafts, accepted: A}``, where A is the next record's

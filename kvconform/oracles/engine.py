@@ -4,7 +4,8 @@ Every other party drives vLLM's parts from the harness. This one runs
 ``vllm.LLM`` itself -- the real ``EngineCore`` and its ``Scheduler``, the V2 GPU
 model runner with its persistent block tables, its real ``warmup_kernels`` at
 start-up and the real drafter -- with a tiny model kvconform writes itself
-(:func:`write_model`: a ``transformers`` config, dummy weights, no tokenizer),
+(:func:`~kvconform.oracles.tiny_models.model_folder`: a ``transformers`` config, dummy
+weights, no tokenizer),
 and records through hooks installed for the run and removed after it
 (:class:`EngineHooks`):
 

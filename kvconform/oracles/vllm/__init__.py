@@ -23,7 +23,7 @@ Split by consumer, one job a module:
 * :mod:`.calls` -- calling by signature.
 
 How releases differ (measured on the PyPI wheels 0.25.0 - 0.33.0; see
-``shared/VLLM_NOTES.md``) is handled here in four ways, in this order of
+``docs/releases.md``) is handled here in four ways, in this order of
 preference:
 
 1. *By signature*: keyword arguments a release does not accept are dropped

@@ -6,7 +6,7 @@ compiled kernel. Without one it is the same kernel under Triton's interpreter, w
 has to be chosen before vLLM decorates its kernels, i.e. before vLLM is imported;
 hence :func:`prepare_slot_kernel`, which :func:`~kvconform.oracles.vllm.loading.load`
 calls first and the pytest plugin before any test module imports vLLM. Measured
-recipe: ``shared/SLOT_ORACLE.md``.
+recipe: ``docs/slots.md``.
 
 It runs whichever checks are selected because it also decides what vLLM believes about
 Triton: ``vllm.triton_utils`` sets ``HAS_TRITON`` from the active Triton drivers, which a
