@@ -39,8 +39,7 @@ def test_only_the_registries_spell_group_type_and_method_names() -> None:
     spelled = {
         str(path.relative_to(ROOT)): found
         for path in sorted((ROOT / "kvconform").rglob("*.py"))
-        if str(path.relative_to(ROOT)) not in REGISTRIES
-        and (found := _spelled_names(path, names))
+        if str(path.relative_to(ROOT)) not in REGISTRIES and (found := _spelled_names(path, names))
     }
     assert spelled == {}, (
         "these modules name group types or methods; read the registry instead "

@@ -8,6 +8,7 @@ Python tree and runs the command line on it in a subprocess.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -237,7 +238,8 @@ def test_a_party_that_raises_is_a_crash_that_keeps_the_other_checks_verdicts(
         return real_judge(run, checks)
 
     real_judge = runner.judge
-    monkeypatch.setitem(runner.PARTIES_FOR_CHECKS, "slots", broken)
+    slots = dataclasses.replace(runner.CHECKS["slots"], record=broken)
+    monkeypatch.setattr(runner, "CHECKS", {**runner.CHECKS, "slots": slots})
     monkeypatch.setattr(runner, "judge", judging)
     result = run_scenario(scenario, vllm, ("floor", "slots"))
     assert result.verdict is Verdict.ERROR and result.error_kind is ErrorKind.CRASH
@@ -256,7 +258,7 @@ def test_only_token_indexed_groups_are_mapped(vllm, scenario_from):
 
 
 def test_checks_option_values():
-    assert parse_checks(None) == ("lookahead", "floor", "agree", "sanity")
+    assert parse_checks(None) == ("lookahead", "floor", "capacity", "agree", "sanity")
     assert parse_checks("slots,floor") == ("floor", "slots")  # reporting order
     assert parse_checks("all")[-1] == "slots"
     assert parse_checks("default,slots") == parse_checks("all")

@@ -63,9 +63,10 @@ def test_left_out_settings_take_vllms_defaults_and_the_report_says_so(
         "vllm_default": True,
         "source": "vLLM default",
     }
-    assert plain["settings"]["prefix_cache_retention_interval"]["value"] == defaults[
-        "prefix_cache_retention_interval"
-    ]
+    assert (
+        plain["settings"]["prefix_cache_retention_interval"]["value"]
+        == defaults["prefix_cache_retention_interval"]
+    )
     assert plain["non_default"] == []
     assert uncached["settings"]["enable_caching"]["source"] == "scenario"
     assert uncached["non_default"] == ["enable_caching"]
