@@ -721,6 +721,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     from kvconform.mutate.command import add_arguments as add_mutate_arguments
     from kvconform.mutate.command import mutate
+    from kvconform.realbugs.command import add_arguments as add_realbugs_arguments
+    from kvconform.realbugs.command import realbugs
+
+    realbugs_parser = sub.add_parser(
+        "realbugs",
+        help="replay real vLLM bugs (realbugs/catalogue.yaml) through the corpus: detected or missed",
+    )
+    add_realbugs_arguments(realbugs_parser)
+    realbugs_parser.set_defaults(handler=lambda args: realbugs(args, say))
 
     mutate_parser = sub.add_parser(
         "mutate",

@@ -1,0 +1,109 @@
+"""Patched vLLM trees: a release's Python tree with one real bug put back, cached.
+
+The tree of the patch's release comes from :func:`kvconform.harness.releases.release_tree`
+(downloaded once), or from the installed vLLM when it is that release. The copy
+hard-links every file the patch leaves alone, so a patched tree costs the patched
+files only; it is kept under ``~/.cache/kvconform/realbugs/`` keyed by the release
+and the patch's content, and rebuilt when the patch changes. A patch that does not
+apply is the catalogue's problem, reported with ``patch``'s own words.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from kvconform.harness.releases import release_tree
+from kvconform.oracles.vllm import installed_version
+from kvconform.paths import cache_dir
+from kvconform.realbugs.catalogue import RealBug
+
+
+class PatchFailed(Exception):
+    """The patch does not apply to its release's tree (the catalogue is wrong)."""
+
+
+def pristine_tree(release: str) -> Path:
+    """The folder holding ``vllm/`` of ``release``: the installed one when it is that release."""
+    if installed_version() == release:
+        import importlib.util
+
+        spec = importlib.util.find_spec("vllm")
+        if spec is not None and spec.origin is not None:
+            return Path(spec.origin).parent.parent
+    return release_tree(release)
+
+
+def patched_files(patch: Path) -> list[str]:
+    """The files a unified diff changes, relative to the folder holding ``vllm/``."""
+    names = re.findall(r"^\+\+\+ (?:b/)?(\S+)", patch.read_text(encoding="utf-8"), re.M)
+    return [name for name in names if name != "/dev/null"]
+
+
+def patched_tree(bug: RealBug) -> Path:
+    """A copy of the bug's release tree with its patch applied (cached by patch content)."""
+    digest = hashlib.sha256(bug.patch.read_bytes()).hexdigest()[:12]
+    root = cache_dir("realbugs", bug.patch_target)
+    tree = root / f"{bug.name}-{digest}"
+    if (tree / ".complete").exists():
+        return tree
+    source = pristine_tree(bug.patch_target)
+    with tempfile.TemporaryDirectory(dir=root, prefix=f".{bug.name}-") as tmp:
+        staging = Path(tmp) / "tree"
+        staging.mkdir()
+        _link_copy(source / "vllm", staging / "vllm")
+        for name in patched_files(bug.patch):
+            target = staging / name
+            if target.exists():  # break the hard link: the pristine tree stays pristine
+                data = target.read_bytes()
+                target.unlink()
+                target.write_bytes(data)
+                os.utime(target)  # newer than its bytecode: recompiled once patched
+        done = subprocess.run(
+            ["patch", "-p1", "--forward", "--batch", "-i", str(bug.patch.resolve())],
+            cwd=staging,
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            words = (done.stdout + done.stderr).strip().splitlines()
+            raise PatchFailed(
+                f"{bug.patch.name} does not apply to vLLM {bug.patch_target}'s tree: "
+                + " | ".join(words[-3:])
+            )
+        (staging / ".complete").write_text(f"{bug.name} on vllm {bug.patch_target}\n")
+        shutil.rmtree(tree, ignore_errors=True)
+        staging.rename(tree)
+    return tree
+
+
+def _link_copy(source: Path, target: Path) -> None:
+    """Copy ``source`` as hard links (a copy where linking fails): folders, sources and
+    this interpreter's bytecode, so the copy imports as fast as the original (a patched
+    module gets a new time and is recompiled); compiled extensions stay where they are."""
+    tag = f".{sys.implementation.cache_tag}.pyc"
+
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    def ignore(directory: str, names: list[str]) -> list[str]:
+        in_cache = Path(directory).name == "__pycache__"
+        return [
+            n for n in names
+            if not (
+                Path(directory, n).is_dir()
+                or n.endswith((".py", ".pyi", ".json"))
+                or (in_cache and n.endswith(tag))
+            )
+        ]  # fmt: skip
+
+    shutil.copytree(source, target, copy_function=link, ignore=ignore)
