@@ -184,7 +184,7 @@ def test_max_in_flight_tokens_reaches_the_model_and_must_be_positive(write_scena
 # -- in_flight: the tokens an asynchronous scheduler has not applied yet ------------------
 
 IN_FLIGHT = """\
-model: {block_size: 1, max_model_len: 64, num_blocks: 9,
+model: {block_size: 1, max_model_len: 64, num_blocks: 9, scheduler_reserve_full_isl: false,
         groups: [{type: sliding_window, sliding_window: 1}]}
 requests: {a: {prompt_len: 8}, b: {prompt_len: 2}}
 steps:
