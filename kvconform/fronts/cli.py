@@ -109,6 +109,7 @@ def run_request(
         expectations=getattr(args, "expectations", None),
         no_expectations=bool(getattr(args, "no_expectations", False)),
         command=shlex.join(["kvconform", *sys.argv[1:]]) if sys.argv else "kvconform run",
+        exitfirst=bool(getattr(args, "exitfirst", False)),
     )
 
 
@@ -522,6 +523,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_selection_options(run)
     add_vllm_options(run)
     run.add_argument("--report-dir", default=DEFAULT_REPORT_DIR, metavar="DIR")
+    run.add_argument(
+        "-x",
+        "--exitfirst",
+        action="store_true",
+        help="stop after the first scenario that fails (as pytest -x)",
+    )
     add_expectation_options(run)
     add_shard_option(run, "run shard I of N of the selection, by a hash of each scenario id")
     run.add_argument(

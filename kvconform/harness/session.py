@@ -111,6 +111,9 @@ class RunRequest:
     no_expectations: bool = False
     command: str = ""
     shard: Shard | None = None
+    # Stop after the first scenario that fails (pytest's -x): a probe that only needs
+    # to know whether anything turns red (kvconform realbugs) stops there.
+    exitfirst: bool = False
 
     @property
     def scenario_paths(self) -> tuple[str, ...]:
@@ -267,6 +270,14 @@ class Session:
             report.results.append(result)
             if on_result is not None:
                 on_result(result)
+            if self.request.exitfirst and runner.exit_status([result]) == (
+                ExitStatus.NONCONFORMANCE
+            ):
+                report.notes.append(
+                    f"stopped after the first failure (-x): {result.id}; "
+                    f"{len(selection.scenarios) - len(report.results)} scenarios not run"
+                )
+                break
         phases["scenarios"], lap = time.perf_counter() - lap, time.perf_counter()
         report.coverage = self.coverage(selection.scenarios, report.results, report.notes)
         phases["coverage"] = time.perf_counter() - lap

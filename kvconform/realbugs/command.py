@@ -42,6 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--checks", default="all", metavar="LIST", help="the checks the corpus runs (default all)"
     )
+    parser.add_argument(
+        "--all-catches",
+        action="store_true",
+        help="run each patched tree through the whole corpus, listing every scenario that "
+        "catches it (default: stop at the first, enough to call it detected)",
+    )
 
 
 def realbugs(args: argparse.Namespace, say: Say) -> ExitStatus:
@@ -87,7 +93,9 @@ def realbugs(args: argparse.Namespace, say: Say) -> ExitStatus:
             except PatchFailed as exc:
                 result = Replay("broken", None, why=str(exc))
             else:
-                result = replay(tree, paths, directory / bug.name, args.checks)
+                result = replay(
+                    tree, paths, directory / bug.name, args.checks, not args.all_catches
+                )
         caught = ", ".join(list(result.caught_by)[:3]) if result.caught_by else result.why
         say(f"  {bug.name}: {result.outcome} ({result.seconds:.0f} s) {caught}")
         return BugResult(bug, result)

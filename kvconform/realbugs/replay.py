@@ -48,12 +48,18 @@ class Replay:
         }
 
 
-def replay(tree: Path, paths: list[str], folder: Path, checks: str = "all") -> Replay:
-    """Run the corpus at ``paths`` against the vLLM tree ``tree``; reports in ``folder``."""
+def replay(
+    tree: Path, paths: list[str], folder: Path, checks: str = "all", exitfirst: bool = False
+) -> Replay:
+    """Run the corpus at ``paths`` against the vLLM tree ``tree``; reports in ``folder``.
+
+    ``exitfirst``: stop at the first failing scenario (enough to call a bug detected).
+    """
     folder.mkdir(parents=True, exist_ok=True)
     command = [
         sys.executable, "-m", "kvconform", "run", *paths, "--checks", checks,
         "--vllm-src", str(tree), "--report-dir", str(folder), "--progress", "off",
+        *(["--exitfirst"] if exitfirst else []),
     ]  # fmt: skip
     started = time.perf_counter()
     done = run_logged(command, folder, LOG_FILE)
