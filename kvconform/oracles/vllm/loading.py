@@ -41,6 +41,10 @@ def _quiet_imports(version: str) -> None:
     os.environ.setdefault("VLLM_CACHE_ROOT", str(cache_dir("vllm", release_of(version))))
     # Nothing kvconform runs downloads: model folders are written locally.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # Importing vLLM (0.33) imports its humming kernel library, which starts two
+    # background processes that compile CUDA launchers kvconform never calls; on a
+    # small CPU machine they cost more than the import itself.
+    os.environ.setdefault("HUMMING_DISABLE_PARALLEL_BUILD", "1")
     for name in ("torch", "vllm"):
         logging.getLogger(name).setLevel(logging.ERROR)
 
