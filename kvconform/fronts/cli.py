@@ -68,6 +68,17 @@ def add_selection_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_checks_option(parser: argparse.ArgumentParser, what: str = "") -> None:
+    """``--checks`` of ``check`` and ``bisect`` (as ``run``'s)."""
+    parser.add_argument(
+        "--checks",
+        metavar="LIST",
+        help=f"comma-separated checks of {', '.join(CHECKS)}; 'default' is "
+        f"{','.join(DEFAULT_CHECKS)} (used when omitted), 'all' adds slots, which runs "
+        "vLLM's slot-mapping kernel (Triton's interpreter on a machine without CUDA)" + what,
+    )
+
+
 def add_expectation_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument(
@@ -338,7 +349,6 @@ def cmd_check(args: argparse.Namespace) -> int:
     """``run`` with git-bisect exit codes: 0 old, 1 new, 125 skip, 128 abort."""
     from kvconform.bisect.outcome import git_code
 
-    args.checks = None
     args.update_expectations = False
     try:
         status = cmd_run(args)
@@ -621,6 +631,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--find-fix", action="store_true", help="exit 0 on nonconformance and 1 on conformance"
     )
     check.add_argument("--report-dir", metavar="DIR", help="write reports here (default: none)")
+    add_checks_option(check)
     add_expectation_options(check)
     add_progress_option(check)
     check.set_defaults(handler=cmd_check)
@@ -650,6 +661,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="forget a saved bisection and cached probe results; list releases anew",
     )
+    add_checks_option(bisect, "; every probe runs them (as the nightly that saw the failure did)")
     add_expectation_options(bisect)
     bisect.set_defaults(handler=cmd_bisect)
 
