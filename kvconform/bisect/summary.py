@@ -13,8 +13,9 @@ bisection to run next (:func:`next_commit_bisection`).
 
 from __future__ import annotations
 
+import re
 import shlex
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -176,6 +177,52 @@ def next_commit_bisection(
     good, bad = (first_new, last_old) if find_fix else (last_old, first_new)
     words = ["kvconform", "bisect", "--repo", "VLLM_CHECKOUT", "--good", release_tag(good)]
     words += ["--bad", release_tag(bad), *(["--find-fix"] if find_fix else []), *selection_args]
+    return shlex.join(words)
+
+
+_DEV_COMMIT = re.compile(r"\+g([0-9a-f]{7,40})\b")
+_RELEASE = re.compile(r"^\d+\.\d+\.\d+(?:(?:a|b|rc)\d+)?$")
+
+
+def vllm_commit(version: str | None) -> str | None:
+    """The vLLM commit a version names: a development build's ``+g<sha>`` (vLLM's
+    setuptools-scm versions, ``0.34.0.dev12+g1a2b3c4d``) or a release's tag ``vX.Y.Z``."""
+    if not version:
+        return None
+    found = _DEV_COMMIT.search(version)
+    if found:
+        return found.group(1)
+    return release_tag(version) if _RELEASE.match(version) else None
+
+
+def nightly_bisect_command(
+    report: Mapping[str, Any],
+    paths: Sequence[str],
+    repo: str | None = None,
+    good: str | None = None,
+    bad: str | None = None,
+) -> str:
+    """The ``kvconform bisect --repo`` command that bisects what a nightly judged: its
+    scenarios, its checks and its expectation options (``report.json``'s), between the
+    last green nightly's vLLM commit (``good``) and this one's (``bad``, else the commit
+    its vLLM version names). Unknowns are left as words to fill in."""
+    from kvconform.harness.checks import CHECKS, DEFAULT_CHECKS
+
+    checks = tuple(report.get("checks") or DEFAULT_CHECKS)
+    options: list[str] = []
+    if set(checks) == set(CHECKS):
+        options += ["--checks", "all"]
+    elif set(checks) != set(DEFAULT_CHECKS):
+        options += ["--checks", ",".join(checks)]
+    rerun = list(report.get("rerun_options") or [])
+    for i, word in enumerate(rerun):
+        if word == "--no-expectations":
+            options.append(word)
+        elif word == "--expectations" and i + 1 < len(rerun):
+            options += [word, rerun[i + 1]]
+    bad = bad or vllm_commit((report.get("vllm") or {}).get("version")) or "THIS_COMMIT"
+    words = ["kvconform", "bisect", "--repo", repo or "VLLM_CHECKOUT"]
+    words += ["--good", good or "LAST_GREEN_COMMIT", "--bad", bad, *paths, *options]
     return shlex.join(words)
 
 
