@@ -2,8 +2,14 @@
 #   make run    installs what is needed, runs the whole corpus against the installed vLLM, writes build/report/
 #   make test   installs what is needed, lints (ruff, mypy), runs the project's own tests
 #   make browser installs Debian's chromium for the report's browser test, if it is missing
-#   make nightly     what a GPU CI job with vLLM installed runs: the corpus with reports, then
-#                    the CUDA tests (NIGHTLY_PYTHON=python3 uses that interpreter, no .venv)
+#   make nightly     what every nightly runs (tools/nightly.sh, docs/gpu.md): the corpus with every
+#                    check, fuzzing at the nightly budget, the mutation campaign, the CUDA tests.
+#                    NIGHTLY_PYTHON=python3 judges that interpreter's vLLM, no .venv; VLLM_SRC=DIR
+#                    judges a vLLM source checkout's tree; NIGHTLY_PARTS="corpus" runs one part
+#   make install-nightly  kvconform and what the nightly needs (no vLLM, no torch) into
+#                    NIGHTLY_PYTHON, which has the vLLM under test; VLLM_WHEEL=FILE installs that first
+#   make install-light    kvconform alone (PyYAML, packaging) in .venv-light: for CI steps that only
+#                    read reports (kvconform merge); no vLLM, no torch
 #   make gpu-bundle  builds .gpu/, what a GPU machine without vLLM needs (docs/gpu.md)
 #   make gpu-engine-bundle VLLM=0.25.0  builds .gpu-engine/VLLM/parts, vLLM's compiled engine
 #                    for such a machine, in parts under 60 MB (docs/engine-mode.md)
@@ -16,8 +22,9 @@
 #                    the newest on pip's index: build/matrix/matrix.html (docs/releases.md)
 #
 # The environment lives in .venv (git-ignored), pinned by constraints.txt (vLLM 0.33.0).
-# It is rebuilt only when pyproject.toml or constraints.txt change. Caches (pip, release
-# trees, vLLM's cache, Hypothesis' database) live under $(KVCONFORM_CACHE), outside the repo.
+# It is rebuilt only when pyproject.toml or constraints.txt change. Caches (pip's, in
+# PIP_CACHE_DIR; release trees, vLLM's cache, Hypothesis' database) live under
+# $(KVCONFORM_CACHE), outside the repo.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -27,7 +34,9 @@ REPORT_DIR ?= build/report
 NIGHTLY_DIR ?= build/nightly
 NIGHTLY_PYTHON ?= $(BIN)/python
 export KVCONFORM_CACHE ?= $(HOME)/.cache/kvconform
+export PIP_CACHE_DIR ?= $(KVCONFORM_CACHE)/pip
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
+LIGHT_VENV ?= .venv-light
 
 # The browser test opens report.html in headless Chromium: Debian's package, installed
 # once by apt-get (as root, or through sudo without a password). Where that is not
@@ -38,6 +47,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo "sudo -n")
 FUZZ_SEED ?= $(shell date +%Y%m%d)
 
 .PHONY: run test lint constraints clean browser nightly gpu-bundle fuzz fuzz-nightly bench gpu-engine-bundle
+.PHONY: install install-light install-nightly
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -46,6 +56,22 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $@
 
 install: $(STAMP)
+
+# For CI steps that only read reports: kvconform's own two dependencies, no vLLM, no torch.
+install-light:
+	test -x $(LIGHT_VENV)/bin/python || $(PYTHON) -m venv $(LIGHT_VENV)
+	$(LIGHT_VENV)/bin/python -m pip install -q -c constraints.txt -e .
+
+# kvconform into the interpreter whose vLLM is under test (vLLM's CI image), leaving that
+# vLLM and its torch as they are; VLLM_WHEEL=FILE installs that wheel into it first.
+VLLM_WHEEL ?=
+install-nightly:
+ifeq ($(NIGHTLY_PYTHON),$(BIN)/python)
+	$(MAKE) install
+else
+	$(if $(VLLM_WHEEL),$(NIGHTLY_PYTHON) -m pip install -q '$(VLLM_WHEEL)')
+	$(NIGHTLY_PYTHON) -m pip install -q -e '.[nightly]'
+endif
 
 run: $(STAMP)
 	$(BIN)/kvconform run scenarios --checks all --report-dir $(REPORT_DIR)
@@ -63,8 +89,14 @@ browser:
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; } || \
 		echo "warning: could not install chromium; the browser test will be skipped"
 
+# The vLLM under test: NIGHTLY_PYTHON's (default: .venv's pinned one), or VLLM_SRC's tree.
+# SHARD=I/N: that share of the corpus, fuzz and mutation (a CI matrix job).
+VLLM_SRC ?=
+NIGHTLY_PARTS ?= corpus fuzz mutate cuda
+SHARD ?=
 nightly: $(if $(filter $(BIN)/python,$(NIGHTLY_PYTHON)),$(STAMP))
-	PYTHON=$(NIGHTLY_PYTHON) bash tools/nightly.sh $(NIGHTLY_DIR)
+	PYTHON='$(NIGHTLY_PYTHON)' VLLM_SRC='$(VLLM_SRC)' NIGHTLY_PARTS='$(NIGHTLY_PARTS)' \
+		SHARD='$(SHARD)' bash tools/nightly.sh $(NIGHTLY_DIR)
 
 # GPU_RELEASES: PyPI releases whose Python trees travel too; tools/gpu-run.sh runs the
 # warmup scenarios against each (the 0.27.1 warmup bug, by its consequence, on the GPU).

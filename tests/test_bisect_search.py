@@ -256,3 +256,135 @@ def test_selection_applies_the_nearest_expectations_like_run(write_scenario):
     assert selection.select([str(scenario)], None).digest != chosen.digest
     with pytest.raises(UsageError, match="no scenario selected"):
         selection.select([str(scenario)], "nothing-matches")
+
+
+# -- bisecting what the nightly judged: --checks, root causes, the next command ----------
+
+PLAIN = """
+name: s
+model: {block_size: 16, max_model_len: 64, num_blocks: 8, groups: [full_attention]}
+requests: {a: {prompt_len: 4}}
+steps: [{a: {prefill: 4}}, {a: finish}]
+"""
+
+
+def test_check_takes_checks_and_expectations_to_its_run(write_scenario, monkeypatch):
+    from kvconform.fronts import cli
+
+    scenario = write_scenario(PLAIN)
+    assert cli.main(["check", "--checks", "nope", str(scenario)]) == 128  # abort, never "bad"
+    seen = []
+    monkeypatch.setattr(cli, "cmd_run", lambda args: seen.append(args) or 0)
+    assert cli.main(["check", "--checks", "all", "--no-expectations", str(scenario)]) == 0
+    assert seen[0].checks == "all" and seen[0].no_expectations
+
+
+def test_every_probe_runs_the_selected_checks(write_scenario, monkeypatch, tmp_path):
+    from kvconform.bisect import probe
+
+    scenario = write_scenario(PLAIN)
+    default = selection.select([str(scenario)], None)
+    every = selection.select([str(scenario)], None, checks="all")
+    some = selection.select([str(scenario)], None, checks="slots,floor")
+    assert "--checks" not in default.check_args() and default.digest != every.digest
+    assert every.check_args()[1:3] == ["--checks", "all"]
+    assert some.check_args()[1:3] == ["--checks", "floor,slots"]  # in reporting order
+    with pytest.raises(UsageError, match="--checks: unknown check 'nope'"):
+        selection.select([str(scenario)], None, checks="nope")
+    import subprocess
+
+    commands = []
+
+    def run_logged(command, folder):
+        commands.append(command)
+        return subprocess.CompletedProcess(command, 1)
+
+    monkeypatch.setattr(probe, "run_logged", run_logged)
+    probe.run_check("0.28.0", ["--vllm-release", "0.28.0"], every, tmp_path)
+    (command,) = commands
+    assert command[3:8] == ["check", str(scenario.resolve()), "--checks", "all", "--no-expectations"]
+
+
+def with_causes(record: ProbeRecord) -> ProbeRecord:
+    """A probe whose report gathered its failures as `kvconform run` does."""
+    if record.run_status == 1:
+        record.root_causes = [
+            {"check": "floor", "party": "predicted", "scenarios": ["warmup-k3"],
+             "miss": "is below the floor by exactly the lookahead"},
+            {"check": "agree", "party": "live", "scenarios": ["known"],
+             "miss": "holds more than the warmup predictor by one block"},
+        ]  # fmt: skip
+    return record
+
+
+def test_the_flips_are_grouped_by_root_cause(tmp_path, capsys):
+    fake = FakeReleases(fixed="0.28.0")
+    state = new_state(tmp_path)
+    assert run_search(state, lambda label: with_causes(fake(label)), True, print, "release") == FOUND
+    out = capsys.readouterr().out
+    assert "The flips by root cause (the failures of 0.27.1, gathered as `kvconform run`" in out
+    assert (
+        "1. 1 flipped scenario: the warmup predictor _reserved_block_count "
+        "(vllm/v1/worker/gpu/warmup.py) is below the floor by exactly the lookahead [floor]"
+    ) in out
+    assert "known" not in out.split("The flips by root cause")[1].split("Probes")[0]
+    assert state.result is not None
+    assert state.result["root_causes"] == [
+        {"check": "floor", "party": "predicted", "scenarios": ["warmup-k3"],
+         "miss": "is below the floor by exactly the lookahead"},
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("find_fix", "fixed", "ends"),
+    [(False, None, "--good v0.29.0 --bad v0.30.0"), (True, "0.30.0", "--good v0.30.0 --bad v0.29.0 --find-fix")],
+)  # fmt: skip
+def test_a_release_bisection_names_the_commit_bisection_to_run_next(
+    write_scenario, monkeypatch, tmp_path, capsys, find_fix, fixed, ends
+):
+    import argparse
+
+    from kvconform.bisect import releases_mode
+
+    monkeypatch.setenv("KVCONFORM_CACHE", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    scenario = write_scenario(PLAIN)
+    monkeypatch.setattr(release_index, "list_releases", lambda **_: list(RELEASES))
+    probed_with = []
+
+    def prober(chosen, cache, fresh, say):
+        probed_with.append(chosen.check_args())
+        if fixed:
+            return FakeReleases(fixed=fixed)
+
+        def regression(label: str) -> ProbeRecord:  # 0.30.0 broke it
+            bad = RELEASES.index(label) >= RELEASES.index("0.30.0")
+            return ProbeRecord(label, int(bad), verdicts={"s": "failed" if bad else "passed"})
+
+        return regression
+
+    monkeypatch.setattr(releases_mode, "release_prober", prober)
+    args = argparse.Namespace(
+        releases="0.25.0..0.33.0", paths=[scenario.name], expression="s", checks="all",
+        expectations=None, no_expectations=True, find_fix=find_fix, pre=False, fresh=True,
+    )  # fmt: skip
+    monkeypatch.chdir(scenario.parent)
+    assert releases_mode.bisect_releases(args, print) == FOUND
+    assert "--checks" in probed_with[0] and "all" in probed_with[0]
+    out = capsys.readouterr().out
+    expected = (
+        f"kvconform bisect --repo VLLM_CHECKOUT {ends} {scenario.name} -k s --checks all "
+        "--no-expectations"
+    )
+    assert f"  {expected}\n" in out and "vLLM tags release X.Y.Z as vX.Y.Z" in out
+
+
+def test_a_commit_probe_gets_the_checks_through_git_bisect_run(write_scenario, tmp_path):
+    from kvconform.bisect import gitprobe
+
+    chosen = selection.select([str(write_scenario(PLAIN))], None, checks="all")
+    state = new_state(tmp_path)
+    state.save()
+    gitprobe.write_config(state, chosen, find_fix=False, fresh=False)
+    _, again, _, _ = gitprobe.load_config(state.directory)
+    assert again == chosen and "--checks" in again.check_args()

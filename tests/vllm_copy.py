@@ -87,3 +87,55 @@ def run_kvconform(*args: object, cwd: Path) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=900,
     )
+
+
+_IN_ONE_PROCESS = """
+import contextlib, io, json, os, shlex, sys
+from kvconform.fronts.cli import main
+done = []
+for step in json.loads(sys.argv[1]):
+    if isinstance(step, list):  # [FILE, OLD, NEW]: an edit between two commands
+        path, old, new = step
+        if old is None:  # a new file
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            open(path, "w", encoding="utf-8").write(new)
+            continue
+        text = open(path, encoding="utf-8").read()
+        assert text.count(old) == 1, (path, old)
+        open(path, "w", encoding="utf-8").write(text.replace(old, new))
+        continue
+    line = step
+    words = shlex.split(line)
+    assert words[0] == "kvconform", line
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        status = main(words[1:])
+    done.append({"command": line, "status": status, "output": out.getvalue()})
+print(json.dumps(done))
+"""
+
+
+def run_kvconform_commands(
+    steps: list[str | tuple[str, str | None, str]], cwd: Path
+) -> list[dict[str, object]]:
+    """Run ``kvconform ...`` command lines one after the other in one fresh interpreter
+    (vLLM is imported once, by the first that needs it): each one's status and output.
+
+    A step ``(FILE, OLD, NEW)`` is an edit between two commands, as a person makes it:
+    OLD, which must be there once, replaced with NEW; with OLD None, FILE is written anew.
+    """
+    import json
+
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    done = subprocess.run(
+        [sys.executable, "-c", _IN_ONE_PROCESS, json.dumps(steps)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    last = done.stdout.strip().splitlines()[-1]
+    results: list[dict[str, object]] = json.loads(last)
+    return results

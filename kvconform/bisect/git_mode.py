@@ -34,7 +34,14 @@ from kvconform.bisect.probe import kvconform_env
 from kvconform.bisect.releases_mode import ENDS_WRONG, FOUND, UNDECIDED
 from kvconform.bisect.selection import bisect_key, select
 from kvconform.bisect.state import BisectState, ProbeRecord
-from kvconform.bisect.summary import Say, flipped, print_flips, print_probes, probe_line
+from kvconform.bisect.summary import (
+    Say,
+    flipped,
+    print_flip_causes,
+    print_flips,
+    print_probes,
+    probe_line,
+)
 from kvconform.errors import UsageError
 from kvconform.paths import cache_dir
 
@@ -76,7 +83,13 @@ def bisect_commits(args: argparse.Namespace, say: Say) -> int:
             f"the {'good' if find_fix else 'bad'} commit {new[:12]} is older than the "
             f"{'bad' if find_fix else 'good'} one {old[:12]}; {hint}"
         )
-    selection = select(args.paths, args.expression, args.expectations, args.no_expectations)
+    selection = select(
+        args.paths,
+        args.expression,
+        args.expectations,
+        args.no_expectations,
+        checks=getattr(args, "checks", None),
+    )
     settings = {
         "mode": "commits",
         "repo": str(repo),
@@ -95,6 +108,7 @@ def bisect_commits(args: argparse.Namespace, say: Say) -> int:
     say(
         f"bisecting {count} commits of {repo} after {old[:12]} up to {new[:12]} on "
         f"{len(selection.scenario_ids)} scenarios"
+        + (f" with checks {','.join(selection.checks)}" if selection.checks_args() else "")
         + (", looking for the fix" if find_fix else "")
         + f", in a private clone at {checkout}"
     )
@@ -132,9 +146,11 @@ def bisect_commits(args: argparse.Namespace, say: Say) -> int:
             f"Only commits that cannot be exercised are left: the first {term_new} commit "
             f"is any of {', '.join(s[:12] for s in maybe)}"
         )
+    causes = []
     if old_record is not None and new_record is not None:
         flips = flipped(old_record, new_record)
         print_flips(flips, old_record.label, new_record.label, say)
+        causes = print_flip_causes(flips, old_record if find_fix else new_record, say)
     else:
         flips = []
     print_probes(state, find_fix, say)
@@ -143,6 +159,7 @@ def bisect_commits(args: argparse.Namespace, say: Say) -> int:
         "candidates": maybe,
         "last_old": old_record.label if old_record else None,
         "flipped": [f.to_json() for f in flips],
+        "root_causes": [c.to_json() for c in causes],
         "probes": len(state.probes),
     }
     state.save()

@@ -78,6 +78,7 @@ def load_config(state_dir: Path) -> tuple[BisectState, Selection, bool, bool]:
         tuple(selection_data["scenario_ids"]),
         selection_data["digest"],
         selection_data["expectations"],
+        tuple(selection_data["checks"]),
     )
     state, _ = BisectState.open(state_dir, config["key"], config["settings"])
     return state, selection, bool(config["find_fix"]), bool(config["fresh"])

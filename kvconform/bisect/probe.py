@@ -118,6 +118,7 @@ def read_report(label: str, folder: Path) -> ProbeRecord:
         verdicts,
         headlines,
         vllm_version=vllm.get("version"),
+        root_causes=list(data.get("root_causes") or []),
         reason=reason,
     )
 

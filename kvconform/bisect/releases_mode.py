@@ -32,6 +32,8 @@ from kvconform.bisect.state import BisectState, ProbeRecord
 from kvconform.bisect.summary import (
     Say,
     flipped,
+    next_commit_bisection,
+    print_flip_causes,
     print_flips,
     print_probes,
     probe_line,
@@ -54,7 +56,13 @@ class BisectAborted(KvconformError):
 
 def bisect_releases(args: argparse.Namespace, say: Say) -> int:
     first, last = release_index.parse_range(args.releases)
-    selection = select(args.paths, args.expression, args.expectations, args.no_expectations)
+    selection = select(
+        args.paths,
+        args.expression,
+        args.expectations,
+        args.no_expectations,
+        checks=getattr(args, "checks", None),
+    )
     settings = {
         "mode": "releases",
         "range": f"{first}..{last}",
@@ -74,11 +82,42 @@ def bisect_releases(args: argparse.Namespace, say: Say) -> int:
     say(
         f"bisecting {len(state.candidates)} vLLM releases {first}..{last} "
         f"({', '.join(state.candidates)}) on {len(selection.scenario_ids)} scenarios"
+        + (f" with checks {','.join(selection.checks)}" if selection.checks_args() else "")
         + (", looking for the fix" if args.find_fix else "")
     )
-    return run_search(
+    status = run_search(
         state, release_prober(selection, cache, args.fresh, say), args.find_fix, say, "release"
     )
+    if state.result is not None and status in (FOUND, UNDECIDED):
+        command = next_commit_bisection(
+            state.result["last_old"],
+            state.result["first_new"],
+            bool(args.find_fix),
+            selection_args(args, selection),
+        )
+        state.result["next"] = command
+        state.save()
+        say(
+            "\nNext, the commit: bisect a vLLM checkout (VLLM_CHECKOUT, a clone of "
+            "github.com/vllm-project/vllm; vLLM tags release X.Y.Z as vX.Y.Z) between the two "
+            "releases, on the same scenarios with the same checks and expectations:"
+        )
+        say(f"  {command}")
+    return status
+
+
+def selection_args(args: argparse.Namespace, selection: Selection) -> list[str]:
+    """The paths, ``-k``, ``--checks`` and expectation options as the user gave them, for
+    a command printed to run next (from the same folder)."""
+    words = list(args.paths)
+    if args.expression:
+        words += ["-k", args.expression]
+    words += selection.checks_args()
+    if args.no_expectations:
+        words.append("--no-expectations")
+    elif args.expectations:
+        words += ["--expectations", args.expectations]
+    return words
 
 
 def release_prober(selection: Selection, cache: ProbeCache, fresh: bool, say: Say) -> Probe:
@@ -160,12 +199,15 @@ def run_search(
             f"{first_new} ({new}): the first {new} {what} is any of {', '.join(maybe)}"
         )
     print_flips(flips, last_old, first_new, say)
+    nonconforming = state.probes[last_old if find_fix else first_new]
+    causes = print_flip_causes(flips, nonconforming, say)
     print_probes(state, find_fix, say)
     state.result = {
         "first_new": first_new,
         "last_old": last_old,
         "untestable": [labels[i] for i in boundary.untestable],
         "flipped": [f.to_json() for f in flips],
+        "root_causes": [c.to_json() for c in causes],
         "probes": len(state.probes),
     }
     state.save()

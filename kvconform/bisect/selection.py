@@ -1,9 +1,10 @@
 """What a probe's result depends on, named by one digest.
 
-A probe runs the selected scenarios against one vLLM. Its result is reused
-(cached) only when everything else is the same: the scenario files (their
-bytes, not their names), the ``-k`` expression, the expectations file applied (the
-nearest ``expectations.yaml``, as for ``run``, unless told otherwise), kvconform's own source (its
+A probe runs the selected scenarios against one vLLM with the selected checks. Its
+result is reused (cached) only when everything else is the same: the scenario files
+(their bytes, not their names), the ``-k`` expression, the checks, the expectations
+file applied (the nearest ``expectations.yaml``, as for ``run``, unless told
+otherwise), the methods file (the nearest ``methods.yaml``), kvconform's own source (its
 version and a digest of its Python files, so that a changed check invalidates
 old results), and the installed vLLM, whose compiled parts and dependencies
 stay under every tree. The scenarios are loaded here, in the parent process
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import kvconform
 from kvconform.errors import UsageError
+from kvconform.harness.checks import CHECKS, DEFAULT_CHECKS, parse_checks
 from kvconform.harness.loader import load_paths
 from kvconform.harness.select import compile_expression
 from kvconform.oracles.vllm import installed_version
@@ -33,13 +35,25 @@ class Selection:
     scenario_ids: tuple[str, ...]
     digest: str
     expectations: str | None = None  # absolute; None: no expectations file applies
+    checks: tuple[str, ...] = DEFAULT_CHECKS
 
     def check_args(self) -> list[str]:
         """The selection as arguments of ``kvconform check``."""
         expectations = (
             ["--expectations", self.expectations] if self.expectations else ["--no-expectations"]
         )
-        return [*self.paths, *(["-k", self.expression] if self.expression else []), *expectations]
+        return [
+            *self.paths,
+            *(["-k", self.expression] if self.expression else []),
+            *self.checks_args(),
+            *expectations,
+        ]
+
+    def checks_args(self) -> list[str]:
+        """``--checks LIST`` unless the checks are the default ones."""
+        if self.checks == DEFAULT_CHECKS:
+            return []
+        return ["--checks", "all" if self.checks == tuple(CHECKS) else ",".join(self.checks)]
 
 
 def select(
@@ -48,10 +62,17 @@ def select(
     expectations: str | None = None,
     no_expectations: bool = False,
     default: str = "scenarios",
+    checks: str | None = None,
 ) -> Selection:
-    """The scenarios a bisection runs and the expectations file it applies, as ``run`` would."""
+    """The scenarios a bisection runs, the checks, and the expectations and methods files
+    it applies, as ``run`` would."""
     from kvconform.harness.expectations import find_expectations
+    from kvconform.harness.methods_file import use_methods_for
 
+    try:
+        chosen_checks = parse_checks(checks)
+    except ValueError as exc:
+        raise UsageError(f"--checks: {exc}") from None
     chosen = paths or [default]
     for path in [*chosen, *([expectations] if expectations else [])]:
         if not Path(path).exists():
@@ -59,6 +80,9 @@ def select(
     known: Path | None = None
     if not no_expectations:
         known = Path(expectations) if expectations else find_expectations(chosen)
+    methods_file, methods_error = use_methods_for(chosen)
+    if methods_error is not None:
+        raise UsageError(f"{methods_error}; fix the methods file before bisecting")
     loaded = load_paths(chosen)
     if loaded.errors:
         more = f" (and {len(loaded.errors) - 1} more)" if len(loaded.errors) > 1 else ""
@@ -73,15 +97,19 @@ def select(
     digest = hashlib.sha256()
     for name in files:
         digest.update(hashlib.sha256(Path(name).read_bytes()).digest())
-    if known is not None:
-        digest.update(known.read_bytes())
-    digest.update(json.dumps([expression, kvconform_digest(), installed_version()]).encode())
+    for extra in (known, methods_file):
+        if extra is not None:
+            digest.update(extra.read_bytes())
+    digest.update(
+        json.dumps([expression, chosen_checks, kvconform_digest(), installed_version()]).encode()
+    )
     return Selection(
         tuple(str(Path(p).resolve()) for p in chosen),
         expression,
         tuple(s.id for s in scenarios),
         digest.hexdigest(),
         str(known.resolve()) if known is not None else None,
+        chosen_checks,
     )
 
 

@@ -29,7 +29,8 @@ class ProbeRecord:
     ``run_status`` is ``kvconform run``'s exit status (0, 1, 2, 3), or None when
     the probe produced no report (kvconform itself failed to start).
     ``verdicts`` and ``headlines`` map scenario ids to their verdict and first
-    failure or error message, as in the probe's ``report.json``.
+    failure or error message, as in the probe's ``report.json``; ``root_causes`` are
+    its root-cause groups (``report.json``'s, as ``kvconform run`` gathered them).
     """
 
     label: str
@@ -38,6 +39,7 @@ class ProbeRecord:
     verdicts: dict[str, str] = field(default_factory=dict)
     headlines: dict[str, str] = field(default_factory=dict)
     vllm_version: str | None = None
+    root_causes: list[dict[str, Any]] = field(default_factory=list)
     reason: str = ""
     duration: float = 0.0
     cached: bool = False

@@ -35,6 +35,7 @@ from kvconform.harness.expectations import (
 from kvconform.harness.loader import load_paths
 from kvconform.harness.select import Shard, shard_from
 from kvconform.harness.session import RunRequest, Session, checks_from, load_vllm, vllm_to_load
+from kvconform.model.methods import REGISTRY_FILE as BUILTIN_SOURCE
 from kvconform.model.results import RunReport, ScenarioResult, Verdict
 from kvconform.oracles.vllm import Vllm
 
@@ -67,6 +68,17 @@ def add_selection_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_checks_option(parser: argparse.ArgumentParser, what: str = "") -> None:
+    """``--checks`` of ``check`` and ``bisect`` (as ``run``'s)."""
+    parser.add_argument(
+        "--checks",
+        metavar="LIST",
+        help=f"comma-separated checks of {', '.join(CHECKS)}; 'default' is "
+        f"{','.join(DEFAULT_CHECKS)} (used when omitted), 'all' adds slots, which runs "
+        "vLLM's slot-mapping kernel (Triton's interpreter on a machine without CUDA)" + what,
+    )
+
+
 def add_expectation_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument(
@@ -78,6 +90,15 @@ def add_expectation_options(parser: argparse.ArgumentParser) -> None:
         "--no-expectations",
         action="store_true",
         help="apply no expectations file: a known divergence counts as nonconformance",
+    )
+
+
+def add_methods_file_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--methods",
+        metavar="FILE",
+        help="a methods file whose entries join kvconform's method registry (default: the "
+        "nearest methods.yaml at or above scenarios/; docs/adding-a-method.md)",
     )
 
 
@@ -329,7 +350,6 @@ def cmd_check(args: argparse.Namespace) -> int:
     """``run`` with git-bisect exit codes: 0 old, 1 new, 125 skip, 128 abort."""
     from kvconform.bisect.outcome import git_code
 
-    args.checks = None
     args.update_expectations = False
     try:
         status = cmd_run(args)
@@ -364,22 +384,42 @@ def cmd_matrix(args: argparse.Namespace) -> int:
 # -- methods ---------------------------------------------------------------------------
 
 
-def cmd_methods(args: argparse.Namespace) -> int:
-    from kvconform.model.methods import REGISTRY_FILE, method_for
+def use_methods_file(args: argparse.Namespace) -> Path | None:
+    """The methods file of ``methods`` and ``doctor`` (``--methods FILE``, else the
+    nearest methods.yaml above scenarios/), its entries added to the registry."""
+    from kvconform.harness.methods_file import use_methods_for
 
+    explicit = getattr(args, "methods", None)
+    if explicit is not None and not Path(explicit).is_file():
+        raise UsageError(f"--methods: no such file: {explicit}")
+    path, error = use_methods_for([DEFAULT_SCENARIOS], explicit)
+    if error is not None:
+        raise error
+    return path
+
+
+def cmd_methods(args: argparse.Namespace) -> int:
+    from kvconform.model.methods import METHODS, how_to_add, method_for
+
+    methods_file = use_methods_file(args)
     vllm = vllm_from_args(args)
     k = args.k
     aliases = vllm.method_aliases()
     say(f"Speculative methods declared by vLLM {vllm.version} (lookahead for k={k}):")
+    if methods_file is not None:
+        say(f"(kvconform's registry plus the methods file {methods_file})")
     say(f"{'method':26} {'vLLM':>5} {'kvconform':>9}  {'status':12} rule")
     status_code = ExitStatus.CONFORM
+    missing: list[str] = []
     for method in vllm.declared_methods():
         canonical = aliases.get(method, method)
         theirs = vllm.lookahead(canonical, k)
         entry = method_for(canonical)
         ours = None if entry is None else entry.lookahead(k, True)
         if entry is None:
-            status, status_code = "NOT IN TABLE", ExitStatus.NONCONFORMANCE
+            status, status_code = "NO ENTRY", ExitStatus.NONCONFORMANCE
+            if canonical not in missing:
+                missing.append(canonical)
         elif theirs is None:
             status = "vLLM: n/a"
         elif theirs != ours:
@@ -387,11 +427,23 @@ def cmd_methods(args: argparse.Namespace) -> int:
         else:
             status = "ok"
         shown = method if canonical == method else f"{method} (= {canonical})"
-        formula = entry.rule.formula if entry else f"? (no entry in {REGISTRY_FILE})"
+        formula = "? (no entry)"
+        if entry is not None:
+            formula = entry.rule.formula + (
+                f"  [{entry.source}]" if entry.source != BUILTIN_SOURCE else ""
+            )
         say(
             f"{shown:26} {'-' if theirs is None else theirs:>5} {'-' if ours is None else ours:>9}  "
             f"{status:12} {formula}"
         )
+    declared = {aliases.get(m, m) for m in vllm.declared_methods()}
+    for name, entry in METHODS.items():
+        if entry.source != BUILTIN_SOURCE and name not in declared:
+            say(f"note: {name} [{entry.source}] is not a method vLLM {vllm.version} declares")
+    for name in missing:
+        say("")
+        for line in how_to_add(name, str(methods_file) if methods_file else None):
+            say(line)
     return status_code
 
 
@@ -496,7 +548,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     from kvconform.fronts.doctor import doctor
 
-    return doctor(vllm_from_args(args), say)
+    methods_file = use_methods_file(args)
+    return doctor(vllm_from_args(args), say, methods_file)
 
 
 # -- fuzz ------------------------------------------------------------------------------
@@ -585,6 +638,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--find-fix", action="store_true", help="exit 0 on nonconformance and 1 on conformance"
     )
     check.add_argument("--report-dir", metavar="DIR", help="write reports here (default: none)")
+    add_checks_option(check)
     add_expectation_options(check)
     add_progress_option(check)
     check.set_defaults(handler=cmd_check)
@@ -614,6 +668,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="forget a saved bisection and cached probe results; list releases anew",
     )
+    add_checks_option(bisect, "; every probe runs them (as the nightly that saw the failure did)")
     add_expectation_options(bisect)
     bisect.set_defaults(handler=cmd_bisect)
 
@@ -637,6 +692,7 @@ def build_parser() -> argparse.ArgumentParser:
     methods.add_argument(
         "-k", type=int, default=3, help="num_speculative_tokens to evaluate (default 3)"
     )
+    add_methods_file_option(methods)
     add_vllm_options(methods)
     methods.set_defaults(handler=cmd_methods)
 
@@ -665,6 +721,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser(
         "doctor", help="what the installed vLLM offers and what kvconform can exercise"
     )
+    add_methods_file_option(doctor)
     add_vllm_options(doctor)
     doctor.set_defaults(handler=cmd_doctor)
 

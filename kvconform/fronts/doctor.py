@@ -3,7 +3,8 @@
 Lists the vLLM in use and where it came from, torch and the device, whether the
 warmup predictor and ``VllmConfig.num_lookahead_tokens`` exist, which KV spec
 types vLLM defines (buildable by kvconform, deliberately skipped, or new), and
-which speculative methods kvconform's lookahead table lacks. Exit 0 when
+which speculative methods kvconform's method registry lacks (and where to add
+each: :func:`kvconform.model.methods.how_to_add`). Exit 0 when
 everything vLLM offers is covered, 1 when something is new to kvconform, 3 when
 vLLM cannot be exercised at all.
 """
@@ -13,14 +14,15 @@ from __future__ import annotations
 import platform
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from kvconform import __version__
 from kvconform.model.group_types import NOT_BUILDABLE, group_type_for_class
-from kvconform.model.methods import BUILTIN_METHODS, REGISTRY_FILE, method_for
+from kvconform.model.methods import BUILTIN_METHODS, how_to_add, method_for
 from kvconform.oracles.vllm import MINIMUM_SUPPORTED, Vllm
 
 
-def doctor(vllm: Vllm, say: Callable[[str], None]) -> int:
+def doctor(vllm: Vllm, say: Callable[[str], None], methods_file: Path | None = None) -> int:
     status = 0
     torch_version, device = vllm.runtime()
     say(f"kvconform {__version__} on Python {platform.python_version()} ({sys.executable})")
@@ -62,8 +64,12 @@ def doctor(vllm: Vllm, say: Callable[[str], None]) -> int:
     say(
         f"speculative methods: {len(vllm.declared_methods())} declared, "
         f"{len(unknown)} without an entry in kvconform's method registry"
-        + (f": {', '.join(unknown)} (add a Method to {REGISTRY_FILE})" if unknown else "")
+        + (f" (with the methods file {methods_file})" if methods_file else "")
+        + (f": {', '.join(unknown)}" if unknown else "")
     )
+    for name in dict.fromkeys(vllm.canonical_method(m) for m in unknown):
+        for line in how_to_add(name, str(methods_file) if methods_file else None):
+            say(f"  {line}")
     if unknown:
         status = 1
     return status

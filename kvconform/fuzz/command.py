@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 from kvconform import __version__
 from kvconform.errors import ExitStatus, UsageError
 from kvconform.harness.expectations import find_expectations, load_expectations
+from kvconform.harness.methods_file import use_methods_for
 from kvconform.harness.select import shard_from
 from kvconform.harness.session import load_vllm, vllm_to_load
 
@@ -50,6 +52,15 @@ def fuzz(
     if args.max_findings < 1:
         raise UsageError("--max-findings must be at least 1")
     exp_path = Path(args.expectations) if args.expectations else find_expectations([])
+    # Methods a methods file beside the corpus declares are drawn with their rule; the file
+    # goes beside the reproducers too, so that each reruns where it is written.
+    methods_file, methods_error = use_methods_for([])
+    if methods_error is not None:
+        raise methods_error
+    if methods_file is not None:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(methods_file, Path(args.out) / methods_file.name)
+        say(f"methods file {methods_file}: its entries join the registry (copied to {args.out})")
     expectations = load_expectations(exp_path) if exp_path is not None else []
     say(f"kvconform {__version__}: loading {vllm_to_load(args.vllm_src, args.vllm_release)}")
     vllm = load_vllm(args.vllm_src, getattr(args, "vllm_release", None))

@@ -14,6 +14,10 @@ Every front goes through here, so that ``kvconform run``, ``kvconform check``,
 * which known divergences: an explicit expectations file, none, or for each
   scenario the nearest ``expectations.yaml`` above its file (the search stops at
   the repository's root), each file read once;
+* which speculative methods kvconform knows: the built-in registry plus, for each
+  scenario, the nearest ``methods.yaml`` above its file
+  (:func:`kvconform.harness.methods_file.use_methods_for`, the one place the
+  registry is extended);
 * the verdict of each scenario (:func:`kvconform.harness.runner.run_scenario`,
   expectations applied), and of the run: its exit status, coverage and notes.
 
@@ -40,6 +44,7 @@ from kvconform.harness.expectations import (
     find_expectations,
     load_expectations,
 )
+from kvconform.harness.methods_file import methods_in, use_methods_for
 from kvconform.harness.root_causes import find_root_causes
 from kvconform.harness.select import Selection, Shard, select_scenarios
 from kvconform.model.coverage import Coverage
@@ -139,13 +144,30 @@ class Session:
         self.request = request
         self._expectation_files: dict[Path, list[Expectation]] = {}
         self.expectation_errors: list[ScenarioError] = []
+        self.methods_errors: list[ScenarioError] = []
+        self.methods_files: dict[Path, None] = {}
         self._vllm: Vllm | None = None
+
+    # -- speculative methods --------------------------------------------------------------
+
+    def use_methods(self, scenario_file: str | Path | None = None) -> Path | None:
+        """Make the method registry the built-in one plus the methods file that applies
+        to a scenario file (or to the run's paths); a file that does not load is an
+        input error of the run (reported once) and adds nothing."""
+        start = [str(scenario_file)] if scenario_file else list(self.request.scenario_paths)
+        path, error = use_methods_for(start)
+        if path is not None:
+            self.methods_files.setdefault(path)
+        if error is not None and str(error) not in map(str, self.methods_errors):
+            self.methods_errors.append(error)
+        return path
 
     # -- selection ------------------------------------------------------------------------
 
     def select(self) -> Selection:
         """The scenarios the request's paths, ``-k`` expression and shard select."""
         request = self.request
+        self.use_methods()  # before loading: the loader reads the registry (draft shapes)
         return select_scenarios(request.scenario_paths, request.expression, request.shard)
 
     # -- known divergences ----------------------------------------------------------------
@@ -185,6 +207,7 @@ class Session:
 
     def run_scenario(self, scenario: Scenario) -> ScenarioResult:
         """One scenario's verdict, its known divergences applied."""
+        self.use_methods(scenario.file)
         return runner.run_scenario(
             scenario, self.vllm, self.request.checks, self.expectations_for(scenario.file)
         )
@@ -195,9 +218,11 @@ class Session:
         # reported before anything runs.
         self.expectations_for()
         exp_path = self.expectations_file()
+        notes = [self.methods_note(path) for path in self.methods_files]
         return RunReport(
             results=[],
-            input_errors=[*selection.input_errors, *self.expectation_errors],
+            input_errors=[*selection.input_errors, *self.methods_errors, *self.expectation_errors],
+            notes=notes,
             vllm_version=None,
             vllm_source=None,
             vllm_path=None,
@@ -279,6 +304,7 @@ class Session:
                 )
                 break
         phases["scenarios"], lap = time.perf_counter() - lap, time.perf_counter()
+        self._report_late_methods(report)
         report.coverage = self.coverage(selection.scenarios, report.results, report.notes)
         phases["coverage"] = time.perf_counter() - lap
         if report.device == "cpu" and any(r.kind == "warmup" for r in report.results):
@@ -289,6 +315,24 @@ class Session:
         report.root_causes = find_root_causes(report.results)
         report.exit_status = runner.exit_status(report.results, len(report.input_errors))
         return report
+
+    def methods_note(self, path: Path) -> str:
+        try:
+            entries = methods_in(path)
+        except ScenarioError as error:
+            return f"methods file {path} does not load ({error.message}): it adds nothing"
+        added = ", ".join(f"{m.name} ({m.rule.formula})" for m in entries)
+        return f"methods file {path}: {added or 'no entries'}, beside the built-in registry"
+
+    def _report_late_methods(self, report: RunReport) -> None:
+        """Methods files met only under a scenario (another tree than the run's paths)."""
+        for error in self.methods_errors:
+            if str(error) not in map(str, report.input_errors):
+                report.input_errors.append(error)
+        for path in self.methods_files:
+            note = self.methods_note(path)
+            if note not in report.notes:
+                report.notes.append(note)
 
     def coverage(
         self, scenarios: list[Scenario], results: list[ScenarioResult], notes: list[str]

@@ -17,11 +17,22 @@ A :class:`Method` entry says, for one of vLLM's canonical speculative methods:
 
 Method names vLLM declares but no entry knows are reported by the ``lookahead``
 check and by ``kvconform methods`` / ``doctor``: a new method needs a deliberate
-entry."""
+entry, either here (:data:`BUILTIN_METHODS`) or, without changing kvconform, in a
+*methods file* beside the scenarios (``methods.yaml``; docs/adding-a-method.md),
+whose entries :func:`use_methods` adds to the registry at the start of a session.
+
+**The one place the registry is extended.** :data:`METHODS` is a live view of the
+registry in use: the built-in entries plus the extra ones last given to
+:func:`use_methods`. Every reader (the loader, the oracles, the checks, the fuzzer,
+``methods`` and ``doctor``) reads it or :func:`method_for`; nothing copies it at
+import. :func:`kvconform.harness.methods_file.use_methods_for` is the one caller
+outside tests: the session calls it for the scenario paths it runs (and
+``methods`` / ``doctor`` / ``fuzz`` for theirs) before anything is loaded."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -29,17 +40,30 @@ from typing import Any
 from kvconform.model.tiny_model import SCHEDULER_TARGET, TinyModel
 
 __all__ = [
+    "BUILTIN_METHODS",
     "LookaheadRule",
+    "ADDING_A_METHOD",
     "METHODS",
+    "METHODS_FILE",
     "Method",
+    "ONE_LAYER_DRAFT",
     "REGISTRY_FILE",
     "expected_lookahead",
+    "extra_methods",
+    "how_to_add",
     "method_for",
+    "registry",
+    "rule_from_formula",
+    "use_methods",
 ]
 
 # Where the built-in entries live: what `methods`, `doctor` and the lookahead check
-# tell a user to edit (or to extend with a methods file).
+# tell a user to edit (or to extend with a methods file, METHODS_FILE beside the
+# scenarios: kvconform.harness.methods_file).
 REGISTRY_FILE = "kvconform/model/methods.py"
+METHODS_FILE = "methods.yaml"
+# The guide both point to.
+ADDING_A_METHOD = "docs/adding-a-method.md"
 
 
 @dataclass(frozen=True)
@@ -49,6 +73,47 @@ class LookaheadRule:
     formula: str
     lookahead: Callable[[int, bool], int]  # (k, sample_from_anchor) -> slots
     reason: str
+
+
+# A methods file's lookahead formulas: `k`, `k + 1`, `k - 1`, `2 * k + 1`, `0`, ...
+_FORMULA = re.compile(
+    r"^(?:(?:(?P<times>\d+) ?\* ?)?k(?: ?(?P<sign>[+-]) ?(?P<add>\d+))?|(?P<const>\d+))$"
+)
+
+
+def _linear(formula: str) -> Callable[[int], int]:
+    """``k -> slots`` for one formula of the restricted grammar, or ValueError."""
+    match = _FORMULA.match(" ".join(formula.split()))
+    if match is None:
+        raise ValueError(
+            f"{formula!r} is not a lookahead formula: write `k`, `k + N`, `k - N`, `M * k + N` "
+            "or a number N (k is num_speculative_tokens)"
+        )
+    if match["const"] is not None:
+        const = int(match["const"])
+        return lambda k: const
+    times = int(match["times"] or 1)
+    add = int(match["add"] or 0) * (-1 if match["sign"] == "-" else 1)
+    if add < -times:  # negative for k = 1
+        raise ValueError(f"{formula!r} is negative for k = 1")
+    return lambda k: times * k + add
+
+
+def rule_from_formula(reason: str, formula: str, fill_in: str | None = None) -> LookaheadRule:
+    """A :class:`LookaheadRule` from formulas of the restricted grammar.
+
+    ``formula`` alone: the same for both of DSpark's layouts; with ``fill_in``, it is
+    the anchor layout's (``sample_from_anchor: true``) and ``fill_in`` the other's.
+    """
+    anchor_slots = _linear(formula)
+    if fill_in is None:
+        return LookaheadRule(" ".join(formula.split()), lambda k, anchor: anchor_slots(k), reason)
+    fill_slots = _linear(fill_in)
+    return LookaheadRule(
+        f"{' '.join(formula.split())} (anchor) | {' '.join(fill_in.split())} (fill-in)",
+        lambda k, anchor: anchor_slots(k) if anchor else fill_slots(k),
+        reason,
+    )
 
 
 @dataclass(frozen=True)
@@ -99,13 +164,13 @@ _NO_DRAFTER_KV = LookaheadRule(
     "drafts come from matching earlier tokens; no drafter forward pass, no drafter KV",
 )
 # The draft of EAGLE-family methods and draft models: a one-layer copy of the target.
-_ONE_LAYER_DRAFT = TinyModel(
+ONE_LAYER_DRAFT = TinyModel(
     vocab=1000, hidden_size=64, intermediate_size=128, max_position_embeddings=131072, layers=1
 )
 
 BUILTIN_METHODS: tuple[Method, ...] = (
-    Method("eagle", _EAGLE_FAMILY, draft=_ONE_LAYER_DRAFT, fuzz_rank=0),
-    Method("eagle3", _EAGLE_FAMILY, draft=_ONE_LAYER_DRAFT),
+    Method("eagle", _EAGLE_FAMILY, draft=ONE_LAYER_DRAFT, fuzz_rank=0),
+    Method("eagle3", _EAGLE_FAMILY, draft=ONE_LAYER_DRAFT),
     Method(
         "mtp",
         _EAGLE_FAMILY,
@@ -128,7 +193,7 @@ BUILTIN_METHODS: tuple[Method, ...] = (
             lambda k, anchor: k,
             "a separate draft model proposes k tokens autoregressively, writing their KV",
         ),
-        draft=_ONE_LAYER_DRAFT,
+        draft=ONE_LAYER_DRAFT,
         fuzz_rank=4,
     ),
     Method(
@@ -205,7 +270,63 @@ def registry(extra: Iterable[Method] = ()) -> Mapping[str, Method]:
     return MappingProxyType(entries)
 
 
-METHODS: Mapping[str, Method] = registry()
+class _Registry(Mapping[str, Method]):
+    """The registry in use: a read-only view whose entries :func:`use_methods` sets."""
+
+    def __init__(self) -> None:
+        self._entries: Mapping[str, Method] = registry()
+        self._extra: tuple[Method, ...] = ()
+
+    def __getitem__(self, name: str) -> Method:
+        return self._entries[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"METHODS({', '.join(self._entries)})"
+
+
+METHODS: Mapping[str, Method] = _Registry()
+
+
+def use_methods(extra: Iterable[Method] = ()) -> tuple[Method, ...]:
+    """Make the registry the built-in entries plus ``extra`` (a methods file's entries),
+    replacing the extra entries given before; returns those, so a caller may restore them.
+
+    A name declared twice (an extra entry naming a built-in method, or two extra ones)
+    is a ValueError naming both sources; the registry is then left as it was.
+    """
+    assert isinstance(METHODS, _Registry)
+    extra = tuple(extra)
+    entries = registry(extra)
+    previous = METHODS._extra
+    METHODS._entries, METHODS._extra = entries, extra
+    return previous
+
+
+def extra_methods() -> tuple[Method, ...]:
+    """The entries in use beyond the built-in ones (from a methods file)."""
+    assert isinstance(METHODS, _Registry)
+    return METHODS._extra
+
+
+def how_to_add(name: str, methods_file: str | None = None) -> list[str]:
+    """What ``methods`` and ``doctor`` print for a method vLLM declares and no entry knows:
+    the two places an entry may go, each as the text to write."""
+    where = methods_file or f"{METHODS_FILE} at or above the scenarios"
+    return [
+        f"{name}: add its entry, stating what its drafter writes past the scheduled range "
+        f"(from the drafter's code, not from vLLM's number), in one of ({ADDING_A_METHOD}):",
+        f"  {REGISTRY_FILE}, in BUILTIN_METHODS:",
+        f'    Method("{name}", LookaheadRule("FORMULA", lambda k, anchor: ..., "REASON"), '
+        "draft=ONE_LAYER_DRAFT or None),",
+        f"  or, without changing kvconform, a methods file ({where}, or --methods FILE):",
+        f"    - {{name: {name}, lookahead: FORMULA, reason: REASON, draft: none | one-layer}}",
+    ]
 
 
 def method_for(name: str | None, methods: Mapping[str, Method] | None = None) -> Method | None:

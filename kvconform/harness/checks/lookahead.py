@@ -1,8 +1,8 @@
 """``lookahead``: kvconform's method registry agrees with ``VllmConfig.num_lookahead_tokens``.
 
-Each :class:`~kvconform.model.methods.Method` entry states how many slots its
-drafter writes past the scheduled range; vLLM's property is what the scheduler
-and the warmup reserve. A method vLLM declares and no entry knows is a failure,
+Each :class:`~kvconform.model.methods.Method` entry (built in, or from a methods
+file beside the scenarios) states how many slots its drafter writes past the
+scheduled range; vLLM's property is what the scheduler and the warmup reserve. A method vLLM declares and no entry knows is a failure,
 so a new method gets a deliberate entry instead of a silent pass. While a
 request's KV loads asynchronously (scheduler mode, ``remote_prefill``) the
 lookahead is 0: it holds exactly the blocks of the tokens being loaded.
@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 from kvconform.harness.checks.records import PARTY_NAMES, blocks, failure_at
 from kvconform.model.checks import Check, always
-from kvconform.model.methods import REGISTRY_FILE, method_for
+from kvconform.model.methods import ADDING_A_METHOD, METHODS_FILE, REGISTRY_FILE, method_for
 from kvconform.model.observations import Trajectory
 from kvconform.model.results import Failure, ScenarioResult
 
@@ -71,9 +71,10 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
         yield Failure(
             "lookahead",
             f"method {trajectory.method!r} has no entry in kvconform's method registry; vLLM "
-            f"reserves {trajectory.vllm_lookahead} slots for k={k}. Add a Method to "
-            f"{REGISTRY_FILE} (or a methods file, docs/adding-a-method.md) saying what its "
-            "drafter writes.",
+            f"reserves {trajectory.vllm_lookahead} slots for k={k}. Say what its drafter "
+            f"writes: a Method in BUILTIN_METHODS of {REGISTRY_FILE}, or, without changing "
+            f"kvconform, an entry in a methods file ({METHODS_FILE} beside the scenarios) "
+            f"— {ADDING_A_METHOD}.",
             party="config",
         )
         return
@@ -88,7 +89,7 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
         "lookahead",
         f"VllmConfig.num_lookahead_tokens is {trajectory.vllm_lookahead} for method "
         f"{trajectory.method!r} with k={k}, but the drafter needs {entry.rule.formula} = "
-        f"{trajectory.expected_lookahead} ({entry.rule.reason})",
+        f"{trajectory.expected_lookahead} ({entry.rule.reason}; the rule of {entry.source})",
         party="config",
     )
 

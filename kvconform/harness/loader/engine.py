@@ -27,10 +27,11 @@ from kvconform.model.scenario import (
 )
 from kvconform.model.tiny_model import ENGINE_TARGETS, TinyModel
 
-#
 
-# Methods whose drafter is a separate model kvconform writes (the draft shape applies).
-DRAFT_MODEL_METHODS = tuple(name for name, m in METHODS.items() if m.has_draft_model)
+def draft_model_methods() -> tuple[str, ...]:
+    """Methods whose drafter is a separate model kvconform writes (the draft shape applies),
+    read from the registry in use (a methods file may add some)."""
+    return tuple(name for name, m in METHODS.items() if m.has_draft_model)
 
 
 DTYPES = ("bfloat16", "float16", "float32")
@@ -60,13 +61,13 @@ def parse_engine(
         )
     target = _parse_shape(fields.raw("target", None), fields, "target", TinyModel())
     draft = None
-    if speculative is not None and speculative.method in DRAFT_MODEL_METHODS:
+    if speculative is not None and speculative.method in draft_model_methods():
         draft = _parse_shape(fields.raw("draft", None), fields, "draft",
                              replace(target, layers=1))  # fmt: skip
     elif fields.raw("draft") is not None:
         raise ScenarioError(
             fields.at("draft"),
-            f"only methods with a draft model ({', '.join(DRAFT_MODEL_METHODS)}) take a draft shape",
+            f"only methods with a draft model ({', '.join(draft_model_methods())}) take a draft shape",
         )
     utilization = fields.raw("gpu_memory_utilization", 0.2)
     if not isinstance(utilization, float) or not 0 < utilization < 1:

@@ -46,9 +46,12 @@ def discover(paths: Sequence[str | Path]) -> list[Path]:
 
 
 def is_scenario_file(path: Path) -> bool:
-    """YAML files in a scenario tree, minus expectations, mutation-campaign inputs and private files."""
+    """YAML files in a scenario tree, minus expectations, methods files, mutation-campaign
+    inputs and private files."""
     return not (
-        path.name.startswith(("_", ".")) or path.stem.startswith(("expectations", "mutation-"))
+        path.name.startswith(("_", "."))
+        or path.stem.startswith(("expectations", "mutation-"))
+        or path.stem == "methods"
     )
 
 
