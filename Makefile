@@ -122,6 +122,12 @@ fuzz: $(STAMP)
 fuzz-nightly: $(STAMP)
 	$(BIN)/kvconform fuzz --examples 20000 --seed $(FUZZ_SEED) --out build/fuzz
 
+# Real bugs vLLM shipped and fixed, replayed through the corpus (docs/real-bugs.md).
+REALBUGS_JOBS ?= 2
+.PHONY: realbugs
+realbugs: $(STAMP)
+	$(BIN)/kvconform realbugs --report-dir build/realbugs --jobs $(REALBUGS_JOBS)
+
 # Mutation campaign over vLLM's reservation code (docs/mutation.md): reports in build/mutation.
 .PHONY: mutation
 mutation: $(STAMP)
