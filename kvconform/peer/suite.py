@@ -1,0 +1,266 @@
+"""The peer yardstick as one object: vLLM's own tests, prepared, baselined and mapped.
+
+:func:`prepare` gathers what a run needs (the tests of a release, the pinned
+plugins, the config-only models) and returns a :class:`PeerSuite` for a
+*reference* tree: the installed vLLM, or a ``--vllm-src``-style folder holding
+an unmodified ``vllm/``. Against that reference the suite computes, once per
+version and tree fingerprint, and caches under ``<cache>/peer/<version>/``:
+
+* its :class:`~kvconform.peer.baseline.Baseline` (the selection made green);
+* its :class:`~kvconform.peer.reach.ReachMap` and coverage report, from one
+  run of the green selection under coverage with per-test contexts.
+
+:meth:`PeerSuite.run` then judges a mutated tree (a copy of the reference with
+a bug put in): only the test files that reach the mutated functions, ``-x``,
+a time limit, and a :class:`PeerOutcome`. Concurrent processes share each
+computation through a file lock; the first computes, the others read.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvconform.errors import UsageError, VllmUnavailable
+from kvconform.paths import cache_dir
+from kvconform.peer import baseline as baselines
+from kvconform.peer import coverage_report
+from kvconform.peer.deps import PINS, deps_dir
+from kvconform.peer.environment import build_env, installed_vllm_dir, installed_vllm_version
+from kvconform.peer.fetch import fetch_tests
+from kvconform.peer.fingerprint import key_of, tree_fingerprint
+from kvconform.peer.models import default_redirect_map
+from kvconform.peer.reach import ReachMap, coverage_rc, export_json, from_coverage
+from kvconform.peer.runner import PytestRun, run_pytest
+from kvconform.peer.selection import selection
+from kvconform.peer.verdict import Failure, Verdict, decide
+
+BASELINE_TEST_TIMEOUT = 300  # seconds for one test of a baseline run (pytest-timeout)
+
+
+@dataclass(frozen=True)
+class PeerOutcome:
+    """What vLLM's own tests said about one tree."""
+
+    verdict: Verdict
+    first_failure: Failure | None
+    tests_run: int
+    seconds: float
+    files: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        tail = f": {self.first_failure}" if self.first_failure else ""
+        return f"{self.verdict.value} ({self.tests_run} tests, {self.seconds:.1f} s){tail}"
+
+
+def prepare(
+    version: str | None = None,
+    reference_tree: Path | None = None,
+    paths: Sequence[str] | None = None,
+) -> PeerSuite:
+    """vLLM ``version``'s tests, ready to run against ``reference_tree`` and its mutants.
+
+    Without ``version`` the installed vLLM's; without ``reference_tree`` the
+    installed vLLM is the reference, and it must be that version. ``paths``
+    (test files or folders relative to the suite) narrow the selection of
+    :mod:`kvconform.peer.selection`; their baseline and map are cached apart.
+    """
+    installed = installed_vllm_version()
+    version = version or installed
+    if version is None:
+        raise VllmUnavailable("-", "an installed vllm (or a version to prepare)")
+    if reference_tree is None:
+        if installed != version:
+            raise UsageError(
+                f"the installed vLLM is {installed}; the tests of {version} need a "
+                f"reference tree of {version} (reference_tree=...)"
+            )
+        vllm_dir = installed_vllm_dir()
+        if vllm_dir is None:
+            raise VllmUnavailable(version, "an installed vllm package folder")
+    else:
+        vllm_dir = reference_tree / "vllm"
+        if not (vllm_dir / "__init__.py").exists():
+            raise UsageError(f"{reference_tree} holds no vllm/ package")
+    return PeerSuite(
+        version=version,
+        suite=fetch_tests(version),
+        deps=deps_dir(),
+        redirect=default_redirect_map(),
+        reference_tree=reference_tree,
+        vllm_dir=vllm_dir,
+        paths=list(paths) if paths is not None else None,
+    )
+
+
+@dataclass
+class PeerSuite:
+    version: str
+    suite: Path  # holds tests/ and pyproject.toml
+    deps: Path
+    redirect: Path
+    reference_tree: Path | None  # None: the installed vLLM
+    vllm_dir: Path  # the reference's vllm package folder
+    paths: list[str] | None = None  # a narrower selection than the default one
+    _fingerprint: str | None = field(default=None, repr=False)
+
+    # -- environment and cache ---------------------------------------------------------------
+
+    def env(self, vllm_tree: Path | None = None) -> dict[str, str]:
+        return build_env(
+            deps=self.deps, redirect_map=self.redirect, version=self.version, vllm_tree=vllm_tree
+        )
+
+    @property
+    def fingerprint(self) -> str:
+        if self._fingerprint is None:
+            self._fingerprint = tree_fingerprint(self.vllm_dir)
+        return self._fingerprint
+
+    def selection(self) -> list[str]:
+        if self.paths is not None:
+            return [path for path in self.paths if (self.suite / path).exists()]
+        return selection(self.suite)
+
+    def _cache(self, kind: str) -> Path:
+        key = key_of(self.fingerprint, self.selection(), PINS)
+        return cache_dir("peer", self.version) / f"{kind}-{key}.json"
+
+    @contextmanager
+    def _locked(self, kind: str) -> Iterator[None]:
+        with open(self._cache(kind).with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    # -- the baseline --------------------------------------------------------------------------
+
+    def baseline(self, refresh: bool = False) -> baselines.Baseline:
+        """The green selection on the reference tree; the first call runs it (~10 min)."""
+        path = self._cache("baseline")
+        with self._locked("baseline"):
+            found = None if refresh else baselines.load(path)
+            if found is not None:
+                return found
+            files = self.selection()
+            done = run_pytest(
+                self.suite,
+                files,
+                self.env(self.reference_tree),
+                extra_args=[
+                    "--continue-on-collection-errors",
+                    f"--timeout={BASELINE_TEST_TIMEOUT}",
+                ],
+            )
+            if done.timed_out or not done.records:
+                raise VllmUnavailable(
+                    self.version, "a baseline run of its tests", done.output_tail[-500:]
+                )
+            made = baselines.derive(
+                self.version, self.fingerprint, files, done.records, done.seconds
+            )
+            baselines.save(made, path)
+            return made
+
+    # -- reach and coverage --------------------------------------------------------------------
+
+    def reach(self, refresh: bool = False) -> ReachMap:
+        """Function -> tests, from the green selection run under coverage; cached."""
+        path = self._cache("reach")
+        with self._locked("reach"):
+            if path.exists() and not refresh:
+                return ReachMap.from_json(json.loads(path.read_text()))
+            made, report = self._coverage_run()
+            path.write_text(json.dumps(made.to_json()))
+            self._cache("coverage").write_text(json.dumps(report))
+            return made
+
+    def _coverage_run(self) -> tuple[ReachMap, dict]:
+        base = self.baseline()
+        with tempfile.TemporaryDirectory(prefix="kvconform-peer-cov-") as tmp:
+            rc = coverage_rc(self.vllm_dir, Path(tmp) / "coveragerc")
+            data = Path(tmp) / ".coverage"
+            env = self.env(self.reference_tree)
+            env["COVERAGE_FILE"] = str(data)
+            done = run_pytest(
+                self.suite,
+                base.files,
+                env,
+                deselect=base.deselected,
+                extra_args=[
+                    *baselines.ignore_args(base),
+                    f"--timeout={BASELINE_TEST_TIMEOUT}",
+                    "--cov",
+                    f"--cov-config={rc}",
+                    "--cov-context=test",
+                    "--cov-report=",
+                ],
+            )
+            self._note_flaky(base, done)
+            with_contexts = export_json(data, rc, Path(tmp) / "c.json", env, contexts=True)
+            report = export_json(data, rc, Path(tmp) / "r.json", env, contexts=False)
+        return from_coverage(with_contexts, self.vllm_dir), report
+
+    def _note_flaky(self, base: baselines.Baseline, done: PytestRun) -> None:
+        """Tests that failed in the green run after passing in the first: deselected too."""
+        failed = {
+            r["nodeid"]: r.get("message", "") for r in done.records if r["outcome"] == "failed"
+        }
+        if failed:
+            for nodeid, message in failed.items():
+                base.deselected.setdefault(nodeid, f"flaky: {message}")
+            base.counts["deselected"] = len(base.deselected)
+            baselines.save(base, self._cache("baseline"))
+
+    def tests_reaching(self, file: str, function: str) -> list[str]:
+        """The test files with a test that executes ``function`` (a qualname) of ``file``."""
+        return self.reach().tests_reaching(file, function)
+
+    def coverage(self, report_dir: Path) -> coverage_report.CoverageSummary:
+        """Branch coverage of the reservation code by the green selection, written to
+        ``report_dir`` (``coverage.json``, coverage.py's own report, and ``summary.json``/
+        ``summary.md``, per file and per function with the branches never taken)."""
+        self.reach()
+        report = json.loads(self._cache("coverage").read_text())
+        summary = coverage_report.summarize(report, self.vllm_dir)
+        report_dir.mkdir(parents=True, exist_ok=True)
+        (report_dir / "coverage.json").write_text(json.dumps(report, indent=1))
+        (report_dir / "reach.json").write_text(json.dumps(self.reach().test_files(), indent=1))
+        coverage_report.write(summary, report_dir)
+        return summary
+
+    # -- judging a tree ------------------------------------------------------------------------
+
+    def run(
+        self,
+        vllm_tree: Path | None = None,
+        functions: set[tuple[str, str]] | None = None,
+        timeout: float = 600.0,
+    ) -> PeerOutcome:
+        """vLLM's tests against ``vllm_tree`` (None: the reference), stopping at the first
+        failure. With ``functions`` ({(``vllm/...py``, qualname)}) only the test files
+        reaching them run; no test reaching them at all means ``survived`` at once."""
+        base = self.baseline()
+        if functions is None:
+            files = list(base.files)
+            extra = baselines.ignore_args(base)
+        else:
+            files = self.reach().files_for(functions)
+            extra = []
+            if not files:
+                return PeerOutcome(Verdict.SURVIVED, None, 0, 0.0, [])
+        done = run_pytest(
+            self.suite,
+            files,
+            self.env(vllm_tree or self.reference_tree),
+            deselect=base.deselected,
+            extra_args=["-x", *extra],
+            timeout=timeout,
+        )
+        verdict, failure = decide(done.records, done.returncode, done.output_tail)
+        tests_run = len({r["nodeid"] for r in done.records if r["kind"] == "test"})
+        return PeerOutcome(verdict, failure, tests_run, round(done.seconds, 2), files)
