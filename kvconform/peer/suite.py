@@ -78,7 +78,7 @@ def prepare(
         if installed != version:
             raise UsageError(
                 f"the installed vLLM is {installed}; the tests of {version} need a "
-                f"reference tree of {version} (reference_tree=...)"
+                f"reference tree of {version} (--reference TREE, reference_tree=TREE)"
             )
         vllm_dir = installed_vllm_dir()
         if vllm_dir is None:
