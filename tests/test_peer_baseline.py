@@ -186,6 +186,9 @@ def test_the_reach_map_names_the_tests_that_execute_each_function(vllm_dir: Path
     assert made.files_for({(pool, "BlockPool.added_by_the_mutant")}) == everything
     assert made.files_for({("vllm/v1/core/elsewhere.py", "f")}) == []
     assert ReachMap.from_json(made.to_json()) == made
+    # A test that failed in the run that made the map does not count as reaching.
+    without = from_coverage(_report(vllm_dir), vllm_dir, {"tests/v1/core/test_a.py::test_free"})
+    assert without.tests_reaching(pool, "BlockPool.get_num_free_blocks") == []
     assert made.test_files()[f"{pool}::BlockPool.get_num_free_blocks"] == [
         "tests/v1/core/test_a.py"
     ]

@@ -33,6 +33,9 @@ def _parser() -> argparse.ArgumentParser:
         "--version", help="the vLLM release whose tests to use (default: installed)"
     )
     parser.add_argument("--reference", type=Path, help="an unmodified tree holding vllm/")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="pytest-xdist processes for baseline and coverage"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("prepare")
     commands.add_parser("baseline").add_argument("--refresh", action="store_true")
@@ -51,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        suite = prepare(args.version, args.reference)
+        suite = prepare(args.version, args.reference, workers=args.workers)
         if args.command == "prepare":
             print(
                 f"vLLM {suite.version}: {len(suite.selection())} selected paths under {suite.suite}"

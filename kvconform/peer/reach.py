@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,8 +120,13 @@ class ReachMap:
         return cls(list(data["tests"]), {k: list(v) for k, v in data["functions"].items()})
 
 
-def from_coverage(report: dict[str, Any], vllm_dir: Path) -> ReachMap:
-    """The reach map of a coverage JSON report made with ``--show-contexts``."""
+def from_coverage(
+    report: dict[str, Any], vllm_dir: Path, leave_out: Collection[str] = ()
+) -> ReachMap:
+    """The reach map of a coverage JSON report made with ``--show-contexts``.
+
+    ``leave_out``: node ids that do not count (tests that failed in that run).
+    """
     index: dict[str, int] = {}
     functions: dict[str, list[int]] = {}
     for measured, entry in report.get("files", {}).items():
@@ -134,7 +139,7 @@ def from_coverage(report: dict[str, Any], vllm_dir: Path) -> ReachMap:
             for line in function.get("executed_lines", []):
                 for context in contexts.get(str(line), []):
                     nodeid = context.rsplit("|", 1)[0]
-                    if nodeid:
+                    if nodeid and nodeid not in leave_out:
                         reached.add(index.setdefault(nodeid, len(index)))
             functions[f"{relative}::{name}"] = sorted(reached)
     return ReachMap(list(index), functions)

@@ -58,10 +58,15 @@ class PeerOutcome:
         return f"{self.verdict.value} ({self.tests_run} tests, {self.seconds:.1f} s){tail}"
 
 
+def _failed(done: PytestRun) -> set[str]:
+    return {r["nodeid"] for r in done.records if r["outcome"] == "failed"}
+
+
 def prepare(
     version: str | None = None,
     reference_tree: Path | None = None,
     paths: Sequence[str] | None = None,
+    workers: int = 1,
 ) -> PeerSuite:
     """vLLM ``version``'s tests, ready to run against ``reference_tree`` and its mutants.
 
@@ -69,6 +74,8 @@ def prepare(
     installed vLLM is the reference, and it must be that version. ``paths``
     (test files or folders relative to the suite) narrow the selection of
     :mod:`kvconform.peer.selection`; their baseline and map are cached apart.
+    ``workers`` > 1 spreads the baseline and coverage runs over that many
+    pytest-xdist processes (the results, and so the caches, are the same).
     """
     installed = installed_vllm_version()
     version = version or installed
@@ -95,6 +102,7 @@ def prepare(
         reference_tree=reference_tree,
         vllm_dir=vllm_dir,
         paths=list(paths) if paths is not None else None,
+        workers=workers,
     )
 
 
@@ -107,6 +115,7 @@ class PeerSuite:
     reference_tree: Path | None  # None: the installed vLLM
     vllm_dir: Path  # the reference's vllm package folder
     paths: list[str] | None = None  # a narrower selection than the default one
+    workers: int = 1  # pytest-xdist processes for the baseline and coverage runs
     _fingerprint: str | None = field(default=None, repr=False)
 
     # -- environment and cache ---------------------------------------------------------------
@@ -137,6 +146,9 @@ class PeerSuite:
             fcntl.flock(lock, fcntl.LOCK_EX)
             yield
 
+    def _xdist(self) -> list[str]:
+        return ["-n", str(self.workers)] if self.workers > 1 else []
+
     # -- the baseline --------------------------------------------------------------------------
 
     def baseline(self, refresh: bool = False) -> baselines.Baseline:
@@ -154,6 +166,7 @@ class PeerSuite:
                 extra_args=[
                     "--continue-on-collection-errors",
                     f"--timeout={BASELINE_TEST_TIMEOUT}",
+                    *self._xdist(),
                 ],
             )
             if done.timed_out or not done.records:
@@ -169,18 +182,56 @@ class PeerSuite:
     # -- reach and coverage --------------------------------------------------------------------
 
     def reach(self, refresh: bool = False) -> ReachMap:
-        """Function -> tests, from the green selection run under coverage; cached."""
+        """Function -> tests, from a run of the selection under coverage; cached.
+
+        With the baseline already known, the green selection is run (and a test
+        that fails there after all is deselected as flaky). Without it, one run
+        gives both (:meth:`survey`).
+        """
         path = self._cache("reach")
+        if path.exists() and not refresh:
+            return ReachMap.from_json(json.loads(path.read_text()))
+        if baselines.load(self._cache("baseline")) is None:
+            return self.survey()[1]
         with self._locked("reach"):
             if path.exists() and not refresh:
                 return ReachMap.from_json(json.loads(path.read_text()))
-            made, report = self._coverage_run()
-            path.write_text(json.dumps(made.to_json()))
-            self._cache("coverage").write_text(json.dumps(report))
+            base = self.baseline()
+            done, with_contexts, report = self._covered_run(
+                base.files,
+                deselect=base.deselected,
+                extra=[*baselines.ignore_args(base), *self._xdist()],
+            )
+            self._note_flaky(base, done)
+            made = from_coverage(with_contexts, self.vllm_dir, _failed(done))
+            self._save_reach(made, report)
             return made
 
-    def _coverage_run(self) -> tuple[ReachMap, dict]:
-        base = self.baseline()
+    def survey(self) -> tuple[baselines.Baseline, ReachMap]:
+        """The baseline, the reach map and the coverage from *one* run of the whole
+        selection under coverage: half the time of :meth:`baseline` then :meth:`reach`.
+
+        The reach map leaves out the tests that failed; the coverage figures keep
+        what those tests executed before failing (the separate green run does not).
+        """
+        with self._locked("baseline"), self._locked("reach"):
+            files = self.selection()
+            done, with_contexts, report = self._covered_run(
+                files, extra=["--continue-on-collection-errors", *self._xdist()]
+            )
+            if done.timed_out or not done.records:
+                raise VllmUnavailable(self.version, "a run of its tests", done.output_tail[-500:])
+            made = baselines.derive(
+                self.version, self.fingerprint, files, done.records, done.seconds
+            )
+            baselines.save(made, self._cache("baseline"))
+            reached = from_coverage(with_contexts, self.vllm_dir, _failed(done))
+            self._save_reach(reached, report)
+            return made, reached
+
+    def _covered_run(
+        self, files: list[str], deselect: dict[str, str] | None = None, extra: Sequence[str] = ()
+    ) -> tuple[PytestRun, dict, dict]:
         with tempfile.TemporaryDirectory(prefix="kvconform-peer-cov-") as tmp:
             rc = coverage_rc(self.vllm_dir, Path(tmp) / "coveragerc")
             data = Path(tmp) / ".coverage"
@@ -188,11 +239,11 @@ class PeerSuite:
             env["COVERAGE_FILE"] = str(data)
             done = run_pytest(
                 self.suite,
-                base.files,
+                files,
                 env,
-                deselect=base.deselected,
+                deselect=deselect or {},
                 extra_args=[
-                    *baselines.ignore_args(base),
+                    *extra,
                     f"--timeout={BASELINE_TEST_TIMEOUT}",
                     "--cov",
                     f"--cov-config={rc}",
@@ -200,10 +251,14 @@ class PeerSuite:
                     "--cov-report=",
                 ],
             )
-            self._note_flaky(base, done)
             with_contexts = export_json(data, rc, Path(tmp) / "c.json", env, contexts=True)
             report = export_json(data, rc, Path(tmp) / "r.json", env, contexts=False)
-        return from_coverage(with_contexts, self.vllm_dir), report
+        report["kvconform"] = {"seconds": round(done.seconds, 1), "counts": done.counts()}
+        return done, with_contexts, report
+
+    def _save_reach(self, made: ReachMap, report: dict) -> None:
+        self._cache("coverage").write_text(json.dumps(report))
+        self._cache("reach").write_text(json.dumps(made.to_json()))
 
     def _note_flaky(self, base: baselines.Baseline, done: PytestRun) -> None:
         """Tests that failed in the green run after passing in the first: deselected too."""
