@@ -161,3 +161,32 @@ def test_the_fallback_finds_only_what_the_tree_lacks(tmp_path: Path, monkeypatch
             del sys.modules[name]
     assert finder.find_spec("other.thing", None) is None
     assert InstalledFallback(installed).prefix == "vllm."
+
+
+def test_light_cleanup_marks_every_test_with_vllms_own_marker(peer_pytester: pytest.Pytester):
+    # Shaped like vLLM's tests/conftest.py: the teardown runs unless the test is marked.
+    peer_pytester.makeconftest(
+        """
+        import pytest
+
+        CLEANED = []
+
+        @pytest.fixture()
+        def should_do_global_cleanup_after_test(request) -> bool:
+            return not request.node.get_closest_marker("skip_global_cleanup")
+
+        @pytest.fixture(autouse=True)
+        def cleanup_fixture(should_do_global_cleanup_after_test):
+            yield
+            if should_do_global_cleanup_after_test:
+                CLEANED.append(1)
+                raise RuntimeError("the global cleanup ran")
+        """
+    )
+    peer_pytester.makepyfile(test_plain="def test_a():\n    pass\n\ndef test_b():\n    pass\n")
+    light = peer_pytester.runpytest_subprocess(
+        "-p", "kvconform.peer.plugins.light_cleanup", "test_plain.py"
+    )  # fmt: skip
+    assert light.parseoutcomes() == {"passed": 2}, light.stdout.str()
+    full = peer_pytester.runpytest_subprocess("test_plain.py")
+    assert full.parseoutcomes() == {"passed": 2, "errors": 2}

@@ -36,6 +36,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--workers", type=int, default=1, help="pytest-xdist processes for baseline and coverage"
     )
+    parser.add_argument(
+        "--global-cleanup",
+        action="store_true",
+        help="keep vLLM's teardown after every test (about 10x slower on a CPU)",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("prepare")
     commands.add_parser("baseline").add_argument("--refresh", action="store_true")
@@ -54,7 +59,9 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        suite = prepare(args.version, args.reference, workers=args.workers)
+        suite = prepare(
+            args.version, args.reference, workers=args.workers, global_cleanup=args.global_cleanup
+        )
         if args.command == "prepare":
             print(
                 f"vLLM {suite.version}: {len(suite.selection())} selected paths under {suite.suite}"

@@ -27,6 +27,7 @@ from typing import Any
 
 PLUGINS = ("record", "deselect", "cpu_warmup")
 TREE_PLUGIN = "tree"
+LIGHT_CLEANUP_PLUGIN = "light_cleanup"
 _TAIL = 6000
 
 
@@ -60,9 +61,15 @@ class PytestRun:
 
 
 def pytest_command(
-    targets: Iterable[str], *, tree_plugin: bool = False, extra_args: Iterable[str] = ()
+    targets: Iterable[str],
+    *,
+    tree_plugin: bool = False,
+    light_cleanup: bool = False,
+    extra_args: Iterable[str] = (),
 ) -> list[str]:
-    plugins = [*PLUGINS, TREE_PLUGIN] if tree_plugin else list(PLUGINS)
+    plugins = list(PLUGINS)
+    plugins += [TREE_PLUGIN] if tree_plugin else []
+    plugins += [LIGHT_CLEANUP_PLUGIN] if light_cleanup else []
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rN"]
     for name in plugins:
         command += ["-p", f"kvconform.peer.plugins.{name}"]
@@ -79,10 +86,17 @@ def run_pytest(
     deselect: Iterable[str] = (),
     extra_args: Iterable[str] = (),
     timeout: float | None = None,
+    light_cleanup: bool = False,
 ) -> PytestRun:
-    """Runs pytest over ``targets`` (paths or node ids relative to ``suite``)."""
+    """Runs pytest over ``targets`` (paths or node ids relative to ``suite``).
+
+    ``light_cleanup`` skips vLLM's teardown after each test
+    (:mod:`kvconform.peer.plugins.light_cleanup`).
+    """
     tree_plugin = "KVCONFORM_PEER_INSTALLED_VLLM" in env
-    command = pytest_command(targets, tree_plugin=tree_plugin, extra_args=extra_args)
+    command = pytest_command(
+        targets, tree_plugin=tree_plugin, light_cleanup=light_cleanup, extra_args=extra_args
+    )
     with tempfile.TemporaryDirectory(prefix="kvconform-peer-") as tmp:
         record = Path(tmp) / "record.jsonl"
         listed = Path(tmp) / "deselect.txt"

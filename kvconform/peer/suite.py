@@ -25,6 +25,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kvconform.errors import UsageError, VllmUnavailable
 from kvconform.paths import cache_dir
@@ -67,6 +68,7 @@ def prepare(
     reference_tree: Path | None = None,
     paths: Sequence[str] | None = None,
     workers: int = 1,
+    global_cleanup: bool = False,
 ) -> PeerSuite:
     """vLLM ``version``'s tests, ready to run against ``reference_tree`` and its mutants.
 
@@ -76,6 +78,9 @@ def prepare(
     :mod:`kvconform.peer.selection`; their baseline and map are cached apart.
     ``workers`` > 1 spreads the baseline and coverage runs over that many
     pytest-xdist processes (the results, and so the caches, are the same).
+    ``global_cleanup`` keeps vLLM's teardown after every test, which costs ~95%
+    of a CPU run (:mod:`kvconform.peer.plugins.light_cleanup`); it is skipped
+    by default, and the caches are kept apart for each choice.
     """
     installed = installed_vllm_version()
     version = version or installed
@@ -103,6 +108,7 @@ def prepare(
         vllm_dir=vllm_dir,
         paths=list(paths) if paths is not None else None,
         workers=workers,
+        global_cleanup=global_cleanup,
     )
 
 
@@ -116,6 +122,7 @@ class PeerSuite:
     vllm_dir: Path  # the reference's vllm package folder
     paths: list[str] | None = None  # a narrower selection than the default one
     workers: int = 1  # pytest-xdist processes for the baseline and coverage runs
+    global_cleanup: bool = False  # keep vLLM's teardown after each test (slow on a CPU)
     _fingerprint: str | None = field(default=None, repr=False)
 
     # -- environment and cache ---------------------------------------------------------------
@@ -137,7 +144,8 @@ class PeerSuite:
         return selection(self.suite)
 
     def _cache(self, kind: str) -> Path:
-        key = key_of(self.fingerprint, self.selection(), PINS)
+        cleanup = "global-cleanup" if self.global_cleanup else "light-cleanup"
+        key = key_of(self.fingerprint, self.selection(), PINS, cleanup)
         return cache_dir("peer", self.version) / f"{kind}-{key}.json"
 
     @contextmanager
@@ -145,6 +153,9 @@ class PeerSuite:
         with open(self._cache(kind).with_suffix(".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             yield
+
+    def _pytest(self, *args: Any, **kwargs: Any) -> PytestRun:
+        return run_pytest(*args, light_cleanup=not self.global_cleanup, **kwargs)
 
     def _xdist(self) -> list[str]:
         return ["-n", str(self.workers)] if self.workers > 1 else []
@@ -159,7 +170,7 @@ class PeerSuite:
             if found is not None:
                 return found
             files = self.selection()
-            done = run_pytest(
+            done = self._pytest(
                 self.suite,
                 files,
                 self.env(self.reference_tree),
@@ -237,7 +248,7 @@ class PeerSuite:
             data = Path(tmp) / ".coverage"
             env = self.env(self.reference_tree)
             env["COVERAGE_FILE"] = str(data)
-            done = run_pytest(
+            done = self._pytest(
                 self.suite,
                 files,
                 env,
@@ -308,7 +319,7 @@ class PeerSuite:
             extra = []
             if not files:
                 return PeerOutcome(Verdict.SURVIVED, None, 0, 0.0, [])
-        done = run_pytest(
+        done = self._pytest(
             self.suite,
             files,
             self.env(vllm_tree or self.reference_tree),

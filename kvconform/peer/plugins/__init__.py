@@ -10,6 +10,8 @@ subprocess. Each does one thing:
   found failing on this machine;
 * :mod:`~kvconform.peer.plugins.cpu_warmup` lets the V2 warmup test run
   without CUDA;
+* :mod:`~kvconform.peer.plugins.light_cleanup` skips vLLM's teardown after
+  each test, with vLLM's own marker;
 * :mod:`~kvconform.peer.plugins.tree` lets a ``.py``-only vLLM tree find the
   installed package's compiled extensions.
 """
