@@ -225,7 +225,11 @@ class PeerSuite:
         The reach map leaves out the tests that failed; the coverage figures keep
         what those tests executed before failing (the separate green run does not).
         """
-        with self._locked("baseline"), self._locked("reach"):
+        # Locks in the order reach() takes them (reach, then baseline): no deadlock.
+        with self._locked("reach"), self._locked("baseline"):
+            found = baselines.load(self._cache("baseline"))
+            if found is not None and self._cache("reach").exists():  # another process did it
+                return found, ReachMap.from_json(json.loads(self._cache("reach").read_text()))
             files = self.selection()
             done, with_contexts, report = self._covered_run(
                 files, extra=["--continue-on-collection-errors", *self._xdist()]
