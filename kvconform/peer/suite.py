@@ -163,7 +163,8 @@ class PeerSuite:
     # -- the baseline --------------------------------------------------------------------------
 
     def baseline(self, refresh: bool = False) -> baselines.Baseline:
-        """The green selection on the reference tree; the first call runs it (~10 min)."""
+        """The green selection on the reference tree; the first call runs it (minutes:
+        docs/peer-tests.md has the measured times)."""
         path = self._cache("baseline")
         with self._locked("baseline"):
             found = None if refresh else baselines.load(path)
@@ -314,13 +315,14 @@ class PeerSuite:
         """vLLM's tests against ``vllm_tree`` (None: the reference), stopping at the first
         failure. With ``functions`` ({(``vllm/...py``, qualname)}) only the test files
         reaching them run; no test reaching them at all means ``survived`` at once."""
+        # The map first: with nothing cached, one survey run makes the baseline too.
+        reaching = None if functions is None else self.reach().files_for(functions)
         base = self.baseline()
-        if functions is None:
+        if reaching is None:
             files = list(base.files)
             extra = baselines.ignore_args(base)
         else:
-            files = self.reach().files_for(functions)
-            extra = []
+            files, extra = reaching, []
             if not files:
                 return PeerOutcome(Verdict.SURVIVED, None, 0, 0.0, [])
         done = self._pytest(
