@@ -38,7 +38,10 @@ sys.meta_path.insert(0, _NotInstalled())
 sys.path.insert(0, {str(REPO)!r})
 """
 LIGHT_KVCONFORM = BLOCKER + "from kvconform.fronts.cli import main\nsys.exit(main(sys.argv[1:]))\n"
-LIGHT_PYTHON = BLOCKER + "import runpy\nsys.argv = sys.argv[1:]\nrunpy.run_path(sys.argv[0], run_name='__main__')\n"
+LIGHT_PYTHON = (
+    BLOCKER
+    + "import runpy\nsys.argv = sys.argv[1:]\nrunpy.run_path(sys.argv[0], run_name='__main__')\n"
+)
 
 _PRELUDE = f"""#!{sys.executable}
 import json, os, sys
@@ -50,7 +53,9 @@ def log(entry):
         out.write(json.dumps(entry) + "\\n")
 """
 
-_GIT = _PRELUDE + """
+_GIT = (
+    _PRELUDE
+    + """
 args = sys.argv[1:]
 if args[0] == "clone":
     ci_standin.fake_checkout(Path(args[-1]))
@@ -58,8 +63,11 @@ if args[0] == "clone":
 else:
     log({"tool": "git", "args": args, "cwd": os.getcwd()})
 """
+)
 
-_MAKE = _PRELUDE + """
+_MAKE = (
+    _PRELUDE
+    + """
 args, directory, words = sys.argv[1:], ".", []
 while args:
     word = args.pop(0)
@@ -77,12 +85,16 @@ if "install-light" in targets:
 if "nightly" in targets and "corpus" in assigned.get("NIGHTLY_PARTS", "").split():
     ci_standin.shard_report(Path(assigned["NIGHTLY_DIR"]), assigned, os.environ)
 """
+)
 
-_AGENT = _PRELUDE + """
+_AGENT = (
+    _PRELUDE
+    + """
 args = sys.argv[1:]
 log({"tool": "buildkite-agent", "args": args,
      "stdin": sys.stdin.read() if args[:1] == ["annotate"] else ""})
 """
+)
 
 
 def _script(path: Path, text: str) -> None:
@@ -123,8 +135,10 @@ def shard_report(directory: Path, assigned: dict[str, str], env: os._Environ[str
     from kvconform.model.results import Failure, RunReport, ScenarioResult, Verdict
     from kvconform.reports import write_reports
 
-    shard = assigned.get("SHARD") or env.get("SHARD") or (
-        f"{int(env['BUILDKITE_PARALLEL_JOB']) + 1}/{env['BUILDKITE_PARALLEL_JOB_COUNT']}"
+    shard = (
+        assigned.get("SHARD")
+        or env.get("SHARD")
+        or (f"{int(env['BUILDKITE_PARALLEL_JOB']) + 1}/{env['BUILDKITE_PARALLEL_JOB_COUNT']}")
     )
     index = int(shard.split("/")[0])
     failed = index == 2

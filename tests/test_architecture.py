@@ -54,7 +54,7 @@ def test_the_tree_keeps_every_contract(tree_copy: Path):
         # An arrow back up: the data model reaching for a front.
         ("kvconform.model.scenario", "from kvconform.fronts import cli", "Layers"),
         # vLLM imported outside the oracles' compatibility package.
-        ("kvconform.harness.checks", "import vllm", "Only the oracles' vllm package"),
+        ("kvconform.harness.checks.floor", "import vllm", "Only the oracles' vllm package"),
         ("kvconform.oracles.live", "import torch", "Only the oracles' vllm package"),
         # A driver reaching past the parties into the compatibility package.
         (

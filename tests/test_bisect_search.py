@@ -302,7 +302,13 @@ def test_every_probe_runs_the_selected_checks(write_scenario, monkeypatch, tmp_p
     monkeypatch.setattr(probe, "run_logged", run_logged)
     probe.run_check("0.28.0", ["--vllm-release", "0.28.0"], every, tmp_path)
     (command,) = commands
-    assert command[3:8] == ["check", str(scenario.resolve()), "--checks", "all", "--no-expectations"]
+    assert command[3:8] == [
+        "check",
+        str(scenario.resolve()),
+        "--checks",
+        "all",
+        "--no-expectations",
+    ]
 
 
 def with_causes(record: ProbeRecord) -> ProbeRecord:
@@ -320,7 +326,9 @@ def with_causes(record: ProbeRecord) -> ProbeRecord:
 def test_the_flips_are_grouped_by_root_cause(tmp_path, capsys):
     fake = FakeReleases(fixed="0.28.0")
     state = new_state(tmp_path)
-    assert run_search(state, lambda label: with_causes(fake(label)), True, print, "release") == FOUND
+    assert (
+        run_search(state, lambda label: with_causes(fake(label)), True, print, "release") == FOUND
+    )
     out = capsys.readouterr().out
     assert "The flips by root cause (the failures of 0.27.1, gathered as `kvconform run`" in out
     assert (

@@ -71,7 +71,9 @@ def upload_interpolated(text: str, env: dict[str, str]) -> str:
 
 def buildkite_steps(env: dict[str, str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     doc = yaml.safe_load(upload_interpolated(RECIPES["buildkite"].read_text(), env))
-    return doc, [s for s in doc["steps"] if isinstance(s, dict) and ("command" in s or "plugins" in s)]
+    return doc, [
+        s for s in doc["steps"] if isinstance(s, dict) and ("command" in s or "plugins" in s)
+    ]
 
 
 def commands_of(step: dict[str, Any]) -> list[str]:
@@ -206,7 +208,9 @@ def run_github(tmp_path: Path, mode: dict[str, str]) -> tuple[Path, list[dict], 
                     else:
                         path.mkdir(parents=True, exist_ok=True)
                 elif uses.startswith("actions/upload-artifact"):
-                    uploads[github_expr(with_["name"], ctx)] = workspace / github_expr(with_["path"], ctx)
+                    uploads[github_expr(with_["name"], ctx)] = workspace / github_expr(
+                        with_["path"], ctx
+                    )
                 elif uses.startswith("actions/download-artifact"):
                     pattern = with_["pattern"].replace("*", ".*")
                     for artifact, source in uploads.items():
@@ -279,7 +283,11 @@ def test_the_recipes_run_and_pass_the_vllm_under_test_through(recipe, mode, tmp_
 
 
 def make_dry(*args: str) -> str:
-    done = subprocess.run(["make", "-n", "--no-print-directory", "-C", str(REPO), *args], capture_output=True, text=True)
+    done = subprocess.run(
+        ["make", "-n", "--no-print-directory", "-C", str(REPO), *args],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -334,7 +342,11 @@ def test_merge_runs_where_vllm_torch_and_numpy_cannot_be_imported(tmp_path):
     )  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr  # shard 2 failed
     assert "merged 2 shards" in done.stdout
-    assert {p.name for p in (tmp_path / "m").iterdir()} >= {"report.json", "summary.md", "report.html"}
+    assert {p.name for p in (tmp_path / "m").iterdir()} >= {
+        "report.json",
+        "summary.md",
+        "report.html",
+    }
 
 
 FAKE_PYTHON = """#!/bin/sh

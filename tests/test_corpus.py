@@ -196,8 +196,8 @@ def test_an_overfull_pool_is_exit_2_naming_the_step_and_the_rest_runs(vllm, tmp_
     out = capsys.readouterr().out
     assert status == 2
     assert re.search(
-        r"too-small\.yaml:\d+: steps\[\d+\]\.[a-d]: the pool of 14 blocks has \d+ free, "
-        r"too few for .* of request '[a-d]'",
+        r"too-small\.yaml:\d+: steps\[\d+\]\.[a-d]: by the floor's own arithmetic .* of "
+        r"request '[a-d]' needs \d+ .*, but the pool of 14 blocks has \d+ to give",
         out,
     ), out
     assert "Traceback" not in out

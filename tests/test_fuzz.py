@@ -13,6 +13,7 @@ The same path on real injected vLLM bugs is in ``test_fuzz_injected.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -103,7 +104,10 @@ def _picky(run: Trajectory) -> Iterator[Failure]:
 @pytest.fixture
 def picky_check(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     original = checks.CHECKS["sanity"]
-    monkeypatch.setitem(checks.CHECKS, "sanity", lambda run: [*original(run), *_picky(run)])
+    picky = dataclasses.replace(
+        original, find=lambda trajectory: [*original.find(trajectory), *_picky(trajectory)]
+    )
+    monkeypatch.setattr(checks, "CHECKS", {**checks.CHECKS, "sanity": picky})
     return monkeypatch
 
 

@@ -36,7 +36,7 @@ def test_the_interval_reaches_the_model(scenario_from):
     [
         ("-16", MAMBA, "at least 0"),
         ("24", MAMBA, "multiple of the scheduler block size (16), not 24"),
-        ("16", "[full_attention]", "no sliding_window or mamba group"),
+        ("16", "[full_attention]", "no sliding_window or sliding_window_mla or mamba group"),
     ],
 )
 def test_a_bad_interval_is_one_message_at_its_field(write_scenario, value, groups, words):
@@ -61,7 +61,7 @@ def test_zero_is_allowed_without_a_sparse_group(scenario_from):
 
 
 SPARSE = f"""\
-model: {{block_size: 16, num_blocks: 3, enable_caching: true,
+model: {{block_size: 16, num_blocks: 3, enable_caching: true, scheduler_reserve_full_isl: false,
         prefix_cache_retention_interval: RETENTION, groups: {MAMBA}}}
 requests: {{a: {{prompt_len: 100}}, b: {{prompt_len: 100}}}}
 steps:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from kvconform.model.scenario import Action, Call, ModelSpec, Scenario
 from kvconform.oracles.live import first_output_token, manager_for, prompt_tokens
-from kvconform.oracles.resolve import new_trajectory, spec_options
+from kvconform.oracles.resolve import new_trajectory, resolve_settings, spec_options
 from kvconform.oracles.vllm import Vllm
 
 
@@ -58,6 +58,7 @@ class BarePlan:
 
 def plan(scenario: Scenario, vllm: Vllm) -> BarePlan:
     """Resolve a ``kind: trajectory`` scenario into a :class:`BarePlan`."""
+    scenario, _ = resolve_settings(scenario, vllm)  # what the harness runs: vLLM's defaults
     model = scenario.model
     run = new_trajectory(scenario, vllm)
     groups = [
@@ -74,7 +75,11 @@ def plan(scenario: Scenario, vllm: Vllm) -> BarePlan:
         tuple(groups),
         run.lookahead,
         vllm.manager_options(
-            run.method, run.num_speculative_tokens, run.sample_from_anchor, model.enable_caching
+            run.method,
+            run.num_speculative_tokens,
+            run.sample_from_anchor,
+            model.enable_caching,
+            run.disable_lookahead_block_hashes,
         ),
         tuple((name, tuple(p)) for name, p in prompts.items()),
         scenario.encoder_lens(),
@@ -124,6 +129,7 @@ def run_bare(bare: BarePlan, vllm: Vllm) -> int:
                     new_computed_blocks=blocks if hit else None,
                     num_lookahead_tokens=lookahead,
                     num_encoder_tokens=enc,
+                    full_sequence_must_fit=model.scheduler_reserve_full_isl,
                 )
             else:
                 new_blocks = allocate_slots(

@@ -25,21 +25,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvconform.model.floors import ENCODER_COLUMNS, ONE_RING_BLOCK, cdiv
+from kvconform.model.floors import FloorRule, pool_columns
 
 
 @dataclass(frozen=True)
 class GroupDemand:
-    family: str  # the group's floor family (FloorRule.family)
+    rule: FloorRule  # the group's floor rule
     block_size: int
     extra_blocks: int = 0  # speculative state blocks (Mamba)
 
     def columns(self, tokens: int, encoder_len: int) -> int:
-        if self.family == ENCODER_COLUMNS.family:
-            return cdiv(encoder_len, self.block_size)
-        if self.family == ONE_RING_BLOCK.family:
-            return 1
-        return cdiv(tokens, self.block_size) + self.extra_blocks
+        return pool_columns(self.rule, tokens, encoder_len, self.block_size, self.extra_blocks)
 
 
 @dataclass
@@ -50,9 +46,18 @@ class PoolDemand:
     held: dict[str, int] = field(default_factory=dict)
     peak: int = 0
 
-    def schedule(self, request: str, computed: int, scheduled: int, encoder_len: int) -> None:
+    def schedule(
+        self, request: str, computed: int, scheduled: int, encoder_len: int, admission: int = 0
+    ) -> None:
+        """One call; ``admission``: at an admission under full-sequence admission (vLLM's
+        default), the whole sequence's tokens, whose blocks must be free at that moment."""
         tokens = min(computed + scheduled + self.lookahead, self.max_model_len)
         need = sum(group.columns(tokens, encoder_len) for group in self.groups)
+        if admission:
+            whole = min(admission, self.max_model_len)
+            others = sum(held for name, held in self.held.items() if name != request)
+            full = sum(group.columns(whole, encoder_len) for group in self.groups)
+            self.peak = max(self.peak, others + full)
         self.held[request] = max(self.held.get(request, 0), need)
         self.peak = max(self.peak, sum(self.held.values()))
 

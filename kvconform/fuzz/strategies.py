@@ -149,6 +149,13 @@ def scenario_documents(draw: DrawFn, space: FuzzSpace, name: str = "fuzz") -> di
     if has_cross:
         model["max_encoder_len"] = max_encoder_len
     model["groups"] = groups
+    if len(set(block_sizes)) > 1 and any(
+        GROUP_TYPES[_type_of(g)].caching_needs_one_block_size for g in groups
+    ):
+        # vLLM caches such a model only with one block size: prefix caching off, and the
+        # options vLLM derives from it as vLLM derives them.
+        model["enable_caching"] = False
+        model["groups"] = groups = [_without_caching(g) for g in groups]
     doc: dict[str, Any] = {"name": name, "model": model}
     if speculative:
         doc["speculative"] = speculative
@@ -157,6 +164,22 @@ def scenario_documents(draw: DrawFn, space: FuzzSpace, name: str = "fuzz") -> di
     doc["requests"] = {name: body for name, body in requests.items() if name in acting}
     doc["steps"] = steps
     return doc
+
+
+def _without_caching(group: Any) -> Any:
+    """A drawn group with its caching-following options as vLLM sets them with caching off."""
+    if isinstance(group, str):
+        return group
+    group_type = GROUP_TYPES[group["type"]]
+    options = dict(group)
+    for name, option in group_type.options.items():
+        if option.follows_caching is not None and name in options:
+            value = option.follows_caching[False]
+            if value == option.default:
+                del options[name]
+            else:
+                options[name] = value
+    return options if len(options) > 1 else group["type"]
 
 
 def _type_of(group: Any) -> str:
@@ -241,7 +264,7 @@ def _demand(group: Any, block_size: int, k: int | None) -> GroupDemand:
     # Speculative state blocks default to k (vLLM's MambaBase does the same).
     option = group_type.speculative_blocks
     extra = int(options.get(option) or k or 0) if option is not None else 0
-    return GroupDemand(group_type.floor_for(options).family, block_size, extra)
+    return GroupDemand(group_type.floor_for(options), block_size, extra)
 
 
 # A request's move in a step, from one integer: Hypothesis shrinks it towards idle.
@@ -349,6 +372,7 @@ def _apply(
         num_speculative_tokens=k,
     )
     if call.allocates:
-        demand.schedule(state.spec.name, call.computed, call.scheduled, encoder_len)
+        admission = state.num_tokens if call.first_chunk else 0
+        demand.schedule(state.spec.name, call.computed, call.scheduled, encoder_len, admission)
     else:
         demand.release(state.spec.name)

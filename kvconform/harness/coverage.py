@@ -199,7 +199,9 @@ def render_text(coverage: Coverage) -> str:
                 note += f"  (+{len(more)} variants vLLM runs as {item.name}: {', '.join(more)})"
             out.append(f"  {item.status.upper():10} method {item.name}{note}")
     if coverage.settings:
-        out.append("\nsettings (scenarios per value; vLLM's default where a scenario states another)")
+        out.append(
+            "\nsettings (scenarios per value; vLLM's default where a scenario states another)"
+        )
         for name, values in sorted(coverage.settings.items()):
             shown = ", ".join(f"{value}: {count}" for value, count in sorted(values.items()))
             out.append(f"  {name:32} {shown}")

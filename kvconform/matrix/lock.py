@@ -28,11 +28,7 @@ class ReleaseLock:
 
     def unverified(self, scenario_files: Iterable[Path], root: Path) -> list[Path]:
         """The files that are new or changed since the lock was written."""
-        return [
-            path
-            for path in scenario_files
-            if self.files.get(_key(path, root)) != digest(path)
-        ]
+        return [path for path in scenario_files if self.files.get(_key(path, root)) != digest(path)]
 
 
 def digest(path: Path) -> str:

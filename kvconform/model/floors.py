@@ -184,6 +184,26 @@ ONE_RING_BLOCK = FloorRule(
 )
 
 
+def pool_columns(
+    rule: FloorRule, tokens: int, encoder_len: int, block_span: int, speculative_blocks: int = 0
+) -> int:
+    """The most pool blocks a group of this rule's family asks for at ``tokens`` tokens.
+
+    The floor says what a party must hold at least; this bounds what the allocator
+    may take from the pool, column by column (a column holds at most one block): the
+    encoder's columns for cross-attention, one ring block, else one column per
+    ``block_span`` tokens plus the speculative state blocks (vLLM's MambaManager sizes
+    its non-align modes from the tokens too). A step whose columns by this count do not
+    fit the free pool is the scenario's to fix, not vLLM's (kvconform.oracles.live), and
+    the fuzzer sizes its pools from it (kvconform.fuzz.pool).
+    """
+    if rule.family == ENCODER_COLUMNS.family:
+        return cdiv(encoder_len, block_span)
+    if rule.family == ONE_RING_BLOCK.family:
+        return 1
+    return cdiv(tokens, block_span) + speculative_blocks
+
+
 # What a windowed group's attention reads, beside the floor's count of columns: the
 # token at ``position`` attends to the positions from ``first_position_read(...)``
 # through itself. vLLM replaces the blocks before that with the null block

@@ -106,6 +106,10 @@ class GroupType:
     # The option holding speculative state blocks, which default to one per
     # speculative token (vLLM's MambaBase.get_kv_cache_spec); None: the type has none.
     speculative_blocks: str | None = None
+    # vLLM caches this type's prefixes only when every group has its block size
+    # (ChunkedLocalAttentionManager.find_longest_cache_hit asserts it): the fuzzer draws
+    # such a model with prefix caching off.
+    caching_needs_one_block_size: bool = False
     # Attention (KV per token); False for a recurrent state (Mamba). vLLM's default for
     # prefix caching depends on the model's attention type (ModelConfig.attn_type).
     attention: bool = True
@@ -214,6 +218,7 @@ GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
                 holds_null=True,
                 reads=("chunk", "attention_chunk_size"),
                 modes=_PLAIN_DECODER,
+                caching_needs_one_block_size=True,
             ),
             GroupType(
                 "rswa",

@@ -40,6 +40,7 @@ from dataclasses import replace
 from typing import Any
 
 from kvconform.errors import Location, PoolExhausted, ScenarioError
+from kvconform.model.floors import pool_columns
 from kvconform.model.observations import Trajectory
 from kvconform.model.scenario import Action, Call, ModelSpec, RequestSpec
 from kvconform.oracles.resolve import extra_retained_tokens, group_specs
@@ -145,9 +146,9 @@ class LiveAllocator:
         self.vllm = vllm
         self.model = model
         self.lookahead = trajectory.lookahead
-        # The floor of each group, and the floor's lookahead (what the drafter writes):
-        # the arithmetic a refusal is judged by.
-        self._floors = [group.step_floor() for group in trajectory.groups]
+        # The groups (their floor rules and fixed inputs) and the floor's lookahead (what
+        # the drafter writes): the arithmetic a refusal is judged by.
+        self._groups = trajectory.groups
         self.floor_lookahead = (
             trajectory.lookahead
             if trajectory.floor_lookahead is None
@@ -236,9 +237,10 @@ class LiveAllocator:
     ) -> Exception:
         """Whose a refusal is: the floor's arithmetic for this call against the pool.
 
-        New blocks the floor needs: per group, the floor's columns after the call
-        minus the columns the request holds and the prefix hit brings, plus the hit's
-        blocks that sit in the free queue. An admission under full-sequence admission
+        New blocks the floor's arithmetic needs: per group, the columns after the call
+        (:func:`~kvconform.model.floors.pool_columns`: up to computed + scheduled +
+        lookahead) minus the columns the request holds and the prefix hit brings, plus
+        the hit's blocks that sit in the free queue. An admission under full-sequence admission
         needs the whole sequence's columns too. The blocks it may use: the free ones
         minus ``reserved_blocks`` and, while another request runs, the watermark.
         """
@@ -246,16 +248,20 @@ class LiveAllocator:
         evictable = (
             self.vllm.evictable_blocks(hit_blocks, self.null_block) if hit_blocks is not None else 0
         )
-        tokens_after = (call.computed, call.scheduled, self.floor_lookahead)
+        cap = self.model.max_model_len
+        tokens = min(call.computed + call.scheduled + self.floor_lookahead, cap)
+        whole = min(request.num_tokens, cap)
         full = call.first_chunk and self._full_sequence_must_fit(call)
         need = full_need = evictable
-        for group, floor, have in zip(self.model.groups, self._floors, held, strict=True):
-            hit_columns = hit // group.block_size
-            columns = floor(*tokens_after, encoder_len)
+        for info, have in zip(self._groups, held, strict=True):
+            span = info.block_size * int(info.floor_args.get("dcp_world_size", 1))
+            extra = int(info.floor_args.get("num_speculative_blocks", 0))
+            rule, hit_columns = info.floor_rule, hit // info.block_size
+            columns = pool_columns(rule, tokens, encoder_len, span, extra)
             need += max(0, columns - max(have, hit_columns))
             if full:
-                whole = min(request.num_tokens, self.model.max_model_len)
-                full_need += max(0, floor(0, whole, 0, encoder_len) - max(have, hit_columns))
+                whole_columns = pool_columns(rule, whole, encoder_len, span, extra)
+                full_need += max(0, whole_columns - max(have, hit_columns))
         running = bool(self._running_names - {call.request})
         watermark = self.vllm.watermark_blocks(self.manager) if call.first_chunk and running else 0
         available = free - call.options.reserved_blocks - watermark

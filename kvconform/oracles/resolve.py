@@ -47,9 +47,18 @@ def resolve_settings(scenario: Scenario, vllm: Vllm) -> tuple[Scenario, Settings
     supported = vllm.prefix_caching_default(scenario.model.attn_type)
     if supported is not None:
         defaults["enable_caching"] = supported
+    k = scenario.speculative.num_speculative_tokens if scenario.speculative is not None else 0
+    if defaults.get("enable_caching") and not any(
+        vllm.prefix_cacheable(spec) for spec in group_specs(vllm, scenario.model, k)
+    ):
+        # vLLM's hybrid coordinator needs a prefix-cacheable group; a model without one
+        # (R-SWA alone, ...) is one whose config turns prefix caching off.
+        defaults["enable_caching"] = False
     kind_settings = [s for s in SETTINGS.values() if scenario.kind in s.kinds]
     stated = set(scenario.model.stated)
     implied = caching_implied_by_groups(scenario.model)
+    if implied and not defaults.get("enable_caching"):
+        implied = None  # vLLM turns caching off for this model: a stated align stays as stated
     if implied is not None and "enable_caching" not in stated:
         # A stated Mamba "none" is vLLM's configuration with prefix caching off.
         scenario = replace(

@@ -43,13 +43,15 @@ from __future__ import annotations
 
 import copy
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from kvconform.errors import NotOffered, PoolExhausted, ScenarioError, VllmUnavailable
 from kvconform.model.acceptance import AcceptanceStream
-from kvconform.model.floors import StepFloor
+from kvconform.model.floors import pool_columns
 from kvconform.model.methods import method_for
+from kvconform.model.observations import GroupInfo
 from kvconform.model.scenario import Scenario
 from kvconform.model.tiny_model import SCHEDULER_TARGET
 from kvconform.oracles.live import OUTPUT_OFFSET, first_output_token, prompt_tokens
@@ -217,8 +219,8 @@ class SchedulerRun:
 class SchedulerOracle:
     """vLLM's scheduler for one scenario, with its requests, stepped to the end."""
 
-    # The groups' floors and the floor's lookahead: set by run_scheduler.
-    floors: list[StepFloor] | None = None
+    # The groups (their floor rules) and the floor's lookahead: set by run_scheduler.
+    floors: Sequence[GroupInfo] | None = None
     floor_lookahead: int = 0
 
     def __init__(self, vllm: Vllm, scenario: Scenario, num_speculative_tokens: int) -> None:
@@ -466,10 +468,15 @@ class SchedulerOracle:
             chunk = min(left, budget) if self.limits.enable_chunked_prefill else left
             held = [len(ids) for ids in self.manager.get_block_ids(head)]
             need = full_need = 0
-            for floor, have in zip(self.floors, held, strict=True):
-                need += max(0, floor(computed, chunk, self.floor_lookahead, 0) - have)
-                whole = min(int(request.num_tokens), model.max_model_len)
-                full_need += max(0, floor(0, whole, 0, 0) - have)
+            cap = model.max_model_len
+            tokens = min(computed + chunk + self.floor_lookahead, cap)
+            whole = min(int(request.num_tokens), cap)
+            for info, have in zip(self.floors, held, strict=True):
+                span = info.block_size * int(info.floor_args.get("dcp_world_size", 1))
+                extra = int(info.floor_args.get("num_speculative_blocks", 0))
+                rule = info.floor_rule
+                need += max(0, pool_columns(rule, tokens, 0, span, extra) - have)
+                full_need += max(0, pool_columns(rule, whole, 0, span, extra) - have)
             full = model.scheduler_reserve_full_isl
             watermark = self.vllm.watermark_blocks(self.manager) if running else 0
             available = free - watermark
@@ -544,12 +551,12 @@ def run_scheduler(
     vllm: Vllm,
     scenario: Scenario,
     num_speculative_tokens: int,
-    floors: list[StepFloor] | None = None,
+    floors: Sequence[GroupInfo] | None = None,
     floor_lookahead: int = 0,
 ) -> SchedulerRun:
     """Build vLLM's scheduler for a ``kind: scheduler`` scenario and step it to the end.
 
-    ``floors``: each group's floor, with ``floor_lookahead``, to tell a stall that is
+    ``floors``: the groups (their floor rules), with ``floor_lookahead``, to tell a stall that is
     the scenario's (its pool too small) from one that is vLLM's (:class:`StallRecord`).
     """
     oracle = SchedulerOracle(vllm, scenario, num_speculative_tokens)

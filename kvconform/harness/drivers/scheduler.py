@@ -89,7 +89,7 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
         vllm,
         scenario,
         trajectory.num_speculative_tokens,
-        [info.step_floor() for info in trajectory.groups],
+        trajectory.groups,
         trajectory.lookahead if contract_lookahead is None else contract_lookahead,
     )
 

@@ -101,9 +101,7 @@ def drive_warmup(scenario: Scenario, vllm: Vllm) -> Trajectory:
                 encoder_lens[name] = call.encoder_len
             enc = encoder_lens.get(name, 0)
             try:
-                live.replay(
-                    name, call.computed, call.scheduled, call.prompt_len, enc, where, label
-                )
+                live.replay(name, call.computed, call.scheduled, call.prompt_len, enc, where, label)
             except StepDenied as denied:
                 trajectory.denials.append(denial(denied, step.index, None))
                 break

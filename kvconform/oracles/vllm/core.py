@@ -231,6 +231,11 @@ class Vllm:
         with quiet_logs():
             return bool(rule.fget(SimpleNamespace(attn_type=attn_type, pooler_config=None)))
 
+    def prefix_cacheable(self, spec: Any) -> bool:
+        """Whether vLLM caches this group's prefixes (``KVCacheSpec.prefix_cacheable``;
+        releases without the property cache every group)."""
+        return bool(getattr(spec, "prefix_cacheable", True))
+
     def _retention_from_environment(self) -> int | None:
         envs = self.optional_module("vllm.envs")
         return getattr(envs, _RETENTION_VARIABLE, None) if envs is not None else None
