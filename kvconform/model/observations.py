@@ -109,6 +109,24 @@ class Denial(NamedTuple):
     detail: str = ""
 
 
+class KvLoad(NamedTuple):
+    """A KV connector's asynchronous load into a request's blocks (scheduler mode).
+
+    ``blocks``: per group, the blocks the connector writes the remote KV into, from
+    the ``schedule()`` that began the load (``started``) through the one whose output
+    reported it received (``done``; None: not reported during the run). Until then no
+    other request may hold one of them: the worker's transfer still writes there.
+    ``aborted``: the ``schedule()`` call the client's abort of the request came before.
+    """
+
+    request: str
+    line: int | None
+    started: int
+    blocks: tuple[tuple[int, ...], ...]
+    done: int | None = None
+    aborted: int | None = None
+
+
 class RefusedCall(NamedTuple):
     """A call the scenario says ``allocate_slots`` must refuse, and what it did.
 
@@ -247,6 +265,9 @@ class Trajectory:
     # Scheduler mode: the observations of requests that began loading their KV
     # asynchronously in that step (a KV connector's remote prefill): no lookahead.
     async_loads: set[int] = field(default_factory=set)
+    # Scheduler mode: the KV connector's asynchronous loads, with the blocks they write
+    # into and the steps they ran (check `sanity`).
+    kv_loads: list[KvLoad] = field(default_factory=list)
     # Engine mode: requests the engine did not finish with their max_tokens, as messages.
     unfinished: list[str] = field(default_factory=list)
     # Steps vLLM refused although the floor fits them (check `capacity`); the driver

@@ -192,6 +192,10 @@ class RequestSpec:
     # Scheduler scenarios only: the prefix-cache hit (tokens) the request must adopt at
     # its first admission, derived by hand from the scenario; None: not judged.
     expect_hit: int | None = None
+    # Scheduler scenarios only: the client aborts the request before the abort_at-th
+    # schedule() call (the engine core calls Scheduler.finish_requests with
+    # FINISHED_ABORTED between steps); None: never aborted.
+    abort_at: int | None = None
 
 
 @dataclass(frozen=True)

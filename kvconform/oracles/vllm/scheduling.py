@@ -323,5 +323,25 @@ class Scheduling:
         """Whether a request waits for its asynchronous KV load (``WAITING_FOR_REMOTE_KVS``)."""
         return bool(request.status == self._scheduling.RequestStatus.WAITING_FOR_REMOTE_KVS)
 
+    def abort(self, scheduler: Any, request_id: str) -> None:
+        """The client aborts a request: what ``EngineCore.abort_requests`` asks the scheduler.
+
+        ``Scheduler.finish_requests(ids, RequestStatus.FINISHED_ABORTED)``: vLLM frees the
+        request's blocks, or, for a request whose KV a connector still loads
+        (``WAITING_FOR_REMOTE_KVS``), keeps them until the load reports done.
+        """
+        finish = getattr(scheduler, "finish_requests", None)
+        if finish is None:
+            raise self._vllm.missing("Scheduler.finish_requests")
+        with quiet_logs():
+            finish([request_id], self._scheduling.RequestStatus.FINISHED_ABORTED)
+
+    def is_aborted(self, request: Any) -> bool:
+        return bool(request.status == self._scheduling.RequestStatus.FINISHED_ABORTED)
+
+    def status_name(self, request: Any) -> str:
+        status = request.status
+        return str(getattr(status, "name", status))
+
     def draft_token_ids(self, req_ids: list[str], drafts: list[list[int]]) -> Any:
         return call(self._scheduling.DraftTokenIds, req_ids=req_ids, draft_token_ids=drafts)
