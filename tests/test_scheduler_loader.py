@@ -48,6 +48,14 @@ def test_scheduler_scenario_is_parsed(scenario_from):
     assert e.acceptance == Acceptance("repeat", (0,))
 
 
+def test_abort_at_is_read_and_off_by_default(scenario_from):
+    scenario = scenario_from(
+        "kind: scheduler\nscheduler: {mode: sync}\nrequests:\n"
+        "  a: {prompt_len: 40, remote_prefill: 4, abort_at: 1}\n  b: {prompt_len: 40}\n"
+    )
+    assert [r.abort_at for r in scenario.requests.values()] == [1, None]
+
+
 def test_scheduler_defaults(scenario_from):
     scenario = scenario_from("kind: scheduler\nrequests: {a: {prompt_len: 10}}\n")
     limits = scenario.scheduler
@@ -233,6 +241,19 @@ SPEC = "speculative: {method: eagle, num_speculative_tokens: 3}\n"
             "kind: scheduler\nrequests:\n  a: {prompt_len: 5, remote_prefill: true}\n",
             3,
             "requests.a.remote_prefill",
+            "needs scheduler.mode: sync, not 'overlapped'",
+        ),
+        (
+            "kind: scheduler\nscheduler: {mode: sync}\nrequests:\n"
+            "  a: {prompt_len: 5, arrival: 2, abort_at: 2}\n",
+            4,
+            "requests.a.abort_at",
+            "must come after the request's arrival (2)",
+        ),
+        (
+            "kind: scheduler\nrequests:\n  a: {prompt_len: 5, abort_at: 3}\n",
+            3,
+            "requests.a.abort_at",
             "needs scheduler.mode: sync, not 'overlapped'",
         ),
         (

@@ -8,7 +8,9 @@ original (compiled extensions stay in the installed package, which
 ``pristine_tree`` in ``conftest.py`` makes one per test session.
 :func:`tree_with_replacement` hard-links that copy and replaces one exact piece
 of text in one module, failing if the text is not there exactly once, so a vLLM
-upgrade that moves the code fails loudly instead of testing nothing.
+upgrade that moves the code fails loudly instead of testing nothing;
+:func:`tree_with_patch` applies a unified diff instead (a real bug's patch from
+``realbugs/patches/``), failing if it does not apply.
 :func:`run_kvconform` runs the command against such a copy in a fresh process:
 ``--vllm-src`` must be the first vLLM the interpreter imports.
 """
@@ -70,6 +72,36 @@ def tree_with_replacement(pristine: Path, root: Path, module: str, old: str, new
     target.unlink()  # break the hard link: the pristine copy stays pristine
     target.write_text(text.replace(old, new), encoding="utf-8")
     assert new in target.read_text(encoding="utf-8")
+    return root
+
+
+def tree_with_patch(pristine: Path, root: Path, patch: Path) -> Path:
+    """A copy of ``pristine`` (hard links) at ``root`` with a unified diff applied (``patch -p1``).
+
+    The diff must apply as it is: a vLLM upgrade that moves the code fails loudly.
+    """
+
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    shutil.copytree(pristine, root, copy_function=link)
+    text = patch.read_text(encoding="utf-8")
+    for line in text.splitlines():
+        if line.startswith("+++ "):
+            target = root / line[4:].split()[0].removeprefix("b/")
+            data = target.read_bytes()
+            target.unlink()  # break the hard link: the pristine copy stays pristine
+            target.write_bytes(data)
+    done = subprocess.run(
+        ["patch", "-p1", "--forward", "--batch", "-i", str(patch.resolve())],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, f"{patch.name} does not apply: {done.stdout}{done.stderr}"
     return root
 
 

@@ -4,10 +4,14 @@ For the developer adding a spec-decode method or a KV spec type: who held how
 many blocks at each step, what the floor was and why, and where a party fell
 short (``!``) or the parties disagreed (``~``). Where the driver did not decide
 the steps itself (scheduler mode), a line under each step says what vLLM decided.
+A startup scenario has no steps: one ``max_model_len`` request's floor per group,
+against the pool vLLM's planning chose.
 """
 
 from __future__ import annotations
 
+from kvconform.harness.checks.startup import request_floor
+from kvconform.model.observations import Trajectory
 from kvconform.model.results import ScenarioResult
 from kvconform.model.scenario import Scenario
 
@@ -42,6 +46,9 @@ def explain(scenario: Scenario, result: ScenarioResult, version: str) -> str:
         out.append(
             f"  g{group.index} {group.label}, block {group.block_size}: {group.floor_rule.reason}"
         )
+    if trajectory.startup is not None:
+        out.extend(_startup_lines(trajectory))
+        return "\n".join(out + _verdict_lines(result))
     parties = [(attr, short) for attr, short in PARTIES if attr in trajectory.parties]
     # Warmup request ids (_v2_mixed_warmup_prefill_) and labels are longer than a
     # trajectory's; widen the columns to fit, within reason.
@@ -74,12 +81,34 @@ def explain(scenario: Scenario, result: ScenarioResult, version: str) -> str:
     if last_step is not None and last_step in trajectory.step_notes:
         out.append(f"{'':>10}^ {trajectory.step_notes[last_step]}")
     out.append("marks: ! below the floor, ~ differs from the predictor's running maximum")
-    out.append(
+    return "\n".join(out + _verdict_lines(result))
+
+
+def _startup_lines(trajectory: Trajectory) -> list[str]:
+    """A startup scenario has no steps: one max_model_len request's floor against the pool."""
+    record = trajectory.startup
+    assert record is not None
+    floors = request_floor(trajectory, record.max_model_len)
+    pool = (
+        f"vLLM chose a pool of {record.num_blocks} blocks ({record.num_blocks - 1} usable, the "
+        "null block kept back)"
+        if record.num_blocks is not None
+        else f"vLLM refused; the pool would have been {record.pool} blocks ({record.pool - 1} usable)"
+    )
+    return [
+        f"one request of max_model_len {record.max_model_len}: "
+        + ", ".join(f"g{g.index} floor {n}" for g, n in zip(trajectory.groups, floors, strict=True))
+        + f", {sum(floors)} in all; {pool}"
+    ]
+
+
+def _verdict_lines(result: ScenarioResult) -> list[str]:
+    out = [
         f"verdict: {result.verdict.value}"
         + (f" ({result.expectation})" if result.expectation else "")
-    )
+    ]
     for failure in result.failures:
         out.append(f"  [{failure.check}] {failure.message}")
     if result.error:
         out.append(f"  {result.error}")
-    return "\n".join(out)
+    return out

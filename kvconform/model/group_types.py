@@ -147,6 +147,13 @@ _EXTRA_RETAINED = Option(
 # or context-parallel model configuration would be scheduled without the model-driven
 # behaviour they exist for.
 _PLAIN_DECODER = EVERY_KIND_WITH_GROUPS | {"scheduler"}
+# Startup scenarios hand vLLM's startup planning one layer per group and judge the pool
+# it accepts by what one max_model_len request holds. They take the types whose floor
+# for that request is the pool blocks it holds: token-indexed types without null
+# columns, and Mamba outside "align" (its running state and speculative blocks). A
+# windowed type's columns overstate the blocks it holds at once (those that left the
+# window are null), so its one-request demand is not its floor.
+_STARTUP = frozenset({"startup"})
 
 GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
     {
@@ -158,7 +165,7 @@ GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
                 "Full attention.",
                 TOKEN_COLUMNS,
                 # The engine builds its groups from the model: a plain decoder's one group.
-                modes=_PLAIN_DECODER | {"engine"},
+                modes=_PLAIN_DECODER | {"engine"} | _STARTUP,
                 fuzz_rank=0,
             ),
             GroupType(
@@ -166,7 +173,7 @@ GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
                 "MLAAttentionSpec",
                 "Multi-head latent attention.",
                 TOKEN_COLUMNS,
-                modes=_PLAIN_DECODER,
+                modes=_PLAIN_DECODER | _STARTUP,
                 fuzz_rank=3,
             ),  # fmt: skip
             GroupType(
@@ -269,6 +276,7 @@ GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
                 retention=True,
                 speculative_blocks="num_speculative_blocks",
                 attention=False,
+                modes=EVERY_KIND_WITH_GROUPS | _STARTUP,
                 fuzz_rank=2,
             ),
             GroupType(

@@ -109,6 +109,63 @@ class Denial(NamedTuple):
     detail: str = ""
 
 
+class KvLoad(NamedTuple):
+    """A KV connector's asynchronous load into a request's blocks (scheduler mode).
+
+    ``blocks``: per group, the blocks the connector writes the remote KV into, from
+    the ``schedule()`` that began the load (``started``) through the one whose output
+    reported it received (``done``; None: not reported during the run). Until then no
+    other request may hold one of them: the worker's transfer still writes there.
+    ``aborted``: the ``schedule()`` call the client's abort of the request came before.
+    """
+
+    request: str
+    line: int | None
+    started: int
+    blocks: tuple[tuple[int, ...], ...]
+    done: int | None = None
+    aborted: int | None = None
+
+
+@dataclass(frozen=True)
+class StartupRecord:
+    """What vLLM's startup KV-cache planning decided for a ``kind: startup`` scenario.
+
+    ``accepted``: ``get_kv_cache_configs`` (the engine core's planning) returned a
+    configuration; otherwise ``refusal`` is the first line of vLLM's ``ValueError``.
+    ``num_blocks``: the pool vLLM chose (``KVCacheConfig.num_blocks``, the null block
+    included), None when it refused. ``max_model_len``: after planning (auto-fit may
+    have lowered it from ``original_max_model_len``). ``available_blocks`` is the
+    memory handed to the planner in pool blocks (``bytes_per_block`` each), the
+    override the engine's ``num_gpu_blocks_override``. ``vllm_groups``: the groups
+    vLLM's planner formed from the scenario's layers, as labels. ``expect`` and
+    ``expect_max_model_len`` are the scenario's own statements (None: not stated),
+    ``line`` where the startup section is.
+    """
+
+    accepted: bool
+    function: str
+    max_model_len: int
+    original_max_model_len: int
+    available_blocks: int
+    bytes_per_block: int
+    num_blocks: int | None = None
+    refusal: str = ""
+    override: int | None = None
+    auto_fit: bool = False
+    vllm_groups: tuple[str, ...] = ()
+    expect: str | None = None
+    expect_max_model_len: int | None = None
+    line: int | None = None
+
+    @property
+    def pool(self) -> int:
+        """The pool the planner had to fit: the one it chose, else the override or the memory's."""
+        if self.num_blocks is not None:
+            return self.num_blocks
+        return self.override if self.override is not None else self.available_blocks
+
+
 class RefusedCall(NamedTuple):
     """A call the scenario says ``allocate_slots`` must refuse, and what it did.
 
@@ -247,6 +304,11 @@ class Trajectory:
     # Scheduler mode: the observations of requests that began loading their KV
     # asynchronously in that step (a KV connector's remote prefill): no lookahead.
     async_loads: set[int] = field(default_factory=set)
+    # Scheduler mode: the KV connector's asynchronous loads, with the blocks they write
+    # into and the steps they ran (check `sanity`).
+    kv_loads: list[KvLoad] = field(default_factory=list)
+    # Startup mode: what vLLM's startup KV-cache planning decided (check `startup`).
+    startup: StartupRecord | None = None
     # Engine mode: requests the engine did not finish with their max_tokens, as messages.
     unfinished: list[str] = field(default_factory=list)
     # Steps vLLM refused although the floor fits them (check `capacity`); the driver

@@ -65,6 +65,12 @@ PARTIES: Mapping[str, Party] = MappingProxyType(
                 "vllm/v1/engine/core.py",
             ),
             Party(
+                "planner",
+                "the startup KV-cache planning",
+                "get_kv_cache_configs",
+                "vllm/v1/core/kv_cache_planning.py",
+            ),
+            Party(
                 "slots",
                 "the slot mapping",
                 "BlockTables.compute_slot_mappings",
@@ -83,7 +89,7 @@ PARTIES: Mapping[str, Party] = MappingProxyType(
 # Where the live side is not the allocator driven by a scenario's own steps, the
 # kind of scenario says which of vLLM's parts decided its holdings.
 LIVE_PARTY_BY_KIND: Mapping[str, str] = MappingProxyType(
-    {"scheduler": "scheduler", "engine": "engine"}
+    {"scheduler": "scheduler", "engine": "engine", "startup": "planner"}
 )
 
 

@@ -24,7 +24,7 @@ from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.tiny_model import TinyModel
 
 # The kinds of scenario there are, each with its driver (kvconform.harness.drivers).
-KINDS = ("trajectory", "warmup", "scheduler", "engine")
+KINDS = ("trajectory", "warmup", "scheduler", "engine", "startup")
 
 
 class Action(str, enum.Enum):
@@ -192,6 +192,10 @@ class RequestSpec:
     # Scheduler scenarios only: the prefix-cache hit (tokens) the request must adopt at
     # its first admission, derived by hand from the scenario; None: not judged.
     expect_hit: int | None = None
+    # Scheduler scenarios only: the client aborts the request before the abort_at-th
+    # schedule() call (the engine core calls Scheduler.finish_requests with
+    # FINISHED_ABORTED between steps); None: never aborted.
+    abort_at: int | None = None
 
 
 @dataclass(frozen=True)
@@ -394,6 +398,30 @@ class EngineSpec:
         )
 
 
+STARTUP_OUTCOMES = ("accept", "refuse")
+
+
+@dataclass(frozen=True)
+class StartupSpec:
+    """What a ``kind: startup`` scenario hands vLLM's startup KV-cache planning.
+
+    ``available_blocks``: the KV-cache memory the engine's profiler reports, in pool
+    blocks (vLLM's own bytes per block of the groups it forms from the scenario's
+    layers); ``num_gpu_blocks_override``: the engine's
+    ``--num-gpu-blocks-override``; ``auto_fit``: ``--max-model-len -1`` (vLLM fits
+    max_model_len to the memory, from the model's own length, ``model.max_model_len``).
+    ``expect`` / ``expect_max_model_len``: what vLLM must decide, derived by hand
+    (None: not stated).
+    """
+
+    available_blocks: int
+    num_gpu_blocks_override: int | None = None
+    auto_fit: bool = False
+    expect: str | None = None
+    expect_max_model_len: int | None = None
+    where: Location | None = field(default=None, compare=False)
+
+
 @dataclass(frozen=True)
 class Scenario:
     id: str
@@ -414,6 +442,7 @@ class Scenario:
     # ">=0.33.0"); on any other release its verdict is unsupported. None: every release.
     vllm_releases: str | None = None
     engine: EngineSpec | None = None
+    startup: StartupSpec | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "requests", MappingProxyType(dict(self.requests)))

@@ -40,7 +40,7 @@ SETTINGS: Mapping[str, Setting] = MappingProxyType(
                 "enable_caching",
                 "model.enable_caching",
                 "vllm.config.cache.CacheConfig.enable_prefix_caching",
-                frozenset({"trajectory", "warmup", "scheduler", "engine"}),
+                frozenset({"trajectory", "warmup", "scheduler", "engine", "startup"}),
                 "prefix caching (KVCacheManager(enable_caching=...), the engine's "
                 "enable_prefix_caching)",
             ),

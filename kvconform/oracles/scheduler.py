@@ -160,6 +160,25 @@ class LoadRecord(NamedTuple):
     request: str
     tokens: int  # num_computed_tokens once loaded: the local prefix hit plus the remote KV
     block_ids: tuple[list[int], ...]
+    # Per group, the blocks the connector writes the remote KV into: those of the
+    # request's table that hold no cached KV (its local prefix hit's blocks are cached;
+    # vLLM caches the loaded ones only once the load is done, delay_cache_blocks).
+    loading: tuple[list[int], ...] = ()
+
+
+class LoadDoneRecord(NamedTuple):
+    """The worker reported a request's KV load received (``finished_recving``)."""
+
+    step: int  # the schedule() whose model output carries the report
+    request: str
+
+
+class AbortRecord(NamedTuple):
+    """The client aborted a request: ``Scheduler.finish_requests(..., FINISHED_ABORTED)``."""
+
+    step: int  # the schedule() call it came before
+    request: str
+    status: str  # the request's status when it was aborted (e.g. WAITING_FOR_REMOTE_KVS)
 
 
 class StepRecord(NamedTuple):
@@ -185,7 +204,7 @@ class FreeRecord(NamedTuple):
 
     step: int  # the latest schedule() at the time
     request: str
-    kind: str  # "finish" or "preempt"
+    kind: str  # "finish", "abort" (the client aborted it) or "preempt"
     held: tuple[list[int], ...]
     free_before: int
     free_after: int
@@ -204,7 +223,9 @@ class SchedulerRun:
     max_concurrent_batches: int
     null_block: int
     model_runner: str = "V2"  # the model runner the configuration was built for
-    events: list[StepRecord | FreeRecord | LoadRecord] = field(default_factory=list)
+    events: list[StepRecord | FreeRecord | LoadRecord | LoadDoneRecord | AbortRecord] = field(
+        default_factory=list
+    )
     finished: set[str] = field(default_factory=set)
     final_free_blocks: int | None = None
     max_num_scheduled_tokens: int | None = None
@@ -317,6 +338,12 @@ class SchedulerOracle:
         self._remote = {name for name, req in scenario.requests.items() if req.remote_prefill}
         self._loading: dict[str, int] = {}  # KV loads in flight: steps until received
         self._loaded: set[str] = set()  # began loading remote KV, not scheduled since
+        # (step, request) of the client's aborts, in order.
+        self._aborts = sorted(
+            (req.abort_at, name)
+            for name, req in scenario.requests.items()
+            if req.abort_at is not None
+        )
         self._step = 0  # schedule() calls made (and skipped while idle before an arrival)
         self._current = 0  # the ongoing or latest schedule() call
 
@@ -331,8 +358,12 @@ class SchedulerOracle:
             held = tuple(list(ids) for ids in manager.get_block_ids(rid))
             before = vllm.free_block_count(manager)
             result = free(request)
-            kind = "finish" if request.is_finished() else "preempt"
-            if kind == "finish":
+            kind = (
+                ("abort" if self.api.is_aborted(request) else "finish")
+                if request.is_finished()
+                else "preempt"
+            )
+            if kind != "preempt":
                 run.finished.add(rid)
             else:
                 self._restart.add(rid)
@@ -357,17 +388,28 @@ class SchedulerOracle:
         drafts = self.api.scheduled_drafts(output)
         rows = []
         answers: list[tuple[str, int | None]] = []
+        vllm = self.vllm
         for rid in sorted(self._remote - self._loaded):
             request = self.scheduler.requests.get(rid)
             if request is not None and self.api.is_loading_remote_kv(request):
                 self._loaded.add(rid)
                 self._loading[rid] = self.scenario.requests[rid].remote_prefill
+                held = tuple(list(ids) for ids in self.manager.get_block_ids(rid))
+                null = self.run.null_block
                 self.run.events.append(
                     LoadRecord(
                         self._step,
                         rid,
                         int(request.num_computed_tokens),
-                        tuple(list(ids) for ids in self.manager.get_block_ids(rid)),
+                        held,
+                        tuple(
+                            [
+                                b
+                                for b in ids
+                                if b != null and not vllm.block_is_cached(self.manager, b)
+                            ]
+                            for ids in held
+                        ),
                     )
                 )
         for rid, scheduled in output.num_scheduled_tokens.items():
@@ -413,6 +455,14 @@ class SchedulerOracle:
     def _admit(self) -> None:
         while self._pending and self._pending[0].arrival <= self._step:
             self.scheduler.add_request(self._requests[self._pending.pop(0).name])
+        # The client's aborts, as EngineCore.abort_requests applies them between steps.
+        while self._aborts and self._aborts[0][0] <= self._step:
+            _, rid = self._aborts.pop(0)
+            request = self.scheduler.requests.get(rid)
+            if request is None or request.is_finished():
+                continue  # finished before the abort arrived: nothing to abort
+            self.run.events.append(AbortRecord(self._step, rid, self.api.status_name(request)))
+            self.api.abort(self.scheduler, rid)
 
     def _model_output(self, answers: list[tuple[str, int | None]]) -> Any:
         # The worker reports a transfer received in the output of the step it finished in.
@@ -422,6 +472,7 @@ class SchedulerOracle:
             if self._loading[rid] <= 0:
                 received.add(rid)
                 del self._loading[rid]
+                self.run.events.append(LoadDoneRecord(self._current, rid))
         req_ids: list[str] = []
         sampled: list[list[int]] = []
         for rid, accepted in answers:

@@ -11,7 +11,10 @@
   the passes its limits give;
 * a Mamba "align" request's state blocks are real, its own, and its table only
   grows or nulls columns;
-* in engine mode, every request finished with its ``max_tokens``.
+* in engine mode, every request finished with its ``max_tokens``;
+* in scheduler mode, no block a KV connector's asynchronous load still writes into
+  is in another request's table before the load reports done (an abort while the
+  KV loads keeps the blocks until then).
 
 Each failure names its invariant (``detail["invariant"]``): the root causes
 gather by it.
@@ -347,8 +350,75 @@ def _mamba_align_state_blocks(trajectory: Trajectory) -> Iterator[Failure]:
         )
 
 
+def _loads_keep_their_blocks(trajectory: Trajectory) -> Iterator[Failure]:
+    """A block a KV load writes into is in no other request's table until the load is done.
+
+    The connector's worker writes the remote KV into the blocks the scheduler gave the
+    loading request, from the step that began the load through the step whose output
+    reports it received (``finished_recving``). vLLM keeps those blocks with the
+    request all that time, also when the client aborts it meanwhile
+    (``Scheduler.finish_requests`` delays the free; ``_update_from_kv_xfer_finished``
+    frees them when the load reports done). A block of a pending load in another
+    request's table is KV two writers fill: the other request's, corrupted.
+    """
+    for load in trajectory.kv_loads:
+        loading = [set(ids) for ids in load.blocks]
+        reported: set[str] = set()
+        for obs in trajectory.observations:
+            if (
+                obs.request == load.request
+                or obs.request in reported
+                or obs.step < load.started
+                or (load.done is not None and obs.step > load.done)
+                or not obs.block_ids
+            ):
+                continue
+            taken = sorted(loading[obs.group].intersection(obs.block_ids))
+            if not taken:
+                continue
+            reported.add(obs.request)
+            freed = next(
+                (
+                    e
+                    for e in trajectory.events
+                    if e.request == load.request and e.step >= load.started
+                ),
+                None,
+            )
+            until = (
+                f"reports it received at step {load.done}"
+                if load.done is not None
+                else "has not reported it received by the end of the run"
+            )
+            cause = ""
+            if load.aborted is not None and freed is not None and freed.step < load.aborted:
+                cause = (
+                    f"; vLLM returned {load.request}'s blocks to the pool when the client "
+                    f"aborted it, before step {load.aborted}"
+                )
+            elif freed is not None and (load.done is None or freed.step < load.done):
+                cause = (
+                    f"; vLLM returned {load.request}'s blocks at step {freed.step} ({freed.kind})"
+                )
+            yield failure_at(
+                "sanity",
+                trajectory,
+                obs,
+                f"holds block{'s' if len(taken) > 1 else ''} {', '.join(map(str, taken))}, which "
+                f"request {load.request}'s asynchronous KV load (begun at step {load.started}) "
+                f"still writes into: the connector {until}{cause}",
+                {
+                    "invariant": "hands out a block a KV load still writes into",
+                    "load": load.request,
+                    "blocks": taken,
+                },
+                party="live",
+            )
+
+
 def find(trajectory: Trajectory) -> Iterator[Failure]:
     yield from _warmup_blocks_in_pool(trajectory)
+    yield from _loads_keep_their_blocks(trajectory)
     yield from _read_span_blocks_real(trajectory)
     yield from _refusals_refused(trajectory)
     yield from _warmup_blocks_distinct(trajectory)
@@ -500,7 +570,8 @@ def signature(result: ScenarioResult, failure: Failure) -> tuple[str, str]:
 CHECK = Check(
     "sanity",
     "allocator invariants: no block shared without prefix caching, all returned, the null "
-    "block only where allowed, stated refusals and hits, warmup and Mamba align tables",
+    "block only where allowed, stated refusals and hits, warmup and Mamba align tables, no "
+    "block a KV connector's load still writes into in another request's table",
     find,
     blame,
     signature,

@@ -45,11 +45,20 @@ from collections.abc import Callable
 
 from kvconform.harness.drivers.common import attach_predictor
 from kvconform.model.floors import FloorInput
-from kvconform.model.observations import Denial, FreeEvent, Miss, Observation, Trajectory
+from kvconform.model.observations import (
+    Denial,
+    FreeEvent,
+    KvLoad,
+    Miss,
+    Observation,
+    Trajectory,
+)
 from kvconform.model.scenario import Scenario
 from kvconform.oracles.resolve import new_trajectory
 from kvconform.oracles.scheduler import (
+    AbortRecord,
     FreeRecord,
+    LoadDoneRecord,
     LoadRecord,
     ScheduledRequest,
     SchedulerRun,
@@ -135,6 +144,7 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
     }
     predicted_max: dict[str, list[int]] = {}
     notes: dict[int, list[str]] = defaultdict(list)
+    loads: dict[str, int] = {}  # request -> its load in flight (Trajectory.kv_loads)
     observations = trajectory.observations
     for event in record.events:
         if isinstance(event, FreeRecord):
@@ -157,6 +167,27 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
         if isinstance(event, LoadRecord):
             notes[event.step].append(f"{event.request} loads {event.tokens} tokens of remote KV")
             _load_rows(trajectory, event, lines[event.request], floor_rules)
+            loads[event.request] = len(trajectory.kv_loads)
+            trajectory.kv_loads.append(
+                KvLoad(
+                    event.request,
+                    lines[event.request],
+                    event.step,
+                    tuple(tuple(ids) for ids in event.loading),
+                )
+            )
+            continue
+        if isinstance(event, LoadDoneRecord):
+            notes[event.step].append(f"{event.request}'s remote KV received")
+            if event.request in loads:
+                index = loads.pop(event.request)
+                trajectory.kv_loads[index] = trajectory.kv_loads[index]._replace(done=event.step)
+            continue
+        if isinstance(event, AbortRecord):
+            notes[event.step].append(f"{event.request} aborted ({event.status})")
+            if event.request in loads:
+                index = loads[event.request]
+                trajectory.kv_loads[index] = trajectory.kv_loads[index]._replace(aborted=event.step)
             continue
         _step_note(event, notes[event.step])
         for row in event.requests:

@@ -2,7 +2,7 @@
 
 Name, description, tags, the vLLM releases it states, ``kind``, the model and
 the speculative section are read here; each kind's sections (``KIND_SECTIONS``)
-are read by its module (trajectory, scheduler, warmup, engine).
+are read by its module (trajectory, scheduler, warmup, engine, startup).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from kvconform.harness.loader.scheduler import (
     parse_scheduler,
     parse_scheduler_requests,
 )
+from kvconform.harness.loader.startup import check_startup_model, parse_startup
 from kvconform.harness.loader.trajectory import parse_steps
 from kvconform.harness.loader.warmup import parse_warmup, warmup_pooling
 from kvconform.harness.yamlio import LineDict
@@ -46,6 +47,7 @@ KIND_SECTIONS: dict[str, tuple[str, ...]] = {
     "scheduler": ("scheduler", "requests"),
     "warmup": ("warmup",),
     "engine": ("engine", "requests"),
+    "startup": ("startup",),
 }
 
 
@@ -102,6 +104,7 @@ def parse(
     warmup = None
     scheduler = None
     engine = None
+    startup = None
     requests: dict[str, RequestSpec] = {}
     steps: tuple[Step, ...] = ()
     try:
@@ -143,6 +146,16 @@ def parse(
                 top.raw("engine", empty_mapping()), where, top.at("engine"), speculative, model,
                 top.raw("requests"), top.at("requests"),
             )  # fmt: skip
+        elif kind == "startup":
+            for key in ("requests", "steps"):
+                if key in doc:
+                    raise ScenarioError(
+                        top.at(key),
+                        "a startup scenario has no requests or steps: it judges the pool "
+                        "vLLM's startup planning accepts by one max_model_len request",
+                    )
+            check_startup_model(model, speculative, doc, top)
+            startup = parse_startup(top.raw("startup", empty_mapping()), where, model)
         elif kind == "warmup":
             warmup = parse_warmup(top.raw("warmup", empty_mapping()), where)
             for key in ("requests", "steps"):
@@ -177,5 +190,6 @@ def parse(
         line=doc.line,
         scheduler=scheduler,
         engine=engine,
+        startup=startup,
         vllm_releases=vllm_releases,
     )

@@ -174,6 +174,7 @@ def parse_scheduler_requests(
             acceptance=parse_acceptance(fields, speculative),
             remote_prefill=_parse_remote_prefill(fields, scheduler),
             expect_hit=_parse_expect_hit(fields, model, prompt_len),
+            abort_at=_parse_abort_at(fields, scheduler),
         )
 
     return parse_request_map(raw, where, at, "a scheduler scenario", request)
@@ -200,6 +201,29 @@ def _parse_expect_hit(fields: Fields, model: ModelSpec, prompt_len: int) -> int 
             "is not judged for a remote_prefill request (its local hit is folded into the load)",
         )
     return hit
+
+
+def _parse_abort_at(fields: Fields, scheduler: SchedulerSpec) -> int | None:
+    """``abort_at``: the schedule() call before which the client aborts the request."""
+    step = fields.optional_int("abort_at", minimum=1)
+    if step is None:
+        return None
+    arrival = fields.integer("arrival", 0, minimum=0)
+    if step <= arrival:
+        raise ScenarioError(
+            fields.at("abort_at"),
+            f"must come after the request's arrival ({arrival}): the engine aborts a request "
+            "it has added, before a later schedule() call",
+        )
+    if scheduler.mode != "sync":
+        # An abort between overlapped steps (a batch of the request still in flight) is
+        # not modelled: its output would be applied to a request that is gone.
+        raise ScenarioError(
+            fields.at("abort_at"),
+            f"needs scheduler.mode: sync, not {scheduler.mode!r}: an abort while a batch of "
+            "the request is in flight is not modelled yet",
+        )
+    return step
 
 
 def _parse_remote_prefill(fields: Fields, scheduler: SchedulerSpec) -> int:

@@ -394,6 +394,10 @@ class Vllm:
     def free_block_count(self, manager: Any) -> int:
         return int(manager.block_pool.get_num_free_blocks())
 
+    def block_is_cached(self, manager: Any, block_id: int) -> bool:
+        """Whether a block of the manager's pool holds cached KV (it has a block hash)."""
+        return getattr(manager.block_pool.blocks[block_id], "block_hash", None) is not None
+
     def watermark_blocks(self, manager: Any) -> int:
         """Blocks an admission must leave free while another request runs (0 before the
         manager had a watermark)."""

@@ -141,7 +141,7 @@ class Scheduling:
         speculative_config: Any | None,
         *,
         block_size: int,
-        num_blocks: int,
+        num_blocks: int | None,
         enable_prefix_caching: bool,
         prefix_cache_retention_interval: int | None,
         scheduler_reserve_full_isl: bool,
@@ -151,11 +151,15 @@ class Scheduling:
         long_prefill_token_threshold: int,
         async_scheduling: bool,
         remote_prefill: bool = False,
+        num_gpu_blocks_override: int | None = None,
     ) -> Any:
         """The ``VllmConfig`` an engine with these limits would hand its scheduler.
 
         ``remote_prefill``: a decode instance of a P/D deployment, with vLLM's
-        ``NixlConnector`` as its ``kv_consumer`` KV connector.
+        ``NixlConnector`` as its ``kv_consumer`` KV connector. ``num_blocks``: the pool
+        the engine sets once it has planned its KV cache; None: the configuration
+        before that (startup mode hands it to the planning), with the engine's
+        ``num_gpu_blocks_override``.
         """
         api = self._scheduling
         scheduler = call(
@@ -174,6 +178,7 @@ class Scheduling:
             block_size=block_size,
             enable_prefix_caching=enable_prefix_caching,
             prefix_cache_retention_interval=prefix_cache_retention_interval,
+            num_gpu_blocks_override=num_gpu_blocks_override,
         )
         parallel = (
             speculative_config.target_parallel_config
@@ -197,8 +202,9 @@ class Scheduling:
                 # Without it vLLM fails to infer a device on a machine without one.
                 device_config=call(api.DeviceConfig, device="cpu"),
             )
-        # What the engine sets once it has profiled the device: the pool size.
-        config.cache_config.num_gpu_blocks = num_blocks
+        if num_blocks is not None:
+            # What the engine sets once it has planned the KV cache: the pool size.
+            config.cache_config.num_gpu_blocks = num_blocks
         return config
 
     def new_scheduler(
@@ -322,6 +328,26 @@ class Scheduling:
     def is_loading_remote_kv(self, request: Any) -> bool:
         """Whether a request waits for its asynchronous KV load (``WAITING_FOR_REMOTE_KVS``)."""
         return bool(request.status == self._scheduling.RequestStatus.WAITING_FOR_REMOTE_KVS)
+
+    def abort(self, scheduler: Any, request_id: str) -> None:
+        """The client aborts a request: what ``EngineCore.abort_requests`` asks the scheduler.
+
+        ``Scheduler.finish_requests(ids, RequestStatus.FINISHED_ABORTED)``: vLLM frees the
+        request's blocks, or, for a request whose KV a connector still loads
+        (``WAITING_FOR_REMOTE_KVS``), keeps them until the load reports done.
+        """
+        finish = getattr(scheduler, "finish_requests", None)
+        if finish is None:
+            raise self._vllm.missing("Scheduler.finish_requests")
+        with quiet_logs():
+            finish([request_id], self._scheduling.RequestStatus.FINISHED_ABORTED)
+
+    def is_aborted(self, request: Any) -> bool:
+        return bool(request.status == self._scheduling.RequestStatus.FINISHED_ABORTED)
+
+    def status_name(self, request: Any) -> str:
+        status = request.status
+        return str(getattr(status, "name", status))
 
     def draft_token_ids(self, req_ids: list[str], drafts: list[list[int]]) -> Any:
         return call(self._scheduling.DraftTokenIds, req_ids=req_ids, draft_token_ids=drafts)
