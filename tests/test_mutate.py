@@ -278,3 +278,65 @@ def test_the_campaign_hides_the_gpus_before_vllm_loads(monkeypatch):
     with pytest.raises(Loaded):
         command.mutate(args, open_progress=None)
     assert seen == {"CUDA_VISIBLE_DEVICES": ""}
+
+
+def _result(function: str, number: int, verdict: str) -> campaign.MutantResult:
+    from kvconform.mutate.mutants import Mutant
+
+    mutant = Mutant("m", function, "op", number, 1, 0, 1, 1, "body", "a", "b")
+    return campaign.MutantResult(mutant, verdict)
+
+
+def test_peer_tests_run_every_mutant_kvconform_misses_and_a_stratified_sample_of_its_kills():
+    from kvconform.mutate.peer import choose
+
+    results = (
+        [_result("f", n, "killed") for n in range(60)]
+        + [_result("g", n, "killed") for n in range(20)]
+        + [_result("g", 100 + n, v) for n, v in enumerate(("survived", "equivalent", "timeout"))]
+        + [_result("f", 200, "incompetent")]
+    )
+    chosen = choose(results, sample=20, seed=3)
+    ids = [r.mutant.id for r in chosen]
+    missed = [r for r in chosen if r.verdict != "killed"]
+    assert sorted(r.verdict for r in missed) == ["equivalent", "survived", "timeout"]
+    killed = [r for r in chosen if r.verdict == "killed"]
+    # In proportion to each function's kills: 60 of 80 for f, 20 of 80 for g.
+    assert sum(r.mutant.function == "f" for r in killed) == 15
+    assert sum(r.mutant.function == "g" for r in killed) == 5
+    assert len(set(ids)) == len(ids)
+    assert [r.mutant.id for r in choose(results, 20, 3)] == ids  # seeded: the same sample
+
+
+def test_the_report_says_who_catches_what():
+    from kvconform.mutate.report import markdown, who_catches
+
+    def entry(verdict: str, peer: str | None) -> dict:
+        row = {"id": f"m:f:op:{verdict}{peer}", "verdict": verdict, "replacement": "x"}
+        if peer is not None:
+            row["peer"] = {"verdict": peer, "first_failure": "tests/v1/core/t.py::test"}
+        return row
+
+    rows = [
+        entry("killed", "killed"),
+        entry("killed", "survived"),
+        entry("survived", "killed"),
+        entry("equivalent", "survived"),
+        entry("killed", None),
+        entry("survived", "broken"),
+    ]
+    assert who_catches(rows) == {
+        "both": 1,
+        "kvconform only": 1,
+        "vLLM's tests only": 1,
+        "neither": 1,
+        "not judged by vLLM's tests": 1,
+    }
+    report = {
+        "vllm": {"version": "0.33.0"}, "mutants": 6, "score": 0.5, "seconds": 1.0, "shard": "1/1",
+        "targets": [], "results": rows, "peer": who_catches(rows),
+        **{v: 0 for v in ("killed", "survived", "timeout", "incompetent", "equivalent")},
+    }  # fmt: skip
+    text = markdown(report)
+    assert "| vLLM's tests only | 1 |" in text
+    assert "Killed by vLLM's tests and not by kvconform" in text and "survivedkilled" in text

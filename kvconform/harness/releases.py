@@ -13,6 +13,7 @@ through a file lock.
 from __future__ import annotations
 
 import fcntl
+import os
 import re
 import shutil
 import subprocess
@@ -79,6 +80,38 @@ def _extract_python_tree(wheel: Path, target: Path) -> None:
             else:
                 continue
             archive.extract(member, target)
+
+
+def link_tree(package: Path, root: Path) -> Path:
+    """``root/vllm``: a copy of the vLLM package folder ``package`` that costs no space.
+
+    Folders, sources and this interpreter's bytecode are hard-linked (copied where
+    linking fails), so the copy imports as fast as the original; compiled extensions
+    stay in the installed package (``--vllm-src`` finds them there). Replace a file by
+    unlinking it first: writing through a hard link would change the original.
+    """
+    tag = f".{sys.implementation.cache_tag}.pyc"
+
+    def ignore(directory: str, names: list[str]) -> list[str]:
+        here = Path(directory)
+        return [
+            name
+            for name in names
+            if not (
+                (here / name).is_dir()
+                or name.endswith((".py", ".pyi", ".json"))
+                or (here.name == "__pycache__" and name.endswith(tag))
+            )
+        ]
+
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:  # another file system: copy
+            shutil.copy2(src, dst)
+
+    shutil.copytree(package, root / "vllm", ignore=ignore, copy_function=link)
+    return root
 
 
 def cached_releases() -> list[str]:

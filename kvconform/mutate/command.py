@@ -78,6 +78,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--fail-under", type=float, metavar="SCORE", help="exit 1 when the score is below SCORE"
     )
     parser.add_argument(
+        "--peer-tests",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="DIR",
+        help="also run vLLM's own CPU-runnable tests against every mutant kvconform does not "
+        "kill and a sample of those it kills (docs/peer-tests.md); DIR: a folder holding "
+        "vLLM's tests/ (default: the release's source distribution)",
+    )
+    parser.add_argument(
+        "--peer-sample",
+        type=int,
+        default=200,
+        metavar="N",
+        help="killed mutants vLLM's tests also run against, stratified by function (default 200)",
+    )
+    parser.add_argument(
+        "--peer-seed", type=int, default=0, metavar="S", help="the sample's seed (default 0)"
+    )
+    parser.add_argument(
         "--merge",
         nargs="+",
         metavar="JSON",
@@ -264,6 +284,24 @@ def mutate(args: argparse.Namespace, open_progress: Callable[..., Any]) -> ExitS
         fuzz_survivors(vllm, resolved, results, args.with_fuzz, jobs=args.jobs, say=_say)
         phases["fuzz"] = time.perf_counter() - lap
 
+    peer_entries: dict[str, dict[str, Any]] = {}
+    if args.peer_tests is not None:
+        from kvconform.mutate.peer import choose, run_peer
+        from kvconform.peer import prepare
+
+        lap = time.perf_counter()
+        chosen_peer = choose(results, args.peer_sample, args.peer_seed)
+        _say(f"vLLM's own tests against {len(chosen_peer)} mutants (docs/peer-tests.md)")
+        suite = prepare(
+            vllm.version,
+            reference_tree=Path(vllm.location).parent if vllm.source.kind != "installed" else None,
+            tests=Path(args.peer_tests) if args.peer_tests else None,
+        )
+        peer_entries = run_peer(
+            suite, Path(vllm.location), resolved, chosen_peer, jobs=args.jobs, say=_say
+        )
+        phases["peer_tests"] = time.perf_counter() - lap
+
     seconds = time.perf_counter() - started
     report = reports.build(
         vllm={
@@ -274,7 +312,11 @@ def mutate(args: argparse.Namespace, open_progress: Callable[..., Any]) -> ExitS
         },
         targets=[_target_json(entry, baseline.reached) for entry in resolved],
         results=[
-            _result_json(r, order[r.mutant.id], args.targets, _vllm_option(args)) for r in results
+            {
+                **_result_json(r, order[r.mutant.id], args.targets, _vllm_option(args)),
+                **({"peer": peer_entries[r.mutant.id]} if r.mutant.id in peer_entries else {}),
+            }
+            for r in results
         ],
         seconds=seconds,
         phases=phases,

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,35 +20,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kvconform.harness.releases import link_tree
 from kvconform.mutate.outcome import Outcome
 
 FRESH_TIMEOUT_S = 300.0
-
-
-def _link_tree(package: Path, root: Path) -> Path:
-    """``root/vllm``: folders, ``.py`` files and their bytecode, hard-linked from ``package``."""
-    tag = f".{sys.implementation.cache_tag}.pyc"
-
-    def ignore(directory: str, names: list[str]) -> list[str]:
-        here = Path(directory)
-        return [
-            name
-            for name in names
-            if not (
-                (here / name).is_dir()
-                or name.endswith(".py")
-                or (here.name == "__pycache__" and name.endswith(tag))
-            )
-        ]
-
-    def link(src: str, dst: str) -> None:
-        try:
-            os.link(src, dst)
-        except OSError:  # another file system: copy
-            shutil.copy2(src, dst)
-
-    shutil.copytree(package, root / "vllm", ignore=ignore, copy_function=link)
-    return root
 
 
 def run_fresh(
@@ -65,7 +39,7 @@ def run_fresh(
     """The verdict payload of one mutant run in a new interpreter."""
     with tempfile.TemporaryDirectory(prefix="kvconform-mutant-") as tmp:
         try:
-            root = _link_tree(Path(package), Path(tmp) / "tree")
+            root = link_tree(Path(package), Path(tmp) / "tree")
         except OSError as exc:
             # Not the mutant's doing (the tree went away under the campaign): say so and
             # let the campaign write its report.

@@ -66,6 +66,8 @@ def build(
     }
     if counts.get("skipped"):
         report["skipped"] = counts["skipped"]
+    if any("peer" in r for r in results):
+        report["peer"] = who_catches(results)
     report.update(extra or {})
     return report
 
@@ -156,6 +158,27 @@ def markdown(report: dict[str, Any]) -> str:
         f"{report['timeout']} | {report['incompetent']} | {report['equivalent']} | | "
         f"{_fmt_score(report['score'])} |"
     )
+    if report.get("peer"):
+        peer = report["peer"]
+        judged = [r for r in report["results"] if "peer" in r]
+        missed_by_us = [
+            r for r in judged
+            if r["peer"]["verdict"] == "killed" and r["verdict"] not in KVCONFORM_CATCHES
+        ]  # fmt: skip
+        lines += [
+            "",
+            f"## vLLM's own tests on {len(judged)} of these mutants (docs/peer-tests.md)",
+            "",
+            "| killed by | mutants |",
+            "|---|---:|",
+            *(f"| {key} | {count} |" for key, count in peer.items()),
+        ]
+        if missed_by_us:
+            lines += ["", "Killed by vLLM's tests and not by kvconform:", ""]
+            lines += [
+                f"- `{r['id']}`: `{r['replacement']}` — {r['peer']['first_failure']}"
+                for r in missed_by_us
+            ]
     for row in report["targets"]:
         if row.get("missing"):
             continue
@@ -303,3 +326,31 @@ def write(report: dict[str, Any], directory: str | Path, sources: dict[str, str]
         path.write_text(text, encoding="utf-8")
         written.append(path)
     return written
+
+
+# What kvconform's verdict means for "who catches it" beside vLLM's own tests.
+KVCONFORM_CATCHES = frozenset({"killed"})
+
+
+def who_catches(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The four-way table over the results that have a ``peer`` entry."""
+    table: Counter[str] = Counter()
+    for result in results:
+        peer = result.get("peer")
+        if not peer or peer["verdict"] in ("broken", "timeout"):
+            table["not judged by vLLM's tests"] += 1 if peer else 0
+            continue
+        ours = result["verdict"] in KVCONFORM_CATCHES
+        theirs = peer["verdict"] == "killed"
+        key = (
+            "both" if ours and theirs
+            else "kvconform only" if ours
+            else "vLLM's tests only" if theirs
+            else "neither"
+        )  # fmt: skip
+        table[key] += 1
+    return {
+        key: table.get(key, 0)
+        for key in ("both", "kvconform only", "vLLM's tests only", "neither",
+                    "not judged by vLLM's tests")
+    }  # fmt: skip

@@ -69,6 +69,7 @@ def prepare(
     paths: Sequence[str] | None = None,
     workers: int = 1,
     global_cleanup: bool = False,
+    tests: Path | None = None,
 ) -> PeerSuite:
     """vLLM ``version``'s tests, ready to run against ``reference_tree`` and its mutants.
 
@@ -80,7 +81,8 @@ def prepare(
     pytest-xdist processes (the results, and so the caches, are the same).
     ``global_cleanup`` keeps vLLM's teardown after every test, which costs ~95%
     of a CPU run (:mod:`kvconform.peer.plugins.light_cleanup`); it is skipped
-    by default, and the caches are kept apart for each choice.
+    by default, and the caches are kept apart for each choice. ``tests``: a folder
+    holding vLLM's ``tests/`` (a checkout) instead of the release's sdist.
     """
     installed = installed_vllm_version()
     version = version or installed
@@ -101,7 +103,7 @@ def prepare(
             raise UsageError(f"{reference_tree} holds no vllm/ package")
     return PeerSuite(
         version=version,
-        suite=fetch_tests(version),
+        suite=tests if tests is not None else fetch_tests(version),
         deps=deps_dir(),
         redirect=default_redirect_map(),
         reference_tree=reference_tree,

@@ -15,11 +15,10 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from kvconform.harness.releases import release_tree
+from kvconform.harness.releases import link_tree, release_tree
 from kvconform.oracles.vllm import installed_version
 from kvconform.paths import cache_dir
 from kvconform.realbugs.catalogue import RealBug
@@ -55,9 +54,7 @@ def patched_tree(bug: RealBug) -> Path:
         return tree
     source = pristine_tree(bug.patch_target)
     with tempfile.TemporaryDirectory(dir=root, prefix=f".{bug.name}-") as tmp:
-        staging = Path(tmp) / "tree"
-        staging.mkdir()
-        _link_copy(source / "vllm", staging / "vllm")
+        staging = link_tree(source / "vllm", Path(tmp) / "tree")
         for name in patched_files(bug.patch):
             target = staging / name
             if target.exists():  # break the hard link: the pristine tree stays pristine
@@ -81,29 +78,3 @@ def patched_tree(bug: RealBug) -> Path:
         shutil.rmtree(tree, ignore_errors=True)
         staging.rename(tree)
     return tree
-
-
-def _link_copy(source: Path, target: Path) -> None:
-    """Copy ``source`` as hard links (a copy where linking fails): folders, sources and
-    this interpreter's bytecode, so the copy imports as fast as the original (a patched
-    module gets a new time and is recompiled); compiled extensions stay where they are."""
-    tag = f".{sys.implementation.cache_tag}.pyc"
-
-    def link(src: str, dst: str) -> None:
-        try:
-            os.link(src, dst)
-        except OSError:
-            shutil.copy2(src, dst)
-
-    def ignore(directory: str, names: list[str]) -> list[str]:
-        in_cache = Path(directory).name == "__pycache__"
-        return [
-            n for n in names
-            if not (
-                Path(directory, n).is_dir()
-                or n.endswith((".py", ".pyi", ".json"))
-                or (in_cache and n.endswith(tag))
-            )
-        ]  # fmt: skip
-
-    shutil.copytree(source, target, copy_function=link, ignore=ignore)
