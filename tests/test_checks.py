@@ -464,3 +464,53 @@ def test_sanity_mamba_align_running_table_only_appends_or_nulls_columns():
     preempted = mamba_align_trajectory(obs(ids=[0, 3, 4, 5]), obs(1, ids=[0, 9, 4, 5, 6]))
     preempted.events.append(FreeEvent(1, 1, 11, "a", "preempt", ([3, 4, 5],), 90, 93, ([],)))
     assert list(CHECKS["sanity"].find(preempted)) == []
+
+
+def two_group_trajectory(*observations: Observation, caching: bool = True) -> Trajectory:
+    """Full attention and a sliding window of 32 sharing one pool."""
+    groups = (
+        GroupInfo(0, "full_attention", 16, "full", False, floor_args=dict(block_size=16)),
+        GroupInfo(
+            1, "sliding_window", 16, "window", True,
+            floor_args=dict(block_size=16, sliding_window=32),
+        ),
+    )  # fmt: skip
+    run = Trajectory(groups, lookahead=0, lookahead_source="test", max_model_len=1024)
+    run.observations.extend(observations)
+    run.num_blocks = 100
+    run.exclusive_blocks = not caching
+    return run
+
+
+def group_obs(step, group, ids, request="b") -> Observation:
+    return Observation(step, 10 + step, request, "prefill 80", group, 0, 80, 0, 5, len(ids),
+                       None, None, None, ids)  # fmt: skip
+
+
+def test_sanity_one_block_is_in_one_groups_table_at_a_time():
+    # Issue #33775: full attention's new block 8 is the window's cache-hit block too.
+    bug = two_group_trajectory(group_obs(0, 0, [1, 2, 3, 4, 8]), group_obs(0, 1, [0, 0, 0, 8, 7]))
+    (failure,) = CHECKS["sanity"].find(bug)
+    assert failure.detail == {"invariant": "puts one block in two groups' tables", "block": 8}
+    assert failure.group == 0 and "request b's group 1" in failure.message
+    # The same with the second group's table held by another live request, caching or not.
+    for caching in (True, False):
+        other = two_group_trajectory(
+            group_obs(0, 1, [0, 0, 0, 8], "a"), group_obs(1, 0, [1, 2, 8]), caching=caching
+        )
+        assert "puts one block in two groups' tables" in {
+            (f.detail or {}).get("invariant") for f in CHECKS["sanity"].find(other)
+        }
+    fixed = two_group_trajectory(group_obs(0, 0, [1, 2, 3, 4, 7]), group_obs(0, 1, [0, 0, 0, 8, 6]))
+    assert list(CHECKS["sanity"].find(fixed)) == []
+    # One call frees a window block and hands it to full attention: no overlap once
+    # both rows of the call are applied.
+    moved = two_group_trajectory(
+        group_obs(0, 0, [1, 2]), group_obs(0, 1, [5, 6]),
+        group_obs(1, 0, [1, 2, 5]), group_obs(1, 1, [0, 6, 7]),
+    )  # fmt: skip
+    assert list(CHECKS["sanity"].find(moved)) == []
+    # A finished request's blocks may go to another group.
+    freed = two_group_trajectory(group_obs(0, 1, [0, 8], "a"), group_obs(1, 0, [1, 8]))
+    freed.events.append(FreeEvent(1, 0, 10, "a", "finish", ([], [8]), 90, 91, ([], [])))
+    assert list(CHECKS["sanity"].find(freed)) == []

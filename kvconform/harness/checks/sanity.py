@@ -2,6 +2,7 @@
 
 * no block in two live requests' tables (without prefix caching), nothing held
   after ``finish`` / ``preempt``, every block back in the pool at the end;
+* no block in two KV-cache groups' tables at once (prefix caching or not);
 * the null block only where the group type allows it, and never in a column a
   windowed group's step still reads (its sliding window or local chunk);
 * a call the scenario marks ``refused`` is refused, and a first chunk (in
@@ -416,9 +417,104 @@ def _loads_keep_their_blocks(trajectory: Trajectory) -> Iterator[Failure]:
             )
 
 
+def _blocks_in_one_group(trajectory: Trajectory) -> Iterator[Failure]:
+    """No physical block sits in two KV-cache groups' tables at once.
+
+    vLLM's groups of a hybrid model share one ``BlockPool``, but a block holds one
+    group's KV (one page layout; a cached block's hash carries its group id,
+    ``BlockHashWithGroupId``), so what vLLM shares is a block between requests of the
+    *same* group, through the prefix cache, never between groups. A block in the
+    tables of two groups at once, of one request or of two live ones, prefix caching
+    or not, is KV two layers' kernels overwrite (and, freed twice, a ref-count drift).
+
+    One allocation frees and allocates in every group of the request (a sliding
+    window's block may go to full attention in the same call), so the rows of one
+    call are applied together before they are judged. Only the live party's tables
+    are read; a request's tables go at its ``finish`` / ``preempt``.
+    """
+    if len(trajectory.groups) < 2:
+        return
+    null = trajectory.null_block
+    # (request, group) -> the table last seen; block -> {group: tables holding it}
+    tables: dict[tuple[str, int], list[int]] = {}
+    holders: dict[int, dict[int, int]] = {}
+    reported: set[int] = set()
+
+    def drop(key: tuple[str, int]) -> None:
+        for block in tables.pop(key, ()):
+            if block == null:
+                continue
+            groups = holders[block]
+            groups[key[1]] -= 1
+            if not groups[key[1]]:
+                del groups[key[1]]
+                if not groups:
+                    del holders[block]
+
+    observations = trajectory.observations
+    events = trajectory.events
+    next_event = 0
+    index = 0
+    while index < len(observations):
+        while next_event < len(events) and events[next_event].seq <= index:
+            gone = events[next_event].request
+            for key in [k for k in tables if k[0] == gone]:
+                drop(key)
+            next_event += 1
+        first = observations[index]
+        call = [first]
+        index += 1
+        # The rows of one call: the same step and request, the next groups in order.
+        while (
+            index < len(observations)
+            and observations[index].step == first.step
+            and observations[index].request == first.request
+            and observations[index].group > call[-1].group
+            and not (next_event < len(events) and events[next_event].seq <= index)
+        ):
+            call.append(observations[index])
+            index += 1
+        changed = []
+        for obs in call:
+            if obs.block_ids is None:
+                continue
+            key = (obs.request, obs.group)
+            ids = list(obs.block_ids)
+            if tables.get(key) == ids:
+                continue
+            drop(key)
+            tables[key] = ids
+            for block in ids:
+                if block != null:
+                    groups = holders.setdefault(block, {})
+                    groups[obs.group] = groups.get(obs.group, 0) + 1
+            changed.append(obs)
+        for obs in changed:
+            for block in tables[(obs.request, obs.group)]:
+                if block == null or block in reported or len(holders.get(block, ())) < 2:
+                    continue
+                reported.add(block)
+                others = sorted(
+                    f"request {r}'s group {g}"
+                    for (r, g), ids in tables.items()
+                    if g != obs.group and block in ids
+                )
+                yield failure_at(
+                    "sanity",
+                    trajectory,
+                    obs,
+                    f"block {block} is in this group's table and in {', '.join(others)} at "
+                    "once: one physical block holds one group's KV (the groups share the pool, "
+                    "never a block), so two groups' layers write into it",
+                    {"invariant": "puts one block in two groups' tables", "block": block},
+                    party="live",
+                )
+
+
 def find(trajectory: Trajectory) -> Iterator[Failure]:
     yield from _warmup_blocks_in_pool(trajectory)
     yield from _loads_keep_their_blocks(trajectory)
+    yield from _blocks_in_one_group(trajectory)
     yield from _read_span_blocks_real(trajectory)
     yield from _refusals_refused(trajectory)
     yield from _warmup_blocks_distinct(trajectory)
@@ -569,15 +665,17 @@ def signature(result: ScenarioResult, failure: Failure) -> tuple[str, str]:
 
 CHECK = Check(
     "sanity",
-    "allocator invariants: no block shared without prefix caching, all returned, the null "
-    "block only where allowed, stated refusals and hits, warmup and Mamba align tables, no "
-    "block a KV connector's load still writes into in another request's table",
+    "allocator invariants: no block shared without prefix caching, none in two groups, all "
+    "returned, the null block only where allowed, stated refusals and hits, warmup and Mamba "
+    "align tables, no block a KV connector's load still writes into in another request's "
+    "table",
     find,
     blame,
     signature,
     always(
         "allocator invariants that hold whatever the floor: no block in two live "
-        "requests' tables without prefix caching, everything back in the pool after finish "
+        "requests' tables without prefix caching nor in two groups' tables, everything back "
+        "in the pool after finish "
         "or preempt, the null block only where the group type keeps placeholders"
     ),
 )
