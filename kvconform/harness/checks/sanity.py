@@ -11,7 +11,8 @@
 * the recorded warmup hands out only blocks of the pool, each to one table, in
   the passes its limits give;
 * a Mamba "align" request's state blocks are real, its own, and its table only
-  grows or nulls columns;
+  grows or nulls columns; a prefill chunk vLLM's scheduler starts inside a block
+  stops at its boundary or leaves that block's column null;
 * in engine mode, every request finished with its ``max_tokens``;
 * in scheduler mode, no block a KV connector's asynchronous load still writes into
   is in another request's table before the load reports done (an abort while the
@@ -417,6 +418,63 @@ def _loads_keep_their_blocks(trajectory: Trajectory) -> Iterator[Failure]:
             )
 
 
+def _mamba_align_chunk_columns(trajectory: Trajectory) -> Iterator[Failure]:
+    """A Mamba "align" prefill chunk that starts inside a block stops at its boundary.
+
+    vLLM's worker keeps a request's running state in the column of the last token it
+    computed: a chunk reads its initial state from the column holding its start and
+    writes its final state into the column of its end. ``cache_blocks`` then hashes
+    column ``p`` as the state after exactly ``(p + 1) * block_size`` tokens once the
+    request has computed that far (vLLM's invariant "slot p holds the state after
+    exactly (p + 1) * block_size tokens"). A chunk that starts at ``s`` inside block
+    ``p`` and runs past the boundary ``(p + 1) * block_size`` leaves column ``p``
+    holding the state after ``s`` tokens, which vLLM caches as the state after the
+    boundary: a later hit resumes from the wrong state. So where the column is still a
+    real block after such a chunk, the chunk layout broke the rule (vLLM's scheduler
+    ends a chunk that starts mid-block at the boundary, ``_mamba_block_aligned_split``).
+    Only the prefill chunks vLLM's scheduler chose (``Trajectory.prefill_rows``, scheduler
+    mode) are judged: a trajectory's chunks are its scenario's. The first position a chunk
+    computes is past its prefix-cache hit. A group with a prefill checkpoint column is
+    not judged: there the worker exports the boundary state mid-chunk
+    (``is_mamba_prefill_checkpoint_valid``) and the scheduler lets the prompt's last chunk
+    run past the boundary.
+    """
+    align = {
+        g.index: g.block_size
+        for g in trajectory.groups
+        if g.floor_rule is MAMBA_ALIGNED_STATE
+        and not g.floor_args.get("num_prefill_checkpoint_blocks")
+    }
+    if not align or not trajectory.prefill_rows:
+        return
+    null = trajectory.null_block
+    reported: set[tuple[str, int]] = set()
+    for index in sorted(trajectory.prefill_rows):
+        obs = trajectory.observations[index]
+        size = align.get(obs.group)
+        if size is None or (obs.request, obs.group) in reported:
+            continue
+        start, end = obs.computed + obs.cached, obs.computed + obs.scheduled
+        column = start // size
+        boundary = (column + 1) * size
+        ids = obs.block_ids or ()
+        if start % size == 0 or end <= boundary or column >= len(ids) or ids[column] == null:
+            continue
+        reported.add((obs.request, obs.group))
+        yield failure_at(
+            "sanity",
+            trajectory,
+            obs,
+            f"the prefill chunk from position {start} to {end} starts inside block {column} "
+            f"and runs past its boundary {boundary}, so column {column} (block {ids[column]}) "
+            f"keeps the state after {start} tokens, which vLLM caches as the state after "
+            f"{boundary} (slot p holds the state after exactly (p + 1) * {size} tokens); "
+            f"the chunk must stop at {boundary}",
+            {"invariant": "mamba align state in the wrong column", "column": column},
+            "live",
+        )
+
+
 def _blocks_in_one_group(trajectory: Trajectory) -> Iterator[Failure]:
     """No physical block sits in two KV-cache groups' tables at once.
 
@@ -521,6 +579,7 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
     yield from _warmup_passes(trajectory)
     yield from _stated_hits(trajectory)
     yield from _mamba_align_state_blocks(trajectory)
+    yield from _mamba_align_chunk_columns(trajectory)
     null = trajectory.null_block
     owner: dict[int, str] = {}
     # Per request and group, the block table last seen. A step usually appends
