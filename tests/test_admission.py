@@ -60,6 +60,22 @@ def test_admission_fields_reach_the_call(scenario_from):
     assert not b_after.first_chunk and b_after.options.external == 0
 
 
+def test_a_connector_admission_leaves_the_external_tokens_to_vllm(scenario_from):
+    # With a connector the scheduler derives the external tokens (and may trim the hit),
+    # so the loader does not count them: an asynchronous load needs none stated.
+    scenario = scenario_from(
+        """\
+        requests: {a: {prompt_len: 100}}
+        steps:
+          - {a: {prefill: 96, connector: 96, load_async: true, expect_hit: 0}}
+          - {a: {prefill: 4}}
+        """
+    )
+    load, rest = (step.calls[0] for step in scenario.steps)
+    assert (load.options.connector, load.options.external, load.sampled) == (96, 0, 0)
+    assert (rest.computed, rest.scheduled, rest.sampled) == (96, 4, 1)
+
+
 def test_a_refused_admission_leaves_the_request_waiting(scenario_from):
     scenario = scenario_from(
         """\
@@ -95,6 +111,11 @@ def test_a_refused_admission_leaves_the_request_waiting(scenario_from):
         ("  - {a: {prefill: 30, load_async: 1}}\n", 3, "steps[0].a.load_async",
          "true or false"),
         ("  - {a: {prefill: 30, exernal: 4}}\n", 3, "steps[0].a.exernal", "did you mean 'external'"),
+        ("  - {a: {prefill: 30, connector: 16, external: 4}}\n", 3, "steps[0].a",
+         "state one of the two"),
+        ("  - {a: {prefill: 40}}\n  - {a: {prefill: 10, connector: 4}}\n", 4, "steps[1].a",
+         "already running"),
+        ("  - {a: {prefill: 30, connector: -1}}\n", 3, "steps[0].a.connector", "at least 0"),
     ],
 )  # fmt: skip
 def test_bad_admission_fields_name_file_line_and_field(write_scenario, steps, line, field, words):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from kvconform.harness.checks import CHECKS
 from kvconform.model.observations import FreeEvent, GroupInfo, Observation, Trajectory
+from kvconform.model.results import ScenarioResult, Verdict
 
 
 def trajectory(*observations: Observation, group_type: str = "full_attention", **kw) -> Trajectory:
@@ -384,13 +385,22 @@ def test_lookahead_holds_an_async_kv_load_to_exactly_its_tokens_blocks():
     assert "1 block more, lookahead slots reserved during the load" in extra.message
     (fewer,) = CHECKS["lookahead"].find(loading(3))
     assert "fewer than the connector writes into" in fewer.message
+    # Blamed on the live side that held the blocks, by its invariant (not on the config).
+    result = ScenarioResult("s", "s.yaml", Verdict.FAILED, kind="scheduler")
+    result.trajectory = loading(5)
+    assert CHECKS["lookahead"].blame(result, extra) == (
+        "scheduler",
+        "async KV load holds exactly its tokens' blocks",
+    )
     # The same holding on an ordinary row is the floor check's business, not this rule's.
     plain = loading(5)
     plain.async_loads.clear()
     assert list(CHECKS["lookahead"].find(plain)) == []
 
 
-def mamba_align_trajectory(*observations: Observation, caching: bool = True) -> Trajectory:
+def mamba_align_trajectory(
+    *observations: Observation, caching: bool = True, checkpoint: int = 1
+) -> Trajectory:
     """A Mamba "align" group with two speculative state blocks and one checkpoint column."""
     group = GroupInfo(
         0,
@@ -403,7 +413,7 @@ def mamba_align_trajectory(*observations: Observation, caching: bool = True) -> 
             max_model_len=1024,
             mamba_cache_mode="align",
             num_speculative_blocks=2,
-            num_prefill_checkpoint_blocks=1,
+            num_prefill_checkpoint_blocks=checkpoint,
         ),
     )
     run = Trajectory((group,), lookahead=0, lookahead_source="test", max_model_len=1024)
@@ -464,3 +474,91 @@ def test_sanity_mamba_align_running_table_only_appends_or_nulls_columns():
     preempted = mamba_align_trajectory(obs(ids=[0, 3, 4, 5]), obs(1, ids=[0, 9, 4, 5, 6]))
     preempted.events.append(FreeEvent(1, 1, 11, "a", "preempt", ([3, 4, 5],), 90, 93, ([],)))
     assert list(CHECKS["sanity"].find(preempted)) == []
+
+
+def two_group_trajectory(*observations: Observation, caching: bool = True) -> Trajectory:
+    """Full attention and a sliding window of 32 sharing one pool."""
+    groups = (
+        GroupInfo(0, "full_attention", 16, "full", False, floor_args=dict(block_size=16)),
+        GroupInfo(
+            1, "sliding_window", 16, "window", True,
+            floor_args=dict(block_size=16, sliding_window=32),
+        ),
+    )  # fmt: skip
+    run = Trajectory(groups, lookahead=0, lookahead_source="test", max_model_len=1024)
+    run.observations.extend(observations)
+    run.num_blocks = 100
+    run.exclusive_blocks = not caching
+    return run
+
+
+def group_obs(step, group, ids, request="b") -> Observation:
+    return Observation(step, 10 + step, request, "prefill 80", group, 0, 80, 0, 5, len(ids),
+                       None, None, None, ids)  # fmt: skip
+
+
+def test_sanity_one_block_is_in_one_groups_table_at_a_time():
+    # Issue #33775: full attention's new block 8 is the window's cache-hit block too.
+    bug = two_group_trajectory(group_obs(0, 0, [1, 2, 3, 4, 8]), group_obs(0, 1, [0, 0, 0, 8, 7]))
+    (failure,) = CHECKS["sanity"].find(bug)
+    assert failure.detail == {"invariant": "puts one block in two groups' tables", "block": 8}
+    assert failure.group == 0 and "request b's group 1" in failure.message
+    # The same with the second group's table held by another live request, caching or not.
+    for caching in (True, False):
+        other = two_group_trajectory(
+            group_obs(0, 1, [0, 0, 0, 8], "a"), group_obs(1, 0, [1, 2, 8]), caching=caching
+        )
+        assert "puts one block in two groups' tables" in {
+            (f.detail or {}).get("invariant") for f in CHECKS["sanity"].find(other)
+        }
+    fixed = two_group_trajectory(group_obs(0, 0, [1, 2, 3, 4, 7]), group_obs(0, 1, [0, 0, 0, 8, 6]))
+    assert list(CHECKS["sanity"].find(fixed)) == []
+    # One call frees a window block and hands it to full attention: no overlap once
+    # both rows of the call are applied.
+    moved = two_group_trajectory(
+        group_obs(0, 0, [1, 2]), group_obs(0, 1, [5, 6]),
+        group_obs(1, 0, [1, 2, 5]), group_obs(1, 1, [0, 6, 7]),
+    )  # fmt: skip
+    assert list(CHECKS["sanity"].find(moved)) == []
+    # A finished request's blocks may go to another group.
+    freed = two_group_trajectory(group_obs(0, 1, [0, 8], "a"), group_obs(1, 0, [1, 8]))
+    freed.events.append(FreeEvent(1, 0, 10, "a", "finish", ([], [8]), 90, 91, ([], [])))
+    assert list(CHECKS["sanity"].find(freed)) == []
+
+
+def test_sanity_a_mamba_align_chunk_starting_mid_block_stops_at_the_boundary():
+    # PR #51113: a chunk from 8 to 28 (blocks of 16) leaves column 0 holding the state
+    # after 8 tokens, which vLLM caches as the state after 16.
+    crossing = mamba_align_trajectory(
+        obs(1, computed=8, scheduled=20, ids=[5, 6, 7, 8]), checkpoint=0
+    )
+    crossing.prefill_rows = {0}
+    (failure,) = CHECKS["sanity"].find(crossing)
+    assert failure.detail == {"invariant": "mamba align state in the wrong column", "column": 0}
+    assert "from position 8 to 28" in failure.message and "state after 16" in failure.message
+    # Stopping at the boundary, starting on one, or nulling the column is fine.
+    for computed, scheduled, ids in (
+        (8, 8, [5, 6, 7]),
+        (16, 20, [5, 6, 7, 8]),
+        (8, 20, [0, 6, 7, 8]),
+    ):
+        fine = mamba_align_trajectory(
+            obs(1, computed=computed, scheduled=scheduled, ids=ids), checkpoint=0
+        )
+        fine.prefill_rows = {0}
+        assert list(CHECKS["sanity"].find(fine)) == [], (computed, scheduled, ids)
+    # A prefix-cache hit of 16 tokens within the chunk: it computes from 16.
+    hit = mamba_align_trajectory(
+        obs(1, computed=0, scheduled=28, ids=[5, 6, 7, 8])._replace(cached=16), checkpoint=0
+    )
+    hit.prefill_rows = {0}
+    assert list(CHECKS["sanity"].find(hit)) == []
+    # Only prefill chunks: a verification step's drafts live in speculative columns.
+    drafts = mamba_align_trajectory(
+        obs(1, computed=15, scheduled=3, ids=[5, 6, 7, 8]), checkpoint=0
+    )
+    assert list(CHECKS["sanity"].find(drafts)) == []
+    # With a prefill checkpoint column the worker exports the boundary state mid-chunk.
+    exported = mamba_align_trajectory(obs(1, computed=8, scheduled=20, ids=[5, 6, 7, 8]))
+    exported.prefill_rows = {0}
+    assert list(CHECKS["sanity"].find(exported)) == []

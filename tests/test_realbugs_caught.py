@@ -1,4 +1,5 @@
-"""Real bugs vLLM shipped in its startup planning and its abort path, caught on vLLM's own code.
+"""Real bugs vLLM shipped in its startup planning, its abort path, its KV-connector allocation
+and its Mamba chunk split, caught on vLLM's own code.
 
 Each bug's patch from the catalogue (``realbugs/catalogue.yaml``, ``realbugs/patches/``)
 is applied to a copy of the installed vLLM's Python tree, and the scenario that catches
@@ -39,6 +40,16 @@ CATCHES = {
         "scenarios/scheduler/sched-remote-prefill-abort.yaml",
         "sanity",
         "when the client aborted it",
+    ),
+    "connector-alloc-evicts-other-group-hit": (
+        "scenarios/admission/connector-tokens-beside-hybrid-hit.yaml",
+        "sanity",
+        "is in this group's table and in request b's group 1 at once",
+    ),
+    "mamba-align-chunk-ends-off-grid": (
+        "scenarios/scheduler/sched-mamba-align-chunk-on-grid.yaml",
+        "sanity",
+        "the prefill chunk from position 40 to 100 starts inside block 0",
     ),
 }
 

@@ -180,7 +180,7 @@ SPEC = "speculative: {method: eagle, num_speculative_tokens: 3}\n"
             "at least 0",
         ),
         (
-            "kind: scheduler\nmodel:\n  groups:\n    - {type: mamba}\nrequests: {a: {prompt_len: 5}}\n",
+            "kind: scheduler\nmodel:\n  groups:\n    - {type: cross_attention}\nrequests: {a: {prompt_len: 5}}\n",
             4,
             "model.groups[0]",
             "not available in scheduler scenarios",

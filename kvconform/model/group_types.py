@@ -143,9 +143,10 @@ _EXTRA_RETAINED = Option(
     int, None, doc="trailing tokens kept below the window (multi-module MTP: k - 1)"
 )
 # Scheduler scenarios build vLLM's scheduler over a tiny plain decoder, so they take
-# the types such a model's config can have; types that need a hybrid, encoder-decoder
-# or context-parallel model configuration would be scheduled without the model-driven
-# behaviour they exist for.
+# the types such a model's config can have; types that need an encoder-decoder or
+# context-parallel model configuration would be scheduled without the model-driven
+# behaviour they exist for (Mamba, which the scheduler reads from the KV-cache and
+# cache configs kvconform builds, is taken too).
 _PLAIN_DECODER = EVERY_KIND_WITH_GROUPS | {"scheduler"}
 # Startup scenarios hand vLLM's startup planning one layer per group and judge the pool
 # it accepts by what one max_model_len request holds. They take the types whose floor
@@ -272,11 +273,14 @@ GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
                     ),
                 },  # fmt: skip
                 floor_by=("mamba_cache_mode", MappingProxyType({"align": MAMBA_ALIGNED_STATE})),
+                # Scheduler scenarios too: vLLM's scheduler reads a Mamba group from the
+                # KV-cache config and the cache config's mamba_cache_mode (its "align"
+                # chunk split), not from the model (the tiny decoder has no Mamba layers).
+                modes=_PLAIN_DECODER | _STARTUP,
                 holds_null=True,
                 retention=True,
                 speculative_blocks="num_speculative_blocks",
                 attention=False,
-                modes=EVERY_KIND_WITH_GROUPS | _STARTUP,
                 fuzz_rank=2,
             ),
             GroupType(

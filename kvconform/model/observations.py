@@ -309,6 +309,11 @@ class Trajectory:
     kv_loads: list[KvLoad] = field(default_factory=list)
     # Startup mode: what vLLM's startup KV-cache planning decided (check `startup`).
     startup: StartupRecord | None = None
+    # Scheduler mode: the observations of the prefill chunks vLLM's scheduler chose
+    # (steps that compute known tokens and verify no drafts): where a Mamba "align"
+    # chunk starts and ends is the scheduler's decision (check `sanity`). A trajectory's
+    # chunks are its scenario's.
+    prefill_rows: set[int] = field(default_factory=set)
     # Engine mode: requests the engine did not finish with their max_tokens, as messages.
     unfinished: list[str] = field(default_factory=list)
     # Steps vLLM refused although the floor fits them (check `capacity`); the driver

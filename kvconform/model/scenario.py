@@ -203,7 +203,8 @@ class ChunkOptions:
     """What a ``prefill`` action says besides its count.
 
     The first four are arguments vLLM's scheduler passes to ``allocate_slots`` when
-    it admits a request from the waiting queue; ``expect_hit`` states what vLLM does
+    it admits a request from the waiting queue (``connector`` makes the scheduler's
+    connector lookup derive ``external``); ``expect_hit`` states what vLLM does
     (the local prefix-cache hit the chunk gets), which the ``sanity`` check asserts.
     ``in_flight`` belongs to a later chunk: the request's tokens scheduled in earlier
     steps whose output the asynchronous scheduler has not applied yet
@@ -217,6 +218,10 @@ class ChunkOptions:
     reserved_blocks: int = 0
     expect_hit: int | None = None
     in_flight: int = 0
+    # The tokens a KV connector that takes divergent local hybrid hits holds for the
+    # request (None: no such connector): the scheduler's connector lookup decides the
+    # local hit and the external tokens (``external`` is then derived, not stated).
+    connector: int | None = None
 
     @property
     def admission_only(self) -> bool:
@@ -227,6 +232,7 @@ class ChunkOptions:
             or self.full_sequence_must_fit is not None
             or self.reserved_blocks
             or self.expect_hit is not None
+            or self.connector is not None
         )
 
 

@@ -184,15 +184,24 @@ class RequestTokens:
         if not first_chunk:
             raise ScenarioError(
                 where,
-                "external, load_async, full_sequence_must_fit, reserved_blocks and expect_hit "
-                "belong to a first chunk (the request admitted from the waiting "
+                "external, connector, load_async, full_sequence_must_fit, reserved_blocks and "
+                "expect_hit belong to a first chunk (the request admitted from the waiting "
                 f"queue); request {name!r} is already running",
             )
+        if options.connector is not None and options.external:
+            raise ScenarioError(
+                where,
+                "external is what the connector answers when the chunk states connector: "
+                "state one of the two",
+            )
+        # With a connector the scheduler derives the external tokens (and trims the hit):
+        # what the chunk leaves to compute is known only when it runs.
+        derived = options.connector is not None
         known = options.external + (options.expect_hit or 0)
         if options.load_async:
             # The step adopts the hit and the loaded tokens and computes none; the
             # prompt's last token is left to a later chunk, for its logits.
-            if not options.external:
+            if not options.external and not derived:
                 raise ScenarioError(where, "load_async needs external tokens to load")
             if count > self.pending - 1:
                 raise ScenarioError(
@@ -201,7 +210,7 @@ class RequestTokens:
                     "leaves at least its last token to compute (prefill at most "
                     f"{self.pending - 1})",
                 )
-            if options.expect_hit is not None and known != count:
+            if options.expect_hit is not None and known != count and not derived:
                 raise ScenarioError(
                     where,
                     f"an asynchronous load computes nothing: prefill {count} must be the "
@@ -216,7 +225,7 @@ class RequestTokens:
             )
         # The connector and the local hit never cover the whole chunk: the scheduler
         # computes at least one token (the last one, for its logits).
-        if known > count - 1:
+        if known > count - 1 and not derived:
             raise ScenarioError(
                 where,
                 f"external {options.external} plus expect_hit {options.expect_hit or 0} leave "

@@ -202,7 +202,7 @@ class LiveAllocator:
         """
         free = self.vllm.free_block_count(self.manager)
         held = [len(ids) for ids in self.block_ids(call.request)]
-        new_blocks, hit, hit_blocks = self._allocate(call, encoder_len, where)
+        new_blocks, hit, hit_blocks, external = self._allocate(call, encoder_len, where)
         if new_blocks is None:
             raise self._refusal(call, encoder_len, where, free, held, hit, hit_blocks)
         request = self._requests[call.request]
@@ -215,14 +215,14 @@ class LiveAllocator:
         else:
             request.status = self._running
             self._running_names.add(call.request)
-        return hit + call.options.external
+        return hit + external
 
     def is_refused(self, call: Call, encoder_len: int, where: Location) -> bool:
         """Make a call the scenario says must be refused; whether ``allocate_slots`` did.
 
         A refused call leaves the request as it was, as the scheduler leaves it.
         """
-        new_blocks, _, _ = self._allocate(call, encoder_len, where)
+        new_blocks, _, _, _ = self._allocate(call, encoder_len, where)
         return new_blocks is None
 
     def _refusal(
@@ -295,12 +295,13 @@ class LiveAllocator:
             + (f"; the whole sequence needs {full_need}" if full else ""),
         )
 
-    def _allocate(self, call: Call, encoder_len: int, where: Location) -> tuple[Any, int, Any]:
-        """``allocate_slots`` for one call: its answer (``None``: refused), the hit and
-        the hit's blocks."""
+    def _allocate(self, call: Call, encoder_len: int, where: Location) -> tuple[Any, int, Any, int]:
+        """``allocate_slots`` for one call: its answer (``None``: refused), the hit, the
+        hit's blocks and the external (connector) tokens."""
         request = self._requests[call.request]
         hit = 0
         blocks = None
+        external = 0
         running = bool(self._running_names - {call.request})
         if call.request in self._loaded:
             # The first chunk after an asynchronous load: the scheduler admits the
@@ -319,7 +320,10 @@ class LiveAllocator:
             # What the scheduler passes when nothing is cached: the manager's own
             # empty blocks (get_computed_blocks' answer without prefix caching).
             blocks = self.manager.empty_kv_cache_blocks
-            if self.model.enable_caching:
+            external = call.options.external
+            if call.options.connector is not None:
+                blocks, hit, external = self._connector_lookup(call, request)
+            elif self.model.enable_caching:
                 blocks, hit = self.vllm.computed_blocks(
                     self.manager, request, call.computed + call.scheduled - 1
                 )
@@ -331,17 +335,17 @@ class LiveAllocator:
                         f"{call.options.expect_hit}",
                     )
                 )
-            new_tokens = call.scheduled - hit - call.options.external
+            new_tokens = call.scheduled - hit - external
             if call.options.load_async and new_tokens != 0:
                 raise ScenarioError(
                     where,
                     f"an asynchronous load computes nothing, but the prefix-cache hit of {hit} "
-                    f"tokens and external {call.options.external} are not {call.label}",
+                    f"tokens and external {external} are not {call.label}",
                 )
             if new_tokens < 1 and not call.options.load_async:
                 raise ScenarioError(
                     where,
-                    f"the prefix-cache hit of {hit} tokens and external {call.options.external} leave "
+                    f"the prefix-cache hit of {hit} tokens and external {external} leave "
                     f"none of {call.label} to compute; vLLM computes at least one token of it",
                 )
             new_blocks = self.vllm.allocate_slots(
@@ -353,7 +357,7 @@ class LiveAllocator:
                 # The scheduler allocates no lookahead for a step that only loads KV
                 # (limit_lookahead_tokens), and caches the blocks once the load is done.
                 num_lookahead_tokens=0 if call.options.load_async else self.lookahead,
-                num_external_computed_tokens=call.options.external,
+                num_external_computed_tokens=external,
                 delay_cache_blocks=call.options.load_async,
                 skip_zeroing_group_ids=self._all_groups if call.options.load_async else (),
                 num_encoder_tokens=encoder_len,
@@ -374,7 +378,36 @@ class LiveAllocator:
                 )
             finally:
                 request.num_in_flight_tokens = 0
-        return new_blocks, hit, blocks
+        return new_blocks, hit, blocks, external
+
+    def _connector_lookup(self, call: Call, request: Any) -> tuple[Any, int, int]:
+        """The local hit and external tokens of an admission through a KV connector that
+        takes divergent local hybrid hits, as ``Scheduler.schedule`` decides them.
+
+        The scheduler looks the hit up with ``get_computed_blocks_for_connector`` and
+        shows the connector the hit cut to the scheduler's block grid; the connector
+        (NixlConnector's ``get_num_new_matched_tokens``) answers the tokens it holds
+        past that. A remote hit longer than the local sub-block tail replaces the tail
+        (``truncate_computed_blocks``); a shorter one loads nothing. A hit that ran deeper
+        than a lagging group, with nothing external behind it, is reconciled with
+        ``get_computed_blocks``.
+        """
+        assert call.options.connector is not None
+        limit = call.computed + call.scheduled - 1
+        blocks, hit, diverged = self.vllm.connector_computed_blocks(self.manager, request, limit)
+        tail = hit % self.model.scheduler_block_size
+        aligned = hit - tail
+        answer = max(0, call.options.connector - aligned)
+        if tail and answer > tail:
+            blocks = self.vllm.truncate_computed_blocks(self.manager, blocks, aligned)
+            hit, external = aligned, answer
+        elif tail:
+            external = 0
+        else:
+            external = answer
+        if diverged and external == 0:
+            blocks, hit = self.vllm.computed_blocks(self.manager, request, limit)
+        return blocks, hit, external
 
     def complete(self, call: Call) -> None:
         """What ``update_from_output`` does after the step: rollback and sample.

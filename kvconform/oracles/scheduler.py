@@ -102,7 +102,10 @@ def model_and_speculative_config(
     draft = str(model_folder(draft_model)) if draft_model is not None else None
     max_model_len = scenario.model.max_model_len
     k = spec.num_speculative_tokens if spec is not None else 0
-    key = (vllm.location, target, draft, method, k, max_model_len)
+    # SpeculativeConfig's switch back to EAGLE's trailing-block drop (0.33); releases
+    # without it always drop under prefix caching.
+    no_hashes = spec is not None and spec.disable_lookahead_block_hashes
+    key = (vllm.location, target, draft, method, k, max_model_len, no_hashes)
     if key not in _CONFIGS:
         api = vllm.part(Scheduling)
         try:
@@ -116,6 +119,8 @@ def model_and_speculative_config(
             options = dict(entry.speculative_options) if entry is not None else {}
             if draft is not None:
                 options["model"] = draft
+            if no_hashes:
+                options["disable_lookahead_block_hashes"] = True
             try:
                 speculative = api.model_speculative_config(model_config, method, k, **options)
             except Exception as exc:  # noqa: BLE001 - the method cannot be built here
@@ -278,6 +283,14 @@ class SchedulerOracle:
                     long_prefill_token_threshold=self.limits.long_prefill_token_threshold,
                     async_scheduling=self.limits.async_scheduling,
                     remote_prefill=any(r.remote_prefill for r in scenario.requests.values()),
+                    mamba_cache_mode=next(
+                        (
+                            str(g.options["mamba_cache_mode"])
+                            for g in model.groups
+                            if g.options.get("mamba_cache_mode") is not None
+                        ),
+                        None,
+                    ),
                 )
                 block_size, hash_block_size = api.kv_block_sizes(kv_cache_config, self.config)
                 max_concurrent_batches = api.max_concurrent_batches(self.config)

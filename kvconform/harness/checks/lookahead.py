@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from kvconform.harness.checks.records import PARTY_NAMES, blocks, failure_at
+from kvconform.harness.checks.records import PARTY_NAMES, blocks, failure_at, named
 from kvconform.model.checks import Check, always
 from kvconform.model.methods import ADDING_A_METHOD, METHODS_FILE, REGISTRY_FILE, method_for
 from kvconform.model.observations import Trajectory
@@ -95,6 +95,9 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
 
 
 def blame(result: ScenarioResult, failure: Failure) -> tuple[str, str]:
+    invariant = (failure.detail or {}).get("invariant")
+    if invariant is not None:  # an async KV load's blocks: what the live side held
+        return named(result, failure.party), str(invariant)
     trajectory = result.trajectory
     if trajectory is None or trajectory.expected_lookahead is None:
         return "config", "names a method kvconform's method registry lacks"

@@ -2,6 +2,7 @@
 
 * no block in two live requests' tables (without prefix caching), nothing held
   after ``finish`` / ``preempt``, every block back in the pool at the end;
+* no block in two KV-cache groups' tables at once (prefix caching or not);
 * the null block only where the group type allows it, and never in a column a
   windowed group's step still reads (its sliding window or local chunk);
 * a call the scenario marks ``refused`` is refused, and a first chunk (in
@@ -10,7 +11,8 @@
 * the recorded warmup hands out only blocks of the pool, each to one table, in
   the passes its limits give;
 * a Mamba "align" request's state blocks are real, its own, and its table only
-  grows or nulls columns;
+  grows or nulls columns; a prefill chunk vLLM's scheduler starts inside a block
+  stops at its boundary or leaves that block's column null;
 * in engine mode, every request finished with its ``max_tokens``;
 * in scheduler mode, no block a KV connector's asynchronous load still writes into
   is in another request's table before the load reports done (an abort while the
@@ -416,15 +418,168 @@ def _loads_keep_their_blocks(trajectory: Trajectory) -> Iterator[Failure]:
             )
 
 
+def _mamba_align_chunk_columns(trajectory: Trajectory) -> Iterator[Failure]:
+    """A Mamba "align" prefill chunk that starts inside a block stops at its boundary.
+
+    vLLM's worker keeps a request's running state in the column of the last token it
+    computed: a chunk reads its initial state from the column holding its start and
+    writes its final state into the column of its end. ``cache_blocks`` then hashes
+    column ``p`` as the state after exactly ``(p + 1) * block_size`` tokens once the
+    request has computed that far (vLLM's invariant "slot p holds the state after
+    exactly (p + 1) * block_size tokens"). A chunk that starts at ``s`` inside block
+    ``p`` and runs past the boundary ``(p + 1) * block_size`` leaves column ``p``
+    holding the state after ``s`` tokens, which vLLM caches as the state after the
+    boundary: a later hit resumes from the wrong state. So where the column is still a
+    real block after such a chunk, the chunk layout broke the rule (vLLM's scheduler
+    ends a chunk that starts mid-block at the boundary, ``_mamba_block_aligned_split``).
+    Only the prefill chunks vLLM's scheduler chose (``Trajectory.prefill_rows``, scheduler
+    mode) are judged: a trajectory's chunks are its scenario's. The first position a chunk
+    computes is past its prefix-cache hit. A group with a prefill checkpoint column is
+    not judged: there the worker exports the boundary state mid-chunk
+    (``is_mamba_prefill_checkpoint_valid``) and the scheduler lets the prompt's last chunk
+    run past the boundary.
+    """
+    align = {
+        g.index: g.block_size
+        for g in trajectory.groups
+        if g.floor_rule is MAMBA_ALIGNED_STATE
+        and not g.floor_args.get("num_prefill_checkpoint_blocks")
+    }
+    if not align or not trajectory.prefill_rows:
+        return
+    null = trajectory.null_block
+    reported: set[tuple[str, int]] = set()
+    for index in sorted(trajectory.prefill_rows):
+        obs = trajectory.observations[index]
+        size = align.get(obs.group)
+        if size is None or (obs.request, obs.group) in reported:
+            continue
+        start, end = obs.computed + obs.cached, obs.computed + obs.scheduled
+        column = start // size
+        boundary = (column + 1) * size
+        ids = obs.block_ids or ()
+        if start % size == 0 or end <= boundary or column >= len(ids) or ids[column] == null:
+            continue
+        reported.add((obs.request, obs.group))
+        yield failure_at(
+            "sanity",
+            trajectory,
+            obs,
+            f"the prefill chunk from position {start} to {end} starts inside block {column} "
+            f"and runs past its boundary {boundary}, so column {column} (block {ids[column]}) "
+            f"keeps the state after {start} tokens, which vLLM caches as the state after "
+            f"{boundary} (slot p holds the state after exactly (p + 1) * {size} tokens); "
+            f"the chunk must stop at {boundary}",
+            {"invariant": "mamba align state in the wrong column", "column": column},
+            "live",
+        )
+
+
+def _blocks_in_one_group(trajectory: Trajectory) -> Iterator[Failure]:
+    """No physical block sits in two KV-cache groups' tables at once.
+
+    vLLM's groups of a hybrid model share one ``BlockPool``, but a block holds one
+    group's KV (one page layout; a cached block's hash carries its group id,
+    ``BlockHashWithGroupId``), so what vLLM shares is a block between requests of the
+    *same* group, through the prefix cache, never between groups. A block in the
+    tables of two groups at once, of one request or of two live ones, prefix caching
+    or not, is KV two layers' kernels overwrite (and, freed twice, a ref-count drift).
+
+    One allocation frees and allocates in every group of the request (a sliding
+    window's block may go to full attention in the same call), so the rows of one
+    call are applied together before they are judged. Only the live party's tables
+    are read; a request's tables go at its ``finish`` / ``preempt``.
+    """
+    if len(trajectory.groups) < 2:
+        return
+    null = trajectory.null_block
+    # (request, group) -> the table last seen; block -> {group: tables holding it}
+    tables: dict[tuple[str, int], list[int]] = {}
+    holders: dict[int, dict[int, int]] = {}
+    reported: set[int] = set()
+
+    def drop(key: tuple[str, int]) -> None:
+        for block in tables.pop(key, ()):
+            if block == null:
+                continue
+            groups = holders[block]
+            groups[key[1]] -= 1
+            if not groups[key[1]]:
+                del groups[key[1]]
+                if not groups:
+                    del holders[block]
+
+    observations = trajectory.observations
+    events = trajectory.events
+    next_event = 0
+    index = 0
+    while index < len(observations):
+        while next_event < len(events) and events[next_event].seq <= index:
+            gone = events[next_event].request
+            for key in [k for k in tables if k[0] == gone]:
+                drop(key)
+            next_event += 1
+        first = observations[index]
+        call = [first]
+        index += 1
+        # The rows of one call: the same step and request, the next groups in order.
+        while (
+            index < len(observations)
+            and observations[index].step == first.step
+            and observations[index].request == first.request
+            and observations[index].group > call[-1].group
+            and not (next_event < len(events) and events[next_event].seq <= index)
+        ):
+            call.append(observations[index])
+            index += 1
+        changed = []
+        for obs in call:
+            if obs.block_ids is None:
+                continue
+            key = (obs.request, obs.group)
+            ids = list(obs.block_ids)
+            if tables.get(key) == ids:
+                continue
+            drop(key)
+            tables[key] = ids
+            for block in ids:
+                if block != null:
+                    groups = holders.setdefault(block, {})
+                    groups[obs.group] = groups.get(obs.group, 0) + 1
+            changed.append(obs)
+        for obs in changed:
+            for block in tables[(obs.request, obs.group)]:
+                if block == null or block in reported or len(holders.get(block, ())) < 2:
+                    continue
+                reported.add(block)
+                others = sorted(
+                    f"request {r}'s group {g}"
+                    for (r, g), ids in tables.items()
+                    if g != obs.group and block in ids
+                )
+                yield failure_at(
+                    "sanity",
+                    trajectory,
+                    obs,
+                    f"block {block} is in this group's table and in {', '.join(others)} at "
+                    "once: one physical block holds one group's KV (the groups share the pool, "
+                    "never a block), so two groups' layers write into it",
+                    {"invariant": "puts one block in two groups' tables", "block": block},
+                    party="live",
+                )
+
+
 def find(trajectory: Trajectory) -> Iterator[Failure]:
     yield from _warmup_blocks_in_pool(trajectory)
     yield from _loads_keep_their_blocks(trajectory)
+    yield from _blocks_in_one_group(trajectory)
     yield from _read_span_blocks_real(trajectory)
     yield from _refusals_refused(trajectory)
     yield from _warmup_blocks_distinct(trajectory)
     yield from _warmup_passes(trajectory)
     yield from _stated_hits(trajectory)
     yield from _mamba_align_state_blocks(trajectory)
+    yield from _mamba_align_chunk_columns(trajectory)
     null = trajectory.null_block
     owner: dict[int, str] = {}
     # Per request and group, the block table last seen. A step usually appends
@@ -569,15 +724,17 @@ def signature(result: ScenarioResult, failure: Failure) -> tuple[str, str]:
 
 CHECK = Check(
     "sanity",
-    "allocator invariants: no block shared without prefix caching, all returned, the null "
-    "block only where allowed, stated refusals and hits, warmup and Mamba align tables, no "
-    "block a KV connector's load still writes into in another request's table",
+    "allocator invariants: no block shared without prefix caching, none in two groups, all "
+    "returned, the null block only where allowed, stated refusals and hits, warmup and Mamba "
+    "align tables, no block a KV connector's load still writes into in another request's "
+    "table",
     find,
     blame,
     signature,
     always(
         "allocator invariants that hold whatever the floor: no block in two live "
-        "requests' tables without prefix caching, everything back in the pool after finish "
+        "requests' tables without prefix caching nor in two groups' tables, everything back "
+        "in the pool after finish "
         "or preempt, the null block only where the group type keeps placeholders"
     ),
 )

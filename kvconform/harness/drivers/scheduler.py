@@ -205,6 +205,10 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
                     )
                 )
             maxima = predicted_max.setdefault(row.request, [0] * len(model.groups))
+            if not row.drafts and (row.prefill_chunk or row.known_tokens - row.computed > 1):
+                trajectory.prefill_rows.update(
+                    range(len(observations), len(observations) + len(model.groups))
+                )
             for g, info in enumerate(trajectory.groups):
                 floor = floor_rules[g](
                     info.floor_input(row.computed, row.scheduled, floor_lookahead, 0)

@@ -215,12 +215,16 @@ def check_extra_retained(model: ModelSpec, speculative: SpeculativeSpec | None, 
             raise ScenarioError(
                 where.at(f"{where.field}.eagle_group"), "only in trajectory scenarios"
             )
-        if speculative is not None and speculative.disable_lookahead_block_hashes:
+        if (
+            speculative is not None
+            and speculative.disable_lookahead_block_hashes
+            and kind != "scheduler"
+        ):
             raise ScenarioError(
                 (speculative.where or Location("<scenario>")).at(
                     "speculative.disable_lookahead_block_hashes"
                 ),
-                "only in trajectory scenarios",
+                "only in trajectory and scheduler scenarios",
             )
     windowed = [g for g in model.groups if "extra_retained_tokens" in GROUP_TYPES[g.type].options]
     for group in windowed:

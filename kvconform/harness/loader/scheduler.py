@@ -25,9 +25,10 @@ from kvconform.model.scenario import (
 from kvconform.model.settings import SETTINGS
 
 # Group types a scheduler scenario may use: the tiny model kvconform builds for
-# vLLM's scheduler is a plain decoder, so types that need a hybrid, encoder-decoder
-# or context-parallel model configuration (Mamba alignment, cross-attention, ...)
-# would be scheduled without the model-driven behaviour they exist for.
+# vLLM's scheduler is a plain decoder, so types that need an encoder-decoder or
+# context-parallel model configuration (cross-attention, ...) would be scheduled
+# without the model-driven behaviour they exist for. Mamba is taken: the scheduler
+# reads it from the KV-cache and cache configs, which kvconform builds.
 SCHEDULER_GROUP_TYPES = types_for("scheduler")
 
 

@@ -184,5 +184,6 @@ def _parse_chunk_options(fields: Fields) -> ChunkOptions:
         reserved_blocks=fields.integer("reserved_blocks", 0, minimum=0),
         expect_hit=fields.optional_int("expect_hit"),
         in_flight=fields.integer("in_flight", 0, minimum=0),
+        connector=fields.optional_int("connector"),
     )
     return options if options != NO_CHUNK_OPTIONS else NO_CHUNK_OPTIONS

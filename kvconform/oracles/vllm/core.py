@@ -365,6 +365,36 @@ class Vllm:
             )
         return blocks, hit
 
+    def connector_computed_blocks(
+        self, manager: Any, request: Any, max_cache_hit_length: int
+    ) -> tuple[Any, int, bool]:
+        """The local prefix-cache hit of a waiting request as vLLM's scheduler looks it up
+        when its KV connector takes divergent local hybrid hits
+        (``supports_divergent_local_hybrid_hits``: NixlConnector, MoRIIO):
+        ``get_computed_blocks_for_connector``, whose blocks, hit and ``hit_diverged`` are
+        returned. It takes ``max_cache_hit_length`` from 0.33.0 on; before, the hit is
+        capped at ``num_tokens - 1`` (as :meth:`computed_blocks`)."""
+        lookup = getattr(manager, "get_computed_blocks_for_connector", None)
+        if lookup is None:
+            raise self.not_offered("KVCacheManager.get_computed_blocks_for_connector")
+        result = call(lookup, request=request, max_cache_hit_length=max_cache_hit_length)
+        blocks, hit, diverged = result[0], int(result[1]), bool(result[-1])
+        if hit > max_cache_hit_length:
+            raise self.not_offered(
+                "KVCacheManager.get_computed_blocks_for_connector(max_cache_hit_length=...)",
+                f"the prefix-cache hit of {hit} tokens is longer than the first chunk allows "
+                f"({max_cache_hit_length}); make the first prefill chunk longer than the shared prefix",
+            )
+        return blocks, hit, diverged
+
+    def truncate_computed_blocks(self, manager: Any, blocks: Any, num_computed_tokens: int) -> Any:
+        """The scheduler's cut of a lookup result at a block-aligned endpoint, where a
+        longer remote hit supersedes a local sub-block tail (``truncate_computed_blocks``)."""
+        truncate = getattr(manager, "truncate_computed_blocks", None)
+        if truncate is None:
+            raise self.not_offered("KVCacheManager.truncate_computed_blocks")
+        return truncate(blocks, num_computed_tokens)
+
     def cache_blocks(self, manager: Any, request: Any, num_computed_tokens: int) -> None:
         if hasattr(manager, "cache_blocks"):
             call(manager.cache_blocks, request=request, num_computed_tokens=num_computed_tokens)

@@ -152,6 +152,7 @@ class Scheduling:
         async_scheduling: bool,
         remote_prefill: bool = False,
         num_gpu_blocks_override: int | None = None,
+        mamba_cache_mode: str | None = None,
     ) -> Any:
         """The ``VllmConfig`` an engine with these limits would hand its scheduler.
 
@@ -160,6 +161,9 @@ class Scheduling:
         the engine sets once it has planned its KV cache; None: the configuration
         before that (startup mode hands it to the planning), with the engine's
         ``num_gpu_blocks_override``.
+        ``mamba_cache_mode``: the mode of the scenario's Mamba groups, which a hybrid
+        model's config hook (``MambaModelConfig.verify_and_update_config``) would set
+        with the Mamba block size (the scheduler block size: the groups share one page).
         """
         api = self._scheduling
         scheduler = call(
@@ -173,12 +177,18 @@ class Scheduling:
             async_scheduling=async_scheduling,
             scheduler_reserve_full_isl=scheduler_reserve_full_isl,
         )
+        mamba = (
+            {"mamba_cache_mode": mamba_cache_mode, "mamba_block_size": block_size}
+            if mamba_cache_mode is not None
+            else {}
+        )
         cache = call(
             api.CacheConfig,
             block_size=block_size,
             enable_prefix_caching=enable_prefix_caching,
             prefix_cache_retention_interval=prefix_cache_retention_interval,
             num_gpu_blocks_override=num_gpu_blocks_override,
+            **mamba,
         )
         parallel = (
             speculative_config.target_parallel_config
