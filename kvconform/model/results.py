@@ -76,6 +76,14 @@ class Failure:
     floor_without_lookahead: int | None = None
     capped: bool = False
     dcp: int = 1
+    # The step's token counts, the position past the last one written
+    # (min(computed + scheduled + lookahead, max_model_len)) and the tokens one block-table
+    # column covers (block_size x dcp; None where the group's floor does not count token
+    # columns): how many written positions a short party leaves without a block.
+    computed: int | None = None
+    scheduled: int | None = None
+    written_end: int | None = None
+    block_tokens: int | None = None
     # Check-specific facts in structured form (slots: positions, columns, blocks hit).
     detail: dict[str, Any] | None = field(default=None, compare=False)
 
@@ -97,6 +105,10 @@ class Failure:
             "floor_without_lookahead": self.floor_without_lookahead,
             "capped": self.capped,
             "dcp": self.dcp,
+            "computed": self.computed,
+            "scheduled": self.scheduled,
+            "written_end": self.written_end,
+            "block_tokens": self.block_tokens,
             "message": self.message,
             "detail": self.detail,
         }
