@@ -46,7 +46,7 @@ def run(*args: str) -> int:
 
 def test_run_conforming_corpus_exits_0_and_writes_reports(vllm, corpus, tmp_path, capsys):
     report_dir = tmp_path / "out"
-    assert run(str(corpus), "--report-dir", str(report_dir)) == 0
+    assert run(str(corpus), "--report-dir", str(report_dir), "-v") == 0
     report = json.loads((report_dir / "report.json").read_text())
     assert report["schema"] == "kvconform-report/1"
     assert report["vllm"]["version"] == vllm.version and report["vllm"]["source"] == "installed"
