@@ -483,29 +483,33 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from kvconform.fronts.explain import explain
+    from kvconform.fronts.explain import explain, find_targets, to_draw
 
-    target = args.scenario
-    paths = [target] if Path(target).exists() else [DEFAULT_SCENARIOS]
-    loaded = load_paths(paths)
-    if loaded.errors and Path(target).exists():
-        for err in loaded.errors:
-            say(f"ERROR {err}")
-        return ExitStatus.BAD_INPUT
-    chosen = [s for s in loaded.scenarios if Path(target).exists() or s.id == target]
-    if not chosen:
-        chosen = [s for s in loaded.scenarios if s.name == target]
-    if not chosen:
-        raise UsageError(
-            f"no scenario {target!r} (give a file, or an id from {DEFAULT_SCENARIOS}/)"
-        )
+    # The first line comes at once: finding the scenario and vLLM's import take seconds.
+    say(
+        f"kvconform {__version__}: explaining {args.scenario}; loading "
+        f"{vllm_to_load(args.vllm_src, args.vllm_release)}"
+    )
+    targets = find_targets(args.scenario)
+    for err in targets.errors:
+        say(f"ERROR {err}")
+    if not targets.scenarios:
+        return ExitStatus.BAD_INPUT if targets.errors else ExitStatus.NO_SELECTION
     session = Session(run_request(argparse.Namespace(**vars(args), paths=()), DEFAULT_CHECKS))
-    worst = ExitStatus.CONFORM
-    for scenario in chosen:
-        result = session.run_scenario(scenario)
-        say(explain(scenario, result, session.vllm.version))
-        worst = max(worst, runner.exit_status([result]))
-    return worst
+    results = [session.run_scenario(scenario) for scenario in targets.scenarios]
+    drawn = to_draw(targets, results)
+    if len(results) > 1:
+        say(f"{len(results)} scenarios: " + ", ".join(f"{r.id} {r.verdict.value}" for r in results))
+        if not drawn:
+            say(
+                "none of them fails; name one to see its steps: kvconform explain "
+                f"{shlex.quote(results[0].file + '::' + results[0].id)}"
+            )
+    for index in drawn:
+        say("")
+        say(explain(targets.scenarios[index], results[index], session.vllm.version))
+    status = runner.exit_status(results)
+    return max(status, ExitStatus.BAD_INPUT) if targets.errors else status
 
 
 # -- engine record ---------------------------------------------------------------------
@@ -733,7 +737,11 @@ def build_parser() -> argparse.ArgumentParser:
     explain = sub.add_parser(
         "explain", help="run one scenario and show every step, request and group"
     )
-    explain.add_argument("scenario", help="a scenario file, or a scenario id under scenarios/")
+    explain.add_argument(
+        "scenario",
+        help="FILE::ID (as every rerun prints it), a scenario file (of a matrix file, the "
+        "variants that do not pass), or a scenario id or name under scenarios/",
+    )
     add_vllm_options(explain)
     explain.set_defaults(handler=cmd_explain)
 

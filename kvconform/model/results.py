@@ -204,14 +204,10 @@ class RunReport:
         )
 
     def explain_command(self, file: str, scenario_id: str) -> str:
-        """The command that shows one scenario step by step, against the same vLLM.
-
-        ``kvconform explain`` takes a scenario id under ``scenarios/``, or a file
-        (every scenario of it).
-        """
-        target = scenario_id if file.startswith("scenarios/") else file
+        """The command that shows one scenario step by step, against the same vLLM:
+        ``kvconform explain FILE::ID``, exact wherever the file is."""
         options = vllm_options(self.vllm_source, self.vllm_path, self.vllm_release)
-        return shlex.join(["kvconform", "explain", target, *options])
+        return shlex.join(["kvconform", "explain", f"{file}::{scenario_id}", *options])
 
 
 def vllm_options(
