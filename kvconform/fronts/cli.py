@@ -17,13 +17,13 @@ import shlex
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
 from kvconform import __version__
 from kvconform.errors import ExitStatus, KvconformError, UsageError
-from kvconform.fronts.console import NORMAL, QUIET, Console, folded_lines, result_lines
+from kvconform.fronts.console import NORMAL, QUIET, Console, folded_lines
 from kvconform.fronts.progress import add_progress_option, open_progress
 from kvconform.harness import runner
 from kvconform.harness.checks import CHECKS, DEFAULT_CHECKS
@@ -268,12 +268,6 @@ def rewrite_expectations(
         + " (verdicts in this report are those of the run, before the rewrite)"
     )
     report.expectations_file = str(path)
-
-
-def print_result(result: ScenarioResult, out: Callable[[str], None] = say) -> None:
-    """``-v``'s lines for one scenario."""
-    for line in result_lines(result):
-        out(line)
 
 
 SHORT_SUMMARY_MAX = 20
