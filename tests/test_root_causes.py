@@ -16,7 +16,7 @@ import pytest
 from vllm_copy import run_kvconform, tree_with_replacement
 
 from kvconform.harness.root_causes import blame, find_root_causes
-from kvconform.model.observations import GroupInfo, Trajectory
+from kvconform.model.observations import GroupInfo, Observation, Trajectory
 from kvconform.model.results import Failure, ScenarioResult, Verdict
 from kvconform.model.root_causes import describe_shortfalls
 
@@ -42,7 +42,8 @@ def floor_record(party: str, held: int, floor: int = 5, **numbers: object) -> Fa
         **numbers,
     }
     values[party] = held
-    return Failure("floor", "m", step=1, request="a", group=0, floor=floor, party=party, **values)
+    values = {"step": 1, "request": "a", "group": 0, **values}
+    return Failure("floor", "m", floor=floor, party=party, **values)  # type: ignore[arg-type]
 
 
 def test_the_shape_of_a_shortfall_comes_from_the_records_numbers():
@@ -83,10 +84,9 @@ def test_one_position_short_and_the_whole_lookahead_are_told_apart():
         floor_record("live", 4, floor=5, **written(60, 2, 3)),  # writes 0..64, holds 0..63
     ]
     shorts = [blame(failed("s"), f).short for f in one_slot]
-    assert describe_shortfalls(shorts) == (
-        "one-position",
-        "is one position short in every record: the last position the drafter writes has no block",
-    )
+    # Each record also holds what its step needs without the lookahead: the records alone
+    # cannot tell one slot too few from the lookahead forgotten.
+    assert describe_shortfalls(shorts)[0] == "one-position-or-lookahead"
     # The lookahead forgotten: the records leave 1..3 of the drafter's positions uncovered.
     forgot = [
         floor_record("live", 2, floor=3, **written(29, 1, 3)),
@@ -100,6 +100,26 @@ def test_one_position_short_and_the_whole_lookahead_are_told_apart():
     assert blame(failed("s"), target).miss == (
         "is one block short, the target's own positions among those without a block"
     )
+
+
+def test_the_steps_that_did_not_fall_short_tell_one_slot_from_the_whole_lookahead():
+    def row(request: str, computed: int, scheduled: int, live: int) -> Observation:
+        floor = -(-(computed + scheduled + 3) // 16)
+        return Observation(0, 1, request, "prefill", 0, computed, scheduled, 3, floor, live,
+                           floor, floor)  # fmt: skip
+
+    result = failed("s", floor_record("live", 2, floor=3, **written(0, 30, 3)))
+    assert result.trajectory is not None
+    # a writes 0..32 and holds 2 blocks; b writes 0..33 and holds its 3: one slot too few
+    # leaves b whole, the lookahead forgotten would have left it 2.
+    result.trajectory.observations = [row("a", 0, 30, 2), row("b", 0, 31, 3)]
+    (group,) = find_root_causes([result])
+    assert group.miss.startswith("is one position short in every record: the last position")
+    # Had b fallen short too, one slot too few would not explain it.
+    result.trajectory.observations = [row("a", 0, 30, 2), row("b", 0, 31, 2)]
+    result.failures.append(floor_record("live", 2, floor=3, request="b", **written(0, 31, 3)))
+    (group,) = find_root_causes([result])
+    assert group.miss.startswith("is short the whole lookahead")
 
 
 def test_agree_blames_the_party_below_the_floor_or_the_one_holding_more():
@@ -275,12 +295,15 @@ def test_two_bugs_at_once_give_two_groups_with_the_right_parties(tmp_path, prist
     report = json.loads((out / "report.json").read_text())
     records = sum(len(s["failures"]) for s in report["scenarios"])
     groups = report["root_causes"]
-    # Every record in one of two causes, one per party, both the lookahead forgotten.
-    whole = "is short the whole lookahead: it holds what each step needs without the drafter's positions"
-    assert sorted((g["party"], g["check"], g["miss"]) for g in groups) == [
-        ("live", "floor", whole),
-        ("predicted", "floor", whole),
+    # Every record in one of two causes, one per party, both the lookahead forgotten (where
+    # a party's records never leave more than one position uncovered, the shape says
+    # that they cannot tell it from one slot too few).
+    assert sorted((g["party"], g["check"]) for g in groups) == [
+        ("live", "floor"),
+        ("predicted", "floor"),
     ]
+    for group in groups:
+        assert "the whole lookahead" in group["miss"], group["miss"]
     assert sum(g["records"] for g in groups) == records
     by_party = {g["party"]: g for g in groups}
     # Full attention only: nothing tells the path from the manager; the path is named.

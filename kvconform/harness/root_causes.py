@@ -200,6 +200,59 @@ def find_root_causes(results: Iterable[ScenarioResult]) -> list[RootCause]:
     return sorted(causes, key=lambda g: (g.consequence, -g.records, -len(g.scenarios), g.key))
 
 
+# What a party's count is, per observation.
+_COUNT = {"predicted": "predicted", "warmup": "warmup"}
+
+
+def _hypotheses_hold(members: list[_Incident]) -> dict[str, bool]:
+    """Whether "one slot too few" and "the lookahead forgotten" each explain the members'
+    runs: replayed over every observation of the same party and KV-cache group (a
+    holding party keeps its largest count until the request is freed), each hypothesis
+    must fall short exactly where the party did. Empty where it cannot be replayed
+    (a group whose floor does not count token columns, no trajectory)."""
+    seen: dict[tuple[int, int, str], tuple[ScenarioResult, int, str]] = {}
+    for incident in members:
+        result = incident.result
+        for index in incident.records[:1]:
+            failure = result.failures[index]
+            if failure.group is not None:
+                party = incident.blame.party
+                seen.setdefault((id(result), failure.group, party), (result, failure.group, party))
+    holds = {"one-position": True, "whole-lookahead": True}
+    for result, group_index, party in seen.values():
+        trajectory = result.trajectory
+        if trajectory is None:
+            return {}
+        group = trajectory.groups[group_index]
+        if not group.floor_rule.counts_token_columns:
+            return {}
+        per_block = group.block_size * int(group.floor_args.get("dcp_world_size", 1))
+        limit = trajectory.max_model_len or 1 << 62
+        attr = _COUNT.get(party, "live")
+        keeps = attr != "predicted"  # the predictor answers each step afresh
+        events = sorted(trajectory.events, key=lambda e: e.seq)
+        running: dict[str, dict[str, int]] = {name: {} for name in holds}
+        for seq, obs in enumerate(trajectory.observations):
+            while events and events[0].seq <= seq:
+                freed = events.pop(0).request
+                for table in running.values():
+                    table.pop(freed, None)
+            held = getattr(obs, attr)
+            if obs.group != group_index or held is None:
+                continue
+            for name, short_by in (("one-position", 1), ("whole-lookahead", obs.lookahead)):
+                end = min(
+                    obs.computed + obs.scheduled + obs.lookahead - min(short_by, obs.lookahead),
+                    limit,
+                )
+                need = -(-end // per_block)
+                if keeps:
+                    need = running[name][obs.request] = max(running[name].get(obs.request, 0), need)
+                if (need < obs.floor) != (held < obs.floor):
+                    holds[name] = False
+    return holds
+
+
 def _cause(members: list[_Incident], speculative: set[str]) -> RootCause:
     first = members[0]
     shorts = [i.blame.short for i in members if i.blame.short is not None]
@@ -209,7 +262,19 @@ def _cause(members: list[_Incident], speculative: set[str]) -> RootCause:
     for incident in members:
         parties[incident.blame.party] = parties.get(incident.blame.party, 0) + 1
     party = max(parties, key=lambda p: parties[p])
-    miss = describe_shortfalls(shorts)[1] if shorts else first.blame.miss
+    shape, miss = describe_shortfalls(shorts) if shorts else ("", first.blame.miss)
+    if shape == "one-position-or-lookahead":
+        # The records fit both; the steps where the party did not fall short may not.
+        holds = _hypotheses_hold(members)
+        if holds and holds["one-position"] != holds["whole-lookahead"]:
+            fits = [s._replace(without_lookahead=holds["whole-lookahead"]) for s in shorts]
+            if holds["one-position"]:
+                shape, miss = describe_shortfalls(fits)
+            else:
+                miss = (
+                    "is short the whole lookahead: it holds what each step needs without the "
+                    "drafter's positions (one slot too few would have fallen short elsewhere)"
+                )
     cause = RootCause(first.check, party, miss)
     managers: dict[tuple[str, str], None] = {}
     checks: dict[str, int] = {}
@@ -240,8 +305,8 @@ def _cause(members: list[_Incident], speculative: set[str]) -> RootCause:
     if shorts and party in LIVE_PARTIES and len(cause.managers) == 1:
         name, file = cause.managers[0]
         if speculative - {name}:
-            # Other managers ran under speculation in this run and never fell short so:
-            # the fault is in this one.
+            # Other managers ran under speculation in this run and none fell short this
+            # way (it would share this group): the fault is in this one.
             cause.function, cause.file = name, file
     cause.consequence = not shorts and first.blame.follows is not None
     cause.group_types.sort()

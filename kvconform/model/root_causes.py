@@ -157,6 +157,14 @@ def describe_shortfalls(shorts: Sequence[Shortfall]) -> tuple[str, str]:
                 "is one position short: the drafter's one position (the whole lookahead) "
                 "has no block"
             )
+        if all(s.without_lookahead for s in shorts):
+            # Every record fits both: one slot too few, and the lookahead forgotten (a
+            # lookahead that never crossed a block boundary by more than one position).
+            return "one-position-or-lookahead", (
+                "is one position short in every record, and holds what each step needs "
+                "without the lookahead in every record: these records cannot tell one slot "
+                "too few from the whole lookahead forgotten"
+            )
         return "one-position", (
             "is one position short in every record: the last position the drafter "
             "writes has no block"
