@@ -283,7 +283,10 @@ def print_short_summary(report: RunReport) -> None:
     for err in report.input_errors[:SHORT_SUMMARY_MAX]:
         say(f"INPUT   {err}")
     for result in bad[:SHORT_SUMMARY_MAX]:
-        headline = " ".join(result.headline().split())
+        first = result.failures[0] if result.failures and not result.error else None
+        headline = " ".join(
+            (f"[{first.check}] {result.headline()}" if first else result.headline()).split()
+        )
         say(f"{result.verdict.value.upper():7} {result.id} - {headline[:160]}")
         say(f"        rerun: {report.rerun_command(result)}")
     hidden = max(0, len(bad) - SHORT_SUMMARY_MAX) + max(
