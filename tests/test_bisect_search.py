@@ -343,6 +343,23 @@ def test_the_flips_are_grouped_by_root_cause(tmp_path, capsys):
     ]  # fmt: skip
 
 
+def test_a_flip_cause_names_the_manager_its_group_points_at():
+    group = {
+        "check": "floor", "party": "live", "scenarios": ["swa-62"],
+        "miss": "is one position short in every record", "checks": {"floor": 2, "slots": 2},
+        "vllm_function": "SlidingWindowManager",
+        "vllm_file": "vllm/v1/core/single_type_kv_cache_manager.py",
+    }  # fmt: skip
+    record = ProbeRecord("0.33.1", 1, verdicts={"swa-62": "failed"}, root_causes=[group])
+    flip = summary.Flip("swa-62", "passed", "failed", "")
+    (cause,) = summary.flip_causes([flip], record)
+    assert cause.sentence() == (
+        "1 flipped scenario: the live allocator's SlidingWindowManager "
+        "(vllm/v1/core/single_type_kv_cache_manager.py) is one position short in every "
+        "record [floor, slots]"
+    )
+
+
 @pytest.mark.parametrize(
     ("find_fix", "fixed", "ends"),
     [(False, None, "--good v0.29.0 --bad v0.30.0"), (True, "0.30.0", "--good v0.30.0 --bad v0.29.0 --find-fix")],

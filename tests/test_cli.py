@@ -46,7 +46,7 @@ def run(*args: str) -> int:
 
 def test_run_conforming_corpus_exits_0_and_writes_reports(vllm, corpus, tmp_path, capsys):
     report_dir = tmp_path / "out"
-    assert run(str(corpus), "--report-dir", str(report_dir)) == 0
+    assert run(str(corpus), "--report-dir", str(report_dir), "-v") == 0
     report = json.loads((report_dir / "report.json").read_text())
     assert report["schema"] == "kvconform-report/1"
     assert report["vllm"]["version"] == vllm.version and report["vllm"]["source"] == "installed"
@@ -132,6 +132,54 @@ def test_explain_prints_every_step_and_group(vllm, corpus, capsys):
     out = capsys.readouterr().out
     assert "lookahead 2 from VllmConfig.num_lookahead_tokens" in out
     assert "spec 2 (1 accepted)" in out and "verdict: passed" in out
+    # The lookahead column: 2 on every row of an eagle k=2 scenario.
+    lines = out.splitlines()
+    header = next(line for line in lines if line.lstrip().startswith("step"))
+    assert header.split()[:7] == ["step", "line", "req", "action", "comp", "sched", "look"]
+    row = next(line for line in lines if "spec 2 (1 accepted)" in line)
+    assert row.split("|")[0].split()[-3:] == ["30", "3", "2"]
+
+
+# A matrix file with one variant that fails: the stated prefix-cache hit is the one
+# without speculation; under EAGLE vLLM 0.33.0 keeps the last block out (check sanity).
+MATRIX = """
+name: mat
+model: {enable_caching: true}
+speculative: {method: eagle, num_speculative_tokens: 2}
+matrix:
+  method: [none, eagle]
+requests:
+  a: {prompt_len: 64}
+  b: {prompt_len: 80, prefix_from: a, prefix_len: 64}
+steps:
+  - {a: {prefill: 64}}
+  - {a: finish}
+  - {b: {prefill: 80, expect_hit: 64}}
+  - {b: finish}
+"""
+
+
+def test_explain_takes_file_id_and_a_matrix_id_and_draws_the_variants_that_fail(
+    vllm, corpus, capsys
+):
+    path = corpus / "mat.yaml"
+    path.write_text(MATRIX)
+    # FILE::ID, as every rerun prints it; the first line comes before anything runs.
+    assert main(["explain", f"{path}::mat[nospec]"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"kvconform 0.1.0: explaining {path}::mat[nospec]; loading vLLM ")
+    assert any(line.startswith("scenario mat[nospec] ") for line in lines)
+    assert not any(line.startswith("scenario mat[eagle] ") for line in lines)
+    # The file: every variant runs, only the failing one is drawn.
+    assert main(["explain", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "2 scenarios: mat[nospec] passed, mat[eagle] failed" in out
+    assert "scenario mat[eagle] " in out and "scenario mat[nospec] " not in out
+    assert "verdict: failed" in out and "[sanity]" in out
+    # An unknown id in a file names the ids it has.
+    assert main(["explain", f"{path}::mat[k9]"]) == 2
+    out = capsys.readouterr().out
+    assert "has no scenario 'mat[k9]' (it has: mat[nospec], mat[eagle])" in out
 
 
 def test_doctor_reports_the_installed_vllm(vllm, capsys):
@@ -190,3 +238,17 @@ def test_the_command_leaves_fast_with_its_output_and_reports_whole(tmp_path: Pat
     ET.parse(report_dir / "junit.xml")  # complete, closed files
     assert set(report["phases_s"]) == {"select", "load_vllm", "scenarios", "coverage"}
     assert report["phases_s"]["load_vllm"] > 0
+
+
+def test_explain_finds_a_matrix_id_or_name_under_the_scenarios_folder(corpus):
+    from kvconform.fronts.explain import find_targets
+
+    (corpus / "nested").mkdir()
+    (corpus / "nested" / "mat.yaml").write_text(MATRIX)
+    one = find_targets("mat[eagle]", root=str(corpus))
+    assert [s.id for s in one.scenarios] == ["mat[eagle]"] and one.exact
+    both = find_targets("mat", root=str(corpus))
+    assert [s.id for s in both.scenarios] == ["mat[nospec]", "mat[eagle]"] and not both.exact
+    # A scenario named unlike its file is found by reading every file.
+    (corpus / "other.yaml").write_text(GOOD.replace("name: good", "name: renamed"))
+    assert [s.id for s in find_targets("renamed", root=str(corpus)).scenarios] == ["renamed"]

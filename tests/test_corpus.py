@@ -192,7 +192,7 @@ def test_an_overfull_pool_is_exit_2_naming_the_step_and_the_rest_runs(vllm, tmp_
     (folder / "fine.yaml").write_text(
         (SCENARIOS / "methods" / "no-speculation-plain-decode.yaml").read_text()
     )
-    status = main(["run", str(folder), "--report-dir", str(tmp_path / "report")])
+    status = main(["run", str(folder), "--report-dir", str(tmp_path / "report"), "-v"])
     out = capsys.readouterr().out
     assert status == 2
     assert re.search(

@@ -217,7 +217,7 @@ def test_run_update_expectations_end_to_end(vllm, write_scenario, tmp_path, monk
         "- id: plain\n  reason: pretend it diverged\n", "expectations.yaml"
     )
     out = tmp_path / "report"
-    args = ["run", str(tmp_path), "--report-dir", str(out), "--progress", "off"]
+    args = ["run", str(tmp_path), "--report-dir", str(out), "--progress", "off", "-v"]
 
     assert main([*args, "--update-expectations"]) == 1
     console = capsys.readouterr().out

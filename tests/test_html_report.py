@@ -212,29 +212,29 @@ def test_the_representative_is_plotted_for_the_groups_its_cause_is_about(report)
 
 def test_one_card_per_root_cause_with_its_scenarios_collapsed(report):
     page = html_report.render_html(report)
-    # The lowered live count is below the floor and below the predictor: two records.
-    assert {(g.party, g.check) for g in report.root_causes} == {
-        ("live", "floor"),
-        ("live", "agree"),
-    }
-    number, group = next((n, g) for n, g in enumerate(report.root_causes, 1) if g.check == "floor")
-    assert group.miss == "is below the floor by one block"  # live = floor - 1
+    # The lowered live count is below the floor and below the predictor: two records of
+    # one cause, the floor's, with the disagreement folded in.
+    (group,) = report.root_causes
+    number = 1
+    assert (group.party, group.check, group.checks) == ("live", "floor", {"floor": 1, "agree": 1})
+    assert group.miss.startswith("is one block short")  # live = floor - 1
     card = page.split(f'<section class="card group" id="g-{number}"')[1].split("</section>")[0]
-    assert 'data-verdict="failed" data-check="floor" data-types="full_attention"' in card
-    assert "<b>the live allocator</b> <code>KVCacheManager.allocate_slots</code>" in card
-    # The file is linked into the vLLM tree that ran, at the line of the def.
+    assert 'data-verdict="failed" data-check="floor agree" data-types="full_attention"' in card
+    # Only the full-attention group fell short, while the sliding window ran under the
+    # same lookahead: the manager vLLM dispatched it to is named, linked at its class.
+    assert "<b>the live allocator</b> <code>FullAttentionManager</code>" in card
     link = re.search(
-        r'<a href="(file://[^"]+kv_cache_manager\.py)">vllm/v1/core/'
-        r"kv_cache_manager\.py:(\d+)</a>",
+        r'<a href="(file://[^"]+single_type_kv_cache_manager\.py)">vllm/v1/core/'
+        r"single_type_kv_cache_manager\.py:(\d+)</a>",
         card,
     )
     assert link, card[:2000]
-    source = Path(report.vllm_path) / "v1/core/kv_cache_manager.py"
+    source = Path(report.vllm_path) / "v1/core/single_type_kv_cache_manager.py"
     assert (
         source.read_text()
         .splitlines()[int(link.group(2)) - 1]
         .lstrip()
-        .startswith("def allocate_slots(")
+        .startswith("class FullAttentionManager(")
     )
     assert f"<b>{html.escape(group.miss)}</b>" in card
     assert html.escape(report.explain_command(group.representative.file, "two-groups")) in card

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -70,7 +72,7 @@ def test_a_failing_scenario_shows_the_checks_not_a_traceback(vllm, project):
     result = project.runpytest_inprocess("scenarios", "-p", "no:cacheprovider", "-k", "sink")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
-        ["*sink: error*", "*raised TypeError*", "*rerun alone: kvconform run *sink.yaml::sink*"]
+        ["*raised TypeError*", "*sink: error*", "*rerun alone: kvconform run *sink.yaml::sink*"]
     )
 
 
@@ -93,3 +95,91 @@ def test_xdist_imports_vllm_once_per_worker(tmp_path: Path):
     for loads in loads_by_pid.values():
         # One import per worker: every item of a worker saw the same single load.
         assert len(loads) == 1 and "," not in next(iter(loads))
+
+
+# One variant fails on vLLM 0.33.0: the stated prefix-cache hit is the one without
+# speculation, and under EAGLE vLLM keeps the last block of the shared prefix out.
+MATRIX = """
+name: mat
+model: {enable_caching: true}
+matrix: {method: [none, eagle]}
+speculative: {method: eagle, num_speculative_tokens: 2}
+requests:
+  a: {prompt_len: 64}
+  b: {prompt_len: 80, prefix_from: a, prefix_len: 64}
+steps:
+  - {a: {prefill: 64}}
+  - {a: finish}
+  - {b: {prefill: 80, expect_hit: 64}}
+  - {b: finish}
+"""
+
+
+def test_last_failed_reruns_a_failed_matrix_id_and_the_summary_says_why(vllm, pytester):
+    pytester.makeconftest('pytest_plugins = ["kvconform.fronts.pytest_plugin"]')
+    scenarios = pytester.mkdir("scenarios")
+    (scenarios / "mat.yaml").write_text(MATRIX)
+    (scenarios / "good.yaml").write_text(GOOD)
+    first = pytester.runpytest_inprocess("scenarios", "-rf")
+    first.assert_outcomes(passed=3, failed=1)
+    # The short summary carries the first failure line, not only the id.
+    first.stdout.fnmatch_lines(
+        ["FAILED scenarios/mat.yaml::mat[[]eagle[]] - [[]sanity[]] step 2 (line 12, prefill 80)*"]
+    )
+    again = pytester.runpytest_inprocess("scenarios", "--lf", "-v")
+    again.assert_outcomes(failed=1)
+    again.stdout.fnmatch_lines(["*scenarios/mat.yaml::mat[[]eagle[]] FAILED*"])
+    first_failed = pytester.runpytest_inprocess("scenarios", "--ff", "-v")
+    first_failed.assert_outcomes(passed=3, failed=1)
+    # --ff: the failed matrix case runs first.
+    ran = [line for line in first_failed.stdout.lines if re.search(r"::\S+ (PASSED|FAILED)", line)]
+    assert len(ran) == 4 and "mat[eagle] FAILED" in ran[0], ran
+
+
+def test_a_folder_of_scenarios_anywhere_is_collected(vllm, pytester):
+    pytester.makeconftest('pytest_plugins = ["kvconform.fronts.pytest_plugin"]')
+    elsewhere = pytester.mkdir("elsewhere")
+    (elsewhere / "good.yaml").write_text(GOOD)
+    # A folder of Python tests keeps its YAML data files to itself.
+    tests = pytester.mkdir("tests")
+    (tests / "test_x.py").write_text("def test_x():\n    pass\n")
+    (tests / "data.yaml").write_text("not: a scenario\n")
+    result = pytester.runpytest_inprocess("elsewhere", "tests", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=3)
+
+
+def test_the_installed_plugin_collects_scenarios_without_a_conftest(tmp_path: Path):
+    """pyproject declares the plugin as a pytest11 entry point; a dist-info with the same
+    entry point on the path stands in for the installed package here."""
+    import tomllib
+
+    points = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
+    site = tmp_path / "site"
+    info = site / "kvconform_entry-0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kvconform-entry\nVersion: 0\n")
+    (info / "entry_points.txt").write_text(
+        "[pytest11]\n" + "".join(f"{k} = {v}\n" for k, v in points["pytest11"].items())
+    )
+    folder = tmp_path / "somewhere"
+    folder.mkdir()
+    (folder / "good.yaml").write_text(GOOD)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(site)]))
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", str(folder), "--co", "-q", "-p", "no:cacheprovider"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "somewhere/good.yaml::good[k1]" in done.stdout and "2 tests collected" in done.stdout
+
+
+def test_pytests_cache_is_on_and_never_committed():
+    import tomllib
+
+    ini = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert "cacheprovider" not in ini.get("addopts", "")
+    assert "cache_dir" not in ini  # pytest's default: .pytest_cache/ in the checkout
+    ignored = subprocess.run(
+        ["git", "check-ignore", "-q", ".pytest_cache/v/cache/lastfailed"], cwd=ROOT
+    )
+    assert ignored.returncode == 0, ".pytest_cache/ must be git-ignored"

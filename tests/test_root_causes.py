@@ -11,13 +11,15 @@ per party, in the console, ``summary.md`` and ``report.json``.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from vllm_copy import run_kvconform, tree_with_replacement
 
 from kvconform.harness.root_causes import blame, find_root_causes
-from kvconform.model.observations import GroupInfo, Trajectory
+from kvconform.model.observations import GroupInfo, Observation, Trajectory
 from kvconform.model.results import Failure, ScenarioResult, Verdict
+from kvconform.model.root_causes import describe_shortfalls
 
 
 def failed(scenario_id: str, *failures: Failure, kind: str = "trajectory") -> ScenarioResult:
@@ -41,29 +43,84 @@ def floor_record(party: str, held: int, floor: int = 5, **numbers: object) -> Fa
         **numbers,
     }
     values[party] = held
-    return Failure("floor", "m", step=1, request="a", group=0, floor=floor, party=party, **values)
+    values = {"step": 1, "request": "a", "group": 0, **values}
+    return Failure("floor", "m", floor=floor, party=party, **values)  # type: ignore[arg-type]
 
 
 def test_the_shape_of_a_shortfall_comes_from_the_records_numbers():
     result = failed("s")
-    assert blame(result, floor_record("predicted", 4)) == (
-        "predicted",
-        "is below the floor by exactly the lookahead",
-    )
+    forgot = blame(result, floor_record("predicted", 4))
+    assert forgot.party == "predicted" and forgot.short is not None
+    assert forgot.miss.startswith("is short the whole lookahead")
     at_cap = floor_record("live", 4, floor_without_lookahead=3, capped=True)
-    assert blame(result, at_cap) == (
-        "live",
-        "is below the floor by one block at the max_model_len cap",
-    )
+    assert blame(result, at_cap)[:2] == ("live", "is one block short at the max_model_len cap")
     dcp = floor_record("live", 3, floor=6, floor_without_lookahead=5, dcp=2)
-    assert blame(result, dcp) == ("live", "is below the floor by the DCP factor")
-    assert blame(result, floor_record("warmup", 1, warmup=1)) == (
+    assert blame(result, dcp).miss.startswith("is short by the DCP factor")
+    assert blame(result, floor_record("warmup", 1, warmup=1))[:2] == (
         "warmup",
-        "is below the floor by several blocks",
+        "is several blocks below the floor",
     )
     # In scheduler and engine mode the live side is vLLM's scheduler, or its engine.
     assert blame(failed("t", kind="scheduler"), floor_record("live", 4))[0] == "scheduler"
     assert blame(failed("e", kind="engine"), floor_record("live", 4))[0] == "engine"
+
+
+def written(computed: int, scheduled: int, lookahead: int, block: int = 16) -> dict[str, object]:
+    """The numbers failure_at records about the positions a step writes."""
+    end = computed + scheduled + lookahead
+    return {
+        "computed": computed,
+        "scheduled": scheduled,
+        "lookahead": lookahead,
+        "written_end": end,
+        "block_tokens": block,
+        "floor_without_lookahead": -(-(computed + scheduled) // block),
+    }
+
+
+def test_one_position_short_and_the_whole_lookahead_are_told_apart():
+    # One slot too few: every record leaves exactly the drafter's last position uncovered.
+    one_slot = [
+        floor_record("live", 2, floor=3, **written(29, 1, 3)),  # writes 0..32, holds 0..31
+        floor_record("live", 4, floor=5, **written(60, 2, 3)),  # writes 0..64, holds 0..63
+    ]
+    shorts = [blame(failed("s"), f).short for f in one_slot]
+    # Each record also holds what its step needs without the lookahead: the records alone
+    # cannot tell one slot too few from the lookahead forgotten.
+    assert describe_shortfalls(shorts)[0] == "one-position-or-lookahead"
+    # The lookahead forgotten: the records leave 1..3 of the drafter's positions uncovered.
+    forgot = [
+        floor_record("live", 2, floor=3, **written(29, 1, 3)),
+        floor_record("live", 2, floor=3, **written(30, 1, 3)),
+        floor_record("live", 2, floor=3, **written(31, 1, 3)),
+    ]
+    shorts = [blame(failed("s"), f).short for f in forgot]
+    assert describe_shortfalls(shorts)[0] == "whole-lookahead"
+    # A block too few where the target's own positions go without a block.
+    target = floor_record("live", 1, floor=2, **written(20, 8, 1))
+    assert blame(failed("s"), target).miss == (
+        "is one block short, the target's own positions among those without a block"
+    )
+
+
+def test_the_steps_that_did_not_fall_short_tell_one_slot_from_the_whole_lookahead():
+    def row(request: str, computed: int, scheduled: int, live: int) -> Observation:
+        floor = -(-(computed + scheduled + 3) // 16)
+        return Observation(0, 1, request, "prefill", 0, computed, scheduled, 3, floor, live,
+                           floor, floor)  # fmt: skip
+
+    result = failed("s", floor_record("live", 2, floor=3, **written(0, 30, 3)))
+    assert result.trajectory is not None
+    # a writes 0..32 and holds 2 blocks; b writes 0..33 and holds its 3: one slot too few
+    # leaves b whole, the lookahead forgotten would have left it 2.
+    result.trajectory.observations = [row("a", 0, 30, 2), row("b", 0, 31, 3)]
+    (group,) = find_root_causes([result])
+    assert group.miss.startswith("is one position short in every record: the last position")
+    # Had b fallen short too, one slot too few would not explain it.
+    result.trajectory.observations = [row("a", 0, 30, 2), row("b", 0, 31, 2)]
+    result.failures.append(floor_record("live", 2, floor=3, request="b", **written(0, 31, 3)))
+    (group,) = find_root_causes([result])
+    assert group.miss.startswith("is short the whole lookahead")
 
 
 def test_agree_blames_the_party_below_the_floor_or_the_one_holding_more():
@@ -83,22 +140,92 @@ def test_agree_blames_the_party_below_the_floor_or_the_one_holding_more():
             **numbers,  # type: ignore[arg-type]
         )
 
-    assert blame(result, agree(5, 4)) == (
-        "predicted",
-        "predicts fewer than the live allocator holds, below the floor by exactly the lookahead",
-    )
-    assert blame(result, agree(4, 5)) == (
-        "live",
-        "holds fewer than the warmup predictor predicts, below the floor by exactly the lookahead",
-    )
-    assert blame(result, agree(7, 6)) == (
+    below = blame(result, agree(5, 4))
+    assert below.party == "predicted" and below.follows == "predicted"
+    assert below.miss.startswith("predicts fewer than the live allocator holds and is short")
+    short = blame(result, agree(4, 5))
+    assert short.party == "live" and short.follows == "live"
+    assert short.miss.startswith("holds fewer than the warmup predictor predicts and is short")
+    assert blame(result, agree(7, 6))[:2] == (
         "live",
         "holds more than the warmup predictor by one block",
     )
-    assert blame(result, agree(6, 7, capped=True)) == (
+    # The running maximum above a live count at the floor follows an earlier shortfall.
+    after = blame(result, agree(6, 7, floor=6, capped=True))
+    assert after[:2] == (
         "predicted",
         "predicts more than the live allocator holds by one block at the max_model_len cap",
     )
+    assert after.follows == "live"
+
+
+def hybrid(scenario_id: str, *failures: Failure, lookahead: int = 3) -> ScenarioResult:
+    """A failed eagle scenario over a sliding-window and a full-attention group."""
+    groups = (
+        GroupInfo(0, "sliding_window", 16, "sliding_window", True, manager="SlidingWindowManager",
+                  manager_file=SINGLE_TYPE),
+        GroupInfo(1, "full_attention", 16, "full_attention", False, manager="FullAttentionManager",
+                  manager_file=SINGLE_TYPE),
+    )  # fmt: skip
+    run = Trajectory(groups=groups, lookahead=lookahead, lookahead_source="vllm", method="eagle")
+    result = ScenarioResult(scenario_id, f"scenarios/{scenario_id}.yaml", Verdict.FAILED)
+    result.failures, result.trajectory = list(failures), run
+    return result
+
+
+SINGLE_TYPE = "vllm/v1/core/single_type_kv_cache_manager.py"
+
+
+def short_step(step: int, group: int = 0, computed: int = 29, **extra: object) -> list[Failure]:
+    """One short step as three checks see it: floor, agree and slots."""
+    numbers: dict[str, object] = {
+        "step": step, "request": "a", "group": group, "floor": 3, "live": 2, "predicted": 3,
+        **written(computed, 1, 3), **extra,
+    }  # fmt: skip
+    return [
+        Failure("floor", "m", party="live", **numbers),  # type: ignore[arg-type]
+        Failure("agree", "m", party="live", detail={"predicted_max": 3}, **numbers),  # type: ignore[arg-type]
+        Failure("slots", "m", party="live", detail={"party": "live", "role": "drafter",
+                "whose": "kvconform's poison past the held columns (no block)"}, **numbers),  # type: ignore[arg-type]
+    ]  # fmt: skip
+
+
+def test_one_short_step_seen_by_three_checks_is_one_group_naming_the_manager():
+    one = hybrid("one", *short_step(1), *short_step(4))
+    two = hybrid("two", *short_step(2))
+    (group,) = find_root_causes([one, two])
+    assert group.records == 9 and group.checks == {"floor": 3, "agree": 3, "slots": 3}
+    assert group.party == "live" and not group.consequence
+    # Full attention ran under speculation too and never fell short: the manager is named.
+    assert (group.vllm_function, group.vllm_file) == ("SlidingWindowManager", SINGLE_TYPE)
+    assert group.miss.startswith("is one position short in every record")
+    assert group.sentence().startswith(
+        "9 records, 2 scenarios: the live allocator's SlidingWindowManager "
+        f"({SINGLE_TYPE}) is one position short"
+    )
+    assert group.sentence().endswith("[floor, agree, slots]")
+    assert group.to_json()["checks"] == {"floor": 3, "agree": 3, "slots": 3}
+    assert [s.failures for s in group.scenarios] == [(0, 1, 2, 3, 4, 5), (0, 1, 2)]
+
+
+def test_one_shape_in_several_managers_is_the_path_they_share():
+    # The lookahead forgotten in allocate_slots: both groups fall short alike.
+    result = hybrid("both", *short_step(1, group=0), *short_step(1, group=1))
+    (group,) = find_root_causes([result])
+    assert group.vllm_function == "KVCacheManager.allocate_slots"
+    assert group.vllm_file == "vllm/v1/core/kv_cache_manager.py"
+    assert [name for name, _ in group.managers] == ["SlidingWindowManager", "FullAttentionManager"]
+    assert "dispatching to SlidingWindowManager, FullAttentionManager" in group.sentence()
+
+
+def test_a_consequence_without_a_shortfall_ranks_below_the_causes():
+    lone_slots = Failure("slots", "m", step=9, request="b", group=1, party="live",
+                         detail={"party": "live", "role": "target", "whose": "block 3 of request a"})  # fmt: skip
+    result = hybrid("mixed", *short_step(1), lone_slots)
+    cause, consequence = find_root_causes([result])
+    assert cause.check == "floor" and cause.records == 3
+    assert consequence.party == "slots" and consequence.consequence
+    assert consequence.miss.endswith("into another request's block")
 
 
 def test_groups_count_records_and_scenarios_largest_first():
@@ -169,21 +296,111 @@ def test_two_bugs_at_once_give_two_groups_with_the_right_parties(tmp_path, prist
     report = json.loads((out / "report.json").read_text())
     records = sum(len(s["failures"]) for s in report["scenarios"])
     groups = report["root_causes"]
-    # Every record in one of two causes, one per party, both the lookahead forgotten.
-    assert sorted((g["party"], g["check"], g["miss"]) for g in groups) == [
-        ("live", "floor", "is below the floor by exactly the lookahead"),
-        ("predicted", "floor", "is below the floor by exactly the lookahead"),
+    # Every record in one of two causes, one per party, both the lookahead forgotten (where
+    # a party's records never leave more than one position uncovered, the shape says
+    # that they cannot tell it from one slot too few).
+    assert sorted((g["party"], g["check"]) for g in groups) == [
+        ("live", "floor"),
+        ("predicted", "floor"),
     ]
+    for group in groups:
+        assert "the whole lookahead" in group["miss"], group["miss"]
     assert sum(g["records"] for g in groups) == records
     by_party = {g["party"]: g for g in groups}
+    # Full attention only: nothing tells the path from the manager; the path is named.
     assert by_party["live"]["vllm_function"] == "KVCacheManager.allocate_slots"
+    assert by_party["live"]["vllm_managers"] == [
+        {"class": "FullAttentionManager", "file": SINGLE_TYPE}
+    ]
     assert by_party["predicted"]["vllm_file"] == "vllm/v1/worker/gpu/warmup.py"
     for group in groups:
         assert group["scenarios"] and set(group["scenarios"]) <= {"eagle-full-30", "eagle-full-61"}
     # The console's closing lines and summary.md's first screen say the same.
     assert "in 2 root-cause groups, largest first:" in proc.stdout
     assert "the live allocator KVCacheManager.allocate_slots" in proc.stdout
-    assert f"yaml --vllm-src {both}" in proc.stdout and "kvconform explain " in proc.stdout
+    # Each group's representative, as explain takes it: FILE::ID, against the same tree.
+    assert re.search(
+        rf"kvconform explain \S+\.yaml::eagle-full-\d+ --vllm-src {re.escape(str(both))}",
+        proc.stdout,
+    ), proc.stdout
     summary = (out / "summary.md").read_text()
     first_screen = summary.split("## Failing scenarios")[0]
     assert "2 root-cause groups" in first_screen and "`_reserved_block_count`" in first_screen
+
+
+# The sliding-window manager reserves one slot too few under speculation: it sizes its
+# blocks for one token less whenever the call carries lookahead tokens.
+SWA_OLD = """class SlidingWindowManager(SingleTypeKVCacheManager):
+    def __init__(self, kv_cache_spec: SlidingWindowSpec, **kwargs) -> None:
+"""
+SWA_NEW = """class SlidingWindowManager(SingleTypeKVCacheManager):
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, num_tokens_main_model: int
+    ) -> list[KVCacheBlock]:
+        if num_tokens > num_tokens_main_model:  # injected: one slot too few
+            num_tokens -= 1
+        return super().allocate_new_blocks(request_id, num_tokens, num_tokens_main_model)
+
+    def __init__(self, kv_cache_spec: SlidingWindowSpec, **kwargs) -> None:
+"""
+HYBRID = """\
+name: swa-eagle-{prompt}
+description: EAGLE over a sliding window and full attention; the prefill ends one position into a block.
+model:
+  block_size: 16
+  max_model_len: 1024
+  num_blocks: 64
+  groups: [{{type: sliding_window, sliding_window: 32}}, full_attention]
+speculative: {{method: eagle, num_speculative_tokens: 3}}
+requests: {{a: {{prompt_len: {prompt}}}}}
+steps:
+  - {{a: {{prefill: {prompt}}}}}
+  - {{repeat: 8, step: {{a: {{spec: 3, accepted: 1}}}}}}
+  - {{a: finish}}
+"""
+
+
+def _swa_run(tmp_path, tree, name):
+    scenarios = tmp_path / "scenarios"
+    if not scenarios.exists():
+        scenarios.mkdir()
+        for prompt in (62, 45):
+            (scenarios / f"swa-{prompt}.yaml").write_text(HYBRID.format(prompt=prompt))
+    out = tmp_path / name
+    proc = run_kvconform(
+        "run", scenarios, "--checks", "all", "--vllm-src", tree, "--report-dir", out, cwd=tmp_path
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    return proc, json.loads((out / "report.json").read_text())
+
+
+@pytest.mark.slow
+def test_one_injected_manager_bug_is_one_group_naming_the_manager(tmp_path, pristine_tree):
+    swa = tree_with_replacement(
+        pristine_tree, tmp_path / "swa-bug", "v1/core/single_type_kv_cache_manager.py",
+        SWA_OLD, SWA_NEW,
+    )  # fmt: skip
+    proc, report = _swa_run(tmp_path, swa, "swa")
+    records = sum(len(s["failures"]) for s in report["scenarios"])
+    (group,) = report["root_causes"]
+    assert group["records"] == records
+    assert set(group["checks"]) >= {"floor", "agree", "slots"}, group["checks"]
+    assert (group["vllm_function"], group["vllm_file"]) == ("SlidingWindowManager", SINGLE_TYPE)
+    assert group["group_types"] == ["sliding_window"]
+    assert group["miss"] == (
+        "is one position short in every record: the last position the drafter writes has no block"
+    )
+    assert "1 root-cause group, largest first:" in proc.stdout
+    assert f"the live allocator's SlidingWindowManager ({SINGLE_TYPE})" in proc.stdout
+
+    # A second, independent bug (the warmup predictor forgets the lookahead): two groups.
+    both = tree_with_replacement(
+        swa, tmp_path / "swa-and-predictor", "v1/worker/gpu/warmup.py",
+        "num_tokens = min(num_tokens + num_lookahead_tokens, max_model_len)",
+        "num_tokens = min(num_tokens, max_model_len)",
+    )  # fmt: skip
+    _, report = _swa_run(tmp_path, both, "both")
+    groups = {g["vllm_function"]: g for g in report["root_causes"]}
+    assert sorted(groups) == ["SlidingWindowManager", "_reserved_block_count"], groups
+    assert groups["_reserved_block_count"]["miss"].startswith("is short the whole lookahead")
+    assert groups["SlidingWindowManager"]["miss"].startswith("is one position short")

@@ -36,7 +36,11 @@ def test_every_report_counts_unsupported_apart(vllm, tmp_path, capsys):
     out = capsys.readouterr().out
     assert status == 0, out
     reason = f"vLLM {vllm.version} lacks vllm.v1.kv_cache_interface.KpoolTailSpec"
-    assert "UNSUPPORTED not-here" in out and f"not counted against it: {reason}" in out
+    # One line per reason (-v lists each scenario).
+    assert (
+        f"UNSUPPORTED 1 scenario: not offered here, not counted against it: {reason} (not-here)"
+        in out
+    )
     assert "1 passed, 1 unsupported in" in out
 
     data = json.loads((reports / "report.json").read_text())

@@ -117,15 +117,27 @@ class FlipCause:
     party: str
     miss: str
     scenarios: tuple[str, ...]
+    # What the group names in vLLM where narrower than the party (report.json's
+    # vllm_function / vllm_file: the manager class a group points at), and its checks.
+    function: str | None = None
+    file: str | None = None
+    checks: tuple[str, ...] = ()
 
     def sentence(self) -> str:
         party = PARTIES.get(self.party)
-        who = f"{party.description} {party.function} ({party.file})" if party else self.party
+        if party is None:
+            who = self.party
+        elif self.function and self.function != party.function:
+            who = f"{party.description}'s {self.function} ({self.file or party.file})"
+        else:
+            who = f"{party.description} {party.function} ({party.file})"
         n = len(self.scenarios)
-        return f"{n} flipped scenario{'s' if n != 1 else ''}: {who} {self.miss} [{self.check}]"
+        checks = ", ".join(self.checks or (self.check,))
+        return f"{n} flipped scenario{'s' if n != 1 else ''}: {who} {self.miss} [{checks}]"
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "scenarios": list(self.scenarios)}
+        named = {k: v for k, v in asdict(self).items() if v not in (None, ())}
+        return {**named, "scenarios": list(self.scenarios)}
 
 
 def flip_causes(flips: Sequence[Flip], nonconforming: ProbeRecord) -> list[FlipCause]:
@@ -136,7 +148,17 @@ def flip_causes(flips: Sequence[Flip], nonconforming: ProbeRecord) -> list[FlipC
     for group in nonconforming.root_causes:
         ids = tuple(s for s in group.get("scenarios", []) if s in decisive)
         if ids:
-            causes.append(FlipCause(group["check"], group["party"], group["miss"], ids))
+            causes.append(
+                FlipCause(
+                    group["check"],
+                    group["party"],
+                    group["miss"],
+                    ids,
+                    group.get("vllm_function"),
+                    group.get("vllm_file"),
+                    tuple(group.get("checks") or ()),
+                )
+            )
     return sorted(causes, key=lambda c: -len(c.scenarios))
 
 

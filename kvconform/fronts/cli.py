@@ -17,12 +17,13 @@ import shlex
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
 from kvconform import __version__
 from kvconform.errors import ExitStatus, KvconformError, UsageError
+from kvconform.fronts.console import NORMAL, QUIET, Console, folded_lines
 from kvconform.fronts.progress import add_progress_option, open_progress
 from kvconform.harness import runner
 from kvconform.harness.checks import CHECKS, DEFAULT_CHECKS
@@ -76,6 +77,24 @@ def add_checks_option(parser: argparse.ArgumentParser, what: str = "") -> None:
         help=f"comma-separated checks of {', '.join(CHECKS)}; 'default' is "
         f"{','.join(DEFAULT_CHECKS)} (used when omitted), 'all' adds slots, which runs "
         "vLLM's slot-mapping kernel (Triton's interpreter on a machine without CUDA)" + what,
+    )
+
+
+def add_verbosity_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="a line per scenario (verdict, time, the failures' first messages) instead of "
+        "a character",
+    )
+    parser.add_argument(
+        "-q",
+        "--quiet",
+        action="count",
+        default=0,
+        help="the summary only: failures with their reruns, the counts, the reports",
     )
 
 
@@ -141,9 +160,15 @@ def say(text: str = "") -> None:
 # -- run -------------------------------------------------------------------------------
 
 
+def verbosity_of(args: argparse.Namespace) -> int:
+    """``-v`` / ``-q`` as a number: 1 a line per scenario, 0 a character, -1 the summary."""
+    return int(getattr(args, "verbose", 0) or 0) - int(getattr(args, "quiet", 0) or 0)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     lap = time.perf_counter()
     shard = shard_from(args.shard) if "shard" in vars(args) else None
+    verbosity = verbosity_of(args)
     session = Session(run_request(args, checks_from(args.checks), shard))
     selection = session.select()
     report = session.new_report(selection)
@@ -160,35 +185,52 @@ def cmd_run(args: argparse.Namespace) -> int:
     picked = f"{len(scenarios)} scenarios" + (
         f" (shard {shard} of {selection.matched})" if shard is not None else ""
     )
-    say(
-        f"kvconform {__version__}: {picked} from {', '.join(session.request.scenario_paths)}; "
-        f"loading {vllm_to_load(args.vllm_src, args.vllm_release)}"
-    )
-    with open_progress(len(scenarios), "scenarios", mode=args.progress) as progress:
+    loading = vllm_to_load(args.vllm_src, args.vllm_release)
+    if verbosity > QUIET:
+        say(
+            f"kvconform {__version__}: {picked} from {', '.join(session.request.scenario_paths)}; "
+            f"loading {loading}"
+        )
+    # Off a terminal the rows (or -v's lines) are the progress, and -q asked for none:
+    # a bar on a terminal, else only what --progress lines asks for.
+    with open_progress(
+        len(scenarios), "scenarios", mode=args.progress, elsewhere="off"
+    ) as progress:
+        console = Console(verbosity, len(scenarios), progress)
 
         def loaded(vllm: Vllm) -> None:
-            say(
-                f"vLLM {vllm.version} loaded in {report.phases.get('load_vllm', 0.0):.1f} s "
-                f"({vllm.source.describe()})"
-            )
+            # The estimate of the time left counts from here, not from before the import.
+            progress.restart()
+            if verbosity > QUIET:
+                console.say(
+                    f"vLLM {vllm.version} loaded in {report.phases.get('load_vllm', 0.0):.1f} s "
+                    f"({vllm.source.describe()})"
+                )
 
         def finished(result: ScenarioResult) -> None:
-            print_result(result, progress.echo)
+            console.result(result)
             progress.advance(tally=result.verdict.value)
 
-        session.run(
-            selection,
-            report,
-            on_loaded=loaded,
-            on_start=lambda scenario: progress.start_item(scenario.id),
-            on_result=finished,
-        )
+        progress.start_item(f"loading {loading}")
+        try:
+            session.run(
+                selection,
+                report,
+                on_loaded=loaded,
+                on_start=lambda scenario: progress.start_item(scenario.id),
+                on_result=finished,
+            )
+        finally:
+            console.end_row()
     if report.vllm_error is not None:
         say(f"ERROR {report.vllm_error}")
         return finish_run(report, args)
-    for note in report.notes:
-        if note.startswith("check "):
-            say(note)
+    if verbosity > QUIET:
+        for line in folded_lines(report.results) if verbosity == NORMAL else []:
+            say(line)
+        for note in report.notes:
+            if note.startswith(("check ", "stopped after")):
+                say(note)
     if args.update_expectations and session.expectation_errors:
         path = session.expectations_file()
         say(f"\nexpectations: not rewriting {path}: it does not load (see the error above)")
@@ -228,29 +270,6 @@ def rewrite_expectations(
     report.expectations_file = str(path)
 
 
-def print_result(result: ScenarioResult, out: Callable[[str], None] = say) -> None:
-    skipped = "".join(f"; {name} skipped" for name in result.skipped_checks)
-    out(f"{result.verdict.value.upper():8} {result.id}  ({result.duration * 1000:.0f} ms{skipped})")
-    if result.verdict in (Verdict.FAILED, Verdict.ERROR):
-        for line in ([result.error] if result.error else []) + [
-            f"[{f.check}] {f.message}" for f in result.failures[:3]
-        ]:
-            out(f"         {line}")
-        if len(result.failures) > 3:
-            out(f"         ... {len(result.failures) - 3} more failures in report.json")
-    elif result.verdict is Verdict.SKIPPED:
-        out(f"         {result.skip_reason}")
-    elif result.verdict is Verdict.UNSUPPORTED:
-        out(f"         not offered here, not counted against it: {result.error}")
-    elif result.verdict is Verdict.XPASSED:
-        out(
-            f"         listed as a known divergence ({result.expectation}) but conforms now: "
-            "narrow the entry (kvconform run --update-expectations)"
-        )
-    elif result.expectation:
-        out(f"         known divergence: {result.expectation}")
-
-
 SHORT_SUMMARY_MAX = 20
 
 
@@ -264,7 +283,10 @@ def print_short_summary(report: RunReport) -> None:
     for err in report.input_errors[:SHORT_SUMMARY_MAX]:
         say(f"INPUT   {err}")
     for result in bad[:SHORT_SUMMARY_MAX]:
-        headline = " ".join(result.headline().split())
+        first = result.failures[0] if result.failures and not result.error else None
+        headline = " ".join(
+            (f"[{first.check}] {result.headline()}" if first else result.headline()).split()
+        )
         say(f"{result.verdict.value.upper():7} {result.id} - {headline[:160]}")
         say(f"        rerun: {report.rerun_command(result)}")
     hidden = max(0, len(bad) - SHORT_SUMMARY_MAX) + max(
@@ -275,15 +297,20 @@ def print_short_summary(report: RunReport) -> None:
 
 
 def finish_run(report: RunReport, args: argparse.Namespace) -> int:
+    """The end of a run, as pytest's: every failure with its first message and rerun,
+    the root causes (not with -q), the counts, the reports."""
     from kvconform.reports import write_reports
     from kvconform.reports.root_causes import group_lines
 
+    verbosity = verbosity_of(args)
     report.duration = time.time() - report.started
     print_short_summary(report)
-    counts = ", ".join(f"{v} {k}" for k, v in report.counts().items() if v)
-    say(f"\n{counts or 'nothing ran'} in {report.duration:.1f} s; exit {report.exit_status}")
-    for line in group_lines(report):
-        say(line)
+    if verbosity > QUIET:
+        lines = group_lines(report)
+        if lines:
+            say("\n" + " root causes ".center(72, "="))
+        for line in lines:
+            say(line)
     xpassed = [r.id for r in report.results if r.verdict is Verdict.XPASSED]
     if xpassed:
         say(
@@ -291,6 +318,8 @@ def finish_run(report: RunReport, args: argparse.Namespace) -> int:
             + (", ..." if len(xpassed) > 5 else "")
             + "); their expectations entries are stale for this vLLM"
         )
+    counts = ", ".join(f"{v} {k}" for k, v in report.counts().items() if v)
+    say(f"\n{counts or 'nothing ran'} in {report.duration:.1f} s; exit {report.exit_status}")
     if args.report_dir:  # `check` writes reports only when asked to
         written = write_reports(report, args.report_dir)
         say("reports: " + ", ".join(str(p) for p in written))
@@ -451,29 +480,33 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from kvconform.fronts.explain import explain
+    from kvconform.fronts.explain import explain, find_targets, to_draw
 
-    target = args.scenario
-    paths = [target] if Path(target).exists() else [DEFAULT_SCENARIOS]
-    loaded = load_paths(paths)
-    if loaded.errors and Path(target).exists():
-        for err in loaded.errors:
-            say(f"ERROR {err}")
-        return ExitStatus.BAD_INPUT
-    chosen = [s for s in loaded.scenarios if Path(target).exists() or s.id == target]
-    if not chosen:
-        chosen = [s for s in loaded.scenarios if s.name == target]
-    if not chosen:
-        raise UsageError(
-            f"no scenario {target!r} (give a file, or an id from {DEFAULT_SCENARIOS}/)"
-        )
+    # The first line comes at once: finding the scenario and vLLM's import take seconds.
+    say(
+        f"kvconform {__version__}: explaining {args.scenario}; loading "
+        f"{vllm_to_load(args.vllm_src, args.vllm_release)}"
+    )
+    targets = find_targets(args.scenario)
+    for err in targets.errors:
+        say(f"ERROR {err}")
+    if not targets.scenarios:
+        return ExitStatus.BAD_INPUT if targets.errors else ExitStatus.NO_SELECTION
     session = Session(run_request(argparse.Namespace(**vars(args), paths=()), DEFAULT_CHECKS))
-    worst = ExitStatus.CONFORM
-    for scenario in chosen:
-        result = session.run_scenario(scenario)
-        say(explain(scenario, result, session.vllm.version))
-        worst = max(worst, runner.exit_status([result]))
-    return worst
+    results = [session.run_scenario(scenario) for scenario in targets.scenarios]
+    drawn = to_draw(targets, results)
+    if len(results) > 1:
+        say(f"{len(results)} scenarios: " + ", ".join(f"{r.id} {r.verdict.value}" for r in results))
+        if not drawn:
+            say(
+                "none of them fails; name one to see its steps: kvconform explain "
+                f"{shlex.quote(results[0].file + '::' + results[0].id)}"
+            )
+    for index in drawn:
+        say("")
+        say(explain(targets.scenarios[index], results[index], session.vllm.version))
+    status = runner.exit_status(results)
+    return max(status, ExitStatus.BAD_INPUT) if targets.errors else status
 
 
 # -- engine record ---------------------------------------------------------------------
@@ -597,6 +630,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="after the run, rewrite the expectations file for this vLLM version: add entries "
         "for new failures (reason 'TODO: investigate'), narrow entries that conform now",
     )
+    add_verbosity_options(run)
     add_progress_option(run)
     run.set_defaults(handler=cmd_run)
 
@@ -640,6 +674,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--report-dir", metavar="DIR", help="write reports here (default: none)")
     add_checks_option(check)
     add_expectation_options(check)
+    add_verbosity_options(check)
     add_progress_option(check)
     check.set_defaults(handler=cmd_check)
 
@@ -699,7 +734,11 @@ def build_parser() -> argparse.ArgumentParser:
     explain = sub.add_parser(
         "explain", help="run one scenario and show every step, request and group"
     )
-    explain.add_argument("scenario", help="a scenario file, or a scenario id under scenarios/")
+    explain.add_argument(
+        "scenario",
+        help="FILE::ID (as every rerun prints it), a scenario file (of a matrix file, the "
+        "variants that do not pass), or a scenario id or name under scenarios/",
+    )
     add_vllm_options(explain)
     explain.set_defaults(handler=cmd_explain)
 

@@ -1,19 +1,86 @@
 """``kvconform explain``: one scenario, every step, request and group, as a table.
 
 For the developer adding a spec-decode method or a KV spec type: who held how
-many blocks at each step, what the floor was and why, and where a party fell
-short (``!``) or the parties disagreed (``~``). Where the driver did not decide
-the steps itself (scheduler mode), a line under each step says what vLLM decided.
+many blocks at each step, the lookahead and the floor it makes, why, and where a
+party fell short (``!``) or the parties disagreed (``~``). Where the driver did not
+decide the steps itself (scheduler mode), a line under each step says what vLLM
+decided.
 A startup scenario has no steps: one ``max_model_len`` request's floor per group,
 against the pool vLLM's planning chose.
+
+What to explain (:func:`find_targets`): ``FILE::ID`` (what every printed rerun
+names), a file, an id under ``scenarios/`` (a matrix case's ``name[eagle-k3]``
+too) or a matrix file's name. Where that names several scenarios, each runs and
+only the ones that do not pass are drawn (all of them when every one passes is
+too much to read: their verdicts are listed instead).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvconform.errors import ScenarioError, UsageError
 from kvconform.harness.checks.startup import request_floor
+from kvconform.harness.expectations import DEFAULT_SCENARIOS
+from kvconform.harness.loader import load_paths
+from kvconform.harness.loader.files import discover
+from kvconform.harness.select import split_node
 from kvconform.model.observations import Trajectory
-from kvconform.model.results import ScenarioResult
+from kvconform.model.results import ScenarioResult, Verdict
 from kvconform.model.scenario import Scenario
+
+
+@dataclass
+class Targets:
+    """The scenarios a target names, and whether it named exactly one."""
+
+    scenarios: list[Scenario]
+    errors: list[ScenarioError] = field(default_factory=list)
+    exact: bool = False  # one scenario named by its id: draw it whatever its verdict
+
+
+def find_targets(target: str, root: str = DEFAULT_SCENARIOS) -> Targets:
+    """The scenarios ``target`` names: ``FILE::ID``, a file, or an id or name under
+    ``root``. An id is looked for first in the files named like it (the default name
+    of a scenario is its file's stem), then in every file."""
+    file, scenario_id = split_node(target)
+    if scenario_id is not None:
+        if not Path(file).exists():
+            raise UsageError(f"explain: no such file: {file}")
+        loaded = load_paths([file])
+        chosen = [s for s in loaded.scenarios if s.id == scenario_id]
+        if not chosen and not loaded.errors:
+            ids = ", ".join(s.id for s in loaded.scenarios)
+            raise UsageError(f"explain: {file} has no scenario {scenario_id!r} (it has: {ids})")
+        return Targets(chosen, loaded.errors, exact=True)
+    if Path(target).exists():
+        loaded = load_paths([target])
+        return Targets(loaded.scenarios, loaded.errors, exact=len(loaded.scenarios) == 1)
+    name = target.split("[", 1)[0]
+    files = discover([root]) if Path(root).is_dir() else []
+    likely = [f for f in files if f.stem == name]
+    for paths in (likely, files):
+        if not paths:
+            continue
+        loaded = load_paths(paths)
+        exact = [s for s in loaded.scenarios if s.id == target]
+        if exact:
+            return Targets(exact, exact=True)
+        named = [s for s in loaded.scenarios if s.name == target]
+        if named:
+            return Targets(named)
+    raise UsageError(
+        f"explain: no scenario {target!r} (give FILE::ID, a file, or an id or name under {root}/)"
+    )
+
+
+def to_draw(targets: Targets, results: list[ScenarioResult]) -> list[int]:
+    """Which of the targets' results to draw: the one named, else those that did not pass."""
+    if targets.exact or len(results) == 1:
+        return list(range(len(results)))
+    return [i for i, r in enumerate(results) if r.verdict not in (Verdict.PASSED, Verdict.SKIPPED)]
+
 
 PARTIES = (("live", "live"), ("predicted", "pred"), ("warmup", "wu"))
 
@@ -54,7 +121,10 @@ def explain(scenario: Scenario, result: ScenarioResult, version: str) -> str:
     # trajectory's; widen the columns to fit, within reason.
     req_w = min(max([8, *(len(o.request) for o in trajectory.observations)]), 28)
     act_w = min(max([22, *(len(o.label) for o in trajectory.observations)]), 48)
-    header = f"{'step':>4} {'line':>4} {'req':{req_w}} {'action':{act_w}} {'comp':>5} {'sched':>5}"
+    header = (
+        f"{'step':>4} {'line':>4} {'req':{req_w}} {'action':{act_w}} {'comp':>5} {'sched':>5} "
+        f"{'look':>4}"
+    )
     for group in trajectory.groups:
         header += f" | g{group.index} floor " + " ".join(f"{short:>4}" for _, short in parties)
     out.append(header)
@@ -65,7 +135,7 @@ def explain(scenario: Scenario, result: ScenarioResult, version: str) -> str:
             rows[key] = [
                 f"{obs.step:>4} {obs.line or '':>4} {obs.request[:req_w]:{req_w}} "
                 f"{obs.label[:act_w]:{act_w}} "
-                f"{obs.computed:>5} {obs.scheduled:>5}"
+                f"{obs.computed:>5} {obs.scheduled:>5} {obs.lookahead:>4}"
             ]
         cells = " ".join(
             f"{_cell(getattr(obs, attr), obs.floor, obs.predicted_max if attr != 'predicted' else None):>4}"
@@ -80,7 +150,11 @@ def explain(scenario: Scenario, result: ScenarioResult, version: str) -> str:
         last_step = step
     if last_step is not None and last_step in trajectory.step_notes:
         out.append(f"{'':>10}^ {trajectory.step_notes[last_step]}")
-    out.append("marks: ! below the floor, ~ differs from the predictor's running maximum")
+    out.append(
+        "columns: comp computed, sched scheduled, look the lookahead the floor counts (the "
+        "drafter's positions past the scheduled ones); marks: ! below the floor, ~ differs "
+        "from the predictor's running maximum"
+    )
     return "\n".join(out + _verdict_lines(result))
 
 

@@ -116,6 +116,16 @@ class Progress:
             if now - self._last_draw >= BAR_REFRESH_S:
                 self._draw(now)
 
+    def restart(self) -> None:
+        """Start the clock now: what came before (vLLM's import) is not the items' work.
+
+        The estimate of the time left divides the time since the start by the items
+        done; counted from before a 90 s import, the first item promised hours.
+        """
+        self.started = self._last_line_at = self.clock()
+        self._last_line_done = self.done
+        self.current = ""
+
     def echo(self, text: str, stream: TextIO | None = None) -> None:
         """Print a line of the command's own output without tearing the bar."""
         out = stream or sys.stdout
@@ -210,8 +220,9 @@ class Progress:
         self._bar_shown = False
 
 
-def resolve_mode(mode: str | None, stream: TextIO) -> str:
-    """``auto`` (or nothing) becomes ``bar`` on a terminal and ``lines`` elsewhere."""
+def resolve_mode(mode: str | None, stream: TextIO, elsewhere: str = "lines") -> str:
+    """``auto`` (or nothing) becomes ``bar`` on a terminal and ``elsewhere`` (``lines``)
+    elsewhere; a command whose own output already shows progress passes ``off``."""
     mode = mode or os.environ.get(ENV_MODE) or "auto"
     if mode not in MODES:
         raise ValueError(f"progress mode {mode!r}: use one of {', '.join(MODES)}")
@@ -219,7 +230,7 @@ def resolve_mode(mode: str | None, stream: TextIO) -> str:
         return mode
     isatty = getattr(stream, "isatty", None)
     return (
-        "bar" if isatty is not None and isatty() and os.environ.get("TERM") != "dumb" else "lines"
+        "bar" if isatty is not None and isatty() and os.environ.get("TERM") != "dumb" else elsewhere
     )
 
 
@@ -231,6 +242,7 @@ def open_progress(
     stream: TextIO | None = None,
     every_items: int = 25,
     every_seconds: float = 10.0,
+    elsewhere: str = "lines",
 ) -> Progress:
     """A :class:`Progress` on ``stream`` (stderr by default) in the mode that fits it."""
     stream = stream or sys.stderr
@@ -238,7 +250,7 @@ def open_progress(
         total,
         label,
         stream,
-        resolve_mode(mode, stream),
+        resolve_mode(mode, stream, elsewhere),
         every_items=every_items,
         every_seconds=every_seconds,
     )

@@ -78,25 +78,48 @@ def _request(config: pytest.Config) -> sessions.RunRequest:
 def pytest_configure(config: pytest.Config) -> None:
     request = _request(config)
     config.stash[_SESSION] = sessions.Session(request)
-    # Triton's interpreter must be chosen before vLLM is imported (on any worker),
-    # whichever checks run: kvconform.oracles.vllm.loading.load says why.
-    prepare_slot_kernel()
     for kind in KINDS:
         config.addinivalue_line("markers", f"{kind}: kvconform scenario kind")
 
 
+def _named_folders(config: pytest.Config) -> list[Path]:
+    """The folders named on the command line that hold no Python tests of their own
+    (``pytest /tmp/somewhere/``, not ``pytest tests/`` or ``pytest .``)."""
+    folders = []
+    for arg in config.args:
+        path = Path(config.invocation_params.dir, arg.split("::", 1)[0]).resolve()
+        if path.is_dir() and not any(
+            (path / name).exists() for name in ("conftest.py", "pyproject.toml", "setup.py")
+        ):
+            if not any(path.glob("test_*.py")):
+                folders.append(path)
+    return folders
+
+
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    """A YAML scenario file named on the command line, under a folder named
+    ``scenarios``, or under a folder named on the command line that holds no Python
+    tests (a folder of scenarios anywhere: ``pytest /tmp/somewhere/``)."""
     if file_path.suffix not in SCENARIO_SUFFIXES or not is_scenario_file(file_path):
         return None
     explicit = parent.session.isinitpath(file_path)
-    if explicit or "scenarios" in file_path.parts:
-        collector: pytest.Collector = ScenarioFile.from_parent(parent, path=file_path)
-        return collector
-    return None
+    if not (
+        explicit
+        or "scenarios" in file_path.parts
+        or any(file_path.resolve().is_relative_to(f) for f in _named_folders(parent.config))
+    ):
+        return None
+    collector: pytest.Collector = ScenarioFile.from_parent(parent, path=file_path)
+    return collector
 
 
 class ScenarioFile(pytest.File):
     def collect(self) -> Iterator[pytest.Item]:
+        # Triton's interpreter must be chosen before vLLM is imported (on any worker),
+        # whichever checks run: kvconform.oracles.vllm.loading.load says why. Done here,
+        # at the first scenario file, so that a pytest run without scenarios (the plugin
+        # is installed for every pytest of the environment) is left alone.
+        prepare_slot_kernel()
         try:
             scenarios = load_file(self.path)
         except ScenarioError as error:
@@ -110,7 +133,12 @@ class ScenarioFile(pytest.File):
             name = Path(broken.where.file).name
             yield BadScenarioItem.from_parent(self, name=name, error=broken)
         for scenario in scenarios:
-            item = ScenarioItem.from_parent(self, name=scenario.id, scenario=scenario)
+            # The node id spelled out, so that pytest parses a matrix case's "[...]" as it
+            # parses the ids it keeps (--lf, --ff, the cache): name[eagle-k3] is the
+            # name "name" with params "eagle-k3", as a parametrized test's.
+            item = ScenarioItem.from_parent(
+                self, name=scenario.id, nodeid=f"{self.nodeid}::{scenario.id}", scenario=scenario
+            )
             for tag in scenario.tags:
                 self.config.addinivalue_line("markers", f"{tag}: kvconform scenario tag")
                 item.add_marker(tag)
@@ -155,12 +183,19 @@ class ScenarioItem(pytest.Item):
         exc = excinfo.value
         if isinstance(exc, ScenarioFailed):
             result = exc.result
-            lines = [f"{self.scenario.id}: {result.verdict.value}"]
-            if result.error:
-                lines.append(result.error)
-            lines += [f"[{f.check}] {f.message}" for f in result.failures[:10]]
-            if len(result.failures) > 10:
-                lines.append(f"... {len(result.failures) - 10} more")
+            # The first line is what pytest's short summary shows: the first message.
+            messages = ([result.error] if result.error else []) + [
+                f"[{f.check}] {f.message}" for f in result.failures
+            ]
+            count = len(result.failures)
+            records = f" ({count} failure record{'s' if count != 1 else ''})" if count else ""
+            lines = [
+                " ".join((messages or [result.verdict.value])[0].split()),
+                f"{self.scenario.id}: {result.verdict.value}{records}",
+            ]
+            lines += messages[1:10]
+            if len(messages) > 10:
+                lines.append(f"... {len(messages) - 10} more")
             session = self.config.stash[_SESSION]
             lines.append(f"rerun alone: {session.rerun_command(result)}")
             return "\n".join(lines)

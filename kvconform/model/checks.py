@@ -7,9 +7,11 @@ Everything else kvconform knows about a check lives in its :class:`Check`
 record, next to the judgement itself (one module per check under
 :mod:`kvconform.harness.checks`):
 
-* ``blame``: the party a record is blamed on and the *miss*, the shape of what
-  went wrong ("is below the floor by exactly the lookahead"); the root causes
-  (:mod:`kvconform.harness.root_causes`) gather records by these;
+* ``blame``: a :class:`~kvconform.model.root_causes.Blame`: the party a record is
+  blamed on, the *miss* (the shape of what went wrong), and whether the record is a
+  shortfall (the cause) or a consequence of one party's shortfall at the same step
+  (a write outside the blocks, a disagreement); the root causes
+  (:mod:`kvconform.harness.root_causes`) fold and gather records by these;
 * ``signature``: what makes two of its failures the same finding for the
   fuzzer (:mod:`kvconform.fuzz.findings`);
 * ``why``: the contract's reason, said once per root cause;
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvconform.model.observations import Trajectory
 from kvconform.model.results import Failure, ScenarioResult
+from kvconform.model.root_causes import Blame
 
 if TYPE_CHECKING:
     from kvconform.model.root_causes import RootCause
@@ -44,8 +47,8 @@ class Check:
     # One line: what the check judges (the CLI's help, docs/cli.md, the reports).
     judges: str
     find: Callable[[Trajectory], Iterable[Failure]]
-    # (result, failure) -> (the party it is blamed on, the miss).
-    blame: Callable[[ScenarioResult, Failure], tuple[str, str]]
+    # (result, failure) -> whom it is blamed on, the miss, cause or consequence.
+    blame: Callable[[ScenarioResult, Failure], Blame]
     # (result, failure) -> (subject, detail) of the fuzzer's signature.
     signature: Callable[[ScenarioResult, Failure], tuple[str, str]]
     # The contract's reason behind a root cause of this check.

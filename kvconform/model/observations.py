@@ -231,6 +231,11 @@ class GroupInfo:
     # Windowed attention: (kind, size) for model.floors.first_position_read, the span
     # of positions a step reads whose blocks must be real; None for other groups.
     read_span: tuple[str, int] | None = None
+    # The SingleTypeKVCacheManager subclass vLLM dispatches this group's spec to, and its
+    # file in the vLLM tree, asked of the loaded vLLM (Vllm.manager_class); the root
+    # causes name it. None where the driver did not build the spec.
+    manager: str | None = None
+    manager_file: str | None = None
 
     @cached_property
     def _floor_parts(self) -> tuple[FloorInput, tuple[Any, ...], tuple[Any, ...]]:

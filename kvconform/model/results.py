@@ -76,6 +76,14 @@ class Failure:
     floor_without_lookahead: int | None = None
     capped: bool = False
     dcp: int = 1
+    # The step's token counts, the position past the last one written
+    # (min(computed + scheduled + lookahead, max_model_len)) and the tokens one block-table
+    # column covers (block_size x dcp; None where the group's floor does not count token
+    # columns): how many written positions a short party leaves without a block.
+    computed: int | None = None
+    scheduled: int | None = None
+    written_end: int | None = None
+    block_tokens: int | None = None
     # Check-specific facts in structured form (slots: positions, columns, blocks hit).
     detail: dict[str, Any] | None = field(default=None, compare=False)
 
@@ -97,6 +105,10 @@ class Failure:
             "floor_without_lookahead": self.floor_without_lookahead,
             "capped": self.capped,
             "dcp": self.dcp,
+            "computed": self.computed,
+            "scheduled": self.scheduled,
+            "written_end": self.written_end,
+            "block_tokens": self.block_tokens,
             "message": self.message,
             "detail": self.detail,
         }
@@ -192,14 +204,10 @@ class RunReport:
         )
 
     def explain_command(self, file: str, scenario_id: str) -> str:
-        """The command that shows one scenario step by step, against the same vLLM.
-
-        ``kvconform explain`` takes a scenario id under ``scenarios/``, or a file
-        (every scenario of it).
-        """
-        target = scenario_id if file.startswith("scenarios/") else file
+        """The command that shows one scenario step by step, against the same vLLM:
+        ``kvconform explain FILE::ID``, exact wherever the file is."""
         options = vllm_options(self.vllm_source, self.vllm_path, self.vllm_release)
-        return shlex.join(["kvconform", "explain", target, *options])
+        return shlex.join(["kvconform", "explain", f"{file}::{scenario_id}", *options])
 
 
 def vllm_options(

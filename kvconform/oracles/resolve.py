@@ -185,8 +185,16 @@ def new_trajectory(scenario: Scenario, vllm: Vllm) -> Trajectory:
                 ),
             ),
             read_span=_read_span(group),
+            manager=managed[0] if managed else None,
+            manager_file=managed[1] if managed else None,
         )
-        for info, group, spec in zip(trajectory.groups, model.groups, specs, strict=True)
+        for info, group, spec, managed in zip(
+            trajectory.groups,
+            model.groups,
+            specs,
+            [vllm.manager_class(spec) for spec in specs],
+            strict=True,
+        )
     )
     return trajectory
 

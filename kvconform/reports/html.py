@@ -34,7 +34,6 @@ from pathlib import Path
 
 from kvconform import __version__
 from kvconform.harness.expectations_update import is_unreviewed
-from kvconform.harness.root_causes import blame
 from kvconform.model.coverage import KIND_LETTERS, Coverage, OfferedItem, status_rank
 from kvconform.model.observations import FreeEvent, Observation, Trajectory
 from kvconform.model.results import Failure, RunReport, ScenarioResult, Verdict
@@ -378,7 +377,7 @@ class _Page:
             text = (self.vllm_root / file).read_text(encoding="utf-8")
         except OSError:
             return None
-        match = re.search(rf"^[ \t]*def {re.escape(name)}\(", text, re.M)
+        match = re.search(rf"^[ \t]*(?:def|class) {re.escape(name)}\b", text, re.M)
         return text.count("\n", 0, match.start()) + 1 if match else None
 
     # -- groups -----------------------------------------------------------------------
@@ -389,12 +388,12 @@ class _Page:
         for number, group in enumerate(self.report.root_causes, 1):
             rep = group.representative
             out.append(
-                f'<li data-verdict="failed" data-check="{e(group.check)}" '
+                f'<li data-verdict="failed" data-check="{e(" ".join(group.check_names))}" '
                 f'data-types="{e(" ".join(group.group_types))}"><a href="#g-{number}">'
                 f"<b>{group.records:,} records, {len(group.scenarios)} scenario"
                 f"{'s' if len(group.scenarios) != 1 else ''}</b></a>: "
-                f"{e(group.vllm.description)} <code>{e(group.vllm.function)}</code> "
-                f"{e(group.miss)} <span class='check'>[{e(group.check)}]</span>; e.g. "
+                f"{e(group.vllm.description)} <code>{e(group.vllm_function)}</code> "
+                f"{e(group.miss)} <span class='check'>[{e(', '.join(group.check_names))}]</span>; e.g. "
                 f"<code>{e(rep.id)}</code>: <code>"
                 f"{e(self.report.explain_command(rep.file, rep.id))}</code></li>"
             )
@@ -409,17 +408,30 @@ class _Page:
         rep = group.representative
         out = [
             f'<section class="card group" id="g-{number}" data-verdict="failed" '
-            f'data-check="{e(group.check)}" data-types="{e(" ".join(group.group_types))}">',
+            f'data-check="{e(" ".join(group.check_names))}" '
+            f'data-types="{e(" ".join(group.group_types))}">',
             f'<h3><span class="badge failed">#{number}</span>{group.records:,} record'
             f"{'s' if group.records != 1 else ''} in {len(group.scenarios)} scenario"
             f"{'s' if len(group.scenarios) != 1 else ''} "
-            f'<span class="check">{e(group.check)}</span></h3>',
+            f'<span class="check">{e(", ".join(group.check_names))}</span></h3>',
             f'<p class="cause"><b>{e(party.description)}</b> '
-            f"{self.vllm_code(party.function, party.file)} <b>{e(group.miss)}</b></p>",
+            f"{self.vllm_code(group.vllm_function, group.vllm_file)} <b>{e(group.miss)}</b></p>",
             '<dl class="facts">',
             f"<dt>group types</dt><dd>{e(', '.join(group.group_types) or '-')}</dd>",
             f"<dt>methods</dt><dd>{e(', '.join(group.methods) or '-')}</dd>",
         ]
+        if group.managers:
+            out.append(
+                "<dt>vLLM dispatched to</dt><dd>"
+                + ", ".join(self.vllm_code(name, file) for name, file in group.managers)
+                + "</dd>"
+            )
+        if len(group.checks) > 1:
+            out.append(
+                "<dt>checks</dt><dd>"
+                + e(", ".join(f"{name} ({n} records)" for name, n in group.checks.items()))
+                + "</dd>"
+            )
         if group.why:
             out.append(f'<dt>why</dt><dd class="why">{e(group.why)}</dd>')
         out.append(
@@ -463,7 +475,8 @@ class _Page:
             }
         )
         out = [
-            f'<details class="member" data-verdict="failed" data-check="{e(group.check)}" '
+            f'<details class="member" data-verdict="failed" '
+            f'data-check="{e(" ".join(sorted({f.check for f in mine})))}" '
             f'data-types="{e(" ".join(types))}"><summary><code>{e(member.id)}</code> '
             f'<span class="note">{member.records} record{"s" if member.records != 1 else ""}'
             f"</span></summary>",
@@ -488,11 +501,10 @@ class _Page:
     @staticmethod
     def _records(group: RootCause, result: ScenarioResult) -> list[Failure]:
         """The records of ``result`` that fall into ``group``."""
-        return [
-            f
-            for f in result.failures
-            if f.check == group.check and blame(result, f) == (group.party, group.miss)
-        ]
+        for member in group.scenarios:
+            if member.id == result.id:
+                return [result.failures[i] for i in member.failures if i < len(result.failures)]
+        return []
 
     # -- one scenario in full ---------------------------------------------------------
 

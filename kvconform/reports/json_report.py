@@ -51,7 +51,13 @@ def scenario_json(result: ScenarioResult, report: RunReport) -> dict[str, Any]:
             method=trajectory.method,
             parties=list(trajectory.parties),
             groups=[
-                {"type": g.type, "label": g.label, "block_size": g.block_size}
+                {
+                    "type": g.type,
+                    "label": g.label,
+                    "block_size": g.block_size,
+                    "vllm_manager": g.manager,
+                    "vllm_manager_file": g.manager_file,
+                }
                 for g in trajectory.groups
             ],
             notes=list(trajectory.notes),

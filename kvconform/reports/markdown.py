@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvconform.model.results import RunReport, Verdict
+from kvconform.model.root_causes import RootCause
 from kvconform.reports.root_causes import (
     MAX_GROUPS_LISTED,
     group_lines,
@@ -60,11 +61,10 @@ def render_markdown(report: RunReport) -> str:
         lines.append("")
         for number, group in enumerate(report.root_causes[:MAX_GROUPS_LISTED], 1):
             rep = group.representative
-            party = group.vllm
             lines.append(
                 f"{number}. **{group.records:,} records, {len(group.scenarios)} scenarios**: "
-                f"{party.description} `{party.function}` (`{party.file}`) {_cell(group.miss)} "
-                f"[{group.check}]; {_cell(spans(group))}; e.g. `{rep.id}`: "
+                f"{_cell(_where(group))} {_cell(group.miss)} "
+                f"[{', '.join(group.check_names)}]; {_cell(spans(group))}; e.g. `{rep.id}`: "
                 f"`{report.explain_command(rep.file, rep.id)}`"
             )
         if len(report.root_causes) > MAX_GROUPS_LISTED:
@@ -139,3 +139,14 @@ def write_markdown(report: RunReport, directory: Path) -> Path:
     path = directory / "summary.md"
     path.write_text(render_markdown(report), encoding="utf-8")
     return path
+
+
+def _where(group: RootCause) -> str:
+    """Who falls short, with its code in backticks."""
+    party = group.vllm
+    if group.function is not None:
+        return f"{party.description}'s `{group.function}` (`{group.vllm_file}`)"
+    via = ""
+    if group.managers:
+        via = ", dispatching to " + ", ".join(f"`{name}`" for name, _ in group.managers)
+    return f"{party.description} `{party.function}` (`{party.file}`{via})"

@@ -26,7 +26,7 @@ from kvconform.harness.checks.records import (
 from kvconform.model.checks import Check, always
 from kvconform.model.observations import Trajectory
 from kvconform.model.results import Failure, ScenarioResult
-from kvconform.model.root_causes import PARTIES
+from kvconform.model.root_causes import PARTIES, Blame
 
 
 def find(trajectory: Trajectory) -> Iterator[Failure]:
@@ -67,9 +67,14 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
             )
 
 
-def blame(result: ScenarioResult, failure: Failure) -> tuple[str, str]:
+def blame(result: ScenarioResult, failure: Failure) -> Blame:
     """The one of the two below the floor; where both hold at least the floor, the one
-    holding (or predicting) more: the contract asks for no more than the floor."""
+    holding (or predicting) more: the contract asks for no more than the floor.
+
+    A disagreement where one side is below the floor follows from that side's
+    shortfall (``follows``): the root causes fold it into the shortfall's group, so a
+    predictor that merely disagrees with a short allocator is not a cause of its own.
+    """
     held_party, live = named(result, failure.party), live_party(result)
     floor, detail = failure.floor, failure.detail or {}
     held = count(failure, failure.party or "live")
@@ -78,23 +83,33 @@ def blame(result: ScenarioResult, failure: Failure) -> tuple[str, str]:
     else:
         reference, reference_party = detail.get("predicted_max", failure.predicted), "predicted"
     if floor is None or held is None or reference is None:
-        return held_party, "disagrees"
+        return Blame(held_party, "disagrees")
     held_name = PARTIES[held_party].description
     reference_name = PARTIES[reference_party].description
     verb = "predicts" if reference_party == "predicted" else "holds"
     if reference < floor:
-        return reference_party, (
-            f"{verb} fewer than {held_name} holds, below the floor "
-            + below_floor(reference, floor, failure)
+        return Blame(
+            reference_party,
+            f"{verb} fewer than {held_name} holds and " + below_floor(reference, floor, failure),
+            follows=reference_party,
         )
     if held < floor:
-        return held_party, (
-            f"holds fewer than {reference_name} {verb}, below the floor "
-            f"{below_floor(held, floor, failure)}"
+        return Blame(
+            held_party,
+            f"holds fewer than {reference_name} {verb} and {below_floor(held, floor, failure)}",
+            follows=held_party,
         )
     if held > reference:
-        return held_party, f"holds more than {reference_name} {above(held, reference, failure)}"
-    return reference_party, f"{verb} more than {held_name} holds {above(reference, held, failure)}"
+        return Blame(
+            held_party, f"holds more than {reference_name} {above(held, reference, failure)}"
+        )
+    # The predictor's running maximum above a holding at the floor: where the holder fell
+    # short at an earlier step of the request, the maximum remembers that step.
+    return Blame(
+        reference_party,
+        f"{verb} more than {held_name} holds {above(reference, held, failure)}",
+        follows=held_party,
+    )
 
 
 def signature(result: ScenarioResult, failure: Failure) -> tuple[str, str]:

@@ -19,6 +19,7 @@ from kvconform.harness.checks.records import blocks, named
 from kvconform.model.checks import Check, always
 from kvconform.model.observations import Trajectory
 from kvconform.model.results import Failure, ScenarioResult
+from kvconform.model.root_causes import Blame
 
 _FUNCTION = {
     "allocate_slots": "KVCacheManager.allocate_slots",
@@ -50,11 +51,11 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
         )
 
 
-def blame(result: ScenarioResult, failure: Failure) -> tuple[str, str]:
+def blame(result: ScenarioResult, failure: Failure) -> Blame:
     who = (failure.detail or {}).get("who")
     if who == "schedule":
-        return named(result, "live"), "never schedules a waiting request the pool holds"
-    return named(result, "live"), "refuses a step the floor fits in the pool"
+        return Blame(named(result, "live"), "never schedules a waiting request the pool holds")
+    return Blame(named(result, "live"), "refuses a step the floor fits in the pool")
 
 
 def signature(result: ScenarioResult, failure: Failure) -> tuple[str, str]:

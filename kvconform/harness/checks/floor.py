@@ -15,17 +15,17 @@ from collections.abc import Iterator
 
 from kvconform.harness.checks.records import (
     PARTY_NAMES,
-    below_floor,
     blocks,
     count,
     failure_at,
     named,
+    shortfall,
 )
 from kvconform.model.checks import Check
 from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.observations import Observation, Trajectory
 from kvconform.model.results import Failure, ScenarioResult
-from kvconform.model.root_causes import RootCause
+from kvconform.model.root_causes import Blame, RootCause, describe_shortfalls
 
 
 def find(trajectory: Trajectory) -> Iterator[Failure]:
@@ -77,13 +77,15 @@ def uncovered_positions(
     return f"positions {covered}..{end} have no block, the target's own among them"
 
 
-def blame(result: ScenarioResult, failure: Failure) -> tuple[str, str]:
+def blame(result: ScenarioResult, failure: Failure) -> Blame:
+    """The party below the floor, and the shape of its shortfall: the cause the step's
+    other records (the write outside its blocks, the disagreement) follow from."""
+    party = named(result, failure.party)
     held = count(failure, failure.party or "live")
     if failure.floor is None or held is None:
-        return named(result, failure.party), "fails the floor check"
-    return named(
-        result, failure.party
-    ), f"is below the floor {below_floor(held, failure.floor, failure)}"
+        return Blame(party, "fails the floor check")
+    short = shortfall(held, failure.floor, failure)
+    return Blame(party, describe_shortfalls([short])[1], short=short)
 
 
 def signature(result: ScenarioResult, failure: Failure) -> tuple[str, str]:

@@ -20,6 +20,7 @@ from kvconform.model.checks import Check, always
 from kvconform.model.methods import ADDING_A_METHOD, METHODS_FILE, REGISTRY_FILE, method_for
 from kvconform.model.observations import Trajectory
 from kvconform.model.results import Failure, ScenarioResult
+from kvconform.model.root_causes import Blame
 
 
 def _async_load_lookahead(trajectory: Trajectory) -> Iterator[Failure]:
@@ -94,19 +95,19 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
     )
 
 
-def blame(result: ScenarioResult, failure: Failure) -> tuple[str, str]:
+def blame(result: ScenarioResult, failure: Failure) -> Blame:
     invariant = (failure.detail or {}).get("invariant")
     if invariant is not None:  # an async KV load's blocks: what the live side held
-        return named(result, failure.party), str(invariant)
+        return Blame(named(result, failure.party), str(invariant))
     trajectory = result.trajectory
     if trajectory is None or trajectory.expected_lookahead is None:
-        return "config", "names a method kvconform's method registry lacks"
+        return Blame("config", "names a method kvconform's method registry lacks")
     if (
         trajectory.vllm_lookahead is not None
         and trajectory.vllm_lookahead < trajectory.expected_lookahead
     ):
-        return "config", "reserves fewer lookahead slots than the drafter writes"
-    return "config", "reserves more lookahead slots than the drafter writes"
+        return Blame("config", "reserves fewer lookahead slots than the drafter writes")
+    return Blame("config", "reserves more lookahead slots than the drafter writes")
 
 
 def signature(result: ScenarioResult, failure: Failure) -> tuple[str, str]:

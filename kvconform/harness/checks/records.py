@@ -14,7 +14,7 @@ from kvconform.model.floors import cdiv
 from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.observations import Observation, Trajectory
 from kvconform.model.results import Failure, ScenarioResult
-from kvconform.model.root_causes import LIVE_PARTY_BY_KIND
+from kvconform.model.root_causes import LIVE_PARTY_BY_KIND, Shortfall, describe_shortfalls
 
 PARTY_NAMES = {
     "live": "the live KVCacheManager",
@@ -38,7 +38,14 @@ def failure_at(
     # What the floor is made of, for the root causes: the same step's floor without
     # the lookahead, and whether max_model_len capped the writes.
     without_lookahead = group.step_floor()(obs.computed, obs.scheduled, 0, encoder_len)
-    capped = 0 < trajectory.max_model_len < obs.computed + obs.scheduled + obs.lookahead
+    written = obs.computed + obs.scheduled + obs.lookahead
+    capped = 0 < trajectory.max_model_len < written
+    rule = group.floor_rule
+    block_tokens = (
+        group.block_size * int(group.floor_args.get("dcp_world_size", 1))
+        if rule.counts_token_columns
+        else None
+    )
     return Failure(
         check=check,
         message=f"step {obs.step} ({where}{obs.label}) request {obs.request}, group {obs.group} "
@@ -58,6 +65,10 @@ def failure_at(
         floor_without_lookahead=without_lookahead,
         capped=capped,
         dcp=int(group.floor_args.get("dcp_world_size", 1)),
+        computed=obs.computed,
+        scheduled=obs.scheduled,
+        written_end=min(written, trajectory.max_model_len) if capped else written,
+        block_tokens=block_tokens,
         detail=detail,
     )
 
@@ -82,15 +93,30 @@ def count(failure: Failure, party: str) -> int | None:
     return value if isinstance(value, int) else None
 
 
+def shortfall(held: int, floor: int, failure: Failure) -> Shortfall:
+    """The shape of one count below the floor, from the numbers the record carries."""
+    uncovered: int | None = None
+    target_short = False
+    if failure.written_end is not None and failure.block_tokens:
+        covered = held * failure.block_tokens
+        uncovered = max(0, failure.written_end - covered)
+        target_end = (failure.computed or 0) + (failure.scheduled or 0)
+        target_short = covered < min(target_end, failure.written_end)
+    return Shortfall(
+        held=held,
+        floor=floor,
+        lookahead=failure.lookahead or 0,
+        uncovered=uncovered,
+        target_short=target_short,
+        without_lookahead=bool(failure.lookahead) and held == failure.floor_without_lookahead,
+        capped=failure.capped,
+        dcp_factor=failure.dcp > 1 and held == cdiv(floor, failure.dcp),
+    )
+
+
 def below_floor(held: int, floor: int, failure: Failure) -> str:
-    """How a count below the floor falls short, from the numbers the record carries."""
-    if failure.lookahead and held == failure.floor_without_lookahead:
-        return "by exactly the lookahead"
-    if failure.capped and floor - held == 1:
-        return "by one block at the max_model_len cap"
-    if failure.dcp > 1 and held == cdiv(floor, failure.dcp):
-        return "by the DCP factor"
-    return "by one block" if floor - held == 1 else "by several blocks"
+    """How one count below the floor falls short: the sentence of its shape."""
+    return describe_shortfalls([shortfall(held, floor, failure)])[1]
 
 
 def above(larger: int, smaller: int, failure: Failure) -> str:

@@ -31,6 +31,10 @@ from kvconform.model.checks import Check, always
 from kvconform.model.floors import MAMBA_ALIGNED_STATE, READ_SPAN_REASONS, first_position_read
 from kvconform.model.observations import FreeEvent, Trajectory
 from kvconform.model.results import Failure, ScenarioResult
+from kvconform.model.root_causes import Blame
+
+# The invariant of a call the scenario marks refused and vLLM granted.
+GRANTED = "grants a call the pool cannot hold"
 
 
 def _passes(n: int) -> str:
@@ -132,7 +136,7 @@ def _refusals_refused(trajectory: Trajectory) -> Iterator[Failure]:
             request=refusal.request,
             action=refusal.label,
             party="live",
-            detail={"invariant": "grants a call the pool cannot hold"},
+            detail={"invariant": GRANTED},
         )
 
 
@@ -711,9 +715,13 @@ def _free_event(trajectory: Trajectory, event: FreeEvent, null: int) -> Iterator
             )
 
 
-def blame(result: ScenarioResult, failure: Failure) -> tuple[str, str]:
-    invariant = (failure.detail or {}).get("invariant", "breaks an allocator invariant")
-    return named(result, "live"), str(invariant)
+def blame(result: ScenarioResult, failure: Failure) -> Blame:
+    invariant = str((failure.detail or {}).get("invariant", "breaks an allocator invariant"))
+    live = named(result, "live")
+    # A call granted that the floor says the pool cannot hold: the step's demand was
+    # counted short, which follows from the same request's shortfall where it had one.
+    follows = live if invariant == GRANTED else None
+    return Blame(live, invariant, follows=follows)
 
 
 def signature(result: ScenarioResult, failure: Failure) -> tuple[str, str]:

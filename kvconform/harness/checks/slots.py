@@ -16,7 +16,7 @@ from kvconform.harness.checks.records import PARTY_NAMES, blocks, failure_at, na
 from kvconform.model.checks import Check, CheckSkipped, always
 from kvconform.model.observations import BLOCK_ID_PARTIES, Observation, Trajectory, party_block_ids
 from kvconform.model.results import Failure, ScenarioResult
-from kvconform.model.root_causes import PARTIES
+from kvconform.model.root_causes import PARTIES, Blame
 from kvconform.oracles.slots import record_slots
 
 
@@ -112,13 +112,19 @@ def _span(values: list[int]) -> str:
     return ", ".join(str(v) for v in values)
 
 
-def blame(result: ScenarioResult, failure: Failure) -> tuple[str, str]:
+def blame(result: ScenarioResult, failure: Failure) -> Blame:
+    """The slot mapping, unless the holder is below the floor at that step: a write
+    past too few blocks follows from the shortfall (``follows``), and the root causes
+    fold it into the shortfall's group."""
     detail = failure.detail or {}
     party = detail.get("party")
-    holder = PARTIES[named(result, party if isinstance(party, str) else None)].description
-    return "slots", (
+    holder_party = named(result, party if isinstance(party, str) else None)
+    holder = PARTIES[holder_party].description
+    return Blame(
+        "slots",
         f"maps {detail.get('role', 'written')} positions past the blocks {holder} holds "
-        f"into {_landing(str(detail.get('whose', '')))}"
+        f"into {_landing(str(detail.get('whose', '')))}",
+        follows=holder_party,
     )
 
 

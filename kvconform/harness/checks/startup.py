@@ -30,6 +30,7 @@ from kvconform.harness.checks.records import blocks, named
 from kvconform.model.checks import Check, always
 from kvconform.model.observations import StartupRecord, Trajectory
 from kvconform.model.results import Failure, ScenarioResult
+from kvconform.model.root_causes import Blame
 
 
 def request_floor(trajectory: Trajectory, length: int) -> list[int]:
@@ -138,8 +139,8 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
         )
 
 
-def blame(result: ScenarioResult, failure: Failure) -> tuple[str, str]:
-    return named(result, "live"), str((failure.detail or {}).get("who", "misplans the pool"))
+def blame(result: ScenarioResult, failure: Failure) -> Blame:
+    return Blame(named(result, "live"), str((failure.detail or {}).get("who", "misplans the pool")))
 
 
 def signature(result: ScenarioResult, failure: Failure) -> tuple[str, str]:

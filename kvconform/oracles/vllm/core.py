@@ -287,6 +287,34 @@ class Vllm:
             self._retention_by_config[id(config)] = prefix_cache_retention_interval
         return config
 
+    def manager_class(self, spec: Any) -> tuple[str, str] | None:
+        """The ``SingleTypeKVCacheManager`` subclass vLLM dispatches a group of this spec
+        to, as (class name, its file from the folder holding ``vllm/``), or None.
+
+        Asked of vLLM itself, as ``get_manager_for_kv_cache_spec`` asks it:
+        ``KVCacheSpecRegistry.get_manager_class`` where the release has the registry
+        (0.24 on), else the module's ``spec_manager_map``, walking the spec's MRO.
+        """
+        return typing.cast(
+            "tuple[str, str] | None",
+            self._remembered(("manager_class", type(spec)), lambda: self._manager_class(spec)),
+        )
+
+    def _manager_class(self, spec: Any) -> tuple[str, str] | None:
+        registry = self.optional_module("vllm.v1.kv_cache_spec_registry")
+        found: Any = None
+        getter = getattr(getattr(registry, "KVCacheSpecRegistry", None), "get_manager_class", None)
+        if getter is not None:
+            with quiet_logs():
+                found = getter(spec)
+        else:
+            single = self.optional_module("vllm.v1.core.single_type_kv_cache_manager")
+            table = getattr(single, "spec_manager_map", None) or {}
+            found = next((table[c] for c in type(spec).__mro__ if c in table), None)
+        if not isinstance(found, type):
+            return None
+        return found.__name__, _tree_file(found)
+
     def new_manager(self, kv_cache_config: Any, **kwargs: Any) -> Any:
         retention = self._retention_by_config.pop(id(kv_cache_config), _UNSET)
         with _environment(_RETENTION_VARIABLE, retention):
@@ -650,3 +678,11 @@ class Vllm:
         return self._config_holder(
             method, num_speculative_tokens, sample_from_anchor, False
         ).speculative_config
+
+
+def _tree_file(cls: type) -> str:
+    """The file defining ``cls``, from the folder holding ``vllm/`` (``vllm/v1/...py``)."""
+    module = importlib.import_module(cls.__module__)
+    stem = cls.__module__.replace(".", "/")
+    origin = getattr(module, "__file__", None) or ""
+    return f"{stem}/__init__.py" if origin.endswith("__init__.py") else f"{stem}.py"
