@@ -304,20 +304,23 @@ def test_settings_travel_to_the_child_as_json(scenario_from):
     again = engine_party.EngineSettings.from_json(settings.to_json())
     assert again == settings
     assert (
-        again.method == "eagle" and again.draft is not None and again.draft.num_hidden_layers == 1
+        again.method == "eagle" and again.draft is not None and again.draft.layers == 1
     )
     prompts = [r.prompt_token_ids for r in again.requests]
     assert [len(p) for p in prompts] == [39, 25] and prompts[0][:16] != prompts[1][:16]
 
 
 def test_the_model_folder_is_a_transformers_config(tmp_path, monkeypatch):
-    monkeypatch.setenv("KVCONFORM_CACHE", str(tmp_path))
-    folder = engine_party.write_model(engine_party.ModelShape(num_hidden_layers=1))
     import json
 
+    from kvconform.model.tiny_model import TinyModel
+    from kvconform.oracles.tiny_models import model_folder
+
+    monkeypatch.setenv("KVCONFORM_CACHE", str(tmp_path))
+    folder = model_folder(TinyModel(layers=1))
     config = json.loads((folder / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and config["num_hidden_layers"] == 1
-    assert engine_party.write_model(engine_party.ModelShape(num_hidden_layers=1)) == folder
+    assert model_folder(TinyModel(layers=1)) == folder
 
 
 # -- the H200 recording: judged, and replayed on CPU -----------------------------------------
