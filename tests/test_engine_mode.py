@@ -303,9 +303,7 @@ def test_settings_travel_to_the_child_as_json(scenario_from):
     settings = settings_for(scenario_from(ENGINE_SCENARIO))
     again = engine_party.EngineSettings.from_json(settings.to_json())
     assert again == settings
-    assert (
-        again.method == "eagle" and again.draft is not None and again.draft.layers == 1
-    )
+    assert again.method == "eagle" and again.draft is not None and again.draft.layers == 1
     prompts = [r.prompt_token_ids for r in again.requests]
     assert [len(p) for p in prompts] == [39, 25] and prompts[0][:16] != prompts[1][:16]
 
@@ -501,3 +499,103 @@ def test_the_slot_mapping_hook_reads_vllms_own_block_tables_and_kernel(vllm):
         {"request": "a", "group": 0, "positions": [14, 15, 16], "slots": [5 * 16 + 14, 5 * 16 + 15, 6 * 16]},
         {"request": "b", "group": 0, "positions": [3], "slots": [9 * 16 + 3]},
     ]  # fmt: skip
+
+
+# -- when vLLM's engine fails: its own cause, not pydantic's link -----------------------------
+
+
+def _validation_error() -> Exception:
+    """A real pydantic ValidationError from one of vLLM's config validators."""
+    from vllm.config import SchedulerConfig
+
+    try:
+        SchedulerConfig(max_num_batched_tokens=8, max_model_len=512, enable_chunked_prefill=False,
+                        is_encoder_decoder=False)  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - the error is the test's input
+        return exc
+    raise AssertionError("vLLM accepted max_num_batched_tokens < max_model_len")
+
+
+def _traceback_of(exc: BaseException) -> str:
+    import traceback
+
+    return "".join(traceback.format_exception(exc))
+
+
+REASON = "max_num_batched_tokens (8) is smaller than max_model_len (512)."
+
+
+def test_first_line_of_a_pydantic_validation_error_is_vllms_reason():
+    from kvconform.oracles.vllm.messages import first_line
+
+    exc = _validation_error()
+    assert type(exc).__name__ == "ValidationError"
+    assert str(exc).splitlines()[-1].strip().startswith("For further information visit")
+    line = first_line(exc)
+    assert line.startswith(REASON) and "[type=" not in line and "errors.pydantic.dev" not in line
+    # The same error as the engine child prints it: a traceback, then lines printed at exit.
+    log = (
+        _traceback_of(exc)
+        + "[rank0]:[W1201 10:00:00] ProcessGroupNCCL: process group not destroyed\n"
+    )
+    assert first_line(log) == line
+
+
+def test_first_line_of_a_field_error_names_the_field():
+    from vllm.config import CacheConfig
+
+    from kvconform.oracles.vllm.messages import first_line
+
+    with pytest.raises(ValueError) as caught:  # pydantic's ValidationError is a ValueError
+        CacheConfig(block_size=0)
+    assert first_line(caught.value) == "block_size: Input should be greater than 0"
+
+
+def test_first_line_of_a_plain_traceback_is_its_last_exception():
+    from kvconform.oracles.vllm.messages import first_line
+
+    def build():
+        try:
+            raise KeyError("attn_backend")
+        except KeyError as inner:
+            raise RuntimeError("Engine core initialization failed: no KV cache groups") from inner
+
+    with pytest.raises(RuntimeError) as caught:
+        build()
+    log = "INFO 12-01 loading the model\n" + _traceback_of(caught.value)
+    assert log.count("Traceback (most recent call last):") == 2
+    assert first_line(log) == "RuntimeError: Engine core initialization failed: no KV cache groups"
+    assert first_line(caught.value) == "Engine core initialization failed: no KV cache groups"
+    assert first_line(RuntimeError()) == "RuntimeError"
+
+
+def test_a_failed_engine_child_reports_vllms_cause_and_keeps_the_log(monkeypatch, tmp_path):
+    import subprocess
+
+    exc = _validation_error()
+    log = "INFO starting\n" + _traceback_of(exc)
+
+    def child(args, **kwargs):
+        return subprocess.CompletedProcess(args, 1, "", log)
+
+    monkeypatch.setattr(engine_party.subprocess, "run", child)
+    monkeypatch.setenv(engine_party.LOG_DIR_VARIABLE, str(tmp_path))
+    settings = engine_party.EngineSettings(engine_party.TinyModel(), None, ())
+    with pytest.raises(engine_party.EngineFailed) as failed:
+        engine_party.run_engine(settings)
+    headline = str(failed.value).splitlines()[0]
+    assert headline.startswith(f"vLLM's engine failed (exit 1): {REASON}")
+    assert "errors.pydantic.dev" not in headline
+    (kept,) = tmp_path.glob("engine-*.log")
+    assert kept.read_text() == log.strip()
+
+
+def test_the_engine_child_records_the_exception_that_stopped_it():
+    recording = engine_party.EngineRecording()
+    error = _validation_error()
+    with pytest.raises(type(error)), engine_party._cause_recorded(recording):
+        raise error
+    assert recording.error is not None and recording.error.startswith(f"ValidationError: {REASON}")
+    assert engine_party.failure_cause(recording, "ignored") == recording.error
+    again = engine_party.EngineRecording.from_json(recording.to_json())
+    assert again.error == recording.error

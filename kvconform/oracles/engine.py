@@ -112,6 +112,9 @@ class EngineRecording:
     pool_blocks: int | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # The exception that stopped the engine, as "Type: its first meaningful line"
+    # (kvconform.oracles.vllm.messages.first_line); None when the run completed.
+    error: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -339,7 +342,8 @@ def run_engine(settings: EngineSettings, timeout: float = ENGINE_TIMEOUT_S) -> E
     """Run the engine in a child process and read what it recorded.
 
     Raises :class:`VllmUnavailable` when the engine could not be built here, and
-    ``RuntimeError`` with the child's last lines when it failed on a valid scenario.
+    :class:`EngineFailed` when it failed on a valid scenario: first vLLM's own cause
+    (:func:`failure_cause`), then the child's last lines.
     """
     with tempfile.TemporaryDirectory(prefix="kvconform-engine-") as tmp:
         settings_file, out_file = Path(tmp) / "settings.json", Path(tmp) / "recording.json"
@@ -348,22 +352,34 @@ def run_engine(settings: EngineSettings, timeout: float = ENGINE_TIMEOUT_S) -> E
             [sys.executable, "-m", "kvconform.oracles.engine", str(settings_file), str(out_file)],
             env=child_environment(settings), capture_output=True, text=True, timeout=timeout,
         )  # fmt: skip
-        if out_file.exists():
-            recording = EngineRecording.from_json(out_file.read_text())
-            if done.returncode == 0:
-                return recording
+        recording = EngineRecording.from_json(out_file.read_text()) if out_file.exists() else None
+        if recording is not None and done.returncode == 0:
+            return recording
         log = (done.stdout + done.stderr).strip()
         if os.environ.get(LOG_DIR_VARIABLE):
             folder = Path(os.environ[LOG_DIR_VARIABLE])
             folder.mkdir(parents=True, exist_ok=True)
             (folder / f"engine-{os.getpid()}-{time.time_ns()}.log").write_text(log)
         lines = log.splitlines()
-        last = lines[-1] if lines else ""
         if done.returncode == UNAVAILABLE_STATUS:
-            raise VllmUnavailable("?", "vLLM's engine", last)
-        # The report shows the first line: the child's last line is the exception.
+            raise VllmUnavailable("?", "vLLM's engine", lines[-1] if lines else "")
         tail = "\n".join(lines[-15:])
-        raise EngineFailed(f"vLLM's engine failed (exit {done.returncode}): {last}\n{tail}")
+        raise EngineFailed(
+            f"vLLM's engine failed (exit {done.returncode}): {failure_cause(recording, log)}\n{tail}"
+        )
+
+
+def failure_cause(recording: EngineRecording | None, log: str) -> str:
+    """Why the engine child failed, in vLLM's words: the exception it recorded, else the log's.
+
+    The report shows this line; the whole log stays in the exception's text (its last
+    lines) and, with ``KVCONFORM_ENGINE_LOGS`` set, in a file.
+    """
+    from kvconform.oracles.vllm.messages import first_line
+
+    if recording is not None and recording.error:
+        return recording.error
+    return first_line(log) or "no output"
 
 
 UNAVAILABLE_STATUS = 3
@@ -432,6 +448,18 @@ def drive(llm: Any, settings: EngineSettings) -> dict[str, int]:
     return generated
 
 
+@contextmanager
+def _cause_recorded(recording: EngineRecording) -> Iterator[None]:
+    """Records an exception's type and first meaningful line, then lets it propagate."""
+    from kvconform.oracles.vllm.messages import first_line
+
+    try:
+        yield
+    except BaseException as exc:
+        recording.error = f"{type(exc).__name__}: {first_line(exc)}"
+        raise
+
+
 def child_main(settings_file: str, out_file: str) -> int:
     settings = EngineSettings.from_json(Path(settings_file).read_text())
     recording = EngineRecording()
@@ -447,7 +475,7 @@ def child_main(settings_file: str, out_file: str) -> int:
     recording.model_runner = settings.model_runner
     hooks = EngineHooks(recording)
     try:
-        with hooks.installed():
+        with _cause_recorded(recording), hooks.installed():
             started = time.perf_counter()
             llm = vllm_engine.new_llm(_engine_arguments(settings, target, draft))
             recording.seconds["engine_up"] = round(time.perf_counter() - started, 1)
