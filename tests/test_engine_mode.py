@@ -599,3 +599,171 @@ def test_the_engine_child_records_the_exception_that_stopped_it():
     assert engine_party.failure_cause(recording, "ignored") == recording.error
     again = engine_party.EngineRecording.from_json(recording.to_json())
     assert again.error == recording.error
+
+
+# -- what vLLM can build: the draft kvconform writes, refused combinations ----------------------
+
+TARGET_SCENARIO = """
+    name: tiny-engine-target
+    kind: engine
+    model: {block_size: 16, max_model_len: 512}
+    speculative: {method: METHOD, num_speculative_tokens: 3}
+    engine:
+      target: {architecture: TARGET, layers: 2}
+    requests:
+      a: {prompt_len: 39, max_tokens: 40}
+"""
+
+
+def engine_scenario(scenario_from, method: str, target: str):
+    return scenario_from(TARGET_SCENARIO.replace("METHOD", method).replace("TARGET", target))
+
+
+@pytest.mark.parametrize("target", ["LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"])
+def test_an_eagle_draft_is_written_as_llama_whatever_the_target(scenario_from, target):
+    scenario = engine_scenario(scenario_from, "eagle", target)
+    draft = scenario.engine.draft
+    assert draft.architecture == "LlamaForCausalLM" and draft.layers == 1
+    assert (draft.hidden_size, draft.vocab) == (scenario.engine.target.hidden_size,
+                                                scenario.engine.target.vocab)  # fmt: skip
+    eagle3 = engine_scenario(scenario_from, "eagle3", target).engine.draft
+    assert eagle3.architecture == "LlamaForCausalLM"
+    assert eagle3.extra["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]  # a 2-layer target
+    # A separate draft model is a copy of the target's architecture.
+    assert engine_scenario(scenario_from, "draft_model", target).engine.draft.architecture == target
+
+
+def test_a_draft_vllm_cannot_build_is_refused_at_load_naming_the_combination(scenario_from):
+    from kvconform.errors import ScenarioError
+
+    text = TARGET_SCENARIO.replace("METHOD", "eagle").replace("TARGET", "Qwen2ForCausalLM")
+    with pytest.raises(ScenarioError) as refused:
+        scenario_from(
+            text.replace(
+                "    requests:", "      draft: {architecture: Qwen2ForCausalLM}\n    requests:"
+            )
+        )
+    message = str(refused.value)
+    assert refused.value.where.field == "engine.draft.architecture"
+    assert refused.value.where.line is not None and message.startswith(
+        f"{refused.value.where.file}:{refused.value.where.line}: engine.draft.architecture:"
+    )
+    assert (
+        "method 'eagle' with a Qwen2ForCausalLM target and a Qwen2ForCausalLM draft: vLLM would "
+        "name the drafter EagleQwen2ForCausalLM, which its model registry lacks" in message
+    )
+
+
+@pytest.mark.parametrize(
+    ("method", "engine", "field", "words"),
+    [
+        ("eagle", "{draft: {hidden_size: 128}}", "engine.draft.hidden_size",
+         "the draft's hidden_size (128) must be the target's (256)"),
+        ("draft_model", "{draft: {vocab: 512}}", "engine.draft.vocab",
+         "verify_equal_vocab_size_if_draft_model"),
+        ("eagle3", "{target: {layers: 1}}", "engine.target.layers",
+         "the target needs at least 2 layers, not 1"),
+        ("eagle3", "{draft: {architecture: MistralForCausalLM}}", "engine.draft.architecture",
+         "Eagle3MistralForCausalLM, which its model registry lacks"),
+        ("mtp", "{}", "speculative.method", "engine mode cannot run method 'mtp'"),
+        ("dflash", "{}", "speculative.method", "engine mode cannot run method 'dflash'"),
+        ("ngram", "{draft: {layers: 1}}", "engine.draft", "only methods with a draft model"),
+    ],
+)  # fmt: skip
+def test_what_vllm_cannot_build_is_refused_at_load(scenario_from, method, engine, field, words):
+    from kvconform.errors import ScenarioError
+
+    text = TARGET_SCENARIO.replace("METHOD", method).replace(
+        "      target: {architecture: TARGET, layers: 2}\n", ""
+    ).replace("    engine:\n", f"    engine: {engine}\n")  # fmt: skip
+    with pytest.raises(ScenarioError) as refused:
+        scenario_from(text)
+    assert refused.value.where.field == field and words in str(refused.value)
+
+
+def test_the_engine_draft_rules_are_what_vllm_offers(vllm):
+    """Each rule's architectures are exactly those whose drafter the installed vLLM registers."""
+    from kvconform.model.methods import METHODS
+    from kvconform.model.tiny_model import ARCHITECTURES, ENGINE_TARGETS
+    from kvconform.oracles.vllm.engine import drafter_architecture, registered_architectures
+
+    offered = registered_architectures()
+    assert set(ENGINE_TARGETS) <= offered
+    for method in METHODS.values():
+        rule = method.engine_draft
+        if rule is None:
+            # A method with a draft model either has an engine draft or is refused, with why.
+            assert not method.has_draft_model or method.engine_refusal, method.name
+            continue
+        assert method.engine_refusal is None, method.name
+        buildable = []
+        for arch in ENGINE_TARGETS:
+            named = (
+                drafter_architecture(method.name, arch, ARCHITECTURES[arch])
+                if rule.renamed
+                else arch
+            )
+            assert named == rule.drafter_class(arch), (method.name, arch)
+            if named in offered:
+                buildable.append(arch)
+        assert set(rule.architectures or ENGINE_TARGETS) == set(buildable), method.name
+
+
+def _cached_release_trees():
+    from kvconform.harness.releases import cached_releases
+    from kvconform.paths import cache_dir
+
+    def release(version: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in version.split(".")[:3])
+
+    ordered = sorted(cached_releases(), key=release)
+    return [(v, cache_dir("releases") / v / "vllm") for v in ordered if release(v) >= (0, 25, 0)]
+
+
+def test_the_engine_draft_rules_hold_in_every_cached_release_from_0_25():
+    """The releases whose engines ran on the H200 (0.25.0, 0.26.0) and the rest, read as text."""
+    from kvconform.model.methods import METHODS
+    from kvconform.model.tiny_model import ENGINE_TARGETS
+
+    trees = _cached_release_trees()
+    if not trees:
+        pytest.skip("no vLLM release tree cached (kvconform's release matrix downloads them)")
+    for version, tree in trees:
+        registry = (tree / "model_executor/models/registry.py").read_text()
+        eagle_config = (tree / "transformers_utils/configs/eagle.py").read_text()
+        for method in METHODS.values():
+            rule = method.engine_draft
+            if rule is None or not rule.renamed:
+                continue
+            prefix = rule.drafter_class("")
+            assert f'f"{prefix}{{arch}}"' in eagle_config, (version, method.name)
+            for arch in ENGINE_TARGETS:
+                registered = f'"{rule.drafter_class(arch)}":' in registry
+                assert registered == (arch in rule.architectures), (version, method.name, arch)
+
+
+def test_a_mistral_target_is_written_without_transformers_sliding_window(vllm):
+    """transformers' MistralConfig defaults to a 4096-token window; kvconform writes none."""
+    from kvconform.model.tiny_model import TinyModel
+    from kvconform.oracles.tiny_models import model_folder
+    from kvconform.oracles.vllm.scheduling import Scheduling
+
+    folder = model_folder(TinyModel("MistralForCausalLM"))
+    config = vllm.part(Scheduling).model_config(str(folder), 512)
+    assert config.architectures == ["MistralForCausalLM"] and config.get_sliding_window() is None
+
+
+def test_a_drafter_the_selected_vllm_lacks_is_unsupported_before_any_run(
+    vllm, scenario_from, monkeypatch
+):
+    from kvconform.oracles.vllm import engine as vllm_engine
+
+    offered = vllm_engine.registered_architectures()
+    monkeypatch.setattr(vllm_engine, "registered_architectures",
+                        lambda: offered - {"EagleLlamaForCausalLM"})  # fmt: skip
+    result = run_scenario(engine_scenario(scenario_from, "eagle", "Qwen2ForCausalLM"), vllm)
+    assert result.verdict is Verdict.UNSUPPORTED
+    assert (
+        "lacks the drafter class EagleLlamaForCausalLM: method 'eagle' with a Qwen2ForCausalLM "
+        "target and a LlamaForCausalLM draft" in (result.error or "")
+    )

@@ -42,9 +42,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvconform.errors import VllmUnavailable
+from kvconform.errors import NotOffered, VllmUnavailable
+from kvconform.model.methods import REGISTRY_FILE, method_for
 from kvconform.model.scenario import EngineRequest
-from kvconform.model.tiny_model import TinyModel
+from kvconform.model.tiny_model import ARCHITECTURES, TinyModel
 from kvconform.oracles.tiny_models import model_folder
 from kvconform.paths import cache_dir
 
@@ -155,6 +156,48 @@ def unavailable_reason() -> str | None:
     if not compiled:
         return "the vLLM on the path is a Python tree without its compiled extensions (vllm._C)"
     return None
+
+
+def check_buildable(settings: EngineSettings, version: str) -> None:
+    """Refuse a target or drafter the loaded vLLM's model registry lacks, before any run.
+
+    The loader refused what no supported release builds, from kvconform's own data
+    (the method's :class:`~kvconform.model.methods.EngineDraft`); this asks the
+    selected release itself, on any machine: its model registry, and, for a method
+    whose draft vLLM renames, what its ``EAGLEConfig`` names the drafter. Raises
+    :class:`NotOffered` (the scenario is ``unsupported`` on this release).
+    """
+    from kvconform.oracles.vllm import engine as vllm_engine
+
+    offered = vllm_engine.registered_architectures()
+    target = settings.target.architecture
+    if target not in offered:
+        raise NotOffered(version, f"the target architecture {target}",
+                         "its model registry does not list it")  # fmt: skip
+    method = method_for(settings.method)
+    rule = method.engine_draft if method is not None else None
+    if method is None or rule is None or settings.draft is None:
+        return
+    draft = settings.draft.architecture
+    named = (
+        vllm_engine.drafter_architecture(method.name, draft, ARCHITECTURES[draft])
+        if rule.renamed
+        else draft
+    )
+    if named in offered:
+        return
+    expected = rule.drafter_class(draft)
+    stale = (
+        ""
+        if named == expected
+        else f"; kvconform's registry ({REGISTRY_FILE}) expected {expected}"
+    )
+    raise NotOffered(
+        version,
+        f"the drafter class {named}",
+        f"method {method.name!r} with a {target} target and a {draft} draft: vLLM names the "
+        f"drafter {named}, which its model registry lacks{stale}",
+    )
 
 
 # -- the hooks ---------------------------------------------------------------------------

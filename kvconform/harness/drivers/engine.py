@@ -82,10 +82,13 @@ def settings_for(scenario: Scenario) -> engine_party.EngineSettings:
 
 def drive_engine(scenario: Scenario, vllm: Vllm) -> Trajectory:
     """Run a ``kind: engine`` scenario on vLLM's real engine and record what it did."""
+    settings = settings_for(scenario)
+    # What this release cannot build is unsupported here, whether or not a GPU is.
+    engine_party.check_buildable(settings, vllm.version)
     reason = engine_party.unavailable_reason()
     if reason is not None:
         raise ScenarioSkipped(f"engine mode cannot run here: {reason}")
-    recording = engine_party.run_engine(settings_for(scenario))
+    recording = engine_party.run_engine(settings)
     keep = os.environ.get(RECORDINGS_VARIABLE)
     if keep:
         Path(keep).mkdir(parents=True, exist_ok=True)

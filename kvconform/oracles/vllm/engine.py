@@ -18,8 +18,11 @@ num_lookahead_tokens`` from 0.28, the scheduler's ``num_lookahead_tokens``
 attribute (set per method in ``Scheduler.__init__``) before.
 
 Engine mode's other uses of vLLM and torch (is there a CUDA device, build the
-``LLM``, sampling parameters) are here too. :func:`cuda_available` imports torch
-only; everything else is for the engine child, which needs a CUDA build of vLLM.
+``LLM``, sampling parameters, what the running engine configured) are here too.
+:func:`cuda_available` imports torch only; :func:`registered_architectures` and
+:func:`drafter_architecture` ask the loaded vLLM what it would build, on any
+machine, before a run; everything else is for the engine child, which needs a
+CUDA build of vLLM.
 """
 
 from __future__ import annotations
@@ -164,6 +167,34 @@ def request_index(worker: Any) -> dict[int, str]:
     """The V2 runner's request-state row -> request id, as it is right now."""
     states = getattr(getattr(worker, "model_runner", None), "req_states", None)
     return dict(getattr(states, "index_to_req_id", {}) or {})
+
+
+def registered_architectures() -> frozenset[str]:
+    """The model architectures the loaded vLLM's registry offers, speculative drafters included.
+
+    ``ModelRegistry.get_supported_archs()`` (vllm/model_executor/models/registry.py):
+    what ``SpeculativeConfig.update_arch_`` and the target's ``ModelConfig`` look
+    architectures up in.
+    """
+    registry = importlib.import_module("vllm.model_executor.models.registry")
+    return frozenset(registry.ModelRegistry.get_supported_archs())
+
+
+def drafter_architecture(method: str, architecture: str, model_type: str) -> str:
+    """What vLLM's ``EAGLEConfig`` makes of a draft of ``architecture`` for ``method``.
+
+    ``SpeculativeConfig.__post_init__`` wraps the config of an EAGLE-family draft in
+    ``EAGLEConfig`` (vllm/transformers_utils/configs/eagle.py), which renames its
+    architectures; asked here of the loaded release with a bare config of the draft's
+    model type, so that a release naming drafters otherwise is heard, not assumed.
+    """
+    import transformers
+
+    eagle = importlib.import_module("vllm.transformers_utils.configs.eagle")
+    config = transformers.AutoConfig.for_model(model_type, architectures=[architecture])
+    # As SpeculativeConfig builds it (the model type is EAGLEConfig's own).
+    wrapped = eagle.EAGLEConfig(config, method=method, model_type=eagle.EAGLEConfig.model_type)
+    return str(wrapped.architectures[0])
 
 
 def is_capturing() -> bool:
