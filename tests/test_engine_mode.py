@@ -11,6 +11,7 @@ recording shaped like the one the H200 run of vLLM 0.25.0 produced (docs/engine-
 from __future__ import annotations
 
 import types
+from dataclasses import replace
 
 import pytest
 import torch
@@ -767,3 +768,165 @@ def test_a_drafter_the_selected_vllm_lacks_is_unsupported_before_any_run(
         "lacks the drafter class EagleLlamaForCausalLM: method 'eagle' with a Qwen2ForCausalLM "
         "target and a LlamaForCausalLM draft" in (result.error or "")
     )
+
+
+# -- what the engine ran, compared with what the scenario states --------------------------------
+
+
+def ran_with(block_size: int = 16, **config) -> engine_party.EngineRecording:
+    """The H200-like recording, its group and configuration as a run on CUDA records them."""
+    recording = h200_like_recording([1, 2])
+    recording.kv_groups = [
+        {"spec": "FullAttentionSpec", "block_size": block_size, "backend": "FLASH_ATTN"}
+    ]
+    recording.config = {
+        "block_size": block_size, "user_specified_block_size": True,
+        "enable_prefix_caching": False, "max_model_len": 512, "model_runner": "v2",
+        "method": "eagle", "num_speculative_tokens": 5, "max_num_seqs": 4,
+        "max_num_batched_tokens": 2048, "enable_chunked_prefill": True,
+        "async_scheduling": True, "scheduler_reserve_full_isl": True,
+        "platform": "CudaPlatform", **config,
+    }  # fmt: skip
+    return recording
+
+
+ONE_REQUEST = ENGINE_SCENARIO.replace("      b: {prompt_len: 25, max_tokens: 40}\n", "").replace(
+    "max_model_len: 512}", "max_model_len: 512, enable_caching: false}"
+)
+
+
+def test_an_engine_that_ran_the_stated_configuration_has_no_difference(scenario_from):
+    from kvconform.harness.drivers.engine import engine_differences
+
+    assert engine_differences(scenario_from(ONE_REQUEST), ran_with()) == []
+
+
+def test_a_block_size_the_engine_chose_is_an_error_naming_both_and_why(scenario_from):
+    from kvconform.harness.drivers.engine import engine_differences
+
+    scenario = scenario_from(ONE_REQUEST.replace("block_size: 16", "block_size: 32"))
+    (difference,) = engine_differences(scenario, ran_with(16, user_specified_block_size=False))
+    assert difference.startswith(
+        "block size of group 0 (FullAttentionSpec): the engine ran 16, the scenario states 32 ("
+    )
+    assert "CacheConfig.block_size became 16 for the 32 kvconform passed" in difference
+    assert "Platform.update_block_size_for_backend set the attention backend's preferred size" in (
+        difference
+    )
+    assert difference.endswith("attention backend FLASH_ATTN; platform CudaPlatform)")
+    # A group vLLM scaled up to unify page sizes, with CacheConfig as stated.
+    recording = ran_with(16)
+    recording.kv_groups.append({"spec": "FullAttentionSpec", "block_size": 32, "backend": None})
+    (scaled,) = engine_differences(scenario_from(ONE_REQUEST), recording)
+    assert "group 1 (FullAttentionSpec): the engine ran 32, the scenario states 16" in scaled
+    assert "unify_kv_cache_spec_page_size" in scaled
+
+
+def test_every_stated_setting_the_engine_changed_is_a_difference(scenario_from):
+    from kvconform.harness.drivers.engine import engine_differences
+
+    scenario = scenario_from(ONE_REQUEST.replace("engine: {", "engine: {async_scheduling: true, "))
+    recording = ran_with(model_runner="v1", max_model_len=256, async_scheduling=False,
+                         num_speculative_tokens=3)  # fmt: skip
+    recording.kv_groups[0]["spec"] = "SlidingWindowSpec"
+    found = engine_differences(scenario, recording)
+    assert found == [
+        "group 0 is vLLM's SlidingWindowSpec (attention backend FLASH_ATTN), the scenario "
+        "states full_attention (FullAttentionSpec)",
+        "max_model_len: the engine ran 256, the scenario states 512 (vLLM's "
+        "ModelConfig.max_model_len, capped by what the model's config allows)",
+        "model runner: the engine ran v1, the scenario states v2 (kvconform sets "
+        "VLLM_USE_V2_MODEL_RUNNER; the worker built the runner VllmConfig.use_v2_model_runner "
+        "chose)",
+        "num_speculative_tokens: the engine ran 3, the scenario states 5",
+        "engine.async_scheduling: the engine ran false, the scenario states true (vLLM's "
+        "SchedulerConfig)",
+    ]
+
+
+def test_prefix_caching_is_compared_with_the_resolved_scenario(vllm, scenario_from):
+    """A scenario that leaves prefix caching out takes vLLM's default; the engine must run it."""
+    from kvconform.harness.drivers.engine import engine_differences, settings_for
+    from kvconform.oracles.resolve import resolve_settings
+
+    written = scenario_from(ENGINE_SCENARIO)
+    assert "enable_caching" not in written.model.stated
+    scenario, record = resolve_settings(written, vllm)
+    default = record.defaults["enable_caching"]
+    assert scenario.model.enable_caching is default is True  # a decoder: on by default
+    # The engine is given the resolved value ...
+    assert settings_for(scenario, resolved=True).enable_prefix_caching is True
+    # ... and `engine record`, which runs an unresolved scenario, leaves it to vLLM.
+    assert settings_for(written).enable_prefix_caching is None
+    assert settings_for(scenario_from(ONE_REQUEST)).enable_prefix_caching is False
+    assert engine_differences(scenario, ran_with(enable_prefix_caching=True)) == []
+    (difference,) = engine_differences(scenario, ran_with(enable_prefix_caching=False))
+    assert difference == (
+        "prefix caching (enable_prefix_caching): the engine ran false, the scenario takes "
+        "vLLM's default for this release, true (vLLM's CacheConfig.enable_prefix_caching "
+        "after its checks)"
+    )
+
+
+def test_the_engine_arguments_follow_the_settings(tmp_path):
+    target = engine_party.TinyModel()
+    settings = engine_party.EngineSettings(target, None, (), method="ngram",
+                                           num_speculative_tokens=3,
+                                           speculative_options={"prompt_lookup_max": 4},
+                                           enable_prefix_caching=True)  # fmt: skip
+    args = engine_party._engine_arguments(settings, tmp_path, None)
+    assert args["enable_prefix_caching"] is True and "scheduler_reserve_full_isl" not in args
+    assert args["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 3,
+                                          "prompt_lookup_max": 4}  # fmt: skip
+    left = engine_party._engine_arguments(replace(settings, enable_prefix_caching=None), tmp_path,
+                                          None)  # fmt: skip
+    assert "enable_prefix_caching" not in left
+
+
+def test_an_engine_that_ran_otherwise_makes_the_scenario_an_error(vllm, scenario_from, monkeypatch):
+    scenario = scenario_from(ONE_REQUEST.replace("block_size: 16", "block_size: 32"))
+    monkeypatch.setattr(engine_party, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(engine_party, "run_engine", lambda settings: ran_with(16))
+    result = run_scenario(scenario, vllm)
+    assert result.verdict is Verdict.ERROR and result.failures == []
+    assert result.error.startswith(
+        "vLLM 0.25.0's engine did not run what the scenario states: block size of group 0 "
+        "(FullAttentionSpec): the engine ran 16, the scenario states 32"
+    )
+    # The same run with the stated block size is judged (by the checks), not an error.
+    monkeypatch.setattr(engine_party, "run_engine", lambda settings: ran_with(32))
+    assert run_scenario(scenario, vllm).verdict in (Verdict.PASSED, Verdict.FAILED)
+
+
+def test_the_engine_configuration_is_read_from_vllms_config(vllm):
+    """The compat layer's reading of a real VllmConfig (built on CPU) and runner class."""
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner as RunnerV2
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner as RunnerV1
+
+    from kvconform.model.tiny_model import TinyModel
+    from kvconform.oracles.tiny_models import model_folder
+    from kvconform.oracles.vllm import engine as vllm_engine
+    from kvconform.oracles.vllm.scheduling import Scheduling
+
+    api = vllm.part(Scheduling)
+    config = api.scheduler_vllm_config(
+        api.model_config(str(model_folder(TinyModel())), 512), None, block_size=32,
+        num_blocks=64, enable_prefix_caching=True, prefix_cache_retention_interval=None,
+        scheduler_reserve_full_isl=True, max_num_seqs=4, max_num_batched_tokens=2048,
+        enable_chunked_prefill=True, long_prefill_token_threshold=0, async_scheduling=False,
+    )  # fmt: skip
+
+    class Runner(RunnerV2):
+        pass
+
+    worker = types.SimpleNamespace(vllm_config=config, model_runner=object.__new__(Runner))
+    read = vllm_engine.engine_config(None, worker)
+    assert read["block_size"] == 32 and read["user_specified_block_size"] is True
+    assert read["enable_prefix_caching"] is True and read["max_model_len"] == 512
+    assert read["model_runner"] == "v2" and read["method"] is None
+    assert (read["max_num_seqs"], read["async_scheduling"]) == (4, False)
+    assert (
+        vllm_engine.model_runner_kind(types.SimpleNamespace(model_runner=object.__new__(RunnerV1)))
+        == "v1"
+    )
+    assert vllm_engine.model_runner_kind(types.SimpleNamespace()) is None

@@ -62,13 +62,17 @@ class EngineSettings:
     requests: tuple[EngineRequest, ...]
     method: str | None = None
     num_speculative_tokens: int = 0
+    # The method's SpeculativeConfig options from kvconform's registry (n-gram's windows).
+    speculative_options: dict[str, Any] = field(default_factory=dict)
     model_runner: str = "v2"  # v2 | v1
     block_size: int = 16
     max_model_len: int = 512
     max_num_seqs: int = 4
     max_num_batched_tokens: int | None = None
     enable_chunked_prefill: bool | None = None
-    enable_prefix_caching: bool = False
+    # None leaves a setting to vLLM's engine (its default).
+    enable_prefix_caching: bool | None = None
+    scheduler_reserve_full_isl: bool | None = None
     async_scheduling: bool | None = None
     enforce_eager: bool = True
     gpu_memory_utilization: float = 0.2
@@ -99,7 +103,11 @@ class EngineRecording:
     model_runner: str = ""
     lookahead: int | None = None
     lookahead_source: str = ""
+    # Per KV-cache group: {spec, block_size, backend} (backend: recorded from 2026-12).
     kv_groups: list[dict[str, Any]] = field(default_factory=list)
+    # What the engine ran with, as vLLM resolved it (kvconform.oracles.vllm.engine.
+    # engine_config); empty in recordings made before kvconform recorded it.
+    config: dict[str, Any] = field(default_factory=dict)
     # Per executed SchedulerOutput: {index, phase, finished, requests: [{request, new,
     # resumed, computed, scheduled, drafts, blocks (per group, what it holds after)}]}.
     steps: list[dict[str, Any]] = field(default_factory=list)
@@ -444,11 +452,12 @@ def _engine_arguments(settings: EngineSettings, target: Path, draft: Path | None
         "block_size": settings.block_size,
         "max_num_seqs": settings.max_num_seqs,
         "gpu_memory_utilization": settings.gpu_memory_utilization,
-        "enable_prefix_caching": settings.enable_prefix_caching,
         "dtype": settings.target.dtype,
         "seed": 0,
     }
     optional = {
+        "enable_prefix_caching": settings.enable_prefix_caching,
+        "scheduler_reserve_full_isl": settings.scheduler_reserve_full_isl,
         "max_num_batched_tokens": settings.max_num_batched_tokens,
         "enable_chunked_prefill": settings.enable_chunked_prefill,
         "async_scheduling": settings.async_scheduling,
@@ -459,6 +468,7 @@ def _engine_arguments(settings: EngineSettings, target: Path, draft: Path | None
         spec: dict[str, Any] = {
             "method": settings.method,
             "num_speculative_tokens": settings.num_speculative_tokens,
+            **settings.speculative_options,
         }
         if draft is not None:
             spec["model"] = str(draft)
@@ -523,7 +533,10 @@ def child_main(settings_file: str, out_file: str) -> int:
             llm = vllm_engine.new_llm(_engine_arguments(settings, target, draft))
             recording.seconds["engine_up"] = round(time.perf_counter() - started, 1)
             recording.lookahead, recording.lookahead_source = vllm_engine.engine_lookahead(llm)
-            recording.kv_groups = vllm_engine.kv_groups(llm)
+            worker = hooks.worker or vllm_engine.engine_worker(llm)
+            recording.kv_groups = vllm_engine.kv_groups(llm, worker)
+            recording.config = vllm_engine.engine_config(llm, worker)
+            recording.model_runner = recording.config["model_runner"] or settings.model_runner
             hooks.phase = "serving"
             started = time.perf_counter()
             recording.outputs = drive(llm, settings)
