@@ -930,3 +930,50 @@ def test_the_engine_configuration_is_read_from_vllms_config(vllm):
         == "v1"
     )
     assert vllm_engine.model_runner_kind(types.SimpleNamespace()) is None
+
+
+def _speculative_config(vllm, scenario):
+    """vLLM's own SpeculativeConfig for an engine scenario's target and draft (built on CPU)."""
+    from kvconform.harness.drivers.engine import settings_for
+    from kvconform.oracles.tiny_models import model_folder
+    from kvconform.oracles.vllm.scheduling import Scheduling
+
+    settings = settings_for(scenario)
+    api = vllm.part(Scheduling)
+    target = api.model_config(str(model_folder(settings.target)), scenario.model.max_model_len)
+    return api.model_speculative_config(target, settings.method, settings.num_speculative_tokens,
+                                        model=str(model_folder(settings.draft)))  # fmt: skip
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "draft_model"])
+@pytest.mark.parametrize("target", ["LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"])
+def test_vllm_builds_the_speculative_config_of_every_draft_kvconform_writes(
+    vllm, scenario_from, method, target
+):
+    from kvconform.model.methods import METHODS
+
+    scenario = engine_scenario(scenario_from, method, target)
+    config = _speculative_config(vllm, scenario)
+    rule = METHODS[method].engine_draft
+    assert config.draft_model_config.architectures == [
+        rule.drafter_class(scenario.engine.draft.architecture)
+    ]
+
+
+def test_the_draft_kvconform_wrote_before_for_a_qwen2_target_is_vllms_own_refusal(
+    vllm, scenario_from
+):
+    """What the H200 run hit, reproduced on CPU: and the message kvconform now reports."""
+    from kvconform.oracles.vllm.messages import first_line
+
+    scenario = engine_scenario(scenario_from, "eagle", "Qwen2ForCausalLM")
+    old_draft = replace(scenario.engine.draft, architecture="Qwen2ForCausalLM")
+    scenario = replace(scenario, engine=replace(scenario.engine, draft=old_draft))
+    with pytest.raises(ValueError) as refused:
+        _speculative_config(vllm, scenario)
+    assert str(refused.value).splitlines()[-1].strip().startswith("For further information")
+    line = first_line(refused.value)
+    assert line.startswith(
+        "Model architectures ['EagleQwen2ForCausalLM'] are not supported for now."
+    )
+    assert len(line) <= 400 and line.endswith(" …")
