@@ -11,6 +11,7 @@ recording shaped like the one the H200 run of vLLM 0.25.0 produced (docs/engine-
 from __future__ import annotations
 
 import types
+from dataclasses import replace
 
 import pytest
 import torch
@@ -303,21 +304,22 @@ def test_settings_travel_to_the_child_as_json(scenario_from):
     settings = settings_for(scenario_from(ENGINE_SCENARIO))
     again = engine_party.EngineSettings.from_json(settings.to_json())
     assert again == settings
-    assert (
-        again.method == "eagle" and again.draft is not None and again.draft.num_hidden_layers == 1
-    )
+    assert again.method == "eagle" and again.draft is not None and again.draft.layers == 1
     prompts = [r.prompt_token_ids for r in again.requests]
     assert [len(p) for p in prompts] == [39, 25] and prompts[0][:16] != prompts[1][:16]
 
 
 def test_the_model_folder_is_a_transformers_config(tmp_path, monkeypatch):
-    monkeypatch.setenv("KVCONFORM_CACHE", str(tmp_path))
-    folder = engine_party.write_model(engine_party.ModelShape(num_hidden_layers=1))
     import json
 
+    from kvconform.model.tiny_model import TinyModel
+    from kvconform.oracles.tiny_models import model_folder
+
+    monkeypatch.setenv("KVCONFORM_CACHE", str(tmp_path))
+    folder = model_folder(TinyModel(layers=1))
     config = json.loads((folder / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and config["num_hidden_layers"] == 1
-    assert engine_party.write_model(engine_party.ModelShape(num_hidden_layers=1)) == folder
+    assert model_folder(TinyModel(layers=1)) == folder
 
 
 # -- the H200 recording: judged, and replayed on CPU -----------------------------------------
@@ -498,3 +500,480 @@ def test_the_slot_mapping_hook_reads_vllms_own_block_tables_and_kernel(vllm):
         {"request": "a", "group": 0, "positions": [14, 15, 16], "slots": [5 * 16 + 14, 5 * 16 + 15, 6 * 16]},
         {"request": "b", "group": 0, "positions": [3], "slots": [9 * 16 + 3]},
     ]  # fmt: skip
+
+
+# -- when vLLM's engine fails: its own cause, not pydantic's link -----------------------------
+
+
+def _validation_error() -> Exception:
+    """A real pydantic ValidationError from one of vLLM's config validators."""
+    from vllm.config import SchedulerConfig
+
+    try:
+        SchedulerConfig(max_num_batched_tokens=8, max_model_len=512, enable_chunked_prefill=False,
+                        is_encoder_decoder=False)  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - the error is the test's input
+        return exc
+    raise AssertionError("vLLM accepted max_num_batched_tokens < max_model_len")
+
+
+def _traceback_of(exc: BaseException) -> str:
+    import traceback
+
+    return "".join(traceback.format_exception(exc))
+
+
+REASON = "max_num_batched_tokens (8) is smaller than max_model_len (512)."
+
+
+def test_first_line_of_a_pydantic_validation_error_is_vllms_reason():
+    from kvconform.oracles.vllm.messages import first_line
+
+    exc = _validation_error()
+    assert type(exc).__name__ == "ValidationError"
+    assert str(exc).splitlines()[-1].strip().startswith("For further information visit")
+    line = first_line(exc)
+    assert line.startswith(REASON) and "[type=" not in line and "errors.pydantic.dev" not in line
+    # The same error as the engine child prints it: a traceback, then lines printed at exit.
+    log = (
+        _traceback_of(exc)
+        + "[rank0]:[W1201 10:00:00] ProcessGroupNCCL: process group not destroyed\n"
+    )
+    assert first_line(log) == line
+
+
+def test_first_line_of_a_field_error_names_the_field():
+    from vllm.config import CacheConfig
+
+    from kvconform.oracles.vllm.messages import first_line
+
+    with pytest.raises(ValueError) as caught:  # pydantic's ValidationError is a ValueError
+        CacheConfig(block_size=0)
+    assert first_line(caught.value) == "block_size: Input should be greater than 0"
+
+
+def test_first_line_of_a_plain_traceback_is_its_last_exception():
+    from kvconform.oracles.vllm.messages import first_line
+
+    def build():
+        try:
+            raise KeyError("attn_backend")
+        except KeyError as inner:
+            raise RuntimeError("Engine core initialization failed: no KV cache groups") from inner
+
+    with pytest.raises(RuntimeError) as caught:
+        build()
+    log = "INFO 12-01 loading the model\n" + _traceback_of(caught.value)
+    assert log.count("Traceback (most recent call last):") == 2
+    assert first_line(log) == "RuntimeError: Engine core initialization failed: no KV cache groups"
+    assert first_line(caught.value) == "Engine core initialization failed: no KV cache groups"
+    assert first_line(RuntimeError()) == "RuntimeError"
+
+
+def test_a_failed_engine_child_reports_vllms_cause_and_keeps_the_log(monkeypatch, tmp_path):
+    import subprocess
+
+    exc = _validation_error()
+    log = "INFO starting\n" + _traceback_of(exc)
+
+    def child(args, **kwargs):
+        return subprocess.CompletedProcess(args, 1, "", log)
+
+    monkeypatch.setattr(engine_party.subprocess, "run", child)
+    monkeypatch.setenv(engine_party.LOG_DIR_VARIABLE, str(tmp_path))
+    settings = engine_party.EngineSettings(engine_party.TinyModel(), None, ())
+    with pytest.raises(engine_party.EngineFailed) as failed:
+        engine_party.run_engine(settings)
+    headline = str(failed.value).splitlines()[0]
+    assert headline.startswith(f"vLLM's engine failed (exit 1): {REASON}")
+    assert "errors.pydantic.dev" not in headline
+    (kept,) = tmp_path.glob("engine-*.log")
+    assert kept.read_text() == log.strip()
+
+
+def test_the_engine_child_records_the_exception_that_stopped_it():
+    recording = engine_party.EngineRecording()
+    error = _validation_error()
+    with pytest.raises(type(error)), engine_party._cause_recorded(recording):
+        raise error
+    assert recording.error is not None and recording.error.startswith(f"ValidationError: {REASON}")
+    assert engine_party.failure_cause(recording, "ignored") == recording.error
+    again = engine_party.EngineRecording.from_json(recording.to_json())
+    assert again.error == recording.error
+
+
+# -- what vLLM can build: the draft kvconform writes, refused combinations ----------------------
+
+TARGET_SCENARIO = """
+    name: tiny-engine-target
+    kind: engine
+    model: {block_size: 16, max_model_len: 512}
+    speculative: {method: METHOD, num_speculative_tokens: 3}
+    engine:
+      target: {architecture: TARGET, layers: 2}
+    requests:
+      a: {prompt_len: 39, max_tokens: 40}
+"""
+
+
+def engine_scenario(scenario_from, method: str, target: str):
+    return scenario_from(TARGET_SCENARIO.replace("METHOD", method).replace("TARGET", target))
+
+
+@pytest.mark.parametrize("target", ["LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"])
+def test_an_eagle_draft_is_written_as_llama_whatever_the_target(scenario_from, target):
+    scenario = engine_scenario(scenario_from, "eagle", target)
+    draft = scenario.engine.draft
+    assert draft.architecture == "LlamaForCausalLM" and draft.layers == 1
+    assert (draft.hidden_size, draft.vocab) == (scenario.engine.target.hidden_size,
+                                                scenario.engine.target.vocab)  # fmt: skip
+    eagle3 = engine_scenario(scenario_from, "eagle3", target).engine.draft
+    assert eagle3.architecture == "LlamaForCausalLM"
+    assert eagle3.extra["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]  # a 2-layer target
+    # A separate draft model is a copy of the target's architecture.
+    assert engine_scenario(scenario_from, "draft_model", target).engine.draft.architecture == target
+
+
+def test_a_draft_vllm_cannot_build_is_refused_at_load_naming_the_combination(scenario_from):
+    from kvconform.errors import ScenarioError
+
+    text = TARGET_SCENARIO.replace("METHOD", "eagle").replace("TARGET", "Qwen2ForCausalLM")
+    with pytest.raises(ScenarioError) as refused:
+        scenario_from(
+            text.replace(
+                "    requests:", "      draft: {architecture: Qwen2ForCausalLM}\n    requests:"
+            )
+        )
+    message = str(refused.value)
+    assert refused.value.where.field == "engine.draft.architecture"
+    assert refused.value.where.line is not None and message.startswith(
+        f"{refused.value.where.file}:{refused.value.where.line}: engine.draft.architecture:"
+    )
+    assert (
+        "method 'eagle' with a Qwen2ForCausalLM target and a Qwen2ForCausalLM draft: vLLM would "
+        "name the drafter EagleQwen2ForCausalLM, which its model registry lacks" in message
+    )
+
+
+@pytest.mark.parametrize(
+    ("method", "engine", "field", "words"),
+    [
+        ("eagle", "{draft: {hidden_size: 128}}", "engine.draft.hidden_size",
+         "the draft's hidden_size (128) must be the target's (256)"),
+        ("draft_model", "{draft: {vocab: 512}}", "engine.draft.vocab",
+         "verify_equal_vocab_size_if_draft_model"),
+        ("eagle3", "{target: {layers: 1}}", "engine.target.layers",
+         "the target needs at least 2 layers, not 1"),
+        ("eagle3", "{draft: {architecture: MistralForCausalLM}}", "engine.draft.architecture",
+         "Eagle3MistralForCausalLM, which its model registry lacks"),
+        ("mtp", "{}", "speculative.method", "engine mode cannot run method 'mtp'"),
+        ("dflash", "{}", "speculative.method", "engine mode cannot run method 'dflash'"),
+        ("ngram", "{draft: {layers: 1}}", "engine.draft", "only methods with a draft model"),
+    ],
+)  # fmt: skip
+def test_what_vllm_cannot_build_is_refused_at_load(scenario_from, method, engine, field, words):
+    from kvconform.errors import ScenarioError
+
+    text = TARGET_SCENARIO.replace("METHOD", method).replace(
+        "      target: {architecture: TARGET, layers: 2}\n", ""
+    ).replace("    engine:\n", f"    engine: {engine}\n")  # fmt: skip
+    with pytest.raises(ScenarioError) as refused:
+        scenario_from(text)
+    assert refused.value.where.field == field and words in str(refused.value)
+
+
+def test_the_engine_draft_rules_are_what_vllm_offers(vllm):
+    """Each rule's architectures are exactly those whose drafter the installed vLLM registers."""
+    from kvconform.model.methods import METHODS
+    from kvconform.model.tiny_model import ARCHITECTURES, ENGINE_TARGETS
+    from kvconform.oracles.vllm.engine import drafter_architecture, registered_architectures
+
+    offered = registered_architectures()
+    assert set(ENGINE_TARGETS) <= offered
+    for method in METHODS.values():
+        rule = method.engine_draft
+        if rule is None:
+            # A method with a draft model either has an engine draft or is refused, with why.
+            assert not method.has_draft_model or method.engine_refusal, method.name
+            continue
+        assert method.engine_refusal is None, method.name
+        buildable = []
+        for arch in ENGINE_TARGETS:
+            named = (
+                drafter_architecture(method.name, arch, ARCHITECTURES[arch])
+                if rule.renamed
+                else arch
+            )
+            assert named == rule.drafter_class(arch), (method.name, arch)
+            if named in offered:
+                buildable.append(arch)
+        assert set(rule.architectures or ENGINE_TARGETS) == set(buildable), method.name
+
+
+def _cached_release_trees():
+    from kvconform.harness.releases import cached_releases
+    from kvconform.paths import cache_dir
+
+    def release(version: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in version.split(".")[:3])
+
+    ordered = sorted(cached_releases(), key=release)
+    return [(v, cache_dir("releases") / v / "vllm") for v in ordered if release(v) >= (0, 25, 0)]
+
+
+def test_the_engine_draft_rules_hold_in_every_cached_release_from_0_25():
+    """The releases whose engines ran on the H200 (0.25.0, 0.26.0) and the rest, read as text."""
+    from kvconform.model.methods import METHODS
+    from kvconform.model.tiny_model import ENGINE_TARGETS
+
+    trees = _cached_release_trees()
+    if not trees:
+        pytest.skip("no vLLM release tree cached (kvconform's release matrix downloads them)")
+    for version, tree in trees:
+        registry = (tree / "model_executor/models/registry.py").read_text()
+        eagle_config = (tree / "transformers_utils/configs/eagle.py").read_text()
+        for method in METHODS.values():
+            rule = method.engine_draft
+            if rule is None or not rule.renamed:
+                continue
+            prefix = rule.drafter_class("")
+            assert f'f"{prefix}{{arch}}"' in eagle_config, (version, method.name)
+            for arch in ENGINE_TARGETS:
+                registered = f'"{rule.drafter_class(arch)}":' in registry
+                assert registered == (arch in rule.architectures), (version, method.name, arch)
+
+
+def test_a_mistral_target_is_written_without_transformers_sliding_window(vllm):
+    """transformers' MistralConfig defaults to a 4096-token window; kvconform writes none."""
+    from kvconform.model.tiny_model import TinyModel
+    from kvconform.oracles.tiny_models import model_folder
+    from kvconform.oracles.vllm.scheduling import Scheduling
+
+    folder = model_folder(TinyModel("MistralForCausalLM"))
+    config = vllm.part(Scheduling).model_config(str(folder), 512)
+    assert config.architectures == ["MistralForCausalLM"] and config.get_sliding_window() is None
+
+
+def test_a_drafter_the_selected_vllm_lacks_is_unsupported_before_any_run(
+    vllm, scenario_from, monkeypatch
+):
+    from kvconform.oracles.vllm import engine as vllm_engine
+
+    offered = vllm_engine.registered_architectures()
+    monkeypatch.setattr(vllm_engine, "registered_architectures",
+                        lambda: offered - {"EagleLlamaForCausalLM"})  # fmt: skip
+    result = run_scenario(engine_scenario(scenario_from, "eagle", "Qwen2ForCausalLM"), vllm)
+    assert result.verdict is Verdict.UNSUPPORTED
+    assert (
+        "lacks the drafter class EagleLlamaForCausalLM: method 'eagle' with a Qwen2ForCausalLM "
+        "target and a LlamaForCausalLM draft" in (result.error or "")
+    )
+
+
+# -- what the engine ran, compared with what the scenario states --------------------------------
+
+
+def ran_with(block_size: int = 16, **config) -> engine_party.EngineRecording:
+    """The H200-like recording, its group and configuration as a run on CUDA records them."""
+    recording = h200_like_recording([1, 2])
+    recording.kv_groups = [
+        {"spec": "FullAttentionSpec", "block_size": block_size, "backend": "FLASH_ATTN"}
+    ]
+    recording.config = {
+        "block_size": block_size, "user_specified_block_size": True,
+        "enable_prefix_caching": False, "max_model_len": 512, "model_runner": "v2",
+        "method": "eagle", "num_speculative_tokens": 5, "max_num_seqs": 4,
+        "max_num_batched_tokens": 2048, "enable_chunked_prefill": True,
+        "async_scheduling": True, "scheduler_reserve_full_isl": True,
+        "platform": "CudaPlatform", **config,
+    }  # fmt: skip
+    return recording
+
+
+ONE_REQUEST = ENGINE_SCENARIO.replace("      b: {prompt_len: 25, max_tokens: 40}\n", "").replace(
+    "max_model_len: 512}", "max_model_len: 512, enable_caching: false}"
+)
+
+
+def test_an_engine_that_ran_the_stated_configuration_has_no_difference(scenario_from):
+    from kvconform.harness.drivers.engine import engine_differences
+
+    assert engine_differences(scenario_from(ONE_REQUEST), ran_with()) == []
+
+
+def test_a_block_size_the_engine_chose_is_an_error_naming_both_and_why(scenario_from):
+    from kvconform.harness.drivers.engine import engine_differences
+
+    scenario = scenario_from(ONE_REQUEST.replace("block_size: 16", "block_size: 32"))
+    (difference,) = engine_differences(scenario, ran_with(16, user_specified_block_size=False))
+    assert difference.startswith(
+        "block size of group 0 (FullAttentionSpec): the engine ran 16, the scenario states 32 ("
+    )
+    assert "CacheConfig.block_size became 16 for the 32 kvconform passed" in difference
+    assert "Platform.update_block_size_for_backend set the attention backend's preferred size" in (
+        difference
+    )
+    assert difference.endswith("attention backend FLASH_ATTN; platform CudaPlatform)")
+    # A group vLLM scaled up to unify page sizes, with CacheConfig as stated.
+    recording = ran_with(16)
+    recording.kv_groups.append({"spec": "FullAttentionSpec", "block_size": 32, "backend": None})
+    (scaled,) = engine_differences(scenario_from(ONE_REQUEST), recording)
+    assert "group 1 (FullAttentionSpec): the engine ran 32, the scenario states 16" in scaled
+    assert "unify_kv_cache_spec_page_size" in scaled
+
+
+def test_every_stated_setting_the_engine_changed_is_a_difference(scenario_from):
+    from kvconform.harness.drivers.engine import engine_differences
+
+    scenario = scenario_from(ONE_REQUEST.replace("engine: {", "engine: {async_scheduling: true, "))
+    recording = ran_with(model_runner="v1", max_model_len=256, async_scheduling=False,
+                         num_speculative_tokens=3)  # fmt: skip
+    recording.kv_groups[0]["spec"] = "SlidingWindowSpec"
+    found = engine_differences(scenario, recording)
+    assert found == [
+        "group 0 is vLLM's SlidingWindowSpec (attention backend FLASH_ATTN), the scenario "
+        "states full_attention (FullAttentionSpec)",
+        "max_model_len: the engine ran 256, the scenario states 512 (vLLM's "
+        "ModelConfig.max_model_len, capped by what the model's config allows)",
+        "model runner: the engine ran v1, the scenario states v2 (kvconform sets "
+        "VLLM_USE_V2_MODEL_RUNNER; the worker built the runner VllmConfig.use_v2_model_runner "
+        "chose)",
+        "num_speculative_tokens: the engine ran 3, the scenario states 5",
+        "engine.async_scheduling: the engine ran false, the scenario states true (vLLM's "
+        "SchedulerConfig)",
+    ]
+
+
+def test_prefix_caching_is_compared_with_the_resolved_scenario(vllm, scenario_from):
+    """A scenario that leaves prefix caching out takes vLLM's default; the engine must run it."""
+    from kvconform.harness.drivers.engine import engine_differences, settings_for
+    from kvconform.oracles.resolve import resolve_settings
+
+    written = scenario_from(ENGINE_SCENARIO)
+    assert "enable_caching" not in written.model.stated
+    scenario, record = resolve_settings(written, vllm)
+    default = record.defaults["enable_caching"]
+    assert scenario.model.enable_caching is default is True  # a decoder: on by default
+    # The engine is given the resolved value ...
+    assert settings_for(scenario, resolved=True).enable_prefix_caching is True
+    # ... and `engine record`, which runs an unresolved scenario, leaves it to vLLM.
+    assert settings_for(written).enable_prefix_caching is None
+    assert settings_for(scenario_from(ONE_REQUEST)).enable_prefix_caching is False
+    assert engine_differences(scenario, ran_with(enable_prefix_caching=True)) == []
+    (difference,) = engine_differences(scenario, ran_with(enable_prefix_caching=False))
+    assert difference == (
+        "prefix caching (enable_prefix_caching): the engine ran false, the scenario takes "
+        "vLLM's default for this release, true (vLLM's CacheConfig.enable_prefix_caching "
+        "after its checks)"
+    )
+
+
+def test_the_engine_arguments_follow_the_settings(tmp_path):
+    target = engine_party.TinyModel()
+    settings = engine_party.EngineSettings(target, None, (), method="ngram",
+                                           num_speculative_tokens=3,
+                                           speculative_options={"prompt_lookup_max": 4},
+                                           enable_prefix_caching=True)  # fmt: skip
+    args = engine_party._engine_arguments(settings, tmp_path, None)
+    assert args["enable_prefix_caching"] is True and "scheduler_reserve_full_isl" not in args
+    assert args["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 3,
+                                          "prompt_lookup_max": 4}  # fmt: skip
+    left = engine_party._engine_arguments(replace(settings, enable_prefix_caching=None), tmp_path,
+                                          None)  # fmt: skip
+    assert "enable_prefix_caching" not in left
+
+
+def test_an_engine_that_ran_otherwise_makes_the_scenario_an_error(vllm, scenario_from, monkeypatch):
+    scenario = scenario_from(ONE_REQUEST.replace("block_size: 16", "block_size: 32"))
+    monkeypatch.setattr(engine_party, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(engine_party, "run_engine", lambda settings: ran_with(16))
+    result = run_scenario(scenario, vllm)
+    assert result.verdict is Verdict.ERROR and result.failures == []
+    assert result.error.startswith(
+        "vLLM 0.25.0's engine did not run what the scenario states: block size of group 0 "
+        "(FullAttentionSpec): the engine ran 16, the scenario states 32"
+    )
+    # The same run with the stated block size is judged (by the checks), not an error.
+    monkeypatch.setattr(engine_party, "run_engine", lambda settings: ran_with(32))
+    assert run_scenario(scenario, vllm).verdict in (Verdict.PASSED, Verdict.FAILED)
+
+
+def test_the_engine_configuration_is_read_from_vllms_config(vllm):
+    """The compat layer's reading of a real VllmConfig (built on CPU) and runner class."""
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner as RunnerV2
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner as RunnerV1
+
+    from kvconform.model.tiny_model import TinyModel
+    from kvconform.oracles.tiny_models import model_folder
+    from kvconform.oracles.vllm import engine as vllm_engine
+    from kvconform.oracles.vllm.scheduling import Scheduling
+
+    api = vllm.part(Scheduling)
+    config = api.scheduler_vllm_config(
+        api.model_config(str(model_folder(TinyModel())), 512), None, block_size=32,
+        num_blocks=64, enable_prefix_caching=True, prefix_cache_retention_interval=None,
+        scheduler_reserve_full_isl=True, max_num_seqs=4, max_num_batched_tokens=2048,
+        enable_chunked_prefill=True, long_prefill_token_threshold=0, async_scheduling=False,
+    )  # fmt: skip
+
+    class Runner(RunnerV2):
+        pass
+
+    worker = types.SimpleNamespace(vllm_config=config, model_runner=object.__new__(Runner))
+    read = vllm_engine.engine_config(None, worker)
+    assert read["block_size"] == 32 and read["user_specified_block_size"] is True
+    assert read["enable_prefix_caching"] is True and read["max_model_len"] == 512
+    assert read["model_runner"] == "v2" and read["method"] is None
+    assert (read["max_num_seqs"], read["async_scheduling"]) == (4, False)
+    assert (
+        vllm_engine.model_runner_kind(types.SimpleNamespace(model_runner=object.__new__(RunnerV1)))
+        == "v1"
+    )
+    assert vllm_engine.model_runner_kind(types.SimpleNamespace()) is None
+
+
+def _speculative_config(vllm, scenario):
+    """vLLM's own SpeculativeConfig for an engine scenario's target and draft (built on CPU)."""
+    from kvconform.harness.drivers.engine import settings_for
+    from kvconform.oracles.tiny_models import model_folder
+    from kvconform.oracles.vllm.scheduling import Scheduling
+
+    settings = settings_for(scenario)
+    api = vllm.part(Scheduling)
+    target = api.model_config(str(model_folder(settings.target)), scenario.model.max_model_len)
+    return api.model_speculative_config(target, settings.method, settings.num_speculative_tokens,
+                                        model=str(model_folder(settings.draft)))  # fmt: skip
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "draft_model"])
+@pytest.mark.parametrize("target", ["LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"])
+def test_vllm_builds_the_speculative_config_of_every_draft_kvconform_writes(
+    vllm, scenario_from, method, target
+):
+    from kvconform.model.methods import METHODS
+
+    scenario = engine_scenario(scenario_from, method, target)
+    config = _speculative_config(vllm, scenario)
+    rule = METHODS[method].engine_draft
+    assert config.draft_model_config.architectures == [
+        rule.drafter_class(scenario.engine.draft.architecture)
+    ]
+
+
+def test_the_draft_kvconform_wrote_before_for_a_qwen2_target_is_vllms_own_refusal(
+    vllm, scenario_from
+):
+    """What the H200 run hit, reproduced on CPU: and the message kvconform now reports."""
+    from kvconform.oracles.vllm.messages import first_line
+
+    scenario = engine_scenario(scenario_from, "eagle", "Qwen2ForCausalLM")
+    old_draft = replace(scenario.engine.draft, architecture="Qwen2ForCausalLM")
+    scenario = replace(scenario, engine=replace(scenario.engine, draft=old_draft))
+    with pytest.raises(ValueError) as refused:
+        _speculative_config(vllm, scenario)
+    assert str(refused.value).splitlines()[-1].strip().startswith("For further information")
+    line = first_line(refused.value)
+    assert line.startswith(
+        "Model architectures ['EagleQwen2ForCausalLM'] are not supported for now."
+    )
+    assert len(line) <= 400 and line.endswith(" …")

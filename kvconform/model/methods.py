@@ -11,6 +11,10 @@ A :class:`Method` entry says, for one of vLLM's canonical speculative methods:
   plain decoder unless the method drafts from the target's own checkpoint) and
   the draft model, if the method has one (:class:`~kvconform.model.tiny_model.TinyModel`),
   plus the ``SpeculativeConfig`` options it needs;
+* engine mode's draft (:class:`EngineDraft`): the architecture kvconform writes
+  the draft as, for a given target, so that vLLM's engine builds it, and what the
+  draft must share with the target; or why engine mode cannot run the method
+  with the targets kvconform writes (``engine_refusal``; the loader refuses);
 * what the loader and the fuzzer need to know: whether it has DSpark's two
   layouts (``sample_from_anchor``), whether it stacks MTP modules, the vLLM
   literal type that lists its aliases, and where the fuzzer ranks it.
@@ -41,6 +45,7 @@ from kvconform.model.tiny_model import SCHEDULER_TARGET, TinyModel
 
 __all__ = [
     "BUILTIN_METHODS",
+    "EngineDraft",
     "LookaheadRule",
     "ADDING_A_METHOD",
     "METHODS",
@@ -114,6 +119,53 @@ def rule_from_formula(reason: str, formula: str, fill_in: str | None = None) -> 
         lambda k, anchor: anchor_slots(k) if anchor else fill_slots(k),
         reason,
     )
+def _no_extra(target: TinyModel) -> Mapping[str, Any]:
+    return {}
+
+
+@dataclass(frozen=True)
+class EngineDraft:
+    """Engine mode's draft model for a method: what kvconform writes so that vLLM builds it.
+
+    vLLM names the drafter class after the draft's own ``architectures``: for EAGLE,
+    EAGLE-3 and DFlash, ``SpeculativeConfig.__post_init__`` wraps the draft's config in
+    ``EAGLEConfig`` (vllm/transformers_utils/configs/eagle.py), whose ``__init__``
+    prefixes each architecture (``Eagle`` + arch, ``Eagle3`` + arch, ``DFlash`` + arch,
+    unless it already carries the prefix); a separate draft model keeps its own. Then
+    ``SpeculativeConfig.update_arch_`` looks the name up in vLLM's model registry
+    (vllm/model_executor/models/registry.py, ``_SPECULATIVE_DECODING_MODELS``), and a
+    name it lacks stops the engine at start. The same in vLLM 0.25.0 through 0.33.0.
+    """
+
+    # The draft architectures whose drafter class vLLM registers, in 0.25.0-0.33.0;
+    # kvconform writes the first, whatever the target, unless the scenario's
+    # engine.draft.architecture names another. Empty: the target's own architecture.
+    architectures: tuple[str, ...]
+    # vLLM's drafter class for a draft of architecture ``{arch}``.
+    vllm_class: str
+    # Why these architectures (the vLLM code the rule rests on).
+    reason: str
+    # Sizes (TinyModel fields) the draft must take from the target, and why.
+    from_target: tuple[str, ...] = ()
+    from_target_reason: str = ""
+    # Config keys the draft needs, given the target (EAGLE-3's auxiliary layers).
+    extra: Callable[[TinyModel], Mapping[str, Any]] = _no_extra
+    # The fewest target layers the drafter can read from, and why.
+    min_target_layers: int = 1
+    min_target_layers_reason: str = ""
+
+    def architecture_for(self, target: str) -> str:
+        """The draft architecture kvconform writes for a target of architecture ``target``."""
+        return self.architectures[0] if self.architectures else target
+
+    def drafter_class(self, architecture: str) -> str:
+        """vLLM's drafter class for a draft of ``architecture``."""
+        return self.vllm_class.format(arch=architecture)
+
+    @property
+    def renamed(self) -> bool:
+        """vLLM renames the draft's architecture (EAGLEConfig) rather than keep it."""
+        return self.drafter_class("") != ""
 
 
 @dataclass(frozen=True)
@@ -125,6 +177,10 @@ class Method:
     target: TinyModel = SCHEDULER_TARGET
     draft: TinyModel | None = None
     speculative_options: Mapping[str, Any] = field(default_factory=dict)
+    # Engine mode: the draft kvconform writes (methods with a draft model), and, for a
+    # method engine mode cannot run with the targets kvconform writes, why not.
+    engine_draft: EngineDraft | None = None
+    engine_refusal: str | None = None
     # DSpark: an anchor layout (k) and a fill-in layout (k + 1), by sample_from_anchor.
     anchor_layouts: bool = False
     # MTP: the target stacks num_nextn_predict_layers modules; more than one makes it
@@ -168,9 +224,59 @@ ONE_LAYER_DRAFT = TinyModel(
     vocab=1000, hidden_size=64, intermediate_size=128, max_position_embeddings=131072, layers=1
 )
 
+# What an EAGLE-family drafter takes from the target.
+_SHARES_TARGET = (
+    "vLLM's EAGLE drafter shares the target's embedding and lm_head "
+    "(v1/worker/gpu/spec_decode/eagle/utils.py: load_eagle_model) and feeds the target's "
+    "hidden states into its first layer (llama_eagle.py: LlamaModel.fc takes "
+    "2 x hidden_size; llama_eagle3.py: fc takes 3 x target_hidden_size, hidden_size "
+    "when the draft's config has no target_hidden_size)"
+)
+_ENGINE_EAGLE = EngineDraft(
+    ("LlamaForCausalLM", "MistralForCausalLM"),
+    "Eagle{arch}",
+    "EAGLEConfig names an EAGLE draft's drafter Eagle + its architecture; vLLM registers "
+    "EagleLlamaForCausalLM (llama_eagle.py, the drafter of the H200 runs) and "
+    "EagleMistralForCausalLM (mistral_eagle.py), no EagleQwen2ForCausalLM. The Llama "
+    "drafter reads nothing of the target's architecture, only its hidden states, so "
+    "kvconform writes an EAGLE draft as a LlamaForCausalLM whatever the target",
+    ("hidden_size", "vocab"),
+    _SHARES_TARGET,
+)
+
+
+def _eagle3_aux_layers(target: TinyModel) -> Mapping[str, Any]:
+    # The three hidden states the drafter reads: vLLM's default (2, L // 2, L - 3)
+    # (SupportsEagle3.get_eagle3_default_aux_hidden_state_layers) is three distinct
+    # layers of a real model but not of a tiny one, and the drafter's fc expects three.
+    return {"eagle_aux_hidden_state_layer_ids": [target.layers - 2, target.layers - 1,
+                                                 target.layers]}  # fmt: skip
+
+
+_ENGINE_EAGLE3 = EngineDraft(
+    ("LlamaForCausalLM",),
+    "Eagle3{arch}",
+    "EAGLEConfig names an EAGLE-3 draft's drafter Eagle3 + its architecture; vLLM "
+    "registers Eagle3LlamaForCausalLM (llama_eagle3.py), no Eagle3Qwen2ForCausalLM or "
+    "Eagle3MistralForCausalLM. Every target kvconform writes offers the auxiliary hidden "
+    "states it reads (SupportsEagle3: LlamaForCausalLM, MistralForCausalLM as its "
+    "subclass, Qwen2ForCausalLM)",
+    ("hidden_size", "vocab"),
+    _SHARES_TARGET,
+    extra=_eagle3_aux_layers,
+    min_target_layers=2,
+    min_target_layers_reason=(
+        "the EAGLE-3 drafter reads three of the target's hidden states (ids 0..layers: "
+        "the embeddings and each layer's output; kvconform writes "
+        "eagle_aux_hidden_state_layer_ids = [layers - 2, layers - 1, layers]), and its "
+        "fc expects three"
+    ),
+)
+
 BUILTIN_METHODS: tuple[Method, ...] = (
-    Method("eagle", _EAGLE_FAMILY, draft=ONE_LAYER_DRAFT, fuzz_rank=0),
-    Method("eagle3", _EAGLE_FAMILY, draft=ONE_LAYER_DRAFT),
+    Method("eagle", _EAGLE_FAMILY, draft=ONE_LAYER_DRAFT, engine_draft=_ENGINE_EAGLE,
+           fuzz_rank=0),  # fmt: skip
+    Method("eagle3", _EAGLE_FAMILY, draft=ONE_LAYER_DRAFT, engine_draft=_ENGINE_EAGLE3),
     Method(
         "mtp",
         _EAGLE_FAMILY,
@@ -184,6 +290,12 @@ BUILTIN_METHODS: tuple[Method, ...] = (
         ),
         mtp_modules=True,
         vllm_aliases="MTPModelTypes",
+        engine_refusal=(
+            "vLLM drafts MTP from the target's own MTP modules "
+            "(SpeculativeConfig.hf_config_override maps MiMo, DeepSeek-V3 and other "
+            "targets that carry them); the targets an engine scenario names (Llama, "
+            "Qwen2, Mistral) carry none"
+        ),
         fuzz_rank=1,
     ),  # fmt: skip
     Method(
@@ -194,6 +306,15 @@ BUILTIN_METHODS: tuple[Method, ...] = (
             "a separate draft model proposes k tokens autoregressively, writing their KV",
         ),
         draft=ONE_LAYER_DRAFT,
+        engine_draft=EngineDraft(
+            (),
+            "{arch}",
+            "a separate draft model keeps its own architecture; every architecture "
+            "kvconform writes as a target is a causal LM vLLM registers",
+            ("vocab",),
+            "vLLM requires the target's vocabulary "
+            "(SpeculativeConfig.verify_equal_vocab_size_if_draft_model)",
+        ),
         fuzz_rank=4,
     ),
     Method(
@@ -211,6 +332,13 @@ BUILTIN_METHODS: tuple[Method, ...] = (
             intermediate_size=128,
             max_position_embeddings=131072,
         ),
+        engine_refusal=(
+            "kvconform writes no DFlash draft vLLM's engine runs: its drafter "
+            "(qwen3_dflash.py, DFlashQwen3ForCausalLM) reads the draft's dflash_config "
+            "(mask_token_id, target_layer_ids), which kvconform's config-only draft lacks, "
+            "and a draft of the target's architecture would be named DFlash + it "
+            "(EAGLEConfig), which vLLM does not register"
+        ),
         fuzz_rank=2,
     ),  # fmt: skip
     Method(
@@ -223,6 +351,11 @@ BUILTIN_METHODS: tuple[Method, ...] = (
         ),
         # DSpark drafts from the target's own checkpoint.
         anchor_layouts=True,
+        engine_refusal=(
+            "vLLM's DSpark drafts from a DeepSeek-V4 target's checkpoint or a "
+            "Qwen3DSparkModel draft (SpeculativeConfig.__post_init__); kvconform writes "
+            "neither"
+        ),
         fuzz_rank=3,
     ),
     Method(
@@ -245,6 +378,11 @@ BUILTIN_METHODS: tuple[Method, ...] = (
             "caches the target's hidden states at the scheduled positions only "
             "(slot_mappings[:num_tokens]); its one draft is always accepted",
         ),
+        engine_refusal=(
+            "its draft config must name the layers whose hidden states it caches "
+            "(extract_hidden_states.py: eagle_aux_hidden_state_layer_ids must be set in the "
+            "draft model config), and kvconform passes none"
+        ),
     ),
     Method(
         "custom_class",
@@ -253,6 +391,7 @@ BUILTIN_METHODS: tuple[Method, ...] = (
             lambda k, anchor: 0,
             "a user-supplied proposer; vLLM reserves no drafter KV for it",
         ),
+        engine_refusal="it runs a user-supplied proposer class, and a scenario names none",
     ),
 )
 

@@ -29,6 +29,19 @@ ARCHITECTURES: Mapping[str, str] = MappingProxyType(
 )
 # What a scenario's engine section may name as its target.
 ENGINE_TARGETS = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+# Config values kvconform writes for an architecture whatever the shape, where the
+# transformers default would build something other than what a scenario states: every
+# model kvconform writes is a full-attention decoder (the scenario's one group type).
+ARCHITECTURE_CONFIG: Mapping[str, Mapping[str, Any]] = MappingProxyType(
+    {
+        # transformers' MistralConfig defaults sliding_window to 4096, which vLLM builds
+        # as a sliding window on every layer (ModelConfig.get_sliding_window ->
+        # CacheConfig.sliding_window -> Attention): SlidingWindowSpec groups. (A keyword,
+        # not a string: the config key shares its name with a group type, which only the
+        # group type registry spells.)
+        "MistralForCausalLM": MappingProxyType(dict(sliding_window=None)),
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -45,7 +58,8 @@ class TinyModel:
     max_position_embeddings: int = 1024
     # The engine's dtype (an argument of the engine, not written into the config).
     dtype: str = "bfloat16"
-    # Extra config keys (MTP modules, DSpark's layout), written as given.
+    # Extra config keys (MTP modules, DSpark's layout, EAGLE-3's auxiliary layers),
+    # written as given, after the architecture's ARCHITECTURE_CONFIG.
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -53,7 +67,9 @@ class TinyModel:
             raise ValueError(
                 f"unknown architecture {self.architecture!r}; known: {', '.join(ARCHITECTURES)}"
             )
-        object.__setattr__(self, "extra", dict(self.extra))  # JSON-able (engine settings)
+        # A plain dict, JSON-able (engine settings), and part of the model folder's key.
+        extra = {**ARCHITECTURE_CONFIG.get(self.architecture, {}), **self.extra}
+        object.__setattr__(self, "extra", extra)
 
     def config(self) -> dict[str, Any]:
         """The ``transformers`` config values of this model (architecture excluded)."""

@@ -43,9 +43,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvconform.errors import VllmUnavailable
+from kvconform.errors import NotOffered, VllmUnavailable
+from kvconform.model.methods import REGISTRY_FILE, method_for
 from kvconform.model.scenario import EngineRequest
-from kvconform.model.tiny_model import TinyModel
+from kvconform.model.tiny_model import ARCHITECTURES, TinyModel
 from kvconform.oracles.tiny_models import model_folder
 from kvconform.paths import cache_dir
 
@@ -62,13 +63,17 @@ class EngineSettings:
     requests: tuple[EngineRequest, ...]
     method: str | None = None
     num_speculative_tokens: int = 0
+    # The method's SpeculativeConfig options from kvconform's registry (n-gram's windows).
+    speculative_options: dict[str, Any] = field(default_factory=dict)
     model_runner: str = "v2"  # v2 | v1
     block_size: int = 16
     max_model_len: int = 512
     max_num_seqs: int = 4
     max_num_batched_tokens: int | None = None
     enable_chunked_prefill: bool | None = None
-    enable_prefix_caching: bool = False
+    # None leaves a setting to vLLM's engine (its default).
+    enable_prefix_caching: bool | None = None
+    scheduler_reserve_full_isl: bool | None = None
     async_scheduling: bool | None = None
     enforce_eager: bool = True
     gpu_memory_utilization: float = 0.2
@@ -99,7 +104,11 @@ class EngineRecording:
     model_runner: str = ""
     lookahead: int | None = None
     lookahead_source: str = ""
+    # Per KV-cache group: {spec, block_size, backend} (backend: recorded from 2026-12).
     kv_groups: list[dict[str, Any]] = field(default_factory=list)
+    # What the engine ran with, as vLLM resolved it (kvconform.oracles.vllm.engine.
+    # engine_config); empty in recordings made before kvconform recorded it.
+    config: dict[str, Any] = field(default_factory=dict)
     # Per executed SchedulerOutput: {index, phase, finished, requests: [{request, new,
     # resumed, computed, scheduled, drafts, blocks (per group, what it holds after)}]}.
     steps: list[dict[str, Any]] = field(default_factory=list)
@@ -113,6 +122,9 @@ class EngineRecording:
     pool_blocks: int | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # The exception that stopped the engine, as "Type: its first meaningful line"
+    # (kvconform.oracles.vllm.messages.first_line); None when the run completed.
+    error: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -153,6 +165,48 @@ def unavailable_reason() -> str | None:
     if not compiled:
         return "the vLLM on the path is a Python tree without its compiled extensions (vllm._C)"
     return None
+
+
+def check_buildable(settings: EngineSettings, version: str) -> None:
+    """Refuse a target or drafter the loaded vLLM's model registry lacks, before any run.
+
+    The loader refused what no supported release builds, from kvconform's own data
+    (the method's :class:`~kvconform.model.methods.EngineDraft`); this asks the
+    selected release itself, on any machine: its model registry, and, for a method
+    whose draft vLLM renames, what its ``EAGLEConfig`` names the drafter. Raises
+    :class:`NotOffered` (the scenario is ``unsupported`` on this release).
+    """
+    from kvconform.oracles.vllm import engine as vllm_engine
+
+    offered = vllm_engine.registered_architectures()
+    target = settings.target.architecture
+    if target not in offered:
+        raise NotOffered(version, f"the target architecture {target}",
+                         "its model registry does not list it")  # fmt: skip
+    method = method_for(settings.method)
+    rule = method.engine_draft if method is not None else None
+    if method is None or rule is None or settings.draft is None:
+        return
+    draft = settings.draft.architecture
+    named = (
+        vllm_engine.drafter_architecture(method.name, draft, ARCHITECTURES[draft])
+        if rule.renamed
+        else draft
+    )
+    if named in offered:
+        return
+    expected = rule.drafter_class(draft)
+    stale = (
+        ""
+        if named == expected
+        else f"; kvconform's registry ({REGISTRY_FILE}) expected {expected}"
+    )
+    raise NotOffered(
+        version,
+        f"the drafter class {named}",
+        f"method {method.name!r} with a {target} target and a {draft} draft: vLLM names the "
+        f"drafter {named}, which its model registry lacks{stale}",
+    )
 
 
 # -- the hooks ---------------------------------------------------------------------------
@@ -340,7 +394,8 @@ def run_engine(settings: EngineSettings, timeout: float = ENGINE_TIMEOUT_S) -> E
     """Run the engine in a child process and read what it recorded.
 
     Raises :class:`VllmUnavailable` when the engine could not be built here, and
-    ``RuntimeError`` with the child's last lines when it failed on a valid scenario.
+    :class:`EngineFailed` when it failed on a valid scenario: first vLLM's own cause
+    (:func:`failure_cause`), then the child's last lines.
     """
     with tempfile.TemporaryDirectory(prefix="kvconform-engine-") as tmp:
         settings_file, out_file = Path(tmp) / "settings.json", Path(tmp) / "recording.json"
@@ -349,22 +404,34 @@ def run_engine(settings: EngineSettings, timeout: float = ENGINE_TIMEOUT_S) -> E
             [sys.executable, "-m", "kvconform.oracles.engine", str(settings_file), str(out_file)],
             env=child_environment(settings), capture_output=True, text=True, timeout=timeout,
         )  # fmt: skip
-        if out_file.exists():
-            recording = EngineRecording.from_json(out_file.read_text())
-            if done.returncode == 0:
-                return recording
+        recording = EngineRecording.from_json(out_file.read_text()) if out_file.exists() else None
+        if recording is not None and done.returncode == 0:
+            return recording
         log = (done.stdout + done.stderr).strip()
         if os.environ.get(LOG_DIR_VARIABLE):
             folder = Path(os.environ[LOG_DIR_VARIABLE])
             folder.mkdir(parents=True, exist_ok=True)
             (folder / f"engine-{os.getpid()}-{time.time_ns()}.log").write_text(log)
         lines = log.splitlines()
-        last = lines[-1] if lines else ""
         if done.returncode == UNAVAILABLE_STATUS:
-            raise VllmUnavailable("?", "vLLM's engine", last)
-        # The report shows the first line: the child's last line is the exception.
+            raise VllmUnavailable("?", "vLLM's engine", lines[-1] if lines else "")
         tail = "\n".join(lines[-15:])
-        raise EngineFailed(f"vLLM's engine failed (exit {done.returncode}): {last}\n{tail}")
+        raise EngineFailed(
+            f"vLLM's engine failed (exit {done.returncode}): {failure_cause(recording, log)}\n{tail}"
+        )
+
+
+def failure_cause(recording: EngineRecording | None, log: str) -> str:
+    """Why the engine child failed, in vLLM's words: the exception it recorded, else the log's.
+
+    The report shows this line; the whole log stays in the exception's text (its last
+    lines) and, with ``KVCONFORM_ENGINE_LOGS`` set, in a file.
+    """
+    from kvconform.oracles.vllm.messages import first_line
+
+    if recording is not None and recording.error:
+        return recording.error
+    return first_line(log) or "no output"
 
 
 UNAVAILABLE_STATUS = 3
@@ -386,11 +453,12 @@ def _engine_arguments(settings: EngineSettings, target: Path, draft: Path | None
         "block_size": settings.block_size,
         "max_num_seqs": settings.max_num_seqs,
         "gpu_memory_utilization": settings.gpu_memory_utilization,
-        "enable_prefix_caching": settings.enable_prefix_caching,
         "dtype": settings.target.dtype,
         "seed": 0,
     }
     optional = {
+        "enable_prefix_caching": settings.enable_prefix_caching,
+        "scheduler_reserve_full_isl": settings.scheduler_reserve_full_isl,
         "max_num_batched_tokens": settings.max_num_batched_tokens,
         "enable_chunked_prefill": settings.enable_chunked_prefill,
         "async_scheduling": settings.async_scheduling,
@@ -401,6 +469,7 @@ def _engine_arguments(settings: EngineSettings, target: Path, draft: Path | None
         spec: dict[str, Any] = {
             "method": settings.method,
             "num_speculative_tokens": settings.num_speculative_tokens,
+            **settings.speculative_options,
         }
         if draft is not None:
             spec["model"] = str(draft)
@@ -433,6 +502,18 @@ def drive(llm: Any, settings: EngineSettings) -> dict[str, int]:
     return generated
 
 
+@contextmanager
+def _cause_recorded(recording: EngineRecording) -> Iterator[None]:
+    """Records an exception's type and first meaningful line, then lets it propagate."""
+    from kvconform.oracles.vllm.messages import first_line
+
+    try:
+        yield
+    except BaseException as exc:
+        recording.error = f"{type(exc).__name__}: {first_line(exc)}"
+        raise
+
+
 def child_main(settings_file: str, out_file: str) -> int:
     settings = EngineSettings.from_json(Path(settings_file).read_text())
     recording = EngineRecording()
@@ -448,12 +529,15 @@ def child_main(settings_file: str, out_file: str) -> int:
     recording.model_runner = settings.model_runner
     hooks = EngineHooks(recording)
     try:
-        with hooks.installed():
+        with _cause_recorded(recording), hooks.installed():
             started = time.perf_counter()
             llm = vllm_engine.new_llm(_engine_arguments(settings, target, draft))
             recording.seconds["engine_up"] = round(time.perf_counter() - started, 1)
             recording.lookahead, recording.lookahead_source = vllm_engine.engine_lookahead(llm)
-            recording.kv_groups = vllm_engine.kv_groups(llm)
+            worker = hooks.worker or vllm_engine.engine_worker(llm)
+            recording.kv_groups = vllm_engine.kv_groups(llm, worker)
+            recording.config = vllm_engine.engine_config(llm, worker)
+            recording.model_runner = recording.config["model_runner"] or settings.model_runner
             hooks.phase = "serving"
             started = time.perf_counter()
             recording.outputs = drive(llm, settings)

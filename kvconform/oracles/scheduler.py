@@ -58,6 +58,7 @@ from kvconform.oracles.live import OUTPUT_OFFSET, first_output_token, prompt_tok
 from kvconform.oracles.resolve import group_specs
 from kvconform.oracles.tiny_models import model_folder
 from kvconform.oracles.vllm import Vllm
+from kvconform.oracles.vllm.messages import first_line
 from kvconform.oracles.vllm.scheduling import Scheduling
 
 # Draft token ids sit above a request's outputs (the layout of kvconform.oracles.live),
@@ -73,15 +74,6 @@ _STALL_STEPS = 3
 # -- configuration, built once per process ---------------------------------------------
 
 _CONFIGS: dict[tuple[Any, ...], tuple[Any, Any]] = {}
-
-
-def _first_line(exc: BaseException) -> str:
-    """The message of a vLLM / pydantic error, without the validation boilerplate."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    for line in lines:
-        if line.startswith("Value error,"):
-            return line.removeprefix("Value error,").split(" [type=")[0].strip()
-    return lines[0] if lines else type(exc).__name__
 
 
 def model_and_speculative_config(
@@ -112,7 +104,7 @@ def model_and_speculative_config(
             model_config = api.model_config(target, max_model_len)
         except Exception as exc:  # noqa: BLE001 - vLLM refusing the tiny model
             raise VllmUnavailable(
-                vllm.version, "a ModelConfig for kvconform's config-only model", _first_line(exc)
+                vllm.version, "a ModelConfig for kvconform's config-only model", first_line(exc)
             ) from None
         speculative = None
         if spec is not None and method is not None:
@@ -129,7 +121,7 @@ def model_and_speculative_config(
                 raise VllmUnavailable(
                     vllm.version,
                     f"a SpeculativeConfig for method {method!r} in scheduler mode",
-                    _first_line(exc),
+                    first_line(exc),
                 ) from None
         _CONFIGS[key] = (model_config, speculative)
     # One deepcopy of the pair keeps the draft's reference to its target config.
@@ -301,7 +293,7 @@ class SchedulerOracle:
                 # The loader checked vLLM's generic limits; what is left is a method,
                 # mode or combination this release does not run.
                 raise NotOffered(
-                    vllm.version, f"support for these settings ({where})", _first_line(exc)
+                    vllm.version, f"support for these settings ({where})", first_line(exc)
                 ) from None
             # Raising here, on a configuration vLLM accepted, is a finding (a crash).
             self.scheduler = api.new_scheduler(

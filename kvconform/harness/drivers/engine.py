@@ -18,19 +18,30 @@ into a :class:`Trajectory`:
 * a sanity failure for every request the engine did not finish with its
   ``max_tokens``, and the pool's free blocks after the run for the leak check.
 
-Without CUDA (or with a vLLM that is not a CUDA build) the scenario is skipped
-with the reason (:class:`~kvconform.errors.ScenarioSkipped`).
+Before that, what the engine ran is compared with what the scenario states
+(:func:`engine_differences`: block size and spec of every KV-cache group, prefix
+caching as resolved, ``max_model_len``, the model runner, the speculative method
+and its tokens, the scheduler options the scenario states). A difference is an
+error (:class:`EngineRanOtherwise`) naming both values and, where the recording
+shows it, why vLLM chose its own: the checks would otherwise judge a
+configuration the scenario does not describe.
+
+A drafter or target the selected vLLM's registry lacks is ``unsupported`` before
+any run; without CUDA (or with a vLLM that is not a CUDA build) the scenario is
+skipped with the reason (:class:`~kvconform.errors.ScenarioSkipped`).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from kvconform.errors import ScenarioSkipped, VllmUnavailable
 from kvconform.model.group_types import GROUP_TYPES, group_type_for_class
-from kvconform.model.methods import expected_lookahead
+from kvconform.model.methods import expected_lookahead, method_for
 from kvconform.model.observations import (
     FreeEvent,
     GroupInfo,
@@ -52,13 +63,25 @@ RECORDINGS_VARIABLE = "KVCONFORM_ENGINE_RECORDINGS"
 _NO_POISON = -(2**31)
 
 
-def settings_for(scenario: Scenario) -> engine_party.EngineSettings:
+def settings_for(scenario: Scenario, resolved: bool = False) -> engine_party.EngineSettings:
+    """What the engine child builds ``vllm.LLM`` with.
+
+    ``resolved``: the scenario's settings were resolved against the selected vLLM
+    (:func:`kvconform.oracles.resolve.resolve_settings`, as the runner does before the
+    driver), so the model section's prefix caching and full-sequence admission are
+    passed as resolved; otherwise only what the file states is, the rest left to vLLM.
+    """
     engine = scenario.engine
     assert engine is not None
     spec = scenario.speculative
+    model = scenario.model
+    method = method_for(spec.method) if spec is not None else None
 
-    def shape(model: TinyModel) -> TinyModel:
-        return replace(model, max_position_embeddings=max(1024, scenario.model.max_model_len))
+    def shape(tiny: TinyModel) -> TinyModel:
+        return replace(tiny, max_position_embeddings=max(1024, model.max_model_len))
+
+    def chosen(name: str) -> Any:
+        return getattr(model, name) if resolved or name in model.stated else None
 
     return engine_party.EngineSettings(
         target=shape(engine.target),
@@ -66,13 +89,15 @@ def settings_for(scenario: Scenario) -> engine_party.EngineSettings:
         requests=tuple(engine.requests),
         method=spec.method if spec is not None else None,
         num_speculative_tokens=spec.num_speculative_tokens if spec is not None else 0,
+        speculative_options=dict(method.speculative_options) if method is not None else {},
         model_runner=engine.model_runner,
-        block_size=scenario.model.block_size,
-        max_model_len=scenario.model.max_model_len,
+        block_size=model.block_size,
+        max_model_len=model.max_model_len,
         max_num_seqs=engine.max_num_seqs,
         max_num_batched_tokens=engine.max_num_batched_tokens,
         enable_chunked_prefill=engine.enable_chunked_prefill,
-        enable_prefix_caching=scenario.model.enable_caching,
+        enable_prefix_caching=chosen("enable_caching"),
+        scheduler_reserve_full_isl=chosen("scheduler_reserve_full_isl"),
         async_scheduling=engine.async_scheduling,
         enforce_eager=engine.enforce_eager,
         gpu_memory_utilization=engine.gpu_memory_utilization,
@@ -81,16 +106,154 @@ def settings_for(scenario: Scenario) -> engine_party.EngineSettings:
 
 
 def drive_engine(scenario: Scenario, vllm: Vllm) -> Trajectory:
-    """Run a ``kind: engine`` scenario on vLLM's real engine and record what it did."""
+    """Run a ``kind: engine`` scenario on vLLM's real engine and record what it did.
+
+    ``scenario`` is resolved (the runner resolves every scenario's settings first).
+    """
+    settings = settings_for(scenario, resolved=True)
+    # What this release cannot build is unsupported here, whether or not a GPU is.
+    engine_party.check_buildable(settings, vllm.version)
     reason = engine_party.unavailable_reason()
     if reason is not None:
         raise ScenarioSkipped(f"engine mode cannot run here: {reason}")
-    recording = engine_party.run_engine(settings_for(scenario))
+    recording = engine_party.run_engine(settings)
     keep = os.environ.get(RECORDINGS_VARIABLE)
     if keep:
         Path(keep).mkdir(parents=True, exist_ok=True)
         (Path(keep) / f"{scenario.id}.json").write_text(recording.to_json())
+    differences = engine_differences(scenario, recording)
+    if differences:
+        raise EngineRanOtherwise(recording.vllm_version or vllm.version, differences)
     return trajectory_from(scenario, recording)
+
+
+class EngineRanOtherwise(VllmUnavailable):
+    """vLLM's engine ran with something other than what the scenario states.
+
+    An error (``unsupported``: this release, on this platform, does not run the
+    scenario as written), never a verdict on a configuration the scenario does not
+    describe.
+    """
+
+    def __init__(self, version: str, differences: Sequence[str]) -> None:
+        self.differences = tuple(differences)
+        super().__init__(version, "an engine running what the scenario states",
+                         "; ".join(self.differences))  # fmt: skip
+
+    def __str__(self) -> str:
+        return (
+            f"vLLM {self.version}'s engine did not run what the scenario states: "
+            + "; ".join(self.differences)
+        )
+
+
+def engine_differences(scenario: Scenario, recording: engine_party.EngineRecording) -> list[str]:
+    """What the engine ran that the scenario does not state, each with both values and why.
+
+    Pure: reads the recording (kvconform.oracles.engine.EngineRecording), so a
+    hand-made one tests it on CPU. Compared: every KV-cache group's spec class and
+    block size (engine scenarios state their groups' type and block size through the
+    model section), and from the recorded configuration (absent in recordings made
+    before kvconform recorded it): prefix caching against the resolved
+    ``model.enable_caching``, full-sequence admission, ``max_model_len``, the model
+    runner, the speculative method and ``num_speculative_tokens``, and the
+    ``engine`` options the scenario states. The lookahead the engine reserves is not
+    a setting but vLLM's answer for the method: the ``lookahead`` check judges it.
+    """
+    model, engine = scenario.model, scenario.engine
+    assert engine is not None
+    config = recording.config
+    found: list[str] = []
+    stated = {GROUP_TYPES[g.type].vllm_class: g.type for g in model.groups}
+    for index, group in enumerate(recording.kv_groups):
+        spec, size = group["spec"], int(group["block_size"])
+        backend = group.get("backend")
+        on = f" (attention backend {backend})" if backend else ""
+        if spec not in stated:
+            types = ", ".join(f"{name} ({cls})" for cls, name in stated.items())
+            found.append(f"group {index} is vLLM's {spec}{on}, the scenario states {types}")
+        want = model.groups[index].block_size if index < len(model.groups) else model.block_size
+        if size != want:
+            found.append(
+                f"block size of group {index} ({spec}): the engine ran {size}, the scenario "
+                f"states {want} ({_block_size_why(config, group, size, want)})"
+            )
+    if not config:
+        return found
+    spec_section = scenario.speculative
+
+    def compare(what: str, ran: Any, want: Any, why: str = "", stated: bool = True) -> None:
+        if ran is None or ran == want:
+            return  # None: not recorded by this release
+        says = "states" if stated else "takes vLLM's default for this release,"
+        found.append(
+            f"{what}: the engine ran {_shown(ran)}, the scenario {says} {_shown(want)}"
+            + (f" ({why})" if why else "")
+        )
+
+    compare("prefix caching (enable_prefix_caching)", config.get("enable_prefix_caching"),
+            model.enable_caching, "vLLM's CacheConfig.enable_prefix_caching after its checks",
+            "enable_caching" in model.stated)  # fmt: skip
+    compare("full-sequence admission (scheduler_reserve_full_isl)",
+            config.get("scheduler_reserve_full_isl"), model.scheduler_reserve_full_isl,
+            "vLLM's SchedulerConfig", "scheduler_reserve_full_isl" in model.stated)  # fmt: skip
+    compare("max_model_len", config.get("max_model_len"), model.max_model_len,
+            "vLLM's ModelConfig.max_model_len, capped by what the model's config allows")  # fmt: skip
+    compare("model runner", config.get("model_runner"), engine.model_runner,
+            "kvconform sets VLLM_USE_V2_MODEL_RUNNER; the worker built the runner "
+            "VllmConfig.use_v2_model_runner chose")  # fmt: skip
+    compare("speculative method", config.get("method") or "none",
+            spec_section.method if spec_section is not None else "none")  # fmt: skip
+    if spec_section is not None:
+        compare("num_speculative_tokens", config.get("num_speculative_tokens"),
+                spec_section.num_speculative_tokens)  # fmt: skip
+    for name in ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
+                 "async_scheduling"):  # fmt: skip
+        want = getattr(engine, name)
+        if want is not None:
+            compare(f"engine.{name}", config.get(name), want, "vLLM's SchedulerConfig")
+    return found
+
+
+def _shown(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _block_size_why(config: dict[str, Any], group: dict[str, Any], ran: int, want: int) -> str:
+    """Why the engine's group has another block size, as far as the recording shows."""
+    backend = group.get("backend")
+    platform = config.get("platform")
+    cache_size = config.get("block_size")
+    user = config.get("user_specified_block_size")
+    parts = []
+    if cache_size is None:
+        parts.append("the recording has no engine configuration to tell why")
+    elif cache_size != want:
+        taken = {
+            True: "vLLM took it as the user's (CacheConfig.user_specified_block_size) and "
+            "then changed it: Platform.update_block_size_for_backend aligns the block size "
+            "of hybrid models and of mixed KV-cache dtypes",
+            False: "vLLM did not take it as the user's (CacheConfig.user_specified_block_size "
+            "is false), so Platform.update_block_size_for_backend set the attention "
+            "backend's preferred size",
+            None: "the platform's configuration pass changed it "
+            "(Platform.update_block_size_for_backend)",
+        }[user]
+        parts.append(f"vLLM's CacheConfig.block_size became {cache_size} for the {want} "
+                     f"kvconform passed: {taken}")  # fmt: skip
+    elif ran % want == 0:
+        parts.append(
+            f"CacheConfig.block_size is {want}; vLLM multiplied the group's by {ran // want} "
+            "when it built the KV-cache config (kv_cache_utils.unify_kv_cache_spec_page_size "
+            "scales a smaller page up to the largest group's)"
+        )
+    else:
+        parts.append(f"CacheConfig.block_size is {want}; vLLM built the group's spec with {ran}")
+    if backend:
+        parts.append(f"attention backend {backend}")
+    if platform:
+        parts.append(f"platform {platform}")
+    return "; ".join(parts)
 
 
 def request_names(scenario: Scenario, recording: engine_party.EngineRecording) -> dict[str, str]:

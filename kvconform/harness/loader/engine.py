@@ -5,6 +5,14 @@ user gives ``vllm.LLM``: the target and draft model shapes, the engine options,
 the speculative config and the requests. The ``model`` section keeps its meaning
 (block size, ``max_model_len``, prefix caching as ``enable_caching``); its group
 list must stay the default, since the engine builds its groups from the model.
+
+What vLLM cannot build is refused here, from kvconform's own data (the method
+registry's :class:`~kvconform.model.methods.EngineDraft` and ``engine_refusal``):
+a method engine mode cannot run with the targets kvconform writes, a draft
+architecture whose drafter class vLLM does not register, a draft size the
+drafter must share with the target. The draft kvconform writes by default is the
+method's rule applied to the target. What the selected vLLM's own registry
+offers is asked at run time (:func:`kvconform.oracles.engine.unbuildable_reason`).
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ from kvconform.errors import Location, ScenarioError
 from kvconform.harness.loader.fields import Fields
 from kvconform.harness.loader.requests import parse_request_map
 from kvconform.model.group_types import DEFAULT_GROUPS
-from kvconform.model.methods import METHODS
+from kvconform.model.methods import METHODS, EngineDraft, Method, method_for
 from kvconform.model.scenario import (
     ENGINE_RUNNERS,
     EngineRequest,
@@ -28,10 +36,11 @@ from kvconform.model.scenario import (
 from kvconform.model.tiny_model import ENGINE_TARGETS, TinyModel
 
 
+
 def draft_model_methods() -> tuple[str, ...]:
-    """Methods whose drafter is a separate model kvconform writes (the draft shape applies),
-    read from the registry in use (a methods file may add some)."""
-    return tuple(name for name, m in METHODS.items() if m.has_draft_model)
+    """Methods whose drafter is a model kvconform writes in engine mode (the draft shape
+    applies), read from the registry in use (a methods file may add some)."""
+    return tuple(name for name, m in METHODS.items() if m.engine_draft is not None)
 
 
 DTYPES = ("bfloat16", "float16", "float32")
@@ -53,17 +62,23 @@ def parse_engine(
             "speculative.num_lookahead_tokens: an engine scenario takes the lookahead from "
             "the engine's own vllm_config; remove the override",
         )
+    method = method_for(speculative.method) if speculative is not None else None
+    if method is not None and method.engine_refusal is not None:
+        assert speculative is not None
+        raise ScenarioError(
+            speculative.where or where.at("speculative.method"),
+            f"engine mode cannot run method {method.name!r}: {method.engine_refusal}",
+        )
     fields = Fields(raw, where, "engine")
     runner = fields.text("model_runner", "v2")
     if runner not in ENGINE_RUNNERS:
         raise ScenarioError(
             fields.at("model_runner"), f"must be one of {', '.join(ENGINE_RUNNERS)}, not {runner!r}"
         )
-    target = _parse_shape(fields.raw("target", None), fields, "target", TinyModel())
+    target, target_fields = _parse_shape(fields.raw("target", None), fields, "target", TinyModel())
     draft = None
-    if speculative is not None and speculative.method in draft_model_methods():
-        draft = _parse_shape(fields.raw("draft", None), fields, "draft",
-                             replace(target, layers=1))  # fmt: skip
+    if method is not None and method.engine_draft is not None:
+        draft = _parse_draft(fields, method, method.engine_draft, target, target_fields)
     elif fields.raw("draft") is not None:
         raise ScenarioError(
             fields.at("draft"),
@@ -176,9 +191,55 @@ def _optional_flag(fields: Fields, key: str) -> bool | None:
     return None if fields.mapping.get(key) is None else fields.flag(key, False)
 
 
-def _parse_shape(raw: Any, parent: Fields, key: str, default: TinyModel) -> TinyModel:
+def _parse_draft(parent: Fields, method: Method, rule: EngineDraft, target: TinyModel,
+                 target_fields: Fields | None) -> TinyModel:  # fmt: skip
+    """The draft kvconform writes for ``method`` and ``target``, with what the scenario states.
+
+    By default a one-layer model of the target's sizes, in the architecture the method's
+    rule gives for the target. A draft the selected vLLMs cannot build is refused, naming
+    the combination (method, target, draft) and the vLLM code that refuses it.
+    """
+    default = replace(target, layers=1, architecture=rule.architecture_for(target.architecture),
+                      extra=rule.extra(target))  # fmt: skip
+    draft, fields = _parse_shape(parent.raw("draft", None), parent, "draft", default)
+    combination = (
+        f"method {method.name!r} with a {target.architecture} target and a "
+        f"{draft.architecture} draft"
+    )
+
+    def at(key: str, shape: Fields | None, section: str) -> Location:
+        return shape.at(key) if shape is not None else parent.at(f"{section}.{key}")
+
+    if rule.architectures and draft.architecture not in rule.architectures:
+        raise ScenarioError(
+            at("architecture", fields, "draft"),
+            f"{combination}: vLLM would name the drafter "
+            f"{rule.drafter_class(draft.architecture)}, which its model registry lacks; "
+            f"the draft may be {' or '.join(rule.architectures)} (kvconform writes "
+            f"{rule.architectures[0]} when the field is left out): {rule.reason}",
+        )
+    for size in rule.from_target:
+        if getattr(draft, size) != getattr(target, size):
+            raise ScenarioError(
+                at(size, fields, "draft"),
+                f"{combination}: the draft's {size} ({getattr(draft, size)}) must be the "
+                f"target's ({getattr(target, size)}): {rule.from_target_reason}",
+            )
+    if target.layers < rule.min_target_layers:
+        raise ScenarioError(
+            at("layers", target_fields, "target"),
+            f"{combination}: the target needs at least {rule.min_target_layers} layers, not "
+            f"{target.layers}: {rule.min_target_layers_reason}",
+        )
+    return draft
+
+
+def _parse_shape(
+    raw: Any, parent: Fields, key: str, default: TinyModel
+) -> tuple[TinyModel, Fields | None]:
+    """A model shape (and its fields, for locations), or ``default`` when none is written."""
     if raw is None:
-        return default
+        return default, None
     fields = Fields(raw, parent.where, f"engine.{key}")
     values: dict[str, Any] = {}
     for name in ("layers", "hidden_size", "intermediate_size", "heads", "kv_heads", "vocab"):
@@ -197,4 +258,4 @@ def _parse_shape(raw: Any, parent: Fields, key: str, default: TinyModel) -> Tiny
         raise ScenarioError(
             fields.at("heads"), "hidden_size must divide by heads, and heads by kv_heads"
         )
-    return replace(default, **values)
+    return replace(default, **values), fields

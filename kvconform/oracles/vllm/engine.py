@@ -18,8 +18,11 @@ num_lookahead_tokens`` from 0.28, the scheduler's ``num_lookahead_tokens``
 attribute (set per method in ``Scheduler.__init__``) before.
 
 Engine mode's other uses of vLLM and torch (is there a CUDA device, build the
-``LLM``, sampling parameters) are here too. :func:`cuda_available` imports torch
-only; everything else is for the engine child, which needs a CUDA build of vLLM.
+``LLM``, sampling parameters, what the running engine configured) are here too.
+:func:`cuda_available` imports torch only; :func:`registered_architectures` and
+:func:`drafter_architecture` ask the loaded vLLM what it would build, on any
+machine, before a run; everything else is for the engine child, which needs a
+CUDA build of vLLM.
 """
 
 from __future__ import annotations
@@ -116,6 +119,13 @@ def engine_core(llm: Any) -> Any | None:
     return getattr(client, "engine_core", None)
 
 
+def engine_worker(llm: Any) -> Any | None:
+    """The in-process engine's GPU worker (``UniProcExecutor.driver_worker.worker``)."""
+    executor = getattr(engine_core(llm), "model_executor", None)
+    wrapper = getattr(executor, "driver_worker", None)
+    return getattr(wrapper, "worker", None)
+
+
 def engine_lookahead(llm: Any) -> tuple[int | None, str]:
     """What the engine reserves with, and where that was read."""
     config = llm.llm_engine.vllm_config
@@ -142,15 +152,93 @@ def pool_state(llm: Any) -> tuple[int | None, int | None]:
     return int(pool.get_num_free_blocks()), int(pool.num_gpu_blocks)
 
 
-def kv_groups(llm: Any) -> list[dict[str, Any]]:
-    """The engine's KV-cache groups: spec class name and block size, in order."""
+def kv_groups(llm: Any, worker: Any = None) -> list[dict[str, Any]]:
+    """The engine's KV-cache groups, in order: spec class name, block size, attention backend.
+
+    Read from the scheduler's ``KVCacheConfig`` (what its ``KVCacheManager`` allocates
+    with); the backend is that of the group's layers in the worker's forward context
+    (``compilation_config.static_forward_context``), None where it cannot be read.
+    """
     core = engine_core(llm)
     config = getattr(getattr(core, "scheduler", None), "kv_cache_config", None)
     groups = []
     for group in getattr(config, "kv_cache_groups", ()) or ():
         spec = group.kv_cache_spec
-        groups.append({"spec": type(spec).__name__, "block_size": int(spec.block_size)})
+        groups.append(
+            {
+                "spec": type(spec).__name__,
+                "block_size": int(spec.block_size),
+                "backend": _attention_backend(worker, getattr(group, "layer_names", ())),
+            }
+        )
     return groups
+
+
+def _attention_backend(worker: Any, layer_names: Any) -> str | None:
+    vllm_config = getattr(worker, "vllm_config", None)
+    compilation = getattr(vllm_config, "compilation_config", None)
+    context = getattr(compilation, "static_forward_context", None) or {}
+    names = set()
+    for name in layer_names:
+        backend = getattr(context.get(name), "attn_backend", None)
+        if backend is not None:
+            get_name = getattr(backend, "get_name", None)
+            names.add(str(get_name()) if callable(get_name) else backend.__name__)
+    return ", ".join(sorted(names)) or None
+
+
+# The modules of the two GPU model runners' classes (vllm/v1/worker/gpu/model_runner.py
+# and vllm/v1/worker/gpu_model_runner.py, the same in 0.25-0.33).
+_RUNNER_MODULES = {"vllm.v1.worker.gpu.model_runner": "v2", "vllm.v1.worker.gpu_model_runner": "v1"}
+
+
+def model_runner_kind(worker: Any) -> str | None:
+    """Which GPU model runner the worker built (``v2`` or ``v1``), None where unknown."""
+    runner = getattr(worker, "model_runner", None)
+    if runner is None:
+        return None
+    for cls in type(runner).__mro__:
+        kind = _RUNNER_MODULES.get(cls.__module__)
+        if kind is not None and cls.__name__ == "GPUModelRunner":
+            return kind
+    return None
+
+
+def engine_config(llm: Any, worker: Any = None) -> dict[str, Any]:
+    """What the running engine was configured with, as vLLM resolved it.
+
+    The worker's ``VllmConfig`` where the worker is known (the one the platform's
+    ``update_block_size_for_backend`` and the model runner saw), else the engine's:
+    the cache block size and whether vLLM took it as the user's
+    (``CacheConfig.user_specified_block_size``, None before the field), prefix
+    caching, ``max_model_len``, the model runner, the speculative method and its
+    number of tokens, the scheduler options an engine scenario may state, and the
+    platform class.
+    """
+    config = getattr(worker, "vllm_config", None) or llm.llm_engine.vllm_config
+    cache, scheduler = config.cache_config, config.scheduler_config
+    speculative = config.speculative_config
+    from vllm.platforms import current_platform
+
+    def optional(owner: Any, name: str) -> Any:
+        value = getattr(owner, name, None)
+        return value if value is None or isinstance(value, (bool, str)) else int(value)
+
+    return {
+        "block_size": int(cache.block_size),
+        "user_specified_block_size": getattr(cache, "user_specified_block_size", None),
+        "enable_prefix_caching": bool(cache.enable_prefix_caching),
+        "max_model_len": int(config.model_config.max_model_len),
+        "model_runner": model_runner_kind(worker),
+        "method": getattr(speculative, "method", None),
+        "num_speculative_tokens": optional(speculative, "num_speculative_tokens"),
+        "max_num_seqs": optional(scheduler, "max_num_seqs"),
+        "max_num_batched_tokens": optional(scheduler, "max_num_batched_tokens"),
+        "enable_chunked_prefill": optional(scheduler, "enable_chunked_prefill"),
+        "async_scheduling": optional(scheduler, "async_scheduling"),
+        "scheduler_reserve_full_isl": optional(scheduler, "scheduler_reserve_full_isl"),
+        "platform": type(current_platform).__name__,
+    }
 
 
 def block_table_geometry(tables: Any) -> tuple[list[int], list[int]]:
@@ -164,6 +252,34 @@ def request_index(worker: Any) -> dict[int, str]:
     """The V2 runner's request-state row -> request id, as it is right now."""
     states = getattr(getattr(worker, "model_runner", None), "req_states", None)
     return dict(getattr(states, "index_to_req_id", {}) or {})
+
+
+def registered_architectures() -> frozenset[str]:
+    """The model architectures the loaded vLLM's registry offers, speculative drafters included.
+
+    ``ModelRegistry.get_supported_archs()`` (vllm/model_executor/models/registry.py):
+    what ``SpeculativeConfig.update_arch_`` and the target's ``ModelConfig`` look
+    architectures up in.
+    """
+    registry = importlib.import_module("vllm.model_executor.models.registry")
+    return frozenset(registry.ModelRegistry.get_supported_archs())
+
+
+def drafter_architecture(method: str, architecture: str, model_type: str) -> str:
+    """What vLLM's ``EAGLEConfig`` makes of a draft of ``architecture`` for ``method``.
+
+    ``SpeculativeConfig.__post_init__`` wraps the config of an EAGLE-family draft in
+    ``EAGLEConfig`` (vllm/transformers_utils/configs/eagle.py), which renames its
+    architectures; asked here of the loaded release with a bare config of the draft's
+    model type, so that a release naming drafters otherwise is heard, not assumed.
+    """
+    import transformers
+
+    eagle = importlib.import_module("vllm.transformers_utils.configs.eagle")
+    config = transformers.AutoConfig.for_model(model_type, architectures=[architecture])
+    # As SpeculativeConfig builds it (the model type is EAGLEConfig's own).
+    wrapped = eagle.EAGLEConfig(config, method=method, model_type=eagle.EAGLEConfig.model_type)
+    return str(wrapped.architectures[0])
 
 
 def is_capturing() -> bool:
