@@ -17,7 +17,7 @@ from pathlib import Path
 
 from kvconform.errors import KvconformError
 from kvconform.upstream.catalogue import CATALOGUE, load_catalogue
-from kvconform.upstream.check import check
+from kvconform.upstream.checking import check
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -4,7 +4,7 @@ Each entry names the release the finding was made on, its reproducer (a pytest f
 for that release's own test tree, and the folder it belongs in), the fix (a patch
 against that release's ``vllm/`` tree) or the release that fixed it, the vLLM
 functions the fix changes, and the upstream threads. The file's header says what
-``make upstream-check`` does with them (:mod:`kvconform.upstream.check`).
+``make upstream-check`` does with them (:mod:`kvconform.upstream.checking`).
 """
 
 from __future__ import annotations
