@@ -20,6 +20,9 @@
 #                    row in docs/benchmarks.md, profiles in build/profiles (docs/benchmarks.md)
 #   make release-matrix  the corpus with every check against each vLLM release from 0.25.0 to
 #                    the newest on pip's index: build/matrix/matrix.html (docs/releases.md)
+#   make upstream-check  each finding's reproducer, in a copy of its release's own test tree,
+#                    fails on the release and passes with its fix, and vLLM's own CPU-runnable
+#                    tests stay green with the fixes (docs/findings.md; slow: .ci/run runs it)
 #
 # The environment lives in .venv (git-ignored), pinned by constraints.txt (vLLM 0.33.0).
 # It is rebuilt only when pyproject.toml or constraints.txt change. Caches (pip's, in
@@ -150,6 +153,12 @@ release-matrix: $(STAMP)
 release-matrix-claimed: $(STAMP)
 	$(BIN)/kvconform matrix --releases $(CLAIMED_RELEASES) --report-dir $(MATRIX_DIR) \
 		--jobs $(MATRIX_JOBS) scenarios
+
+# docs/reproducers/upstream.yaml, through vLLM's own tests (kvconform/peer/). The peer suite's
+# baseline and reach map are computed once per release and cached under $(KVCONFORM_CACHE).
+.PHONY: upstream-check
+upstream-check: $(STAMP)
+	$(BIN)/python -m kvconform.upstream --work build/upstream
 
 lint: $(STAMP)
 	$(BIN)/ruff check kvconform tests tools conftest.py

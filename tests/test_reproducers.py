@@ -1,85 +1,109 @@
-"""The reproducers in docs/reproducers/ reproduce, and `kvconform export --vllm-test` writes them.
+"""The reproducers in docs/reproducers/ fail on the installed release, and export writes them.
 
-Each file there is what ``kvconform export SCENARIO --vllm-test`` wrote for one finding of
-docs/findings.md: a pytest module that imports vLLM only and fails while the finding holds.
-This test runs each one with the installed vLLM in a fresh process (as vLLM's own suite
-would run it, kvconform nowhere on the path) and asserts it fails with the finding's
-numbers; and it exports each scenario again and asserts the checked-in file is what the
-exporter writes today, so the two cannot drift apart.
+``docs/reproducers/upstream.yaml`` lists each finding's reproducer, the release it was
+made on and the folder of vLLM's test tree it belongs in. This is the fast part of
+``make upstream-check`` (``kvconform/upstream/``): each reproducer of the installed
+release, put in a copy of that release's own test tree (its sdist's ``tests/``, fetched
+once and cached by ``kvconform.peer``), fails against the installed vLLM, with no
+collection error; the exported ones are exported again and must be what is checked in.
+Whether each passes with its fix, on the release that fixed it, and whether vLLM's own
+tests stay green with the fixes is ``make upstream-check``'s (``.ci/run``).
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+import shutil
 from pathlib import Path
 
 import pytest
+from vllm_copy import run_kvconform
 
 from kvconform.errors import UsageError
 from kvconform.fronts.cli import main
+from kvconform.peer import prepare
+from kvconform.peer.environment import installed_vllm_version
+from kvconform.peer.runner import run_pytest
+from kvconform.upstream import load_catalogue
 
 REPO = Path(__file__).resolve().parent.parent
 REPRODUCERS = REPO / "docs" / "reproducers"
-# file -> (the scenario it was exported from, what its failure must say)
-FINDINGS = {
-    "test_sink_full_attention_manager.py": (
-        "sink-full-attention-manager-builds",
-        ["TypeError", "needs_kv_cache_zeroing"],
-    ),
-    "test_dcp_reserved_block_count.py": (
-        "decode-context-parallel-block-span",
-        [
-            "step 0, request b, group 0 (FullAttentionSpec), 0 + 300 tokens, lookahead 3: "
-            "KVCacheManager holds 10, _reserved_block_count reserves 19"
-        ],
-    ),
-}
+CATALOGUE = load_catalogue(REPO)
+INSTALLED = installed_vllm_version()
 
 
-def test_every_reproducer_is_listed_and_linked_from_findings():
-    assert sorted(p.name for p in REPRODUCERS.glob("test_*.py")) == sorted(FINDINGS)
+def test_every_reproducer_and_fix_is_listed_and_linked_from_findings():
+    listed = {f.reproducer.name for f in CATALOGUE.findings}
+    assert listed == {p.name for p in REPRODUCERS.glob("test_*.py")}
+    fixes = {f.fix.name for f in CATALOGUE.findings if f.fix is not None}
+    fixes |= {p.name for p in CATALOGUE.combined.values()}
+    assert fixes == {p.name for p in (REPRODUCERS / "fixes").glob("*.patch")}
     findings = (REPO / "docs" / "findings.md").read_text()
-    for name in FINDINGS:
-        assert f"reproducers/{name}" in findings
+    for finding in CATALOGUE.findings:
+        assert f"reproducers/{finding.reproducer.name}" in findings
+        if finding.fix is not None:
+            assert f"reproducers/fixes/{finding.fix.name}" in findings
 
 
-@pytest.mark.parametrize("name", sorted(FINDINGS))
-def test_the_reproducer_imports_vllm_only_and_fails_while_the_finding_holds(vllm, name, tmp_path):
-    source = (REPRODUCERS / name).read_text()
+@pytest.mark.parametrize("finding", CATALOGUE.findings, ids=lambda f: f"#{f.number}")
+def test_a_reproducer_imports_no_kvconform_and_says_where_it_belongs(finding):
+    source = finding.reproducer.read_text()
     code = source.split('"""', 2)[2]  # after the docstring, which names the command
     assert "kvconform" not in code
-    # Alone in a folder of its own, no kvconform on the path, no project conftest.
-    (tmp_path / name).write_text(source)
-    (tmp_path / "pytest.ini").write_text("[pytest]\n")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", name],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    assert f"it belongs in {finding.folder}/" in " ".join(source.lower().split())
+    assert f"vLLM {finding.release}" in " ".join(source.split('"""', 2)[1].split())
+
+
+@pytest.mark.network
+@pytest.mark.slow
+def test_the_reproducers_fail_on_the_installed_release(tmp_path):
+    mine = [f for f in CATALOGUE.findings if f.release == INSTALLED]
+    if not mine:
+        pytest.skip(f"no reproducer was made on the installed vLLM {INSTALLED}")
+    suite = prepare(INSTALLED)
+    tests = tmp_path / "suite"
+    shutil.copytree(suite.suite, tests, symlinks=True)
+    for finding in mine:
+        shutil.copyfile(finding.reproducer, tests / finding.destination)
+    done = run_pytest(tests, [f.destination for f in mine], suite.env(None), timeout=900)
+    collect = [r for r in done.records if r["kind"] == "collect"]
+    assert not collect, collect
+    for finding in mine:
+        outcomes = {
+            r["outcome"]
+            for r in done.records
+            if r["nodeid"].startswith(finding.destination) and r["when"] == "call"
+        }
+        assert "failed" in outcomes, (finding.destination, done.output_tail[-3000:])
+
+
+EXPORTED = [
+    pytest.param(
+        f,
+        id=f"#{f.number}",
+        marks=[] if f.release == INSTALLED else [pytest.mark.network, pytest.mark.slow],
     )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, out  # 1: the test failed (not a collection error, 2 or 4)
-    assert "1 failed" in out, out
-    for words in FINDINGS[name][1]:
-        assert words in out, out
+    for f in CATALOGUE.findings
+    if f.scenario is not None
+]
 
 
-@pytest.mark.parametrize("name", sorted(FINDINGS))
-def test_the_checked_in_reproducer_is_what_export_writes(vllm, name, tmp_path, capsys):
-    scenario_id, _ = FINDINGS[name]
-    out = tmp_path / name
-    assert main(["export", scenario_id, "--vllm-test", "--out", str(out)]) == 0
-    assert out.read_text() == (REPRODUCERS / name).read_text(), (
-        f"regenerate it: kvconform export {scenario_id} --vllm-test --out docs/reproducers/{name}"
+@pytest.mark.parametrize("finding", EXPORTED)
+def test_the_checked_in_reproducer_is_what_export_writes(vllm, finding, tmp_path):
+    out = tmp_path / finding.reproducer.name
+    argv = ["export", finding.scenario, "--vllm-test", "--out", str(out)]
+    if finding.release == INSTALLED:
+        assert main(argv) == 0
+    else:  # another release: its tree is loaded in a process of its own
+        argv += ["--vllm-release", finding.release]
+        done = run_kvconform(*argv, cwd=REPO)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert out.read_text() == finding.reproducer.read_text(), (
+        f"regenerate it: kvconform {' '.join(argv[:3])} --out "
+        f"docs/reproducers/{finding.reproducer.name}"
     )
 
 
-def test_export_refuses_what_it_cannot_reproduce(vllm, write_scenario, capsys):
+def test_export_refuses_what_it_cannot_reproduce(vllm, write_scenario):
     conforming = write_scenario(
         """
         name: fine
@@ -89,8 +113,6 @@ def test_export_refuses_what_it_cannot_reproduce(vllm, write_scenario, capsys):
     )
     with pytest.raises(UsageError, match="nothing to export"):
         main_raising(["export", f"{conforming}::fine", "--vllm-test"])
-    with pytest.raises(UsageError, match="takes trajectory scenarios"):
-        main_raising(["export", "warmup-encoder-decoder-mixed", "--vllm-test"])
 
 
 def main_raising(argv: list[str]) -> None:

@@ -1,121 +1,95 @@
-"""sink-full-attention-manager-builds: building and driving the KVCacheManager must not raise.
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""KVCacheManager must build and reserve for a SinkFullAttentionSpec group.
 
-Against vLLM 0.33.0, the scenario sink-full-attention-manager-builds
-(scenarios/specs/sink-full-attention-manager-builds.yaml) found:
+Every registered spec gets its manager, and a SinkFullAttentionSpec group's table is
+indexed by token position: after allocate_slots a request holds cdiv(num_tokens +
+num_lookahead_tokens, block_size) blocks, the columns the target and the drafter write.
 
-    vLLM 0.33.0 raised TypeError: SinkFullAttentionManager.__init__() got an unexpected
-    keyword argument 'needs_kv_cache_zeroing' at
-    vllm/v1/core/single_type_kv_cache_manager.py:2652 in get_manager_for_kv_cache_spec
+kvconform's scenario sink-full-attention-manager-builds (scenarios/specs/sink-full-
+attention-manager-builds.yaml) found against vLLM 0.33.0:
 
-This test replays the scenario's calls on vLLM's own KVCacheManager, as the
-scheduler makes them around allocate_slots, and asks the warmup predictor
-_reserved_block_count for the same token counts. It fails while the finding holds.
-Written by `kvconform export sink-full-attention-manager-builds --vllm-test` (kvconform 0.1.0);
-it needs vLLM only.
+    vLLM 0.33.0 raised TypeError: SinkFullAttentionManager.__init__() got an
+    unexpected keyword argument 'needs_kv_cache_zeroing' at
+    vllm/v1/core/single_type_kv_cache_manager.py:2652 in
+    get_manager_for_kv_cache_spec
+
+Written by `kvconform export sink-full-attention-manager-builds --vllm-test` (kvconform
+0.1.0) against vLLM 0.33.0; it belongs in tests/v1/core/ of that release's tree and uses
+its test helpers.
 """
 
-import torch  # noqa: F401 - the specs' dtypes
+import pytest
+import torch
 
-from vllm import SamplingParams
-from vllm.v1.core.kv_cache_manager import KVCacheManager
+from tests.v1.core.test_prefix_caching import make_kv_cache_manager
+from tests.v1.core.utils import create_requests
+from vllm.utils.math_utils import cdiv
 from vllm.v1.kv_cache_interface import (
     KVCacheConfig,
     KVCacheGroupSpec,
     SinkFullAttentionSpec,
 )
-from vllm.v1.request import Request, RequestStatus
-from vllm.v1.worker.gpu.warmup import _reserved_block_count
 
+HASH_BLOCK_SIZE = 16
 MAX_MODEL_LEN = 512
 NUM_BLOCKS = 32
-# The lookahead vLLM reserves with (VllmConfig.num_lookahead_tokens).
-LOOKAHEAD = 2
-SPECS = [
-    SinkFullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype=torch.float16, head_size_v=8, sink_len=32),
-]
-# Per request: (first token id, prompt length) and its encoder tokens.
-PROMPTS = {'a': (1000000, 30)}
-ENCODER_LENS = {'a': 0}
-FIRST_OUTPUT = {'a': 1500000}
-# (step, request, action, computed, scheduled, rejected, sampled, first chunk)
-CALLS = [
-    (0, 'a', 'prefill', 0, 30, 0, 1, True),
-    (1, 'a', 'spec', 30, 3, 2, 1, False),
-    (2, 'a', 'spec', 31, 3, 2, 1, False),
-    (3, 'a', 'spec', 32, 3, 2, 1, False),
-    (4, 'a', 'spec', 33, 3, 2, 1, False),
-    (5, 'a', 'finish', 34, 0, 0, 0, False),
-]
-# Blocks each (step, request, group) needs: the positions written, target and drafter.
-FLOORS = {}  # none: the replay fails before it allocates
 
 
-def new_manager() -> KVCacheManager:
-    groups = [KVCacheGroupSpec([f"layer.{i}"], spec) for i, spec in enumerate(SPECS)]
-    config = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=groups)
-    return KVCacheManager(
-        kv_cache_config=config,
-        max_model_len=512,
-        scheduler_block_size=16,
-        hash_block_size=16,
-        enable_caching=False,
-        dcp_world_size=1,
-        log_stats=False,
-        use_eagle=True,
-        num_prefill_lookahead=1,
+def _kv_cache_groups() -> list[KVCacheGroupSpec]:
+    specs = [
+        SinkFullAttentionSpec(
+            block_size=16,
+            num_kv_heads=1,
+            head_size=8,
+            dtype=torch.float16,
+            head_size_v=8,
+            sink_len=32,
+        ),
+    ]
+    return [KVCacheGroupSpec([f"layer.{i}"], spec) for i, spec in enumerate(specs)]
+
+
+def _kv_cache_config() -> KVCacheConfig:
+    return KVCacheConfig(
+        num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=_kv_cache_groups()
     )
 
 
-def new_request(name: str) -> Request:
-    first, length = PROMPTS[name]
-    return Request(
-        request_id=name,
-        prompt_token_ids=list(range(first, first + length)),
-        sampling_params=SamplingParams(max_tokens=1 << 20, ignore_eos=True),
-        pooling_params=None,
-        block_hasher=None,
-    )
-
-
-def test_sink_full_attention_manager_builds():
-    manager = new_manager()
-    requests = {name: new_request(name) for name in PROMPTS}
-    outputs = dict(FIRST_OUTPUT)
-    predicted_max: dict[str, list[int]] = {}
-    problems = []
-    for step, name, action, computed, scheduled, rejected, sampled, first in CALLS:
-        request = requests[name]
-        if action in ("finish", "preempt"):
-            manager.free(request)
-            predicted_max.pop(name, None)
-            if action == "preempt":
-                request.status = RequestStatus.PREEMPTED
-                request.num_computed_tokens = 0
-            continue
-        encoder = ENCODER_LENS[name] if first else 0
-        extra = {"num_encoder_tokens": encoder} if first else {}
-        blocks = manager.allocate_slots(
-            request, scheduled, num_lookahead_tokens=LOOKAHEAD, **extra
+@pytest.mark.parametrize("num_lookahead_tokens", [0, 2])
+@pytest.mark.parametrize("num_tokens", [30])
+def test_sink_full_attention_manager_builds(num_tokens: int, num_lookahead_tokens: int):
+    try:
+        manager = make_kv_cache_manager(
+            _kv_cache_config(),
+            max_model_len=MAX_MODEL_LEN,
+            hash_block_size=HASH_BLOCK_SIZE,
+            enable_caching=False,
         )
-        assert blocks is not None, f"step {step}: the pool cannot serve {name}"
-        request.status = RequestStatus.RUNNING
-        request.num_computed_tokens = computed + scheduled
-        held = manager.get_block_ids(name)
-        maxima = predicted_max.setdefault(name, [0] * len(SPECS))
-        for group, spec in enumerate(SPECS):
-            predicted = _reserved_block_count(
-                computed + scheduled,
-                spec,
-                num_lookahead_tokens=LOOKAHEAD,
-                max_model_len=MAX_MODEL_LEN,
-                max_encoder_len=ENCODER_LENS[name],
-            )
-            maxima[group] = max(maxima[group], predicted)
-            live = len(held[group])
-            where = f"step {step}, request {name}, group {group} ({type(spec).__name__}), "
-            where += f"{computed} + {scheduled} tokens, lookahead {LOOKAHEAD}"
-        request.num_computed_tokens -= rejected
-        if sampled:
-            request.append_output_token_ids(list(range(outputs[name], outputs[name] + sampled)))
-            outputs[name] += sampled
-    assert not problems, "\n".join(problems[:10])
+    except TypeError as exc:
+        pytest.fail(
+            "KVCacheManager must build a manager for every spec it registers; the "
+            "coordinator passes every manager the same keywords, so a manager "
+            "that spells out its own list breaks when one is added: "
+            f"{type(exc).__name__}: {exc}"
+        )
+    (request,) = create_requests(
+        num_requests=1, num_tokens=num_tokens, block_size=HASH_BLOCK_SIZE
+    )
+    blocks = manager.allocate_slots(
+        request, num_tokens, num_lookahead_tokens=num_lookahead_tokens
+    )
+    assert blocks is not None, f"{NUM_BLOCKS} blocks cannot serve {num_tokens} tokens"
+
+    held = [len(ids) for ids in manager.get_block_ids(request.request_id)]
+    num_written = min(num_tokens + num_lookahead_tokens, MAX_MODEL_LEN)
+    need = [
+        cdiv(num_written, group.kv_cache_spec.block_size)
+        for group in _kv_cache_groups()
+    ]
+    assert all(h >= n for h, n in zip(held, need)), (
+        f"{num_tokens} tokens, lookahead {num_lookahead_tokens}: the manager holds {held} "
+        f"blocks per group, but the target and the drafter write {need} blocks' worth of "
+        "positions; a position past the held blocks is written wherever its block-table "
+        "column points"
+    )

@@ -567,11 +567,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     request = run_request(argparse.Namespace(**vars(args), paths=()), DEFAULT_CHECKS)
     session = Session(RunRequest(**{**vars(request), "no_expectations": True}))
     result = session.run_scenario(scenario)
-    text = render_vllm_test(scenario, result, session.vllm)
+    test = render_vllm_test(scenario, result, session.vllm)
     out = Path(args.out or f"{test_name(scenario)}.py")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text, encoding="utf-8")
-    say(f"{scenario.id}: {result.verdict.value} against vLLM {session.vllm.version}; wrote {out}")
+    out.write_text(test.source, encoding="utf-8")
+    say(
+        f"{scenario.id}: {result.verdict.value} against vLLM {session.vllm.version}; wrote {out} "
+        f"({test.shape}: it belongs in {test.folder}/ of that release's test tree)"
+    )
     return ExitStatus.CONFORM
 
 
@@ -745,9 +748,10 @@ def build_parser() -> argparse.ArgumentParser:
     export = sub.add_parser(
         "export",
         help="write a scenario's finding as a self-contained pytest file for vLLM's tests",
-        description="Run one scenario and write what it found (a floor shortfall, a "
-        "disagreement of the warmup predictor, a crash) as a pytest module in the style of "
-        "vLLM's tests/v1/core: vLLM imports only, failing while the finding holds.",
+        description="Run one scenario and write what it found (a lookahead short of the "
+        "drafter's, a disagreement of the warmup with the allocator, a floor shortfall, a "
+        "crash) as a pytest module for the release's own test tree (tests/v1/core or "
+        "tests/v1/worker, using their helpers), failing while the finding holds.",
     )
     export.add_argument("scenario", help="FILE::ID, a one-scenario file, or an id under scenarios/")
     export.add_argument(

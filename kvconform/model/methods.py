@@ -193,6 +193,10 @@ class Method:
     fuzz_rank: int | None = None
     # Where the entry came from: the registry, or a methods file (its path).
     source: str = REGISTRY_FILE
+    # vLLM's kernel that turns the drafter's positions into KV slots (the slots check
+    # runs it): BlockTables.compute_slot_mappings for most drafters; DFlash and DSpark
+    # build their queries with prepare_dflash_inputs from the gathered block table.
+    drafter_kernel: str = "compute_slot_mappings"
 
     def __post_init__(self) -> None:
         object.__setattr__(
@@ -324,6 +328,7 @@ BUILTIN_METHODS: tuple[Method, ...] = (
             lambda k, anchor: k + 1,
             "fill-in drafting writes a bonus query plus one query per draft token",
         ),
+        drafter_kernel="prepare_dflash_inputs",
         draft=TinyModel(
             "DFlashDraftModel",
             layers=1,
@@ -349,13 +354,15 @@ BUILTIN_METHODS: tuple[Method, ...] = (
             "anchor sampling drafts k queries starting at the anchor; the fill-in layout "
             "(sample_from_anchor: false) adds a bonus query like DFlash",
         ),
-        # DSpark drafts from the target's own checkpoint.
+        # DSpark drafts from the target's own checkpoint; DSparkSpeculator is a
+        # DFlashSpeculator and writes through the same input kernel.
         anchor_layouts=True,
         engine_refusal=(
             "vLLM's DSpark drafts from a DeepSeek-V4 target's checkpoint or a "
             "Qwen3DSparkModel draft (SpeculativeConfig.__post_init__); kvconform writes "
             "neither"
         ),
+        drafter_kernel="prepare_dflash_inputs",
         fuzz_rank=3,
     ),
     Method(

@@ -188,6 +188,10 @@ class SlotEscape(NamedTuple):
     group and holding it came from); ``block`` is what vLLM's kernel read from
     kvconform's poisoned row, ``fresh_block`` what it read from the same row as
     vLLM's ``BlockTables`` leaves it (zero-filled past the held columns).
+    ``kernel`` names vLLM's function that mapped the position:
+    ``compute_slot_mappings``, or ``prepare_dflash_inputs`` for DFlash and DSpark
+    drafters, whose ``fresh_slot`` is negative (``PAD_SLOT_ID``) where the kernel
+    writes nothing.
     """
 
     observation: int
@@ -199,6 +203,7 @@ class SlotEscape(NamedTuple):
     block: int
     fresh_slot: int | None
     fresh_block: int | None
+    kernel: str = "compute_slot_mappings"
 
 
 @dataclass

@@ -79,6 +79,12 @@ PARTIES: Mapping[str, Party] = MappingProxyType(
                 "vllm/v1/worker/gpu/block_table.py",
             ),
             Party(
+                "dflash_slots",
+                "the DFlash/DSpark drafter's slot mapping",
+                "prepare_dflash_inputs",
+                "vllm/v1/worker/gpu/spec_decode/dflash/speculator.py",
+            ),
+            Party(
                 "config",
                 "the speculative config's lookahead",
                 "VllmConfig.num_lookahead_tokens",

@@ -39,10 +39,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kvconform.errors import VllmUnavailable
+from kvconform.model.methods import method_for
 from kvconform.model.observations import (
     BLOCK_ID_PARTIES,
     Observation,
@@ -52,6 +53,7 @@ from kvconform.model.observations import (
     party_block_ids,
 )
 from kvconform.oracles.vllm import Vllm
+from kvconform.oracles.vllm.dflash_kernel import DflashKernel, dflash_kernel_of
 from kvconform.oracles.vllm.slot_kernel import SlotKernel, slot_kernel_of
 
 if TYPE_CHECKING:
@@ -106,6 +108,8 @@ class _Row:
     held: tuple[tuple[int, ...], ...]  # block ids per mapped group
     target: Sequence[int]
     positions: tuple[int, ...]  # the target's, then the drafter's
+    end: int = 0  # computed + scheduled: the drafter's first position, unclamped
+    lookahead: int = 0  # how many positions the drafter writes from `end`
 
 
 def _steps(
@@ -130,7 +134,8 @@ def _steps(
         for (party, request), by_group in requests.items():
             if len(by_group) != len(mapped):
                 continue  # a party that recorded only some groups: nothing to align
-            target, drafter = writes(first[(step, party, request)], trajectory.max_model_len)
+            obs = first[(step, party, request)]
+            target, drafter = writes(obs, trajectory.max_model_len)
             rows.append(
                 _Row(
                     party,
@@ -139,6 +144,8 @@ def _steps(
                     tuple(tuple(int(b) for b in by_group[g][1]) for g in mapped),
                     target,
                     (*target, *drafter),
+                    obs.computed + obs.scheduled,
+                    len(drafter),
                 )
             )
         out.append(rows)
@@ -165,6 +172,13 @@ def record_slots(
     if not steps:
         recording.skipped = "no party recorded the block ids it held"
         return recording
+    dflash = None
+    if drafter_kernel(trajectory) == DFLASH_KERNEL and any(r.lookahead for s in steps for r in s):
+        try:
+            dflash = dflash_kernel_of(vllm)
+        except VllmUnavailable as exc:
+            recording.skipped = str(exc)
+            return recording
     try:
         kernel = slot_kernel_of(vllm)
     except VllmUnavailable as exc:
@@ -172,10 +186,13 @@ def record_slots(
         return recording
 
     block_sizes = [trajectory.groups[g].block_size for g in mapped]
-    batch = _Batch(steps)
+    everything = _Batch(steps)
+    # A DFlash or DSpark drafter writes through its own kernel: compute_slot_mappings
+    # maps the target's positions only, prepare_dflash_inputs the drafter's.
+    batch = _Batch(_target_only(steps)) if dflash is not None else everything
     highest = max(
         [trajectory.null_block, trajectory.num_blocks - 1]
-        + [b for held in batch.rows for ids in held for b in ids]
+        + [b for held in everything.rows for ids in held for b in ids]
     )
     recording.poison, recording.guard = highest + 1, highest + 2
     # Every row is wide enough for its widest holding and its highest written
@@ -184,7 +201,7 @@ def record_slots(
         1
         + max(
             max(len(held[i]), max(positions, default=-1) // size + 1)
-            for held, positions in zip(batch.rows, batch.positions, strict=True)
+            for held, positions in zip(everything.rows, everything.positions, strict=True)
         )
         for i, size in enumerate(block_sizes)
     ]
@@ -198,6 +215,7 @@ def record_slots(
         return recording
     # Said once the tables exist: building them decides whether stand-ins were needed.
     recording.mode = kernel.mode
+    note = len(trajectory.notes)
     trajectory.notes.append(f"slots: {kernel.mode}")
     tables.write_rows(
         [
@@ -216,11 +234,131 @@ def record_slots(
     recording.kernel_calls += 1 if fresh else 0
 
     recording.escapes = _escapes(steps, batch, outside, fresh, block_sizes)
+    if dflash is not None:
+        recording.mode += f"; drafter positions: {dflash.mode}"
+        trajectory.notes[note] = f"slots: {recording.mode}"
+        escapes, calls = _dflash_escapes(
+            dflash, trajectory, steps, block_sizes, columns, recording.poison, recording.guard
+        )
+        recording.escapes = _in_recording_order(recording.escapes + escapes)
+        recording.kernel_calls += calls
     recording.steps = len(steps)
     recording.rows = len(batch.rows)
     recording.positions = len(batch.flat) * len(mapped)
     recording.seconds = time.perf_counter() - started
     return recording
+
+
+def drafter_kernel(trajectory: Trajectory) -> str:
+    """vLLM's kernel that maps the drafter's positions, from the method registry."""
+    entry = method_for(trajectory.method)
+    return entry.drafter_kernel if entry is not None else "compute_slot_mappings"
+
+
+DFLASH_KERNEL = "prepare_dflash_inputs"
+
+
+def _target_only(steps: Sequence[Sequence[_Row]]) -> list[list[_Row]]:
+    return [[replace(row, positions=tuple(row.target)) for row in rows] for rows in steps]
+
+
+def _in_recording_order(escapes: list[SlotEscape]) -> list[SlotEscape]:
+    """Escapes ordered as the check groups them: by observation, party, role, position."""
+    return sorted(escapes, key=lambda e: (e.observation, e.party, e.role != "target", e.position))
+
+
+def _dflash_escapes(
+    kernel: DflashKernel,
+    trajectory: Trajectory,
+    steps: Sequence[Sequence[_Row]],
+    block_sizes: Sequence[int],
+    columns: Sequence[int],
+    poison: int,
+    guard: int,
+) -> tuple[list[SlotEscape], int]:
+    """The drafter's positions through ``prepare_dflash_inputs``; (escapes, launches).
+
+    One batch entry per distinct (holding, drafter start, lookahead), one launch per
+    mapped group and lookahead, on rows padded with kvconform's poison; the escaped
+    entries once more on rows as a fresh gathered batch row has them (zero past the
+    held columns). Queries past ``max_model_len - 1`` are not judged: the kernel
+    computes their slot from the unclamped position (it clamps only the position it
+    stores and the column, to the row's last), which the contract does not cover.
+    """
+    last = trajectory.max_model_len - 1
+    entries: dict[tuple[tuple[tuple[int, ...], ...], int, int], int] = {}
+    uses: list[tuple[_Row, int]] = []
+    for rows in steps:
+        for row in rows:
+            if row.lookahead and row.end <= last:
+                key = (row.held, row.end, row.lookahead)
+                uses.append((row, entries.setdefault(key, len(entries))))
+    if not entries:
+        return [], 0
+    keys = list(entries)
+    calls = 0
+    escapes: list[SlotEscape] = []
+    for lookahead in sorted({k[2] for k in keys}):
+        chosen = [i for i, k in enumerate(keys) if k[2] == lookahead]
+        for g, size in enumerate(block_sizes):
+            held = [keys[i][0][g] for i in chosen]
+            ends = [keys[i][1] for i in chosen]
+            slots = kernel.query_slots(
+                [_padded(ids, columns[g], poison, guard) for ids in held],
+                [end - 1 for end in ends],
+                lookahead,
+                size,
+                trajectory.max_model_len,
+                trajectory.sample_from_anchor,
+            )
+            calls += 1
+            outside: dict[tuple[int, int], int] = {}
+            for r, (ids, end) in enumerate(zip(held, ends, strict=True)):
+                own = {b for b in ids if b != trajectory.null_block}
+                for j, slot in enumerate(slots[r]):
+                    if end + j > last:
+                        continue
+                    if slot < 0 or slot // size not in own:
+                        outside[(chosen[r], j)] = slot
+            if not outside:
+                continue
+            again = sorted({i for i, _ in outside})
+            fresh_slots = kernel.query_slots(
+                [_padded(keys[i][0][g], columns[g], 0, 0) for i in again],
+                [keys[i][1] - 1 for i in again],
+                lookahead,
+                size,
+                trajectory.max_model_len,
+                trajectory.sample_from_anchor,
+            )
+            calls += 1
+            fresh = {
+                (i, j): slot for r, i in enumerate(again) for j, slot in enumerate(fresh_slots[r])
+            }
+            for row, i in uses:
+                if keys[i][2] != lookahead:
+                    continue
+                for j in range(lookahead):
+                    if (i, j) not in outside:
+                        continue
+                    slot = outside[(i, j)]
+                    position = row.end + j
+                    fresh_slot = fresh[(i, j)]
+                    escapes.append(
+                        SlotEscape(
+                            row.observations[g],
+                            row.party,
+                            "drafter",
+                            position,
+                            position // size,
+                            slot,
+                            slot // size if slot >= 0 else -1,
+                            fresh_slot,
+                            fresh_slot // size if fresh_slot >= 0 else None,
+                            DFLASH_KERNEL,
+                        )
+                    )
+    return escapes, calls
 
 
 def _escapes(

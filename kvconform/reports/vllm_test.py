@@ -1,51 +1,80 @@
-"""``kvconform export SCENARIO --vllm-test``: a scenario's finding as a test for vLLM itself.
+"""``kvconform export SCENARIO --vllm-test``: a scenario's finding as a test for vLLM's own tree.
 
-The file it writes is one self-contained pytest module in the style of vLLM's
-``tests/v1/core``: it imports vLLM (and torch) only, builds the scenario's
-``KVCacheSpec``s, its ``KVCacheConfig`` and a ``KVCacheManager`` as vLLM's
-scheduler builds it, replays the scenario's ``allocate_slots`` calls on vLLM's own
-``Request`` objects, and asserts what the scenario found broken:
+The file belongs in the test tree of the vLLM release the finding was made on, in
+the folder whose tests it resembles, and it uses that tree's helpers:
+``create_requests`` of ``tests/v1/core/utils.py`` and ``make_kv_cache_manager`` of
+``tests/v1/core/test_prefix_caching.py``. It imports no kvconform, tests vLLM's
+public entry points where they exist, parametrizes what the scenario varies, and
+makes one assertion per expectation the finding states, with a message saying what
+vLLM should do and why. What the scenario found decides the shape
+(:class:`VllmTest.shape`):
 
-* ``floor`` -- every group holds at least the blocks the written positions need
-  (``cdiv(min(computed + scheduled + lookahead, max_model_len), block span)`` for a
-  token-indexed group; the numbers are kvconform's floor table, written into the
-  test so that it needs nothing else), for the live manager and for the warmup
-  predictor ``_reserved_block_count``;
-* ``agree`` -- ``_reserved_block_count`` (its running maximum since the request
-  started, as vLLM never returns blocks on a rollback) equals what the live
-  manager holds;
-* a crash -- the replay itself raises (vLLM's exception is the failure).
+``lookahead`` (``tests/v1/worker/``)
+    ``VllmConfig.num_lookahead_tokens`` differs from what the method's drafter
+    writes (check ``lookahead``): the test asks the property for each layout of
+    the method, on a config built without ``__post_init__`` as vLLM's own
+    ``test_gpu_warmup_blocks.py`` does.
+``warmup`` (``tests/v1/worker/``)
+    the warmup predictor or the recorded warmup disagrees with the allocator
+    (check ``agree``): the test runs vLLM's public mixed warmup
+    ``run_mixed_prefill_decode_warmup`` on a stub model runner with the
+    scenario's groups (the caller of ``_warmup_block_counter``, where the
+    reservation policy is bound) and replays every warmup request's steps on a
+    ``KVCacheManager`` built as the scheduler builds it; the warmup must hold what
+    the manager holds.
+``manager`` (``tests/v1/core/``)
+    building or driving the ``KVCacheManager`` raises (an error), or it holds
+    fewer blocks than a token-indexed group's written positions need (check
+    ``floor``): the test builds the manager for the scenario's groups and
+    allocates for each request's prompt, with and without the lookahead.
 
-The test fails against the vLLM the finding was made on and passes once vLLM is
-fixed, so it can go upstream as it is. Only trajectory scenarios without prefix
-caching can be exported: their calls are fixed by the file; a warmup or scheduler
-scenario's calls are decided by vLLM.
-
-The specs and keyword arguments are rendered from the objects kvconform built
-for the run, filtered by the installed vLLM's signatures, so the file is valid
-for that vLLM release (named in its docstring).
+The specs are rendered from the objects kvconform built for the run, so the file
+is valid for the vLLM release named in its docstring. Findings of other shapes
+(a scheduler scenario's, a prefix-cache hit's) are refused with the reason.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-import inspect
 import re
 import textwrap
+from dataclasses import dataclass
 from typing import Any
 
 from kvconform import __version__
 from kvconform.errors import UsageError
+from kvconform.model.floors import TOKEN_COLUMNS
+from kvconform.model.group_types import GROUP_TYPES
+from kvconform.model.methods import method_for
 from kvconform.model.results import ErrorKind, ScenarioResult, Verdict
 from kvconform.model.scenario import Scenario
-from kvconform.oracles.live import first_output_token
 from kvconform.oracles.resolve import group_specs, new_trajectory
 from kvconform.oracles.vllm import Vllm
 
-__all__ = ["render_vllm_test", "test_name"]
+__all__ = ["SHAPES", "VllmTest", "render_vllm_test", "test_name"]
 
-EXPORTED_CHECKS = ("floor", "agree")
+# shape -> the folder of vLLM's test tree the file belongs in
+SHAPES = {
+    "lookahead": "tests/v1/worker",
+    "warmup": "tests/v1/worker",
+    "manager": "tests/v1/core",
+}
+
+LICENSE = (
+    "# SPDX-License-Identifier: Apache-2.0\n"
+    "# SPDX-FileCopyrightText: Copyright contributors to the vLLM project\n"
+)
+
+
+@dataclass(frozen=True)
+class VllmTest:
+    """One exported test file: its shape, where it belongs in vLLM's tree, its source."""
+
+    scenario: str
+    shape: str
+    folder: str
+    source: str
 
 
 def test_name(scenario: Scenario) -> str:
@@ -62,7 +91,37 @@ def _value(value: Any) -> str:
         return "[" + ", ".join(_value(v) for v in value) + "]"
     if isinstance(value, enum.Enum):
         return f"{type(value).__name__}.{value.name}"
+    if isinstance(value, str):
+        return _repr_double(value)
     return repr(value)
+
+
+def _spec_lines(spec: Any, indent: str, width: int = 88) -> list[str]:
+    """The spec's constructor call as an item of a list, split one field a line if long."""
+    one = f"{indent}{_spec_source(spec)},"
+    if len(one) <= width:
+        return [one]
+    name, _, fields = _spec_source(spec).partition("(")
+    return [
+        f"{indent}{name}(",
+        *[f"{indent}    {field}," for field in _fields(fields[:-1])],
+        f"{indent}),",
+    ]
+
+
+def _fields(text: str) -> list[str]:
+    """``a=1, b=(2, 3), c=4`` split at the top-level commas."""
+    out, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            out.append(text[start:i].strip())
+            start = i + 1
+    out.append(text[start:].strip())
+    return [f for f in out if f]
 
 
 def _spec_source(spec: Any) -> str:
@@ -84,244 +143,479 @@ def _spec_source(spec: Any) -> str:
     return f"{type(spec).__name__}({', '.join(parts)})"
 
 
-def _accepted(fn: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-    params = inspect.signature(fn).parameters.values()
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return kwargs
-    names = {p.name for p in params}
-    return {k: v for k, v in kwargs.items() if k in names}
-
-
-def _kwargs_source(kwargs: dict[str, Any], indent: str) -> str:
-    return "".join(f"{indent}{k}={_value(v)},\n" for k, v in kwargs.items())
-
-
-def render_vllm_test(scenario: Scenario, result: ScenarioResult, vllm: Vllm) -> str:
-    """The pytest module reproducing ``result`` (see the module's docstring)."""
-    if scenario.kind != "trajectory":
-        raise UsageError(
-            f"{scenario.id}: export --vllm-test takes trajectory scenarios; a {scenario.kind} "
-            "scenario's calls are decided by vLLM, not by the file"
-        )
-    if any(c.refused for step in scenario.steps for c in step.calls):
-        raise UsageError(f"{scenario.id}: export --vllm-test takes scenarios without refused calls")
-    if scenario.model.enable_caching:
-        raise UsageError(
-            f"{scenario.id}: export --vllm-test takes scenarios without prefix caching"
-        )
+def _shape(scenario: Scenario, result: ScenarioResult) -> str:
+    checks = {f.check for f in result.failures}
     crashed = result.verdict is Verdict.ERROR and result.error_kind is ErrorKind.CRASH
-    checks = sorted({f.check for f in result.failures} & set(EXPORTED_CHECKS))
-    if not checks and not crashed:
-        found = ", ".join(sorted({f.check for f in result.failures})) or result.verdict.value
-        raise UsageError(
-            f"{scenario.id}: nothing to export ({found}); --vllm-test reproduces a floor "
-            "shortfall, a disagreement or a crash"
-        )
-    # vLLM's classes through the compatibility package, for their signatures only.
-    manager_module = vllm.optional_module("vllm.v1.core.kv_cache_manager")
-    request_module = vllm.optional_module("vllm.v1.request")
-    if manager_module is None or request_module is None:
-        raise vllm.missing("vllm.v1.core.kv_cache_manager and vllm.v1.request")
-    run = new_trajectory(scenario, vllm)
-    model = scenario.model
-    specs = group_specs(vllm, model, run.num_speculative_tokens)
-    options = vllm.manager_options(
-        run.method, run.num_speculative_tokens, run.sample_from_anchor, model.enable_caching
-    )
-    manager_kwargs = _accepted(
-        manager_module.KVCacheManager,
-        dict(
-            max_model_len=model.max_model_len,
-            scheduler_block_size=model.scheduler_block_size,
-            hash_block_size=model.hash_block_size,
-            enable_caching=False,
-            dcp_world_size=model.dcp_world_size,
-            log_stats=False,
-            **dict(options),
-        ),
-    )
-    request_keywords = _accepted(
-        request_module.Request,
-        dict(pooling_params=None, block_hasher=None, request_id=1, prompt_token_ids=1),
-    )
-    spec_classes = sorted({type(s).__name__ for s in specs})
-    encoder = scenario.encoder_lens()
-    prompts = {
-        request: ((index + 1) * 1_000_000, spec.prompt_len)
-        for index, (request, spec) in enumerate(scenario.requests.items())
-    }
-    outputs = {name: first_output_token(i) for i, name in enumerate(scenario.requests)}
-    calls = []
-    for step in scenario.steps:
-        for c in step.calls:
-            calls.append(
-                (
-                    step.index,
-                    c.request,
-                    c.action.value,
-                    c.computed,
-                    c.scheduled,
-                    c.rejected,
-                    c.sampled,
-                    c.first_chunk,
-                )
+    if "lookahead" in checks:
+        return "lookahead"
+    if "agree" in checks:
+        if scenario.kind == "warmup" and "run_mixed_prefill_decode_warmup" not in (
+            scenario.warmup.entry_points if scenario.warmup else ()
+        ):
+            raise UsageError(
+                f"{scenario.id}: export --vllm-test reproduces a warmup disagreement through "
+                "run_mixed_prefill_decode_warmup (warmup_kernels needs an accelerator)"
             )
-    floors: dict[tuple[int, str, int], int] = {}
-    if result.trajectory is not None:
-        for obs in result.trajectory.observations:
-            floors[(obs.step, obs.request, obs.group)] = obs.floor
-    records = [" ".join(f.message.split()) for f in result.failures if f.check in checks]
-    finding = (result.error or "") if crashed else "; ".join(records[:2])
-    if len(records) > 2:
-        finding += f"; and {len(records) - 2} more such records"
-    summary = textwrap.fill(finding, 88, initial_indent="    ", subsequent_indent="    ")
-    what = (
-        "building and driving the KVCacheManager must not raise"
-        if crashed
-        else " and ".join(
-            {
-                "floor": "every party holds the blocks its written positions need",
-                "agree": "_reserved_block_count reserves what KVCacheManager holds",
-            }[c]
-            for c in checks
+        return "warmup"
+    if scenario.kind != "trajectory":
+        found = ", ".join(sorted(checks)) or result.verdict.value
+        raise UsageError(
+            f"{scenario.id}: export --vllm-test takes a {scenario.kind} scenario's lookahead "
+            f"or warmup disagreement only ({found})"
         )
+    if crashed or "floor" in checks:
+        if scenario.model.enable_caching:
+            raise UsageError(
+                f"{scenario.id}: export --vllm-test takes scenarios without prefix caching"
+            )
+        return "manager"
+    found = ", ".join(sorted(checks)) or result.verdict.value
+    raise UsageError(
+        f"{scenario.id}: nothing to export ({found}); --vllm-test reproduces a lookahead, a "
+        "floor shortfall, a disagreement or a crash"
     )
-    name = test_name(scenario)
-    steps_source = "".join(f"    {c!r},\n" for c in calls)
-    floors_source = "".join(f"    {k!r}: {v},\n" for k, v in sorted(floors.items()))
-    assert_floor = "floor" in checks
-    assert_agree = "agree" in checks
-    lines = [
-        f'"""{scenario.id}: {what}.',
+
+
+def _finding(result: ScenarioResult, checks: tuple[str, ...]) -> str:
+    crashed = result.verdict is Verdict.ERROR and result.error_kind is ErrorKind.CRASH
+    records = [" ".join(f.message.split()) for f in result.failures if f.check in checks]
+    text = (result.error or "") if crashed else "; ".join(records[:2])
+    if not crashed and len(records) > 2:
+        text += f"; and {len(records) - 2} more such records"
+    return textwrap.fill(text, 84, initial_indent="    ", subsequent_indent="    ")
+
+
+def _docstring(
+    summary: str, scenario: Scenario, result: ScenarioResult, vllm: Vllm, shape: str, body: str
+) -> list[str]:
+    checks = {"lookahead": ("lookahead",), "warmup": ("agree",)}.get(shape, ("floor",))
+    return [
+        f'"""{summary}',
+        "",
+        *textwrap.wrap(body, 88),
         "",
         *textwrap.wrap(
-            f"Against vLLM {vllm.version}, the scenario {scenario.id} ({scenario.file}) found:",
+            f"kvconform's scenario {scenario.id} ({scenario.file}) found against vLLM "
+            f"{vllm.version}:",
             88,
         ),
         "",
-        summary,
+        _finding(result, checks),
         "",
-        "This test replays the scenario's calls on vLLM's own KVCacheManager, as the",
-        "scheduler makes them around allocate_slots, and asks the warmup predictor",
-        "_reserved_block_count for the same token counts. It fails while the finding holds.",
-        f"Written by `kvconform export {scenario.id} --vllm-test` (kvconform {__version__});",
-        "it needs vLLM only.",
+        *textwrap.wrap(
+            f"Written by `kvconform export {scenario.id} --vllm-test` (kvconform "
+            f"{__version__}) against vLLM {vllm.version}; it belongs in {SHAPES[shape]}/ of "
+            "that release's tree and uses its test helpers.",
+            88,
+        ),
         '"""',
+    ]
+
+
+def _string_lines(text: str, indent: str, width: int = 88) -> list[str]:
+    """``text`` as adjacent string literals, one per line, each within ``width``."""
+    room = width - len(indent) - 2
+    pieces = textwrap.wrap(text, room, drop_whitespace=False, break_long_words=False)
+    return [indent + _repr_double(piece) for piece in pieces]
+
+
+def _repr_double(text: str) -> str:
+    """A Python string literal in double quotes."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _spec_imports(specs: list[Any], *more: str) -> list[str]:
+    names = sorted({type(s).__name__ for s in specs} | set(more))
+    return ["from vllm.v1.kv_cache_interface import (", *[f"    {n}," for n in names], ")"]
+
+
+def _specs_block(specs: list[Any]) -> list[str]:
+    return [
         "",
-        "import torch  # noqa: F401 - the specs' dtypes",
         "",
-        "from vllm import SamplingParams",
-        "from vllm.v1.core.kv_cache_manager import KVCacheManager",
-        "from vllm.v1.kv_cache_interface import (",
-        *[f"    {c}," for c in sorted({*spec_classes, "KVCacheConfig", "KVCacheGroupSpec"})],
+        "def _kv_cache_groups() -> list[KVCacheGroupSpec]:",
+        "    specs = [",
+        *[line for s in specs for line in _spec_lines(s, "        ")],
+        "    ]",
+        '    return [KVCacheGroupSpec([f"layer.{i}"], spec) for i, spec in enumerate(specs)]',
+        "",
+        "",
+        "def _kv_cache_config() -> KVCacheConfig:",
+        "    return KVCacheConfig(",
+        "        num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=_kv_cache_groups()",
+        "    )",
+    ]
+
+
+def render_vllm_test(scenario: Scenario, result: ScenarioResult, vllm: Vllm) -> VllmTest:
+    """The pytest module reproducing ``result`` (see the module's docstring)."""
+    shape = _shape(scenario, result)
+    render = {"lookahead": _lookahead, "warmup": _warmup, "manager": _manager}[shape]
+    source = LICENSE + "\n".join(render(scenario, result, vllm)) + "\n"
+    return VllmTest(scenario.id, shape, SHAPES[shape], source)
+
+
+# -- lookahead ---------------------------------------------------------------------------
+
+
+def _dict_source(values: dict[str, Any]) -> str:
+    return "{" + ", ".join(f'"{k}": {v!r}' for k, v in values.items()) + "}"
+
+
+def _lookahead(scenario: Scenario, result: ScenarioResult, vllm: Vllm) -> list[str]:
+    spec = scenario.speculative
+    entry = method_for(spec.method if spec is not None else None)
+    if spec is None or entry is None:
+        raise UsageError(f"{scenario.id}: no speculative method kvconform knows to export")
+    k = spec.num_speculative_tokens
+    if entry.anchor_layouts:
+        cases = [
+            ({"sample_from_anchor": True}, entry.lookahead(k, True)),
+            ({"sample_from_anchor": False}, entry.lookahead(k, False)),
+        ]
+    else:
+        cases = [({}, entry.lookahead(k))]
+    expected = {
+        entry.lookahead(k, anchor): f"NUM_SPEC_STEPS + {entry.lookahead(k, anchor) - k}"
+        if entry.lookahead(k, anchor) > k
+        else "NUM_SPEC_STEPS"
+        for anchor in (True, False)
+    }
+    params = "".join(
+        f"        ({_dict_source(config)}, {expected[value]}),\n" for config, value in cases
+    ).rstrip("\n")
+    name = test_name(scenario)
+    return [
+        *_docstring(
+            f"VllmConfig.num_lookahead_tokens must reserve what {spec.method}'s drafter writes.",
+            scenario,
+            result,
+            vllm,
+            "lookahead",
+            "The scheduler and the warmup both reserve VllmConfig.num_lookahead_tokens KV "
+            "slots past the scheduled tokens, where the drafter writes. "
+            f"{spec.method}: {entry.rule.reason}. A lookahead one short leaves the "
+            "drafter's last query without a block at a block boundary.",
+        ),
+        "",
+        "from types import SimpleNamespace",
+        "",
+        "import pytest",
+        "",
+        "from vllm.config.speculative import SpeculativeConfig",
+        "from vllm.config.vllm import VllmConfig",
+        "",
+        f"NUM_SPEC_STEPS = {k}",
+        "",
+        "",
+        "def _config(method: str, draft_hf_config: dict) -> VllmConfig:",
+        '    """A real VllmConfig built without __post_init__ (which needs a resolvable draft',
+        '    model); the lookahead property reads the speculative and diffusion configs only."""',
+        "    speculative_config = object.__new__(SpeculativeConfig)",
+        '    object.__setattr__(speculative_config, "method", method)',
+        '    object.__setattr__(speculative_config, "num_speculative_tokens", NUM_SPEC_STEPS)',
+        "    object.__setattr__(",
+        "        speculative_config,",
+        '        "draft_model_config",',
+        "        SimpleNamespace(hf_config=SimpleNamespace(**draft_hf_config)),",
+        "    )",
+        "    config = object.__new__(VllmConfig)",
+        '    object.__setattr__(config, "speculative_config", speculative_config)',
+        '    object.__setattr__(config, "diffusion_config", None)',
+        "    return config",
+        "",
+        "",
+        "@pytest.mark.parametrize(",
+        '    ("draft_hf_config", "expected"),',
+        "    [",
+        params,
+        "    ],",
         ")",
-        "from vllm.v1.request import Request, RequestStatus",
-        "from vllm.v1.worker.gpu.warmup import _reserved_block_count",
+        f"def {name}(draft_hf_config: dict, expected: int):",
+        f'    config = _config("{spec.method}", draft_hf_config)',
+        "    assert config.num_lookahead_tokens == expected, (",
+        f'        f"{spec.method} with {{draft_hf_config}}: num_lookahead_tokens is "',
+        '        f"{config.num_lookahead_tokens}, but the drafter writes {expected} KV positions "',
+        *_string_lines(
+            f"past the scheduled range ({entry.rule.formula}: {entry.rule.reason}); the "
+            "scheduler and the warmup reserve num_lookahead_tokens, so the drafter's last "
+            "query lands outside the request's blocks at a block boundary",
+            "        ",
+        ),
+        "    )",
+    ]
+
+
+# -- warmup ------------------------------------------------------------------------------
+
+# Why the warmup must hold what the manager holds, by what the scenario varies.
+_WHY_DCP = (
+    "with decode context parallelism a block of a dcp_sharded spec spans block_size x "
+    "dcp_world_size tokens in KVCacheManager (SingleTypeKVCacheManager.__init__)"
+)
+_WHY_ENCODER = (
+    "the mixed warmup's requests carry no encoder input (mm_features=[]), and the "
+    "scheduler reserves cross-attention blocks only for the encoder tokens it schedules"
+)
+
+
+def _warmup(scenario: Scenario, result: ScenarioResult, vllm: Vllm) -> list[str]:
+    model = scenario.model
+    run = new_trajectory(scenario, vllm)
+    specs = group_specs(vllm, model, run.num_speculative_tokens)
+    k = run.num_speculative_tokens
+    cross = any(GROUP_TYPES[g.type].encoder for g in model.groups)
+    dcp = model.dcp_world_size
+    if scenario.kind == "warmup" and scenario.warmup is not None:
+        sizes = [scenario.warmup.mixed_num_tokens]
+    else:
+        sizes = sorted(
+            {c.scheduled + 1 for step in scenario.steps for c in step.calls if c.first_chunk}
+        )
+    why = "; ".join(([_WHY_DCP] if dcp > 1 else []) + ([_WHY_ENCODER] if cross else []))
+    if not why:
+        why = "the warmup hand-builds its SchedulerOutputs"
+    name = test_name(scenario)
+    dcp_param = [1, dcp] if dcp > 1 else [1]
+    return [
+        *_docstring(
+            "The V2 mixed warmup must reserve the KV blocks the scheduler would reserve.",
+            scenario,
+            result,
+            vllm,
+            "warmup",
+            "run_mixed_prefill_decode_warmup hand-builds its SchedulerOutputs and sizes "
+            "every request with _warmup_block_counter; what it hands the model runner must "
+            "be what KVCacheManager.allocate_slots gives the same request at the same step, "
+            f"or the warmup reserves other blocks than serving does ({why}).",
+        ),
         "",
+        "from types import SimpleNamespace",
+        "",
+        "import pytest",
+        "import torch",
+        "",
+        "from tests.v1.core.test_prefix_caching import make_kv_cache_manager",
+        "from tests.v1.core.utils import create_requests",
+        *_spec_imports(specs, "KVCacheConfig", "KVCacheGroupSpec"),
+        "from vllm.v1.worker.gpu.warmup import run_mixed_prefill_decode_warmup",
+        "",
+        f"HASH_BLOCK_SIZE = {model.hash_block_size}",
+        f"SCHEDULER_BLOCK_SIZE = {model.scheduler_block_size}",
+        f"MAX_MODEL_LEN = {model.max_model_len}",
+        f"MAX_ENCODER_LEN = {model.max_encoder_len}",
+        f"NUM_SPEC_STEPS = {k}",
+        f"NUM_LOOKAHEAD_TOKENS = {run.lookahead}  # VllmConfig.num_lookahead_tokens",
+        "NUM_BLOCKS = 1024",
+        *_specs_block(specs),
+        "",
+        "",
+        "def _make_runner(dcp_world_size: int) -> SimpleNamespace:",
+        '    """Stub model runner exposing only what the warmup entry points read."""',
+        "    return SimpleNamespace(",
+        "        num_speculative_steps=NUM_SPEC_STEPS,",
+        "        speculative_config=SimpleNamespace() if NUM_SPEC_STEPS else None,",
+        "        adaptive_verification=None,",
+        "        rejection_sampler=None,",
+        "        decode_query_len=NUM_SPEC_STEPS + 1,",
+        "        is_pooling_model=False,",
+        f"        is_encoder_decoder={cross},",
+        "        is_last_pp_rank=True,",
+        "        max_num_reqs=4,",
+        "        max_model_len=MAX_MODEL_LEN,",
+        "        dcp_size=dcp_world_size,",
+        "        model_config=SimpleNamespace(get_vocab_size=lambda: 64),",
+        "        model_state=SimpleNamespace(max_encoder_len=MAX_ENCODER_LEN),",
+        "        scheduler_config=SimpleNamespace(max_num_seqs=4, max_num_batched_tokens=2048),",
+        "        kv_cache_config=SimpleNamespace(",
+        "            kv_cache_groups=_kv_cache_groups(), num_blocks=NUM_BLOCKS",
+        "        ),",
+        "        vllm_config=SimpleNamespace(",
+        "            num_lookahead_tokens=NUM_LOOKAHEAD_TOKENS, is_mm_encoder_only=False",
+        "        ),",
+        "        kv_block_zeroer=None,",
+        "        kv_connector=SimpleNamespace(set_disabled=lambda disabled: None),",
+        "    )",
+        "",
+        "",
+        "class _StepRecorder:",
+        '    """Per warmup request, its steps: (num_computed, num_scheduled, blocks held per group)."""',
+        "",
+        "    def __init__(self) -> None:",
+        "        self.steps: dict[str, list[tuple[int, int, list[int]]]] = {}",
+        "        self._held: dict[str, list[int]] = {}",
+        "",
+        "    def execute_model(self, scheduler_output) -> None:",
+        "        for new_req in scheduler_output.scheduled_new_reqs:",
+        "            self._held[new_req.req_id] = [len(ids) for ids in new_req.block_ids]",
+        "            self._record(new_req.req_id, new_req.num_computed_tokens, scheduler_output)",
+        "        cached = scheduler_output.scheduled_cached_reqs",
+        "        for i, req_id in enumerate(cached.req_ids):",
+        "            new_block_ids = cached.new_block_ids[i]",
+        "            if new_block_ids is not None:",
+        "                self._held[req_id] = [",
+        "                    held + len(ids)",
+        "                    for held, ids in zip(self._held[req_id], new_block_ids)",
+        "                ]",
+        "            self._record(req_id, cached.num_computed_tokens[i], scheduler_output)",
+        "",
+        "    def _record(self, req_id: str, num_computed: int, scheduler_output) -> None:",
+        "        num_scheduled = scheduler_output.num_scheduled_tokens[req_id]",
+        "        self.steps.setdefault(req_id, []).append(",
+        "            (num_computed, num_scheduled, list(self._held[req_id]))",
+        "        )",
+        "",
+        "    def sample_tokens(self, grammar_output=None) -> None:",
+        "        return None",
+        "",
+        "",
+        "def _scheduler_holds(",
+        "    steps: list[tuple[int, int, list[int]]], dcp_world_size: int",
+        ") -> list[list[int]]:",
+        '    """What KVCacheManager holds per group after each step of one request, allocated as',
+        "    the scheduler allocates (no encoder tokens: the warmup's requests carry none).\"\"\"",
+        "    manager = make_kv_cache_manager(",
+        "        _kv_cache_config(),",
+        "        max_model_len=MAX_MODEL_LEN,",
+        "        scheduler_block_size=SCHEDULER_BLOCK_SIZE,",
+        "        hash_block_size=HASH_BLOCK_SIZE,",
+        "        enable_caching=False,",
+        "        dcp_world_size=dcp_world_size,",
+        "    )",
+        "    num_computed, num_scheduled, _ = steps[-1]",
+        "    (request,) = create_requests(",
+        "        num_requests=1,",
+        "        num_tokens=num_computed + num_scheduled,",
+        "        block_size=HASH_BLOCK_SIZE,",
+        "    )",
+        "    held = []",
+        "    for num_computed, num_scheduled, _ in steps:",
+        "        request.num_computed_tokens = num_computed",
+        "        blocks = manager.allocate_slots(",
+        "            request, num_scheduled, num_lookahead_tokens=NUM_LOOKAHEAD_TOKENS",
+        "        )",
+        '        assert blocks is not None, f"{NUM_BLOCKS} blocks cannot serve the step"',
+        "        held.append([len(ids) for ids in manager.get_block_ids(request.request_id)])",
+        "    return held",
+        "",
+        "",
+        f"@pytest.mark.parametrize(\"dcp_world_size\", {dcp_param!r})",
+        f"@pytest.mark.parametrize(\"num_tokens\", {sizes!r})",
+        f"def {name}(num_tokens: int, dcp_world_size: int):",
+        "    recorder = _StepRecorder()",
+        "    assert run_mixed_prefill_decode_warmup(",
+        "        _make_runner(dcp_world_size),",
+        "        worker_execute_model=recorder.execute_model,",
+        "        worker_sample_tokens=recorder.sample_tokens,",
+        "        num_tokens=num_tokens,",
+        '    ), "the mixed warmup skipped itself"',
+        "",
+        "    for req_id, steps in recorder.steps.items():",
+        "        expected = _scheduler_holds(steps, dcp_world_size)",
+        "        warmup = [held for _, _, held in steps]",
+        "        assert warmup == expected, (",
+        '            f"{req_id}, steps (computed, scheduled) {[s[:2] for s in steps]}: the warmup "',
+        '            f"holds {warmup} blocks per group, KVCacheManager.allocate_slots {expected}. "',
+        *_string_lines(f"The warmup must reserve what the scheduler reserves: {why}", " " * 12),
+        "        )",
+    ]
+
+
+# -- manager -----------------------------------------------------------------------------
+
+
+def _manager(scenario: Scenario, result: ScenarioResult, vllm: Vllm) -> list[str]:
+    model = scenario.model
+    run = new_trajectory(scenario, vllm)
+    specs = group_specs(vllm, model, run.num_speculative_tokens)
+    crashed = result.verdict is Verdict.ERROR
+    if not crashed and any(
+        GROUP_TYPES[g.type].floor is not TOKEN_COLUMNS for g in model.groups
+    ):
+        raise UsageError(
+            f"{scenario.id}: export --vllm-test writes a floor shortfall of token-indexed "
+            "groups only"
+        )
+    sizes = sorted({r.prompt_len for r in scenario.requests.values()})
+    lookaheads = sorted({0, run.lookahead})
+    name = test_name(scenario)
+    types = sorted({type(s).__name__ for s in specs})
+    what = ", ".join(types)
+    lines = [
+        *_docstring(
+            f"KVCacheManager must build and reserve for a {what} group."
+            if crashed
+            else "KVCacheManager must hold a block for every position a request writes.",
+            scenario,
+            result,
+            vllm,
+            "manager",
+            f"Every registered spec gets its manager, and a {what} group's table is indexed "
+            "by token position: after allocate_slots a request holds cdiv(num_tokens + "
+            "num_lookahead_tokens, block_size) blocks, the columns the target and the "
+            "drafter write.",
+        ),
+        "",
+        "import pytest",
+        "import torch",
+        "",
+        "from tests.v1.core.test_prefix_caching import make_kv_cache_manager",
+        "from tests.v1.core.utils import create_requests",
+        "from vllm.utils.math_utils import cdiv",
+        *_spec_imports(specs, "KVCacheConfig", "KVCacheGroupSpec"),
+        "",
+        f"HASH_BLOCK_SIZE = {model.hash_block_size}",
         f"MAX_MODEL_LEN = {model.max_model_len}",
         f"NUM_BLOCKS = {model.num_blocks}",
-        f"# The lookahead vLLM reserves with ({run.lookahead_source}).",
-        f"LOOKAHEAD = {run.lookahead}",
-        "SPECS = [",
-        *[f"    {_spec_source(s)}," for s in specs],
-        "]",
-        "# Per request: (first token id, prompt length) and its encoder tokens.",
-        f"PROMPTS = {prompts!r}",
-        f"ENCODER_LENS = {dict(encoder)!r}",
-        f"FIRST_OUTPUT = {outputs!r}",
-        "# (step, request, action, computed, scheduled, rejected, sampled, first chunk)",
-        "CALLS = [",
-        steps_source.rstrip("\n"),
-        "]",
-        "# Blocks each (step, request, group) needs: the positions written, target and drafter.",
-        "FLOORS = {" + ("" if floors else "}  # none: the replay fails before it allocates"),
-        *([floors_source.rstrip("\n"), "}"] if floors else []),
+        *_specs_block(specs),
         "",
         "",
-        "def new_manager() -> KVCacheManager:",
-        '    groups = [KVCacheGroupSpec([f"layer.{i}"], spec) for i, spec in enumerate(SPECS)]',
-        "    config = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=groups)",
-        "    return KVCacheManager(",
-        "        kv_cache_config=config,",
-        _kwargs_source(manager_kwargs, "        ").rstrip("\n"),
-        "    )",
-        "",
-        "",
-        "def new_request(name: str) -> Request:",
-        "    first, length = PROMPTS[name]",
-        "    return Request(",
-        "        request_id=name,",
-        "        prompt_token_ids=list(range(first, first + length)),",
-        "        sampling_params=SamplingParams(max_tokens=1 << 20, ignore_eos=True),",
-        *(["        pooling_params=None,"] if "pooling_params" in request_keywords else []),
-        *(["        block_hasher=None,"] if "block_hasher" in request_keywords else []),
-        "    )",
-        "",
-        "",
-        f"def {name}():",
-        "    manager = new_manager()",
-        "    requests = {name: new_request(name) for name in PROMPTS}",
-        "    outputs = dict(FIRST_OUTPUT)",
-        "    predicted_max: dict[str, list[int]] = {}",
-        "    problems = []",
-        "    for step, name, action, computed, scheduled, rejected, sampled, first in CALLS:",
-        "        request = requests[name]",
-        '        if action in ("finish", "preempt"):',
-        "            manager.free(request)",
-        "            predicted_max.pop(name, None)",
-        '            if action == "preempt":',
-        "                request.status = RequestStatus.PREEMPTED",
-        "                request.num_computed_tokens = 0",
-        "            continue",
-        "        encoder = ENCODER_LENS[name] if first else 0",
-        '        extra = {"num_encoder_tokens": encoder} if first else {}',
-        "        blocks = manager.allocate_slots(",
-        "            request, scheduled, num_lookahead_tokens=LOOKAHEAD, **extra",
-        "        )",
-        '        assert blocks is not None, f"step {step}: the pool cannot serve {name}"',
-        "        request.status = RequestStatus.RUNNING",
-        "        request.num_computed_tokens = computed + scheduled",
-        "        held = manager.get_block_ids(name)",
-        "        maxima = predicted_max.setdefault(name, [0] * len(SPECS))",
-        "        for group, spec in enumerate(SPECS):",
-        "            predicted = _reserved_block_count(",
-        "                computed + scheduled,",
-        "                spec,",
-        "                num_lookahead_tokens=LOOKAHEAD,",
-        "                max_model_len=MAX_MODEL_LEN,",
-        "                max_encoder_len=ENCODER_LENS[name],",
-        "            )",
-        "            maxima[group] = max(maxima[group], predicted)",
-        "            live = len(held[group])",
-        '            where = f"step {step}, request {name}, group {group} ({type(spec).__name__}), "',
-        '            where += f"{computed} + {scheduled} tokens, lookahead {LOOKAHEAD}"',
-        *(
-            [
-                "            floor = FLOORS[(step, name, group)]",
-                "            if live < floor or predicted < floor:",
-                "                problems.append(",
-                '                    f"{where}: live {live}, predicted {predicted}, floor {floor}"',
-                "                )",
-            ]
-            if assert_floor
-            else []
-        ),
-        *(
-            [
-                "            if maxima[group] != live:",
-                "                problems.append(",
-                '                    f"{where}: KVCacheManager holds {live}, "',
-                '                    f"_reserved_block_count reserves {maxima[group]}"',
-                "                )",
-            ]
-            if assert_agree
-            else []
-        ),
-        "        request.num_computed_tokens -= rejected",
-        "        if sampled:",
-        "            request.append_output_token_ids(list(range(outputs[name], outputs[name] + sampled)))",
-        "            outputs[name] += sampled",
-        '    assert not problems, "\\n".join(problems[:10])',
-        "",
+        f'@pytest.mark.parametrize("num_lookahead_tokens", {lookaheads!r})',
+        f'@pytest.mark.parametrize("num_tokens", {sizes!r})',
+        f"def {name}(num_tokens: int, num_lookahead_tokens: int):",
     ]
-    return "\n".join(lines)
+    build = [
+        "manager = make_kv_cache_manager(",
+        "    _kv_cache_config(),",
+        "    max_model_len=MAX_MODEL_LEN,",
+        "    hash_block_size=HASH_BLOCK_SIZE,",
+        "    enable_caching=False,",
+        ")",
+    ]
+    if crashed:
+        lines += [
+            "    try:",
+            *[f"        {line}" for line in build],
+            "    except TypeError as exc:",
+            "        pytest.fail(",
+            '            "KVCacheManager must build a manager for every spec it registers; the "',
+            '            "coordinator passes every manager the same keywords, so a manager "',
+            '            "that spells out its own list breaks when one is added: "',
+            '            f"{type(exc).__name__}: {exc}"',
+            "        )",
+        ]
+    else:
+        lines += [f"    {line}" for line in build]
+    lines += [
+        "    (request,) = create_requests(",
+        "        num_requests=1, num_tokens=num_tokens, block_size=HASH_BLOCK_SIZE",
+        "    )",
+        "    blocks = manager.allocate_slots(",
+        "        request, num_tokens, num_lookahead_tokens=num_lookahead_tokens",
+        "    )",
+        '    assert blocks is not None, f"{NUM_BLOCKS} blocks cannot serve {num_tokens} tokens"',
+        "",
+        "    held = [len(ids) for ids in manager.get_block_ids(request.request_id)]",
+        "    num_written = min(num_tokens + num_lookahead_tokens, MAX_MODEL_LEN)",
+        "    need = [",
+        "        cdiv(num_written, group.kv_cache_spec.block_size)",
+        "        for group in _kv_cache_groups()",
+        "    ]",
+        "    assert all(h >= n for h, n in zip(held, need)), (",
+        '        f"{num_tokens} tokens, lookahead {num_lookahead_tokens}: the manager holds {held} "',
+        '        f"blocks per group, but the target and the drafter write {need} blocks\' worth of "',
+        '        "positions; a position past the held blocks is written wherever its block-table "',
+        '        "column points"',
+        "    )",
+    ]
+    return lines

@@ -17,7 +17,7 @@ from kvconform.model.checks import Check, CheckSkipped, always
 from kvconform.model.observations import BLOCK_ID_PARTIES, Observation, Trajectory, party_block_ids
 from kvconform.model.results import Failure, ScenarioResult
 from kvconform.model.root_causes import PARTIES, Blame
-from kvconform.oracles.slots import record_slots
+from kvconform.oracles.slots import DFLASH_KERNEL, record_slots
 
 
 def find(trajectory: Trajectory) -> Iterator[Failure]:
@@ -41,13 +41,39 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
         columns = _span(sorted({e.column for e in escapes}))
         many = len(escapes) > 1
         column_word = "columns" if "," in columns or ".." in columns else "column"
+        dflash = first.kernel == DFLASH_KERNEL
+        kernel = (
+            "vLLM's prepare_dflash_inputs (the DFlash/DSpark drafter's input kernel)"
+            if dflash
+            else "vLLM's slot-mapping kernel"
+        )
         message = (
             f"{first.role} position{'s' if many else ''} {positions} ({column_word} {columns}) "
             f"{'fall' if many else 'falls'} outside the {blocks(len(held))} "
-            f"{PARTY_NAMES[first.party]} holds: vLLM's slot-mapping kernel read {whose}"
+            f"{PARTY_NAMES[first.party]} holds: {kernel} read {whose}"
         )
         fresh = None
-        if first.fresh_block is not None and first.fresh_block != first.block:
+        if dflash:
+            if first.fresh_slot is not None and first.fresh_slot < 0:
+                fresh = "nothing (PAD_SLOT_ID)"
+                message += (
+                    "; through a freshly gathered batch row (zero past the held columns) the "
+                    f"kernel writes nothing for {'them' if many else 'it'} (PAD_SLOT_ID: a "
+                    "zero column is skipped, so the query's KV is never stored)"
+                )
+            else:
+                fresh = _whose(first.fresh_block or 0, trajectory, obs, first.party, held, owners)
+                message += (
+                    "; through a freshly gathered batch row (zero past the held columns) "
+                    f"{'they go' if many else 'it goes'} to {fresh}"
+                )
+            message += (
+                "; in a batch row an earlier step gathered, the columns past the held ones "
+                "still hold that step's block ids (gather_block_tables copies only the held "
+                "columns), and the write lands there, possibly in another running request's "
+                "block (docs/findings.md #5)"
+            )
+        elif first.fresh_block is not None and first.fresh_block != first.block:
             fresh = _whose(first.fresh_block, trajectory, obs, first.party, held, owners)
             message += (
                 f"; through the row as vLLM's BlockTables leaves it (zero past the held "
@@ -64,6 +90,7 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
             "vllm_block": first.fresh_block,
             "vllm_whose": fresh or whose,
             "held": len(held),
+            "kernel": first.kernel,
         }
         yield failure_at("slots", trajectory, obs, message, detail, party=first.party)
 
@@ -120,8 +147,9 @@ def blame(result: ScenarioResult, failure: Failure) -> Blame:
     party = detail.get("party")
     holder_party = named(result, party if isinstance(party, str) else None)
     holder = PARTIES[holder_party].description
+    mapper = "dflash_slots" if detail.get("kernel") == DFLASH_KERNEL else "slots"
     return Blame(
-        "slots",
+        mapper,
         f"maps {detail.get('role', 'written')} positions past the blocks {holder} holds "
         f"into {_landing(str(detail.get('whose', '')))}",
         follows=holder_party,

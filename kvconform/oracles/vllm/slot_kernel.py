@@ -281,12 +281,35 @@ class SlotTables:
         self._kernel = kernel
         self._tables = tables
 
-    def write_rows(self, rows: Sequence[tuple[tuple[int, ...], ...]]) -> None:
-        """Fill rows ``0..len(rows)-1`` through vLLM's staged writer: one id tuple per group."""
+    def write_rows(
+        self,
+        rows: Sequence[tuple[tuple[int, ...], ...]],
+        indices: Sequence[int] | None = None,
+    ) -> None:
+        """Fill rows ``indices`` (default ``0..len(rows)-1``) through vLLM's staged
+        writer: one id tuple per group, written over the row from column 0."""
+        where = range(len(rows)) if indices is None else indices
         with self._kernel.buffers():
-            for index, row in enumerate(rows):
+            for index, row in zip(where, rows, strict=True):
                 self._tables.append_block_ids(index, tuple(list(ids) for ids in row), True)
             self._tables.apply_staged_writes()
+
+    def gather(self, idx_mapping: Sequence[int], num_reqs_padded: int) -> list[list[list[int]]]:
+        """vLLM's ``gather_block_tables``: per group, the forward pass's rows in batch order.
+
+        The tables it fills (``input_block_tables``) persist across calls, as in the
+        model runner: a batch row keeps, past the columns its request holds, what an
+        earlier call gathered into it.
+        """
+        torch = self._kernel._torch
+        mapping = torch.tensor(list(idx_mapping), dtype=torch.int32, device=self._kernel.device)
+        with self._kernel.buffers():
+            out = call(
+                self._tables.gather_block_tables,
+                idx_mapping=mapping,
+                num_reqs_padded=num_reqs_padded,
+            )
+        return [table[:num_reqs_padded].cpu().tolist() for table in out]
 
     def map(
         self, rows: Sequence[int], query_start_loc: Sequence[int], positions: Sequence[int]

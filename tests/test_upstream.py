@@ -1,0 +1,85 @@
+"""make upstream-check's parts that need no vLLM test run: the catalogue and the verdicts.
+
+The check itself (``python -m kvconform.upstream``) runs vLLM's own suite and takes
+minutes; ``.ci/run`` runs it. Here: the catalogue of docs/reproducers/upstream.yaml loads
+and refuses what it cannot check, a patch that does not apply is an error naming it, and
+a reproducer run "fails" only with a failed test and no collection error.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvconform.errors import KvconformError, ScenarioError
+from kvconform.peer.runner import PytestRun
+from kvconform.upstream import checking as upstream_check
+from kvconform.upstream.catalogue import load_catalogue
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_the_catalogue_names_each_finding_once_with_a_fix_or_a_fixing_release():
+    catalogue = load_catalogue(REPO)
+    numbers = [f.number for f in catalogue.findings]
+    assert numbers == sorted(set(numbers)) == [1, 2, 3, 4, 5, 6]
+    for finding in catalogue.findings:
+        assert finding.fix is not None or finding.fixed_in is not None
+        assert finding.folder in ("tests/v1/core", "tests/v1/worker")
+        if finding.proposed:
+            assert finding.changes, f"#{finding.number}: which functions does the fix change?"
+            assert finding.release in catalogue.combined
+    assert {f.number for f in catalogue.findings if f.proposed} == {1, 2, 3, 4}
+
+
+def test_a_bad_catalogue_entry_is_refused(tmp_path):
+    (tmp_path / "docs" / "reproducers").mkdir(parents=True)
+    (tmp_path / "t.py").write_text("")
+    base = "findings:\n  - {finding: 1, release: 0.33.0, reproducer: t.py, folder: tests/v1/core"
+    for tail, words in [
+        (", fixed_in: 0.34.0}", None),
+        ("}", "a fix or fixed_in"),
+        (", fixed_in: next}", "not a release"),
+        (", fix: gone.patch}", "no file"),
+        (", fixed_in: 0.34.0, changes: [warmup.py]}", "vllm/FILE::QUALNAME"),
+    ]:
+        (tmp_path / "c.yaml").write_text(base + tail + "\n")
+        if words is None:
+            assert load_catalogue(tmp_path, "c.yaml").findings[0].fixed_in == "0.34.0"
+        else:
+            with pytest.raises(ScenarioError, match=words):
+                load_catalogue(tmp_path, "c.yaml")
+
+
+def _run(*outcomes: tuple[str, str, str], returncode: int = 1) -> PytestRun:
+    records = [
+        {"nodeid": f"t.py::test_{i}", "kind": kind, "outcome": outcome, "when": when}
+        for i, (kind, outcome, when) in enumerate(outcomes)
+    ]
+    return PytestRun(records, returncode, 1.0, "")
+
+
+def test_fails_means_a_failed_test_and_no_collection_error():
+    failed = _run(("test", "failed", "call"), ("test", "passed", "call"))
+    assert upstream_check._fails(failed) and not upstream_check._passes(failed)
+    broken = _run(("collect", "failed", "collect"))
+    assert not upstream_check._fails(broken) and not upstream_check._passes(broken)
+    green = _run(("test", "passed", "call"), returncode=0)
+    assert upstream_check._passes(green) and not upstream_check._fails(green)
+    assert not upstream_check._passes(_run(returncode=0))  # nothing ran: not a pass
+
+
+def test_a_patch_that_does_not_apply_is_an_error_naming_it(tmp_path, monkeypatch):
+    tree = tmp_path / "release"
+    (tree / "vllm").mkdir(parents=True)
+    (tree / "vllm" / "a.py").write_text("x = 1\n")
+    monkeypatch.setattr(upstream_check, "release_tree", lambda version: tree)
+    good, bad = tmp_path / "good.patch", tmp_path / "bad.patch"
+    good.write_text("--- a/vllm/a.py\n+++ b/vllm/a.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n")
+    bad.write_text("--- a/vllm/a.py\n+++ b/vllm/a.py\n@@ -1 +1 @@\n-y = 1\n+y = 2\n")
+    fixed = upstream_check._patched("9.9.9", [good], tmp_path / "fixed")
+    assert (fixed / "vllm" / "a.py").read_text() == "x = 2\n"
+    assert (tree / "vllm" / "a.py").read_text() == "x = 1\n"  # the release tree is untouched
+    with pytest.raises(KvconformError, match="bad.patch does not apply to vLLM 9.9.9"):
+        upstream_check._patched("9.9.9", [bad], tmp_path / "again")
