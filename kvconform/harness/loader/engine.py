@@ -36,7 +36,6 @@ from kvconform.model.scenario import (
 from kvconform.model.tiny_model import ENGINE_TARGETS, TinyModel
 
 
-
 def draft_model_methods() -> tuple[str, ...]:
     """Methods whose drafter is a model kvconform writes in engine mode (the draft shape
     applies), read from the registry in use (a methods file may add some)."""
