@@ -207,10 +207,12 @@ steps:
 
 def test_run_update_expectations_end_to_end(vllm, write_scenario, tmp_path, monkeypatch, capsys):
     # kvconform's own method registry loses its EAGLE entry: the lookahead check
-    # then fails every eagle scenario (vLLM itself is untouched).
+    # then fails every eagle scenario (vLLM itself is untouched). The session rebuilds
+    # the registry in use from BUILTIN_METHODS; the entries in use come back after the test.
     monkeypatch.setattr(
-        methods, "METHODS", {n: m for n, m in methods.METHODS.items() if n != "eagle"}
+        methods, "BUILTIN_METHODS", tuple(m for m in methods.BUILTIN_METHODS if m.name != "eagle")
     )
+    monkeypatch.setattr(methods.METHODS, "_entries", methods.registry())
     write_scenario(EAGLE, "eagle.yaml")
     write_scenario(PLAIN, "plain.yaml")
     expectations = write_scenario(

@@ -105,8 +105,7 @@ def test_the_root_cause_names_the_dflash_kernel(vllm, scenario_from):
     run.observations = [_short_by_one(o) for o in run.observations]
     record_slots(run, vllm)
     failure = next(f for f in judge(run, ("slots",)).failures)
-    party, _ = blame(result, failure)
-    assert party == "dflash_slots"
+    assert blame(result, failure).party == "dflash_slots"
 
 
 @pytest.mark.network

@@ -14,7 +14,7 @@ lookahead.yaml) found against vLLM 0.31.0:
     VllmConfig.num_lookahead_tokens is 3 for method 'dspark' with k=3, but the
     drafter needs k (anchor) | k + 1 (fill-in) = 4 (anchor sampling drafts k queries
     starting at the anchor; the fill-in layout (sample_from_anchor: false) adds a
-    bonus query like DFlash)
+    bonus query like DFlash; the rule of kvconform/model/methods.py)
 
 Written by `kvconform export dspark-fill-in-lookahead --vllm-test` (kvconform 0.1.0)
 against vLLM 0.31.0; it belongs in tests/v1/worker/ of that release's tree and uses its

@@ -57,7 +57,8 @@ def _steps(results: Sequence[Any]) -> int:
 
 
 def kinds(scenarios: Sequence[Scenario], vllm: Vllm, rounds: int) -> dict[str, Figure]:
-    """Per kind: the harness's time per recorded step, for every kind in the corpus."""
+    """Per kind: the harness's time per recorded step (per scenario for a kind without
+    steps), for every kind in the corpus."""
     figures: dict[str, Figure] = {}
     by_kind: dict[str, list[Scenario]] = {}
     for scenario in scenarios:
@@ -85,9 +86,15 @@ def kinds(scenarios: Sequence[Scenario], vllm: Vllm, rounds: int) -> dict[str, F
         steps = _steps(results[kind])
         seconds = timings.median_wall(kind)
         errors = sum(1 for r in results[kind] if r.trajectory is None)
+        # A kind without steps (startup: vLLM's planning, judged once) is timed per scenario.
+        value, unit = (
+            (1e6 * seconds / steps, "us/step")
+            if steps
+            else (1e3 * seconds / len(by_kind[kind]), "ms/scenario")
+        )
         figures[kind] = measured(
-            1e6 * seconds / steps if steps else 0.0,
-            "us/step",
+            value,
+            unit,
             scenarios=len(by_kind[kind]),
             steps=steps,
             seconds=seconds,

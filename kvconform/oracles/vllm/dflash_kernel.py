@@ -38,8 +38,6 @@ from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from kvconform.errors import VllmUnavailable
 from kvconform.oracles.vllm.calls import call
 from kvconform.oracles.vllm.slot_kernel import _cuda_available, _kernel_setup_now
@@ -96,6 +94,8 @@ class DflashKernel:
         gathered row ``rows[i]`` (all rows as wide as the first); its queries sit at
         ``last_positions[i] + 1 ..``.
         """
+        import numpy as np  # here: the checks' registry is imported by `merge`, which has no numpy
+
         torch = self._torch
         n = len(rows)
         if n == 0:
