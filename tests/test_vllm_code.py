@@ -1,0 +1,251 @@
+"""Coverage of vLLM's reservation code (``kvconform coverage --vllm-code``) and test impact
+(``kvconform run --impacted-by``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvconform.harness.impact import (
+    Change,
+    CoverageMap,
+    changed_lines,
+    read_change,
+    select_impacted,
+)
+from kvconform.model.vllm_code import (
+    RESERVATION_CODE,
+    Counts,
+    FileCoverage,
+    FunctionCoverage,
+    FunctionMap,
+    MissedBranch,
+    Target,
+    VllmCodeCoverage,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+SOURCE = """\
+import os
+
+LIMIT = 3
+
+
+class Pool:
+    @property
+    def size(self):
+        return LIMIT
+
+    def take(self, n):
+        def inner(k):
+            return k + 1
+
+        if n > LIMIT:
+            return None
+        return inner(n)
+
+
+def free(x):
+    return x
+"""
+
+
+def test_lines_map_to_the_innermost_function() -> None:
+    functions = FunctionMap(SOURCE)
+    assert functions.name_executing(9) == "Pool.size"
+    assert functions.name_executing(13) == "Pool.take.inner"
+    assert functions.name_executing(15) == "Pool.take"
+    assert functions.name_executing(12) == "Pool.take"  # a def line runs in its parent
+    assert functions.name_executing(3) == "<module>"
+    # A change of a decorator or a signature changes the function.
+    assert functions.defining(7) == "Pool.size"
+    assert functions.defining(11) == "Pool.take"
+    assert functions.defining(21) == "free"
+
+
+def test_targets_read_and_count() -> None:
+    target = Target.from_text("vllm/config/vllm.py::VllmConfig.a,VllmConfig.b")
+    assert target.functions == ("VllmConfig.a", "VllmConfig.b")
+    assert target.counts("vllm/config/vllm.py", "VllmConfig.a")
+    assert not target.counts("vllm/config/vllm.py", "VllmConfig.c")
+    assert Target.from_text(target.to_text()) == target
+    whole = Target.from_text("vllm/v1/core/*.py")
+    assert whole.counts("vllm/v1/core/sched/scheduler.py", "Scheduler.schedule")
+    assert any(t.matches("vllm/v1/worker/gpu/warmup.py") for t in RESERVATION_CODE)
+
+
+def test_the_record_round_trips_through_json() -> None:
+    unit = FunctionCoverage(
+        "BlockPool.get", 10, Counts(4, 3, 2, 1), [12], [MissedBranch(11, 12, "if x:")]
+    )
+    record = VllmCodeCoverage(
+        "0.33.0",
+        RESERVATION_CODE,
+        [FileCoverage("vllm/v1/core/block_pool.py", Counts(4, 3, 2, 1), [unit])],
+        {"s1": ["vllm/v1/core/block_pool.py::BlockPool.get"], "s2": []},
+        ["in-process"],
+    )
+    data = json.loads(json.dumps(record.to_json()))
+    assert data["total"]["branch_percent"] == 50.0
+    back = VllmCodeCoverage.from_json(data)
+    assert back.scenario_functions == record.scenario_functions
+    assert back.files[0].functions[0].missed_branches == [MissedBranch(11, 12, "if x:")]
+    assert back.scenarios_executing("vllm/v1/core/block_pool.py::BlockPool.get") == ["s1"]
+
+
+DIFF = """\
+--- a/vllm/v1/core/pool.py
++++ b/vllm/v1/core/pool.py
+@@ -15,3 +15,3 @@
+         if n > LIMIT:
+-            return None
++            return 0
+         return inner(n)
+@@ -21,2 +21,3 @@
+     return x
++    # trailing
+--- a/docs/readme.md
++++ b/docs/readme.md
+@@ -1 +1 @@
+-a
++b
+"""
+
+
+def test_a_diff_names_the_functions_it_changes(tmp_path: Path) -> None:
+    assert changed_lines(DIFF)["vllm/v1/core/pool.py"] == {16, 21}
+    (tmp_path / "vllm" / "v1" / "core").mkdir(parents=True)
+    (tmp_path / "vllm" / "v1" / "core" / "pool.py").write_text(SOURCE)
+    diff = tmp_path / "change.diff"
+    diff.write_text(DIFF)
+    change = read_change(str(diff), None, tmp_path, RESERVATION_CODE)
+    assert change.functions == {"vllm/v1/core/pool.py::Pool.take", "vllm/v1/core/pool.py::free"}
+    assert change.ignored == ["docs/readme.md"]
+    assert not change.everything
+    # Module-level code runs in every scenario; a file outside the measured code is unknown.
+    module = DIFF.replace("@@ -15,3 +15,3 @@", "@@ -3,1 +3,1 @@").split("@@ -21")[0]
+    diff.write_text(module.replace("         if n > LIMIT:\n", "", 1))
+    assert read_change(str(diff), None, tmp_path, RESERVATION_CODE).everything
+    diff.write_text(DIFF.replace("v1/core/pool.py", "v1/request.py"))
+    assert (
+        "outside the measured code"
+        in read_change(str(diff), None, tmp_path, RESERVATION_CODE).everything[0]
+    )
+
+
+def test_the_selection_keeps_touching_and_unknown_scenarios(tmp_path: Path) -> None:
+    from kvconform.harness.loader import load_paths
+
+    files = []
+    for name in ("a", "b", "c"):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(
+            f"name: {name}\nrequests: {{r: {{prompt_len: 4}}}}\nsteps: [{{r: {{prefill: 4}}}}]\n"
+        )
+        files.append(str(path))
+    scenarios = load_paths(files).scenarios
+    from kvconform.harness.impact import file_digest
+
+    cmap = CoverageMap("0", "f", "/t")
+    cmap.scenarios["a"] = {"file": files[0], "digest": file_digest(files[0]), "functions": ["F"]}
+    cmap.scenarios["b"] = {"file": files[1], "digest": file_digest(files[1]), "functions": ["G"]}
+    impact = select_impacted(scenarios, Change("x", {"F"}), cmap)
+    assert [s.id for s in impact.selected] == ["a", "c"]  # c: coverage unknown
+    assert (impact.touching, impact.unknown) == (1, 1)
+    Path(files[1]).write_text(Path(files[1]).read_text() + "# edited\n")
+    assert len(select_impacted(scenarios, Change("x", {"F"}), cmap).selected) == 3
+    everything = select_impacted(scenarios, Change("x", set(), ["module level"]), cmap)
+    assert len(everything.selected) == 3
+
+
+def _kvconform(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kvconform", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+    )
+
+
+@pytest.mark.slow
+def test_coverage_of_vllm_code_per_file_function_and_scenario(tmp_path: Path) -> None:
+    pytest.importorskip("coverage")
+    pytest.importorskip("vllm")
+    out = tmp_path / "report"
+    done = _kvconform(
+        "coverage", "--vllm-code", "scenarios/admission/watermark-admission.yaml",
+        "scenarios/warmup/warmup-no-speculation.yaml", "--report-dir", str(out), "--progress", "off",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "| vllm/v1/core/kv_cache_manager.py |" in done.stdout
+    data = json.loads((out / "report.json").read_text())["vllm_coverage"]
+    record = VllmCodeCoverage.from_json(data)
+    manager = record.file("vllm/v1/core/kv_cache_manager.py")
+    assert manager is not None and 0 < manager.counts.executed_branches < manager.counts.branches
+    allocate = next(f for f in manager.functions if f.name == "KVCacheManager.allocate_slots")
+    assert allocate.counts.executed_lines > 0
+    assert all(m.text for m in manager.missed_branches)
+    # Every counted file is listed, imported or not; config/vllm.py only for its lookahead.
+    config = record.file("vllm/config/vllm.py")
+    assert config is not None and not config.whole
+    assert {f.name for f in config.functions} <= set(RESERVATION_CODE[-1].functions or ())
+    # Per scenario: the warmup ran the predictor, the trajectory did not run the warmup.
+    warmup = record.scenario_functions["warmup-no-speculation"]
+    assert "vllm/v1/worker/gpu/warmup.py::warmup_kernels" in warmup
+    trajectory = record.scenario_functions["watermark-admission"]
+    assert "vllm/v1/core/kv_cache_manager.py::KVCacheManager.allocate_slots" in trajectory
+    assert "vllm/v1/worker/gpu/warmup.py::warmup_kernels" not in trajectory
+    # The reports: one table in summary.md, coverage.py's pages linked from report.html.
+    assert "reservation code executed by the scenarios" in (out / "summary.md").read_text()
+    html = (out / "report.html").read_text()
+    assert manager.html is not None and f'href="{manager.html}"' in html
+    assert (out / manager.html).is_file()
+
+
+@pytest.mark.slow
+def test_impacted_by_a_one_function_bug_selects_few_and_turns_red(tmp_path: Path) -> None:
+    """The real bug mamba-prefix-hit-on-block-cached-same-step changes one function,
+    MambaManager.get_num_blocks_to_allocate: the selection keeps the Mamba scenarios
+    (those executing it), drops the others, and fails on the patched tree."""
+    pytest.importorskip("coverage")
+    pytest.importorskip("vllm")
+    from kvconform.realbugs.catalogue import read_catalogue
+    from kvconform.realbugs.trees import patched_tree
+
+    bugs = read_catalogue(REPO / "realbugs" / "catalogue.yaml").bugs
+    bug = next(b for b in bugs if b.name == "mamba-prefix-hit-on-block-cached-same-step")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name in (
+        "mamba-table-partial-hit-same-step", "mamba-align-one-block-prefix-hit",
+        "full-attention-lookahead-crosses-block-boundary", "sliding-window-frees-just-in-time",
+        "mla-chunked-prefill-lookahead", "chunked-local-lookahead-crosses-chunk",
+    ):  # fmt: skip
+        shutil.copy(REPO / "scenarios" / "specs" / f"{name}.yaml", corpus)
+    env = {"KVCONFORM_CACHE": str(tmp_path / "cache")}
+    for release in ("releases", "vllm"):  # share the downloads, not the coverage map
+        source = Path(os.environ.get("KVCONFORM_CACHE", Path.home() / ".cache/kvconform"))
+        if (source / release).exists():
+            (tmp_path / "cache").mkdir(exist_ok=True)
+            (tmp_path / "cache" / release).symlink_to(source / release)
+    tree = patched_tree(bug)
+    done = _kvconform(
+        "run", str(corpus), "--impacted-by", str(bug.patch), "--vllm-src", str(tree),
+        "--report-dir", str(tmp_path / "report"), "--progress", "off", env=env,
+    )  # fmt: skip
+    log = done.stdout + done.stderr
+    assert "impacted by" in log and "2 of 6 scenarios" in log, log
+    assert "MambaManager.get_num_blocks_to_allocate" in log
+    assert done.returncode == 1, log  # red: the bug is caught by what was selected
+    ran = {
+        r["id"] for r in json.loads((tmp_path / "report" / "report.json").read_text())["scenarios"]
+    }
+    assert ran == {"mamba-table-partial-hit-same-step", "mamba-align-one-block-prefix-hit"}
