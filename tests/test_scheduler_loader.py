@@ -64,6 +64,14 @@ def test_remote_prefill_is_off_by_default_and_true_means_one_step(scenario_from)
     assert [r.remote_prefill for r in scenario.requests.values()] == [0, 1, 3, 0]
 
 
+def test_abort_is_a_schedule_call_from_the_arrival_on(scenario_from):
+    scenario = scenario_from(
+        "kind: scheduler\nrequests:\n  a: {prompt_len: 40, abort: 0}\n"
+        "  b: {prompt_len: 40, arrival: 2, abort: 5}\n  c: {prompt_len: 40}\n"
+    )
+    assert [r.abort for r in scenario.requests.values()] == [0, 5, None]
+
+
 def test_matrix_over_scheduler_modes(write_scenario):
     path = write_scenario(
         "name: m\nkind: scheduler\nmatrix:\n  mode: [sync, async, overlapped]\n"
@@ -228,6 +236,12 @@ SPEC = "speculative: {method: eagle, num_speculative_tokens: 3}\n"
             4,
             "requests.a.remote_prefill",
             "not 'two'",
+        ),
+        (
+            "kind: scheduler\nrequests:\n  a: {prompt_len: 5, arrival: 3, abort: 2}\n",
+            3,
+            "requests.a.abort",
+            "at least the request's arrival (3)",
         ),
         (
             "kind: scheduler\nrequests:\n  a: {prompt_len: 5, remote_prefill: true}\n",

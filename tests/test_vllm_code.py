@@ -110,7 +110,8 @@ DIFF = """\
          return inner(n)
 @@ -21,2 +21,3 @@
      return x
-+    # trailing
++    # a comment changes nothing
++    x += 1
 --- a/docs/readme.md
 +++ b/docs/readme.md
 @@ -1 +1 @@
@@ -129,15 +130,19 @@ def test_a_diff_names_the_functions_it_changes(tmp_path: Path) -> None:
     assert change.functions == {"vllm/v1/core/pool.py::Pool.take", "vllm/v1/core/pool.py::free"}
     assert change.ignored == ["docs/readme.md"]
     assert not change.everything
-    # Module-level code runs in every scenario; a file outside the measured code is unknown.
-    module = DIFF.replace("@@ -15,3 +15,3 @@", "@@ -3,1 +3,1 @@").split("@@ -21")[0]
-    diff.write_text(module.replace("         if n > LIMIT:\n", "", 1))
-    assert read_change(str(diff), None, tmp_path, RESERVATION_CODE).everything
+    # Module-level code runs in every scenario; a file outside the measured code is unknown;
+    # a diff whose old lines are not this tree's (another release's) is unknown too.
+    module = "--- a/vllm/v1/core/pool.py\n+++ b/vllm/v1/core/pool.py\n@@ -3 +3 @@\n"
+    diff.write_text(module + "-LIMIT = 3\n+LIMIT = 4\n")
+    assert "module-level" in read_change(str(diff), None, tmp_path, RESERVATION_CODE).everything[0]
+    diff.write_text(module + "-LIMIT = 5\n+LIMIT = 4\n")
+    assert "not against this tree" in read_change(
+        str(diff), None, tmp_path, RESERVATION_CODE
+    ).everything[0]
     diff.write_text(DIFF.replace("v1/core/pool.py", "v1/request.py"))
-    assert (
-        "outside the measured code"
-        in read_change(str(diff), None, tmp_path, RESERVATION_CODE).everything[0]
-    )
+    assert "outside the measured code" in read_change(
+        str(diff), None, tmp_path, RESERVATION_CODE
+    ).everything[0]
 
 
 def test_the_selection_keeps_touching_and_unknown_scenarios(tmp_path: Path) -> None:

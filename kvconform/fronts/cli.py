@@ -182,6 +182,10 @@ def cmd_run(args: argparse.Namespace, tracer: CodeTracer | None = None) -> int:
             report.vllm_version, report.vllm_path, Path(args.report_dir)
         )
         report.phases["vllm_code"] = time.perf_counter() - lap
+        if report.vllm_path:  # what --impacted-by selects by, for this vLLM tree
+            from kvconform.harness.impact import save_map
+
+            save_map(report.vllm_coverage, selection.scenarios, report.vllm_path)
         from kvconform.reports.markdown import vllm_code_table
 
         for line in vllm_code_table(report.vllm_coverage):

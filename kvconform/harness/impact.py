@@ -27,7 +27,6 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,37 +51,63 @@ MAP_FORMAT = 1
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
 
-def changed_lines(diff: str) -> dict[str, set[int]]:
+@dataclass
+class FileDiff:
+    """One file of a unified diff, on its old side."""
+
+    changed: set[int] = field(default_factory=set)  # lines changed, or that code follows
+    expected: dict[int, str] = field(default_factory=dict)  # the text each old line must have
+    new_file: bool = False
+
+
+def _is_code(text: str) -> bool:
+    stripped = text.strip()
+    return bool(stripped) and not stripped.startswith("#")
+
+
+def parse_diff(diff: str) -> dict[str, FileDiff]:
     """Per file (``vllm/...``, as the diff names it), the old-side lines a unified diff
-    changes: each removed line, and for inserted lines the old line they follow."""
-    changes: dict[str, set[int]] = defaultdict(set)
-    path: str | None = None
+    changes: each removed line of code, and for inserted code the old line it follows
+    (blank and comment lines change no behaviour); and the old text every removed and
+    context line must have, to tell a diff of another tree."""
+    files: dict[str, FileDiff] = {}
+    current: FileDiff | None = None
     old = 0
     for line in diff.splitlines():
         if line.startswith("--- "):
             name = line[4:].split("\t")[0].strip()
-            path = None if name == "/dev/null" else re.sub(r"^[ab]/", "", name)
+            current = None
+            if name != "/dev/null":
+                current = files.setdefault(re.sub(r"^[ab]/", "", name), FileDiff())
             continue
         if line.startswith("+++ "):
             name = line[4:].split("\t")[0].strip()
-            if path is None and name != "/dev/null":
-                path = re.sub(r"^[ab]/", "", name)  # a new file: its reach is unknown
-                changes[path].add(0)
+            if current is None and name != "/dev/null":  # a new file: its reach is unknown
+                current = files.setdefault(re.sub(r"^[ab]/", "", name), FileDiff())
+                current.new_file = True
             continue
         match = _HUNK.match(line)
         if match:
             old = int(match.group(1))
             continue
-        if path is None or not line or line.startswith("\\"):
+        if current is None or not line or line.startswith("\\"):
             continue
         if line[0] == "-":
-            changes[path].add(old)
+            current.expected[old] = line[1:]
+            if _is_code(line[1:]):
+                current.changed.add(old)
             old += 1
         elif line[0] == "+":
-            changes[path].add(max(old - 1, 1))
+            if _is_code(line[1:]):
+                current.changed.add(max(old - 1, 1))
         elif line[0] == " ":
+            current.expected[old] = line[1:]
             old += 1
-    return dict(changes)
+    return files
+
+
+def changed_lines(diff: str) -> dict[str, set[int]]:
+    return {path: part.changed for path, part in parse_diff(diff).items()}
 
 
 @dataclass
@@ -123,7 +148,7 @@ def read_change(
                 return None
 
     change = Change(spec)
-    for path, lines in sorted(changed_lines(diff).items()):
+    for path, part in sorted(parse_diff(diff).items()):
         if not path.startswith("vllm/") or not path.endswith(".py"):
             change.ignored.append(path)
             continue
@@ -131,11 +156,18 @@ def read_change(
             change.everything.append(f"{path} is outside the measured code: its reach is unknown")
             continue
         source = old_source(path)
-        if source is None or 0 in lines:
+        if source is None or part.new_file:
             change.everything.append(f"{path} is new or unreadable on the old side")
             continue
         functions = FunctionMap(source)
-        for line in sorted(lines):
+        differs = [n for n, text in part.expected.items() if functions.raw(n) != text]
+        if differs:
+            change.everything.append(
+                f"{path}: the diff is not against this tree (line {min(differs)} differs), so "
+                "which functions it changes is unknown"
+            )
+            continue
+        for line in sorted(part.changed):
             name = functions.defining(line)
             if name == MODULE_LEVEL:
                 change.everything.append(
@@ -196,18 +228,44 @@ class CoverageMap:
         }
 
 
-def map_path(version: str) -> Path:
-    return cache_dir("impact", version) / "coverage-map.json"
+def map_path(version: str, fingerprint: str) -> Path:
+    return cache_dir("impact", version) / f"coverage-map-{fingerprint}.json"
 
 
 def load_map(version: str, fingerprint: str) -> CoverageMap | None:
-    path = map_path(version)
+    """The map measured on a tree whose counted files have ``fingerprint`` (None: none yet;
+    a map of a changed tree, a patched one for instance, has another fingerprint)."""
+    path = map_path(version, fingerprint)
     if not path.is_file():
         return None
     data = json.loads(path.read_text())
-    if data.get("format") != MAP_FORMAT or data.get("fingerprint") != fingerprint:
-        return None  # stale: the measured tree changed
+    if data.get("format") != MAP_FORMAT:
+        return None
     return CoverageMap(data["vllm_version"], fingerprint, data["tree"], data["scenarios"])
+
+
+def save_map(
+    measured: VllmCodeCoverage, scenarios: Sequence[Scenario], vllm_location: str
+) -> CoverageMap | None:
+    """Record what ``kvconform coverage --vllm-code`` measured, per scenario, in the map of
+    its vLLM version and tree (entries of other scenarios kept)."""
+    version = measured.vllm_version
+    if not version or not vllm_location:
+        return None
+    location = Path(vllm_location)
+    fingerprint = tree_fingerprint(location, measured.targets)
+    old = load_map(version, fingerprint)
+    result = CoverageMap(
+        version, fingerprint, str(location.parent), dict(old.scenarios) if old else {}
+    )
+    for scenario in scenarios:
+        result.scenarios[scenario.id] = {
+            "file": scenario.file,
+            "digest": file_digest(scenario.file),
+            "functions": measured.scenario_functions.get(scenario.id, []),
+        }
+    map_path(version, fingerprint).write_text(json.dumps(result.to_json()))
+    return result
 
 
 def build_map(
@@ -215,35 +273,22 @@ def build_map(
     tree: Path,
     release: str | None,
     paths: Sequence[str],
-    scenarios: Sequence[Scenario],
     fingerprint: str,
-    old: CoverageMap | None,
     say: Any = print,
 ) -> CoverageMap:
-    """Measure ``paths`` under coverage in a child process against the unpatched tree."""
+    """Measure ``paths`` with ``kvconform coverage --vllm-code`` in a child process against the
+    unpatched tree, which records the map."""
     with tempfile.TemporaryDirectory(prefix="kvconform-impact-") as tmp:
         command = [sys.executable, "-m", "kvconform", "coverage", "--vllm-code", *paths,
                    "--report-dir", tmp, "--progress", "off", "--no-expectations"]  # fmt: skip
         command += ["--vllm-release", release] if release else ["--vllm-src", str(tree)]
-        say(f"impact: measuring the coverage map of vLLM {version} ({len(scenarios)} scenarios)")
+        say(f"impact: measuring the coverage map of vLLM {version} over {', '.join(paths)}")
         done = subprocess.run(command, capture_output=True, text=True)
-        report = Path(tmp) / "report.json"
-        if not report.is_file():
-            tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-5:])
-            raise UsageError(f"impact: building the coverage map failed:\n{tail}")
-        data = json.loads(report.read_text())
-    measured = VllmCodeCoverage.from_json(data.get("vllm_coverage") or {})
-    files = {r["id"]: r.get("file") for r in data.get("scenarios", [])}
-    result = CoverageMap(version, fingerprint, str(tree), dict(old.scenarios) if old else {})
-    for scenario in scenarios:
-        if scenario.id in files:
-            result.scenarios[scenario.id] = {
-                "file": scenario.file,
-                "digest": file_digest(scenario.file),
-                "functions": measured.scenario_functions.get(scenario.id, []),
-            }
-    map_path(version).write_text(json.dumps(result.to_json()))
-    return result
+    built = load_map(version, fingerprint)
+    if built is None:
+        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-5:])
+        raise UsageError(f"impact: building the coverage map failed:\n{tail}")
+    return built
 
 
 # -- the selection --------------------------------------------------------------------------
@@ -307,6 +352,6 @@ def plan(
     fingerprint = tree_fingerprint(tree / "vllm", targets)
     cmap = load_map(version, fingerprint)
     if cmap is None or not any(s.id in cmap.scenarios for s in scenarios):
-        cmap = build_map(version, tree, release, paths, scenarios, fingerprint, cmap, say)
+        cmap = build_map(version, tree, release, paths, fingerprint, say)
     change = read_change(spec, vllm_src, tree, targets)
     return select_impacted(scenarios, change, cmap), change

@@ -43,6 +43,7 @@ from kvconform.model.vllm_code import (
 from kvconform.oracles.code_tracing import ENVIRONMENT, child_settings
 
 HTML_DIR = "vllm-coverage"  # coverage.py's HTML, inside the report directory
+DATA_FILE = "vllm-coverage.data"  # coverage.py's data file (contexts included), beside it
 
 
 def include_patterns(targets: tuple[Target, ...]) -> list[str]:
@@ -132,6 +133,8 @@ class CodeTracer:
         result.processes = processes
         if report_dir is not None:
             write_html(self._cov, result, Path(report_dir))
+            # coverage.py's own data, for `coverage report --data-file=...` or a combine.
+            shutil.copy(self._data_file, Path(report_dir) / DATA_FILE)
         result.seconds = time.perf_counter() - lap
         shutil.rmtree(self._dir, ignore_errors=True)
         return result

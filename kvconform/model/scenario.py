@@ -192,6 +192,9 @@ class RequestSpec:
     # Scheduler scenarios only: the prefix-cache hit (tokens) the request must adopt at
     # its first admission, derived by hand from the scenario; None: not judged.
     expect_hit: int | None = None
+    # Scheduler scenarios only: the schedule() call before which the client aborts the
+    # request (Scheduler.finish_requests(..., FINISHED_ABORTED)); None: never.
+    abort: int | None = None
 
 
 @dataclass(frozen=True)

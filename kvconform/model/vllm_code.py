@@ -328,4 +328,7 @@ class FunctionMap:
         return found.name if found is not None else MODULE_LEVEL
 
     def text(self, line: int) -> str:
-        return self.lines[line - 1].strip() if 0 < line <= len(self.lines) else ""
+        return self.raw(line).strip()
+
+    def raw(self, line: int) -> str:
+        return self.lines[line - 1] if 0 < line <= len(self.lines) else ""

@@ -183,11 +183,14 @@ class FreeRecord(NamedTuple):
 
     step: int  # the latest schedule() at the time
     request: str
-    kind: str  # "finish" or "preempt"
+    kind: str  # "finish", "abort" or "preempt"
     held: tuple[list[int], ...]
     free_before: int
     free_after: int
     held_after: tuple[list[int], ...]
+    # The fabricated worker was still loading the request's KV into these blocks (an
+    # asynchronous load not reported received yet).
+    loading: bool = False
 
 
 @dataclass
@@ -315,6 +318,10 @@ class SchedulerOracle:
         self._remote = {name for name, req in scenario.requests.items() if req.remote_prefill}
         self._loading: dict[str, int] = {}  # KV loads in flight: steps until received
         self._loaded: set[str] = set()  # began loading remote KV, not scheduled since
+        self._aborts = sorted(
+            (req.abort, name) for name, req in scenario.requests.items() if req.abort is not None
+        )
+        self._aborted: set[str] = set()
         self._step = 0  # schedule() calls made (and skipped while idle before an arrival)
         self._current = 0  # the ongoing or latest schedule() call
 
@@ -330,7 +337,9 @@ class SchedulerOracle:
             before = vllm.free_block_count(manager)
             result = free(request)
             kind = "finish" if request.is_finished() else "preempt"
-            if kind == "finish":
+            if kind == "finish" and rid in self._aborted:
+                kind = "abort"
+            if kind != "preempt":
                 run.finished.add(rid)
             else:
                 self._restart.add(rid)
@@ -343,6 +352,7 @@ class SchedulerOracle:
                     before,
                     vllm.free_block_count(manager),
                     tuple(list(ids) for ids in manager.get_block_ids(rid)),
+                    rid in self._loading,
                 )
             )
             return result
@@ -411,6 +421,12 @@ class SchedulerOracle:
     def _admit(self) -> None:
         while self._pending and self._pending[0].arrival <= self._step:
             self.scheduler.add_request(self._requests[self._pending.pop(0).name])
+        while self._aborts and self._aborts[0][0] <= self._step:
+            _, rid = self._aborts.pop(0)
+            if rid in self.scheduler.requests and not self._requests[rid].is_finished():
+                self._aborted.add(rid)
+                self._current = self._step
+                self.api.abort(self.scheduler, rid)
 
     def _model_output(self, answers: list[tuple[str, int | None]]) -> Any:
         # The worker reports a transfer received in the output of the step it finished in.
@@ -497,7 +513,8 @@ class SchedulerOracle:
         idle_since: int | None = None
         while True:
             self._admit()
-            if scheduler.has_requests():
+            # A KV load in flight (an aborted request's included) is work until received.
+            if scheduler.has_requests() or self._loading:
                 if self._step >= self.limits.max_steps:
                     raise ScenarioError(
                         self.limits.where or self.scenario.where.at("scheduler"),

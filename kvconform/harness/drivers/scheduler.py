@@ -140,6 +140,21 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
         if isinstance(event, FreeRecord):
             predicted_max.pop(event.request, None)
             notes[event.step].append(f"{event.kind} {event.request}")
+            if event.loading:
+                # The connector writes the remote KV into these blocks until the worker
+                # reports the transfer received; another request may get them meanwhile.
+                trajectory.misses.append(
+                    Miss(
+                        event.step,
+                        lines[event.request],
+                        event.request,
+                        event.kind,
+                        f"released its blocks at {event.kind} while its asynchronous KV load "
+                        "was still in flight (not reported received): the connector may still "
+                        "write into blocks the pool hands to another request",
+                        "releases blocks a KV load still writes into",
+                    )
+                )
             trajectory.events.append(
                 FreeEvent(
                     len(observations),

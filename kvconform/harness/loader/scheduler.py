@@ -174,6 +174,7 @@ def parse_scheduler_requests(
             acceptance=parse_acceptance(fields, speculative),
             remote_prefill=_parse_remote_prefill(fields, scheduler),
             expect_hit=_parse_expect_hit(fields, model, prompt_len),
+            abort=_parse_abort(fields),
         )
 
     return parse_request_map(raw, where, at, "a scheduler scenario", request)
@@ -200,6 +201,21 @@ def _parse_expect_hit(fields: Fields, model: ModelSpec, prompt_len: int) -> int 
             "is not judged for a remote_prefill request (its local hit is folded into the load)",
         )
     return hit
+
+
+def _parse_abort(fields: Fields) -> int | None:
+    """``abort``: the schedule() call before which the client aborts the request."""
+    step = fields.optional_int("abort")
+    if step is None:
+        return None
+    arrival = fields.integer("arrival", 0, minimum=0)
+    if step < arrival:
+        raise ScenarioError(
+            fields.at("abort"),
+            f"must be at least the request's arrival ({arrival}): a request is aborted after "
+            "it reached the scheduler",
+        )
+    return step
 
 
 def _parse_remote_prefill(fields: Fields, scheduler: SchedulerSpec) -> int:

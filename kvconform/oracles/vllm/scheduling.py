@@ -319,6 +319,10 @@ class Scheduling:
             "tp_size": 1,
         }
 
+    def abort(self, scheduler: Any, request_id: str) -> None:
+        """What the engine does when a client aborts a request (``EngineCore.abort_requests``)."""
+        scheduler.finish_requests(request_id, self._scheduling.RequestStatus.FINISHED_ABORTED)
+
     def is_loading_remote_kv(self, request: Any) -> bool:
         """Whether a request waits for its asynchronous KV load (``WAITING_FOR_REMOTE_KVS``)."""
         return bool(request.status == self._scheduling.RequestStatus.WAITING_FOR_REMOTE_KVS)
