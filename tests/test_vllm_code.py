@@ -136,13 +136,15 @@ def test_a_diff_names_the_functions_it_changes(tmp_path: Path) -> None:
     diff.write_text(module + "-LIMIT = 3\n+LIMIT = 4\n")
     assert "module-level" in read_change(str(diff), None, tmp_path, RESERVATION_CODE).everything[0]
     diff.write_text(module + "-LIMIT = 5\n+LIMIT = 4\n")
-    assert "not against this tree" in read_change(
-        str(diff), None, tmp_path, RESERVATION_CODE
-    ).everything[0]
+    assert (
+        "not against this tree"
+        in read_change(str(diff), None, tmp_path, RESERVATION_CODE).everything[0]
+    )
     diff.write_text(DIFF.replace("v1/core/pool.py", "v1/request.py"))
-    assert "outside the measured code" in read_change(
-        str(diff), None, tmp_path, RESERVATION_CODE
-    ).everything[0]
+    assert (
+        "outside the measured code"
+        in read_change(str(diff), None, tmp_path, RESERVATION_CODE).everything[0]
+    )
 
 
 def test_the_selection_keeps_touching_and_unknown_scenarios(tmp_path: Path) -> None:
@@ -187,7 +189,7 @@ def test_coverage_of_vllm_code_per_file_function_and_scenario(tmp_path: Path) ->
     out = tmp_path / "report"
     done = _kvconform(
         "coverage", "--vllm-code", "scenarios/admission/watermark-admission.yaml",
-        "scenarios/warmup/warmup-no-speculation.yaml", "--report-dir", str(out), "--progress", "off",
+        "scenarios/warmup/warmup-no-speculation.yaml", "-k", "watermark or bs16-pool16", "--report-dir", str(out), "--progress", "off",
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "| vllm/v1/core/kv_cache_manager.py |" in done.stdout
@@ -203,7 +205,7 @@ def test_coverage_of_vllm_code_per_file_function_and_scenario(tmp_path: Path) ->
     assert config is not None and not config.whole
     assert {f.name for f in config.functions} <= set(RESERVATION_CODE[-1].functions or ())
     # Per scenario: the warmup ran the predictor, the trajectory did not run the warmup.
-    warmup = record.scenario_functions["warmup-no-speculation"]
+    warmup = record.scenario_functions["warmup-no-speculation[bs16-pool16]"]
     assert "vllm/v1/worker/gpu/warmup.py::warmup_kernels" in warmup
     trajectory = record.scenario_functions["watermark-admission"]
     assert "vllm/v1/core/kv_cache_manager.py::KVCacheManager.allocate_slots" in trajectory
