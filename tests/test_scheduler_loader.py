@@ -64,6 +64,20 @@ def test_remote_prefill_is_off_by_default_and_true_means_one_step(scenario_from)
     assert [r.remote_prefill for r in scenario.requests.values()] == [0, 1, 3, 0]
 
 
+def test_prefix_cache_resets_are_read_in_call_order(scenario_from):
+    scenario = scenario_from(
+        "kind: scheduler\nscheduler:\n  reset_prefix_cache:\n"
+        "    - {at: 9, running: true}\n    - {at: 2, succeeds: false}\n"
+        "requests: {a: {prompt_len: 40}}\n"
+    )
+    limits = scenario.scheduler
+    assert limits is not None
+    assert [(r.at, r.running, r.succeeds) for r in limits.resets] == [
+        (2, False, False),
+        (9, True, True),
+    ]
+
+
 def test_abort_is_a_schedule_call_from_the_arrival_on(scenario_from):
     scenario = scenario_from(
         "kind: scheduler\nrequests:\n  a: {prompt_len: 40, abort: 0}\n"

@@ -317,6 +317,18 @@ MODEL_RUNNERS = ("auto", "v2", "v1")
 
 
 @dataclass(frozen=True)
+class PrefixReset:
+    """``Scheduler.reset_prefix_cache`` before the ``at``-th schedule() call; ``running``:
+    preempt the running requests first (``reset_running_requests``); ``succeeds``: what vLLM
+    must answer, derived from the scenario."""
+
+    at: int
+    running: bool
+    succeeds: bool
+    line: int | None = None
+
+
+@dataclass(frozen=True)
 class SchedulerSpec:
     """What a ``kind: scheduler`` scenario asks of vLLM's real scheduler.
 
@@ -337,6 +349,9 @@ class SchedulerSpec:
     # auto | v2 | v1: the model runner vLLM's configuration is built for (auto:
     # vLLM's own choice on this machine).
     model_runner: str = "auto"
+    # Scheduler.reset_prefix_cache calls, each before a schedule() call, with what vLLM must
+    # answer (the reset succeeds only when no request holds blocks, or preempting them).
+    resets: tuple[PrefixReset, ...] = ()
     # The settings of kvconform.model.settings.SETTINGS this section states; the others
     # (chunked prefill, the mode's async scheduling) resolve to vLLM's defaults.
     stated: frozenset[str] = frozenset()

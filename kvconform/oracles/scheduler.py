@@ -160,6 +160,16 @@ class LoadRecord(NamedTuple):
     block_ids: tuple[list[int], ...]
 
 
+class ResetRecord(NamedTuple):
+    """``Scheduler.reset_prefix_cache`` was called before a schedule(), and what it answered."""
+
+    step: int
+    running: bool
+    succeeded: bool
+    succeeds: bool  # what the scenario states
+    line: int | None
+
+
 class StepRecord(NamedTuple):
     step: int
     requests: tuple[ScheduledRequest, ...]
@@ -212,6 +222,7 @@ class SchedulerRun:
     # Where the scheduler stopped serving a request the pool holds (liveness); the
     # run stops there.
     stall: StallRecord | None = None
+    resets: list[ResetRecord] = field(default_factory=list)
 
 
 # -- stepping --------------------------------------------------------------------------
@@ -322,6 +333,7 @@ class SchedulerOracle:
             (req.abort, name) for name, req in scenario.requests.items() if req.abort is not None
         )
         self._aborted: set[str] = set()
+        self._resets = list(self.limits.resets)
         self._step = 0  # schedule() calls made (and skipped while idle before an arrival)
         self._current = 0  # the ongoing or latest schedule() call
 
@@ -427,6 +439,13 @@ class SchedulerOracle:
                 self._aborted.add(rid)
                 self._current = self._step
                 self.api.abort(self.scheduler, rid)
+        while self._resets and self._resets[0].at <= self._step:
+            reset = self._resets.pop(0)
+            self._current = self._step
+            done = self.api.reset_prefix_cache(self.scheduler, reset.running)
+            self.run.resets.append(
+                ResetRecord(self._step, reset.running, done, reset.succeeds, reset.line)
+            )
 
     def _model_output(self, answers: list[tuple[str, int | None]]) -> Any:
         # The worker reports a transfer received in the output of the step it finished in.

@@ -18,6 +18,7 @@ from kvconform.model.scenario import (
     MODEL_RUNNERS,
     SCHEDULER_MODES,
     ModelSpec,
+    PrefixReset,
     RequestSpec,
     SchedulerSpec,
     SpeculativeSpec,
@@ -104,6 +105,7 @@ def parse_scheduler(
         ),
         num_nextn_predict_layers=layers,
         max_steps=fields.integer("max_steps", defaults.max_steps),
+        resets=_parse_resets(fields),
         # vLLM's settings this section states (the mode states async scheduling).
         stated=frozenset(
             s.name
@@ -116,6 +118,29 @@ def parse_scheduler(
     fields.done()
     _check_scheduler_limits(spec, model, fields)
     return spec
+
+
+def _parse_resets(fields: Fields) -> tuple[PrefixReset, ...]:
+    """``reset_prefix_cache``: a list of ``{at: N, running: bool, succeeds: bool}``."""
+    raw = fields.raw("reset_prefix_cache", [])
+    if not isinstance(raw, list):
+        raise ScenarioError(
+            fields.at("reset_prefix_cache"),
+            f"must be a list of {{at, running, succeeds}}, not {as_written(raw)}",
+        )
+    resets = []
+    for index, item in enumerate(raw):
+        one = Fields(item, fields.where, f"scheduler.reset_prefix_cache[{index}]")
+        resets.append(
+            PrefixReset(
+                at=one.integer("at", minimum=0),
+                running=one.flag("running", False),
+                succeeds=one.flag("succeeds", True),
+                line=one.mapping.line,
+            )
+        )
+        one.done()
+    return tuple(sorted(resets, key=lambda r: r.at))
 
 
 def _stacks_mtp_modules(method: str) -> bool:

@@ -319,6 +319,11 @@ class Scheduling:
             "tp_size": 1,
         }
 
+    def reset_prefix_cache(self, scheduler: Any, running: bool) -> bool:
+        """``Scheduler.reset_prefix_cache``: what an RLHF weight update or the admin endpoint
+        calls; with ``running`` it preempts the running requests first."""
+        return bool(scheduler.reset_prefix_cache(reset_running_requests=running))
+
     def abort(self, scheduler: Any, request_id: str) -> None:
         """What the engine does when a client aborts a request (``EngineCore.abort_requests``)."""
         scheduler.finish_requests(request_id, self._scheduling.RequestStatus.FINISHED_ABORTED)
