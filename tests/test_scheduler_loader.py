@@ -78,6 +78,18 @@ def test_prefix_cache_resets_are_read_in_call_order(scenario_from):
     ]
 
 
+def test_priorities_need_the_priority_policy(scenario_from, write_scenario):
+    scenario = scenario_from(
+        "kind: scheduler\nscheduler: {policy: priority}\nrequests:\n"
+        "  a: {prompt_len: 40, priority: 3}\n  b: {prompt_len: 40}\n"
+    )
+    assert scenario.scheduler is not None and scenario.scheduler.policy == "priority"
+    assert [r.priority for r in scenario.requests.values()] == [3, 0]
+    path = write_scenario("kind: scheduler\nrequests:\n  a: {prompt_len: 40, priority: 3}\n")
+    with pytest.raises(ScenarioError, match="needs scheduler.policy: priority"):
+        load_file(path)
+
+
 def test_abort_is_a_schedule_call_from_the_arrival_on(scenario_from):
     scenario = scenario_from(
         "kind: scheduler\nrequests:\n  a: {prompt_len: 40, abort: 0}\n"

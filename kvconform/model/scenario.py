@@ -195,6 +195,12 @@ class RequestSpec:
     # Scheduler scenarios only: the schedule() call before which the client aborts the
     # request (Scheduler.finish_requests(..., FINISHED_ABORTED)); None: never.
     abort: int | None = None
+    # Scheduler scenarios only, with remote_prefill: the KV load fails, as the worker
+    # reports it with the transfer: "request" (failed_recving, the whole load) or the index
+    # of the one block of the request's table it leaves unwritten (invalid_block_ids).
+    load_failure: str | int | None = None
+    # Scheduler scenarios only: Request.priority, under scheduler.policy: priority.
+    priority: int = 0
 
 
 @dataclass(frozen=True)
@@ -313,6 +319,7 @@ class WarmupSpec:
 
 
 SCHEDULER_MODES = ("sync", "async", "overlapped")
+SCHEDULER_POLICIES = ("fcfs", "priority")
 MODEL_RUNNERS = ("auto", "v2", "v1")
 
 
@@ -352,6 +359,9 @@ class SchedulerSpec:
     # Scheduler.reset_prefix_cache calls, each before a schedule() call, with what vLLM must
     # answer (the reset succeeds only when no request holds blocks, or preempting them).
     resets: tuple[PrefixReset, ...] = ()
+    # SchedulerConfig.policy: fcfs, or priority (Request.priority; lower runs first and is
+    # preempted last).
+    policy: str = "fcfs"
     # The settings of kvconform.model.settings.SETTINGS this section states; the others
     # (chunked prefill, the mode's async scheduling) resolve to vLLM's defaults.
     stated: frozenset[str] = frozenset()

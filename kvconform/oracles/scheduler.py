@@ -269,6 +269,7 @@ class SchedulerOracle:
                     long_prefill_token_threshold=self.limits.long_prefill_token_threshold,
                     async_scheduling=self.limits.async_scheduling,
                     remote_prefill=any(r.remote_prefill for r in scenario.requests.values()),
+                    policy=self.limits.policy,
                 )
                 block_size, hash_block_size = api.kv_block_sizes(kv_cache_config, self.config)
                 max_concurrent_batches = api.max_concurrent_batches(self.config)
@@ -297,6 +298,13 @@ class SchedulerOracle:
             null_block=vllm.null_block_id(self.manager),
             max_num_scheduled_tokens=getattr(self.scheduler, "max_num_scheduled_tokens", None),
         )
+        if any(r.load_failure == "request" for r in scenario.requests.values()):
+            if not api.reports_failed_loads():
+                raise NotOffered(
+                    vllm.version,
+                    "a KV load reported failed as a whole (KVConnectorOutput.failed_recving)",
+                    "this release's connector output has no failed_recving",
+                )
         self._observe_frees()
         hasher = None
         if model.enable_caching:
@@ -312,7 +320,7 @@ class SchedulerOracle:
         for index, req in enumerate(scenario.requests.values()):
             prompt = prompts[req.name] = prompt_tokens(index, req, prompts)
             request = self._requests[req.name] = vllm.new_request(
-                req.name, prompt, hasher, max_tokens=req.max_tokens
+                req.name, prompt, hasher, max_tokens=req.max_tokens, priority=req.priority
             )
             if req.remote_prefill:
                 request.kv_transfer_params = api.remote_prefill_params(
@@ -448,13 +456,21 @@ class SchedulerOracle:
             )
 
     def _model_output(self, answers: list[tuple[str, int | None]]) -> Any:
-        # The worker reports a transfer received in the output of the step it finished in.
-        received = set()
+        # The worker reports a transfer received in the output of the step it finished in,
+        # and with it whether the load failed (as a whole, or leaving a block unwritten).
+        received: set[str] = set()
+        failed: set[str] = set()
+        invalid: set[int] = set()
         for rid in list(self._loading):
             self._loading[rid] -= 1
             if self._loading[rid] <= 0:
                 received.add(rid)
                 del self._loading[rid]
+                failure = self.scenario.requests[rid].load_failure
+                if failure == "request":
+                    failed.add(rid)
+                elif isinstance(failure, int):
+                    invalid.add(self.manager.get_block_ids(rid)[0][failure])
         req_ids: list[str] = []
         sampled: list[list[int]] = []
         for rid, accepted in answers:
@@ -465,7 +481,7 @@ class SchedulerOracle:
             first = self._next_output[rid]
             self._next_output[rid] = first + 1 + accepted
             sampled.append(list(range(first, first + 1 + accepted)))
-        return self.api.model_runner_output(req_ids, sampled, received)
+        return self.api.model_runner_output(req_ids, sampled, received, failed, invalid)
 
     def _feed_drafts(self, output: Any) -> None:
         """What ``EngineCore.post_step`` does for a synchronous scheduler."""

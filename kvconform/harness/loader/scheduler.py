@@ -17,6 +17,7 @@ from kvconform.model.methods import METHODS
 from kvconform.model.scenario import (
     MODEL_RUNNERS,
     SCHEDULER_MODES,
+    SCHEDULER_POLICIES,
     ModelSpec,
     PrefixReset,
     RequestSpec,
@@ -106,6 +107,7 @@ def parse_scheduler(
         num_nextn_predict_layers=layers,
         max_steps=fields.integer("max_steps", defaults.max_steps),
         resets=_parse_resets(fields),
+        policy=_choice(fields, "policy", defaults.policy, SCHEDULER_POLICIES),
         # vLLM's settings this section states (the mode states async scheduling).
         stated=frozenset(
             s.name
@@ -118,6 +120,13 @@ def parse_scheduler(
     fields.done()
     _check_scheduler_limits(spec, model, fields)
     return spec
+
+
+def _choice(fields: Fields, key: str, default: str, choices: tuple[str, ...]) -> str:
+    value = fields.text(key, default)
+    if value not in choices:
+        raise ScenarioError(fields.at(key), f"must be one of {', '.join(choices)}, not {value!r}")
+    return value
 
 
 def _parse_resets(fields: Fields) -> tuple[PrefixReset, ...]:
@@ -200,6 +209,8 @@ def parse_scheduler_requests(
             remote_prefill=_parse_remote_prefill(fields, scheduler),
             expect_hit=_parse_expect_hit(fields, model, prompt_len),
             abort=_parse_abort(fields),
+            priority=_parse_priority(fields, scheduler),
+            load_failure=_parse_load_failure(fields, model, prompt_len),
         )
 
     return parse_request_map(raw, where, at, "a scheduler scenario", request)
@@ -226,6 +237,48 @@ def _parse_expect_hit(fields: Fields, model: ModelSpec, prompt_len: int) -> int 
             "is not judged for a remote_prefill request (its local hit is folded into the load)",
         )
     return hit
+
+
+def _parse_load_failure(fields: Fields, model: ModelSpec, prompt_len: int) -> str | int | None:
+    """``remote_load_fails``: true (the whole load) or K (the K-th block is left unwritten)."""
+    raw = fields.raw("remote_load_fails")
+    if raw is None or raw is False:
+        return None
+    if not fields.raw("remote_prefill", False):
+        raise ScenarioError(fields.at("remote_load_fails"), "needs remote_prefill (a KV load)")
+    if raw is True:
+        return "request"
+    if not isinstance(raw, int) or raw < 0:
+        raise ScenarioError(
+            fields.at("remote_load_fails"),
+            f"must be true or a block index (an integer >= 0), not {as_written(raw)}",
+        )
+    if len(model.groups) != 1:
+        raise ScenarioError(
+            fields.at("remote_load_fails"),
+            "a failed block needs one KV-cache group: vLLM maps invalid block ids back to "
+            "requests only then (Scheduler._handle_invalid_blocks)",
+        )
+    blocks = -(-prompt_len // model.scheduler_block_size)
+    if raw >= blocks:
+        raise ScenarioError(
+            fields.at("remote_load_fails"),
+            f"block {raw} is past the {blocks} blocks the load fills",
+        )
+    return raw
+
+
+def _parse_priority(fields: Fields, scheduler: SchedulerSpec) -> int:
+    """``priority``: Request.priority (lower is served first), under the priority policy."""
+    value = fields.raw("priority", 0)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ScenarioError(fields.at("priority"), f"must be an integer, not {as_written(value)}")
+    if value and scheduler.policy != "priority":
+        raise ScenarioError(
+            fields.at("priority"),
+            "needs scheduler.policy: priority (vLLM ignores priorities under fcfs)",
+        )
+    return value
 
 
 def _parse_abort(fields: Fields) -> int | None:

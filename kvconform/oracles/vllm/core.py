@@ -293,6 +293,7 @@ class Vllm:
         prompt_token_ids: list[int],
         block_hasher: Callable[..., Any] | None,
         max_tokens: int = 1 << 20,
+        priority: int = 0,
     ) -> Any:
         from vllm import SamplingParams
 
@@ -305,6 +306,7 @@ class Vllm:
             sampling_params=params,
             pooling_params=None,
             block_hasher=block_hasher,
+            priority=priority,
         )
 
     def block_hasher(
