@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import runpy
 import shutil
 import subprocess
 import sys
@@ -259,3 +260,81 @@ def test_impacted_by_a_one_function_bug_selects_few_and_turns_red(tmp_path: Path
         r["id"] for r in json.loads((tmp_path / "report" / "report.json").read_text())["scenarios"]
     }
     assert ran == {"mamba-table-partial-hit-same-step", "mamba-align-one-block-prefix-hit"}
+
+
+def test_a_child_process_measures_itself_when_the_parent_asks(tmp_path: Path) -> None:
+    """Engine mode's child runs vLLM in another process: with the parent's settings in
+    the environment it records its lines under the scenario's context, for the parent
+    to combine (kvconform.oracles.code_tracing)."""
+    coverage = pytest.importorskip("coverage")
+    from kvconform.oracles.code_tracing import ENVIRONMENT, child_settings
+
+    package = tmp_path / "tree" / "vllm" / "v1" / "core"
+    package.mkdir(parents=True)
+    for folder in (package, package.parent, package.parent.parent):
+        (folder / "__init__.py").write_text("")
+    (package / "pool.py").write_text(SOURCE)
+    data_file = tmp_path / "data" / "coverage"
+    data_file.parent.mkdir()
+    settings = child_settings(str(data_file), ["*/vllm/v1/core/*.py"], "engine-scenario")
+    code = (
+        "import runpy\n"
+        "from kvconform.oracles.code_tracing import measure_child\n"
+        "with measure_child():\n"
+        f"    runpy.run_path({str(package / 'pool.py')!r})['Pool']().take(1)\n"
+    )
+    env = {**os.environ, ENVIRONMENT: settings, "PYTHONPATH": str(REPO)}
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, cwd=tmp_path)
+    children = list(data_file.parent.glob("coverage.child.*"))
+    assert len(children) == 1
+    data = coverage.CoverageData(basename=str(children[0]))
+    data.read()
+    (measured,) = [f for f in data.measured_files() if f.endswith("pool.py")]
+    assert data.measured_contexts() >= {"engine-scenario"}
+    lines = data.contexts_by_lineno(measured)
+    assert "engine-scenario" in lines[15]  # inside Pool.take
+    # Without the variable nothing is measured, and coverage.py is not imported.
+    env.pop(ENVIRONMENT)
+    check = code + "import sys\nassert 'coverage' not in sys.modules\n"
+    subprocess.run([sys.executable, "-c", check], env=env, check=True, cwd=tmp_path)
+
+
+def test_the_tracer_combines_its_children_per_scenario(tmp_path: Path) -> None:
+    """In the process and in a child, one context per scenario; the child's data is combined
+    and every function attributed to the scenario that ran it."""
+    pytest.importorskip("coverage")
+    from kvconform.harness.vllm_code import CodeTracer
+
+    tree = tmp_path / "tree"
+    package = tree / "vllm" / "v1" / "core"
+    package.mkdir(parents=True)
+    for folder in (package, package.parent, package.parent.parent):
+        (folder / "__init__.py").write_text("")
+    (package / "kvpool.py").write_text(SOURCE)
+    source = str(package / "kvpool.py")
+    child = (
+        "import runpy\n"
+        "from kvconform.oracles.code_tracing import measure_child\n"
+        "with measure_child():\n"
+        f"    runpy.run_path({source!r})['free'](1)\n"
+    )
+    tracer = CodeTracer((Target("vllm/v1/core/*.py"),))
+    tracer.start()
+    try:
+        tracer.switch("in-process")
+        runpy.run_path(source)["Pool"]().take(5)
+        tracer.switch("child")
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        subprocess.run([sys.executable, "-c", child], env=env, check=True, cwd=tmp_path)
+    finally:
+        tracer.stop()
+    record = tracer.finish("test", str(tree / "vllm"), tmp_path / "report")
+    assert record.processes == ["in-process", "engine child (1 runs)"]
+    # take(5) returns early: its inner function never runs.
+    assert record.scenario_functions["in-process"] == ["vllm/v1/core/kvpool.py::Pool.take"]
+    assert record.scenario_functions["child"] == ["vllm/v1/core/kvpool.py::free"]
+    pool = record.file("vllm/v1/core/kvpool.py")
+    assert pool is not None and pool.html is not None
+    take = next(f for f in pool.functions if f.name == "Pool.take")
+    assert [m.text for m in take.missed_branches] == ["if n > LIMIT:"]  # never false
+    assert (tmp_path / "report" / "vllm-coverage.data").is_file()
