@@ -323,6 +323,13 @@ def test_the_tracer_combines_its_children_per_scenario(tmp_path: Path) -> None:
     try:
         tracer.switch("in-process")
         runpy.run_path(source)["Pool"]().take(5)
+        # A function run untraced (the interpreted slot kernel) counts as entered, no more.
+        tracer.switch("untraced")
+        from kvconform.oracles.code_tracing import untraced
+
+        module = runpy.run_path(source)
+        with untraced(module["Pool"].take):
+            module["Pool"]().take(1)
         tracer.switch("child")
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         subprocess.run([sys.executable, "-c", child], env=env, check=True, cwd=tmp_path)
@@ -333,6 +340,7 @@ def test_the_tracer_combines_its_children_per_scenario(tmp_path: Path) -> None:
     # take(5) returns early: its inner function never runs.
     assert record.scenario_functions["in-process"] == ["vllm/v1/core/kvpool.py::Pool.take"]
     assert record.scenario_functions["child"] == ["vllm/v1/core/kvpool.py::free"]
+    assert record.scenario_functions["untraced"] == ["vllm/v1/core/kvpool.py::Pool.take"]
     pool = record.file("vllm/v1/core/kvpool.py")
     assert pool is not None and pool.html is not None
     take = next(f for f in pool.functions if f.name == "Pool.take")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -22,6 +23,41 @@ ENVIRONMENT = "KVCONFORM_VLLM_COVERAGE"
 
 def child_settings(data_file: str, include: list[str], context: str) -> str:
     return json.dumps({"data_file": data_file, "include": include, "context": context})
+
+
+def measuring() -> bool:
+    """Whether this process's run is measured (the parent's tracer or :func:`measure_child`)."""
+    return bool(os.environ.get(ENVIRONMENT)) and "coverage" in sys.modules
+
+
+@contextmanager
+def untraced(function: Any) -> Iterator[None]:
+    """Run the block with the measurement paused, and record ``function`` (a plain Python
+    function) as executed by the scenario running: its entry, not its lines.
+
+    For vLLM's Triton slot-mapping kernel under Triton's interpreter on a CPU: traced, every
+    Python call of the interpreter doubled the ``slots`` check's time, for the lines of a
+    kernel whose CPU interpretation says little about the compiled one.
+    """
+    import coverage
+
+    cov = coverage.Coverage.current() if measuring() else None
+    if cov is None:
+        yield
+        return
+    cov.stop()
+    try:
+        yield
+    finally:
+        context = str(json.loads(os.environ[ENVIRONMENT]).get("context", ""))
+        code = function.__code__
+        body = [line for _, _, line in code.co_lines() if line and line > code.co_firstlineno]
+        if body:
+            data = cov.get_data()
+            data.set_context(context)
+            data.add_arcs({code.co_filename: {(-code.co_firstlineno, min(body))}})
+        cov.start()
+        cov.switch_context(context)
 
 
 @contextmanager
