@@ -58,7 +58,9 @@ def read_side(name: str, paths: list[Path]) -> Side:
                 side.missed_lines[file], side.missed[file] = missed_lines, missed
             else:  # joined: missed only where every report missed it
                 side.missed_lines[file] &= missed_lines
-                side.missed[file] = {b: side.missed[file][b] for b in side.missed[file] if b in missed}
+                side.missed[file] = {
+                    b: side.missed[file][b] for b in side.missed[file] if b in missed
+                }
     return side
 
 
