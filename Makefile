@@ -14,6 +14,8 @@
 #   make gpu-engine-bundle VLLM=0.25.0  builds .gpu-engine/VLLM/parts, vLLM's compiled engine
 #                    for such a machine, in parts under 60 MB (docs/engine-mode.md)
 #   make fuzz        searches generated trajectories for divergences (fuzz-nightly: the nightly budget)
+#   make coverage-vllm  which of vLLM's reservation code the corpus executes, per file,
+#                    function and scenario (build/vllm-coverage/, docs/coverage.md)
 #   make mutation    the mutation campaign: how many mutants of vLLM's reservation code the
 #                    suite kills (build/mutation/, docs/mutation.md)
 #   make bench       measures kvconform's cost against vLLM's allocator: build/bench.json, a
@@ -55,7 +57,7 @@ FUZZ_SEED ?= $(shell date +%Y%m%d)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[vllm,test,report,bench]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[vllm,test,report,bench,coverage]'
 	touch $@
 
 install: $(STAMP)
@@ -130,6 +132,12 @@ REALBUGS_JOBS ?= 2
 .PHONY: realbugs
 realbugs: $(STAMP)
 	$(BIN)/kvconform realbugs --report-dir build/realbugs --jobs $(REALBUGS_JOBS)
+
+# Which lines and branches of vLLM's reservation code the corpus executes (coverage.py, every
+# check, one context per scenario): build/vllm-coverage/ (docs/coverage.md).
+.PHONY: coverage-vllm
+coverage-vllm: $(STAMP)
+	$(BIN)/kvconform coverage --vllm-code scenarios --report-dir build/vllm-coverage
 
 # Mutation campaign over vLLM's reservation code (docs/mutation.md): reports in build/mutation.
 .PHONY: mutation

@@ -72,6 +72,32 @@ def test_remote_prefill_is_off_by_default_and_true_means_one_step(scenario_from)
     assert [r.remote_prefill for r in scenario.requests.values()] == [0, 1, 3, 0]
 
 
+def test_prefix_cache_resets_are_read_in_call_order(scenario_from):
+    scenario = scenario_from(
+        "kind: scheduler\nscheduler:\n  reset_prefix_cache:\n"
+        "    - {at: 9, running: true}\n    - {at: 2, succeeds: false}\n"
+        "requests: {a: {prompt_len: 40}}\n"
+    )
+    limits = scenario.scheduler
+    assert limits is not None
+    assert [(r.at, r.running, r.succeeds) for r in limits.resets] == [
+        (2, False, False),
+        (9, True, True),
+    ]
+
+
+def test_priorities_need_the_priority_policy(scenario_from, write_scenario):
+    scenario = scenario_from(
+        "kind: scheduler\nscheduler: {policy: priority}\nrequests:\n"
+        "  a: {prompt_len: 40, priority: 3}\n  b: {prompt_len: 40}\n"
+    )
+    assert scenario.scheduler is not None and scenario.scheduler.policy == "priority"
+    assert [r.priority for r in scenario.requests.values()] == [3, 0]
+    path = write_scenario("kind: scheduler\nrequests:\n  a: {prompt_len: 40, priority: 3}\n")
+    with pytest.raises(ScenarioError, match="needs scheduler.policy: priority"):
+        load_file(path)
+
+
 def test_matrix_over_scheduler_modes(write_scenario):
     path = write_scenario(
         "name: m\nkind: scheduler\nmatrix:\n  mode: [sync, async, overlapped]\n"
@@ -245,10 +271,10 @@ SPEC = "speculative: {method: eagle, num_speculative_tokens: 3}\n"
         ),
         (
             "kind: scheduler\nscheduler: {mode: sync}\nrequests:\n"
-            "  a: {prompt_len: 5, arrival: 2, abort_at: 2}\n",
+            "  a: {prompt_len: 5, arrival: 2, abort_at: 1}\n",
             4,
             "requests.a.abort_at",
-            "must come after the request's arrival (2)",
+            "must be at least the request's arrival (2)",
         ),
         (
             "kind: scheduler\nrequests:\n  a: {prompt_len: 5, abort_at: 3}\n",

@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from kvconform import __version__
 from kvconform.errors import ExitStatus, KvconformError, UsageError
@@ -34,14 +34,19 @@ from kvconform.harness.expectations import (
     default_expectations_path,
 )
 from kvconform.harness.loader import load_paths
-from kvconform.harness.select import Shard, shard_from
+from kvconform.harness.select import Selection, Shard, shard_from
 from kvconform.harness.session import RunRequest, Session, checks_from, load_vllm, vllm_to_load
 from kvconform.model.methods import REGISTRY_FILE as BUILTIN_SOURCE
 from kvconform.model.results import RunReport, ScenarioResult, Verdict
+from kvconform.model.scenario import Scenario
 from kvconform.oracles.vllm import Vllm
+
+if TYPE_CHECKING:
+    from kvconform.harness.vllm_code import CodeTracer
 
 DEFAULT_REPORT_DIR = "build/report"
 DEFAULT_FUZZ_DIR = "build/fuzz"
+DEFAULT_VLLM_CODE_DIR = "build/vllm-coverage"
 
 
 # -- shared pieces ---------------------------------------------------------------------
@@ -165,14 +170,19 @@ def verbosity_of(args: argparse.Namespace) -> int:
     return int(getattr(args, "verbose", 0) or 0) - int(getattr(args, "quiet", 0) or 0)
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def cmd_run(args: argparse.Namespace, tracer: CodeTracer | None = None) -> int:
+    """``kvconform run``; with a ``tracer``, measured (``kvconform coverage --vllm-code``)."""
     lap = time.perf_counter()
     shard = shard_from(args.shard) if "shard" in vars(args) else None
     verbosity = verbosity_of(args)
     session = Session(run_request(args, checks_from(args.checks), shard))
     selection = session.select()
+    if getattr(args, "impacted_by", None) and selection.scenarios:
+        impacted(args, selection)
     report = session.new_report(selection)
     report.phases["select"] = time.perf_counter() - lap
+    if getattr(args, "impacted_by", None):
+        report.notes += [n for n in selection.notes]
     for err in report.input_errors:
         say(f"ERROR {err}")
     scenarios = selection.scenarios
@@ -211,17 +221,34 @@ def cmd_run(args: argparse.Namespace) -> int:
             console.result(result)
             progress.advance(tally=result.verdict.value)
 
+        def started(scenario: Scenario) -> None:
+            if tracer is not None:
+                tracer.switch(scenario.id)
+            progress.start_item(scenario.id)
+
         progress.start_item(f"loading {loading}")
+        if tracer is not None:
+            tracer.start()  # before vLLM's import: its module-level code counts too
         try:
-            session.run(
-                selection,
-                report,
-                on_loaded=loaded,
-                on_start=lambda scenario: progress.start_item(scenario.id),
-                on_result=finished,
-            )
+            session.run(selection, report, on_loaded=loaded, on_start=started, on_result=finished)
         finally:
             console.end_row()
+            if tracer is not None:
+                tracer.stop()
+    if tracer is not None and report.vllm_error is None:
+        lap = time.perf_counter()
+        report.vllm_coverage = tracer.finish(
+            report.vllm_version, report.vllm_path, Path(args.report_dir)
+        )
+        report.phases["vllm_code"] = time.perf_counter() - lap
+        if report.vllm_path:  # what --impacted-by selects by, for this vLLM tree
+            from kvconform.harness.impact import save_map
+
+            save_map(report.vllm_coverage, selection.scenarios, report.vllm_path)
+        from kvconform.reports.markdown import vllm_code_table
+
+        for line in vllm_code_table(report.vllm_coverage):
+            say(line)
     if report.vllm_error is not None:
         say(f"ERROR {report.vllm_error}")
         return finish_run(report, args)
@@ -245,6 +272,35 @@ def cmd_run(args: argparse.Namespace) -> int:
             report.notes.append(f"--update-expectations failed: {exc}")
             report.exit_status = ExitStatus.BAD_INPUT
     return finish_run(report, args)
+
+
+def impacted(args: argparse.Namespace, selection: Selection) -> None:
+    """Narrow the selection to the scenarios a vLLM change touches (``--impacted-by``)."""
+    from kvconform.harness.impact import plan
+
+    paths = list(args.paths) or [DEFAULT_SCENARIOS]
+    impact, change = plan(
+        args.impacted_by, selection.scenarios, paths, args.vllm_src, args.vllm_release, say
+    )
+    total = len(selection.scenarios)
+    if impact.why:
+        why = f"every scenario: {'; '.join(impact.why[:3])}"
+    else:
+        shown = ", ".join(sorted(change.functions)[:6]) + (
+            ", ..." if len(change.functions) > 6 else ""
+        )
+        why = (
+            f"{impact.touching} execute a changed function ({shown or 'none changed'}), "
+            f"{impact.unknown} have no recorded coverage"
+        )
+    if change.ignored:
+        why += f"; ignored (not vLLM's Python code): {', '.join(change.ignored[:5])}"
+    line = f"impacted by {args.impacted_by}: {len(impact.selected)} of {total} scenarios ({why})"
+    say(line)
+    selection.notes.append(line)
+    selection.scenarios = impact.selected
+    if not impact.selected:
+        selection.why_empty = f"the change {args.impacted_by} touches none of the {total} scenarios"
 
 
 def rewrite_expectations(
@@ -349,6 +405,18 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 
 def cmd_coverage(args: argparse.Namespace) -> int:
+    if args.vllm_code:
+        from kvconform.harness.vllm_code import CodeTracer
+        from kvconform.model.vllm_code import RESERVATION_CODE, Target
+
+        targets = tuple(Target.from_text(t) for t in args.vllm_files or ()) or RESERVATION_CODE
+        args.checks = args.checks or "all"
+        args.report_dir = args.report_dir or DEFAULT_VLLM_CODE_DIR
+        args.update_expectations = False
+        return cmd_run(args, CodeTracer(targets))
+    for option in ("checks", "vllm_files", "report_dir"):
+        if getattr(args, option):
+            raise UsageError(f"--{option.replace('_', '-')} goes with --vllm-code")
     # Coverage needs the trajectories, not the verdicts: the checks are skipped.
     session = Session(run_request(args, checks=()))
     selection = session.select()
@@ -621,6 +689,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_expectation_options(run)
     add_shard_option(run, "run shard I of N of the selection, by a hash of each scenario id")
     run.add_argument(
+        "--impacted-by",
+        metavar="DIFF_OR_REV",
+        help="run only the scenarios a vLLM change touches: a unified diff file, or a git "
+        "revision range A..B of the vLLM checkout given with --vllm-src; selected are those "
+        "whose recorded coverage of vLLM's reservation code executes a changed function, and "
+        "those whose coverage is unknown (the coverage map is measured once per vLLM version, "
+        "cached, and rebuilt when stale)",
+    )
+    run.add_argument(
         "--checks",
         metavar="LIST",
         help=f"comma-separated checks of {', '.join(CHECKS)}; 'default' is "
@@ -657,6 +734,32 @@ def build_parser() -> argparse.ArgumentParser:
     add_selection_options(coverage)
     add_vllm_options(coverage)
     coverage.add_argument("--json", metavar="FILE", help="also write the coverage as JSON")
+    coverage.add_argument(
+        "--vllm-code",
+        action="store_true",
+        help="instead: run the scenarios (as `run` does, every check unless --checks says "
+        "otherwise) under coverage.py and report which lines and branches of vLLM's "
+        "reservation code they execute, per file, function and scenario (report.json's "
+        "vllm_coverage, summary.md, report.html with each source's unexecuted lines marked)",
+    )
+    coverage.add_argument(
+        "--vllm-files",
+        action="append",
+        metavar="GLOB[::FUNC,...]",
+        help="with --vllm-code: the code that counts, a glob inside the folder holding vllm/ "
+        "(repeat it; default: vllm/v1/core/*.py, vllm/v1/core/sched/*.py, "
+        "vllm/v1/worker/gpu/warmup.py, vllm/v1/worker/gpu/block_table.py and the lookahead "
+        "properties of vllm/config/vllm.py)",
+    )
+    coverage.add_argument(
+        "--checks", metavar="LIST", help="with --vllm-code: the checks to run (default all)"
+    )
+    coverage.add_argument(
+        "--report-dir",
+        metavar="DIR",
+        help=f"with --vllm-code: where the reports go (default {DEFAULT_VLLM_CODE_DIR})",
+    )
+    add_expectation_options(coverage)
     add_progress_option(coverage)
     coverage.set_defaults(handler=cmd_coverage)
 

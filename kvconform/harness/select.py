@@ -173,6 +173,7 @@ class Selection:
     loaded: int = 0  # scenarios in the files, after FILE::ID, before -k and the shard
     matched: int = 0  # after -k, before the shard
     why_empty: str = ""  # what selected nothing, when nothing was selected
+    notes: list[str] = field(default_factory=list)  # how it was narrowed (--impacted-by)
 
     @property
     def nothing_matched(self) -> bool:

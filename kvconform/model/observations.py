@@ -53,13 +53,15 @@ class Observation(NamedTuple):
 
 
 class Miss(NamedTuple):
-    """A first chunk (admission) whose prefix-cache hit is not the one the scenario states."""
+    """What vLLM did otherwise than the scenario states: a first chunk (admission) whose
+    prefix-cache hit is not the stated one, or a release of blocks a KV load still writes."""
 
     step: int
     line: int | None
     request: str
     label: str
     message: str
+    invariant: str = "gets a prefix-cache hit other than the one derived"
 
 
 # The parties that record the block ids they held, and where (the predictor holds none).

@@ -35,6 +35,7 @@ from kvconform.model.settings import SettingsRecord
 if TYPE_CHECKING:
     from kvconform.model.coverage import Coverage
     from kvconform.model.root_causes import RootCause
+    from kvconform.model.vllm_code import VllmCodeCoverage
 
 
 class Verdict(str, enum.Enum):
@@ -185,6 +186,8 @@ class RunReport:
     rerun_options: tuple[str, ...] = ()
     # "I/N" when the run was one shard of a CI job's parallel steps.
     shard: str | None = None
+    # Which of vLLM's reservation code the run executed (kvconform coverage --vllm-code).
+    vllm_coverage: VllmCodeCoverage | None = None
 
     def counts(self) -> dict[str, int]:
         counts = {verdict.value: 0 for verdict in Verdict}

@@ -196,6 +196,12 @@ class RequestSpec:
     # schedule() call (the engine core calls Scheduler.finish_requests with
     # FINISHED_ABORTED between steps); None: never aborted.
     abort_at: int | None = None
+    # Scheduler scenarios only, with remote_prefill: the KV load fails, as the worker
+    # reports it with the transfer: "request" (failed_recving, the whole load) or the index
+    # of the one block of the request's table it leaves unwritten (invalid_block_ids).
+    load_failure: str | int | None = None
+    # Scheduler scenarios only: Request.priority, under scheduler.policy: priority.
+    priority: int = 0
 
 
 @dataclass(frozen=True)
@@ -320,7 +326,20 @@ class WarmupSpec:
 
 
 SCHEDULER_MODES = ("sync", "async", "overlapped")
+SCHEDULER_POLICIES = ("fcfs", "priority")
 MODEL_RUNNERS = ("auto", "v2", "v1")
+
+
+@dataclass(frozen=True)
+class PrefixReset:
+    """``Scheduler.reset_prefix_cache`` before the ``at``-th schedule() call; ``running``:
+    preempt the running requests first (``reset_running_requests``); ``succeeds``: what vLLM
+    must answer, derived from the scenario."""
+
+    at: int
+    running: bool
+    succeeds: bool
+    line: int | None = None
 
 
 @dataclass(frozen=True)
@@ -344,6 +363,12 @@ class SchedulerSpec:
     # auto | v2 | v1: the model runner vLLM's configuration is built for (auto:
     # vLLM's own choice on this machine).
     model_runner: str = "auto"
+    # Scheduler.reset_prefix_cache calls, each before a schedule() call, with what vLLM must
+    # answer (the reset succeeds only when no request holds blocks, or preempting them).
+    resets: tuple[PrefixReset, ...] = ()
+    # SchedulerConfig.policy: fcfs, or priority (Request.priority; lower runs first and is
+    # preempted last).
+    policy: str = "fcfs"
     # The settings of kvconform.model.settings.SETTINGS this section states; the others
     # (chunked prefill, the mode's async scheduling) resolve to vLLM's defaults.
     stated: frozenset[str] = frozenset()

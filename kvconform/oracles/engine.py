@@ -549,4 +549,9 @@ def child_main(settings_file: str, out_file: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(child_main(sys.argv[1], sys.argv[2]))
+    from kvconform.oracles.code_tracing import measure_child
+
+    # Measured when the parent measures vLLM's code (kvconform coverage --vllm-code).
+    with measure_child():
+        status = child_main(sys.argv[1], sys.argv[2])
+    sys.exit(status)

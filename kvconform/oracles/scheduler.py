@@ -178,6 +178,16 @@ class AbortRecord(NamedTuple):
     status: str  # the request's status when it was aborted (e.g. WAITING_FOR_REMOTE_KVS)
 
 
+class ResetRecord(NamedTuple):
+    """``Scheduler.reset_prefix_cache`` was called before a schedule(), and what it answered."""
+
+    step: int
+    running: bool
+    succeeded: bool
+    succeeds: bool  # what the scenario states
+    line: int | None
+
+
 class StepRecord(NamedTuple):
     step: int
     requests: tuple[ScheduledRequest, ...]
@@ -206,6 +216,9 @@ class FreeRecord(NamedTuple):
     free_before: int
     free_after: int
     held_after: tuple[list[int], ...]
+    # The fabricated worker was still loading the request's KV into these blocks (an
+    # asynchronous load not reported received yet).
+    loading: bool = False
 
 
 @dataclass
@@ -229,6 +242,7 @@ class SchedulerRun:
     # Where the scheduler stopped serving a request the pool holds (liveness); the
     # run stops there.
     stall: StallRecord | None = None
+    resets: list[ResetRecord] = field(default_factory=list)
 
 
 # -- stepping --------------------------------------------------------------------------
@@ -283,6 +297,7 @@ class SchedulerOracle:
                         ),
                         None,
                     ),
+                    policy=self.limits.policy,
                 )
                 block_size, hash_block_size = api.kv_block_sizes(kv_cache_config, self.config)
                 max_concurrent_batches = api.max_concurrent_batches(self.config)
@@ -311,6 +326,13 @@ class SchedulerOracle:
             null_block=vllm.null_block_id(self.manager),
             max_num_scheduled_tokens=getattr(self.scheduler, "max_num_scheduled_tokens", None),
         )
+        if any(r.load_failure == "request" for r in scenario.requests.values()):
+            if not api.reports_failed_loads():
+                raise NotOffered(
+                    vllm.version,
+                    "a KV load reported failed as a whole (KVConnectorOutput.failed_recving)",
+                    "this release's connector output has no failed_recving",
+                )
         self._observe_frees()
         hasher = None
         if model.enable_caching:
@@ -326,7 +348,7 @@ class SchedulerOracle:
         for index, req in enumerate(scenario.requests.values()):
             prompt = prompts[req.name] = prompt_tokens(index, req, prompts)
             request = self._requests[req.name] = vllm.new_request(
-                req.name, prompt, hasher, max_tokens=req.max_tokens
+                req.name, prompt, hasher, max_tokens=req.max_tokens, priority=req.priority
             )
             if req.remote_prefill:
                 request.kv_transfer_params = api.remote_prefill_params(
@@ -349,6 +371,7 @@ class SchedulerOracle:
             for name, req in scenario.requests.items()
             if req.abort_at is not None
         )
+        self._resets = list(self.limits.resets)
         self._step = 0  # schedule() calls made (and skipped while idle before an arrival)
         self._current = 0  # the ongoing or latest schedule() call
 
@@ -381,6 +404,7 @@ class SchedulerOracle:
                     before,
                     vllm.free_block_count(manager),
                     tuple(list(ids) for ids in manager.get_block_ids(rid)),
+                    rid in self._loading,
                 )
             )
             return result
@@ -468,16 +492,31 @@ class SchedulerOracle:
                 continue  # finished before the abort arrived: nothing to abort
             self.run.events.append(AbortRecord(self._step, rid, self.api.status_name(request)))
             self.api.abort(self.scheduler, rid)
+        while self._resets and self._resets[0].at <= self._step:
+            reset = self._resets.pop(0)
+            self._current = self._step
+            done = self.api.reset_prefix_cache(self.scheduler, reset.running)
+            self.run.resets.append(
+                ResetRecord(self._step, reset.running, done, reset.succeeds, reset.line)
+            )
 
     def _model_output(self, answers: list[tuple[str, int | None]]) -> Any:
-        # The worker reports a transfer received in the output of the step it finished in.
-        received = set()
+        # The worker reports a transfer received in the output of the step it finished in,
+        # and with it whether the load failed (as a whole, or leaving a block unwritten).
+        received: set[str] = set()
+        failed: set[str] = set()
+        invalid: set[int] = set()
         for rid in list(self._loading):
             self._loading[rid] -= 1
             if self._loading[rid] <= 0:
                 received.add(rid)
                 del self._loading[rid]
                 self.run.events.append(LoadDoneRecord(self._current, rid))
+                failure = self.scenario.requests[rid].load_failure
+                if failure == "request":
+                    failed.add(rid)
+                elif isinstance(failure, int):
+                    invalid.add(self.manager.get_block_ids(rid)[0][failure])
         req_ids: list[str] = []
         sampled: list[list[int]] = []
         for rid, accepted in answers:
@@ -488,7 +527,7 @@ class SchedulerOracle:
             first = self._next_output[rid]
             self._next_output[rid] = first + 1 + accepted
             sampled.append(list(range(first, first + 1 + accepted)))
-        return self.api.model_runner_output(req_ids, sampled, received)
+        return self.api.model_runner_output(req_ids, sampled, received, failed, invalid)
 
     def _feed_drafts(self, output: Any) -> None:
         """What ``EngineCore.post_step`` does for a synchronous scheduler."""
@@ -560,7 +599,8 @@ class SchedulerOracle:
         idle_since: int | None = None
         while True:
             self._admit()
-            if scheduler.has_requests():
+            # A KV load in flight (an aborted request's included) is work until received.
+            if scheduler.has_requests() or self._loading:
                 if self._step >= self.limits.max_steps:
                     raise ScenarioError(
                         self.limits.where or self.scenario.where.at("scheduler"),

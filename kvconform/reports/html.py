@@ -38,6 +38,7 @@ from kvconform.model.coverage import KIND_LETTERS, Coverage, OfferedItem, status
 from kvconform.model.observations import FreeEvent, Observation, Trajectory
 from kvconform.model.results import Failure, RunReport, ScenarioResult, Verdict
 from kvconform.model.root_causes import RootCause, RootCauseScenario
+from kvconform.model.vllm_code import VllmCodeCoverage
 from kvconform.reports import plots
 from kvconform.reports.root_causes import never_below_floor_text
 
@@ -241,7 +242,9 @@ def render_html(report: RunReport, now: datetime.datetime | None = None) -> str:
     parts += _skipped(by_verdict[Verdict.SKIPPED])
     parts += _unsupported(by_verdict[Verdict.UNSUPPORTED])
     if report.coverage is not None:
-        parts += _coverage(report.coverage)
+        parts += _coverage(report.coverage, report.vllm_coverage is not None)
+    if report.vllm_coverage is not None:
+        parts += _vllm_code(report.vllm_coverage)
     parts += page.scenario_files()
     parts.append(
         f"<footer>Written by kvconform {e(__version__)} on {e(now.isoformat(timespec='seconds'))}. "
@@ -926,7 +929,7 @@ def _skipped(results: list[ScenarioResult]) -> list[str]:
     return out
 
 
-def _coverage(coverage: Coverage) -> list[str]:
+def _coverage(coverage: Coverage, with_code: bool = False) -> list[str]:
     types, methods, kinds = coverage.group_types(), coverage.methods(), coverage.step_kinds()
     out = [
         '<h2 id="coverage">Coverage</h2>',
@@ -934,6 +937,12 @@ def _coverage(coverage: Coverage) -> list[str]:
         "(the others errored before their checks ran; their group types and methods count as "
         "attempted only). Computed from this run's scenarios and results.</p>",
     ]
+    if with_code:
+        out.append(
+            '<p class="note">Which lines and branches of vLLM\'s reservation code these '
+            'scenarios executed: <a href="#vllm-code">below</a>, each file\'s source with its '
+            "unexecuted lines marked one click further.</p>"
+        )
     if types:
         legend = ", ".join(f"<b>{e(KIND_LETTERS.get(k, '?'))}</b> {e(k)}" for k in kinds)
         out.append(f"<h4>Group type x speculative method</h4><p class='note'>{legend}</p>")
@@ -984,6 +993,63 @@ def _coverage(coverage: Coverage) -> list[str]:
         out.append(f"<h4>Not exercised ({len(gaps)})</h4><ul>")
         out += [f"<li>{e(gap)}</li>" for gap in gaps]
         out.append("</ul>")
+    return out
+
+
+def _vllm_code(coverage: VllmCodeCoverage) -> list[str]:
+    """Per file of vLLM's reservation code: lines and branches executed, each file linked to
+    its source with the unexecuted lines marked (coverage.py's HTML); per function, the
+    branches no scenario took."""
+    out = [
+        f'<h2 id="vllm-code">vLLM {e(coverage.vllm_version or "")} reservation code executed '
+        "by the scenarios</h2>",
+        f'<p class="note">coverage.py, branch mode, measured in {e(", ".join(coverage.processes))}'
+        + (
+            f'; <a href="{e(coverage.html_index)}">every file\'s source, unexecuted lines '
+            "marked</a>"
+            if coverage.html_index
+            else ""
+        )
+        + ". A branch <code>a-&gt;b</code> jumps from line a to line b; <code>exit</code> "
+        "leaves the function.</p>",
+        '<table class="matrix"><thead><tr><th class="l">file</th><th>lines</th><th>lines %</th>'
+        "<th>branches</th><th>branches %</th></tr></thead><tbody>",
+    ]
+    for unit in [*coverage.files]:
+        c = unit.counts
+        name = e(unit.path) + ("" if unit.whole else " (lookahead only)")
+        link = f'<a href="{e(unit.html)}">{name}</a>' if unit.html else name
+        out.append(
+            f'<tr><td class="l"><code>{link}</code></td><td>{c.executed_lines}/{c.statements}'
+            f"</td><td>{c.line_percent:.1f}</td><td>{c.executed_branches}/{c.branches}</td>"
+            f"<td>{c.branch_percent:.1f}</td></tr>"
+        )
+    t = coverage.total
+    out.append(
+        f'<tr><td class="l"><b>total</b></td><td>{t.executed_lines}/{t.statements}</td>'
+        f"<td>{t.line_percent:.1f}</td><td>{t.executed_branches}/{t.branches}</td>"
+        f"<td>{t.branch_percent:.1f}</td></tr></tbody></table>"
+    )
+    for unit in coverage.files:
+        missed = [f for f in unit.functions if f.missed_branches or f.missing_lines]
+        if not missed:
+            continue
+        out.append(
+            f"<details><summary><code>{e(unit.path)}</code>: {len(unit.missed_branches)} "
+            "branches never taken</summary>"
+            '<table class="matrix"><thead><tr><th class="l">function</th><th>lines</th>'
+            '<th>branches</th><th class="l">never taken</th></tr></thead><tbody>'
+        )
+        for f in missed:
+            c = f.counts
+            branches = "<br>".join(e(m.describe()) for m in f.missed_branches)
+            out.append(
+                f'<tr><td class="l"><code>{e(f.name)}</code></td>'
+                f"<td>{c.executed_lines}/{c.statements}</td>"
+                f"<td>{c.executed_branches}/{c.branches}</td>"
+                f'<td class="l mono">{branches}</td></tr>'
+            )
+        out.append("</tbody></table></details>")
     return out
 
 

@@ -116,6 +116,9 @@ def report_json(report: RunReport) -> dict[str, Any]:
         "root_causes": [cause.to_json() for cause in report.root_causes],
         "scenarios": [scenario_json(r, report) for r in report.results],
         "coverage": report.coverage.to_json() if report.coverage is not None else None,
+        "vllm_coverage": (
+            report.vllm_coverage.to_json() if report.vllm_coverage is not None else None
+        ),
     }
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from kvconform.model.results import RunReport, Verdict
 from kvconform.model.root_causes import RootCause
+from kvconform.model.vllm_code import VllmCodeCoverage
 from kvconform.reports.root_causes import (
     MAX_GROUPS_LISTED,
     group_lines,
@@ -130,6 +131,8 @@ def render_markdown(report: RunReport) -> str:
         if len(gaps) > 20:
             lines.append(f"- … {len(gaps) - 20} more in report.html")
         lines.append("")
+    if report.vllm_coverage is not None:
+        lines += vllm_code_table(report.vllm_coverage)
     for note in report.notes:
         lines.append(f"> {note}")
     return "\n".join(lines).rstrip() + "\n"
@@ -150,3 +153,30 @@ def _where(group: RootCause) -> str:
     if group.managers:
         via = ", dispatching to " + ", ".join(f"`{name}`" for name, _ in group.managers)
     return f"{party.description} `{party.function}` (`{party.file}`{via})"
+
+
+def vllm_code_table(coverage: VllmCodeCoverage) -> list[str]:
+    """One table: per file of vLLM's reservation code, the lines and branches executed."""
+    version = coverage.vllm_version or "?"
+    lines = [
+        f"## vLLM {version} reservation code executed by the scenarios",
+        "",
+        "| file | lines | lines % | branches | branches % | branches never taken |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    rows = [(f.path + ("" if f.whole else " (lookahead only)"), f.counts) for f in coverage.files]
+    for name, c in [*rows, ("**total**", coverage.total)]:
+        lines.append(
+            f"| {name} | {c.executed_lines}/{c.statements} | {c.line_percent:.1f} "
+            f"| {c.executed_branches}/{c.branches} | {c.branch_percent:.1f} "
+            f"| {c.branches - c.executed_branches} |"
+        )
+    lines += [
+        "",
+        f"Measured with coverage.py (branch mode) in: {', '.join(coverage.processes)}; "
+        "per function, the branches never taken and the functions each scenario executes: "
+        "report.json (`vllm_coverage`); the sources with the unexecuted lines marked: "
+        "report.html.",
+        "",
+    ]
+    return lines

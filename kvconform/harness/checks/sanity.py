@@ -222,7 +222,7 @@ def _stated_hits(trajectory: Trajectory) -> Iterator[Failure]:
             request=miss.request,
             action=miss.label,
             party="live",
-            detail={"invariant": "gets a prefix-cache hit other than the one derived"},
+            detail={"invariant": miss.invariant},
         )
 
 

@@ -239,6 +239,22 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
                         row.block_ids[g],
                     )
                 )
+    for reset in record.resets:
+        answer = "reset" if reset.succeeded else "refused to reset"
+        how = " (preempting the running requests)" if reset.running else ""
+        notes[reset.step].append(f"prefix cache: {answer}{how}")
+        if reset.succeeded != reset.succeeds:
+            trajectory.misses.append(
+                Miss(
+                    reset.step,
+                    reset.line,
+                    "-",
+                    "reset_prefix_cache",
+                    f"Scheduler.reset_prefix_cache{how} {answer} before step {reset.step}, but "
+                    f"the scenario states it {'succeeds' if reset.succeeds else 'is refused'}",
+                    "resets the prefix cache otherwise than derived",
+                )
+            )
     trajectory.step_notes = {step: "; ".join(parts) for step, parts in sorted(notes.items())}
     trajectory.notes.append(summary(record, scenario))
     return trajectory

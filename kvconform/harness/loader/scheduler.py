@@ -17,7 +17,9 @@ from kvconform.model.methods import METHODS
 from kvconform.model.scenario import (
     MODEL_RUNNERS,
     SCHEDULER_MODES,
+    SCHEDULER_POLICIES,
     ModelSpec,
+    PrefixReset,
     RequestSpec,
     SchedulerSpec,
     SpeculativeSpec,
@@ -105,6 +107,8 @@ def parse_scheduler(
         ),
         num_nextn_predict_layers=layers,
         max_steps=fields.integer("max_steps", defaults.max_steps),
+        resets=_parse_resets(fields),
+        policy=_choice(fields, "policy", defaults.policy, SCHEDULER_POLICIES),
         # vLLM's settings this section states (the mode states async scheduling).
         stated=frozenset(
             s.name
@@ -117,6 +121,36 @@ def parse_scheduler(
     fields.done()
     _check_scheduler_limits(spec, model, fields)
     return spec
+
+
+def _choice(fields: Fields, key: str, default: str, choices: tuple[str, ...]) -> str:
+    value = fields.text(key, default)
+    if value not in choices:
+        raise ScenarioError(fields.at(key), f"must be one of {', '.join(choices)}, not {value!r}")
+    return value
+
+
+def _parse_resets(fields: Fields) -> tuple[PrefixReset, ...]:
+    """``reset_prefix_cache``: a list of ``{at: N, running: bool, succeeds: bool}``."""
+    raw = fields.raw("reset_prefix_cache", [])
+    if not isinstance(raw, list):
+        raise ScenarioError(
+            fields.at("reset_prefix_cache"),
+            f"must be a list of {{at, running, succeeds}}, not {as_written(raw)}",
+        )
+    resets = []
+    for index, item in enumerate(raw):
+        one = Fields(item, fields.where, f"scheduler.reset_prefix_cache[{index}]")
+        resets.append(
+            PrefixReset(
+                at=one.integer("at", minimum=0),
+                running=one.flag("running", False),
+                succeeds=one.flag("succeeds", True),
+                line=one.mapping.line,
+            )
+        )
+        one.done()
+    return tuple(sorted(resets, key=lambda r: r.at))
 
 
 def _stacks_mtp_modules(method: str) -> bool:
@@ -176,6 +210,8 @@ def parse_scheduler_requests(
             remote_prefill=_parse_remote_prefill(fields, scheduler),
             expect_hit=_parse_expect_hit(fields, model, prompt_len),
             abort_at=_parse_abort_at(fields, scheduler),
+            priority=_parse_priority(fields, scheduler),
+            load_failure=_parse_load_failure(fields, model, prompt_len),
         )
 
     return parse_request_map(raw, where, at, "a scheduler scenario", request)
@@ -204,17 +240,59 @@ def _parse_expect_hit(fields: Fields, model: ModelSpec, prompt_len: int) -> int 
     return hit
 
 
+def _parse_load_failure(fields: Fields, model: ModelSpec, prompt_len: int) -> str | int | None:
+    """``remote_load_fails``: true (the whole load) or K (the K-th block is left unwritten)."""
+    raw = fields.raw("remote_load_fails")
+    if raw is None or raw is False:
+        return None
+    if not fields.raw("remote_prefill", False):
+        raise ScenarioError(fields.at("remote_load_fails"), "needs remote_prefill (a KV load)")
+    if raw is True:
+        return "request"
+    if not isinstance(raw, int) or raw < 0:
+        raise ScenarioError(
+            fields.at("remote_load_fails"),
+            f"must be true or a block index (an integer >= 0), not {as_written(raw)}",
+        )
+    if len(model.groups) != 1:
+        raise ScenarioError(
+            fields.at("remote_load_fails"),
+            "a failed block needs one KV-cache group: vLLM maps invalid block ids back to "
+            "requests only then (Scheduler._handle_invalid_blocks)",
+        )
+    blocks = -(-prompt_len // model.scheduler_block_size)
+    if raw >= blocks:
+        raise ScenarioError(
+            fields.at("remote_load_fails"),
+            f"block {raw} is past the {blocks} blocks the load fills",
+        )
+    return raw
+
+
+def _parse_priority(fields: Fields, scheduler: SchedulerSpec) -> int:
+    """``priority``: Request.priority (lower is served first), under the priority policy."""
+    value = fields.raw("priority", 0)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ScenarioError(fields.at("priority"), f"must be an integer, not {as_written(value)}")
+    if value and scheduler.policy != "priority":
+        raise ScenarioError(
+            fields.at("priority"),
+            "needs scheduler.policy: priority (vLLM ignores priorities under fcfs)",
+        )
+    return value
+
+
 def _parse_abort_at(fields: Fields, scheduler: SchedulerSpec) -> int | None:
     """``abort_at``: the schedule() call before which the client aborts the request."""
-    step = fields.optional_int("abort_at", minimum=1)
+    step = fields.optional_int("abort_at", minimum=0)
     if step is None:
         return None
     arrival = fields.integer("arrival", 0, minimum=0)
-    if step <= arrival:
+    if step < arrival:
         raise ScenarioError(
             fields.at("abort_at"),
-            f"must come after the request's arrival ({arrival}): the engine aborts a request "
-            "it has added, before a later schedule() call",
+            f"must be at least the request's arrival ({arrival}): the engine aborts a request "
+            "it has added (at its arrival: from the waiting queue, before its first schedule())",
         )
     if scheduler.mode != "sync":
         # An abort between overlapped steps (a batch of the request still in flight) is

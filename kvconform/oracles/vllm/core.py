@@ -326,6 +326,7 @@ class Vllm:
         prompt_token_ids: list[int],
         block_hasher: Callable[..., Any] | None,
         max_tokens: int = 1 << 20,
+        priority: int = 0,
     ) -> Any:
         from vllm import SamplingParams
 
@@ -338,6 +339,7 @@ class Vllm:
             sampling_params=params,
             pooling_params=None,
             block_hasher=block_hasher,
+            priority=priority,
         )
 
     def block_hasher(

@@ -153,6 +153,7 @@ class Scheduling:
         remote_prefill: bool = False,
         num_gpu_blocks_override: int | None = None,
         mamba_cache_mode: str | None = None,
+        policy: str = "fcfs",
     ) -> Any:
         """The ``VllmConfig`` an engine with these limits would hand its scheduler.
 
@@ -176,6 +177,7 @@ class Scheduling:
             long_prefill_token_threshold=long_prefill_token_threshold,
             async_scheduling=async_scheduling,
             scheduler_reserve_full_isl=scheduler_reserve_full_isl,
+            policy=policy,
         )
         mamba = (
             {"mamba_cache_mode": mamba_cache_mode, "mamba_block_size": block_size}
@@ -302,10 +304,19 @@ class Scheduling:
         req_ids: list[str],
         sampled: list[list[int]],
         finished_recving: set[str] | None = None,
+        failed_recving: set[str] | None = None,
+        invalid_block_ids: set[int] | None = None,
     ) -> Any:
-        """What the runner returns; ``finished_recving``: KV transfers it received this step."""
+        """What the runner returns; ``finished_recving``: KV transfers it received this step;
+        ``failed_recving``: those of them that failed as a whole; ``invalid_block_ids``: blocks
+        a transfer left unwritten (what the worker's connector reports)."""
         connector_output = (
-            call(self._scheduling.KVConnectorOutput, finished_recving=set(finished_recving))
+            call(
+                self._scheduling.KVConnectorOutput,
+                finished_recving=set(finished_recving),
+                failed_recving=set(failed_recving or ()),
+                invalid_block_ids=set(invalid_block_ids or ()),
+            )
             if finished_recving
             else None
         )
@@ -334,6 +345,23 @@ class Scheduling:
             "remote_port": 1234,
             "tp_size": 1,
         }
+
+    def reports_failed_loads(self) -> bool:
+        """Whether the worker can report a whole KV load failed (``failed_recving``, 0.30 on)."""
+        import dataclasses
+
+        output = self._scheduling.KVConnectorOutput
+        fields = (
+            {f.name for f in dataclasses.fields(output)}
+            if dataclasses.is_dataclass(output)
+            else set()
+        )
+        return "failed_recving" in fields
+
+    def reset_prefix_cache(self, scheduler: Any, running: bool) -> bool:
+        """``Scheduler.reset_prefix_cache``: what an RLHF weight update or the admin endpoint
+        calls; with ``running`` it preempts the running requests first."""
+        return bool(scheduler.reset_prefix_cache(reset_running_requests=running))
 
     def is_loading_remote_kv(self, request: Any) -> bool:
         """Whether a request waits for its asynchronous KV load (``WAITING_FOR_REMOTE_KVS``)."""

@@ -196,6 +196,34 @@ class SlotKernel:
         return SlotTables(self, tables)
 
     @contextlib.contextmanager
+    def untraced_kernel(self) -> Iterator[None]:
+        """While vLLM's code is measured (``kvconform coverage --vllm-code``), the interpreted
+        kernel runs untraced and counts as entered (``code_tracing.untraced``); the rest of
+        ``compute_slot_mappings`` stays measured. Nothing changes otherwise."""
+        from kvconform.oracles.code_tracing import measuring, untraced
+
+        module = self._bt
+        kernel = module._compute_slot_mappings_kernel
+        function = getattr(kernel, "fn", None)
+        if not (self.interpreter and measuring() and hasattr(function, "__code__")):
+            yield
+            return
+
+        class Launcher:
+            def __getitem__(self, grid: Any) -> Callable[..., Any]:
+                def launch(*args: Any, **kwargs: Any) -> Any:
+                    with untraced(function):
+                        return kernel[grid](*args, **kwargs)
+
+                return launch
+
+        module._compute_slot_mappings_kernel = Launcher()
+        try:
+            yield
+        finally:
+            module._compute_slot_mappings_kernel = kernel
+
+    @contextlib.contextmanager
     def buffers(self) -> Iterator[None]:
         """The device stand-ins (see the class docstring), while kvconform calls in."""
         if not self.stand_ins:
@@ -330,7 +358,7 @@ class SlotTables:
         idx_mapping = torch.tensor(list(rows), dtype=torch.int64, device=device)
         starts = torch.tensor(list(query_start_loc), dtype=torch.int32, device=device)
         where = torch.tensor(list(positions), dtype=torch.int64, device=device)
-        with self._kernel.buffers():
+        with self._kernel.buffers(), self._kernel.untraced_kernel():
             slots = self._tables.compute_slot_mappings(idx_mapping, starts, where, len(positions))
         return slots.cpu().numpy().copy()
 
