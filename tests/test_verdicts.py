@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 import pytest
-from vllm_copy import run_kvconform, tree_with_replacement
+from vllm_copy import REPO, run_kvconform, tree_with_replacement
 
 from kvconform.errors import ExitStatus, ScenarioError
 from kvconform.fronts.cli import main
@@ -213,3 +213,32 @@ def test_coverage_counts_scenarios_per_setting_and_marks_non_defaults():
     assert dict(coverage.settings["prefix_cache_retention_interval"]) == {"0": 3}
     assert "false (vLLM: true): 1" in render_text(coverage)
     assert coverage.to_json()["settings"]["enable_caching"]["true"] == 2
+
+
+@pytest.mark.slow
+def test_a_mamba_align_call_over_its_physical_cap_is_a_failure_not_bad_input(
+    pristine_tree, tmp_path
+):
+    # vLLM 0.30.0's MambaManager: no physical_block_cap, so a running request's checkpoint
+    # chunk asks for every new column of its table, most of which align mode leaves null.
+    # kvconform's pool arithmetic counts columns; bounded by the cap
+    # (model.floors.aligned_state_call_blocks) the refusal is vLLM's, not the scenario's.
+    tree = tree_with_replacement(
+        pristine_tree,
+        tmp_path / "vllm-tree",
+        "v1/core/single_type_kv_cache_manager.py",
+        "num_new_blocks = min(num_new_blocks, physical_block_cap)",
+        "pass",
+    )
+    scenario = REPO / "scenarios" / "specs" / "mamba-admission-checkpoint-refused.yaml"
+    out = tmp_path / "report"
+    done = run_kvconform(
+        "run", scenario, "--vllm-src", tree, "--report-dir", out, "--progress", "off",
+        "--no-expectations", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == ExitStatus.NONCONFORMANCE, done.stdout + done.stderr
+    (entry,) = json.loads((out / "report.json").read_text())["scenarios"]
+    checks = {f["check"] for f in entry["failures"]}
+    assert entry["verdict"] == "failed" and "capacity" in checks, entry
+    capacity = next(f for f in entry["failures"] if f["check"] == "capacity")
+    assert capacity["request"] == "a" and "refuses it" in capacity["message"]

@@ -204,6 +204,22 @@ def pool_columns(
     return cdiv(tokens, block_span) + speculative_blocks
 
 
+def aligned_state_call_blocks(
+    speculative_blocks: int, checkpoint_blocks: int, partial_hit: bool
+) -> int:
+    """The most new blocks one ``allocate_slots`` call takes for a Mamba "align" group.
+
+    :func:`pool_columns` counts every column of the table, but in align mode all columns
+    but a few hold the null block: vLLM's ``MambaManager.get_num_blocks_to_allocate``
+    caps a call at the running state, the copy of a partial prefix hit, the prefill
+    checkpoint column and the speculative blocks (``physical_block_cap``, vLLM 0.31.0 on;
+    0.30.0 asks a running request's checkpoint chunk for every column, more than this).
+    A refusal within this bound is vLLM's to answer for (the capacity check), not the
+    scenario's.
+    """
+    return 1 + int(partial_hit) + checkpoint_blocks + speculative_blocks
+
+
 # What a windowed group's attention reads, beside the floor's count of columns: the
 # token at ``position`` attends to the positions from ``first_position_read(...)``
 # through itself. vLLM replaces the blocks before that with the null block

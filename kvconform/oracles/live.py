@@ -40,7 +40,7 @@ from dataclasses import replace
 from typing import Any
 
 from kvconform.errors import Location, PoolExhausted, ScenarioError
-from kvconform.model.floors import pool_columns
+from kvconform.model.floors import MAMBA_ALIGNED_STATE, aligned_state_call_blocks, pool_columns
 from kvconform.model.observations import Trajectory
 from kvconform.model.scenario import Action, Call, ModelSpec, RequestSpec
 from kvconform.oracles.resolve import extra_retained_tokens, group_specs
@@ -258,10 +258,20 @@ class LiveAllocator:
             extra = int(info.floor_args.get("num_speculative_blocks", 0))
             rule, hit_columns = info.floor_rule, hit // info.block_size
             columns = pool_columns(rule, tokens, encoder_len, span, extra)
-            need += max(0, columns - max(have, hit_columns))
+            new = max(0, columns - max(have, hit_columns))
+            whole_new = 0
             if full:
                 whole_columns = pool_columns(rule, whole, encoder_len, span, extra)
-                full_need += max(0, whole_columns - max(have, hit_columns))
+                whole_new = max(0, whole_columns - max(have, hit_columns))
+            if rule.family == MAMBA_ALIGNED_STATE.family:  # its other columns are null
+                most = aligned_state_call_blocks(
+                    extra,
+                    int(info.floor_args.get("num_prefill_checkpoint_blocks", 0)),
+                    partial_hit=call.first_chunk and hit > 0,
+                )
+                new, whole_new = min(new, most), min(whole_new, most)
+            need += new
+            full_need += whole_new
         running = bool(self._running_names - {call.request})
         watermark = self.vllm.watermark_blocks(self.manager) if call.first_chunk and running else 0
         available = free - call.options.reserved_blocks - watermark

@@ -58,6 +58,7 @@ from kvconform.oracles.live import OUTPUT_OFFSET, first_output_token, prompt_tok
 from kvconform.oracles.resolve import group_specs
 from kvconform.oracles.tiny_models import model_folder
 from kvconform.oracles.vllm import Vllm
+from kvconform.oracles.vllm.calls import quiet_logs
 from kvconform.oracles.vllm.messages import first_line
 from kvconform.oracles.vllm.scheduling import Scheduling
 
@@ -636,7 +637,8 @@ class SchedulerOracle:
                 self._step = max(self._step, self._pending[0].arrival)
                 continue
             output, model_output = queue.pop()
-            scheduler.update_from_output(output, model_output)
+            with quiet_logs():  # e.g. the warning of a failed KV load the scenario states
+                scheduler.update_from_output(output, model_output)
             if sync:
                 self._feed_drafts(output)
         self.run.final_free_blocks = vllm.free_block_count(self.manager)
