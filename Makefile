@@ -1,6 +1,9 @@
 # kvconform: two commands set up a fresh machine.
 #   make run    installs what is needed, runs the whole corpus against the installed vLLM, writes build/report/
-#   make test   installs what is needed, lints (ruff, mypy), runs the project's own tests
+#   make test   installs what is needed, lints (ruff, mypy), runs the project's own tests but
+#               the slow ones (pytest -m "not slow and not network", two xdist workers)
+#   make test-slow   the rest of the project's tests: each imports vLLM in subprocesses, copies
+#                    vLLM's tree, downloads a release or drives a browser (.ci/run runs both)
 #   make browser installs Debian's chromium for the report's browser test, if it is missing
 #   make nightly     what every nightly runs (tools/nightly.sh, docs/gpu.md): the corpus with every
 #                    check, fuzzing at the nightly budget, the mutation campaign, the CUDA tests.
@@ -24,7 +27,8 @@
 #                    the newest on pip's index: build/matrix/matrix.html (docs/releases.md)
 #   make upstream-check  each finding's reproducer, in a copy of its release's own test tree,
 #                    fails on the release and passes with its fix, and vLLM's own CPU-runnable
-#                    tests stay green with the fixes (docs/findings.md; slow: .ci/run runs it)
+#                    tests stay green with the fixes (docs/findings.md; an hour and more on two
+#                    cores, so a nightly's, not .ci/run's)
 #
 # The environment lives in .venv (git-ignored), pinned by constraints.txt (vLLM 0.33.0).
 # It is rebuilt only when pyproject.toml or constraints.txt change. Caches (pip's, in
@@ -51,7 +55,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo "sudo -n")
 
 FUZZ_SEED ?= $(shell date +%Y%m%d)
 
-.PHONY: run test lint constraints clean browser nightly gpu-bundle fuzz fuzz-nightly bench gpu-engine-bundle
+.PHONY: run test test-slow lint constraints clean browser nightly gpu-bundle fuzz fuzz-nightly bench gpu-engine-bundle
 .PHONY: install install-light install-nightly
 
 $(STAMP): pyproject.toml constraints.txt
@@ -81,8 +85,14 @@ endif
 run: $(STAMP)
 	$(BIN)/kvconform run scenarios --checks all --report-dir $(REPORT_DIR)
 
-test: $(STAMP) browser lint
-	$(BIN)/python -m pytest tests -q
+# Two workers, each importing vLLM once (tests/conftest.py's session fixture); the tests that
+# take seconds each are marked slow (pyproject.toml's markers) and run by test-slow.
+TEST_WORKERS ?= 2
+test: $(STAMP) lint
+	$(BIN)/python -m pytest tests -q -n $(TEST_WORKERS) -m "not slow and not network"
+
+test-slow: $(STAMP) browser
+	$(BIN)/python -m pytest tests -q -n $(TEST_WORKERS) -m "slow or network"
 
 # Timings, not assertions: the targets are reported in build/bench.json and the row.
 bench: $(STAMP)
@@ -148,7 +158,8 @@ mutation: $(STAMP)
 # releases below the minimum (0.28.0) are information rows, the others decide the status.
 # A green matrix renews the release lock (scenarios/release-matrix.lock): make test then
 # runs only the scenarios changed since against each claimed release.
-# CLAIMED_RELEASES: what kvconform claims to judge; .ci/run holds every one of them green.
+# CLAIMED_RELEASES: what kvconform claims to judge; make test-slow (tests/test_release_lock.py)
+# holds the scenarios changed since the lock green on every one of them.
 CLAIMED_RELEASES ?= 0.28.0..0.33.0
 MATRIX_RELEASES ?= 0.25.0..
 MATRIX_DIR ?= build/matrix

@@ -5,7 +5,7 @@ every claimed release exited 0 (kvconform/matrix/lock.py). A scenario file added
 changed since is unverified; this test runs the unverified ones with every check
 against each locked release (their Python trees, downloaded once and cached), so a
 scenario written for one release that breaks another fails ``make test``. With the
-lock up to date it runs nothing. CI's ``.ci/run`` also runs the whole matrix.
+lock up to date it runs nothing; ``make release-matrix`` renews the lock.
 """
 
 from __future__ import annotations
