@@ -21,7 +21,7 @@ from kvconform.errors import ExitStatus, UsageError
 from kvconform.harness.select import parse_shard, shard_of
 from kvconform.realbugs.catalogue import DEFAULT_CATALOGUE, RealBug, read_catalogue
 from kvconform.realbugs.replay import Replay, replay
-from kvconform.realbugs.report import BugResult, RealBugsReport, write_report
+from kvconform.realbugs.report import BugResult, RealBugsReport, who_catches, write_report
 from kvconform.realbugs.trees import PatchFailed, patched_tree, pristine_tree
 
 DEFAULT_REPORT_DIR = "build/realbugs"
@@ -47,6 +47,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run each patched tree through the whole corpus, listing every scenario that "
         "catches it (default: stop at the first, enough to call it detected)",
+    )
+    parser.add_argument(
+        "--peer-tests",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="DIR",
+        help="also run vLLM's own CPU-runnable tests against each patched tree (the files "
+        "that reach the functions its patch changes; docs/peer-tests.md): who catches what. "
+        "DIR: a folder holding vLLM's tests/ (default: each release's source distribution)",
     )
 
 
@@ -102,12 +112,17 @@ def realbugs(args: argparse.Namespace, say: Say) -> ExitStatus:
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         results = list(pool.map(one, bugs))
+    if args.peer_tests is not None:
+        run_peer_tests(results, args, say)
     report = RealBugsReport(
         results, baselines, shlex.join(["kvconform", "realbugs", *args.paths]),
         time.perf_counter() - started,
     )  # fmt: skip
     written = write_report(report, directory)
     counts = report.counts()
+    if args.peer_tests is not None:
+        table = who_catches(results)
+        say("who catches the bugs: " + ", ".join(f"{k} {v}" for k, v in table.items() if v))
     say(
         f"realbugs: {counts['detected']} detected, {counts['missed']} missed, "
         f"{counts['broken']} broken of {len(results)} ({report.detection_rate():.0%}) "
@@ -120,3 +135,31 @@ def realbugs(args: argparse.Namespace, say: Say) -> ExitStatus:
     if counts["broken"]:
         return ExitStatus.NOT_EXERCISED
     return ExitStatus.CONFORM
+
+
+def run_peer_tests(results: list[BugResult], args: argparse.Namespace, say: Say) -> None:
+    """Each result's ``peer`` entry: vLLM's own tests of its patch target, on its tree."""
+    from kvconform.peer import prepare
+    from kvconform.peer.environment import installed_vllm_version
+    from kvconform.realbugs.peer import peer_entry
+
+    tests = Path(args.peer_tests) if args.peer_tests else None
+    installed = installed_vllm_version()
+    for release in sorted({r.bug.patch_target for r in results}):
+        pristine = pristine_tree(release)
+        suite = prepare(
+            release, reference_tree=None if release == installed else pristine, tests=tests
+        )
+        say(f"vLLM {release}'s own tests against its bugs (docs/peer-tests.md)")
+        for result in (r for r in results if r.bug.patch_target == release):
+            try:
+                tree = patched_tree(result.bug)
+            except PatchFailed as exc:
+                result.peer = {"verdict": "broken", "first_failure": str(exc)}
+                continue
+            result.peer = peer_entry(suite, result.bug, tree, pristine)
+            say(
+                f"  peer {result.bug.name}: {result.peer['verdict']} "
+                f"(kvconform: {result.replay.outcome}; {result.peer['tests_run']} tests, "
+                f"{result.peer['seconds']:.0f} s)"
+            )

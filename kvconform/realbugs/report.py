@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,9 +65,35 @@ class RealBugsReport:
             "seconds": round(self.seconds, 1),
             "counts": self.counts(),
             "detection_rate": round(self.detection_rate(), 3),
+            "who_catches": who_catches(self.results) if any(r.peer for r in self.results) else None,
             "baselines": {release: run.to_json() for release, run in self.baselines.items()},
             "bugs": [result.to_json() for result in self.results],
         }
+
+
+def who_catches(results: Sequence[BugResult]) -> dict[str, int]:
+    """Bugs detected by kvconform only, by vLLM's tests only, by both, by neither."""
+    table: Counter[str] = Counter()
+    for result in results:
+        peer = result.peer
+        if not peer or peer["verdict"] not in ("killed", "survived"):
+            table["not judged by vLLM's tests"] += 1
+            continue
+        if result.replay.outcome not in ("detected", "missed"):
+            table["not judged by kvconform"] += 1
+            continue
+        ours = result.replay.outcome == "detected"
+        theirs = peer["verdict"] == "killed"
+        key = (
+            "both" if ours and theirs
+            else "kvconform only" if ours
+            else "vLLM's tests only" if theirs
+            else "neither"
+        )  # fmt: skip
+        table[key] += 1
+    keys = ("both", "kvconform only", "vLLM's tests only", "neither",
+            "not judged by vLLM's tests", "not judged by kvconform")  # fmt: skip
+    return {key: table.get(key, 0) for key in keys}
 
 
 def _caught(replay: Replay) -> str:
@@ -79,6 +106,7 @@ def _caught(replay: Replay) -> str:
 
 def render_markdown(report: RealBugsReport) -> str:
     counts = report.counts()
+    peer = any(r.peer is not None for r in report.results)
     lines = [
         "# Real bugs replayed",
         "",
@@ -86,8 +114,9 @@ def render_markdown(report: RealBugsReport) -> str:
         f"{counts['broken']} broken; detection rate {report.detection_rate():.0%} "
         f"in {report.seconds:.0f} s.",
         "",
-        "| bug | upstream | releases | class | outcome | caught by (scenario, checks) |",
-        "|---|---|---|---|---|---|",
+        "| bug | upstream | releases | class | outcome | caught by (scenario, checks) |"
+        + (" vLLM's own tests |" if peer else ""),
+        "|---|---|---|---|---|---|" + ("---|" if peer else ""),
     ]
     for result in report.results:
         bug = result.bug
@@ -95,8 +124,28 @@ def render_markdown(report: RealBugsReport) -> str:
             f"| `{bug.name}` | {bug.upstream} | {bug.last_buggy} → {bug.first_fixed} "
             f"(replayed on {bug.patch_target}{', adapted' if bug.adapted else ''}) | "
             f"{bug.bug_class} | {result.replay.outcome} | {_caught(result.replay)} |"
+            + (f" {_peer(result.peer)} |" if peer else "")
         )
+    if peer:
+        table = who_catches(report.results)
+        lines += [
+            "",
+            "Who catches the bugs (vLLM's own tests: `--peer-tests`, docs/peer-tests.md):",
+            "",
+        ]
+        lines += [f"- {key}: {count}" for key, count in table.items()]
     return "\n".join(lines) + "\n"
+
+
+def _peer(peer: dict[str, Any] | None) -> str:
+    if not peer:
+        return "-"
+    failure = str(peer.get("first_failure") or "").split(" ")[0]
+    if peer["verdict"] == "killed":
+        return f"caught (`{failure}`)" if failure else "caught"
+    if peer["verdict"] == "survived":
+        return f"missed ({peer.get('tests_run', 0)} tests reach it)"
+    return f"{peer['verdict']}: {failure}" if failure else peer["verdict"]
 
 
 def write_report(report: RealBugsReport, directory: Path) -> Sequence[Path]:
