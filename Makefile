@@ -3,7 +3,8 @@
 #   make test   installs what is needed, lints (ruff, mypy), runs the project's own tests but
 #               the slow ones (pytest -m "not slow and not network", two xdist workers)
 #   make test-slow   the rest of the project's tests: each imports vLLM in subprocesses, copies
-#                    vLLM's tree, downloads a release or drives a browser (.ci/run runs both)
+#                    vLLM's tree, downloads a release or drives a browser (.ci/run runs both,
+#                    then make release-matrix-claimed)
 #   make browser installs Debian's chromium for the report's browser test, if it is missing
 #   make nightly     what every nightly runs (tools/nightly.sh, docs/gpu.md): the corpus with every
 #                    check, fuzzing at the nightly budget, the mutation campaign, the CUDA tests.
@@ -158,8 +159,8 @@ mutation: $(STAMP)
 # releases below the minimum (0.28.0) are information rows, the others decide the status.
 # A green matrix renews the release lock (scenarios/release-matrix.lock): make test then
 # runs only the scenarios changed since against each claimed release.
-# CLAIMED_RELEASES: what kvconform claims to judge; make test-slow (tests/test_release_lock.py)
-# holds the scenarios changed since the lock green on every one of them.
+# CLAIMED_RELEASES: what kvconform claims to judge; .ci/run holds every one of them green, and
+# make test (tests/test_release_lock.py) the scenarios changed since the lock.
 CLAIMED_RELEASES ?= 0.28.0..0.33.0
 MATRIX_RELEASES ?= 0.25.0..
 MATRIX_DIR ?= build/matrix

@@ -5,7 +5,8 @@ every claimed release exited 0 (kvconform/matrix/lock.py). A scenario file added
 changed since is unverified; this test runs the unverified ones with every check
 against each locked release (their Python trees, downloaded once and cached), so a
 scenario written for one release that breaks another fails ``make test``. With the
-lock up to date it runs nothing; ``make release-matrix`` renews the lock.
+lock up to date it runs nothing; ``make release-matrix`` renews the lock, and ``.ci/run``
+runs the whole matrix over the claimed releases (``make release-matrix-claimed``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 from vllm_copy import REPO, run_kvconform
 
 from kvconform.harness.loader import discover
@@ -26,8 +26,8 @@ def test_the_lock_names_the_claimed_releases():
     assert lock.files, "the lock verifies no scenario file"
 
 
-@pytest.mark.network
-@pytest.mark.slow
+# In make test, not marked slow: with the lock up to date it runs nothing; after a scenario
+# changes it runs that file against each locked release (their trees cached once).
 def test_scenarios_changed_since_the_lock_pass_on_every_claimed_release(tmp_path):
     lock = read_lock(REPO / LOCK_FILE)
     unverified = lock.unverified(discover([REPO / "scenarios"]), REPO / "scenarios")

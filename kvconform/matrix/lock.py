@@ -5,8 +5,8 @@ above kvconform's minimum exited 0: the releases, and a SHA-256 of each scenario
 file it ran. A scenario added or changed since then is *unverified*: ``make test``
 runs the unverified files against each locked release (tests/test_release_lock.py),
 so a scenario written for one release cannot break another unseen, and CI's full
-matrix (``make release-matrix``, before a change of scenarios lands) renews the evidence for
-everything else.
+matrix (``make release-matrix-claimed`` in ``.ci/run``; ``make release-matrix`` writes the
+lock) renews the evidence for everything else.
 """
 
 from __future__ import annotations
