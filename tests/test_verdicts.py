@@ -242,3 +242,48 @@ def test_a_mamba_align_call_over_its_physical_cap_is_a_failure_not_bad_input(
     assert entry["verdict"] == "failed" and "capacity" in checks, entry
     capacity = next(f for f in entry["failures"] if f["check"] == "capacity")
     assert capacity["request"] == "a" and "refuses it" in capacity["message"]
+
+
+EXACT_FULL_POOL = """
+name: full-exact
+model:
+  block_size: 16
+  max_model_len: 256
+  num_blocks: 3
+  groups: [full_attention]
+requests: {a: {prompt_len: 16}, b: {prompt_len: 16}}
+steps:
+  - {a: {prefill: 16}}
+  - {b: {prefill: 16}}
+  - {a: finish, b: finish}
+"""
+
+
+@pytest.mark.slow
+def test_an_allocator_that_rounds_block_counts_up_is_a_failure_not_bad_input(
+    pristine_tree, tmp_path
+):
+    # The other over-allocating mutant: SingleTypeKVCacheManager rounds a block-aligned
+    # token count up one block too many. The exact pool (2 usable: 1 for a, 1 for b) then
+    # refuses b, although by the floor b needs 1 block and a holds 1 more than its floor.
+    tree = tree_with_replacement(
+        pristine_tree,
+        tmp_path / "vllm-tree",
+        "v1/core/single_type_kv_cache_manager.py",
+        "        num_required_blocks = cdiv(num_tokens, self.block_size)\n"
+        "        if apply_admission_cap",
+        "        num_required_blocks = num_tokens // self.block_size + 1\n"
+        "        if apply_admission_cap",
+    )
+    scenario = tmp_path / "scenarios" / "full-exact.yaml"
+    scenario.parent.mkdir()
+    scenario.write_text(EXACT_FULL_POOL.lstrip(), encoding="utf-8")
+    out = tmp_path / "report"
+    done = run_kvconform(
+        "run", scenario.parent, "--vllm-src", tree, "--report-dir", out, "--progress", "off",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == ExitStatus.NONCONFORMANCE, done.stdout + done.stderr
+    (entry,) = json.loads((out / "report.json").read_text())["scenarios"]
+    assert entry["verdict"] == "failed", entry
+    assert any(f["check"] == "capacity" and f["request"] == "b" for f in entry["failures"]), entry
