@@ -140,7 +140,7 @@ def render_markdown(report: RealBugsReport) -> str:
 def _peer(peer: dict[str, Any] | None) -> str:
     if not peer:
         return "-"
-    failure = str(peer.get("first_failure") or "").split(" ")[0]
+    failure = str(peer.get("first_failure") or "").split(" ")[0].rstrip(":")
     if peer["verdict"] == "killed":
         return f"caught (`{failure}`)" if failure else "caught"
     if peer["verdict"] == "survived":
