@@ -4,7 +4,7 @@
 #               the slow ones (pytest -m "not slow and not network", two xdist workers)
 #   make test-slow   the rest of the project's tests: each imports vLLM in subprocesses, copies
 #                    vLLM's tree, downloads a release or drives a browser (.ci/run runs both,
-#                    then make release-matrix-claimed)
+#                    then make release-matrix-claimed and make upstream-check)
 #   make browser installs Debian's chromium for the report's browser test, if it is missing
 #   make nightly     what every nightly runs (tools/nightly.sh, docs/gpu.md): the corpus with every
 #                    check, fuzzing at the nightly budget, the mutation campaign, the CUDA tests.
@@ -28,8 +28,8 @@
 #                    the newest on pip's index: build/matrix/matrix.html (docs/releases.md)
 #   make upstream-check  each finding's reproducer, in a copy of its release's own test tree,
 #                    fails on the release and passes with its fix, and vLLM's own CPU-runnable
-#                    tests stay green with the fixes (docs/findings.md; an hour and more on two
-#                    cores, so a nightly's, not .ci/run's)
+#                    tests stay green with the fixes (docs/findings.md; .ci/run runs it last:
+#                    12 min with the peer surveys cached, an hour more before)
 #
 # The environment lives in .venv (git-ignored), pinned by constraints.txt (vLLM 0.33.0).
 # It is rebuilt only when pyproject.toml or constraints.txt change. Caches (pip's, in
