@@ -83,3 +83,16 @@ def test_a_patch_that_does_not_apply_is_an_error_naming_it(tmp_path, monkeypatch
     assert (tree / "vllm" / "a.py").read_text() == "x = 1\n"  # the release tree is untouched
     with pytest.raises(KvconformError, match="bad.patch does not apply to vLLM 9.9.9"):
         upstream_check._patched("9.9.9", [bad], tmp_path / "again")
+
+
+def test_a_fixed_tree_under_a_relative_work_folder_is_named_absolutely(tmp_path, monkeypatch):
+    # make upstream-check passes --work build/upstream; the fixed tree goes on the PYTHONPATH
+    # of a pytest run in the release's test tree, where a relative path names nothing and the
+    # unpatched vLLM is imported: every "passes with the fix" step failed that way.
+    tree = tmp_path / "release"
+    (tree / "vllm").mkdir(parents=True)
+    (tree / "vllm" / "a.py").write_text("x = 1\n")
+    monkeypatch.setattr(upstream_check, "release_tree", lambda version: tree)
+    monkeypatch.chdir(tmp_path)
+    fixed = upstream_check._patched("9.9.9", [], Path("build") / "fixed-1")
+    assert fixed.is_absolute() and fixed == tmp_path / "build" / "fixed-1"

@@ -85,7 +85,13 @@ def _release(version: str, work: Path, cache: dict[str, _Release]) -> _Release:
 
 
 def _patched(version: str, patches: Iterable[Path], into: Path) -> Path:
-    """A copy of release ``version``'s Python tree with ``patches`` applied in order."""
+    """A copy of release ``version``'s Python tree with ``patches`` applied in order.
+
+    The path returned is absolute: it goes on the ``PYTHONPATH`` of a pytest run in the
+    release's test tree, where a relative one would name nothing and the unpatched vLLM
+    would be imported instead (``make upstream-check`` passes ``--work build/upstream``).
+    """
+    into = into.resolve()
     if into.exists():
         shutil.rmtree(into)
     shutil.copytree(release_tree(version), into, symlinks=True)
@@ -150,6 +156,7 @@ def check(
     say: Callable[[str], None] = print,
 ) -> list[Step]:
     """Run every step for the chosen findings; each step is said as it ends."""
+    work = work.resolve()  # trees under it go on PYTHONPATH of runs in other folders
     work.mkdir(parents=True, exist_ok=True)
     releases: dict[str, _Release] = {}
     steps: list[Step] = []
