@@ -362,3 +362,17 @@ def test_a_hit_other_than_the_stated_one_fails_sanity(scenario_from, vllm):
     assert "adopted a prefix-cache hit of 64 tokens at admission, but the scenario states 48" in (
         failure.message
     )
+
+
+@pytest.mark.slow
+def test_a_stated_kv_load_failure_leaves_vllms_error_log_out_of_the_console(tmp_path):
+    # vLLM logs the failure the scenario asks for at ERROR ("Failing 1 request(s) due to KV
+    # load failure"); the console is kvconform's: the verdict says what happened.
+    from vllm_copy import REPO, run_kvconform
+
+    done = run_kvconform(
+        "run", REPO / "scenarios" / "scheduler" / "sched-remote-load-failure.yaml",
+        "--report-dir", tmp_path / "report", "--progress", "off", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "due to KV load failure" not in done.stdout + done.stderr

@@ -42,6 +42,7 @@ observations. What the fabricated output does not model is listed in
 from __future__ import annotations
 
 import copy
+import logging
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -637,7 +638,9 @@ class SchedulerOracle:
                 self._step = max(self._step, self._pending[0].arrival)
                 continue
             output, model_output = queue.pop()
-            with quiet_logs():  # e.g. the warning of a failed KV load the scenario states
+            # vLLM logs a KV load failure the scenario states as an error ("Failing 1
+            # request(s) due to KV load failure"): the run's verdict says what happened.
+            with quiet_logs(logging.ERROR):
                 scheduler.update_from_output(output, model_output)
             if sync:
                 self._feed_drafts(output)
