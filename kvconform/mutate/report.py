@@ -25,6 +25,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from kvconform.peer.verdict import CATCH_CELLS, catch_cell
+
 VERDICTS = ("killed", "survived", "timeout", "incompetent", "equivalent", "skipped")
 
 
@@ -340,17 +342,6 @@ def who_catches(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if not peer or peer["verdict"] in ("broken", "timeout"):
             table["not judged by vLLM's tests"] += 1 if peer else 0
             continue
-        ours = result["verdict"] in KVCONFORM_CATCHES
-        theirs = peer["verdict"] == "killed"
-        key = (
-            "both" if ours and theirs
-            else "kvconform only" if ours
-            else "vLLM's tests only" if theirs
-            else "neither"
-        )  # fmt: skip
-        table[key] += 1
-    return {
-        key: table.get(key, 0)
-        for key in ("both", "kvconform only", "vLLM's tests only", "neither",
-                    "not judged by vLLM's tests")
-    }  # fmt: skip
+        table[catch_cell(result["verdict"] in KVCONFORM_CATCHES, peer["verdict"] == "killed")] += 1
+    keys = (*CATCH_CELLS, "not judged by vLLM's tests")
+    return {key: table.get(key, 0) for key in keys}

@@ -76,3 +76,16 @@ def decide(
         return Verdict.SURVIVED, None
     lines = [line for line in output_tail.splitlines() if line.strip()]
     return Verdict.BROKEN, Failure("pytest", lines[-1] if lines else f"exit status {returncode}")
+
+
+# The four cells of "who catches it", kvconform beside vLLM's own tests, in report order
+# (kvconform mutate --peer-tests and kvconform realbugs --peer-tests).
+CATCH_CELLS = ("both", "kvconform only", "vLLM's tests only", "neither")
+
+
+def catch_cell(ours: bool, theirs: bool) -> str:
+    """The cell of :data:`CATCH_CELLS` for one mutant or bug: caught by kvconform
+    (``ours``), by vLLM's own tests (``theirs``)."""
+    if ours:
+        return "both" if theirs else "kvconform only"
+    return "vLLM's tests only" if theirs else "neither"

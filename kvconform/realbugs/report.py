@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvconform.peer.verdict import CATCH_CELLS, catch_cell
 from kvconform.realbugs.catalogue import RealBug
 from kvconform.realbugs.replay import Replay
 
@@ -82,17 +83,8 @@ def who_catches(results: Sequence[BugResult]) -> dict[str, int]:
         if result.replay.outcome not in ("detected", "missed"):
             table["not judged by kvconform"] += 1
             continue
-        ours = result.replay.outcome == "detected"
-        theirs = peer["verdict"] == "killed"
-        key = (
-            "both" if ours and theirs
-            else "kvconform only" if ours
-            else "vLLM's tests only" if theirs
-            else "neither"
-        )  # fmt: skip
-        table[key] += 1
-    keys = ("both", "kvconform only", "vLLM's tests only", "neither",
-            "not judged by vLLM's tests", "not judged by kvconform")  # fmt: skip
+        table[catch_cell(result.replay.outcome == "detected", peer["verdict"] == "killed")] += 1
+    keys = (*CATCH_CELLS, "not judged by vLLM's tests", "not judged by kvconform")
     return {key: table.get(key, 0) for key in keys}
 
 
