@@ -118,6 +118,18 @@ def test_a_step_the_floor_cannot_fit_is_the_scenarios_error(vllm, scenario_from)
     assert exit_status([result]) == ExitStatus.BAD_INPUT
 
 
+def _failed_entry(tree, scenarios, tmp_path) -> dict:
+    """``kvconform run SCENARIOS --vllm-src TREE``, which must exit 1: its one report entry."""
+    out = tmp_path / "report"
+    done = run_kvconform(
+        "run", scenarios, "--vllm-src", tree, "--report-dir", out, "--progress", "off",
+        "--no-expectations", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == ExitStatus.NONCONFORMANCE, done.stdout + done.stderr
+    (entry,) = json.loads((out / "report.json").read_text())["scenarios"]
+    return entry
+
+
 @pytest.mark.slow
 def test_an_allocator_that_asks_more_than_the_floor_is_a_failure_not_bad_input(
     pristine_tree, tmp_path
@@ -134,13 +146,7 @@ def test_an_allocator_that_asks_more_than_the_floor_is_a_failure_not_bad_input(
     scenario = tmp_path / "scenarios" / "circular-exact.yaml"
     scenario.parent.mkdir()
     scenario.write_text(EXACT_POOL.lstrip(), encoding="utf-8")
-    out = tmp_path / "report"
-    done = run_kvconform(
-        "run", scenario.parent, "--vllm-src", tree, "--report-dir", out, "--progress", "off",
-        cwd=tmp_path,
-    )  # fmt: skip
-    assert done.returncode == ExitStatus.NONCONFORMANCE, done.stdout + done.stderr
-    (entry,) = json.loads((out / "report.json").read_text())["scenarios"]
+    entry = _failed_entry(tree, scenario.parent, tmp_path)
     assert entry["verdict"] == "failed"
     (failure,) = entry["failures"]
     assert failure["check"] == "capacity" and failure["request"] == "b"
@@ -231,13 +237,7 @@ def test_a_mamba_align_call_over_its_physical_cap_is_a_failure_not_bad_input(
         "pass",
     )
     scenario = REPO / "scenarios" / "specs" / "mamba-admission-checkpoint-refused.yaml"
-    out = tmp_path / "report"
-    done = run_kvconform(
-        "run", scenario, "--vllm-src", tree, "--report-dir", out, "--progress", "off",
-        "--no-expectations", cwd=tmp_path,
-    )  # fmt: skip
-    assert done.returncode == ExitStatus.NONCONFORMANCE, done.stdout + done.stderr
-    (entry,) = json.loads((out / "report.json").read_text())["scenarios"]
+    entry = _failed_entry(tree, scenario, tmp_path)
     checks = {f["check"] for f in entry["failures"]}
     assert entry["verdict"] == "failed" and "capacity" in checks, entry
     capacity = next(f for f in entry["failures"] if f["check"] == "capacity")
@@ -278,12 +278,6 @@ def test_an_allocator_that_rounds_block_counts_up_is_a_failure_not_bad_input(
     scenario = tmp_path / "scenarios" / "full-exact.yaml"
     scenario.parent.mkdir()
     scenario.write_text(EXACT_FULL_POOL.lstrip(), encoding="utf-8")
-    out = tmp_path / "report"
-    done = run_kvconform(
-        "run", scenario.parent, "--vllm-src", tree, "--report-dir", out, "--progress", "off",
-        cwd=tmp_path,
-    )  # fmt: skip
-    assert done.returncode == ExitStatus.NONCONFORMANCE, done.stdout + done.stderr
-    (entry,) = json.loads((out / "report.json").read_text())["scenarios"]
+    entry = _failed_entry(tree, scenario.parent, tmp_path)
     assert entry["verdict"] == "failed", entry
     assert any(f["check"] == "capacity" and f["request"] == "b" for f in entry["failures"]), entry
