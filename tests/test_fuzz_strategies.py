@@ -230,3 +230,33 @@ def test_crash_signature_names_type_and_frame_not_the_message() -> None:
         == [Signature("crash", "AssertionError", "vllm/v1/core/a.py:10 f")]
     )
     assert signatures(one)[0].slug == "crash-assertionerror-vllm-v1-core-a-py-10-f"
+
+
+AIMED = replace(SPACE, aimed_types=("mamba",))
+
+
+@QUICK
+@given(scenario_documents(AIMED))
+def test_an_aimed_space_draws_every_first_group_of_an_aimed_type(doc: dict) -> None:
+    # The mutation campaign's fuzz audit aims at one function: every example must carry
+    # a group that reaches it, or most of the 20,000 examples never call the mutant.
+    (scenario,) = load_text(render(doc), "drawn.yaml")
+    assert scenario.model.groups[0].type == "mamba"
+    assert {g.type for g in scenario.model.groups} <= set(AIMED.group_types)
+
+
+def test_an_aimed_space_still_draws_hybrid_layouts() -> None:
+    # Only the first group is aimed: the others come from the whole space, so a bug in
+    # how an aimed type meets another group type stays findable.
+    docs: list[dict] = []
+
+    @settings(max_examples=150, derandomize=True, database=None, deadline=None)
+    @given(scenario_documents(AIMED))
+    def collect(doc: dict) -> None:
+        docs.append(doc)
+
+    collect()
+    others = {
+        g.type for doc in docs for g in load_text(render(doc), "drawn.yaml")[0].model.groups[1:]
+    }
+    assert others - {"mamba"}, "no group after the first was ever of another type"

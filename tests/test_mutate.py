@@ -340,3 +340,46 @@ def test_the_report_says_who_catches_what():
     text = markdown(report)
     assert "| vLLM's tests only | 1 |" in text
     assert "Killed by vLLM's tests and not by kvconform" in text and "survivedkilled" in text
+
+
+MAMBA_DEMAND = "vllm.v1.core.single_type_kv_cache_manager:MambaManager.get_num_blocks_to_allocate"
+
+
+@pytest.mark.slow
+def test_the_fuzz_audit_kills_a_false_equivalent_and_keeps_a_true_one(tmp_path: Path):
+    """``--with-fuzz`` runs against declared equivalents too, aimed at their function.
+
+    ``- 1`` for ``+ 1`` on the speculative blocks' count survives the hybrid scenarios
+    alone; declared equivalent here on purpose, the fuzzer (every example's first group a
+    Mamba group, the only type whose probe calls the function) must kill it and call the
+    entry stale. ``num_gpu_blocks - 1`` for ``+ 1`` in the admission cap's "no cap" value
+    (a bound no request reaches) is declared in the checked-in file and must stay equivalent.
+    """
+    false = f"{MAMBA_DEMAND}:core/ReplaceBinaryOperator_Sub_Add:1"
+    true = f"{MAMBA_DEMAND}:core/ReplaceBinaryOperator_Add_Sub:0"
+    assert true in load_equivalents(REPO / "scenarios" / "mutation-equivalents.yaml")
+    targets = tmp_path / "targets.yaml"
+    targets.write_text(
+        "targets:\n  - module: vllm.v1.core.single_type_kv_cache_manager\n"
+        "    function: MambaManager.get_num_blocks_to_allocate\n    why: the audit's test\n"
+    )
+    equivalents = tmp_path / "equivalents.yaml"
+    equivalents.write_text(
+        f"equivalents:\n  - id: {false}\n    reason: declared to be audited\n"
+        f"  - id: {true}\n    reason: no request reaches the cap's 'no cap' value\n"
+    )
+    out = tmp_path / "report"
+    done = run_kvconform(
+        "mutate", REPO / "scenarios" / "hybrid", "--targets", targets,
+        "--equivalents", equivalents, "--mutant", false, "--mutant", true,
+        "--with-fuzz", "150", "--jobs", "2", "--report-dir", out, "--progress", "off",
+        cwd=REPO,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = {r["id"]: r for r in json.loads((out / "mutation.json").read_text())["results"]}
+    killed, kept = results[false], results[true]
+    assert killed["verdict"] == "killed", killed
+    assert killed["fuzz"]["killed"] and killed["fuzz"]["aimed"] == ["mamba"]
+    assert killed["killed_by"][0]["scenario"].startswith("fuzz"), killed["killed_by"]
+    assert "stale" in killed["note"]
+    assert kept["verdict"] == "equivalent" and kept["fuzz"]["killed"] is False, kept

@@ -55,6 +55,9 @@ class FuzzSpace:
     max_speculative_tokens: int = 5
     max_blocks_per_len: int = 4  # max_model_len at most this many scheduler blocks
     max_encoder_len: int = 96
+    # when set, every example's first group is of one of these types: a search aimed at
+    # the code they reach (the mutation campaign's fuzz audit aims at a target function)
+    aimed_types: tuple[str, ...] = ()
 
     def lookahead(self, method: str | None, k: int, sample_from_anchor: bool) -> int:
         if method is None:
@@ -69,6 +72,7 @@ class FuzzSpace:
         return (
             f"{len(self.group_types)} group types ({', '.join(self.group_types)}); "
             f"{len(self.methods)} speculative methods ({methods} names)"
+            + (f"; aimed: first group {', '.join(self.aimed_types)}" if self.aimed_types else "")
         )
 
 

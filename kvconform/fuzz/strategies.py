@@ -190,8 +190,9 @@ def _draw_groups(draw: DrawFn, space: FuzzSpace) -> tuple[list[Any], list[int]]:
     count = draw(_ints(1, space.max_groups))
     groups: list[Any] = []
     block_sizes: list[int] = []
-    for _ in range(count):
-        type_name = draw(_one_of(space.group_types))
+    for index in range(count):
+        drawn_from = space.aimed_types if index == 0 and space.aimed_types else space.group_types
+        type_name = draw(_one_of(drawn_from))
         block_size = draw(_one_of(space.block_sizes))
         options = draw_options(draw, GROUP_TYPES[type_name], block_size, space)
         block_sizes.append(block_size)

@@ -5,7 +5,7 @@ and hands in its progress display;
 everything it does is here: load the targets, the equivalents, the corpus and
 vLLM; the clean run; the mutants of this shard; the forked runs
 (:mod:`.campaign`); with ``--with-fuzz N`` the fuzzer against each survivor
-(:mod:`.fuzzing`); the reports (:mod:`.report`). ``--merge`` joins shard reports.
+and declared equivalent (:mod:`.fuzzing`); the reports (:mod:`.report`). ``--merge`` joins shard reports.
 
 Exit status: 0 when the campaign ran (and the score is at least
 ``--fail-under``, when given); 1 below it; 2 bad input or usage; 3 vLLM could
@@ -69,7 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         metavar="N",
-        help="run the fuzzer for N examples against each survivor",
+        help="run the fuzzer for N examples, aimed at the mutated function, against each "
+        "survivor and each declared equivalent (the equivalents' audit)",
     )
     parser.add_argument(
         "--checks", metavar="LIST", help="checks to run (default: the default checks of `run`)"
@@ -278,10 +279,18 @@ def mutate(args: argparse.Namespace, open_progress: Callable[..., Any]) -> ExitS
     forked_seconds = phases["mutants_run"] - sum(r.seconds for r in results if r.how == "fresh")
 
     if args.with_fuzz:
-        from kvconform.mutate.fuzzing import fuzz_survivors
+        from kvconform.mutate.fuzzing import fuzz_not_killed
 
         lap = time.perf_counter()
-        fuzz_survivors(vllm, resolved, results, args.with_fuzz, jobs=args.jobs, say=_say)
+        fuzz_not_killed(
+            vllm,
+            resolved,
+            results,
+            args.with_fuzz,
+            jobs=args.jobs,
+            say=_say,
+            expectations=session.expectations_for(),
+        )
         phases["fuzz"] = time.perf_counter() - lap
 
     peer_entries: dict[str, dict[str, Any]] = {}
