@@ -5,6 +5,14 @@ Releases add, drop and reorder keyword arguments (``KVCacheManager`` gains
 ``skip_zeroing_group_ids`` in 0.32), so every call into vLLM passes everything by
 keyword through :func:`call`, which keeps only the keywords the callee's signature
 accepts. The signatures are read once per callee.
+
+``call_leaving_defaults`` also leaves out every argument whose value is the
+default the callee declared when its signature was first read: a call that means "no
+lookahead" leaves ``num_lookahead_tokens`` to ``allocate_slots``' own default, as
+vLLM's own tests do. For clean vLLM that changes nothing; for a mutation campaign's
+child, which reads the signature the clean run cached and runs a mutated default, it
+is what reaches the default (a mutant of a default no scheduler call reads is still a
+changed public API, and vLLM's own tests kill it).
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ import typing
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["call", "flatten_literal", "quiet_logs"]
+__all__ = ["call", "call_leaving_defaults", "flatten_literal", "quiet_logs"]
 
 
 @contextlib.contextmanager
@@ -42,27 +50,51 @@ def flatten_literal(literal: Any) -> list[str]:
 
 def call(fn: Callable[..., Any], **kwargs: Any) -> Any:
     """Call ``fn`` with the keyword arguments its signature accepts."""
-    accepted = _accepted_keywords(fn)
+    accepted, _ = _signature_of(fn)
     if accepted is not None:
         kwargs = {k: v for k, v in kwargs.items() if k in accepted}
     return fn(**kwargs)
 
 
-_SIGNATURES: dict[Any, frozenset[str] | None] = {}
+def call_leaving_defaults(fn: Callable[..., Any], **kwargs: Any) -> Any:
+    """:func:`call`, without the arguments equal to the defaults ``fn`` declared when its
+    signature was first read."""
+    _, defaults = _signature_of(fn)
+    kept = {k: v for k, v in kwargs.items() if not _is_declared_default(v, k, defaults)}
+    return call(fn, **kept)
 
 
-def _accepted_keywords(fn: Callable[..., Any]) -> frozenset[str] | None:
+# Plain values only: a default is left to the callee when the value is the same thing.
+_PLAIN = (bool, int, float, str, type(None))
+
+_SIGNATURES: dict[Any, tuple[frozenset[str] | None, dict[str, Any]]] = {}
+
+
+def _is_declared_default(value: Any, name: str, defaults: dict[str, Any]) -> bool:
+    if name not in defaults or not isinstance(value, _PLAIN):
+        return False
+    default = defaults[name]
+    return type(default) is type(value) and default == value
+
+
+def _signature_of(fn: Callable[..., Any]) -> tuple[frozenset[str] | None, dict[str, Any]]:
+    """The keywords ``fn`` accepts (None: any) and its plain declared defaults."""
     key = getattr(fn, "__func__", fn)
     if key not in _SIGNATURES:
         try:
-            params = inspect.signature(fn).parameters.values()
+            params = list(inspect.signature(fn).parameters.values())
         except (TypeError, ValueError):
-            _SIGNATURES[key] = None
+            _SIGNATURES[key] = (None, {})
         else:
+            defaults = {
+                p.name: p.default
+                for p in params
+                if p.default is not p.empty and isinstance(p.default, _PLAIN)
+            }
             if any(p.kind is p.VAR_KEYWORD for p in params):
-                _SIGNATURES[key] = None
+                _SIGNATURES[key] = (None, defaults)
             else:
-                _SIGNATURES[key] = frozenset(
-                    p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-                )
+                keywords = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+                accepted = frozenset(p.name for p in params if p.kind in keywords)
+                _SIGNATURES[key] = (accepted, defaults)
     return _SIGNATURES[key]

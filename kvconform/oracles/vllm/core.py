@@ -25,7 +25,7 @@ from kvconform.errors import NotOffered, VllmUnavailable
 from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.methods import METHODS
 from kvconform.model.settings import SETTINGS
-from kvconform.oracles.vllm.calls import call, flatten_literal, quiet_logs
+from kvconform.oracles.vllm.calls import call, call_leaving_defaults, flatten_literal, quiet_logs
 from kvconform.oracles.vllm.versions import MINIMUM_SUPPORTED, release_of
 
 if TYPE_CHECKING:
@@ -224,6 +224,12 @@ class Vllm:
         """Whether vLLM turns prefix caching on by default for a generative model of this
         attention type (``ModelConfig.is_prefix_caching_supported``, which ``EngineArgs``
         takes as the default); None where the release has no such rule."""
+        # Remembered: asked once per scenario, and quieting vLLM's logs walks every logger.
+        return self._remembered(
+            ("prefix_caching_default", attn_type), lambda: self._prefix_caching_rule(attn_type)
+        )
+
+    def _prefix_caching_rule(self, attn_type: str) -> bool | None:
         model = self.optional_module("vllm.config.model")
         rule = getattr(getattr(model, "ModelConfig", None), "is_prefix_caching_supported", None)
         if not isinstance(rule, property) or rule.fget is None:
@@ -370,8 +376,12 @@ class Vllm:
         return self._request.RequestStatus.WAITING
 
     def allocate_slots(self, manager: Any, request: Any, num_new_tokens: int, **kwargs: Any) -> Any:
-        return call(
-            manager.allocate_slots, request=request, num_new_tokens=num_new_tokens, **kwargs
+        # Arguments at allocate_slots' declared defaults are left to them (calls.py says why).
+        return call_leaving_defaults(
+            manager.allocate_slots,
+            request=request,
+            num_new_tokens=num_new_tokens,
+            **kwargs,
         )
 
     def computed_blocks(

@@ -1,0 +1,57 @@
+"""Calls into vLLM across signatures (:mod:`kvconform.oracles.vllm.calls`), without vLLM.
+
+``call`` drops the keywords a release's callee does not take; ``call_leaving_defaults``
+also leaves out the arguments equal to the defaults the callee declared when first read,
+so that a mutation campaign's child, which swaps in a mutated default, runs it.
+"""
+
+from __future__ import annotations
+
+from kvconform.oracles.vllm.calls import call, call_leaving_defaults
+
+
+def test_call_drops_keywords_the_callee_does_not_take() -> None:
+    def older(num_new_tokens: int) -> int:
+        return num_new_tokens
+
+    assert call(older, num_new_tokens=3, skip_zeroing_group_ids=()) == 3
+
+
+def test_a_mutated_default_is_what_a_call_at_the_declared_default_runs() -> None:
+    def allocate(num_new_tokens: int, num_lookahead_tokens: int = 0, delay: bool = False):
+        return (num_new_tokens, num_lookahead_tokens, delay)
+
+    # The clean run reads the signature first: 0 and False are the declared defaults.
+    assert call_leaving_defaults(allocate, num_new_tokens=4, num_lookahead_tokens=0) == (
+        4,
+        0,
+        False,
+    )
+    allocate.__defaults__ = (1, False)  # what the campaign's child does for a default mutant
+    assert call_leaving_defaults(allocate, num_new_tokens=4, num_lookahead_tokens=0) == (
+        4,
+        1,
+        False,
+    )
+    # A value that is not the declared default is always passed.
+    assert call_leaving_defaults(allocate, num_new_tokens=4, num_lookahead_tokens=2) == (
+        4,
+        2,
+        False,
+    )
+    # Plain call() passes everything it is given, whatever the defaults say.
+    assert call(allocate, num_new_tokens=4, num_lookahead_tokens=0) == (4, 0, False)
+
+
+def test_only_the_same_plain_value_counts_as_the_default() -> None:
+    def allocate(flag: object = 0, blocks: object = None, name: str = "x"):
+        return (flag, blocks, name)
+
+    call_leaving_defaults(allocate)  # first read: defaults 0, None, "x"
+    allocate.__defaults__ = ("changed", "changed", "changed")
+    # False == 0 but is not the same value: passed as given, not left to the default.
+    assert call_leaving_defaults(allocate, flag=False)[0] is False
+    # An object that is not a plain value is always passed.
+    marker: list[int] = []
+    assert call_leaving_defaults(allocate, blocks=marker)[1] is marker
+    assert call_leaving_defaults(allocate, name="x")[2] == "changed"
