@@ -281,3 +281,46 @@ def test_an_allocator_that_rounds_block_counts_up_is_a_failure_not_bad_input(
     entry = _failed_entry(tree, scenario.parent, tmp_path)
     assert entry["verdict"] == "failed", entry
     assert any(f["check"] == "capacity" and f["request"] == "b" for f in entry["failures"]), entry
+
+
+ZEROING = REPO / "scenarios" / "admission" / "connector-async-load-blocks-not-zeroed.yaml"
+
+
+def _zeroing_failures(entry: dict) -> list[dict]:
+    return [f for f in entry["failures"] if f["check"] == "sanity" and "zero" in f["message"]]
+
+
+@pytest.mark.slow
+def test_a_new_block_left_off_the_zeroing_list_fails_sanity(pristine_tree, tmp_path):
+    # With Mamba layers vLLM zeroes new attention blocks before the step (#35219); an
+    # allocator that stops listing them leaves stale bytes for the model to read.
+    tree = tree_with_replacement(
+        pristine_tree,
+        tmp_path / "vllm-tree",
+        "v1/core/single_type_kv_cache_manager.py",
+        "            if self._record_new_block_ids:\n"
+        "                self.new_block_ids.extend(b.block_id for b in new_blocks)",
+        "            if not self._record_new_block_ids:\n"
+        "                self.new_block_ids.extend(b.block_id for b in new_blocks)",
+    )
+    entry = _failed_entry(tree, ZEROING, tmp_path)
+    failures = _zeroing_failures(entry)
+    assert failures and all(f["request"] == "a" for f in failures[:1]), entry
+    assert "not handed to the worker to zero" in failures[0]["message"]
+
+
+@pytest.mark.slow
+def test_a_loaded_block_on_the_zeroing_list_fails_sanity(pristine_tree, tmp_path):
+    # A one-token asynchronous load no longer goes through allocate_new_computed_blocks
+    # (which honours skip_zeroing_group_ids): its block is listed and would be zeroed
+    # after the connector wrote it.
+    tree = tree_with_replacement(
+        pristine_tree,
+        tmp_path / "vllm-tree",
+        "v1/core/kv_cache_manager.py",
+        "            or num_external_computed_tokens > 0\n",
+        "            or num_external_computed_tokens > 1\n",
+    )
+    entry = _failed_entry(tree, ZEROING, tmp_path)
+    (failure,) = _zeroing_failures(entry)
+    assert failure["request"] == "b" and "valid before the step" in failure["message"], entry

@@ -52,16 +52,23 @@ class Observation(NamedTuple):
     cached: int = 0
 
 
+# The invariants of a Miss (check `sanity` names each failure by one).
+HIT_MISSED = "gets a prefix-cache hit other than the one derived"
+NOT_ZEROED = "leaves a new block off the worker's zeroing list"
+ZEROES_VALID_KV = "hands a block of valid KV to the worker to zero"
+
+
 class Miss(NamedTuple):
     """What vLLM did otherwise than the scenario states: a first chunk (admission) whose
-    prefix-cache hit is not the stated one, or a release of blocks a KV load still writes."""
+    prefix-cache hit is not the stated one, a release of blocks a KV load still writes,
+    or a zeroing list that leaves a new block out or wipes valid KV."""
 
     step: int
     line: int | None
     request: str
     label: str
     message: str
-    invariant: str = "gets a prefix-cache hit other than the one derived"
+    invariant: str = HIT_MISSED
 
 
 # The parties that record the block ids they held, and where (the predictor holds none).

@@ -41,7 +41,7 @@ from typing import Any
 
 from kvconform.errors import Location, PoolExhausted, ScenarioError
 from kvconform.model.floors import MAMBA_ALIGNED_STATE, aligned_state_call_blocks, pool_columns
-from kvconform.model.observations import Trajectory
+from kvconform.model.observations import HIT_MISSED, NOT_ZEROED, ZEROES_VALID_KV, Trajectory
 from kvconform.model.scenario import Action, Call, ModelSpec, RequestSpec
 from kvconform.oracles.resolve import extra_retained_tokens, group_specs
 from kvconform.oracles.vllm import Vllm
@@ -176,8 +176,9 @@ class LiveAllocator:
         # Requests admitted and neither preempted nor finished: the scheduler's
         # `running` list, whose emptiness decides whether the watermark applies.
         self._running_names: set[str] = set()
-        # First chunks whose prefix-cache hit is not the stated one (check `sanity`).
-        self.misses: list[tuple[Call, str]] = []
+        # What vLLM did otherwise than the scenario or the contract states (check
+        # `sanity`): (call, message, invariant).
+        self.misses: list[tuple[Call, str, str]] = []
 
     def add_request(self, spec: RequestSpec, index: int) -> None:
         prompt = self._prompts[spec.name] = prompt_tokens(index, spec, self._prompts)
@@ -201,10 +202,12 @@ class LiveAllocator:
         when it does (:class:`StepDenied`, judged by the ``capacity`` check).
         """
         free = self.vllm.free_block_count(self.manager)
-        held = [len(ids) for ids in self.block_ids(call.request)]
+        before = self.block_ids(call.request)
+        held = [len(ids) for ids in before]
         new_blocks, hit, hit_blocks, external = self._allocate(call, encoder_len, where)
         if new_blocks is None:
             raise self._refusal(call, encoder_len, where, free, held, hit, hit_blocks)
+        self._check_zeroing(call, before, hit_blocks, hit + external)
         request = self._requests[call.request]
         request.num_computed_tokens = call.computed + call.scheduled
         self._loaded.discard(call.request)
@@ -216,6 +219,52 @@ class LiveAllocator:
             request.status = self._running
             self._running_names.add(call.request)
         return hit + external
+
+    def _check_zeroing(
+        self, call: Call, before: tuple[list[int], ...], hit_blocks: Any, valid_tokens: int
+    ) -> None:
+        """The blocks vLLM hands the worker to zero before the step (Mamba and
+        mixed-precision caches, #35219): every block new in a recording group's table,
+        except a prefix hit's (cached KV) and, under an asynchronous load, those holding
+        loaded tokens (the scheduler's ``skip_zeroing_group_ids``): zeroing those wipes KV
+        that is valid, not zeroing a new one leaves stale bytes the model reads."""
+        zeroed = self.vllm.take_blocks_to_zero(self.manager)
+        if zeroed is None:
+            return
+        after = self.block_ids(call.request)
+        hits = self.vllm.hit_block_ids(hit_blocks)
+        for group, recorded in zeroed.items():
+            size = self.model.groups[group].block_size
+            old, cached, listed = set(before[group]), set(hits.get(group, ())), set(recorded)
+            unzeroed, wiped = [], []
+            for index, block in enumerate(after[group]):
+                if block == self.null_block or block in old:
+                    continue
+                valid = block in cached or (call.options.load_async and index * size < valid_tokens)
+                if valid and block in listed:
+                    wiped.append(block)
+                elif not valid and block not in listed:
+                    unzeroed.append(block)
+            if unzeroed:
+                self.misses.append(
+                    (
+                        call,
+                        f"group {group}: new block(s) {unzeroed} are not handed to the worker "
+                        f"to zero (take_new_block_ids gave {sorted(listed)}); the model reads "
+                        "what a freed block held before",
+                        NOT_ZEROED,
+                    )
+                )
+            if wiped:
+                self.misses.append(
+                    (
+                        call,
+                        f"group {group}: block(s) {wiped} hold KV that is valid before the "
+                        "step (a prefix hit, or tokens the connector loads), yet are handed to "
+                        "the worker to zero",
+                        ZEROES_VALID_KV,
+                    )
+                )
 
     def is_refused(self, call: Call, encoder_len: int, where: Location) -> bool:
         """Make a call the scenario says must be refused; whether ``allocate_slots`` did.
@@ -343,6 +392,7 @@ class LiveAllocator:
                         call,
                         f"gets a prefix-cache hit of {hit} tokens, but the scenario states "
                         f"{call.options.expect_hit}",
+                        HIT_MISSED,
                     )
                 )
             new_tokens = call.scheduled - hit - external

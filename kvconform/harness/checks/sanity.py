@@ -8,6 +8,9 @@
 * a call the scenario marks ``refused`` is refused, and a first chunk (in
   scheduler mode, a request's first admission) gets the prefix-cache hit the
   scenario states (``expect_hit``);
+* where vLLM zeroes new blocks (Mamba layers, mixed precision), every block new in a
+  recording group's table is on the worker's zeroing list and no block of valid KV
+  (a prefix hit's, one an asynchronous load writes) is;
 * the recorded warmup hands out only blocks of the pool, each to one table, in
   the passes its limits give;
 * a Mamba "align" request's state blocks are real, its own, and its table only

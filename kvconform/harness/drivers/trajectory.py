@@ -110,8 +110,10 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
                 where = Location(scenario.file, line, f"steps[{index}].{name}")
                 raise type(exc)(where, exc.message) from None
             finally:
-                for missed, message in live.misses:
-                    trajectory.misses.append(Miss(index, line, name, missed.label, message))
+                for missed, message, invariant in live.misses:
+                    trajectory.misses.append(
+                        Miss(index, line, name, missed.label, message, invariant)
+                    )
                 live.misses.clear()
             held = live.block_ids(name)
             computed, scheduled, label = call.computed, call.scheduled, call.label

@@ -473,6 +473,26 @@ class Vllm:
         manager had a watermark)."""
         return int(getattr(manager, "watermark_blocks", 0) or 0)
 
+    def take_blocks_to_zero(self, manager: Any) -> dict[int, list[int]] | None:
+        """Group index -> the block ids that group handed out for the worker to zero since
+        the last call (``take_new_block_ids``, drained as the scheduler drains it every
+        step), for the groups whose manager records them; None where vLLM zeroes nothing:
+        a KV-cache config that needs no zeroing (``needs_kv_cache_zeroing``: no Mamba
+        layers, one precision), or a release without the list."""
+        config = getattr(manager, "kv_cache_config", None)
+        if not getattr(config, "needs_kv_cache_zeroing", False):
+            return None
+        return {
+            index: list(group.take_new_block_ids())
+            for index, group in enumerate(manager.coordinator.single_type_managers)
+            if getattr(group, "records_new_block_ids", False)
+        }
+
+    def hit_block_ids(self, blocks: Any) -> dict[int, list[int]]:
+        """Group index -> the block ids of a prefix hit (``KVCacheBlocks``; None: no hit)."""
+        groups = getattr(blocks, "blocks", None) or ()
+        return {index: [block.block_id for block in group] for index, group in enumerate(groups)}
+
     def evictable_blocks(self, blocks: Any, null_block: int) -> int:
         """How many of a prefix hit's blocks sit in the free queue (no request holds them):
         taking them uses free blocks as a new allocation does."""
