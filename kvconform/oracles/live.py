@@ -226,13 +226,15 @@ class LiveAllocator:
         """The blocks vLLM hands the worker to zero before the step (Mamba and
         mixed-precision caches, #35219): every block new in a recording group's table,
         except a prefix hit's (cached KV) and, under an asynchronous load, those holding
-        loaded tokens (the scheduler's ``skip_zeroing_group_ids``): zeroing those wipes KV
+        loaded tokens (the scheduler's ``skip_zeroing_group_ids``, in releases that have
+        it): zeroing those wipes KV
         that is valid, not zeroing a new one leaves stale bytes the model reads."""
         zeroed = self.vllm.take_blocks_to_zero(self.manager)
         if zeroed is None:
             return
         after = self.block_ids(call.request)
         hits = self.vllm.hit_block_ids(hit_blocks)
+        loaded = call.options.load_async and self.vllm.skips_zeroing_loaded_blocks(self.manager)
         for group, recorded in zeroed.items():
             size = self.model.groups[group].block_size
             old, cached, listed = set(before[group]), set(hits.get(group, ())), set(recorded)
@@ -240,7 +242,7 @@ class LiveAllocator:
             for index, block in enumerate(after[group]):
                 if block == self.null_block or block in old:
                     continue
-                valid = block in cached or (call.options.load_async and index * size < valid_tokens)
+                valid = block in cached or (loaded and index * size < valid_tokens)
                 if valid and block in listed:
                     wiped.append(block)
                 elif not valid and block not in listed:

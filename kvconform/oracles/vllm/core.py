@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import inspect
 import os
 import typing
 from collections.abc import Callable, Iterator, Sequence
@@ -487,6 +488,13 @@ class Vllm:
             for index, group in enumerate(manager.coordinator.single_type_managers)
             if getattr(group, "records_new_block_ids", False)
         }
+
+    def skips_zeroing_loaded_blocks(self, manager: Any) -> bool:
+        """Whether the blocks an asynchronous KV load writes stay off the zeroing list
+        (``allocate_slots(skip_zeroing_group_ids=...)``, 0.32 on, since loads may start
+        after the step's forward, PR #53333); before, they are listed like any new block,
+        zeroed before the load begins."""
+        return "skip_zeroing_group_ids" in inspect.signature(manager.allocate_slots).parameters
 
     def hit_block_ids(self, blocks: Any) -> dict[int, list[int]]:
         """Group index -> the block ids of a prefix hit (``KVCacheBlocks``; None: no hit)."""
