@@ -324,3 +324,20 @@ def test_a_loaded_block_on_the_zeroing_list_fails_sanity(pristine_tree, tmp_path
     entry = _failed_entry(tree, ZEROING, tmp_path)
     (failure,) = _zeroing_failures(entry)
     assert failure["request"] == "b" and "valid before the step" in failure["message"], entry
+
+
+@pytest.mark.slow
+def test_a_scheduler_that_zeroes_loading_blocks_fails_sanity(pristine_tree, tmp_path):
+    # Scheduler.schedule no longer passes the loaded groups as skip_zeroing_group_ids: the
+    # blocks a's asynchronous load writes go on the step's zeroing list.
+    tree = tree_with_replacement(
+        pristine_tree,
+        tmp_path / "vllm-tree",
+        "v1/core/sched/scheduler.py",
+        "                        if load_kv_async and self.connector is not None\n",
+        "                        if load_kv_async and self.connector is None\n",
+    )
+    scenario = REPO / "scenarios" / "scheduler" / "sched-remote-prefill-hybrid-zeroing.yaml"
+    entry = _failed_entry(tree, scenario, tmp_path)
+    (failure,) = _zeroing_failures(entry)
+    assert failure["request"] == "a" and "valid before the step" in failure["message"], entry

@@ -52,7 +52,7 @@ from kvconform.errors import NotOffered, PoolExhausted, ScenarioError, VllmUnava
 from kvconform.model.acceptance import AcceptanceStream
 from kvconform.model.floors import pool_columns
 from kvconform.model.methods import method_for
-from kvconform.model.observations import GroupInfo
+from kvconform.model.observations import NOT_ZEROED, ZEROES_VALID_KV, GroupInfo
 from kvconform.model.scenario import Scenario
 from kvconform.model.tiny_model import SCHEDULER_TARGET
 from kvconform.oracles.live import OUTPUT_OFFSET, first_output_token, prompt_tokens
@@ -223,6 +223,16 @@ class FreeRecord(NamedTuple):
     loading: bool = False
 
 
+class ZeroingRecord(NamedTuple):
+    """A schedule() whose zeroing list (``SchedulerOutput.new_block_ids_to_zero``) leaves a
+    new block out or holds a block of valid KV (check ``sanity``)."""
+
+    step: int
+    request: str
+    message: str
+    invariant: str
+
+
 @dataclass
 class SchedulerRun:
     """What the scheduler did, in call order, and the settings it ran with."""
@@ -245,6 +255,7 @@ class SchedulerRun:
     # run stops there.
     stall: StallRecord | None = None
     resets: list[ResetRecord] = field(default_factory=list)
+    zeroing: list[ZeroingRecord] = field(default_factory=list)
 
 
 # -- stepping --------------------------------------------------------------------------
@@ -367,6 +378,8 @@ class SchedulerOracle:
         self._remote = {name for name, req in scenario.requests.items() if req.remote_prefill}
         self._loading: dict[str, int] = {}  # KV loads in flight: steps until received
         self._loaded: set[str] = set()  # began loading remote KV, not scheduled since
+        # Each request's table at the last schedule(): what is new since (the zeroing rule).
+        self._tables: dict[str, tuple[list[int], ...]] = {}
         # (step, request) of the client's aborts, in order.
         self._aborts = sorted(
             (req.abort_at, name)
@@ -420,9 +433,11 @@ class SchedulerOracle:
         rows = []
         answers: list[tuple[str, int | None]] = []
         vllm = self.vllm
+        loading_now: set[str] = set()
         for rid in sorted(self._remote - self._loaded):
             request = self.scheduler.requests.get(rid)
             if request is not None and self.api.is_loading_remote_kv(request):
+                loading_now.add(rid)
                 self._loaded.add(rid)
                 self._loading[rid] = self.scenario.requests[rid].remote_prefill
                 held = tuple(list(ids) for ids in self.manager.get_block_ids(rid))
@@ -479,7 +494,65 @@ class SchedulerOracle:
         self.run.events.append(
             StepRecord(self._step, tuple(rows), in_flight, self.vllm.free_block_count(self.manager))
         )
+        self._check_zeroing(output, rows, loading_now)
         return answers
+
+    def _check_zeroing(
+        self, output: Any, rows: Sequence[ScheduledRequest], loading_now: set[str]
+    ) -> None:
+        """The step's zeroing list, where vLLM zeroes new blocks (Mamba layers, mixed
+        precision; #35219): every block new in a recording group's table since the last
+        schedule() is on it, but a prefix hit's and those an asynchronous KV load begins
+        writing this step; none of those is on it (before 0.32 the manager lists loaded
+        blocks, and the scheduler keeps them off the step's list itself)."""
+        recording = self.vllm.recording_groups(self.manager)
+        tables = {
+            rid: tuple(list(ids) for ids in self.manager.get_block_ids(rid))
+            for rid in set(self.scheduler.requests)
+            & (set(output.num_scheduled_tokens) | loading_now)
+        }
+        previous, self._tables = self._tables, {**self._tables, **tables}
+        if recording is None:
+            return
+        listed = set(self.vllm.step_blocks_to_zero(output))
+        computed = {row.request: row.computed for row in rows if row.phase != "running"}
+        null = self.run.null_block
+        for rid, table in sorted(tables.items()):
+            unzeroed: list[int] = []
+            wiped: list[int] = []
+            for group in recording:
+                size = self.scenario.model.groups[group].block_size
+                old = set(previous.get(rid, ([],) * len(table))[group])
+                for index, block in enumerate(table[group]):
+                    if block == null or block in old:
+                        continue
+                    valid = rid in loading_now or index * size < computed.get(rid, 0)
+                    if valid and block in listed:
+                        wiped.append(block)
+                    elif not valid and block not in listed:
+                        unzeroed.append(block)
+            if unzeroed:
+                self.run.zeroing.append(
+                    ZeroingRecord(
+                        self._step,
+                        rid,
+                        f"new block(s) {unzeroed} are not on the step's zeroing list "
+                        f"(new_block_ids_to_zero: {sorted(listed)}); the model reads what a "
+                        "freed block held before",
+                        NOT_ZEROED,
+                    )
+                )
+            if wiped:
+                self.run.zeroing.append(
+                    ZeroingRecord(
+                        self._step,
+                        rid,
+                        f"block(s) {wiped} hold KV that is valid before the step (a prefix "
+                        "hit, or what an asynchronous load writes), yet are on the step's "
+                        "zeroing list",
+                        ZEROES_VALID_KV,
+                    )
+                )
 
     # -- the engine loop ----------------------------------------------------------
 

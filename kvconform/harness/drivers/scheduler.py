@@ -255,6 +255,17 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
                     "resets the prefix cache otherwise than derived",
                 )
             )
+    for zeroing in record.zeroing:
+        trajectory.misses.append(
+            Miss(
+                zeroing.step,
+                lines.get(zeroing.request),
+                zeroing.request,
+                "schedule",
+                zeroing.message,
+                zeroing.invariant,
+            )
+        )
     trajectory.step_notes = {step: "; ".join(parts) for step, parts in sorted(notes.items())}
     trajectory.notes.append(summary(record, scenario))
     return trajectory

@@ -489,6 +489,22 @@ class Vllm:
             if getattr(group, "records_new_block_ids", False)
         }
 
+    def recording_groups(self, manager: Any) -> list[int] | None:
+        """The groups whose new blocks vLLM zeroes (their managers record them); None where
+        vLLM zeroes nothing (no ``needs_kv_cache_zeroing``, or a release without it)."""
+        config = getattr(manager, "kv_cache_config", None)
+        if not getattr(config, "needs_kv_cache_zeroing", False):
+            return None
+        return [
+            index
+            for index, group in enumerate(manager.coordinator.single_type_managers)
+            if getattr(group, "records_new_block_ids", False)
+        ]
+
+    def step_blocks_to_zero(self, output: Any) -> list[int]:
+        """The block ids a ``SchedulerOutput`` hands the worker to zero."""
+        return list(getattr(output, "new_block_ids_to_zero", None) or ())
+
     def skips_zeroing_loaded_blocks(self, manager: Any) -> bool:
         """Whether the blocks an asynchronous KV load writes stay off the zeroing list
         (``allocate_slots(skip_zeroing_group_ids=...)``, 0.32 on, since loads may start
