@@ -43,6 +43,7 @@ from kvconform.errors import Location, PoolExhausted, ScenarioError
 from kvconform.model.floors import MAMBA_ALIGNED_STATE, aligned_state_call_blocks, pool_columns
 from kvconform.model.observations import HIT_MISSED, NOT_ZEROED, ZEROES_VALID_KV, Trajectory
 from kvconform.model.scenario import Action, Call, ModelSpec, RequestSpec
+from kvconform.model.zeroing import judge_zeroing
 from kvconform.oracles.resolve import extra_retained_tokens, group_specs
 from kvconform.oracles.vllm import Vllm
 
@@ -223,12 +224,9 @@ class LiveAllocator:
     def _check_zeroing(
         self, call: Call, before: tuple[list[int], ...], hit_blocks: Any, valid_tokens: int
     ) -> None:
-        """The blocks vLLM hands the worker to zero before the step (Mamba and
-        mixed-precision caches, #35219): every block new in a recording group's table,
-        except a prefix hit's (cached KV) and, under an asynchronous load, those holding
-        loaded tokens (the scheduler's ``skip_zeroing_group_ids``, in releases that have
-        it): zeroing those wipes KV
-        that is valid, not zeroing a new one leaves stale bytes the model reads."""
+        """The blocks vLLM hands the worker to zero (:mod:`kvconform.model.zeroing`): the
+        valid ones are a prefix hit's and, under an asynchronous load, those holding loaded
+        tokens (the scheduler's ``skip_zeroing_group_ids``, in releases that have it)."""
         zeroed = self.vllm.take_blocks_to_zero(self.manager)
         if zeroed is None:
             return
@@ -237,16 +235,14 @@ class LiveAllocator:
         loaded = call.options.load_async and self.vllm.skips_zeroing_loaded_blocks(self.manager)
         for group, recorded in zeroed.items():
             size = self.model.groups[group].block_size
-            old, cached, listed = set(before[group]), set(hits.get(group, ())), set(recorded)
-            unzeroed, wiped = [], []
-            for index, block in enumerate(after[group]):
-                if block == self.null_block or block in old:
-                    continue
-                valid = block in cached or (loaded and index * size < valid_tokens)
-                if valid and block in listed:
-                    wiped.append(block)
-                elif not valid and block not in listed:
-                    unzeroed.append(block)
+            cached, listed = set(hits.get(group, ())), set(recorded)
+
+            def holds_valid_kv(index: int, block: int, size: int = size) -> bool:
+                return block in cached or (loaded and index * size < valid_tokens)  # noqa: B023
+
+            unzeroed, wiped = judge_zeroing(
+                after[group], set(before[group]), listed, self.null_block, holds_valid_kv
+            )
             if unzeroed:
                 self.misses.append(
                     (

@@ -55,6 +55,7 @@ from kvconform.model.methods import method_for
 from kvconform.model.observations import NOT_ZEROED, ZEROES_VALID_KV, GroupInfo
 from kvconform.model.scenario import Scenario
 from kvconform.model.tiny_model import SCHEDULER_TARGET
+from kvconform.model.zeroing import judge_zeroing
 from kvconform.oracles.live import OUTPUT_OFFSET, first_output_token, prompt_tokens
 from kvconform.oracles.resolve import group_specs
 from kvconform.oracles.tiny_models import model_folder
@@ -520,17 +521,23 @@ class SchedulerOracle:
         for rid, table in sorted(tables.items()):
             unzeroed: list[int] = []
             wiped: list[int] = []
+            loading = rid in loading_now
+            valid_end = computed.get(rid, 0)
             for group in recording:
                 size = self.scenario.model.groups[group].block_size
-                old = set(previous.get(rid, ([],) * len(table))[group])
-                for index, block in enumerate(table[group]):
-                    if block == null or block in old:
-                        continue
-                    valid = rid in loading_now or index * size < computed.get(rid, 0)
-                    if valid and block in listed:
-                        wiped.append(block)
-                    elif not valid and block not in listed:
-                        unzeroed.append(block)
+
+                def holds_valid_kv(index: int, block: int, size: int = size) -> bool:
+                    return loading or index * size < valid_end  # noqa: B023 - called at once
+
+                missing, wrong = judge_zeroing(
+                    table[group],
+                    set(previous.get(rid, ([],) * len(table))[group]),
+                    listed,
+                    null,
+                    holds_valid_kv,
+                )
+                unzeroed += missing
+                wiped += wrong
             if unzeroed:
                 self.run.zeroing.append(
                     ZeroingRecord(

@@ -1,0 +1,40 @@
+"""Which new blocks the worker must zero before a step, and which it must not.
+
+Where vLLM zeroes new KV-cache blocks (``KVCacheConfig.needs_kv_cache_zeroing``: a model
+with Mamba layers, whose state is read before it is fully written, or caches of two
+precisions; #35219), each step hands the worker a list of block ids to zero. A block new
+in a recording group's table belongs on it, unless it already holds valid KV: a prefix
+hit's block, or one an asynchronous KV-connector load writes. Zeroing a valid block wipes
+KV the model then reads as written; leaving a new block off lets the model read what the
+block held for its previous owner. Both oracles (the live allocator and vLLM's scheduler)
+judge their lists with :func:`judge_zeroing`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+
+
+def judge_zeroing(
+    table: Sequence[int],
+    before: Collection[int],
+    listed: Collection[int],
+    null_block: int,
+    holds_valid_kv: Callable[[int, int], bool],
+) -> tuple[list[int], list[int]]:
+    """(new blocks left off the list, valid blocks on it) of one group's ``table``.
+
+    ``before``: the table's blocks at the previous allocation (not new);
+    ``holds_valid_kv(index, block)``: whether the block at that column holds KV already.
+    """
+    unzeroed: list[int] = []
+    wiped: list[int] = []
+    for index, block in enumerate(table):
+        if block == null_block or block in before:
+            continue
+        valid = holds_valid_kv(index, block)
+        if valid and block in listed:
+            wiped.append(block)
+        elif not valid and block not in listed:
+            unzeroed.append(block)
+    return unzeroed, wiped
