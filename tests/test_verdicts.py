@@ -341,3 +341,24 @@ def test_a_scheduler_that_zeroes_loading_blocks_fails_sanity(pristine_tree, tmp_
     entry = _failed_entry(tree, scenario, tmp_path)
     (failure,) = _zeroing_failures(entry)
     assert failure["request"] == "a" and "valid before the step" in failure["message"], entry
+
+
+@pytest.mark.slow
+def test_a_scheduler_that_zeroes_held_blocks_again_fails_sanity(pristine_tree, tmp_path):
+    # The step's list also names the running requests' attention blocks: KV they computed
+    # (or loaded) at earlier steps would be wiped.
+    tree = tree_with_replacement(
+        pristine_tree,
+        tmp_path / "vllm-tree",
+        "v1/core/sched/scheduler.py",
+        "        return new_block_ids_to_zero or None\n",
+        "        return (new_block_ids_to_zero + [\n"
+        "            b for r in self.running\n"
+        "            for b in self.kv_cache_manager.get_block_ids(r.request_id)[0]\n"
+        "        ]) or None\n",
+    )
+    scenario = REPO / "scenarios" / "scheduler" / "sched-remote-prefill-hybrid-zeroing.yaml"
+    entry = _failed_entry(tree, scenario, tmp_path)
+    assert any(
+        "held with their KV at the last step" in f["message"] for f in _zeroing_failures(entry)
+    ), entry

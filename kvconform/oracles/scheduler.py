@@ -507,15 +507,39 @@ class SchedulerOracle:
         writing this step; none of those is on it (before 0.32 the manager lists loaded
         blocks, and the scheduler keeps them off the step's list itself)."""
         recording = self.vllm.recording_groups(self.manager)
-        tables = {
+        held = {
             rid: tuple(list(ids) for ids in self.manager.get_block_ids(rid))
-            for rid in set(self.scheduler.requests)
-            & (set(output.num_scheduled_tokens) | loading_now)
+            for rid in self.scheduler.requests
         }
-        previous, self._tables = self._tables, {**self._tables, **tables}
+        judged = set(output.num_scheduled_tokens) | loading_now
+        tables = {rid: table for rid, table in held.items() if rid in judged}
+        previous, self._tables = self._tables, held
         if recording is None:
             return
         listed = set(self.vllm.step_blocks_to_zero(output))
+        # A block a request held at the last step and holds still has KV written by then:
+        # on the list, the worker wipes it (a load that completed, a computed prefix).
+        for rid, table in sorted(held.items()):
+            if rid not in previous:
+                continue
+            kept = [
+                block
+                for group in recording
+                for block in table[group]
+                if block != self.run.null_block
+                and block in listed
+                and block in set(previous[rid][group])
+            ]
+            if kept:
+                self.run.zeroing.append(
+                    ZeroingRecord(
+                        self._step,
+                        rid,
+                        f"block(s) {kept}, which the request held with their KV at the last "
+                        "step, are on this step's zeroing list",
+                        ZEROES_VALID_KV,
+                    )
+                )
         computed = {row.request: row.computed for row in rows if row.phase != "running"}
         null = self.run.null_block
         for rid, table in sorted(tables.items()):
