@@ -63,6 +63,15 @@ def test_the_subprocess_environment(tmp_path: Path):
     assert len(path) == 3 and (Path(path[1]) / "kvconform" / "peer").is_dir()
     assert [p.name for p in Path(path[1]).iterdir()] == ["kvconform"]  # nothing else of the repo
     assert {k: env[k] for k in FIXED} == FIXED
+    # GPUs hidden whatever the caller had: a baseline and a run must see one configuration.
+    assert env["CUDA_VISIBLE_DEVICES"] == ""
+    hidden = build_env(
+        deps=deps,
+        redirect_map=redirect,
+        version="0.33.0",
+        base={**base, "CUDA_VISIBLE_DEVICES": "0"},
+    )
+    assert hidden["CUDA_VISIBLE_DEVICES"] == ""
     assert env["VLLM_MODEL_REDIRECT_PATH"] == str(redirect)
     assert "PYTEST_ADDOPTS" not in env and "COVERAGE_PROCESS_START" not in env
     assert env["KVCONFORM_PEER_INSTALLED_VLLM"].endswith("vllm")

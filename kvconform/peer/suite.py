@@ -32,7 +32,7 @@ from kvconform.paths import cache_dir
 from kvconform.peer import baseline as baselines
 from kvconform.peer import coverage_report
 from kvconform.peer.deps import PINS, deps_dir
-from kvconform.peer.environment import build_env, installed_vllm_dir, installed_vllm_version
+from kvconform.peer.environment import FIXED, build_env, installed_vllm_dir, installed_vllm_version
 from kvconform.peer.fetch import fetch_tests
 from kvconform.peer.fingerprint import key_of, tree_fingerprint
 from kvconform.peer.models import default_redirect_map
@@ -147,7 +147,9 @@ class PeerSuite:
 
     def _cache(self, kind: str) -> Path:
         cleanup = "global-cleanup" if self.global_cleanup else "light-cleanup"
-        key = key_of(self.fingerprint, self.selection(), PINS, cleanup)
+        # The fixed environment is part of what a cached baseline was judged under.
+        fixed = [f"{name}={value}" for name, value in sorted(FIXED.items())]
+        key = key_of(self.fingerprint, self.selection(), PINS, cleanup, fixed)
         return cache_dir("peer", self.version) / f"{kind}-{key}.json"
 
     @contextmanager
