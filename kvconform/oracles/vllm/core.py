@@ -506,10 +506,9 @@ class Vllm:
         return list(getattr(output, "new_block_ids_to_zero", None) or ())
 
     def skips_zeroing_loaded_blocks(self, manager: Any) -> bool:
-        """Whether the blocks an asynchronous KV load writes stay off the zeroing list
-        (``allocate_slots(skip_zeroing_group_ids=...)``, 0.32 on, since loads may start
-        after the step's forward, PR #53333); before, they are listed like any new block,
-        zeroed before the load begins."""
+        """Whether the manager keeps the blocks an asynchronous KV load writes off its
+        zeroing list (``allocate_slots(skip_zeroing_group_ids=...)``, 0.32 on); before, it
+        lists them like any new block and the scheduler keeps them off the step's list."""
         return "skip_zeroing_group_ids" in inspect.signature(manager.allocate_slots).parameters
 
     def hit_block_ids(self, blocks: Any) -> dict[int, list[int]]:
