@@ -7,7 +7,7 @@ so that a mutation campaign's child, which swaps in a mutated default, runs it.
 
 from __future__ import annotations
 
-from kvconform.oracles.vllm.calls import call, call_leaving_defaults
+from kvconform.oracles.vllm.calls import accepts_keyword, call, call_leaving_defaults
 
 
 def test_call_drops_keywords_the_callee_does_not_take() -> None:
@@ -55,3 +55,15 @@ def test_only_the_same_plain_value_counts_as_the_default() -> None:
     marker: list[int] = []
     assert call_leaving_defaults(allocate, blocks=marker)[1] is marker
     assert call_leaving_defaults(allocate, name="x")[2] == "changed"
+
+
+def test_accepts_keyword_reads_the_signature() -> None:
+    def older(request: object, num_new_tokens: int) -> None: ...
+
+    def newer(request: object, num_new_tokens: int, skip_zeroing_group_ids: tuple = ()) -> None: ...
+
+    def open_ended(**kwargs: object) -> None: ...
+
+    assert not accepts_keyword(older, "skip_zeroing_group_ids")
+    assert accepts_keyword(newer, "skip_zeroing_group_ids")
+    assert accepts_keyword(open_ended, "skip_zeroing_group_ids")

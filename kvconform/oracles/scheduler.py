@@ -379,7 +379,9 @@ class SchedulerOracle:
         self._remote = {name for name, req in scenario.requests.items() if req.remote_prefill}
         self._loading: dict[str, int] = {}  # KV loads in flight: steps until received
         self._loaded: set[str] = set()  # began loading remote KV, not scheduled since
-        # Each request's table at the last schedule(): what is new since (the zeroing rule).
+        # The groups whose new blocks vLLM zeroes (None: it zeroes nothing), and each
+        # request's table at the last schedule(): what is new since (the zeroing rule).
+        self._zeroed_groups = vllm.recording_groups(self.manager)
         self._tables: dict[str, tuple[list[int], ...]] = {}
         # (step, request) of the client's aborts, in order.
         self._aborts = sorted(
@@ -506,7 +508,9 @@ class SchedulerOracle:
         schedule() is on it, but a prefix hit's and those an asynchronous KV load begins
         writing this step; none of those is on it (before 0.32 the manager lists loaded
         blocks, and the scheduler keeps them off the step's list itself)."""
-        recording = self.vllm.recording_groups(self.manager)
+        recording = self._zeroed_groups
+        if recording is None:
+            return
         held = {
             rid: tuple(list(ids) for ids in self.manager.get_block_ids(rid))
             for rid in self.scheduler.requests
@@ -514,8 +518,6 @@ class SchedulerOracle:
         judged = set(output.num_scheduled_tokens) | loading_now
         tables = {rid: table for rid, table in held.items() if rid in judged}
         previous, self._tables = self._tables, held
-        if recording is None:
-            return
         listed = set(self.vllm.step_blocks_to_zero(output))
         # A block a request held at the last step and holds still has KV written by then:
         # on the list, the worker wipes it (a load that completed, a computed prefix).
@@ -525,10 +527,8 @@ class SchedulerOracle:
             kept = [
                 block
                 for group in recording
-                for block in table[group]
+                for block in sorted(set(table[group]) & set(previous[rid][group]) & listed)
                 if block != self.run.null_block
-                and block in listed
-                and block in set(previous[rid][group])
             ]
             if kept:
                 self.run.zeroing.append(

@@ -24,7 +24,7 @@ import typing
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["call", "call_leaving_defaults", "flatten_literal", "quiet_logs"]
+__all__ = ["accepts_keyword", "call", "call_leaving_defaults", "flatten_literal", "quiet_logs"]
 
 
 @contextlib.contextmanager
@@ -62,6 +62,12 @@ def call_leaving_defaults(fn: Callable[..., Any], **kwargs: Any) -> Any:
     _, defaults = _signature_of(fn)
     kept = {k: v for k, v in kwargs.items() if not _is_declared_default(v, k, defaults)}
     return call(fn, **kept)
+
+
+def accepts_keyword(fn: Callable[..., Any], name: str) -> bool:
+    """Whether ``fn`` takes the keyword ``name`` (read once per callee, as :func:`call` does)."""
+    accepted, _ = _signature_of(fn)
+    return accepted is None or name in accepted
 
 
 # Plain values only: a default is left to the callee when the value is the same thing.

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
-import inspect
 import os
 import typing
 from collections.abc import Callable, Iterator, Sequence
@@ -26,7 +25,13 @@ from kvconform.errors import NotOffered, VllmUnavailable
 from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.methods import METHODS
 from kvconform.model.settings import SETTINGS
-from kvconform.oracles.vllm.calls import call, call_leaving_defaults, flatten_literal, quiet_logs
+from kvconform.oracles.vllm.calls import (
+    accepts_keyword,
+    call,
+    call_leaving_defaults,
+    flatten_literal,
+    quiet_logs,
+)
 from kvconform.oracles.vllm.versions import MINIMUM_SUPPORTED, release_of
 
 if TYPE_CHECKING:
@@ -477,17 +482,12 @@ class Vllm:
     def take_blocks_to_zero(self, manager: Any) -> dict[int, list[int]] | None:
         """Group index -> the block ids that group handed out for the worker to zero since
         the last call (``take_new_block_ids``, drained as the scheduler drains it every
-        step), for the groups whose manager records them; None where vLLM zeroes nothing:
-        a KV-cache config that needs no zeroing (``needs_kv_cache_zeroing``: no Mamba
-        layers, one precision), or a release without the list."""
-        config = getattr(manager, "kv_cache_config", None)
-        if not getattr(config, "needs_kv_cache_zeroing", False):
+        step), for the :meth:`recording_groups`; None where vLLM zeroes nothing."""
+        groups = self.recording_groups(manager)
+        if groups is None:
             return None
-        return {
-            index: list(group.take_new_block_ids())
-            for index, group in enumerate(manager.coordinator.single_type_managers)
-            if getattr(group, "records_new_block_ids", False)
-        }
+        managers = manager.coordinator.single_type_managers
+        return {index: list(managers[index].take_new_block_ids()) for index in groups}
 
     def recording_groups(self, manager: Any) -> list[int] | None:
         """The groups whose new blocks vLLM zeroes (their managers record them); None where
@@ -509,7 +509,7 @@ class Vllm:
         """Whether the manager keeps the blocks an asynchronous KV load writes off its
         zeroing list (``allocate_slots(skip_zeroing_group_ids=...)``, 0.32 on); before, it
         lists them like any new block and the scheduler keeps them off the step's list."""
-        return "skip_zeroing_group_ids" in inspect.signature(manager.allocate_slots).parameters
+        return accepts_keyword(manager.allocate_slots, "skip_zeroing_group_ids")
 
     def hit_block_ids(self, blocks: Any) -> dict[int, list[int]]:
         """Group index -> the block ids of a prefix hit (``KVCacheBlocks``; None: no hit)."""
