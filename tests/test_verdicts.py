@@ -286,26 +286,33 @@ def test_an_allocator_that_rounds_block_counts_up_is_a_failure_not_bad_input(
 ZEROING = REPO / "scenarios" / "admission" / "connector-async-load-blocks-not-zeroed.yaml"
 
 
-def _zeroing_failures(entry: dict) -> list[dict]:
-    return [f for f in entry["failures"] if f["check"] == "sanity" and "zero" in f["message"]]
+SCHEDULER_ZEROING = REPO / "scenarios" / "scheduler" / "sched-remote-prefill-hybrid-zeroing.yaml"
+
+
+def _zeroing_failures(pristine_tree, tmp_path, module, old, new, scenario) -> tuple[list, dict]:
+    """``scenario`` against a copy of vLLM with ``old`` replaced by ``new`` in ``module``,
+    which must fail: its sanity failures about zeroing, and the whole entry."""
+    tree = tree_with_replacement(pristine_tree, tmp_path / "vllm-tree", module, old, new)
+    entry = _failed_entry(tree, scenario, tmp_path)
+    failures = [f for f in entry["failures"] if f["check"] == "sanity" and "zero" in f["message"]]
+    return failures, entry
 
 
 @pytest.mark.slow
 def test_a_new_block_left_off_the_zeroing_list_fails_sanity(pristine_tree, tmp_path):
     # With Mamba layers vLLM zeroes new attention blocks before the step (#35219); an
     # allocator that stops listing them leaves stale bytes for the model to read.
-    tree = tree_with_replacement(
+    failures, entry = _zeroing_failures(
         pristine_tree,
-        tmp_path / "vllm-tree",
+        tmp_path,
         "v1/core/single_type_kv_cache_manager.py",
         "            if self._record_new_block_ids:\n"
         "                self.new_block_ids.extend(b.block_id for b in new_blocks)",
         "            if not self._record_new_block_ids:\n"
         "                self.new_block_ids.extend(b.block_id for b in new_blocks)",
+        ZEROING,
     )
-    entry = _failed_entry(tree, ZEROING, tmp_path)
-    failures = _zeroing_failures(entry)
-    assert failures and all(f["request"] == "a" for f in failures[:1]), entry
+    assert failures and failures[0]["request"] == "a", entry
     assert "not handed to the worker to zero" in failures[0]["message"]
 
 
@@ -314,15 +321,14 @@ def test_a_loaded_block_on_the_zeroing_list_fails_sanity(pristine_tree, tmp_path
     # A one-token asynchronous load no longer goes through allocate_new_computed_blocks
     # (which honours skip_zeroing_group_ids): its block is listed and would be zeroed
     # after the connector wrote it.
-    tree = tree_with_replacement(
+    (failure,), entry = _zeroing_failures(
         pristine_tree,
-        tmp_path / "vllm-tree",
+        tmp_path,
         "v1/core/kv_cache_manager.py",
         "            or num_external_computed_tokens > 0\n",
         "            or num_external_computed_tokens > 1\n",
+        ZEROING,
     )
-    entry = _failed_entry(tree, ZEROING, tmp_path)
-    (failure,) = _zeroing_failures(entry)
     assert failure["request"] == "b" and "valid before the step" in failure["message"], entry
 
 
@@ -330,16 +336,14 @@ def test_a_loaded_block_on_the_zeroing_list_fails_sanity(pristine_tree, tmp_path
 def test_a_scheduler_that_zeroes_loading_blocks_fails_sanity(pristine_tree, tmp_path):
     # Scheduler.schedule no longer passes the loaded groups as skip_zeroing_group_ids: the
     # blocks a's asynchronous load writes go on the step's zeroing list.
-    tree = tree_with_replacement(
+    (failure,), entry = _zeroing_failures(
         pristine_tree,
-        tmp_path / "vllm-tree",
+        tmp_path,
         "v1/core/sched/scheduler.py",
         "                        if load_kv_async and self.connector is not None\n",
         "                        if load_kv_async and self.connector is None\n",
+        SCHEDULER_ZEROING,
     )
-    scenario = REPO / "scenarios" / "scheduler" / "sched-remote-prefill-hybrid-zeroing.yaml"
-    entry = _failed_entry(tree, scenario, tmp_path)
-    (failure,) = _zeroing_failures(entry)
     assert failure["request"] == "a" and "valid before the step" in failure["message"], entry
 
 
@@ -347,18 +351,15 @@ def test_a_scheduler_that_zeroes_loading_blocks_fails_sanity(pristine_tree, tmp_
 def test_a_scheduler_that_zeroes_held_blocks_again_fails_sanity(pristine_tree, tmp_path):
     # The step's list also names the running requests' attention blocks: KV they computed
     # (or loaded) at earlier steps would be wiped.
-    tree = tree_with_replacement(
+    failures, entry = _zeroing_failures(
         pristine_tree,
-        tmp_path / "vllm-tree",
+        tmp_path,
         "v1/core/sched/scheduler.py",
         "        return new_block_ids_to_zero or None\n",
         "        return (new_block_ids_to_zero + [\n"
         "            b for r in self.running\n"
         "            for b in self.kv_cache_manager.get_block_ids(r.request_id)[0]\n"
         "        ]) or None\n",
+        SCHEDULER_ZEROING,
     )
-    scenario = REPO / "scenarios" / "scheduler" / "sched-remote-prefill-hybrid-zeroing.yaml"
-    entry = _failed_entry(tree, scenario, tmp_path)
-    assert any(
-        "held with their KV at the last step" in f["message"] for f in _zeroing_failures(entry)
-    ), entry
+    assert any("held with their KV at the last step" in f["message"] for f in failures), entry
