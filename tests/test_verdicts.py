@@ -363,3 +363,58 @@ def test_a_scheduler_that_zeroes_held_blocks_again_fails_sanity(pristine_tree, t
         SCHEDULER_ZEROING,
     )
     assert any("held with their KV at the last step" in f["message"] for f in failures), entry
+
+
+# A hybrid model whose prompt ends inside a Mamba block, with prefix caching: the state at
+# its end is cached on the block the next step overwrites, then copied out of the way.
+PARTIAL_TAIL = (
+    REPO / "scenarios" / "hybrid" / "hybrid-full-attention-partial-block-hit-exact-pool.yaml"
+)
+COW_HANDOFF = (
+    "                            self._pending_boundary_state_offloads.append(\n"
+    "                                (\n"
+    "                                    request_id,\n"
+    "                                    self.kv_cache_group_id,\n"
+    "                                    cow_block,\n"
+)
+
+
+def _handoff_failures(pristine_tree, tmp_path, old, new) -> tuple[list, dict]:
+    tree = tree_with_replacement(
+        pristine_tree,
+        tmp_path / "vllm-tree",
+        "v1/core/single_type_kv_cache_manager.py",
+        old,
+        new,
+    )
+    entry = _failed_entry(tree, PARTIAL_TAIL, tmp_path)
+    failures = [
+        f for f in entry["failures"] if f["check"] == "sanity" and "connector" in f["message"]
+    ]
+    return failures, entry
+
+
+@pytest.mark.slow
+def test_a_copied_boundary_state_not_handed_over_fails_sanity(pristine_tree, tmp_path):
+    # The copy-on-write of a's partial tail keeps the state of its 96-token prompt in a new
+    # block; a manager that forgets the producer's tail never offers that block to a P/D
+    # connector, which then cannot offload the prefix a computed.
+    failures, entry = _handoff_failures(
+        pristine_tree,
+        tmp_path,
+        "                        if producer_tail is not None:\n",
+        "                        if producer_tail is None:\n",
+    )
+    assert failures and failures[0]["request"] == "a", entry
+    assert "does not hand it to the KV connector" in failures[0]["message"]
+
+
+@pytest.mark.slow
+def test_handing_over_the_overwritten_copy_source_fails_sanity(pristine_tree, tmp_path):
+    # Offering the copy's source instead: the next forward overwrites that block, so the
+    # connector would offload another state than the one of 96 tokens it is told.
+    failures, entry = _handoff_failures(
+        pristine_tree, tmp_path, COW_HANDOFF, COW_HANDOFF.replace("cow_block,", "source_block,")
+    )
+    messages = " ".join(f["message"] for f in failures)
+    assert "no longer holds it" in messages and "does not hand it" in messages, entry

@@ -56,12 +56,16 @@ class Observation(NamedTuple):
 HIT_MISSED = "gets a prefix-cache hit other than the one derived"
 NOT_ZEROED = "leaves a new block off the worker's zeroing list"
 ZEROES_VALID_KV = "hands a block of valid KV to the worker to zero"
+HANDOFF_LOST = "caches a Mamba boundary state and does not hand it to the KV connector"
+HANDOFF_STALE = "hands the KV connector a block that no longer holds the state"
 
 
 class Miss(NamedTuple):
     """What vLLM did otherwise than the scenario states: a first chunk (admission) whose
     prefix-cache hit is not the stated one, a release of blocks a KV load still writes,
-    or a zeroing list that leaves a new block out or wipes valid KV."""
+    a zeroing list that leaves a new block out or wipes valid KV, or a step's hand-off of
+    cached Mamba boundary states to a KV connector that loses one or names a stale block
+    (``label`` "end of step")."""
 
     step: int
     line: int | None

@@ -22,8 +22,10 @@ Every call mirrors what ``vllm/v1/core/sched/scheduler.py`` does around
 * Each step starts with ``new_step_starts`` (:meth:`LiveAllocator.new_step`), as
   ``Scheduler.schedule`` starts: Mamba "align" refuses a request whose prefix hit
   ends on a state another request cached in the same step, until the next one.
-  Each step ends with ``take_kv_cache_block_copies`` (:meth:`LiveAllocator.end_step`):
-  the blocks a copy-on-write of a partial prefix hit retained go back.
+  Each step ends as ``schedule`` ends (:meth:`LiveAllocator.end_step`): the boundary
+  states of Mamba "align" groups cached in the step are handed to a KV connector
+  (``take_boundary_state_offloads``, judged by :mod:`kvconform.model.handoffs`), then
+  ``take_kv_cache_block_copies`` and the blocks a copy-on-write retained go back.
 
 ``allocate_slots`` returning ``None`` means the pool cannot serve the step:
 the scenario asked for more than its pool holds, a :class:`PoolExhausted`;
@@ -41,7 +43,15 @@ from typing import Any
 
 from kvconform.errors import Location, PoolExhausted, ScenarioError
 from kvconform.model.floors import MAMBA_ALIGNED_STATE, aligned_state_call_blocks, pool_columns
-from kvconform.model.observations import HIT_MISSED, NOT_ZEROED, ZEROES_VALID_KV, Trajectory
+from kvconform.model.handoffs import judge_handoffs
+from kvconform.model.observations import (
+    HANDOFF_LOST,
+    HANDOFF_STALE,
+    HIT_MISSED,
+    NOT_ZEROED,
+    ZEROES_VALID_KV,
+    Trajectory,
+)
 from kvconform.model.scenario import Action, Call, ModelSpec, RequestSpec
 from kvconform.model.zeroing import judge_zeroing
 from kvconform.oracles.resolve import extra_retained_tokens, group_specs
@@ -178,8 +188,17 @@ class LiveAllocator:
         # `running` list, whose emptiness decides whether the watermark applies.
         self._running_names: set[str] = set()
         # What vLLM did otherwise than the scenario or the contract states (check
-        # `sanity`): (call, message, invariant).
+        # `sanity`): (call, message, invariant); and at a step's end, (request, message,
+        # invariant).
         self.misses: list[tuple[Call, str, str]] = []
+        self.step_misses: list[tuple[str, str, str]] = []
+        # Mamba "align" groups whose cached boundary states a step hands a KV connector
+        # (model/handoffs.py), and what was cached when the step began.
+        self._handoff_groups = (
+            vllm.boundary_state_groups(self.manager) if model.enable_caching else []
+        )
+        self._cached_states: set[tuple[int, int, int]] = set()
+        self._freed_this_step: set[int] = set()
 
     def add_request(self, spec: RequestSpec, index: int) -> None:
         prompt = self._prompts[spec.name] = prompt_tokens(index, spec, self._prompts)
@@ -189,11 +208,76 @@ class LiveAllocator:
     def new_step(self) -> None:
         """A scheduler step begins: ``Scheduler.schedule`` calls ``new_step_starts`` first."""
         self.vllm.new_step_starts(self.manager)
+        if self._handoff_groups:
+            self._cached_states = self.vllm.boundary_states_cached(
+                self.manager, self._handoff_groups
+            )
+            self._freed_this_step.clear()
 
     def end_step(self) -> None:
-        """Every request of the step is allocated: the step's copy-on-write copies are
-        handed over and the blocks retained for them released, as ``schedule`` ends."""
+        """Every request of the step is allocated: the boundary states cached in the step
+        are handed to the connector, then the step's copy-on-write copies and the blocks
+        retained for them released, as ``schedule`` ends."""
+        if self._handoff_groups:
+            self._check_handoffs()
         self.vllm.release_block_copies(self.manager)
+
+    def _check_handoffs(self) -> None:
+        """The boundary states handed to a KV connector are those the step cached
+        (:mod:`kvconform.model.handoffs`)."""
+        offers = self.vllm.take_boundary_state_offers(self.manager)
+        offered = {state for states in offers.values() for state in states}
+        owner = {state[1]: name for name, states in offers.items() for state in states}
+        after = self.vllm.boundary_states_cached(self.manager, self._handoff_groups)
+        tables = {name: self.block_ids(name) for name in self._running_names | self._loaded}
+        for name, table in tables.items():
+            for group in self._handoff_groups:
+                for block in table[group]:
+                    owner.setdefault(block, name)
+        # A copy-on-write moves a state's entry off its request's table: name the
+        # request by the block that held the same state when the step began.
+        held_before = {(group, tokens): block for group, block, tokens in self._cached_states}
+        for group, block, tokens in after:
+            source = held_before.get((group, tokens))
+            if source in owner:
+                owner.setdefault(block, owner[source])
+        freed = self._freed_this_step
+
+        def is_pending_tail(state: tuple[int, int, int]) -> bool:
+            group, block, tokens = state
+            size = self.model.groups[group].block_size
+            if tokens % size == 0:
+                return False
+            # A request freed in the step drops its pending hand-offs, the copy's too.
+            if freed:
+                return True
+            column = -(-tokens // size) - 1
+            return any(
+                column < len(table[group]) and table[group][column] == block
+                for table in tables.values()
+            )
+
+        lost, stale = judge_handoffs(self._cached_states, after, offered, is_pending_tail, freed)
+        for group, block, tokens in lost:
+            self.step_misses.append(
+                (
+                    owner.get(block, "?"),
+                    f"group {group}: block {block} holds the cached Mamba state of {tokens} "
+                    "tokens, cached in this step, yet take_boundary_state_offloads does not "
+                    f"hand it to the KV connector (it gave {sorted(offered)})",
+                    HANDOFF_LOST,
+                )
+            )
+        for group, block, tokens in stale:
+            self.step_misses.append(
+                (
+                    owner.get(block, "?"),
+                    f"group {group}: take_boundary_state_offloads hands the KV connector "
+                    f"block {block} as the Mamba state of {tokens} tokens, which no longer "
+                    "holds it at the step's end: the connector would offload another state",
+                    HANDOFF_STALE,
+                )
+            )
 
     def schedule(self, call: Call, encoder_len: int, where: Location) -> int:
         """Allocate for one call; returns the tokens it did not compute (hit and external).
@@ -515,7 +599,12 @@ class LiveAllocator:
         sampled = max(0, computed + scheduled + 1 - request.num_tokens)
         self.complete(replace(call, sampled=sampled))
 
+    def _note_freed(self, name: str) -> None:
+        if self._handoff_groups:
+            self._freed_this_step.update(b for ids in self.block_ids(name) for b in ids)
+
     def preempt(self, name: str) -> None:
+        self._note_freed(name)
         request = self._requests[name]
         self.manager.free(request)
         request.status = self._preempted
@@ -523,6 +612,7 @@ class LiveAllocator:
         self._running_names.discard(name)
 
     def finish(self, name: str) -> None:
+        self._note_freed(name)
         self.manager.free(self._requests[name])
         self._running_names.discard(name)
 

@@ -11,6 +11,8 @@
 * where vLLM zeroes new blocks (Mamba layers, mixed precision), every block new in a
   recording group's table is on the worker's zeroing list and no block of valid KV
   (a prefix hit's, one an asynchronous load writes) is;
+* where a Mamba "align" group is prefix-cached, every boundary state a step caches is
+  handed to a KV connector by block id, and no block that no longer holds it is;
 * the recorded warmup hands out only blocks of the pool, each to one table, in
   the passes its limits give;
 * a Mamba "align" request's state blocks are real, its own, and its table only

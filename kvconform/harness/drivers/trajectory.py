@@ -161,6 +161,9 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
                 )
             live.complete(call)
         live.end_step()
+        for name, message, invariant in live.step_misses:
+            trajectory.misses.append(Miss(index, line, name, "end of step", message, invariant))
+        live.step_misses.clear()
     trajectory.all_finished = len(finished) == len(scenario.requests)
     trajectory.final_free_blocks = live.free_blocks()
     return trajectory

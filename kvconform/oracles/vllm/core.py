@@ -505,6 +505,42 @@ class Vllm:
         """The block ids a ``SchedulerOutput`` hands the worker to zero."""
         return list(getattr(output, "new_block_ids_to_zero", None) or ())
 
+    def boundary_state_groups(self, manager: Any) -> list[int]:
+        """The Mamba "align" groups whose cached boundary states vLLM hands a KV connector
+        block by block (``KVCacheManager.take_boundary_state_offloads``, 0.29 on); empty
+        where there are none or the release has no hand-off."""
+        if not hasattr(manager, "take_boundary_state_offloads"):
+            return []
+        return [
+            index
+            for index, group in enumerate(manager.coordinator.single_type_managers)
+            if getattr(group, "mamba_cache_mode", None) == "align"
+        ]
+
+    def boundary_states_cached(
+        self, manager: Any, groups: Sequence[int]
+    ) -> set[tuple[int, int, int]]:
+        """(group, block id, tokens) of every block of the pool that holds the cache entry
+        of a boundary state of one of ``groups`` (its primary hash, and the tokens it
+        covers: ``block_hash_num_tokens``)."""
+        from vllm.v1.core.kv_cache_utils import get_group_id
+
+        wanted = set(groups)
+        cached = set()
+        for block in manager.block_pool.blocks:
+            key = block.block_hash
+            if key is None:
+                continue
+            group = get_group_id(key)
+            if group in wanted:
+                cached.add((group, block.block_id, block.block_hash_num_tokens))
+        return cached
+
+    def take_boundary_state_offers(self, manager: Any) -> dict[str, list[tuple[int, int, int]]]:
+        """Request id -> (group, block id, tokens) of the boundary states handed to a KV
+        connector since the last call, drained as ``Scheduler.schedule`` drains them."""
+        return dict(manager.take_boundary_state_offloads())
+
     def skips_zeroing_loaded_blocks(self, manager: Any) -> bool:
         """Whether the manager keeps the blocks an asynchronous KV load writes off its
         zeroing list (``allocate_slots(skip_zeroing_group_ids=...)``, 0.32 on); before, it
