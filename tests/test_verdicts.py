@@ -418,3 +418,29 @@ def test_handing_over_the_overwritten_copy_source_fails_sanity(pristine_tree, tm
     )
     messages = " ".join(f["message"] for f in failures)
     assert "no longer holds it" in messages and "does not hand it" in messages, entry
+
+
+@pytest.mark.slow
+def test_a_manager_default_unlike_its_coordinators_fails_sanity(pristine_tree, tmp_path):
+    # The coordinator forwards apply_admission_cap=False ("no cap") unless told; a manager
+    # whose own default is True caps the count of every caller that leaves it out
+    # (HiSparseSourceManager's call of its base class).
+    tree = tree_with_replacement(
+        pristine_tree,
+        tmp_path / "vllm-tree",
+        "v1/core/single_type_kv_cache_manager.py",
+        "        apply_admission_cap: bool = False,\n        prefill_end: int = 0,\n    ) -> int:\n"
+        '        """Get the number of blocks needed',
+        "        apply_admission_cap: bool = True,\n        prefill_end: int = 0,\n    ) -> int:\n"
+        '        """Get the number of blocks needed',
+    )
+    entry = _failed_entry(
+        tree,
+        REPO / "scenarios" / "specs" / "sliding-window-skipped-evictable-hit-not-counted.yaml",
+        tmp_path,
+    )
+    (failure,) = [f for f in entry["failures"] if "defaults to True" in f["message"]]
+    assert failure["check"] == "sanity", entry
+    assert (
+        "SlidingWindowManager.get_num_blocks_to_allocate(apply_admission_cap)" in failure["message"]
+    )

@@ -67,3 +67,25 @@ def test_accepts_keyword_reads_the_signature() -> None:
     assert not accepts_keyword(older, "skip_zeroing_group_ids")
     assert accepts_keyword(newer, "skip_zeroing_group_ids")
     assert accepts_keyword(open_ended, "skip_zeroing_group_ids")
+
+
+def test_forwarded_defaults_are_read_from_the_functions_as_they_are_now() -> None:
+    # Plain classes standing in for a coordinator and a manager: the reader compares the
+    # defaults of parameters both methods of one name declare, positional or keyword-only.
+    from kvconform.oracles.vllm.core import _shared_defaults
+
+    class Coordinator:
+        def count(self, request_id, cap=False, *, end=0): ...
+
+        def only_here(self, flag=True): ...
+
+    class Manager:
+        def count(self, request_id, tokens, cap=False, *, end=0): ...
+
+    assert list(_shared_defaults(Coordinator, Manager)) == [
+        ("count(cap)", False, False),
+        ("count(end)", 0, 0),
+    ]
+    # A mutation campaign's child changes a default in place after the clean run.
+    Manager.count.__defaults__ = (True,)
+    assert ("count(cap)", False, True) in list(_shared_defaults(Coordinator, Manager))

@@ -58,6 +58,7 @@ NOT_ZEROED = "leaves a new block off the worker's zeroing list"
 ZEROES_VALID_KV = "hands a block of valid KV to the worker to zero"
 HANDOFF_LOST = "caches a Mamba boundary state and does not hand it to the KV connector"
 HANDOFF_STALE = "hands the KV connector a block that no longer holds the state"
+DEFAULTS_DISAGREE = "declares another default than the coordinator that forwards the argument"
 
 
 class Miss(NamedTuple):
@@ -65,7 +66,8 @@ class Miss(NamedTuple):
     prefix-cache hit is not the stated one, a release of blocks a KV load still writes,
     a zeroing list that leaves a new block out or wipes valid KV, or a step's hand-off of
     cached Mamba boundary states to a KV connector that loses one or names a stale block
-    (``label`` "end of step")."""
+    (``label`` "end of step"), or a manager whose defaults disagree with its
+    coordinator's (``label`` "manager built")."""
 
     step: int
     line: int | None

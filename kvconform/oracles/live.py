@@ -45,6 +45,7 @@ from kvconform.errors import Location, PoolExhausted, ScenarioError
 from kvconform.model.floors import MAMBA_ALIGNED_STATE, aligned_state_call_blocks, pool_columns
 from kvconform.model.handoffs import judge_handoffs
 from kvconform.model.observations import (
+    DEFAULTS_DISAGREE,
     HANDOFF_LOST,
     HANDOFF_STALE,
     HIT_MISSED,
@@ -199,6 +200,16 @@ class LiveAllocator:
         )
         self._cached_states: set[tuple[int, int, int]] = set()
         self._freed_this_step: set[int] = set()
+        for disagreement in vllm.forwarded_default_disagreements(self.manager):
+            self.step_misses.append(
+                (
+                    "-",
+                    f"{disagreement}: a caller that leaves the argument out (as "
+                    "HiSparseSourceManager calls its base class) gets another count than "
+                    "the coordinator's callers",
+                    DEFAULTS_DISAGREE,
+                )
+            )
 
     def add_request(self, spec: RequestSpec, index: int) -> None:
         prompt = self._prompts[spec.name] = prompt_tokens(index, spec, self._prompts)

@@ -33,6 +33,10 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
     encoder_len = trajectory.encoder_lens = scenario.encoder_lens()
     for index, request in enumerate(scenario.requests.values()):
         live.add_request(request, index)
+    # What the manager shows as built, before any step (its managers' declared defaults).
+    for name, message, invariant in live.step_misses:
+        trajectory.misses.append(Miss(0, None, name, "manager built", message, invariant))
+    live.step_misses.clear()
 
     predicted_max: dict[str, list[int]] = {}
     finished: set[str] = set()

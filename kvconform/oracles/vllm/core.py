@@ -505,6 +505,35 @@ class Vllm:
         """The block ids a ``SchedulerOutput`` hands the worker to zero."""
         return list(getattr(output, "new_block_ids_to_zero", None) or ())
 
+    def forwarded_default_disagreements(self, manager: Any) -> list[str]:
+        """Where a single-type manager of ``manager`` declares another default than its
+        coordinator for an argument of a method both define (the coordinator forwards
+        ``get_num_blocks_to_allocate``' ``apply_admission_cap`` and ``prefill_end`` to
+        every manager, ``remove_skipped_blocks``' ``num_prompt_tokens``): one line each.
+
+        A caller that leaves the argument out, as ``HiSparseSourceManager`` calls its base
+        class's ``get_num_blocks_to_allocate``, must get what the coordinator's callers get
+        for the same omission. Read from the functions as they are now, never cached: a
+        mutation campaign's child runs a mutated default under the clean run's caches.
+        """
+        coordinator = manager.coordinator
+        lines = []
+        seen: set[type] = set()
+        for group in coordinator.single_type_managers:
+            kind = type(group)
+            if kind in seen:
+                continue
+            seen.add(kind)
+            for name, coordinator_default, manager_default in _shared_defaults(
+                type(coordinator), kind
+            ):
+                if coordinator_default != manager_default:
+                    lines.append(
+                        f"{kind.__name__}.{name} defaults to {manager_default!r} where "
+                        f"{type(coordinator).__name__} defaults to {coordinator_default!r}"
+                    )
+        return lines
+
     def boundary_state_groups(self, manager: Any) -> list[int]:
         """The Mamba "align" groups whose cached boundary states vLLM hands a KV connector
         block by block (``KVCacheManager.take_boundary_state_offloads``, 0.29 on); empty
@@ -777,3 +806,27 @@ def _tree_file(cls: type) -> str:
     stem = cls.__module__.replace(".", "/")
     origin = getattr(module, "__file__", None) or ""
     return f"{stem}/__init__.py" if origin.endswith("__init__.py") else f"{stem}.py"
+
+
+def _declared_defaults(fn: Any) -> dict[str, Any]:
+    """Parameter name -> default, read from the function object itself (no cache)."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return {}
+    positional = code.co_varnames[: code.co_argcount]
+    values = fn.__defaults__ or ()
+    found = dict(zip(positional[len(positional) - len(values) :], values, strict=True))
+    found.update(fn.__kwdefaults__ or {})
+    return found
+
+
+def _shared_defaults(left: type, right: type) -> Iterator[tuple[str, Any, Any]]:
+    """(method.parameter, left's default, right's default) for every parameter both
+    classes' methods of one name declare a default for."""
+    for method in sorted(set(dir(left)) & set(dir(right))):
+        if method.startswith("__"):
+            continue
+        ours = _declared_defaults(getattr(left, method, None))
+        theirs = _declared_defaults(getattr(right, method, None))
+        for parameter in sorted(set(ours) & set(theirs)):
+            yield f"{method}({parameter})", ours[parameter], theirs[parameter]
