@@ -98,6 +98,28 @@ def test_priorities_need_the_priority_policy(scenario_from, write_scenario):
         load_file(path)
 
 
+def test_a_synchronous_connector_is_named_and_excludes_remote_prefill(
+    scenario_from, write_scenario
+):
+    scenario = scenario_from(
+        "kind: scheduler\nscheduler: {mode: sync, kv_connector: decode_bench}\n"
+        "requests:\n  a: {prompt_len: 40}\n"
+    )
+    assert scenario.scheduler is not None and scenario.scheduler.kv_connector == "decode_bench"
+    unknown = write_scenario(
+        "kind: scheduler\nscheduler: {kv_connector: lmcache}\nrequests: {a: {prompt_len: 40}}\n"
+    )
+    with pytest.raises(ScenarioError, match="must be one of decode_bench, not 'lmcache'"):
+        load_file(unknown)
+    both = write_scenario(
+        "kind: scheduler\nscheduler: {mode: sync, kv_connector: decode_bench}\n"
+        "requests:\n  a: {prompt_len: 40, remote_prefill: true}\n"
+    )
+    with pytest.raises(ScenarioError, match="an instance has one KV connector") as raised:
+        load_file(both)
+    assert raised.value.where.field.endswith("remote_prefill")
+
+
 def test_matrix_over_scheduler_modes(write_scenario):
     path = write_scenario(
         "name: m\nkind: scheduler\nmatrix:\n  mode: [sync, async, overlapped]\n"

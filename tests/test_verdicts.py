@@ -444,3 +444,20 @@ def test_a_manager_default_unlike_its_coordinators_fails_sanity(pristine_tree, t
     assert (
         "SlidingWindowManager.get_num_blocks_to_allocate(apply_admission_cap)" in failure["message"]
     )
+
+
+@pytest.mark.slow
+def test_a_scheduler_that_skips_zeroing_a_synchronous_load_fails_sanity(pristine_tree, tmp_path):
+    # Only an asynchronous load writes its blocks before the step; the DecodeBenchConnector
+    # loads a's prompt synchronously, after the worker zeroes the step's new blocks, so a
+    # scheduler that passes skip_zeroing_group_ids for it leaves stale bytes under the load.
+    failures, entry = _zeroing_failures(
+        pristine_tree,
+        tmp_path,
+        "v1/core/sched/scheduler.py",
+        "                        if load_kv_async and self.connector is not None\n",
+        "                        if load_kv_async or self.connector is not None\n",
+        REPO / "scenarios" / "scheduler" / "sched-sync-load-hybrid-zeroing.yaml",
+    )
+    assert {f["request"] for f in failures} == {"a", "b"}, entry
+    assert all("not on the step's zeroing list" in f["message"] for f in failures)

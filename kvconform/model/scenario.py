@@ -327,6 +327,11 @@ class WarmupSpec:
 
 SCHEDULER_MODES = ("sync", "async", "overlapped")
 SCHEDULER_POLICIES = ("fcfs", "priority")
+# A KV connector every request of a scheduler scenario goes through (``scheduler.kv_connector``;
+# remote_prefill requests bring vLLM's NixlConnector instead): decode_bench is vLLM's
+# DecodeBenchConnector (kv_both), which fills every new request's prompt but its last token
+# synchronously, in the step that admits it.
+SCHEDULER_CONNECTORS = ("decode_bench",)
 MODEL_RUNNERS = ("auto", "v2", "v1")
 
 
@@ -369,6 +374,8 @@ class SchedulerSpec:
     # SchedulerConfig.policy: fcfs, or priority (Request.priority; lower runs first and is
     # preempted last).
     policy: str = "fcfs"
+    # SCHEDULER_CONNECTORS: a KV connector that loads synchronously; None: none.
+    kv_connector: str | None = None
     # The settings of kvconform.model.settings.SETTINGS this section states; the others
     # (chunked prefill, the mode's async scheduling) resolve to vLLM's defaults.
     stated: frozenset[str] = frozenset()

@@ -32,7 +32,9 @@ reserved. It
   ``schedule()`` that admits it allocates blocks for the prompt's KV and parks it
   in ``WAITING_FOR_REMOTE_KVS``, which is recorded with the blocks it holds
   then; the fabricated output of the ``remote_prefill``-th step from there
-  reports the transfer received (``finished_recving``), as the worker would.
+  reports the transfer received (``finished_recving``), as the worker would;
+* with ``scheduler.kv_connector: decode_bench``, runs vLLM's ``DecodeBenchConnector``, which
+  loads each new request's prompt synchronously in the step that admits it.
 
 The driver (:mod:`kvconform.harness.drivers.scheduler`) turns these records into
 observations. What the fabricated output does not model is listed in
@@ -312,6 +314,7 @@ class SchedulerOracle:
                         None,
                     ),
                     policy=self.limits.policy,
+                    kv_connector=self.limits.kv_connector,
                 )
                 block_size, hash_block_size = api.kv_block_sizes(kv_cache_config, self.config)
                 max_concurrent_batches = api.max_concurrent_batches(self.config)
@@ -506,7 +509,8 @@ class SchedulerOracle:
         """The step's zeroing list, where vLLM zeroes new blocks (Mamba layers, mixed
         precision; #35219): every block new in a recording group's table since the last
         schedule() is on it, but a prefix hit's and those an asynchronous KV load begins
-        writing this step; none of those is on it (before 0.32 the manager lists loaded
+        writing this step (a synchronous load writes after the zeroing: its blocks are on
+        it); none of those is on it (before 0.32 the manager lists loaded
         blocks, and the scheduler keeps them off the step's list itself)."""
         recording = self._zeroed_groups
         if recording is None:
@@ -540,7 +544,14 @@ class SchedulerOracle:
                         ZEROES_VALID_KV,
                     )
                 )
-        computed = {row.request: row.computed for row in rows if row.phase != "running"}
+        # Tokens a synchronous load writes in this step are not valid before it: the worker
+        # zeroes their blocks first, then the connector writes them.
+        loads = self.vllm.step_sync_loads(output)
+        computed = {
+            row.request: row.computed - loads.get(row.request, 0)
+            for row in rows
+            if row.phase != "running"
+        }
         null = self.run.null_block
         for rid, table in sorted(tables.items()):
             unzeroed: list[int] = []

@@ -16,6 +16,7 @@ from kvconform.model.group_types import types_for
 from kvconform.model.methods import METHODS
 from kvconform.model.scenario import (
     MODEL_RUNNERS,
+    SCHEDULER_CONNECTORS,
     SCHEDULER_MODES,
     SCHEDULER_POLICIES,
     ModelSpec,
@@ -109,6 +110,11 @@ def parse_scheduler(
         max_steps=fields.integer("max_steps", defaults.max_steps),
         resets=_parse_resets(fields),
         policy=_choice(fields, "policy", defaults.policy, SCHEDULER_POLICIES),
+        kv_connector=(
+            _choice(fields, "kv_connector", "", SCHEDULER_CONNECTORS)
+            if fields.raw("kv_connector", None) is not None
+            else None
+        ),
         # vLLM's settings this section states (the mode states async scheduling).
         stated=frozenset(
             s.name
@@ -314,6 +320,12 @@ def _parse_remote_prefill(fields: Fields, scheduler: SchedulerSpec) -> int:
             fields.at("remote_prefill"),
             "must be true, false or the number of schedule() calls the asynchronous KV load "
             f"takes (an integer >= 1), not {as_written(raw)}",
+        )
+    if steps and scheduler.kv_connector is not None:
+        raise ScenarioError(
+            fields.at("remote_prefill"),
+            f"cannot go with scheduler.kv_connector: {scheduler.kv_connector} (an instance has "
+            "one KV connector; a remote prefill brings vLLM's NixlConnector)",
         )
     if steps and scheduler.mode != "sync":
         # A kv_consumer connector with batches in flight makes vLLM defer block frees

@@ -505,6 +505,13 @@ class Vllm:
         """The block ids a ``SchedulerOutput`` hands the worker to zero."""
         return list(getattr(output, "new_block_ids_to_zero", None) or ())
 
+    def step_sync_loads(self, output: Any) -> dict[str, int]:
+        """Request id -> the tokens a synchronously loading KV connector writes in this
+        step, as the ``SchedulerOutput`` tells the worker (``DecodeBenchConnector``'s
+        ``reqs_to_fill``); empty for any other connector or none."""
+        fills = getattr(getattr(output, "kv_connector_metadata", None), "reqs_to_fill", None)
+        return {rid: int(tokens) for rid, (_, tokens) in (fills or {}).items()}
+
     def forwarded_default_disagreements(self, manager: Any) -> list[str]:
         """Where a single-type manager of ``manager`` declares another default than its
         coordinator for an argument of a method both define (the coordinator forwards

@@ -14,6 +14,10 @@ a worker, as in vLLM's own connector unit tests (``tests/v1/kv_connector/unit``)
 a request whose ``kv_transfer_params`` say ``do_remote_prefill`` gets its prompt's
 KV loaded asynchronously (``WAITING_FOR_REMOTE_KVS``), and the fabricated model
 output reports the transfer received (``KVConnectorOutput.finished_recving``).
+A scenario may instead name a connector every request goes through
+(``scheduler.kv_connector``): ``decode_bench``, vLLM's ``DecodeBenchConnector``, loads a
+new request's prompt synchronously and tells the worker so in the output's
+``kv_connector_metadata``; it needs no worker's answer.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ __all__ = ["Scheduling"]
 # The KV connector of remote-prefill scenarios: vLLM's NIXL connector (pull mode), whose
 # scheduler side reports a remote prefill's prompt as external tokens loaded asynchronously.
 _CONNECTOR = "NixlConnector"
+# The connectors a scheduler scenario may name (scheduler.kv_connector), by vLLM's name.
+_SYNC_CONNECTORS = {"decode_bench": "DecodeBenchConnector"}
 
 
 class Scheduling:
@@ -154,6 +160,7 @@ class Scheduling:
         num_gpu_blocks_override: int | None = None,
         mamba_cache_mode: str | None = None,
         policy: str = "fcfs",
+        kv_connector: str | None = None,
     ) -> Any:
         """The ``VllmConfig`` an engine with these limits would hand its scheduler.
 
@@ -165,6 +172,8 @@ class Scheduling:
         ``mamba_cache_mode``: the mode of the scenario's Mamba groups, which a hybrid
         model's config hook (``MambaModelConfig.verify_and_update_config``) would set
         with the Mamba block size (the scheduler block size: the groups share one page).
+        ``kv_connector``: a connector every request goes through (``decode_bench``:
+        vLLM's ``DecodeBenchConnector`` as ``kv_both``, which loads synchronously).
         """
         api = self._scheduling
         scheduler = call(
@@ -209,6 +218,12 @@ class Scheduling:
                 kv_transfer_config=(
                     call(api.KVTransferConfig, kv_connector=_CONNECTOR, kv_role="kv_consumer")
                     if remote_prefill
+                    else call(
+                        api.KVTransferConfig,
+                        kv_connector=_SYNC_CONNECTORS[kv_connector],
+                        kv_role="kv_both",
+                    )
+                    if kv_connector is not None
                     else None
                 ),
                 # Without it vLLM fails to infer a device on a machine without one.
