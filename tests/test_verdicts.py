@@ -461,3 +461,41 @@ def test_a_scheduler_that_skips_zeroing_a_synchronous_load_fails_sanity(pristine
     )
     assert {f["request"] for f in failures} == {"a", "b"}, entry
     assert all("not on the step's zeroing list" in f["message"] for f in failures)
+
+
+HISPARSE_LONGER = REPO / "scenarios" / "hybrid" / "hisparse-host-hit-longer-than-device.yaml"
+HISPARSE_CONNECTOR = (
+    REPO / "scenarios" / "hybrid" / "hisparse-host-hit-beside-connector-tokens.yaml"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("old", "new", "scenario"),
+    [
+        # The source's longer host hit kept whole: r's table keeps a's host blocks past the
+        # 32 tokens every group agrees on, and r computes into a's published pages.
+        (
+            "                for group_id in self.retained_hit_group_ids:\n",
+            "                for group_id in ():\n",
+            HISPARSE_LONGER,
+        ),
+        # The trim forgets the connector's tokens: 16 local tokens keep one host block where
+        # the local and external hits cover two.
+        (
+            "reused = num_new_computed_tokens + num_external_computed_tokens",
+            "reused = num_new_computed_tokens",
+            HISPARSE_CONNECTOR,
+        ),
+    ],
+)
+def test_a_retained_hit_trimmed_otherwise_fails_sanity(pristine_tree, tmp_path, old, new, scenario):
+    tree = tree_with_replacement(
+        pristine_tree, tmp_path / "vllm-tree", "v1/core/kv_cache_manager.py", old, new
+    )
+    entry = _failed_entry(tree, scenario, tmp_path)
+    (failure,) = [
+        f for f in entry["failures"] if "retained" in f["message"] or "keeps a hit" in f["message"]
+    ]
+    assert failure["check"] == "sanity" and failure["request"] == "r", entry
+    assert "so its table should start with those and hold no more" in failure["message"]

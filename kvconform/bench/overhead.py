@@ -64,6 +64,13 @@ def workload(scenarios: Sequence[Scenario], vllm: Vllm) -> Workload:
             # correctness cases, not the per-step cost the ratio measures.
             excluded[scenario.id] = "admission options (connector tokens, gates): no bare loop"
             continue
+        if scenario.model.hisparse_host_blocks is not None:
+            # HiSparse's layout runs its coordinator around every step, which the bare
+            # loop (the plain scheduler call) does not.
+            excluded[scenario.id] = (
+                "HiSparse layout (its coordinator's per-step work): no bare loop"
+            )
+            continue
         result = run_scenario(scenario, vllm, checks=())
         if result.trajectory is None:
             excluded[scenario.id] = f"ends in an error: {result.error}"

@@ -176,6 +176,13 @@ ENCODER_COLUMNS = FloorRule(
     lambda f: f"cdiv({f.encoder_len} encoder tokens, {f.block_size})",
     family="encoder",
 )
+HOT_REGION = FloorRule(
+    "HiSparse's hot region is allocated only while the request reads host-backed history "
+    "(then blocks_per_request blocks); no token count asks for it",
+    lambda f: 0,
+    lambda f: "0",
+    family="hot-region",
+)
 ONE_RING_BLOCK = FloorRule(
     "a circular buffer is one ring block for the request's whole lifetime",
     lambda f: 1,

@@ -24,12 +24,13 @@ validated group into a vLLM spec object by ``vllm_class``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from kvconform.model.floors import (
     ENCODER_COLUMNS,
+    HOT_REGION,
     MAMBA_ALIGNED_STATE,
     MAMBA_STATE,
     ONE_RING_BLOCK,
@@ -117,6 +118,17 @@ class GroupType:
     # shrinks towards the first; None: after the ranked ones).
     fuzzed: bool = True
     fuzz_rank: int | None = None
+    # vLLM's KVCacheGroupRole of the group (by name), for types that are a role of
+    # another spec class (HiSparse's source and indexer are full-attention specs).
+    role: str | None = None
+    # Part of vLLM's HiSparse layout (:data:`HISPARSE_LAYOUT`).
+    hisparse: bool = False
+    # Its blocks come from a pool of its own (HiSparse's host pool), not the device
+    # pool every other group shares: its block ids are another pool's.
+    own_pool: bool = False
+    # Whether the warmup predictor ``_reserved_block_count`` has a rule for the type;
+    # where not, the ``agree`` check does not judge it (docs/findings.md names why).
+    predicted: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
@@ -155,6 +167,10 @@ _PLAIN_DECODER = EVERY_KIND_WITH_GROUPS | {"scheduler"}
 # windowed type's columns overstate the blocks it holds at once (those that left the
 # window are null), so its one-request demand is not its floor.
 _STARTUP = frozenset({"startup"})
+# HiSparse's groups exist only together, bound to vLLM's HiSparseCoordinator, which
+# trajectory mode drives as the HiSparse connector's scheduler side does.
+_HISPARSE = frozenset({"trajectory"})
+_HISPARSE_PAGE = Option(int, 64, doc="bytes of a page (the layout's; neutral here)")
 
 GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
     {
@@ -318,6 +334,59 @@ GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
                 TOKEN_COLUMNS,
             ),
             GroupType(
+                "hisparse_source",
+                "FullAttentionSpec",
+                "HiSparse's source: full attention kept in a host pool of its own (role "
+                "HISPARSE_SOURCE), which owns the layout's prefix caching and may keep a "
+                "longer hit than the device groups.",
+                TOKEN_COLUMNS,
+                modes=_HISPARSE,
+                fuzzed=False,
+                role="HISPARSE_SOURCE",
+                hisparse=True,
+                own_pool=True,
+            ),
+            GroupType(
+                "hisparse_indexer",
+                "FullAttentionSpec",
+                "HiSparse's indexer: full attention on the device (role HISPARSE_INDEXER).",
+                TOKEN_COLUMNS,
+                modes=_HISPARSE,
+                fuzzed=False,
+                role="HISPARSE_INDEXER",
+                hisparse=True,
+            ),
+            GroupType(
+                "hisparse_resident",
+                "HiSparseResidentSpec",
+                "HiSparse's GPU-resident pages of the source: one column per block of "
+                "tokens, null for a page read from the host only.",
+                TOKEN_COLUMNS,
+                {"page_size": _HISPARSE_PAGE},
+                holds_null=True,
+                modes=_HISPARSE,
+                fuzzed=False,
+                hisparse=True,
+            ),
+            GroupType(
+                "hisparse_hot",
+                "HiSparseHotSpec",
+                "HiSparse's hot region: blocks_per_request blocks once a request reads "
+                "host-backed history, none before.",
+                HOT_REGION,
+                {
+                    "page_size": _HISPARSE_PAGE,
+                    "blocks_per_request": Option(
+                        int, 2, doc="blocks of the hot region (the layout's device buffer)"
+                    ),
+                },
+                modes=_HISPARSE,
+                fuzzed=False,
+                hisparse=True,
+                # _reserved_block_count counts the hot group by tokens (docs/findings.md #4).
+                predicted=False,
+            ),
+            GroupType(
                 "kpool_tail",
                 "KpoolTailSpec",
                 "K-pool tail (vLLM 0.30-0.31 only).",
@@ -338,19 +407,39 @@ NOT_BUILDABLE: Mapping[str, str] = MappingProxyType(
         "AttentionSpec": "abstract base class",
         "UniformTypeKVCacheSpecs": "a wrapper of several specs of one type, not a group type",
         "EncoderOnlyAttentionSpec": "encoder-only layers hold no KV blocks (no manager is registered)",
-        # vLLM builds these only inside its HiSparse layout: a host-resident MLA
-        # source group (role HISPARSE_SOURCE) with its own host pool, bound to a
-        # HiSparseCoordinator that the HiSparse KV connector drives. Standalone,
-        # the resident manager asserts on free (no coordinator) and the hot
-        # manager legitimately holds nothing for a cold request, so a scenario
-        # group of either type would report vLLM crashes and shortfalls that
-        # no real configuration has. See docs/findings.md (HiSparse).
-        "HiSparseHotSpec": "exists only inside vLLM's HiSparse layout (host source group, "
-        "host pool, coordinator, connector), which kvconform does not build",
-        "HiSparseResidentSpec": "exists only inside vLLM's HiSparse layout (host source group, "
-        "host pool, coordinator, connector), which kvconform does not build",
     }
 )
+
+
+def hisparse_layout_error(kinds: Sequence[str]) -> str | None:
+    """Why a model's group types are not HiSparse's layout as vLLM builds it
+    (``vllm/v1/hisparse/layout.py``), or None: the host source first, one indexer, then
+    resident and hot groups, before any other group. A model without HiSparse groups
+    passes."""
+    hisparse = [i for i, kind in enumerate(kinds) if GROUP_TYPES[kind].hisparse]
+    if not hisparse:
+        return None
+    roles = [GROUP_TYPES[kind].role for kind in kinds]
+    classes = {GROUP_TYPES[kinds[i]].vllm_class for i in hisparse}
+    layout = (
+        roles[0] == "HISPARSE_SOURCE"
+        and roles.count("HISPARSE_SOURCE") == 1
+        and roles.count("HISPARSE_INDEXER") == 1
+        and {"HiSparseResidentSpec", "HiSparseHotSpec"} <= classes
+        and hisparse == list(range(len(hisparse)))
+    )
+    if layout:
+        return None
+    source, indexer = (
+        name for role in ("HISPARSE_SOURCE", "HISPARSE_INDEXER")
+        for name, t in GROUP_TYPES.items() if t.role == role
+    )  # fmt: skip
+    rest = " and ".join(n for n, t in GROUP_TYPES.items() if t.hisparse and t.role is None)
+    return (
+        f"HiSparse's groups come as vLLM's layout builds them: {source} first, one {indexer}, "
+        f"then {rest} groups, before any other group; not {list(kinds)}"
+    )
+
 
 # The group list of a scenario that names none.
 DEFAULT_GROUPS: tuple[str, ...] = ("full_attention",)

@@ -92,6 +92,9 @@ class ModelSpec:
     # SchedulerConfig.scheduler_reserve_full_isl: a first chunk (an admission) passes
     # allocate_slots(full_sequence_must_fit=...) unless the chunk states its own.
     scheduler_reserve_full_isl: bool = True
+    # KVCacheConfig.hisparse_host_num_blocks: the host pool of HiSparse's source group
+    # (the hisparse_* group types); None: no HiSparse layout.
+    hisparse_host_blocks: int | None = None
     # The settings of kvconform.model.settings.SETTINGS this section states.
     stated: frozenset[str] = frozenset()
 

@@ -43,6 +43,7 @@ from typing import Any
 
 from kvconform.errors import Location, PoolExhausted, ScenarioError
 from kvconform.model.floors import MAMBA_ALIGNED_STATE, aligned_state_call_blocks, pool_columns
+from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.handoffs import judge_handoffs
 from kvconform.model.observations import (
     DEFAULTS_DISAGREE,
@@ -50,6 +51,7 @@ from kvconform.model.observations import (
     HANDOFF_STALE,
     HIT_MISSED,
     NOT_ZEROED,
+    RETAINED_HIT,
     ZEROES_VALID_KV,
     Trajectory,
 )
@@ -93,6 +95,8 @@ def manager_for(
             specs,
             [g.eagle_group for g in model.groups],
             prefix_cache_retention_interval=model.prefix_cache_retention_interval,
+            roles=[GROUP_TYPES[g.type].role for g in model.groups],
+            hisparse_host_blocks=model.hisparse_host_blocks,
         ),
         max_model_len=model.max_model_len,
         scheduler_block_size=model.scheduler_block_size,
@@ -169,6 +173,10 @@ class LiveAllocator:
         self.specs = group_specs(vllm, model, trajectory.num_speculative_tokens)
         self.manager = manager_for(vllm, model, self.specs, options)
         self.null_block = vllm.null_block_id(self.manager)
+        # HiSparse's coordinator, bound before the first admission; the step's scheduled
+        # requests: id -> (tokens computed once the step completes, tokens scheduled).
+        self._hisparse = vllm.hisparse_coordinator(self.manager)
+        self._scheduled: dict[str, tuple[int, int]] = {}
         self._hasher = (
             vllm.block_hasher(
                 model.hash_block_size, int(options.get("num_hash_lookahead_tokens", 0))
@@ -232,6 +240,9 @@ class LiveAllocator:
         if self._handoff_groups:
             self._check_handoffs()
         self.vllm.release_block_copies(self.manager)
+        if self._hisparse is not None:
+            self.vllm.hisparse_step(self._hisparse, self._scheduled)
+        self._scheduled.clear()
 
     def _check_handoffs(self) -> None:
         """The boundary states handed to a KV connector are those the step cached
@@ -304,7 +315,12 @@ class LiveAllocator:
         if new_blocks is None:
             raise self._refusal(call, encoder_len, where, free, held, hit, hit_blocks)
         self._check_zeroing(call, before, hit_blocks, hit + external)
+        self._check_retained_hit(call, hit_blocks, hit + external)
         request = self._requests[call.request]
+        self._scheduled[call.request] = (
+            min(call.computed + call.scheduled, int(request.num_tokens)),
+            call.scheduled,
+        )
         request.num_computed_tokens = call.computed + call.scheduled
         self._loaded.discard(call.request)
         if call.options.load_async:
@@ -359,6 +375,44 @@ class LiveAllocator:
                     )
                 )
 
+    def _check_retained_hit(self, call: Call, hit_blocks: Any, covered: int) -> None:
+        """A group that keeps a longer prefix hit than the others (HiSparse's host source,
+        ``retains_longer_hit``) adopts only the hit blocks that hold the tokens the request
+        now has computed (its local hit and the connector's): its table starts with them,
+        and no later column holds the hit's block for it (the request computes those
+        tokens itself; a block of the hit past them may come back as a new block, evicted,
+        at another column)."""
+        if hit_blocks is None:
+            return
+        retained = self.vllm.retained_hit_groups(self.manager)
+        if not retained:
+            return
+        hits = self.vllm.hit_block_ids(hit_blocks)
+        tokens = min(covered, self.model.max_model_len)
+        after = self.block_ids(call.request)
+        for group in retained:
+            hit = hits.get(group, [])
+            size = self.model.groups[group].block_size
+            kept = hit[: -(-tokens // size)]
+            table = after[group]
+            beyond = [
+                block
+                for column, block in enumerate(hit)
+                if column >= len(kept) and column < len(table) and table[column] == block
+            ]
+            if table[: len(kept)] == kept and not beyond:
+                continue
+            self.misses.append(
+                (
+                    call,
+                    f"group {group} keeps a hit of {len(hit)} blocks {hit}; the request's "
+                    f"{tokens} computed tokens (hit and connector) cover {len(kept)} of them, "
+                    f"{kept}, so its table should start with those and hold no more, but it "
+                    f"holds {table}",
+                    RETAINED_HIT,
+                )
+            )
+
     def is_refused(self, call: Call, encoder_len: int, where: Location) -> bool:
         """Make a call the scenario says must be refused; whether ``allocate_slots`` did.
 
@@ -396,6 +450,8 @@ class LiveAllocator:
         full = call.first_chunk and self._full_sequence_must_fit(call)
         need = full_need = evictable
         for info, have in zip(self._groups, held, strict=True):
+            if GROUP_TYPES[info.type].own_pool:
+                continue  # HiSparse's host source: not the device pool's blocks
             span = info.block_size * int(info.floor_args.get("dcp_world_size", 1))
             extra = int(info.floor_args.get("num_speculative_blocks", 0))
             rule, hit_columns = info.floor_rule, hit // info.block_size

@@ -36,6 +36,7 @@ from collections.abc import Iterator, Sequence
 from kvconform.harness.checks.records import PARTY_NAMES, failure_at, named
 from kvconform.model.checks import Check, always
 from kvconform.model.floors import MAMBA_ALIGNED_STATE, READ_SPAN_REASONS, first_position_read
+from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.observations import FreeEvent, Trajectory
 from kvconform.model.results import Failure, ScenarioResult
 from kvconform.model.root_causes import Blame
@@ -504,6 +505,8 @@ def _blocks_in_one_group(trajectory: Trajectory) -> Iterator[Failure]:
     if len(trajectory.groups) < 2:
         return
     null = trajectory.null_block
+    # A group with a pool of its own (HiSparse's host source) numbers its blocks itself.
+    own_pool = {g.index for g in trajectory.groups if GROUP_TYPES[g.type].own_pool}
     # (request, group) -> the table last seen; block -> {group: tables holding it}
     tables: dict[tuple[str, int], list[int]] = {}
     holders: dict[int, dict[int, int]] = {}
@@ -545,7 +548,7 @@ def _blocks_in_one_group(trajectory: Trajectory) -> Iterator[Failure]:
             index += 1
         changed = []
         for obs in call:
-            if obs.block_ids is None:
+            if obs.block_ids is None or obs.group in own_pool:
                 continue
             key = (obs.request, obs.group)
             ids = list(obs.block_ids)
@@ -609,6 +612,7 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
                     del owner[block]
 
     groups, exclusive = trajectory.groups, trajectory.exclusive_blocks
+    own_pool = {g.index for g in groups if GROUP_TYPES[g.type].own_pool}
     next_event = pending.seq if pending is not None else -1
     for seq, obs in enumerate(trajectory.observations):
         if seq == next_event:
@@ -652,7 +656,7 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
                 null_seen.discard(key)
         elif null_seen and not group.holds_null:
             null_seen.discard((request, group_index))
-        if not exclusive:
+        if not exclusive or group_index in own_pool:
             continue
         if prev is not None and not appended:
             for block in prev:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from kvconform.errors import Location, ScenarioError
 from kvconform.harness.drivers.common import attach_predictor, denial
+from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.observations import FreeEvent, Miss, Observation, RefusedCall, Trajectory
 from kvconform.model.scenario import Action, Scenario
 from kvconform.oracles.live import LiveAllocator, StepDenied
@@ -47,8 +48,15 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
     # error would need.
     record = observations.append
     new_row = tuple.__new__  # an Observation without its Python-level __new__
+    # The predictor has no rule for some types (GroupType.predicted): not asked there.
     per_group = [
-        (g, info.step_floor(), predictor.for_group(g) if predictor.available else None)
+        (
+            g,
+            info.step_floor(),
+            predictor.for_group(g)
+            if predictor.available and GROUP_TYPES[info.type].predicted
+            else None,
+        )
         for g, info in enumerate(trajectory.groups)
     ]
     finish, preempt = Action.FINISH, Action.PREEMPT

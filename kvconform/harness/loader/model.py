@@ -22,7 +22,7 @@ from kvconform.harness.loader.fields import (
     suggestion,
 )
 from kvconform.harness.yamlio import LineList
-from kvconform.model.group_types import DEFAULT_GROUPS, GROUP_TYPES
+from kvconform.model.group_types import DEFAULT_GROUPS, GROUP_TYPES, hisparse_layout_error
 from kvconform.model.scenario import (
     GroupSpec,
     ModelSpec,
@@ -70,6 +70,7 @@ def parse_model(raw: Any, where: Location) -> ModelSpec:
         )
     max_in_flight_tokens = fields.optional_int("max_in_flight_tokens", minimum=1)
     retention_interval = fields.optional_int("prefix_cache_retention_interval", minimum=0)
+    hisparse_host_blocks = fields.optional_int("hisparse_host_blocks", minimum=2)
     raw_groups = fields.raw("groups", list(DEFAULT_GROUPS))
     fields.done()
     if not isinstance(raw_groups, list):
@@ -94,13 +95,46 @@ def parse_model(raw: Any, where: Location) -> ModelSpec:
         max_in_flight_tokens=max_in_flight_tokens,
         prefix_cache_retention_interval=retention_interval,
         scheduler_reserve_full_isl=reserve_full_isl,
+        hisparse_host_blocks=hisparse_host_blocks,
         stated=stated,
     )
+    _check_hisparse_layout(model, fields, line_of)
     if "enable_caching" in stated:
         _check_caching_followers(model)
     if "prefix_cache_retention_interval" in stated and retention_interval is not None:
         _check_retention_interval(model, fields.at("prefix_cache_retention_interval"))
     return model
+
+
+def _check_hisparse_layout(model: ModelSpec, fields: Fields, line_of: Any) -> None:
+    """vLLM builds HiSparse's groups only together (``vllm/v1/hisparse/layout.py``): the
+    host source first, its indexer, then resident and hot groups of the source's block
+    size, with a host pool (``KVCacheConfig.hisparse_host_num_blocks``)."""
+    kinds = [g.type for g in model.groups]
+    hisparse = [i for i, kind in enumerate(kinds) if GROUP_TYPES[kind].hisparse]
+    if not hisparse:
+        if model.hisparse_host_blocks is not None:
+            raise ScenarioError(
+                fields.at("hisparse_host_blocks"),
+                "is the host pool of HiSparse's source group, and the model has no HiSparse groups",
+            )
+        return
+    first = hisparse[0]
+    where = fields.where.at(f"model.groups[{first}]", line_of(first))
+    problem = hisparse_layout_error(kinds)
+    if problem is not None:
+        raise ScenarioError(where, problem)
+    sizes = {model.groups[i].block_size for i in hisparse}
+    if len(sizes) != 1:
+        raise ScenarioError(
+            where, f"HiSparse's groups share the source's block size, not {sorted(sizes)}"
+        )
+    if model.hisparse_host_blocks is None:
+        raise ScenarioError(
+            where,
+            "HiSparse's source group needs its host pool: model.hisparse_host_blocks "
+            "(KVCacheConfig.hisparse_host_num_blocks)",
+        )
 
 
 def _check_retention_interval(model: ModelSpec, where: Location) -> None:

@@ -16,7 +16,7 @@ import dataclasses
 import importlib
 import os
 import typing
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import cached_property
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -260,16 +260,26 @@ class Vllm:
         specs: Sequence[Any],
         eagle_groups: Sequence[bool] = (),
         prefix_cache_retention_interval: int | None = None,
+        roles: Sequence[str | None] = (),
+        hisparse_host_blocks: int | None = None,
     ) -> Any:
         """A ``KVCacheConfig`` of one group per spec; ``eagle_groups`` flags the groups that
         hold the drafter's layers (``KVCacheGroupSpec.is_eagle_group``, vLLM >= 0.31); a
         retention interval (0.33's ``prefix_cache_retention_interval``, None: dense) is
-        passed only where one is asked for."""
+        passed only where one is asked for. ``roles``: each group's ``KVCacheGroupRole``
+        by name (HiSparse's source and indexer); ``hisparse_host_blocks``: the HiSparse
+        source's host pool, whose group is host-resident (``vllm/v1/hisparse/layout.py``)."""
         iface = self._iface
         flags = list(eagle_groups) + [False] * (len(specs) - len(eagle_groups))
+        named = list(roles) + [None] * (len(specs) - len(roles))
         groups = [
-            call(iface.KVCacheGroupSpec, layer_names=[f"layer.{i}"], kv_cache_spec=spec)
-            for i, spec in enumerate(specs)
+            call(
+                iface.KVCacheGroupSpec,
+                layer_names=[f"layer.{i}"],
+                kv_cache_spec=spec,
+                **self._group_role(role),
+            )
+            for i, (spec, role) in enumerate(zip(specs, named, strict=True))
         ]
         for group, flag in zip(groups, flags, strict=True):
             if flag:
@@ -278,6 +288,10 @@ class Vllm:
                 group.is_eagle_group = True
         extra: dict[str, Any] = {}
         fields = getattr(iface.KVCacheConfig, "__dataclass_fields__", {})
+        if hisparse_host_blocks is not None:
+            if "hisparse_host_num_blocks" not in fields:
+                raise self.not_offered("KVCacheConfig.hisparse_host_num_blocks")
+            extra["hisparse_host_num_blocks"] = hisparse_host_blocks
         by_environment = "prefix_cache_retention_interval" not in fields
         if not by_environment:
             extra["prefix_cache_retention_interval"] = prefix_cache_retention_interval
@@ -298,6 +312,16 @@ class Vllm:
             # 0.28's coordinator reads the interval from the environment when it is built.
             self._retention_by_config[id(config)] = prefix_cache_retention_interval
         return config
+
+    def _group_role(self, role: str | None) -> dict[str, Any]:
+        """``KVCacheGroupSpec`` keywords of a group with ``role`` (a KVCacheGroupRole name):
+        the role, and for HiSparse's source its host residency."""
+        if role is None:
+            return {}
+        roles = getattr(self._iface, "KVCacheGroupRole", None)
+        if roles is None or not hasattr(roles, role):
+            raise self.not_offered(f"KVCacheGroupRole.{role}")
+        return {"role": getattr(roles, role), "host_resident": role == "HISPARSE_SOURCE"}
 
     def manager_class(self, spec: Any) -> tuple[str, str] | None:
         """The ``SingleTypeKVCacheManager`` subclass vLLM dispatches a group of this spec
@@ -540,6 +564,47 @@ class Vllm:
                         f"{type(coordinator).__name__} defaults to {coordinator_default!r}"
                     )
         return lines
+
+    def hisparse_coordinator(self, manager: Any) -> Any | None:
+        """vLLM's ``HiSparseCoordinator`` bound to the manager's HiSparse groups, built as
+        ``get_hisparse_coordinator`` builds it before the first admission; None without a
+        HiSparse layout. Its per-step work (``advance_scheduled``) is 0.32's."""
+        config = manager.kv_cache_config
+        if getattr(config, "hisparse_host_num_blocks", None) is None:
+            return None
+        module = self.optional_module("vllm.v1.hisparse.coordinator")
+        if module is None:
+            raise self.not_offered("vllm.v1.hisparse.coordinator")
+        coordinator = module.get_hisparse_coordinator(manager)
+        if not hasattr(coordinator, "advance_scheduled"):
+            raise self.not_offered("HiSparseCoordinator.advance_scheduled")
+        return coordinator
+
+    def hisparse_step(self, coordinator: Any, scheduled: Mapping[str, tuple[int, int]]) -> None:
+        """One step of HiSparse around the forward. Before it, what the HiSparse
+        connector's scheduler side does once ``schedule()`` has allocated
+        (``HiSparseConnectorScheduler.build_connector_meta``): the residency work of
+        every scheduled request (``advance_scheduled`` with the tokens computed once the
+        step completes), the page transfers, the host copies and the residency updates
+        handed to the worker. After it, the worker's answer: every transfer done on its
+        one worker and every host copy run (``update_spills``,
+        ``release_completed_host_copies``), as vLLM's own tests answer for the worker.
+        ``scheduled``: request id -> (tokens computed once the step completes, scheduled).
+        """
+        coordinator.advance_scheduled((rid, done) for rid, (done, _) in scheduled.items())
+        command = coordinator.build_offload_command()
+        copies = coordinator.take_host_block_copies()
+        coordinator.take_residency_updates({rid: n for rid, (_, n) in scheduled.items()})
+        transfers = getattr(command, "page_transfers", None) or ()
+        counts = {transfer.transfer_id: 1 for transfer in transfers}
+        coordinator.release_completed_host_copies([copy.dst_block_id for copy in copies])
+        coordinator.update_spills(counts, counts)
+
+    def retained_hit_groups(self, manager: Any) -> tuple[int, ...]:
+        """The groups that keep a longer prefix hit than the others, which ``allocate_slots``
+        trims to the computed tokens (``retained_hit_group_ids``, 0.30 on: HiSparse's host
+        source); empty where there are none."""
+        return tuple(getattr(manager, "retained_hit_group_ids", None) or ())
 
     def boundary_state_groups(self, manager: Any) -> list[int]:
         """The Mamba "align" groups whose cached boundary states vLLM hands a KV connector
