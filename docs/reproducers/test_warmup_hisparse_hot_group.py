@@ -9,8 +9,9 @@ _reserved_block_count has no HiSparse case and counts the hot group by tokens pl
 lookahead, like full attention, so a warmup request longer than blocks_per_request x
 block_size - lookahead tokens is given more hot blocks than its row holds.
 
-Written by hand for kvconform's finding #4 (docs/findings.md): kvconform does not build
-the HiSparse layout as scenario groups, so there is no scenario to export. Against vLLM
+Written by hand for kvconform's finding #4 (docs/findings.md): kvconform's HiSparse
+scenarios leave the hot group out of the predictor comparison, so no scenario failure
+exports it. Against vLLM
 0.33.0 (HiSparse exists from 0.30.0). It belongs in tests/v1/worker/ and uses the
 HiSparse layout helpers of tests/v1/core/test_prefix_caching.py.
 """
