@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -499,3 +500,26 @@ def test_a_retained_hit_trimmed_otherwise_fails_sanity(pristine_tree, tmp_path, 
     ]
     assert failure["check"] == "sanity" and failure["request"] == "r", entry
     assert "so its table should start with those and hold no more" in failure["message"]
+
+
+@pytest.mark.slow
+def test_an_eviction_without_its_removed_event_fails_sanity(pristine_tree, tmp_path):
+    # A router counting vLLM's KV events would keep routing to an evicted block: the pool
+    # no longer caches it, the events still say it does.
+    tree = tree_with_replacement(
+        pristine_tree,
+        tmp_path / "vllm-tree",
+        "v1/core/block_pool.py",
+        "        self._emit_block_removed_events(evicted_hashes)\n        return True\n",
+        "        return True\n",
+    )
+    entry = _failed_entry(
+        tree,
+        REPO / "scenarios" / "specs" / "kv-events-prefix-computed-twice-evicted.yaml",
+        tmp_path,
+    )
+    failures = [f for f in entry["failures"] if "KV-cache events" in f["message"]]
+    assert failures and all(f["check"] == "sanity" for f in failures), entry
+    # Evicted blocks stay announced: the events count more copies than the pool holds.
+    pairs = re.findall(r"announced (\d+), cached (\d+)", failures[0]["message"])
+    assert pairs and all(int(said) > int(held) for said, held in pairs), failures[0]

@@ -59,6 +59,7 @@ ZEROES_VALID_KV = "hands a block of valid KV to the worker to zero"
 HANDOFF_LOST = "caches a Mamba boundary state and does not hand it to the KV connector"
 HANDOFF_STALE = "hands the KV connector a block that no longer holds the state"
 RETAINED_HIT = "adopts other blocks of a retained hit than those its computed tokens cover"
+EVENTS_DIVERGE = "announces another prefix cache in its KV-cache events than the pool holds"
 DEFAULTS_DISAGREE = "declares another default than the coordinator that forwards the argument"
 
 

@@ -95,6 +95,9 @@ class ModelSpec:
     # KVCacheConfig.hisparse_host_num_blocks: the host pool of HiSparse's source group
     # (the hisparse_* group types); None: no HiSparse layout.
     hisparse_host_blocks: int | None = None
+    # KVCacheManager(enable_kv_cache_events=...): vLLM tells external routers which blocks
+    # it caches (off by default, as in vLLM); the sanity check holds the events to the pool.
+    kv_cache_events: bool = False
     # The settings of kvconform.model.settings.SETTINGS this section states.
     stated: frozenset[str] = frozenset()
 

@@ -37,6 +37,7 @@ is not the one the scenario states (``expect_hit``) is kept in ``misses`` for th
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -45,8 +46,10 @@ from kvconform.errors import Location, PoolExhausted, ScenarioError
 from kvconform.model.floors import MAMBA_ALIGNED_STATE, aligned_state_call_blocks, pool_columns
 from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.handoffs import judge_handoffs
+from kvconform.model.kv_events import judge_mirror, replay_events
 from kvconform.model.observations import (
     DEFAULTS_DISAGREE,
+    EVENTS_DIVERGE,
     HANDOFF_LOST,
     HANDOFF_STALE,
     HIT_MISSED,
@@ -106,6 +109,7 @@ def manager_for(
         watermark=model.watermark,
         max_in_flight_tokens=model.max_in_flight_tokens,
         log_stats=False,
+        enable_kv_cache_events=model.kv_cache_events,
         **dict(speculative_options or {}),
     )
 
@@ -177,6 +181,8 @@ class LiveAllocator:
         # requests: id -> (tokens computed once the step completes, tokens scheduled).
         self._hisparse = vllm.hisparse_coordinator(self.manager)
         self._scheduled: dict[str, tuple[int, int]] = {}
+        # What the KV-cache events announce, per (group, block hash): model/kv_events.py.
+        self._announced: Counter[tuple[int, object]] = Counter()
         self._hasher = (
             vllm.block_hasher(
                 model.hash_block_size, int(options.get("num_hash_lookahead_tokens", 0))
@@ -243,6 +249,33 @@ class LiveAllocator:
         if self._hisparse is not None:
             self.vllm.hisparse_step(self._hisparse, self._scheduled)
         self._scheduled.clear()
+        if self.model.kv_cache_events:
+            self._check_kv_events()
+
+    def _check_kv_events(self) -> None:
+        """The step's KV-cache events leave a router knowing what the pool caches
+        (:mod:`kvconform.model.kv_events`)."""
+        events = self.vllm.take_kv_cache_events(self.manager)
+        problems = replay_events(self._announced, events)
+        cached = self.vllm.cached_block_counts(self.manager)
+        wrong = judge_mirror(self._announced, cached)
+        if not problems and not wrong:
+            return
+        shown = "; ".join(
+            [f"group {group}, hash {h!r}: announced {said}, cached {held}"
+             for (group, h), said, held in wrong[:3]] + problems[:3]
+        )  # fmt: skip
+        more = len(wrong) + len(problems) - min(len(wrong), 3) - min(len(problems), 3)
+        self.step_misses.append(
+            (
+                "-",
+                f"the KV-cache events ({len(events)} this step) leave a router with another "
+                f"prefix cache than the pool's: {shown}" + (f" (+{more} more)" if more else ""),
+                EVENTS_DIVERGE,
+            )
+        )
+        # Judge each step's events on their own: start the next from the truth.
+        self._announced = Counter(cached)
 
     def _check_handoffs(self) -> None:
         """The boundary states handed to a KV connector are those the step cached

@@ -13,6 +13,8 @@
   (a prefix hit's, one an asynchronous load writes) is;
 * where a Mamba "align" group is prefix-cached, every boundary state a step caches is
   handed to a KV connector by block id, and no block that no longer holds it is;
+* with KV-cache events on, each step's events leave a router knowing exactly what the
+  prefix cache holds;
 * a single-type manager declares the defaults its coordinator declares for the
   arguments it forwards;
 * the recorded warmup hands out only blocks of the pool, each to one table, in

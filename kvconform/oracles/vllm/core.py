@@ -565,6 +565,44 @@ class Vllm:
                     )
         return lines
 
+    def take_kv_cache_events(self, manager: Any) -> list[tuple[str, int, tuple[object, ...]]]:
+        """The KV-cache events since the last call (``KVCacheManager.take_events``, drained
+        as the scheduler drains them each step), as (kind, group, block hashes): kind
+        ``stored``, ``removed`` or ``cleared`` (group -1, no hashes)."""
+        from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+
+        events: list[tuple[str, int, tuple[object, ...]]] = []
+        for event in manager.take_events():
+            if isinstance(event, AllBlocksCleared):
+                events.append(("cleared", -1, ()))
+            elif isinstance(event, (BlockStored, BlockRemoved)):
+                kind = "stored" if isinstance(event, BlockStored) else "removed"
+                group = -1 if event.group_idx is None else int(event.group_idx)
+                events.append((kind, group, tuple(event.block_hashes)))
+        return events
+
+    def cached_block_counts(self, manager: Any) -> dict[tuple[int, object], int]:
+        """(group, block hash as the events carry it) -> the blocks the pools cache under it
+        (the device pool, and a group's own pool where it has one: HiSparse's host source,
+        whose events go to the device pool's queue)."""
+        from vllm.v1.core.kv_cache_utils import (
+            get_block_hash,
+            get_group_id,
+            maybe_convert_block_hash,
+        )
+
+        pools = {id(manager.block_pool): manager.block_pool}
+        for group in manager.coordinator.single_type_managers:
+            pools.setdefault(id(group.block_pool), group.block_pool)
+        counts: dict[tuple[int, object], int] = {}
+        for pool in pools.values():
+            for key, blocks in pool.cached_block_hash_to_block._cache.items():
+                event_key = (get_group_id(key), maybe_convert_block_hash(get_block_hash(key)))
+                counts[event_key] = counts.get(event_key, 0) + (
+                    len(blocks) if isinstance(blocks, dict) else 1
+                )
+        return counts
+
     def hisparse_coordinator(self, manager: Any) -> Any | None:
         """vLLM's ``HiSparseCoordinator`` bound to the manager's HiSparse groups, built as
         ``get_hisparse_coordinator`` builds it before the first admission; None without a
