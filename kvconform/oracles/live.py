@@ -180,6 +180,10 @@ class LiveAllocator:
         # HiSparse's coordinator, bound before the first admission; the step's scheduled
         # requests: id -> (tokens computed once the step completes, tokens scheduled).
         self._hisparse = vllm.hisparse_coordinator(self.manager)
+        # Fixed for the manager's life, so asked once: the groups whose new blocks vLLM
+        # zeroes (None: it zeroes nothing) and those that retain a longer prefix hit.
+        self._zeroing_groups = vllm.recording_groups(self.manager)
+        self._retained_hit_groups = vllm.retained_hit_groups(self.manager)
         self._scheduled: dict[str, tuple[int, int]] = {}
         # What the KV-cache events announce, per (group, block hash): model/kv_events.py.
         self._announced: Counter[tuple[int, object]] = Counter()
@@ -371,9 +375,9 @@ class LiveAllocator:
         """The blocks vLLM hands the worker to zero (:mod:`kvconform.model.zeroing`): the
         valid ones are a prefix hit's and, under an asynchronous load, those holding loaded
         tokens (the scheduler's ``skip_zeroing_group_ids``, in releases that have it)."""
-        zeroed = self.vllm.take_blocks_to_zero(self.manager)
-        if zeroed is None:
+        if self._zeroing_groups is None:
             return
+        zeroed = self.vllm.take_blocks_to_zero(self.manager, self._zeroing_groups)
         after = self.block_ids(call.request)
         hits = self.vllm.hit_block_ids(hit_blocks)
         loaded = call.options.load_async and self.vllm.skips_zeroing_loaded_blocks(self.manager)
@@ -417,7 +421,7 @@ class LiveAllocator:
         at another column)."""
         if hit_blocks is None:
             return
-        retained = self.vllm.retained_hit_groups(self.manager)
+        retained = self._retained_hit_groups
         if not retained:
             return
         hits = self.vllm.hit_block_ids(hit_blocks)

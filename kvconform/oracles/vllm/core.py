@@ -503,13 +503,10 @@ class Vllm:
         manager had a watermark)."""
         return int(getattr(manager, "watermark_blocks", 0) or 0)
 
-    def take_blocks_to_zero(self, manager: Any) -> dict[int, list[int]] | None:
+    def take_blocks_to_zero(self, manager: Any, groups: Sequence[int]) -> dict[int, list[int]]:
         """Group index -> the block ids that group handed out for the worker to zero since
         the last call (``take_new_block_ids``, drained as the scheduler drains it every
-        step), for the :meth:`recording_groups`; None where vLLM zeroes nothing."""
-        groups = self.recording_groups(manager)
-        if groups is None:
-            return None
+        step), for ``groups``, the manager's :meth:`recording_groups`."""
         managers = manager.coordinator.single_type_managers
         return {index: list(managers[index].take_new_block_ids()) for index in groups}
 
@@ -585,23 +582,25 @@ class Vllm:
         """(group, block hash as the events carry it) -> the blocks the pools cache under it
         (the device pool, and a group's own pool where it has one: HiSparse's host source,
         whose events go to the device pool's queue)."""
-        from vllm.v1.core.kv_cache_utils import (
-            get_block_hash,
-            get_group_id,
-            maybe_convert_block_hash,
-        )
-
+        utils = self._kv_cache_utils
         pools = {id(manager.block_pool): manager.block_pool}
         for group in manager.coordinator.single_type_managers:
             pools.setdefault(id(group.block_pool), group.block_pool)
         counts: dict[tuple[int, object], int] = {}
         for pool in pools.values():
             for key, blocks in pool.cached_block_hash_to_block._cache.items():
-                event_key = (get_group_id(key), maybe_convert_block_hash(get_block_hash(key)))
+                event_key = (
+                    utils.get_group_id(key),
+                    utils.maybe_convert_block_hash(utils.get_block_hash(key)),
+                )
                 counts[event_key] = counts.get(event_key, 0) + (
                     len(blocks) if isinstance(blocks, dict) else 1
                 )
         return counts
+
+    @cached_property
+    def _kv_cache_utils(self) -> Any:
+        return importlib.import_module("vllm.v1.core.kv_cache_utils")
 
     def hisparse_coordinator(self, manager: Any) -> Any | None:
         """vLLM's ``HiSparseCoordinator`` bound to the manager's HiSparse groups, built as
@@ -662,8 +661,7 @@ class Vllm:
         """(group, block id, tokens) of every block of the pool that holds the cache entry
         of a boundary state of one of ``groups`` (its primary hash, and the tokens it
         covers: ``block_hash_num_tokens``)."""
-        from vllm.v1.core.kv_cache_utils import get_group_id
-
+        get_group_id = self._kv_cache_utils.get_group_id
         wanted = set(groups)
         cached = set()
         for block in manager.block_pool.blocks:
