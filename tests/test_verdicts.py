@@ -290,12 +290,17 @@ ZEROING = REPO / "scenarios" / "admission" / "connector-async-load-blocks-not-ze
 SCHEDULER_ZEROING = REPO / "scenarios" / "scheduler" / "sched-remote-prefill-hybrid-zeroing.yaml"
 
 
-def _zeroing_failures(pristine_tree, tmp_path, module, old, new, scenario) -> tuple[list, dict]:
+def _sanity_failures(
+    pristine_tree, tmp_path, module, old, new, scenario, mentioning
+) -> tuple[list, dict]:
     """``scenario`` against a copy of vLLM with ``old`` replaced by ``new`` in ``module``,
-    which must fail: its sanity failures about zeroing, and the whole entry."""
+    which must fail: its sanity failures whose message says ``mentioning``, and the whole
+    entry."""
     tree = tree_with_replacement(pristine_tree, tmp_path / "vllm-tree", module, old, new)
     entry = _failed_entry(tree, scenario, tmp_path)
-    failures = [f for f in entry["failures"] if f["check"] == "sanity" and "zero" in f["message"]]
+    failures = [
+        f for f in entry["failures"] if f["check"] == "sanity" and mentioning in f["message"]
+    ]
     return failures, entry
 
 
@@ -303,7 +308,7 @@ def _zeroing_failures(pristine_tree, tmp_path, module, old, new, scenario) -> tu
 def test_a_new_block_left_off_the_zeroing_list_fails_sanity(pristine_tree, tmp_path):
     # With Mamba layers vLLM zeroes new attention blocks before the step (#35219); an
     # allocator that stops listing them leaves stale bytes for the model to read.
-    failures, entry = _zeroing_failures(
+    failures, entry = _sanity_failures(
         pristine_tree,
         tmp_path,
         "v1/core/single_type_kv_cache_manager.py",
@@ -312,6 +317,7 @@ def test_a_new_block_left_off_the_zeroing_list_fails_sanity(pristine_tree, tmp_p
         "            if not self._record_new_block_ids:\n"
         "                self.new_block_ids.extend(b.block_id for b in new_blocks)",
         ZEROING,
+        "zero",
     )
     assert failures and failures[0]["request"] == "a", entry
     assert "not handed to the worker to zero" in failures[0]["message"]
@@ -322,13 +328,14 @@ def test_a_loaded_block_on_the_zeroing_list_fails_sanity(pristine_tree, tmp_path
     # A one-token asynchronous load no longer goes through allocate_new_computed_blocks
     # (which honours skip_zeroing_group_ids): its block is listed and would be zeroed
     # after the connector wrote it.
-    (failure,), entry = _zeroing_failures(
+    (failure,), entry = _sanity_failures(
         pristine_tree,
         tmp_path,
         "v1/core/kv_cache_manager.py",
         "            or num_external_computed_tokens > 0\n",
         "            or num_external_computed_tokens > 1\n",
         ZEROING,
+        "zero",
     )
     assert failure["request"] == "b" and "valid before the step" in failure["message"], entry
 
@@ -337,13 +344,14 @@ def test_a_loaded_block_on_the_zeroing_list_fails_sanity(pristine_tree, tmp_path
 def test_a_scheduler_that_zeroes_loading_blocks_fails_sanity(pristine_tree, tmp_path):
     # Scheduler.schedule no longer passes the loaded groups as skip_zeroing_group_ids: the
     # blocks a's asynchronous load writes go on the step's zeroing list.
-    (failure,), entry = _zeroing_failures(
+    (failure,), entry = _sanity_failures(
         pristine_tree,
         tmp_path,
         "v1/core/sched/scheduler.py",
         "                        if load_kv_async and self.connector is not None\n",
         "                        if load_kv_async and self.connector is None\n",
         SCHEDULER_ZEROING,
+        "zero",
     )
     assert failure["request"] == "a" and "valid before the step" in failure["message"], entry
 
@@ -352,7 +360,7 @@ def test_a_scheduler_that_zeroes_loading_blocks_fails_sanity(pristine_tree, tmp_
 def test_a_scheduler_that_zeroes_held_blocks_again_fails_sanity(pristine_tree, tmp_path):
     # The step's list also names the running requests' attention blocks: KV they computed
     # (or loaded) at earlier steps would be wiped.
-    failures, entry = _zeroing_failures(
+    failures, entry = _sanity_failures(
         pristine_tree,
         tmp_path,
         "v1/core/sched/scheduler.py",
@@ -362,6 +370,7 @@ def test_a_scheduler_that_zeroes_held_blocks_again_fails_sanity(pristine_tree, t
         "            for b in self.kv_cache_manager.get_block_ids(r.request_id)[0]\n"
         "        ]) or None\n",
         SCHEDULER_ZEROING,
+        "zero",
     )
     assert any("held with their KV at the last step" in f["message"] for f in failures), entry
 
@@ -381,18 +390,15 @@ COW_HANDOFF = (
 
 
 def _handoff_failures(pristine_tree, tmp_path, old, new) -> tuple[list, dict]:
-    tree = tree_with_replacement(
+    return _sanity_failures(
         pristine_tree,
-        tmp_path / "vllm-tree",
+        tmp_path,
         "v1/core/single_type_kv_cache_manager.py",
         old,
         new,
+        PARTIAL_TAIL,
+        "connector",
     )
-    entry = _failed_entry(tree, PARTIAL_TAIL, tmp_path)
-    failures = [
-        f for f in entry["failures"] if f["check"] == "sanity" and "connector" in f["message"]
-    ]
-    return failures, entry
 
 
 @pytest.mark.slow
@@ -452,13 +458,14 @@ def test_a_scheduler_that_skips_zeroing_a_synchronous_load_fails_sanity(pristine
     # Only an asynchronous load writes its blocks before the step; the DecodeBenchConnector
     # loads a's prompt synchronously, after the worker zeroes the step's new blocks, so a
     # scheduler that passes skip_zeroing_group_ids for it leaves stale bytes under the load.
-    failures, entry = _zeroing_failures(
+    failures, entry = _sanity_failures(
         pristine_tree,
         tmp_path,
         "v1/core/sched/scheduler.py",
         "                        if load_kv_async and self.connector is not None\n",
         "                        if load_kv_async or self.connector is not None\n",
         REPO / "scenarios" / "scheduler" / "sched-sync-load-hybrid-zeroing.yaml",
+        "zero",
     )
     assert {f["request"] for f in failures} == {"a", "b"}, entry
     assert all("not on the step's zeroing list" in f["message"] for f in failures)
