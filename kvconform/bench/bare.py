@@ -99,8 +99,16 @@ def run_bare(bare: BarePlan, vllm: Vllm) -> int:
     requests = {name: vllm.new_request(name, list(prompt), hasher) for name, prompt in bare.prompts}
     outputs = {name: first_output_token(i) for i, (name, _) in enumerate(bare.prompts)}
     running, preempted = vllm.running_status(), vllm.preempted_status()
-    predict = vllm.reserved_block_count if bare.use_predictor else None
     lookahead, max_model_len = bare.lookahead, model.max_model_len
+    predict = (
+        vllm.block_counter(
+            num_lookahead_tokens=lookahead,
+            max_model_len=max_model_len,
+            dcp_world_size=model.dcp_world_size,
+        )
+        if bare.use_predictor
+        else None
+    )
     allocate_slots, get_block_ids = vllm.allocate_slots, manager.get_block_ids
     allocations = 0
     new_step, end_step = vllm.new_step_starts, vllm.release_block_copies
@@ -146,13 +154,7 @@ def run_bare(bare: BarePlan, vllm: Vllm) -> int:
             if predict is not None:
                 num_tokens = call.computed + call.scheduled
                 for spec in specs:
-                    predict(
-                        num_tokens,
-                        spec,
-                        num_lookahead_tokens=lookahead,
-                        max_model_len=max_model_len,
-                        max_encoder_len=enc,
-                    )
+                    predict(num_tokens, spec, max_encoder_len=enc)
             request.num_computed_tokens -= call.rejected
             if call.sampled:
                 first = outputs[call.request]

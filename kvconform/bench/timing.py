@@ -15,6 +15,7 @@ used for a separate, untimed pass: the wrappers themselves cost time.
 
 from __future__ import annotations
 
+import functools
 import gc
 import time
 from collections import Counter
@@ -77,6 +78,9 @@ class CallCounter:
     def _wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         counts = self.counts
 
+        # wraps: the facade reads the callee's signature through the wrapper
+        # (Vllm.block_counter binds the keywords the release's predictor takes).
+        @functools.wraps(fn)
         def counted(*args: Any, **kwargs: Any) -> Any:
             counts[name] += 1
             return fn(*args, **kwargs)

@@ -18,13 +18,18 @@ from kvconform.oracles.vllm import Vllm
 
 
 class Predictor:
-    """``_reserved_block_count`` for one scenario's groups, with its lookahead and cap."""
+    """``_reserved_block_count`` for one scenario's groups, with its lookahead, its
+    ``max_model_len`` and, where the release takes them, its DCP size and ``VllmConfig``."""
 
     def __init__(self, vllm: Vllm, model: ModelSpec, trajectory: Trajectory) -> None:
-        self._fn = vllm.reserved_block_count
+        # Bound once per scenario as the warmup binds it (_warmup_block_counter): the
+        # keywords a release takes are the facade's business (Vllm.block_counter).
+        self._fn = vllm.block_counter(
+            num_lookahead_tokens=trajectory.lookahead,
+            max_model_len=model.max_model_len,
+            dcp_world_size=model.dcp_world_size,
+        )
         self.unavailable_reason = None if self._fn is not None else vllm.predictor_missing_reason()
-        self._max_model_len = model.max_model_len
-        self._lookahead = trajectory.lookahead
         self.specs = group_specs(vllm, model, trajectory.num_speculative_tokens)
 
     @property
@@ -37,20 +42,12 @@ class Predictor:
         The driver asks once per step and group; binding the spec and the fixed
         keywords once keeps that call close to vLLM's own cost.
         """
-        fn, lookahead, max_model_len = self._fn, self._lookahead, self._max_model_len
+        fn = self._fn
         spec = self.specs[group]
         if fn is None:
             raise ValueError(f"the predictor is unavailable: {self.unavailable_reason}")
 
         def blocks(num_tokens: int, encoder_len: int) -> int:
-            return int(
-                fn(
-                    num_tokens,
-                    spec,
-                    num_lookahead_tokens=lookahead,
-                    max_model_len=max_model_len,
-                    max_encoder_len=encoder_len,
-                )
-            )
+            return int(fn(num_tokens, spec, max_encoder_len=encoder_len))
 
         return blocks
