@@ -356,6 +356,10 @@ class Trajectory:
     # Warmup mode, the elastic-EP re-warm: BlockTables writes every KV to the null
     # block, so the block ids the warmup hands out are never written.
     warmup_writes_redirected: bool = False
+    # Warmup mode, a runner that grows its KV cache on demand (0.34's extensible KV
+    # cache): step index -> blocks committed (backed by memory) when the step ran. A
+    # block id at or past it is unbacked memory on a GPU (check `sanity`).
+    warmup_committed_blocks: dict[int, int] = field(default_factory=dict)
     # Trajectory mode: first chunks whose hit is not the stated one; scheduler mode: first
     # admissions (check `sanity`).
     misses: list[Miss] = field(default_factory=list)

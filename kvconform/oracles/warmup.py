@@ -34,7 +34,7 @@ from kvconform.model.observations import Trajectory
 from kvconform.model.scenario import Scenario, WarmupPass, WarmupSpec
 from kvconform.oracles.resolve import group_specs
 from kvconform.oracles.vllm import Vllm
-from kvconform.oracles.vllm.warmup_stubs import RunnerSettings, Warmup
+from kvconform.oracles.vllm.warmup_stubs import RunnerSettings, StubModelRunner, Warmup
 
 # The run-level line reports carry when warmup scenarios ran without CUDA.
 CPU_RUN_NOTE = (
@@ -75,6 +75,9 @@ class WarmupStep:
     number: int  # position within its entry point's outputs, from 1
     finished: tuple[str, ...]  # finished_req_ids: freed before this step's requests
     calls: tuple[WarmupCall, ...]
+    # Blocks of the KV cache committed when the step ran, where the runner grows its
+    # cache on demand (0.34's extensible KV cache); None: the whole pool is backed.
+    committed: int | None = None
 
 
 @dataclass
@@ -93,6 +96,7 @@ class SchedulerOutputRecorder:
         self.is_encoder_decoder = is_encoder_decoder
         self.entry_point = ""
         self.number = 0
+        self.runner: StubModelRunner | None = None
         self._held: dict[str, list[tuple[int, ...]]] = {}
         self._prompt_len: dict[str, int] = {}
         self._encoder_len: dict[str, int] = {}
@@ -129,6 +133,7 @@ class SchedulerOutputRecorder:
                 self.number,
                 finished,
                 tuple(calls),
+                self.runner.committed_blocks() if self.runner is not None else None,
             )
         )
 
@@ -183,7 +188,7 @@ def record_warmup(
     for entry_point in entry_points:
         fn = warmup.warmup_entry_point(entry_point)
         runner = warmup.stub_model_runner(settings)
-        recorder.entry_point, recorder.number = entry_point, 0
+        recorder.entry_point, recorder.number, recorder.runner = entry_point, 0, runner
         args: tuple[Any, ...] = (runner, recorder.execute_model, recorder.sample_tokens)
         if entry_point == "run_mixed_prefill_decode_warmup":
             args += (mixed_num_tokens,)
@@ -247,4 +252,5 @@ def scenario_settings(vllm: Vllm, scenario: Scenario, trajectory: Trajectory) ->
         is_encoder_decoder=encoder_decoder,
         is_pooling_model=warmup.pooling,
         redirect_writes_to_null_block=warmup.redirect_writes_to_null_block,
+        parallel_config=vllm.predictor_vllm_config(model.dcp_world_size).parallel_config,
     )

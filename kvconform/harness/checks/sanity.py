@@ -17,7 +17,8 @@
   prefix cache holds;
 * a single-type manager declares the defaults its coordinator declares for the
   arguments it forwards;
-* the recorded warmup hands out only blocks of the pool, each to one table, in
+* the recorded warmup hands out only blocks of the pool (and, where its KV cache grows on
+  demand, only committed ones), each to one table, in
   the passes its limits give;
 * a Mamba "align" request's state blocks are real, its own, and its table only
   grows or nulls columns; a prefill chunk vLLM's scheduler starts inside a block
@@ -55,26 +56,36 @@ def _warmup_blocks_in_pool(trajectory: Trajectory) -> Iterator[Failure]:
     """The recorded warmup hands out only blocks the pool has, and never the null block.
 
     The warmup numbers its blocks itself (from 1, block 0 being the null block);
-    an id at or past ``num_blocks`` indexes past the KV-cache tensor on a GPU. Not
-    when the warmup's writes are redirected to the null block (the elastic-EP
-    re-warm): then no id it hands out is written.
+    an id at or past ``num_blocks`` indexes past the KV-cache tensor on a GPU. Where
+    the runner grows its KV cache on demand (0.34's extensible KV cache), an id at or
+    past the blocks committed when the step ran is unbacked memory. Not when the
+    warmup's writes are redirected to the null block (the elastic-EP re-warm): then
+    no id it hands out is written.
     """
     if trajectory.warmup_writes_redirected:
         return
     null, size = trajectory.null_block, trajectory.num_blocks
+    committed_at = trajectory.warmup_committed_blocks
     reported: set[tuple[str, int]] = set()
     for obs in trajectory.observations:
         ids = obs.warmup_block_ids
         if not ids or (obs.request, obs.group) in reported:
             continue
         outside = [b for b in ids if b >= size or b < 0]
-        if outside or (null in ids and not trajectory.groups[obs.group].holds_null):
+        committed = committed_at.get(obs.step)
+        uncommitted = [b for b in ids if committed is not None and b >= committed]
+        if outside or uncommitted or (null in ids and not trajectory.groups[obs.group].holds_null):
             reported.add((obs.request, obs.group))
-            what = (
-                f"block {outside[0]}, which a pool of {size} blocks does not have"
-                if outside
-                else f"the null block (id {null})"
-            )
+            if outside:
+                what = f"block {outside[0]}, which a pool of {size} blocks does not have"
+            elif uncommitted:
+                what = (
+                    f"block {uncommitted[0]}, which its extensible KV cache has not committed "
+                    f"({committed} of {size} blocks backed when the step ran: the warmup "
+                    "commits with ensure_kv_cache_blocks before it hands blocks out)"
+                )
+            else:
+                what = f"the null block (id {null})"
             yield failure_at("sanity", trajectory, obs, f"{PARTY_NAMES['warmup']} hands out {what}")
 
 

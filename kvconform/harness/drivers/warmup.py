@@ -47,6 +47,9 @@ def drive_warmup(scenario: Scenario, vllm: Vllm) -> Trajectory:
     trajectory.notes.extend(recording.notes)
     trajectory.warmup_passes = recording.passes
     trajectory.warmup_writes_redirected = warmup.redirect_writes_to_null_block
+    trajectory.warmup_committed_blocks = {
+        step.index: step.committed for step in recording.steps if step.committed is not None
+    }
     if warmup.expect_passes is not None:
         trajectory.expected_warmup_passes = tuple(
             p for p in warmup.expect_passes if p.applies_to(vllm.version)

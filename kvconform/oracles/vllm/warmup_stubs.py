@@ -26,6 +26,7 @@ from kvconform.oracles.vllm.core import Vllm
 __all__ = [
     "STUB_FAMILIES",
     "RunnerSettings",
+    "StubExtensibleKVCache",
     "StubModelRunner",
     "StubNamespace",
     "Warmup",
@@ -130,6 +131,9 @@ class RunnerSettings:
     # BlockTables redirects every KV write to the null block, and the warmup does not
     # cap its batch by the pool.
     redirect_writes_to_null_block: bool = False
+    # vLLM's ParallelConfig of the scenario's DCP size (Vllm.predictor_vllm_config):
+    # 0.34's warmup reads vllm_config.parallel_config.decode_context_parallel_size.
+    parallel_config: Any | None = None
 
 
 class StubNamespace:
@@ -177,6 +181,11 @@ class StubModelRunner(StubNamespace):
 
     def _part(self, name: str, misses: list[str], **attributes: Any) -> StubNamespace:
         return StubNamespace(f"GPUModelRunner.{name}", misses, **attributes)
+
+    def committed_blocks(self) -> int | None:
+        """Blocks of the KV cache backed by memory now, where the runner grows its cache
+        on demand (0.34's extensible KV cache); None: every block, from the start."""
+        return None
 
     def _attributes(self, s: RunnerSettings, misses: list[str]) -> dict[str, Any]:
         return {
@@ -302,6 +311,78 @@ class StubModelRunner033(StubModelRunner032):
         return {**super()._attributes(s, misses), "speculative_config": s.speculative_config}
 
 
+class StubExtensibleKVCache(StubNamespace):
+    """Stands in for 0.34's ``ExtensibleKVCache`` (``vllm/v1/worker/extensible_kv_cache.py``)
+    as far as the warmup uses it: a capacity of ``kv_cache_config.num_blocks`` blocks of
+    which a prefix is committed (backed by memory), grown by the warmup's
+    ``ensure_kv_cache_blocks`` before it hands blocks out.
+
+    ``commit`` keeps vLLM's arithmetic (capped at the capacity, grow-only unless
+    ``shrink``) and records every call; no memory is mapped. ``warmup_committable_blocks``
+    is what the worker agrees across ranks from free memory
+    (``ExtensibleKVCache.committable_blocks``, never above the capacity); with no device
+    memory to measure, the stub takes the capacity, as a device with room for it would.
+    Initially the minimum is committed (``allocate`` at KV-cache initialisation): the null
+    block, under the layer-outermost layouts (block-outermost ones commit one more).
+    """
+
+    capacity_blocks: int
+    num_committed_blocks: int
+    commits: list[int]
+
+    def __init__(self, capacity: int, misses: list[str]) -> None:
+        super().__init__(
+            "GPUModelRunner.extensible_kv_cache",
+            misses,
+            capacity_blocks=capacity,
+            warmup_committable_blocks=capacity,
+            min_committed_blocks=1,
+            num_committed_blocks=1,
+            commits=[],
+        )
+
+    def commit(self, num_blocks: int, defragment: bool = False, shrink: bool = False) -> None:
+        self.commits.append(num_blocks)
+        num_blocks = min(num_blocks, self.capacity_blocks)
+        if shrink and num_blocks < self.num_committed_blocks:
+            self.num_committed_blocks = 0  # remapped: the contents are discarded
+        self.num_committed_blocks = max(self.num_committed_blocks, num_blocks)
+
+
+class StubModelRunner034(StubModelRunner033):
+    """Stands in for the ``GPUModelRunner`` attributes vLLM 0.34.x's warmup reads: those
+    of 0.33 plus ``vllm_config.parallel_config`` (its ``decode_context_parallel_size``,
+    which ``_warmup_block_counter`` binds), ``max_num_tokens`` (the scheduler's
+    ``max_num_batched_tokens``, as ``GPUModelRunner.__init__`` sets it; the request cap
+    ``_cap_num_warmup_reqs``), ``extensible_kv_cache`` (the warmup counts its committable
+    blocks and commits what it hands out: :class:`StubExtensibleKVCache`; the runner
+    builds one by default on CUDA, ``CacheConfig.enable_extensible_kv_cache``) and
+    ``speculator`` (None without speculative decoding, as the runner holds it; with it,
+    ``reset_state`` after the pass and no ``acceptance_estimator``)."""
+
+    FAMILY = "0.34.x"
+
+    def _attributes(self, s: RunnerSettings, misses: list[str]) -> dict[str, Any]:
+        attributes = super()._attributes(s, misses)
+        vllm_config = attributes["vllm_config"]
+        vllm_config.parallel_config = s.parallel_config
+        speculator = None
+        if s.speculative_config is not None:
+            speculator = self._part(
+                "speculator", misses, reset_state=lambda: None, acceptance_estimator=None
+            )
+        return {
+            **attributes,
+            "max_num_tokens": s.max_num_batched_tokens,
+            "extensible_kv_cache": StubExtensibleKVCache(s.kv_cache_config.num_blocks, misses),
+            "speculator": speculator,
+        }
+
+    def committed_blocks(self) -> int | None:
+        cache: StubExtensibleKVCache = self.extensible_kv_cache
+        return cache.num_committed_blocks
+
+
 # (first release, stub) in release order; a release uses the last family not newer than it.
 STUB_FAMILIES: tuple[tuple[str, type[StubModelRunner]], ...] = (
     ("0.25.0", StubModelRunner),
@@ -311,6 +392,7 @@ STUB_FAMILIES: tuple[tuple[str, type[StubModelRunner]], ...] = (
     ("0.30.0", StubModelRunner030),
     ("0.32.0", StubModelRunner032),
     ("0.33.0", StubModelRunner033),
+    ("0.34.0", StubModelRunner034),
 )
 
 
