@@ -872,11 +872,21 @@ class Vllm:
         )
 
     def _config_property(self, name: str, holder: SimpleNamespace) -> int | None:
+        """``VllmConfig.<name>`` for ``holder``, or None where this release has no such value.
+
+        Read from the property where it is one; where the release resolves it once into
+        a field after the configs are final (0.34's ``num_hash_lookahead_tokens``,
+        ``VllmConfig._resolve_num_hash_lookahead_tokens``), from that resolver.
+        """
         config = importlib.import_module("vllm.config")
         prop = getattr(config.VllmConfig, name, None)
-        if not isinstance(prop, property) or prop.fget is None:
-            return None
-        value = int(prop.fget(holder))
+        if isinstance(prop, property) and prop.fget is not None:
+            value = int(prop.fget(holder))
+        else:
+            resolve = getattr(config.VllmConfig, f"_resolve_{name}", None)
+            if resolve is None:
+                return None
+            value = int(resolve(holder))
         setattr(holder, name, value)  # later properties read earlier ones through self
         return value
 
