@@ -250,6 +250,18 @@ def test_sanity_the_warmup_hands_out_only_pool_blocks_and_never_the_null_block()
     assert "hands out the null block (id 0)" in null.message
 
 
+def test_sanity_a_growing_kv_cache_backs_every_block_the_warmup_hands_out():
+    # 0.34's extensible KV cache: blocks 1 and 2 handed out at step 0 need 3 committed
+    # (the null block included); with 2 committed, block 2 is unbacked memory.
+    warmup = obs(warmup=2, request="w", ids=[3, 4])._replace(warmup_block_ids=[1, 2])
+    assert list(CHECKS["sanity"].find(trajectory(warmup, warmup_committed_blocks={0: 3}))) == []
+    (short,) = CHECKS["sanity"].find(trajectory(warmup, warmup_committed_blocks={0: 2}))
+    assert "hands out block 2, which its extensible KV cache has not committed" in short.message
+    assert "2 of 100 blocks backed" in short.message
+    # Another step's commit says nothing about this one: no entry, no judgement.
+    assert list(CHECKS["sanity"].find(trajectory(warmup, warmup_committed_blocks={1: 2}))) == []
+
+
 def _windowed(*observations: Observation, span: tuple[str, int]) -> Trajectory:
     group = GroupInfo(
         0,

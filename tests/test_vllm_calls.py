@@ -89,3 +89,41 @@ def test_forwarded_defaults_are_read_from_the_functions_as_they_are_now() -> Non
     # A mutation campaign's child changes a default in place after the clean run.
     Manager.count.__defaults__ = (True,)
     assert ("count(cap)", False, True) in list(_shared_defaults(Coordinator, Manager))
+
+
+def test_the_predictor_is_bound_by_its_signature(vllm) -> None:
+    """0.28-0.33's ``_reserved_block_count`` gets no ``vllm_config`` or DCP size; a
+    predictor with 0.34's signature gets both: a real model-free ``VllmConfig`` whose
+    parallel config has the scenario's DCP size."""
+    installed = vllm.reserved_block_count
+    assert installed is not None
+    bound = vllm.block_counter(num_lookahead_tokens=3, max_model_len=64, dcp_world_size=2)
+    assert bound is not None
+    if not accepts_keyword(installed, "vllm_config"):
+        assert set(bound.keywords) == {"num_lookahead_tokens", "max_model_len"}
+    spec = vllm.build_spec("full_attention", 16, {})
+    assert bound(20, spec, max_encoder_len=0) == installed(
+        20, spec, **bound.keywords, max_encoder_len=0
+    )
+
+    seen: dict[str, object] = {}
+
+    def reserved_block_count_034(
+        num_tokens, kvcache_spec, *, vllm_config, num_lookahead_tokens, max_model_len,
+        max_encoder_len, dcp_world_size=1,
+    ) -> int:  # fmt: skip
+        seen.update(vllm_config=vllm_config, dcp_world_size=dcp_world_size)
+        return kvcache_spec.max_num_blocks_per_req(vllm_config, max_model_len)
+
+    vars(vllm)["reserved_block_count"] = reserved_block_count_034
+    try:
+        bound = vllm.block_counter(num_lookahead_tokens=3, max_model_len=64, dcp_world_size=2)
+        assert bound is not None
+        # The row of a dcp_sharded spec: cdiv(64, 16 x 2) columns.
+        assert bound(20, spec, max_encoder_len=0) == 2
+    finally:
+        vars(vllm)["reserved_block_count"] = installed
+    config = seen["vllm_config"]
+    assert type(config).__name__ == "VllmConfig" and seen["dcp_world_size"] == 2
+    assert config.parallel_config.decode_context_parallel_size == 2  # type: ignore[attr-defined]
+    assert vllm.predictor_vllm_config(2) is config  # built once per DCP size

@@ -26,6 +26,7 @@ from kvconform.oracles.vllm.warmup_stubs import (
     StubModelRunner030,
     StubModelRunner032,
     StubModelRunner033,
+    StubModelRunner034,
     stub_family,
 )
 from kvconform.oracles.warmup import SchedulerOutputRecorder, WarmupRecording, record_warmup
@@ -220,13 +221,40 @@ def test_a_stub_lacking_an_attribute_names_the_version_and_the_attribute(
         ("0.31.0", StubModelRunner030),
         ("0.32.0", StubModelRunner032),
         ("0.33.0", StubModelRunner033),
-        ("0.34.0.dev12+g0123abc", StubModelRunner033),
-        ("unknown", StubModelRunner033),
+        ("0.34.0", StubModelRunner034),
+        ("0.34.0.dev12+g0123abc", StubModelRunner034),
+        ("0.35.0.dev3+g0123abc", StubModelRunner034),
+        ("unknown", StubModelRunner034),
         ("0.24.0", None),
     ],
 )
 def test_each_release_family_has_its_stub(version, stub):
     assert stub_family(version) is stub
+
+
+def test_the_034_stub_holds_what_vllms_runner_holds(vllm):
+    parallel = vllm.predictor_vllm_config(2).parallel_config
+    settings = replace(_settings(vllm, num_blocks=40), parallel_config=parallel)
+    runner = StubModelRunner034(settings)
+    # GPUModelRunner.__init__: max_num_tokens = scheduler_config.max_num_batched_tokens.
+    assert runner.max_num_tokens == 512
+    assert runner.vllm_config.parallel_config.decode_context_parallel_size == 2
+    assert runner.speculator.reset_state() is None
+    assert runner.speculator.acceptance_estimator is None
+    assert StubModelRunner034(replace(settings, speculative_config=None)).speculator is None
+    # The extensible KV cache: the null block committed at first, grown on demand.
+    cache = runner.extensible_kv_cache
+    assert (cache.capacity_blocks, cache.warmup_committable_blocks) == (40, 40)
+    assert runner.committed_blocks() == 1
+    cache.commit(9)
+    cache.commit(5)  # grow-only
+    assert runner.committed_blocks() == 9
+    cache.commit(100)  # capped at the capacity, as ExtensibleKVCache.commit caps it
+    assert runner.committed_blocks() == 40
+    cache.commit(1, shrink=True)  # gpu_worker shrinks it between its warmups
+    assert runner.committed_blocks() == 1 and cache.commits == [9, 5, 100, 1]
+    assert not runner.stub_misses
+    assert StubModelRunner033(settings).committed_blocks() is None  # every block, from the start
 
 
 def test_every_stub_says_what_it_stands_in_for():

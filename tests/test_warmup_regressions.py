@@ -124,3 +124,39 @@ def test_a_warmup_that_hands_one_block_to_two_requests_turns_the_suite_red(tmp_p
             "hands out block 1, which request _v2_mixed_warmup_decode_ holds" in f["message"]
             for f in scenario["failures"]
         ), scenario["id"]
+
+
+# vLLM 0.34's warmup_kernels, made to hand out blocks its extensible KV cache never commits.
+UNCOMMITTED_FROM = (
+    "        ensure_kv_cache_blocks(model_runner, 1 + num_reqs * max_blocks_per_req)\n"
+)
+UNCOMMITTED_TO = (
+    "        pass  # injected by kvconform's test: no commit before the blocks go out\n"
+)
+
+
+@pytest.mark.network
+@pytest.mark.slow
+def test_a_034_warmup_that_does_not_commit_its_blocks_turns_the_suite_red(tmp_path):
+    from kvconform.harness.releases import release_tree
+
+    scenario = CORPUS / "warmup-no-speculation.yaml"
+    status, report, output = run_corpus(
+        tmp_path / "release", "--vllm-release", "0.34.0", corpus=scenario
+    )
+    assert status == 0, output  # the release commits what it hands out
+    tree = tree_with_replacement(
+        release_tree("0.34.0"), tmp_path / "tree", "v1/worker/gpu/warmup.py",
+        UNCOMMITTED_FROM, UNCOMMITTED_TO,
+    )  # fmt: skip
+    status, report, output = run_corpus(
+        tmp_path / "report", "--vllm-src", str(tree), corpus=scenario
+    )
+    assert status == 1, output
+    for result in report["scenarios"]:
+        # The counts are the release's; only the commit is gone, which only sanity sees.
+        assert {f["check"] for f in result["failures"]} == {"sanity"}, result["id"]
+        assert any(
+            "which its extensible KV cache has not committed" in f["message"]
+            for f in result["failures"]
+        ), result["id"]

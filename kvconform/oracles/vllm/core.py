@@ -589,14 +589,20 @@ class Vllm:
             pools.setdefault(id(group.block_pool), group.block_pool)
         counts: dict[tuple[int, object], int] = {}
         for pool in pools.values():
-            for key, blocks in pool.cached_block_hash_to_block._cache.items():
+            cached = pool.cached_block_hash_to_block
+            # By shape: to 0.33 a key maps to one block or a dict of its copies; from 0.34
+            # to one block id, the ids of a key's copies kept apart (``_dup_ids``).
+            copies = getattr(cached, "_dup_ids", None) or {}
+            for key, blocks in cached._cache.items():
                 event_key = (
                     utils.get_group_id(key),
                     utils.maybe_convert_block_hash(utils.get_block_hash(key)),
                 )
-                counts[event_key] = counts.get(event_key, 0) + (
-                    len(blocks) if isinstance(blocks, dict) else 1
-                )
+                if isinstance(blocks, dict):
+                    number = len(blocks)
+                else:
+                    number = len(copies[key]) if key in copies else 1
+                counts[event_key] = counts.get(event_key, 0) + number
         return counts
 
     @cached_property
