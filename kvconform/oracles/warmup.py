@@ -253,4 +253,6 @@ def scenario_settings(vllm: Vllm, scenario: Scenario, trajectory: Trajectory) ->
         is_pooling_model=warmup.pooling,
         redirect_writes_to_null_block=warmup.redirect_writes_to_null_block,
         parallel_config=vllm.predictor_vllm_config(model.dcp_world_size).parallel_config,
+        use_mla=any(vllm.is_mla(spec) for spec in specs),
+        block_size=model.scheduler_block_size,
     )

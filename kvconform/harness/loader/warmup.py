@@ -13,7 +13,13 @@ from kvconform.model.scenario import (
     WarmupSpec,
 )
 
-WARMUP_ENTRY_POINTS = ("warmup_kernels", "run_mixed_prefill_decode_warmup")
+# run_kv_cache_sizing_warmup: the steps an extensible KV cache is sized on (vLLM 0.34 on;
+# GPUWorker runs it after warmup_kernels, from a cache shrunk back to its minimum).
+WARMUP_ENTRY_POINTS = (
+    "warmup_kernels",
+    "run_mixed_prefill_decode_warmup",
+    "run_kv_cache_sizing_warmup",
+)
 
 
 def warmup_pooling(doc: LineDict) -> bool:

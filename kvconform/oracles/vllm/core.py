@@ -193,6 +193,20 @@ class Vllm:
         literal = getattr(module, name, None) if module else None
         return tuple(flatten_literal(literal)) if literal is not None else None
 
+    def is_mla(self, spec: Any) -> bool:
+        """Whether a group of this spec is multi-head latent attention (an
+        ``MLAAttentionSpec`` or ``SlidingWindowMLASpec``): a model with one has
+        ``ModelConfig.use_mla``."""
+        classes = tuple(
+            cls
+            for cls in (
+                getattr(self._iface, "MLAAttentionSpec", None),
+                getattr(self._iface, "SlidingWindowMLASpec", None),
+            )
+            if cls is not None
+        )
+        return bool(classes) and isinstance(spec, classes)
+
     def dcp_sharded(self, spec: Any) -> bool:
         """Whether the manager multiplies this group's block size by the DCP world size.
 

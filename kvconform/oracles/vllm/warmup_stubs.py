@@ -134,6 +134,12 @@ class RunnerSettings:
     # vLLM's ParallelConfig of the scenario's DCP size (Vllm.predictor_vllm_config):
     # 0.34's warmup reads vllm_config.parallel_config.decode_context_parallel_size.
     parallel_config: Any | None = None
+    # A model whose attention is MLA (ModelConfig.use_mla): 0.34's KV-cache sizing warmup
+    # then also runs a prefill over cached context (run_context_prefill_warmup).
+    use_mla: bool = False
+    # The scheduler's block size (CacheConfig.block_size): MLA's chunked-context
+    # workspace is aligned to it.
+    block_size: int = 16
 
 
 class StubNamespace:
@@ -339,7 +345,15 @@ class StubExtensibleKVCache(StubNamespace):
             min_committed_blocks=1,
             num_committed_blocks=1,
             commits=[],
+            # What the sizing warmup measures (run_kv_cache_sizing_warmup): no memory here.
+            reserved_headroom_bytes=0,
+            torch_reserve_growth_bytes=0,
         )
+
+    def record_transient_peak(self) -> dict[str, Any]:
+        """The allocator statistics vLLM reads after a sizing step: none, with no memory
+        mapped (torch gives an empty mapping for a device without statistics too)."""
+        return {}
 
     def commit(self, num_blocks: int, defragment: bool = False, shrink: bool = False) -> None:
         self.commits.append(num_blocks)
@@ -358,14 +372,29 @@ class StubModelRunner034(StubModelRunner033):
     blocks and commits what it hands out: :class:`StubExtensibleKVCache`; the runner
     builds one by default on CUDA, ``CacheConfig.enable_extensible_kv_cache``) and
     ``speculator`` (None without speculative decoding, as the runner holds it; with it,
-    ``reset_state`` after the pass and no ``acceptance_estimator``)."""
+    ``reset_state`` after the pass and no ``acceptance_estimator``); for
+    ``run_kv_cache_sizing_warmup`` also ``device``, ``model_config.max_logprobs`` (20,
+    ``ModelConfig``'s default), ``model_config.use_mla`` and, for MLA's chunked-context
+    workspace, ``vllm_config``'s scheduler, model and cache configs (the runner's own)."""
 
     FAMILY = "0.34.x"
 
     def _attributes(self, s: RunnerSettings, misses: list[str]) -> dict[str, Any]:
+        import torch
+
         attributes = super()._attributes(s, misses)
+        model_config = attributes["model_config"]
+        # ModelConfig's default max_logprobs (20): the sizing warmup requests prompt
+        # logprobs on one full-length prompt.
+        model_config.max_logprobs = 20
+        model_config.use_mla = s.use_mla
+        model_config.max_model_len = s.max_model_len
+        # GPUModelRunner's configs are its VllmConfig's: the same objects.
         vllm_config = attributes["vllm_config"]
         vllm_config.parallel_config = s.parallel_config
+        vllm_config.scheduler_config = attributes["scheduler_config"]
+        vllm_config.model_config = model_config
+        vllm_config.cache_config = self._part("cache_config", misses, block_size=s.block_size)
         speculator = None
         if s.speculative_config is not None:
             speculator = self._part(
@@ -373,6 +402,9 @@ class StubModelRunner034(StubModelRunner033):
             )
         return {
             **attributes,
+            # The sizing warmup reads the device's memory statistics; the stub maps no
+            # memory, so they are the host's (empty) unless a GPU is there.
+            "device": torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu"),
             "max_num_tokens": s.max_num_batched_tokens,
             "extensible_kv_cache": StubExtensibleKVCache(s.kv_cache_config.num_blocks, misses),
             "speculator": speculator,
