@@ -161,7 +161,7 @@ mutation: $(STAMP)
 # runs only the scenarios changed since against each claimed release.
 # CLAIMED_RELEASES: what kvconform claims to judge; .ci/run holds every one of them green, and
 # make test (tests/test_release_lock.py) the scenarios changed since the lock.
-CLAIMED_RELEASES ?= 0.28.0..0.33.0
+CLAIMED_RELEASES ?= 0.28.0..0.34.0
 MATRIX_RELEASES ?= 0.25.0..
 MATRIX_DIR ?= build/matrix
 MATRIX_JOBS ?= 1
