@@ -36,6 +36,17 @@ def scenario(corpus: list[Scenario], scenario_id: str) -> Scenario:
     return found
 
 
+def written_for(s: Scenario, version: str) -> bool:
+    """Whether the scenario's ``vllm:`` requirement admits the release ``version``."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    if s.vllm_releases is None:
+        return True
+    release = Version(Version(version).base_version)
+    return SpecifierSet(s.vllm_releases).contains(release, prereleases=True)
+
+
 def lookahead_of(s: Scenario, vllm) -> int:
     if s.speculative is None:
         return 0
@@ -108,7 +119,14 @@ def test_edges_are_covered(corpus, vllm):
 def test_corpus_conforms_with_every_known_divergence_listed_and_used(corpus, vllm):
     expectations = load_expectations(SCENARIOS / "expectations.yaml")
     results = list(run_all(corpus, vllm, expectations=expectations))
-    bad = [f"{r.id}: {r.verdict.value} {r.headline()}" for r in results if not r.ok]
+    # A scenario written for newer releases than the installed one says so (its vllm:
+    # field): unsupported here by its own word, and the release matrix runs it there.
+    newer = {s.id for s in corpus if not written_for(s, vllm.version)}
+    bad = [
+        f"{r.id}: {r.verdict.value} {r.headline()}"
+        for r in results
+        if not r.ok and not (r.id in newer and r.verdict is Verdict.UNSUPPORTED)
+    ]
     assert not bad, "\n".join(bad)
     assert exit_status(results) == 0
     assert not [r.id for r in results if r.verdict is Verdict.XPASSED]
