@@ -266,9 +266,32 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
                 zeroing.invariant,
             )
         )
+    _encoder_misses(trajectory, record, lines)
     trajectory.step_notes = {step: "; ".join(parts) for step, parts in sorted(notes.items())}
     trajectory.notes.append(summary(record, scenario))
     return trajectory
+
+
+def _encoder_misses(
+    trajectory: Trajectory, record: SchedulerRun, lines: dict[str, int | None]
+) -> None:
+    """The encoder rules a run broke (``sanity``), and the budget it ran with (a note)."""
+    if record.encoder_budget is not None:
+        trajectory.notes.append(
+            f"encoder budget {record.encoder_budget} embeddings a step, encoder cache "
+            f"{record.encoder_cache_size}"
+        )
+    for failure in record.encoder:
+        trajectory.misses.append(
+            Miss(
+                failure.step,
+                lines.get(failure.request),
+                failure.request,
+                "schedule",
+                failure.message,
+                failure.invariant,
+            )
+        )
 
 
 def _load_rows(

@@ -1,0 +1,171 @@
+"""Multimodal encoder inputs in scheduler mode: the loader's ``mm_inputs``, the encoder
+budget kvconform gives vLLM's scheduler, and the ``sanity`` rules of the worker's encoder
+cache, shown red against copies of vLLM with one line of its encoder scheduling changed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from vllm_copy import REPO, run_kvconform, tree_with_replacement
+
+from kvconform.errors import ExitStatus, ScenarioError
+from kvconform.harness import runner
+from kvconform.harness.loader import load_file
+from kvconform.model.observations import ENCODER_OUTPUT_MISSING, MM_INPUT_SPLIT
+from kvconform.model.results import Verdict
+from kvconform.model.scenario import MmInput
+
+SCENARIOS = REPO / "scenarios" / "scheduler"
+
+TWO_IMAGES = """
+kind: scheduler
+model: {max_model_len: 512, num_blocks: 64}
+scheduler: {mode: sync, max_num_batched_tokens: 128, max_num_encoder_input_tokens: 64}
+requests:
+  a:
+    prompt_len: 160
+    mm_inputs: [{offset: 8, length: 32}, {offset: 48, length: 48, id: cat}]
+  b: {prompt_len: 80, mm_inputs: [{offset: 4, length: 48, id: cat}]}
+"""
+
+
+def test_mm_inputs_are_read_with_default_identifiers(scenario_from):
+    scenario = scenario_from(TWO_IMAGES)
+    a, b = scenario.requests.values()
+    assert a.mm_inputs == (MmInput(8, 32, "a-0"), MmInput(48, 48, "cat"))
+    assert b.mm_inputs == (MmInput(4, 48, "cat"),) and a.mm_inputs[1].end == 96
+    limits = scenario.scheduler
+    assert limits is not None
+    assert (limits.max_num_encoder_input_tokens, limits.encoder_cache_size) == (64, None)
+    assert not limits.disable_chunked_mm_input
+
+
+def _request_line(inputs: str, extra: str = "") -> str:
+    return (
+        "kind: scheduler\nmodel: {max_model_len: 512}\n"
+        "scheduler: {mode: sync, max_num_batched_tokens: 64, disable_chunked_mm_input: true}\n"
+        "requests:\n"
+        "  a: {prompt_len: 100, mm_inputs: [{offset: 0, length: 20, id: cat}]}\n"
+        f"  b: {{prompt_len: 100, mm_inputs: {inputs}{extra}}}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("inputs", "extra", "field", "words"),
+    [
+        ("[{offset: 90, length: 20}]", "", "requests.b.mm_inputs[0].length",
+         "must lie inside the prompt (prompt_len 100)"),
+        ("[{offset: 10, length: 20}, {offset: 25, length: 5}]", "",
+         "requests.b.mm_inputs[1].offset", "must be at least 30, where the input before ends"),
+        ("[{offset: 10, length: 30, id: cat}]", "", "requests.b.mm_inputs[0].length",
+         "id 'cat' is one item with 20 placeholders elsewhere, not 30"),
+        ("[{offset: 0, length: 0}]", "", "requests.b.mm_inputs[0].length",
+         "must be at least 1"),
+        ("[{offset: 0, lenght: 8}]", "", "requests.b.mm_inputs[0].length", "is required"),
+        ("[]", "", "requests.b.mm_inputs", "must be a non-empty list"),
+        ("[8]", "", "requests.b.mm_inputs", "item 0 must be a mapping"),
+        ("[{offset: 0, length: 80}]", "", "requests.b.mm_inputs[0].length",
+         "must be at most scheduler.max_num_batched_tokens (64) with disable_chunked_mm_input"),
+        ("[{offset: 0, length: 8}]", ", remote_prefill: true", "requests.b.mm_inputs",
+         "cannot go with remote_prefill"),
+    ],
+)  # fmt: skip
+def test_bad_mm_inputs_name_file_line_and_field(write_scenario, inputs, extra, field, words):
+    text = _request_line(inputs, extra)
+    if "remote_prefill" in extra:
+        text = text.replace(", disable_chunked_mm_input: true", "")
+    path = write_scenario(text)
+    with pytest.raises(ScenarioError) as info:
+        load_file(path)
+    error = info.value
+    assert (error.where.line, error.where.field) == (6, field), str(error)
+    assert words in error.message, str(error)
+    assert str(error).startswith(f"{path}:6: ")
+
+
+def test_the_budget_cuts_a_chunk_before_the_image_that_does_not_fit(scenario_from, vllm):
+    # Derived from Scheduler._try_schedule_encoder_inputs: a's first chunk (tokens 0..127)
+    # overlaps its images of 32 and 48 embeddings; 32 + 48 > 64 (the stated budget), so the
+    # chunk stops where the second begins (48). b, in the same step, gets the 80 tokens left
+    # but its image (48, the same item "cat") no longer fits the 32 left: it stops at 4.
+    scenario = scenario_from(TWO_IMAGES)
+    result = runner.run_scenario(scenario, vllm)
+    assert result.verdict is Verdict.PASSED, result.headline()
+    run = result.trajectory
+    assert run is not None
+    first = {o.request: o.scheduled for o in run.observations if o.step == 0}
+    assert first == {"a": 48, "b": 4}
+    assert "encoder budget 64 embeddings a step, encoder cache 128" in run.notes
+
+
+def _single_mode_copy(name: str, tmp_path: Path, mode: str = "sync") -> Path:
+    """The corpus scenario ``name`` with its matrix narrowed to one mode: one report entry."""
+    text = (SCENARIOS / name).read_text(encoding="utf-8")
+    lines = [
+        f"  mode: [{mode}]" if line.startswith("  mode: [") else line for line in text.splitlines()
+    ]
+    path = tmp_path / "scenarios" / name
+    path.parent.mkdir()
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _encoder_failures(pristine_tree, tmp_path, old, new, name, invariant) -> tuple[list, dict]:
+    """``name`` against a copy of vLLM with ``old`` replaced by ``new`` in its scheduler, which
+    must fail: its sanity failures of ``invariant``, and the whole entry."""
+    tree = tree_with_replacement(
+        pristine_tree, tmp_path / "vllm-tree", "v1/core/sched/scheduler.py", old, new
+    )
+    out = tmp_path / "report"
+    done = run_kvconform(
+        "run", _single_mode_copy(name, tmp_path), "--vllm-src", tree, "--report-dir", out,
+        "--progress", "off", "--no-expectations", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == ExitStatus.NONCONFORMANCE, done.stdout + done.stderr
+    (entry,) = json.loads((out / "report.json").read_text())["scenarios"]
+    failures = [
+        f for f in entry["failures"] if (f.get("detail") or {}).get("invariant") == invariant
+    ]
+    return failures, entry
+
+
+@pytest.mark.slow
+def test_a_chunk_start_on_an_image_split_under_disable_chunked_mm_input_fails_sanity(
+    pristine_tree, tmp_path
+):
+    # Issue #52306 (fixed by #52412, in 0.33): the rule's "num_computed_tokens <= start_pos"
+    # was "<", so a chunk starting exactly on an item went through and split it. Here a's
+    # second chunk starts on its image (32) and covers 32 of its 48 placeholders.
+    failures, entry = _encoder_failures(
+        pristine_tree,
+        tmp_path,
+        "                and num_computed_tokens <= start_pos\n",
+        "                and num_computed_tokens < start_pos\n",
+        "sched-encoder-whole-inputs.yaml",
+        MM_INPUT_SPLIT,
+    )
+    assert failures, entry
+    assert (failures[0]["request"], failures[0]["step"]) == ("a", 1), entry
+    assert "the chunk 32..63 ends inside input 0" in failures[0]["message"], entry
+
+
+@pytest.mark.slow
+def test_a_chunk_past_an_image_the_cache_cannot_take_fails_sanity(pristine_tree, tmp_path):
+    # The cut before an encoder input that does not fit the cache is dropped: b's first chunk
+    # runs into its image (placeholders 16..55) while a's image fills the encoder cache, so
+    # the model runner would find no encoder output for them ("Encoder cache miss").
+    failures, entry = _encoder_failures(
+        pristine_tree,
+        tmp_path,
+        "                    num_new_tokens = min(\n"
+        "                        num_new_tokens, start_pos - num_computed_tokens\n"
+        "                    )\n",
+        "                    pass\n",
+        "sched-encoder-cache-full.yaml",
+        ENCODER_OUTPUT_MISSING,
+    )
+    assert failures, entry
+    assert (failures[0]["request"], failures[0]["step"]) == ("b", 0), entry
+    assert "neither run in this step nor held" in failures[0]["message"], entry
