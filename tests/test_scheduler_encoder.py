@@ -13,7 +13,7 @@ from vllm_copy import REPO, run_kvconform, tree_with_replacement
 from kvconform.errors import ExitStatus, ScenarioError
 from kvconform.harness import runner
 from kvconform.harness.loader import load_file
-from kvconform.model.observations import ENCODER_OUTPUT_MISSING, MM_INPUT_SPLIT
+from kvconform.model.observations import CHUNKS_DIFFER, ENCODER_OUTPUT_MISSING, MM_INPUT_SPLIT
 from kvconform.model.results import Verdict
 from kvconform.model.scenario import MmInput
 
@@ -131,6 +131,41 @@ def _encoder_failures(pristine_tree, tmp_path, old, new, name, invariant) -> tup
     return failures, entry
 
 
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        ("expect_chunks: [40, 0]", "must be a non-empty list of token counts"),
+        ("expect_chunks: 40", "must be a non-empty list of token counts"),
+        ("expect_chunks: [60, 50]", "the chunks add up to 110, but the prompt has 100 tokens"),
+        ("expect_hit: 32, expect_chunks: [60, 20]",
+         "add up to 80, but the prompt has 68 tokens to compute (prompt_len 100 less expect_hit"),
+    ],
+)  # fmt: skip
+def test_bad_expect_chunks_name_the_field(write_scenario, line, words):
+    path = write_scenario(
+        "kind: scheduler\nmodel: {max_model_len: 512, enable_caching: true}\n"
+        f"requests:\n  a: {{prompt_len: 100, {line}}}\n"
+    )
+    with pytest.raises(ScenarioError) as info:
+        load_file(path)
+    assert info.value.where.field == "requests.a.expect_chunks", str(info.value)
+    assert words in info.value.message and info.value.where.line == 4, str(info.value)
+
+
+def test_chunks_other_than_stated_fail_sanity(scenario_from, vllm):
+    # a's chunks stated as if the budget held both its images at once (128, then 32): vLLM
+    # cuts at 48, where image cat begins, then computes the other 112 with it; sanity names
+    # the chunks vLLM used.
+    text = TWO_IMAGES.replace(
+        "prompt_len: 160\n", "prompt_len: 160\n    expect_chunks: [128, 32]\n"
+    )
+    result = runner.run_scenario(scenario_from(text), vllm)
+    assert result.verdict is Verdict.FAILED
+    (failure,) = [f for f in result.failures if f.detail.get("invariant") == CHUNKS_DIFFER]
+    assert failure.request == "a"
+    assert "in chunks 48+112, but the scenario states 128+32" in failure.message
+
+
 @pytest.mark.slow
 def test_a_chunk_start_on_an_image_split_under_disable_chunked_mm_input_fails_sanity(
     pristine_tree, tmp_path
@@ -149,6 +184,12 @@ def test_a_chunk_start_on_an_image_split_under_disable_chunked_mm_input_fails_sa
     assert failures, entry
     assert (failures[0]["request"], failures[0]["step"]) == ("a", 1), entry
     assert "the chunk 32..63 ends inside input 0" in failures[0]["message"], entry
+    # The chunks a states, derived with the fixed rule, are not what the bug schedules.
+    chunked = [
+        f for f in entry["failures"] if (f.get("detail") or {}).get("invariant") == CHUNKS_DIFFER
+    ]
+    assert [f["request"] for f in chunked] == ["a"], entry
+    assert "in chunks 32+32+32+24, but the scenario states 32+64+24" in chunked[0]["message"]
 
 
 @pytest.mark.slow

@@ -66,6 +66,7 @@ ENCODER_OUTPUT_MISSING = "schedules placeholder tokens whose encoder output the 
 ENCODER_BUDGET_EXCEEDED = "runs more encoder embeddings in a step than its encoder budget"
 ENCODER_CACHE_OVERFLOW = "keeps more encoder embeddings than its encoder cache holds"
 MM_INPUT_SPLIT = "splits a multimodal input across chunks under disable_chunked_mm_input"
+CHUNKS_DIFFER = "chunks a prompt otherwise than derived"
 
 
 class Miss(NamedTuple):

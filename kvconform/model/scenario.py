@@ -229,6 +229,9 @@ class RequestSpec:
     priority: int = 0
     # Scheduler scenarios only: the prompt's multimodal inputs, by offset (vLLM's mm_features).
     mm_inputs: tuple[MmInput, ...] = ()
+    # Scheduler scenarios only: the chunks (tokens) vLLM must prefill the prompt in from the
+    # first admission, derived by hand; None: not judged.
+    expect_chunks: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -229,12 +229,35 @@ def parse_scheduler_requests(
             priority=_parse_priority(fields, scheduler),
             load_failure=_parse_load_failure(fields, model, prompt_len),
             mm_inputs=parse_mm_inputs(fields, name, prompt_len, scheduler, mm_lengths),
+            expect_chunks=_parse_expect_chunks(fields, prompt_len),
         )
 
     return parse_request_map(raw, where, at, "a scheduler scenario", request)
 
 
-_MM_INPUT_KEYS = ("offset", "length", "id")
+def _parse_expect_chunks(fields: Fields, prompt_len: int) -> tuple[int, ...] | None:
+    """``expect_chunks``: the prompt's prefill chunks from the first admission, in order."""
+    raw = fields.raw("expect_chunks")
+    if raw is None:
+        return None
+    if (
+        not isinstance(raw, list)
+        or not raw
+        or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in raw)
+    ):
+        raise ScenarioError(
+            fields.at("expect_chunks"),
+            f"must be a non-empty list of token counts (integers >= 1), not {as_written(raw)}",
+        )
+    hit = fields.raw("expect_hit")
+    left = prompt_len - (hit if isinstance(hit, int) and not isinstance(hit, bool) else 0)
+    if sum(raw) > left or (hit is not None and sum(raw) != left):
+        raise ScenarioError(
+            fields.at("expect_chunks"),
+            f"the chunks add up to {sum(raw)}, but the prompt has {left} tokens to compute "
+            f"(prompt_len {prompt_len}" + (f" less expect_hit {hit})" if hit is not None else ")"),
+        )
+    return tuple(raw)
 
 
 def parse_mm_inputs(
