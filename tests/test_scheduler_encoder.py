@@ -210,3 +210,48 @@ def test_a_chunk_past_an_image_the_cache_cannot_take_fails_sanity(pristine_tree,
     assert failures, entry
     assert (failures[0]["request"], failures[0]["step"]) == ("b", 0), entry
     assert "neither run in this step nor held" in failures[0]["message"], entry
+
+
+PRIORITY_PREEMPTION = "sched-encoder-priority-preemption.yaml"
+# Undoing the encoder-cache allocation of the inputs taken off the step with the preempted
+# request: the fix the expectation of sched-encoder-priority-preemption* describes.
+RESTORED_BUDGET = (
+    "                                encoder_compute_budget += num_embeds_to_restore\n"
+)
+UNDONE_ALLOCATION = RESTORED_BUDGET + (
+    "                                cache = self.encoder_cache_manager\n"
+    "                                for i in preempted_encoder_inputs:\n"
+    "                                    mm_hash = preempted_req.mm_features[i].identifier\n"
+    "                                    cache.free_encoder_input(preempted_req, i)\n"
+    "                                    if mm_hash in cache.freeable:\n"
+    "                                        cache.num_free_slots += cache.freeable.pop(mm_hash)\n"
+    "                                        del cache.cached[mm_hash]\n"
+    "                                        del cache.num_embeds_by_hash[mm_hash]\n"
+)
+
+
+def test_a_preempted_requests_unrun_image_is_missing_when_it_resumes(tmp_path, vllm):
+    # vLLM 0.33.0 as installed: a's second image is allocated, taken off step 2 with a, and
+    # never scheduled again; a computes its placeholders at step 22.
+    (scenario, *_) = load_file(_single_mode_copy(PRIORITY_PREEMPTION, tmp_path))
+    result = runner.run_scenario(scenario, vllm)
+    missing = [f for f in result.failures if f.detail.get("invariant") == ENCODER_OUTPUT_MISSING]
+    assert [(f.request, f.step) for f in missing] == [("a", 22), ("a", 23)], result.headline()
+    assert "overlap input 1 (a-1, placeholders 120..149)" in missing[0].message
+
+
+@pytest.mark.slow
+def test_undoing_the_preempted_inputs_allocation_passes(pristine_tree, tmp_path):
+    tree = tree_with_replacement(
+        pristine_tree,
+        tmp_path / "vllm-tree",
+        "v1/core/sched/scheduler.py",
+        RESTORED_BUDGET,
+        UNDONE_ALLOCATION,
+    )
+    done = run_kvconform(
+        "run", _single_mode_copy(PRIORITY_PREEMPTION, tmp_path), "--vllm-src", tree,
+        "--report-dir", tmp_path / "report", "--progress", "off", "--no-expectations",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == ExitStatus.CONFORM, done.stdout + done.stderr
