@@ -13,7 +13,12 @@ from vllm_copy import REPO, run_kvconform, tree_with_replacement
 from kvconform.errors import ExitStatus, ScenarioError
 from kvconform.harness import runner
 from kvconform.harness.loader import load_file
-from kvconform.model.observations import CHUNKS_DIFFER, ENCODER_OUTPUT_MISSING, MM_INPUT_SPLIT
+from kvconform.model.observations import (
+    CHUNKS_DIFFER,
+    ENCODER_BUDGET_EXCEEDED,
+    ENCODER_OUTPUT_MISSING,
+    MM_INPUT_SPLIT,
+)
 from kvconform.model.results import Verdict
 from kvconform.model.scenario import MmInput
 
@@ -210,6 +215,39 @@ def test_a_chunk_past_an_image_the_cache_cannot_take_fails_sanity(pristine_tree,
     assert failures, entry
     assert (failures[0]["request"], failures[0]["step"]) == ("b", 0), entry
     assert "neither run in this step nor held" in failures[0]["message"], entry
+
+
+@pytest.mark.slow
+def test_an_encoder_manager_that_ignores_the_budget_fails_sanity(pristine_tree, tmp_path):
+    # EncoderCacheManager.can_allocate no longer refuses an input past the step's budget: a's
+    # first chunk is no longer cut and takes the step's 128 tokens (b waits), running the three
+    # images they overlap, 32 + 48 + 40 = 120 embeddings on a budget of 64.
+    tree = tree_with_replacement(
+        pristine_tree,
+        tmp_path / "vllm-tree",
+        "v1/core/encoder_cache_manager.py",
+        "        if num_embeds > encoder_compute_budget:\n",
+        "        if False:\n",
+    )
+    out = tmp_path / "report"
+    done = run_kvconform(
+        "run", _single_mode_copy("sched-encoder-budget.yaml", tmp_path), "--vllm-src", tree,
+        "--report-dir", out, "--progress", "off", "--no-expectations", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == ExitStatus.NONCONFORMANCE, done.stdout + done.stderr
+    (entry,) = json.loads((out / "report.json").read_text())["scenarios"]
+    invariants = {(f.get("detail") or {}).get("invariant") for f in entry["failures"]}
+    assert {ENCODER_BUDGET_EXCEEDED, CHUNKS_DIFFER} <= invariants, entry
+    (over,) = [
+        f
+        for f in entry["failures"]
+        if (f.get("detail") or {}).get("invariant") == ENCODER_BUDGET_EXCEEDED
+    ]
+    assert (
+        over["step"] == 0
+        and "a[0] 32, a[1] 48, a[2] 40: 120 embeddings, past the encoder budget of 64"
+        in over["message"]
+    )
 
 
 PRIORITY_PREEMPTION = "sched-encoder-priority-preemption.yaml"

@@ -432,7 +432,6 @@ class Scheduling:
                 modality="image",
                 identifier=identifier,
                 mm_position=call(module.PlaceholderRange, offset=offset, length=length),
-                mm_hash=identifier,
             )
             for offset, length, identifier in inputs
         ]
