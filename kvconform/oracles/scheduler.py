@@ -282,6 +282,8 @@ class SchedulerRun:
     resets: list[ResetRecord] = field(default_factory=list)
     zeroing: list[ZeroingRecord] = field(default_factory=list)
     encoder: list[EncoderRecord] = field(default_factory=list)
+    # What each step does with the encoder, in a few words (explain's step notes).
+    encoder_notes: dict[int, str] = field(default_factory=dict)
     # With multimodal inputs: the scheduler's encoder compute budget and cache size.
     encoder_budget: int | None = None
     encoder_cache_size: int | None = None
@@ -574,7 +576,8 @@ class SchedulerOracle:
         if self.run.encoder_budget is None:
             return
         held = self._encoder_outputs
-        for mm_hash in self.api.freed_encoder_outputs(output):
+        freed = self.api.freed_encoder_outputs(output)
+        for mm_hash in freed:
             held.pop(mm_hash, None)
         run_now: list[str] = []
         embeddings = 0
@@ -585,6 +588,10 @@ class SchedulerOracle:
                 run_now.append(f"{rid}[{index}] {inputs[index].length}")
                 embeddings += inputs[index].length
         step, records = self._step, self.run.encoder
+        note = [f"encoder runs {', '.join(run_now)}"] if run_now else []
+        note += [f"evicts {', '.join(freed)}"] if freed else []
+        if note:
+            self.run.encoder_notes[step] = "; ".join(note)
         if embeddings > self.run.encoder_budget:
             records.append(
                 EncoderRecord(

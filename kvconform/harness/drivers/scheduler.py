@@ -268,6 +268,8 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
             )
         )
     _encoder_misses(trajectory, record, lines)
+    for step, note in record.encoder_notes.items():
+        notes[step].append(note)
     _chunk_misses(trajectory, record, scenario, lines)
     trajectory.step_notes = {step: "; ".join(parts) for step, parts in sorted(notes.items())}
     trajectory.notes.append(summary(record, scenario))
