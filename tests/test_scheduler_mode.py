@@ -18,6 +18,7 @@ import pytest
 
 from kvconform.fronts.explain import explain
 from kvconform.harness import runner
+from kvconform.harness.expectations import load_expectations
 from kvconform.harness.loader import load_file
 from kvconform.model.floors import cdiv
 from kvconform.model.observations import Observation
@@ -246,13 +247,19 @@ def test_reports_and_explain_carry_the_decisions(scenario_from, vllm, tmp_path):
 
 
 def test_the_scheduler_corpus_conforms(vllm):
-    """The shipped scheduler scenarios pass on the installed vLLM (no false alarms)."""
+    """The shipped scheduler scenarios pass on the installed vLLM (no false alarms), but for
+    the known divergences scenarios/expectations.yaml lists, which must fail as listed."""
     scenarios = [s for path in sorted(SCENARIOS.glob("*.yaml")) for s in load_file(path)]
     assert len(scenarios) > 30
     modes = {s.scheduler.mode for s in scenarios if s.scheduler}
     assert modes == {"sync", "async", "overlapped"}
-    results = list(runner.run_all(scenarios, vllm))
-    bad = [f"{r.id}: {r.headline()}" for r in results if r.verdict is not Verdict.PASSED]
+    known = load_expectations(SCENARIOS.parent / "expectations.yaml")
+    results = list(runner.run_all(scenarios, vllm, expectations=known))
+    bad = [
+        f"{r.id}: {r.headline()}"
+        for r in results
+        if r.verdict not in (Verdict.PASSED, Verdict.XFAILED)
+    ]
     assert not bad, "\n".join(bad)
     preempted = [
         r for r in results if r.trajectory and any(e.kind == "preempt" for e in r.trajectory.events)

@@ -61,6 +61,12 @@ HANDOFF_STALE = "hands the KV connector a block that no longer holds the state"
 RETAINED_HIT = "adopts other blocks of a retained hit than those its computed tokens cover"
 EVENTS_DIVERGE = "announces another prefix cache in its KV-cache events than the pool holds"
 DEFAULTS_DISAGREE = "declares another default than the coordinator that forwards the argument"
+# Multimodal encoder inputs (scheduler mode): what the worker's encoder cache holds.
+ENCODER_OUTPUT_MISSING = "schedules placeholder tokens whose encoder output the worker lacks"
+ENCODER_BUDGET_EXCEEDED = "runs more encoder embeddings in a step than its encoder budget"
+ENCODER_CACHE_OVERFLOW = "keeps more encoder embeddings than its encoder cache holds"
+MM_INPUT_SPLIT = "splits a multimodal input across chunks under disable_chunked_mm_input"
+CHUNKS_DIFFER = "chunks a prompt otherwise than derived"
 
 
 class Miss(NamedTuple):

@@ -176,6 +176,25 @@ ACCEPT_ALL = Acceptance("all")
 
 
 @dataclass(frozen=True)
+class MmInput:
+    """A multimodal input of a scheduler request: its placeholder tokens in the prompt.
+
+    vLLM's ``MultiModalFeatureSpec`` with ``PlaceholderRange(offset, length)``: the encoder
+    turns the item into ``length`` embeddings that replace the prompt tokens from ``offset``.
+    ``identifier`` is its mm hash; two inputs with one identifier are one item (the encoder
+    cache and the prefix cache's block hashes share it).
+    """
+
+    offset: int
+    length: int
+    identifier: str
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
+
+
+@dataclass(frozen=True)
 class RequestSpec:
     name: str
     prompt_len: int
@@ -208,6 +227,11 @@ class RequestSpec:
     load_failure: str | int | None = None
     # Scheduler scenarios only: Request.priority, under scheduler.policy: priority.
     priority: int = 0
+    # Scheduler scenarios only: the prompt's multimodal inputs, by offset (vLLM's mm_features).
+    mm_inputs: tuple[MmInput, ...] = ()
+    # Scheduler scenarios only: the chunks (tokens) vLLM must prefill the prompt in from the
+    # first admission, derived by hand; None: not judged.
+    expect_chunks: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -382,6 +406,12 @@ class SchedulerSpec:
     policy: str = "fcfs"
     # SCHEDULER_CONNECTORS: a KV connector that loads synchronously; None: none.
     kv_connector: str | None = None
+    # Multimodal encoder inputs (requests' mm_inputs): SchedulerConfig.disable_chunked_mm_input,
+    # and the encoder compute budget and cache size vLLM starts from (None: vLLM's own,
+    # max_num_batched_tokens); compute_mm_encoder_budget raises both to the largest input.
+    disable_chunked_mm_input: bool = False
+    max_num_encoder_input_tokens: int | None = None
+    encoder_cache_size: int | None = None
     # The settings of kvconform.model.settings.SETTINGS this section states; the others
     # (chunked prefill, the mode's async scheduling) resolve to vLLM's defaults.
     stated: frozenset[str] = frozenset()

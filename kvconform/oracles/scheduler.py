@@ -34,7 +34,11 @@ reserved. It
   then; the fabricated output of the ``remote_prefill``-th step from there
   reports the transfer received (``finished_recving``), as the worker would;
 * with ``scheduler.kv_connector: decode_bench``, runs vLLM's ``DecodeBenchConnector``, which
-  loads each new request's prompt synchronously in the step that admits it.
+  loads each new request's prompt synchronously in the step that admits it;
+* for requests with multimodal inputs (``mm_inputs``), gives the scheduler an encoder budget
+  and cache as vLLM's own scheduler tests do on a text model, and follows the worker's
+  encoder cache through each step's ``scheduled_encoder_inputs`` and
+  ``free_encoder_mm_hashes`` (:meth:`SchedulerOracle._check_encoder_inputs`).
 
 The driver (:mod:`kvconform.harness.drivers.scheduler`) turns these records into
 observations. What the fabricated output does not model is listed in
@@ -54,7 +58,15 @@ from kvconform.errors import NotOffered, PoolExhausted, ScenarioError, VllmUnava
 from kvconform.model.acceptance import AcceptanceStream
 from kvconform.model.floors import pool_columns
 from kvconform.model.methods import method_for
-from kvconform.model.observations import NOT_ZEROED, ZEROES_VALID_KV, GroupInfo
+from kvconform.model.observations import (
+    ENCODER_BUDGET_EXCEEDED,
+    ENCODER_CACHE_OVERFLOW,
+    ENCODER_OUTPUT_MISSING,
+    MM_INPUT_SPLIT,
+    NOT_ZEROED,
+    ZEROES_VALID_KV,
+    GroupInfo,
+)
 from kvconform.model.scenario import Scenario
 from kvconform.model.tiny_model import SCHEDULER_TARGET
 from kvconform.model.zeroing import judge_zeroing
@@ -226,6 +238,16 @@ class FreeRecord(NamedTuple):
     loading: bool = False
 
 
+class EncoderRecord(NamedTuple):
+    """A schedule() whose encoder inputs break a rule of the worker's encoder cache or the
+    scheduler's encoder budget (check ``sanity``); ``request`` "-" for the step as a whole."""
+
+    step: int
+    request: str
+    message: str
+    invariant: str
+
+
 class ZeroingRecord(NamedTuple):
     """A schedule() whose zeroing list (``SchedulerOutput.new_block_ids_to_zero``) leaves a
     new block out or holds a block of valid KV (check ``sanity``)."""
@@ -259,6 +281,12 @@ class SchedulerRun:
     stall: StallRecord | None = None
     resets: list[ResetRecord] = field(default_factory=list)
     zeroing: list[ZeroingRecord] = field(default_factory=list)
+    encoder: list[EncoderRecord] = field(default_factory=list)
+    # What each step does with the encoder, in a few words (explain's step notes).
+    encoder_notes: dict[int, str] = field(default_factory=dict)
+    # With multimodal inputs: the scheduler's encoder compute budget and cache size.
+    encoder_budget: int | None = None
+    encoder_cache_size: int | None = None
 
 
 # -- stepping --------------------------------------------------------------------------
@@ -315,6 +343,7 @@ class SchedulerOracle:
                     ),
                     policy=self.limits.policy,
                     kv_connector=self.limits.kv_connector,
+                    disable_chunked_mm_input=self.limits.disable_chunked_mm_input,
                 )
                 block_size, hash_block_size = api.kv_block_sizes(kv_cache_config, self.config)
                 max_concurrent_batches = api.max_concurrent_batches(self.config)
@@ -351,6 +380,7 @@ class SchedulerOracle:
                     "this release's connector output has no failed_recving",
                 )
         self._observe_frees()
+        self._install_encoder_budget()
         hasher = None
         if model.enable_caching:
             hasher = vllm.block_hasher(
@@ -365,7 +395,16 @@ class SchedulerOracle:
         for index, req in enumerate(scenario.requests.values()):
             prompt = prompts[req.name] = prompt_tokens(index, req, prompts)
             request = self._requests[req.name] = vllm.new_request(
-                req.name, prompt, hasher, max_tokens=req.max_tokens, priority=req.priority
+                req.name,
+                prompt,
+                hasher,
+                max_tokens=req.max_tokens,
+                priority=req.priority,
+                mm_features=(
+                    api.mm_features([(m.offset, m.length, m.identifier) for m in req.mm_inputs])
+                    if req.mm_inputs
+                    else None
+                ),
             )
             if req.remote_prefill:
                 request.kv_transfer_params = api.remote_prefill_params(
@@ -501,7 +540,107 @@ class SchedulerOracle:
             StepRecord(self._step, tuple(rows), in_flight, self.vllm.free_block_count(self.manager))
         )
         self._check_zeroing(output, rows, loading_now)
+        self._check_encoder_inputs(output, rows)
         return answers
+
+    # -- multimodal encoder inputs ------------------------------------------------
+
+    def _install_encoder_budget(self) -> None:
+        """An encoder budget and cache for a scenario with multimodal inputs (none otherwise:
+        the tiny model is text-only, so vLLM gives its scheduler neither)."""
+        inputs = [m for r in self.scenario.requests.values() for m in r.mm_inputs]
+        # The worker's encoder cache: the embeddings it holds, by mm hash.
+        self._encoder_outputs: dict[str, int] = {}
+        if not inputs:
+            return
+        self.run.encoder_budget, self.run.encoder_cache_size = self.api.install_encoder_budget(
+            self.scheduler,
+            max(m.length for m in inputs),
+            self.limits.max_num_encoder_input_tokens,
+            self.limits.encoder_cache_size,
+        )
+
+    def _check_encoder_inputs(self, output: Any, rows: Sequence[ScheduledRequest]) -> None:
+        """The step's encoder inputs, as the worker runs them.
+
+        The model runner drops the encoder outputs the step frees
+        (``free_encoder_mm_hashes``), runs the encoder on the inputs the step schedules
+        (``scheduled_encoder_inputs``) and then gathers, for every placeholder token the
+        step computes, its input's encoder output from its cache ("Encoder cache miss"
+        otherwise: ``GPUModelRunner._gather_mm_embeddings``). So: every input a row's tokens
+        ``computed .. computed + scheduled`` overlap is held then; the inputs run in one step
+        take at most the encoder budget and those held at most the encoder cache; and under
+        ``disable_chunked_mm_input`` no chunk that starts at or before an input ends inside
+        it (issue #52306).
+        """
+        if self.run.encoder_budget is None:
+            return
+        held = self._encoder_outputs
+        freed = self.api.freed_encoder_outputs(output)
+        for mm_hash in freed:
+            held.pop(mm_hash, None)
+        run_now: list[str] = []
+        embeddings = 0
+        for rid, indexes in sorted(self.api.scheduled_encoder_inputs(output).items()):
+            inputs = self.scenario.requests[rid].mm_inputs
+            for index in indexes:
+                held[inputs[index].identifier] = inputs[index].length
+                run_now.append(f"{rid}[{index}] {inputs[index].length}")
+                embeddings += inputs[index].length
+        step, records = self._step, self.run.encoder
+        note = [f"encoder runs {', '.join(run_now)}"] if run_now else []
+        note += [f"evicts {', '.join(freed)}"] if freed else []
+        if note:
+            self.run.encoder_notes[step] = "; ".join(note)
+        if embeddings > self.run.encoder_budget:
+            records.append(
+                EncoderRecord(
+                    step,
+                    "-",
+                    f"the step runs the encoder on {', '.join(run_now)}: {embeddings} embeddings, "
+                    f"past the encoder budget of {self.run.encoder_budget}",
+                    ENCODER_BUDGET_EXCEEDED,
+                )
+            )
+        if sum(held.values()) > (self.run.encoder_cache_size or 0):
+            records.append(
+                EncoderRecord(
+                    step,
+                    "-",
+                    f"the worker's encoder cache holds {sum(held.values())} embeddings after the "
+                    f"step's frees ({', '.join(sorted(held))}), past its size of "
+                    f"{self.run.encoder_cache_size}",
+                    ENCODER_CACHE_OVERFLOW,
+                )
+            )
+        split = self.limits.disable_chunked_mm_input
+        for row in rows:
+            start, end = row.computed, row.computed + row.scheduled
+            for index, mm in enumerate(self.scenario.requests[row.request].mm_inputs):
+                if not (mm.offset < end and start < mm.end):
+                    continue
+                where = f"input {index} ({mm.identifier}, placeholders {mm.offset}..{mm.end - 1})"
+                if mm.identifier not in held:
+                    records.append(
+                        EncoderRecord(
+                            step,
+                            row.request,
+                            f"the step computes tokens {start}..{end - 1}, which overlap {where}, "
+                            "but its encoder output is neither run in this step nor held from an "
+                            "earlier one: the model runner has no embeddings for them",
+                            ENCODER_OUTPUT_MISSING,
+                        )
+                    )
+                if split and start <= mm.offset and end < mm.end:
+                    records.append(
+                        EncoderRecord(
+                            step,
+                            row.request,
+                            f"the chunk {start}..{end - 1} ends inside {where} under "
+                            "disable_chunked_mm_input",
+                            MM_INPUT_SPLIT,
+                        )
+                    )
 
     def _check_zeroing(
         self, output: Any, rows: Sequence[ScheduledRequest], loading_now: set[str]

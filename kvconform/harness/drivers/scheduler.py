@@ -46,6 +46,7 @@ from collections.abc import Callable
 from kvconform.harness.drivers.common import attach_predictor
 from kvconform.model.floors import FloorInput
 from kvconform.model.observations import (
+    CHUNKS_DIFFER,
     Denial,
     FreeEvent,
     KvLoad,
@@ -266,9 +267,72 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
                 zeroing.invariant,
             )
         )
+    _encoder_misses(trajectory, record, lines)
+    for step, note in record.encoder_notes.items():
+        notes[step].append(note)
+    _chunk_misses(trajectory, record, scenario, lines)
     trajectory.step_notes = {step: "; ".join(parts) for step, parts in sorted(notes.items())}
     trajectory.notes.append(summary(record, scenario))
     return trajectory
+
+
+def _encoder_misses(
+    trajectory: Trajectory, record: SchedulerRun, lines: dict[str, int | None]
+) -> None:
+    """The encoder rules a run broke (``sanity``), and the budget it ran with (a note)."""
+    if record.encoder_budget is not None:
+        trajectory.notes.append(
+            f"encoder budget {record.encoder_budget} embeddings a step, encoder cache "
+            f"{record.encoder_cache_size}"
+        )
+    for failure in record.encoder:
+        trajectory.misses.append(
+            Miss(
+                failure.step,
+                lines.get(failure.request),
+                failure.request,
+                "schedule",
+                failure.message,
+                failure.invariant,
+            )
+        )
+
+
+def _chunk_misses(
+    trajectory: Trajectory,
+    record: SchedulerRun,
+    scenario: Scenario,
+    lines: dict[str, int | None],
+) -> None:
+    """The prompt chunks of each request that states them (``expect_chunks``), from its first
+    admission until its prompt is computed or it is first preempted."""
+    for name, request in scenario.requests.items():
+        stated = request.expect_chunks
+        if stated is None:
+            continue
+        chunks: list[int] = []
+        last = 0
+        for event in record.events:
+            if isinstance(event, FreeRecord) and event.request == name and chunks:
+                break  # preempted (or aborted): the stated chunks are the first admission's
+            if not isinstance(event, StepRecord):
+                continue
+            for row in event.requests:
+                if row.request == name and row.computed < row.prompt_len:
+                    chunks.append(row.scheduled)
+                    last = event.step
+        if tuple(chunks) != stated:
+            trajectory.misses.append(
+                Miss(
+                    last,
+                    lines[name],
+                    name,
+                    "prefill",
+                    f"prefilled its prompt in chunks {'+'.join(map(str, chunks)) or 'none'}, "
+                    f"but the scenario states {'+'.join(map(str, stated))} (expect_chunks)",
+                    CHUNKS_DIFFER,
+                )
+            )
 
 
 def _load_rows(

@@ -12,6 +12,7 @@ from kvconform.errors import Location, ScenarioError
 from kvconform.harness.loader.fields import Fields, as_written
 from kvconform.harness.loader.model import MODEL_DEFAULTS
 from kvconform.harness.loader.requests import parse_acceptance, parse_request_map
+from kvconform.harness.yamlio import LineDict
 from kvconform.model.group_types import types_for
 from kvconform.model.methods import METHODS
 from kvconform.model.scenario import (
@@ -19,6 +20,7 @@ from kvconform.model.scenario import (
     SCHEDULER_CONNECTORS,
     SCHEDULER_MODES,
     SCHEDULER_POLICIES,
+    MmInput,
     ModelSpec,
     PrefixReset,
     RequestSpec,
@@ -115,6 +117,11 @@ def parse_scheduler(
             if fields.raw("kv_connector", None) is not None
             else None
         ),
+        disable_chunked_mm_input=fields.flag(
+            "disable_chunked_mm_input", defaults.disable_chunked_mm_input
+        ),
+        max_num_encoder_input_tokens=fields.optional_int("max_num_encoder_input_tokens", minimum=1),
+        encoder_cache_size=fields.optional_int("encoder_cache_size", minimum=1),
         # vLLM's settings this section states (the mode states async scheduling).
         stated=frozenset(
             s.name
@@ -196,6 +203,9 @@ def parse_scheduler_requests(
     speculative: SpeculativeSpec | None,
     scheduler: SchedulerSpec,
 ) -> dict[str, RequestSpec]:
+    # The length of each multimodal identifier seen so far (one item, one length).
+    mm_lengths: dict[str, int] = {}
+
     def request(name: str, fields: Fields, request_at: Location) -> RequestSpec:
         prompt_len = fields.integer("prompt_len")
         if prompt_len >= model.max_model_len:
@@ -218,9 +228,107 @@ def parse_scheduler_requests(
             abort_at=_parse_abort_at(fields, scheduler),
             priority=_parse_priority(fields, scheduler),
             load_failure=_parse_load_failure(fields, model, prompt_len),
+            mm_inputs=parse_mm_inputs(fields, name, prompt_len, scheduler, mm_lengths),
+            expect_chunks=_parse_expect_chunks(fields, prompt_len),
         )
 
     return parse_request_map(raw, where, at, "a scheduler scenario", request)
+
+
+def _parse_expect_chunks(fields: Fields, prompt_len: int) -> tuple[int, ...] | None:
+    """``expect_chunks``: the prompt's prefill chunks from the first admission, in order."""
+    raw = fields.raw("expect_chunks")
+    if raw is None:
+        return None
+    if (
+        not isinstance(raw, list)
+        or not raw
+        or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in raw)
+    ):
+        raise ScenarioError(
+            fields.at("expect_chunks"),
+            f"must be a non-empty list of token counts (integers >= 1), not {as_written(raw)}",
+        )
+    hit = fields.raw("expect_hit")
+    left = prompt_len - (hit if isinstance(hit, int) and not isinstance(hit, bool) else 0)
+    if sum(raw) > left or (hit is not None and sum(raw) != left):
+        raise ScenarioError(
+            fields.at("expect_chunks"),
+            f"the chunks add up to {sum(raw)}, but the prompt has {left} tokens to compute "
+            f"(prompt_len {prompt_len}" + (f" less expect_hit {hit})" if hit is not None else ")"),
+        )
+    return tuple(raw)
+
+
+def parse_mm_inputs(
+    fields: Fields,
+    request: str,
+    prompt_len: int,
+    scheduler: SchedulerSpec,
+    lengths: dict[str, int],
+) -> tuple[MmInput, ...]:
+    """``mm_inputs``: ``[{offset: 8, length: 40, id: cat}, ...]``, the placeholder ranges of
+    the prompt's multimodal inputs (vLLM's ``PlaceholderRange``), in prompt order.
+
+    ``id`` is the item's identifier (its mm hash; default ``<request>-<index>``, unique, as
+    vLLM's own scheduler tests name theirs): one id is one item, so it has one length.
+    ``lengths`` holds the ids of the requests read before, and takes this one's.
+    """
+    raw = fields.raw("mm_inputs")
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not raw:
+        raise ScenarioError(
+            fields.at("mm_inputs"),
+            f"must be a non-empty list of {{offset, length, id}}, not {as_written(raw)}",
+        )
+    if fields.raw("remote_prefill", False):
+        raise ScenarioError(
+            fields.at("mm_inputs"),
+            "cannot go with remote_prefill: encoder inputs of a remotely prefilled request are "
+            "not modelled",
+        )
+    inputs: list[MmInput] = []
+    for index, item in enumerate(raw):
+        path = f"{fields.path}.mm_inputs[{index}]"
+        if not isinstance(item, LineDict):
+            raise ScenarioError(
+                fields.at("mm_inputs"),
+                f"item {index} must be a mapping {{offset, length, id}}, not {as_written(item)}",
+            )
+        one = Fields(item, fields.where, path)
+        offset = one.integer("offset", minimum=0)
+        length = one.integer("length", minimum=1)
+        identifier = one.text("id", f"{request}-{index}")
+        one.done()
+        if offset + length > prompt_len:
+            raise ScenarioError(
+                one.at("length"),
+                f"the input's placeholders {offset}..{offset + length - 1} must lie inside the "
+                f"prompt (prompt_len {prompt_len})",
+            )
+        if inputs and offset < inputs[-1].end:
+            raise ScenarioError(
+                one.at("offset"),
+                f"must be at least {inputs[-1].end}, where the input before ends: inputs come "
+                "in prompt order and do not overlap (vLLM keeps mm_features sorted by offset)",
+            )
+        known = lengths.setdefault(identifier, length)
+        if known != length:
+            raise ScenarioError(
+                one.at("length"),
+                f"id {identifier!r} is one item with {known} placeholders elsewhere, not "
+                f"{length}: give a different item another id",
+            )
+        if scheduler.disable_chunked_mm_input and length > scheduler.max_num_batched_tokens:
+            raise ScenarioError(
+                one.at("length"),
+                f"must be at most scheduler.max_num_batched_tokens "
+                f"({scheduler.max_num_batched_tokens}) with disable_chunked_mm_input, as vLLM "
+                "requires (compute_mm_encoder_budget)",
+            )
+        inputs.append(MmInput(offset, length, identifier))
+    return tuple(inputs)
 
 
 def _parse_expect_hit(fields: Fields, model: ModelSpec, prompt_len: int) -> int | None:

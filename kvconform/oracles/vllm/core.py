@@ -378,7 +378,10 @@ class Vllm:
         block_hasher: Callable[..., Any] | None,
         max_tokens: int = 1 << 20,
         priority: int = 0,
+        mm_features: list[Any] | None = None,
     ) -> Any:
+        """A ``Request``; ``mm_features``: its multimodal inputs (their identifiers enter the
+        block hashes, which the request computes as it is built)."""
         from vllm import SamplingParams
 
         # ignore_eos: fabricated outputs must not stop a request early by chance.
@@ -391,6 +394,7 @@ class Vllm:
             pooling_params=None,
             block_hasher=block_hasher,
             priority=priority,
+            mm_features=mm_features or None,
         )
 
     def block_hasher(

@@ -161,6 +161,7 @@ class Scheduling:
         mamba_cache_mode: str | None = None,
         policy: str = "fcfs",
         kv_connector: str | None = None,
+        disable_chunked_mm_input: bool = False,
     ) -> Any:
         """The ``VllmConfig`` an engine with these limits would hand its scheduler.
 
@@ -174,6 +175,8 @@ class Scheduling:
         with the Mamba block size (the scheduler block size: the groups share one page).
         ``kv_connector``: a connector every request goes through (``decode_bench``:
         vLLM's ``DecodeBenchConnector`` as ``kv_both``, which loads synchronously).
+        ``disable_chunked_mm_input``: the scheduler config's rule that a chunk never ends
+        inside a multimodal input.
         """
         api = self._scheduling
         scheduler = call(
@@ -187,6 +190,7 @@ class Scheduling:
             async_scheduling=async_scheduling,
             scheduler_reserve_full_isl=scheduler_reserve_full_isl,
             policy=policy,
+            disable_chunked_mm_input=disable_chunked_mm_input,
         )
         mamba = (
             {"mamba_cache_mode": mamba_cache_mode, "mamba_block_size": block_size}
@@ -404,3 +408,84 @@ class Scheduling:
 
     def draft_token_ids(self, req_ids: list[str], drafts: list[list[int]]) -> Any:
         return call(self._scheduling.DraftTokenIds, req_ids=req_ids, draft_token_ids=drafts)
+
+    # -- multimodal encoder inputs ---------------------------------------------------
+
+    def mm_features(self, inputs: list[tuple[int, int, str]]) -> list[Any]:
+        """A request's ``mm_features`` for ``(offset, length, identifier)`` placeholder ranges.
+
+        As vLLM's own scheduler tests build them (``tests/v1/core/utils.py``,
+        ``create_requests(mm_positions=...)``): a ``MultiModalFeatureSpec`` of modality
+        ``image`` per input, its data ``MultiModalKwargsItem.dummy()`` (the scheduler never
+        reads it), its ``PlaceholderRange`` and identifier (the mm hash).
+        """
+        module = self._vllm.optional_module("vllm.multimodal.inputs")
+        names = ("MultiModalFeatureSpec", "MultiModalKwargsItem", "PlaceholderRange")
+        missing = [n for n in names if not hasattr(module, n)]
+        if module is None or missing:
+            raise self._vllm.not_offered(f"vllm.multimodal.inputs.{(missing or names)[0]}")
+        item = module.MultiModalKwargsItem
+        return [
+            call(
+                module.MultiModalFeatureSpec,
+                data=item.dummy(),
+                modality="image",
+                identifier=identifier,
+                mm_position=call(module.PlaceholderRange, offset=offset, length=length),
+            )
+            for offset, length, identifier in inputs
+        ]
+
+    def install_encoder_budget(
+        self,
+        scheduler: Any,
+        largest_input: int,
+        max_num_encoder_input_tokens: int | None,
+        encoder_cache_size: int | None,
+    ) -> tuple[int, int]:
+        """Give a scheduler built for the text-only tiny model an encoder budget and cache.
+
+        A multimodal model's scheduler gets them from ``MultiModalBudget``, which asks the
+        model's processor for the most tokens an item takes and hands that to
+        ``compute_mm_encoder_budget(scheduler_config, ...)``; the processor needs the model's
+        tokenizer and image processor, which a config-only model has not. So, as vLLM's own
+        scheduler tests do on a text model (``scheduler.max_num_encoder_input_tokens = ...``,
+        ``scheduler.encoder_cache_manager = EncoderCacheManager(cache_size=...)``), the two
+        are set on the built scheduler, from vLLM's own ``compute_mm_encoder_budget`` with the
+        scenario's largest input as the most tokens per item. The starting values are the
+        config's (``max_num_batched_tokens``, set in ``SchedulerConfig.__post_init__``), or
+        what the scenario states in their place. Returns (compute budget, cache size).
+        """
+        utils = self._vllm.optional_module("vllm.v1.core.encoder_cache_manager")
+        compute = getattr(utils, "compute_mm_encoder_budget", None)
+        if compute is None:
+            raise self._vllm.not_offered(
+                "vllm.v1.core.encoder_cache_manager.compute_mm_encoder_budget"
+            )
+        config = scheduler.scheduler_config
+        if max_num_encoder_input_tokens is not None:
+            config.max_num_encoder_input_tokens = max_num_encoder_input_tokens
+        if encoder_cache_size is not None:
+            config.encoder_cache_size = encoder_cache_size
+        with quiet_logs():
+            budget, cache_size = compute(config, {"image": largest_input})
+        scheduler.max_num_encoder_input_tokens = budget
+        scheduler.encoder_cache_manager = call(
+            type(scheduler.encoder_cache_manager).create_manager,
+            cache_size=cache_size,
+            vllm_config=scheduler.vllm_config,
+        )
+        return int(budget), int(cache_size)
+
+    def scheduled_encoder_inputs(self, scheduler_output: Any) -> dict[str, list[int]]:
+        """The encoder inputs a step runs, by request (their indexes in ``mm_features``)."""
+        return {
+            rid: list(ids)
+            for rid, ids in (
+                getattr(scheduler_output, "scheduled_encoder_inputs", None) or {}
+            ).items()
+        }
+
+    def freed_encoder_outputs(self, scheduler_output: Any) -> list[str]:
+        """The mm hashes whose encoder outputs the worker drops before the step runs."""
+        return list(getattr(scheduler_output, "free_encoder_mm_hashes", None) or ())
