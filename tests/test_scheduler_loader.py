@@ -56,6 +56,19 @@ def test_abort_at_is_read_and_off_by_default(scenario_from):
     assert [r.abort_at for r in scenario.requests.values()] == [1, None]
 
 
+def test_stops_and_stats_are_read_and_off_by_default(scenario_from):
+    scenario = scenario_from(
+        "kind: scheduler\nscheduler: {log_stats: true}\nrequests:\n"
+        "  a: {prompt_len: 40, max_tokens: 9, stop_at: 9}\n"
+        "  b: {prompt_len: 40, stop_at: 2, stop_with: eos}\n  c: {prompt_len: 40}\n"
+    )
+    assert scenario.scheduler is not None and scenario.scheduler.log_stats
+    stops = [(r.stop_at, r.stop_with) for r in scenario.requests.values()]
+    assert stops == [(9, "stop_token"), (2, "eos"), (None, "stop_token")]
+    plain = scenario_from("kind: scheduler\nrequests: {a: {prompt_len: 10}}\n")
+    assert plain.scheduler is not None and not plain.scheduler.log_stats
+
+
 def test_scheduler_defaults(scenario_from):
     scenario = scenario_from("kind: scheduler\nrequests: {a: {prompt_len: 10}}\n")
     limits = scenario.scheduler
@@ -310,6 +323,64 @@ SPEC = "speculative: {method: eagle, num_speculative_tokens: 3}\n"
             2,
             "scheduler",
             "unknown field",
+        ),
+        (
+            "kind: scheduler\nrequests:\n  a: {prompt_len: 5, max_tokens: 4, stop_at: 5}\n",
+            3,
+            "requests.a.stop_at",
+            "must be at most max_tokens (4)",
+        ),
+        (
+            "kind: scheduler\nrequests:\n  a: {prompt_len: 5, stop_at: 0}\n",
+            3,
+            "requests.a.stop_at",
+            "at least 1",
+        ),
+        (
+            "kind: scheduler\nrequests:\n  a: {prompt_len: 5, stop_at: 2, stop_with: eot}\n",
+            3,
+            "requests.a.stop_with",
+            "must be one of stop_token, eos, not 'eot'",
+        ),
+        (
+            "kind: scheduler\nrequests:\n  a: {prompt_len: 5, stop_with: eos}\n",
+            3,
+            "requests.a.stop_with",
+            "needs stop_at",
+        ),
+        (
+            "kind: scheduler\nscheduler: {mode: sync}\nrequests:\n"
+            "  a: {prompt_len: 5, stop_at: 2, abort_at: 1}\n",
+            4,
+            "requests.a.stop_at",
+            "cannot go with abort_at",
+        ),
+        (
+            "kind: scheduler\nscheduler: {mode: sync}\nrequests:\n"
+            "  a: {prompt_len: 5, stop_at: 2, remote_prefill: 1}\n",
+            4,
+            "requests.a.stop_at",
+            "not offered with remote_prefill",
+        ),
+        (
+            "kind: scheduler\nscheduler:\n  mode: sync\n  log_stats: true\n"
+            "  kv_connector: decode_bench\nrequests: {a: {prompt_len: 5}}\n",
+            4,
+            "scheduler.log_stats",
+            "cannot go with scheduler.kv_connector: decode_bench",
+        ),
+        (
+            "kind: scheduler\nscheduler: {mode: sync, log_stats: true}\nrequests:\n"
+            "  a: {prompt_len: 5, remote_prefill: 1}\n",
+            4,
+            "requests.a.remote_prefill",
+            "cannot go with scheduler.log_stats",
+        ),
+        (
+            "kind: scheduler\nscheduler:\n  log_stats: yes please\nrequests: {a: {prompt_len: 5}}\n",
+            3,
+            "scheduler.log_stats",
+            "must be true or false",
         ),
     ],
 )

@@ -530,3 +530,59 @@ def test_an_eviction_without_its_removed_event_fails_sanity(pristine_tree, tmp_p
     # Evicted blocks stay announced: the events count more copies than the pool holds.
     pairs = re.findall(r"announced (\d+), cached (\d+)", failures[0]["message"])
     assert pairs and all(int(said) > int(held) for said, held in pairs), failures[0]
+
+
+SCHEDULER_STOPS = REPO / "scenarios" / "scheduler" / "sched-stop-tokens.yaml"
+SCHEDULER_STATS = REPO / "scenarios" / "scheduler" / "sched-scheduler-stats.yaml"
+
+
+@pytest.mark.slow
+def test_a_scheduler_that_ignores_stop_tokens_fails_sanity(pristine_tree, tmp_path):
+    # check_stop no longer honours SamplingParams.stop_token_ids: a samples its stop token
+    # as output 4 and runs on to max_tokens, holding its blocks; b stops on EOS as before.
+    failures, entry = _sanity_failures(
+        pristine_tree,
+        tmp_path,
+        "v1/core/sched/utils.py",
+        "    if last_token_id in (sampling_params.stop_token_ids or ()):",
+        "    if False:",
+        f"{SCHEDULER_STOPS}::sched-stop-tokens[sync]",
+        "stop token",
+    )
+    assert failures and {f["request"] for f in failures} == {"a"}, entry
+    assert "as output 4 (stop_at)" in failures[0]["message"], failures[0]
+    assert "not stopped" in failures[0]["message"] or "unfinished" in failures[0]["message"]
+
+
+@pytest.mark.slow
+def test_a_kv_cache_usage_that_counts_the_null_block_fails_sanity(pristine_tree, tmp_path):
+    # BlockPool.get_usage divides by the whole pool, the null block included: every step's
+    # SchedulerStats.kv_cache_usage is below what the requests' holdings give.
+    failures, entry = _sanity_failures(
+        pristine_tree,
+        tmp_path,
+        "v1/core/block_pool.py",
+        "        total_gpu_blocks = self.num_gpu_blocks - 1",
+        "        total_gpu_blocks = self.num_gpu_blocks",
+        f"{SCHEDULER_STATS}::sched-scheduler-stats[overlapped]",
+        "kv_cache_usage",
+    )
+    assert failures, entry
+    assert "of the pool's 25 blocks" in failures[0]["message"], failures[0]
+
+
+@pytest.mark.slow
+def test_prefix_cache_stats_that_miss_a_resumption_fail_sanity(pristine_tree, tmp_path):
+    # record_prefix_cache_stats counts a resumed (preempted) request's lookup as a new
+    # request's: d's resumption lands in requests/queries/hits, not preempted_*.
+    failures, entry = _sanity_failures(
+        pristine_tree,
+        tmp_path,
+        "v1/core/kv_cache_manager.py",
+        "            preempted=request.num_preemptions > 0,",
+        "            preempted=False,",
+        f"{SCHEDULER_STATS}::sched-scheduler-stats[sync]",
+        "prefix_cache_stats",
+    )
+    assert len(failures) == 1, entry
+    assert "d (resumed" in failures[0]["message"], failures[0]

@@ -61,6 +61,8 @@ HANDOFF_STALE = "hands the KV connector a block that no longer holds the state"
 RETAINED_HIT = "adopts other blocks of a retained hit than those its computed tokens cover"
 EVENTS_DIVERGE = "announces another prefix cache in its KV-cache events than the pool holds"
 DEFAULTS_DISAGREE = "declares another default than the coordinator that forwards the argument"
+STOP_MISSED = "ends a request elsewhere than at the output that stops it"
+STATS_DISAGREE = "reports other scheduler stats than its steps give"
 
 
 class Miss(NamedTuple):

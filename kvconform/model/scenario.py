@@ -208,6 +208,12 @@ class RequestSpec:
     load_failure: str | int | None = None
     # Scheduler scenarios only: Request.priority, under scheduler.policy: priority.
     priority: int = 0
+    # Scheduler scenarios only: the stop_at-th output token the fabricated model samples
+    # is one that stops the request (check_stop): a stop token of its sampling parameters
+    # (stop_with "stop_token") or its EOS token (stop_with "eos", ignore_eos off); None:
+    # it runs to max_tokens or max_model_len.
+    stop_at: int | None = None
+    stop_with: str = "stop_token"
 
 
 @dataclass(frozen=True)
@@ -338,6 +344,9 @@ SCHEDULER_POLICIES = ("fcfs", "priority")
 # DecodeBenchConnector (kv_both), which fills every new request's prompt but its last token
 # synchronously, in the step that admits it.
 SCHEDULER_CONNECTORS = ("decode_bench",)
+# What stops a request at its stop_at-th output token (RequestSpec.stop_with): a token of
+# SamplingParams.stop_token_ids, or its EOS token (ignore_eos off).
+STOP_TOKENS = ("stop_token", "eos")
 MODEL_RUNNERS = ("auto", "v2", "v1")
 
 
@@ -382,6 +391,10 @@ class SchedulerSpec:
     policy: str = "fcfs"
     # SCHEDULER_CONNECTORS: a KV connector that loads synchronously; None: none.
     kv_connector: str | None = None
+    # The scheduler built with log_stats (as the engine core builds it when stats are
+    # logged): each update_from_output returns SchedulerStats, which check sanity holds
+    # to what the recorded steps give.
+    log_stats: bool = False
     # The settings of kvconform.model.settings.SETTINGS this section states; the others
     # (chunked prefill, the mode's async scheduling) resolve to vLLM's defaults.
     stated: frozenset[str] = frozenset()

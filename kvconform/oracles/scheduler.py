@@ -54,8 +54,14 @@ from kvconform.errors import NotOffered, PoolExhausted, ScenarioError, VllmUnava
 from kvconform.model.acceptance import AcceptanceStream
 from kvconform.model.floors import pool_columns
 from kvconform.model.methods import method_for
-from kvconform.model.observations import NOT_ZEROED, ZEROES_VALID_KV, GroupInfo
-from kvconform.model.scenario import Scenario
+from kvconform.model.observations import (
+    NOT_ZEROED,
+    STATS_DISAGREE,
+    STOP_MISSED,
+    ZEROES_VALID_KV,
+    GroupInfo,
+)
+from kvconform.model.scenario import RequestSpec, Scenario
 from kvconform.model.tiny_model import SCHEDULER_TARGET
 from kvconform.model.zeroing import judge_zeroing
 from kvconform.oracles.live import OUTPUT_OFFSET, first_output_token, prompt_tokens
@@ -69,6 +75,10 @@ from kvconform.oracles.vllm.scheduling import Scheduling
 # Draft token ids sit above a request's outputs (the layout of kvconform.oracles.live),
 # so no prefix-cache hit ever comes from a draft.
 _DRAFT_OFFSET = 900_000
+
+# The token a request's stop_at-th output is, by what stops it (RequestSpec.stop_with):
+# below every prompt, output and draft id, so nothing else ever samples it.
+_STOP_TOKEN_IDS = {"stop_token": 7, "eos": 2}
 
 # A schedule() call that schedules nothing, with nothing in flight and no
 # arrival to wait for, cannot change the scheduler's state; a few in a row mean
@@ -226,6 +236,17 @@ class FreeRecord(NamedTuple):
     loading: bool = False
 
 
+class LifecycleMiss(NamedTuple):
+    """What vLLM did otherwise than the recorded steps give: a request not finished at the
+    output that samples its stop token (or finished without one), or ``SchedulerStats``
+    (``scheduler.log_stats``) other than what the steps give (check ``sanity``)."""
+
+    step: int
+    request: str  # "-": the step's stats, no one request
+    message: str
+    invariant: str
+
+
 class ZeroingRecord(NamedTuple):
     """A schedule() whose zeroing list (``SchedulerOutput.new_block_ids_to_zero``) leaves a
     new block out or holds a block of valid KV (check ``sanity``)."""
@@ -259,6 +280,7 @@ class SchedulerRun:
     stall: StallRecord | None = None
     resets: list[ResetRecord] = field(default_factory=list)
     zeroing: list[ZeroingRecord] = field(default_factory=list)
+    lifecycle: list[LifecycleMiss] = field(default_factory=list)
 
 
 # -- stepping --------------------------------------------------------------------------
@@ -329,7 +351,11 @@ class SchedulerOracle:
                 ) from None
             # Raising here, on a configuration vLLM accepted, is a finding (a crash).
             self.scheduler = api.new_scheduler(
-                self.config, kv_cache_config, block_size, hash_block_size
+                self.config,
+                kv_cache_config,
+                block_size,
+                hash_block_size,
+                log_stats=self.limits.log_stats,
             )
         self.manager = self.scheduler.kv_cache_manager
         self.run = SchedulerRun(
@@ -365,7 +391,12 @@ class SchedulerOracle:
         for index, req in enumerate(scenario.requests.values()):
             prompt = prompts[req.name] = prompt_tokens(index, req, prompts)
             request = self._requests[req.name] = vllm.new_request(
-                req.name, prompt, hasher, max_tokens=req.max_tokens, priority=req.priority
+                req.name,
+                prompt,
+                hasher,
+                max_tokens=req.max_tokens,
+                priority=req.priority,
+                **_stop_options(req),
             )
             if req.remote_prefill:
                 request.kv_transfer_params = api.remote_prefill_params(
@@ -393,6 +424,7 @@ class SchedulerOracle:
             if req.abort_at is not None
         )
         self._resets = list(self.limits.resets)
+        self._lifecycle = Lifecycle(self)
         self._step = 0  # schedule() calls made (and skipped while idle before an arrival)
         self._current = 0  # the ongoing or latest schedule() call
 
@@ -414,6 +446,7 @@ class SchedulerOracle:
             )
             if kind != "preempt":
                 run.finished.add(rid)
+                self._lifecycle.ended(request)
             else:
                 self._restart.add(rid)
             run.events.append(
@@ -500,6 +533,7 @@ class SchedulerOracle:
         self.run.events.append(
             StepRecord(self._step, tuple(rows), in_flight, self.vllm.free_block_count(self.manager))
         )
+        self._lifecycle.scheduled(rows)
         self._check_zeroing(output, rows, loading_now)
         return answers
 
@@ -643,7 +677,7 @@ class SchedulerOracle:
                 continue
             first = self._next_output[rid]
             self._next_output[rid] = first + 1 + accepted
-            sampled.append(list(range(first, first + 1 + accepted)))
+            sampled.append(self._lifecycle.sampled(rid, list(range(first, first + 1 + accepted))))
         return self.api.model_runner_output(req_ids, sampled, received, failed, invalid)
 
     def _feed_drafts(self, output: Any) -> None:
@@ -712,7 +746,7 @@ class SchedulerOracle:
         scheduler, vllm = self.scheduler, self.vllm
         sync = self.limits.mode == "sync"
         size = self.run.max_concurrent_batches if self.limits.overlapped else 1
-        queue: deque[tuple[Any, Any]] = deque()
+        queue: deque[tuple[Any, Any, AppliedStep]] = deque()
         idle_since: int | None = None
         while True:
             self._admit()
@@ -743,7 +777,7 @@ class SchedulerOracle:
                         self.run.stall = stalled
                         break
                     self._step = max(self._step, self._pending[0].arrival)
-                queue.appendleft((output, self._model_output(answers)))
+                queue.appendleft((output, self._model_output(answers), self._lifecycle.step()))
                 if len(queue) < size and (executed or scheduler.has_requests()):
                     continue
             elif not queue:
@@ -752,15 +786,252 @@ class SchedulerOracle:
                 # Idle until the next arrival: the engine does not schedule meanwhile.
                 self._step = max(self._step, self._pending[0].arrival)
                 continue
-            output, model_output = queue.pop()
+            output, model_output, applied = queue.pop()
             # vLLM logs a KV load failure the scenario states as an error ("Failing 1
             # request(s) due to KV load failure"): the run's verdict says what happened.
             with quiet_logs(logging.ERROR):
-                scheduler.update_from_output(output, model_output)
+                result = scheduler.update_from_output(output, model_output)
+            self._lifecycle.applied(applied, result)
             if sync:
                 self._feed_drafts(output)
         self.run.final_free_blocks = vllm.free_block_count(self.manager)
+        self._lifecycle.ended_run()
         return self.run
+
+
+# -- stops and stats: what vLLM's update_from_output must make of each output -----------
+
+
+def _stop_options(req: RequestSpec) -> dict[str, Any]:
+    """``new_request``'s stop options for a request's ``stop_at`` / ``stop_with``."""
+    if req.stop_at is None:
+        return {}
+    token = _STOP_TOKEN_IDS[req.stop_with]
+    return {"eos_token_id": token} if req.stop_with == "eos" else {"stop_token_ids": [token]}
+
+
+class AppliedStep(NamedTuple):
+    """One step's fabricated output, as kvconform made it, until the scheduler applies it."""
+
+    step: int
+    rows: tuple[ScheduledRequest, ...]
+    stops: dict[str, int]  # request -> its output count once the stop token is sampled
+
+
+class Lifecycle:
+    """Judges what ``update_from_output`` makes of each fabricated output: a request ends
+    with the output that samples its stop token (``stop_at``: ``check_stop``), and with
+    ``scheduler.log_stats`` the ``SchedulerStats`` it returns equal what the recorded steps
+    give (``Scheduler.make_stats``):
+
+    * ``kv_cache_usage``: the distinct blocks the requests hold, over the pool without its
+      null block (``BlockPool.get_usage``);
+    * ``prefix_cache_stats``: per admission since the last output (vLLM records a lookup
+      when it admits, ``record_prefix_cache_stats``), one request, its ``num_tokens`` as
+      queries and its prefix-cache hit as hits, apart for a resumed (preempted) one; none
+      without prefix caching;
+    * ``spec_decoding_stats``: per request of the step with drafts verified, one draft, its
+      drafts and the accepted ones (``make_spec_decoding_stats``); None with no draft.
+    """
+
+    def __init__(self, oracle: SchedulerOracle) -> None:
+        self.oracle = oracle
+        self.requests = oracle.scenario.requests
+        self.outputs = dict.fromkeys(self.requests, 0)  # output tokens sampled so far
+        self.ends: dict[str, tuple[bool, int, int]] = {}  # (stopped, outputs, update)
+        self.updates = 0  # outputs applied
+        self._rows: tuple[ScheduledRequest, ...] = ()
+        self._stops: dict[str, int] = {}
+        self._admissions: list[ScheduledRequest] = []
+        self._judged: set[str] = set()
+
+    def _miss(self, step: int, request: str, message: str, invariant: str) -> None:
+        self.oracle.run.lifecycle.append(LifecycleMiss(step, request, message, invariant))
+
+    # what kvconform fabricates
+
+    def scheduled(self, rows: Sequence[ScheduledRequest]) -> None:
+        self._rows = tuple(rows)
+        self._admissions += [row for row in rows if row.phase != "running"]
+
+    def sampled(self, rid: str, tokens: list[int]) -> list[int]:
+        """The step's sampled tokens for ``rid``, its stop token in place at ``stop_at``."""
+        before = self.outputs[rid]
+        self.outputs[rid] = before + len(tokens)
+        stop_at = self.requests[rid].stop_at
+        if stop_at is not None and before < stop_at <= before + len(tokens):
+            tokens[stop_at - before - 1] = _STOP_TOKEN_IDS[self.requests[rid].stop_with]
+            self._stops[rid] = stop_at
+        return tokens
+
+    def step(self) -> AppliedStep:
+        applied = AppliedStep(self.oracle._current, self._rows, self._stops)
+        self._stops = {}
+        return applied
+
+    # what vLLM makes of it
+
+    def ended(self, request: Any) -> None:
+        self.ends[request.request_id] = (
+            self.oracle.api.is_stopped(request),
+            int(request.num_output_tokens),
+            self.updates,
+        )
+
+    def applied(self, applied: AppliedStep, result: Any) -> None:
+        gone = {rid for rid, end in self.ends.items() if end[2] < self.updates}
+        for rid, stop_at in applied.stops.items():
+            end = self.ends.get(rid)
+            if rid in gone or end == (True, stop_at, self.updates):
+                continue
+            self._judged.add(rid)
+            self._miss(
+                applied.step,
+                rid,
+                f"the step's output samples its {self._stop_name(rid)} as output {stop_at} "
+                f"(stop_at), yet applying it {self._outcome(end)}; check_stop finishes the "
+                "request there and its blocks go back to the pool",
+                STOP_MISSED,
+            )
+        if self.oracle.limits.log_stats:
+            # vLLM counts a lookup when it admits: every schedule() before this output is
+            # applied (with batches overlapped, the next step's admissions too).
+            admissions, self._admissions = tuple(self._admissions), []
+            self._judge_stats(applied, result, gone, admissions)
+        self.updates += 1
+
+    def ended_run(self) -> None:
+        for rid, req in self.requests.items():
+            end = self.ends.get(rid)
+            if rid in self._judged or end is None:
+                continue  # unfinished: sanity's "leaves requests unfinished"
+            stopped, outputs, _ = end
+            if req.stop_at is None and stopped:
+                self._miss(
+                    self.oracle._current,
+                    rid,
+                    f"finished as stopped (FINISHED_STOPPED) after {outputs} output tokens, "
+                    "none of which stops it: it has no stop_at",
+                    STOP_MISSED,
+                )
+            elif req.stop_at is not None and (not stopped or outputs != req.stop_at):
+                self._miss(
+                    self.oracle._current,
+                    rid,
+                    f"{self._outcome(end)}, but its output {req.stop_at} is its "
+                    f"{self._stop_name(rid)} (stop_at): check_stop finishes it there",
+                    STOP_MISSED,
+                )
+
+    def _stop_name(self, rid: str) -> str:
+        req = self.requests[rid]
+        token = _STOP_TOKEN_IDS[req.stop_with]
+        return f"EOS token ({token})" if req.stop_with == "eos" else f"stop token ({token})"
+
+    def _outcome(self, end: tuple[bool, int, int] | None) -> str:
+        if end is None:
+            return "vLLM keeps it unfinished"
+        stopped, outputs, _ = end
+        how = "stopped (FINISHED_STOPPED)" if stopped else "finished otherwise (not stopped)"
+        return f"vLLM ends it {how} after {outputs} output tokens"
+
+    def _judge_stats(
+        self,
+        applied: AppliedStep,
+        result: Any,
+        gone: set[str],
+        admissions: Sequence[ScheduledRequest],
+    ) -> None:
+        oracle = self.oracle
+        stats = oracle.api.scheduler_stats(result)
+        if stats is None:
+            self._miss(
+                applied.step, "-", "update_from_output returned no SchedulerStats with log_stats",
+                STATS_DISAGREE,
+            )  # fmt: skip
+            return
+        problems: list[str] = []
+        # kv_cache_usage: the blocks the requests hold (shared ones once), of the pool but
+        # its null block.
+        null = oracle.run.null_block
+        held = {
+            block
+            for rid in oracle.scheduler.requests
+            for ids in oracle.manager.get_block_ids(rid)
+            for block in ids
+            if block != null
+        }
+        pool = oracle.scenario.model.num_blocks - 1
+        usage = len(held) / pool if pool else 0.0
+        if abs(float(stats.kv_cache_usage) - usage) > 1e-9:
+            problems.append(
+                f"kv_cache_usage {float(stats.kv_cache_usage):.4f}, but the requests hold "
+                f"{len(held)} of the pool's {pool} blocks ({usage:.4f})"
+            )
+        # prefix_cache_stats: the admissions since the last output.
+        want = dict.fromkeys(_PREFIX_STATS, 0)
+        if oracle.scenario.model.enable_caching:
+            for row in admissions:
+                part = ("requests", "queries", "hits")
+                if row.phase == "resumed":
+                    part = ("preempted_requests", "preempted_queries", "preempted_hits")
+                for name, value in zip(part, (1, row.known_tokens, row.cached), strict=True):
+                    want[name] += value
+        prefix = stats.prefix_cache_stats
+        got = {name: int(getattr(prefix, name, 0)) for name in _PREFIX_STATS}
+        if got != want:
+            admitted = ", ".join(
+                f"{row.request} ({row.phase}, {row.known_tokens} tokens, hit {row.cached})"
+                for row in admissions
+            )
+            problems.append(
+                f"prefix_cache_stats {got}, but the admissions since the last output "
+                f"({admitted or 'none'}) give {want}"
+            )
+        # spec_decoding_stats: the step's verifications.
+        verified = [
+            row
+            for row in applied.rows
+            if row.drafts and row.accepted is not None and row.request not in gone
+        ]
+        spec = stats.spec_decoding_stats
+        if not verified:
+            if spec is not None and int(spec.num_drafts):
+                problems.append(
+                    f"spec_decoding_stats counts {int(spec.num_drafts)} drafts, but the step "
+                    "verifies none"
+                )
+        else:
+            expected = {
+                "num_drafts": len(verified),
+                "num_draft_tokens": sum(row.drafts for row in verified),
+                "num_accepted_tokens": sum(row.accepted or 0 for row in verified),
+            }
+            found = (
+                {name: int(getattr(spec, name)) for name in expected} if spec is not None else None
+            )
+            if found != expected:
+                problems.append(
+                    f"spec_decoding_stats {found}, but the step verifies "
+                    + ", ".join(
+                        f"{row.request} {row.drafts} drafts, {row.accepted} accepted"
+                        for row in verified
+                    )
+                    + f": {expected}"
+                )
+        for problem in problems:
+            self._miss(applied.step, "-", f"SchedulerStats of the step's output: {problem}",
+                       STATS_DISAGREE)  # fmt: skip
+
+
+_PREFIX_STATS = (
+    "requests",
+    "queries",
+    "hits",
+    "preempted_requests",
+    "preempted_queries",
+    "preempted_hits",
+)
 
 
 def run_scheduler(

@@ -266,6 +266,17 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
                 zeroing.invariant,
             )
         )
+    for miss in record.lifecycle:
+        trajectory.misses.append(
+            Miss(
+                miss.step,
+                lines.get(miss.request),
+                miss.request,
+                "update_from_output",
+                miss.message,
+                miss.invariant,
+            )
+        )
     trajectory.step_notes = {step: "; ".join(parts) for step, parts in sorted(notes.items())}
     trajectory.notes.append(summary(record, scenario))
     return trajectory

@@ -19,6 +19,7 @@ from kvconform.model.scenario import (
     SCHEDULER_CONNECTORS,
     SCHEDULER_MODES,
     SCHEDULER_POLICIES,
+    STOP_TOKENS,
     ModelSpec,
     PrefixReset,
     RequestSpec,
@@ -115,6 +116,7 @@ def parse_scheduler(
             if fields.raw("kv_connector", None) is not None
             else None
         ),
+        log_stats=fields.flag("log_stats", defaults.log_stats),
         # vLLM's settings this section states (the mode states async scheduling).
         stated=frozenset(
             s.name
@@ -126,7 +128,19 @@ def parse_scheduler(
     )
     fields.done()
     _check_scheduler_limits(spec, model, fields)
+    _check_log_stats(spec, fields)
     return spec
+
+
+def _check_log_stats(spec: SchedulerSpec, fields: Fields) -> None:
+    """``log_stats``: SchedulerStats judged against the recorded steps, without a KV connector
+    (a connector's external hits and deferred loads are counted apart, not modelled here)."""
+    if spec.log_stats and spec.kv_connector is not None:
+        raise ScenarioError(
+            fields.at("log_stats"),
+            f"cannot go with scheduler.kv_connector: {spec.kv_connector}: the stats of a KV "
+            "connector's loads are not judged yet",
+        )
 
 
 def _choice(fields: Fields, key: str, default: str, choices: tuple[str, ...]) -> str:
@@ -218,6 +232,7 @@ def parse_scheduler_requests(
             abort_at=_parse_abort_at(fields, scheduler),
             priority=_parse_priority(fields, scheduler),
             load_failure=_parse_load_failure(fields, model, prompt_len),
+            **_parse_stop(fields, scheduler),
         )
 
     return parse_request_map(raw, where, at, "a scheduler scenario", request)
@@ -327,6 +342,12 @@ def _parse_remote_prefill(fields: Fields, scheduler: SchedulerSpec) -> int:
             f"cannot go with scheduler.kv_connector: {scheduler.kv_connector} (an instance has "
             "one KV connector; a remote prefill brings vLLM's NixlConnector)",
         )
+    if steps and scheduler.log_stats:
+        raise ScenarioError(
+            fields.at("remote_prefill"),
+            "cannot go with scheduler.log_stats: the stats of a KV connector's loads are not "
+            "judged yet",
+        )
     if steps and scheduler.mode != "sync":
         # A kv_consumer connector with batches in flight makes vLLM defer block frees
         # past the in-flight step (Scheduler.defer_block_free), outside KVCacheManager.free,
@@ -337,3 +358,28 @@ def _parse_remote_prefill(fields: Fields, scheduler: SchedulerSpec) -> int:
             "defers a KV consumer's block frees, which scheduler mode does not observe yet",
         )
     return steps
+
+
+def _parse_stop(fields: Fields, scheduler: SchedulerSpec) -> dict[str, Any]:
+    """``stop_at``: the output token that stops the request; ``stop_with``: what stops it."""
+    stop_at = fields.optional_int("stop_at", minimum=1)
+    stop_with = _choice(fields, "stop_with", RequestSpec.stop_with, STOP_TOKENS)
+    if stop_at is None:
+        if fields.raw("stop_with") is not None:
+            raise ScenarioError(fields.at("stop_with"), "needs stop_at (the stopping output)")
+        return {}
+    max_tokens = fields.integer("max_tokens", RequestSpec.max_tokens)
+    if stop_at > max_tokens:
+        raise ScenarioError(
+            fields.at("stop_at"),
+            f"must be at most max_tokens ({max_tokens}): the request ends there regardless",
+        )
+    if fields.raw("remote_prefill", False):
+        raise ScenarioError(
+            fields.at("stop_at"), "is not offered with remote_prefill (a KV load's own finish)"
+        )
+    if fields.raw("abort_at") is not None:
+        raise ScenarioError(
+            fields.at("stop_at"), "cannot go with abort_at: the request ends one way or the other"
+        )
+    return {"stop_at": stop_at, "stop_with": stop_with}

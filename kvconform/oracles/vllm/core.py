@@ -363,11 +363,23 @@ class Vllm:
         block_hasher: Callable[..., Any] | None,
         max_tokens: int = 1 << 20,
         priority: int = 0,
+        stop_token_ids: list[int] | None = None,
+        eos_token_id: int | None = None,
     ) -> Any:
+        """A vLLM ``Request``. ``stop_token_ids``: tokens that stop it (``check_stop``);
+        ``eos_token_id``: its EOS token, set as the engine's input processor sets it
+        (``update_from_generation_config``), with ``ignore_eos`` off; without one, ignore_eos
+        on: fabricated outputs must not stop a request early by chance."""
         from vllm import SamplingParams
 
-        # ignore_eos: fabricated outputs must not stop a request early by chance.
-        params = call(SamplingParams, max_tokens=max_tokens, ignore_eos=True)
+        params = call(
+            SamplingParams,
+            max_tokens=max_tokens,
+            ignore_eos=eos_token_id is None,
+            stop_token_ids=list(stop_token_ids or ()),
+        )
+        if eos_token_id is not None:
+            params.update_from_generation_config({}, eos_token_id)
         return call(
             self._request.Request,
             request_id=request_id,

@@ -235,9 +235,16 @@ class Scheduling:
         return config
 
     def new_scheduler(
-        self, vllm_config: Any, kv_cache_config: Any, block_size: int, hash_block_size: int
+        self,
+        vllm_config: Any,
+        kv_cache_config: Any,
+        block_size: int,
+        hash_block_size: int,
+        log_stats: bool = False,
     ) -> Any:
-        """vLLM's scheduler class for this configuration (``Scheduler`` or ``AsyncScheduler``)."""
+        """vLLM's scheduler class for this configuration (``Scheduler`` or ``AsyncScheduler``);
+        ``log_stats``: as the engine core builds it when stats are logged (its
+        ``update_from_output`` returns ``SchedulerStats``)."""
         scheduler_config = vllm_config.scheduler_config
         if not hasattr(scheduler_config, "get_scheduler_cls"):
             raise self._vllm.not_offered("SchedulerConfig.get_scheduler_cls")
@@ -250,7 +257,7 @@ class Scheduling:
                 structured_output_manager=self._scheduling.StructuredOutputManager(vllm_config),
                 block_size=block_size,
                 hash_block_size=hash_block_size,
-                log_stats=False,
+                log_stats=log_stats,
             )
 
     @contextlib.contextmanager
@@ -404,3 +411,17 @@ class Scheduling:
 
     def draft_token_ids(self, req_ids: list[str], drafts: list[list[int]]) -> Any:
         return call(self._scheduling.DraftTokenIds, req_ids=req_ids, draft_token_ids=drafts)
+
+    # -- stopping and stats (stop_at, scheduler.log_stats) ---------------------------------
+
+    def is_stopped(self, request: Any) -> bool:
+        """Whether a request finished on a stop token or its EOS (``FINISHED_STOPPED``)."""
+        return bool(request.status == self._scheduling.RequestStatus.FINISHED_STOPPED)
+
+    def scheduler_stats(self, engine_core_outputs: Any) -> Any | None:
+        """The ``SchedulerStats`` an ``update_from_output`` returned (to one front-end only)."""
+        for outputs in (engine_core_outputs or {}).values():
+            stats = getattr(outputs, "scheduler_stats", None)
+            if stats is not None:
+                return stats
+        return None
