@@ -586,3 +586,42 @@ def test_prefix_cache_stats_that_miss_a_resumption_fail_sanity(pristine_tree, tm
     )
     assert len(failures) == 1, entry
     assert "d (resumed" in failures[0]["message"], failures[0]
+
+
+SCHEDULER_SESSION = REPO / "scenarios" / "scheduler" / "sched-streaming-session.yaml"
+
+
+@pytest.mark.slow
+def test_a_session_that_keeps_its_last_sampled_token_fails_sanity(pristine_tree, tmp_path):
+    # _update_request_as_session keeps the turn's last sampled token, which was never
+    # computed: each next turn's sequence is one token longer than the turns leave.
+    failures, entry = _sanity_failures(
+        pristine_tree,
+        tmp_path,
+        "v1/core/sched/scheduler.py",
+        "        keep_end = session.num_tokens - 1\n",
+        "        keep_end = session.num_tokens\n",
+        SCHEDULER_SESSION,
+        "streaming session",
+    )
+    assert [f["request"] for f in failures] == ["s", "s"], entry
+    assert "holds a sequence of 65 tokens, not 64" in failures[0]["message"], failures[0]
+
+
+SCHEDULER_PAUSE = REPO / "scenarios" / "scheduler" / "sched-pause-new-requests.yaml"
+
+
+@pytest.mark.slow
+def test_a_pause_that_admits_new_requests_fails_sanity(pristine_tree, tmp_path):
+    # PAUSED_NEW no longer keeps the waiting queue closed: b, arriving during the pause, is
+    # admitted at once.
+    failures, entry = _sanity_failures(
+        pristine_tree,
+        tmp_path,
+        "v1/core/sched/scheduler.py",
+        "                if not request_queue and self._pause_state == PauseState.UNPAUSED:\n",
+        "                if not request_queue:\n",
+        f"{SCHEDULER_PAUSE}::sched-pause-new-requests[sync]",
+        "paused",
+    )
+    assert [(f["request"], f["step"]) for f in failures] == [("b", 3)], entry

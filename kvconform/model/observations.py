@@ -63,6 +63,8 @@ EVENTS_DIVERGE = "announces another prefix cache in its KV-cache events than the
 DEFAULTS_DISAGREE = "declares another default than the coordinator that forwards the argument"
 STOP_MISSED = "ends a request elsewhere than at the output that stops it"
 STATS_DISAGREE = "reports other scheduler stats than its steps give"
+SESSION_KV_LOST = "resumes a streaming session without the KV it kept"
+PAUSE_ADMITS = "admits a request while paused for new requests"
 
 
 class Miss(NamedTuple):

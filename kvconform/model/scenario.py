@@ -214,6 +214,20 @@ class RequestSpec:
     # it runs to max_tokens or max_model_len.
     stop_at: int | None = None
     stop_with: str = "stop_token"
+    # Scheduler scenarios only: a streaming-input session (a resumable request, as
+    # AsyncLLM's streaming input submits it): the later input chunks, each a turn of its
+    # own; prompt_len and max_tokens are the first turn's. Empty: an ordinary request.
+    stream: tuple[StreamChunk, ...] = ()
+
+
+@dataclass(frozen=True)
+class StreamChunk:
+    """One later input chunk of a streaming-input session (``RequestSpec.stream``)."""
+
+    at: int  # added (Scheduler.add_request, the session's id) before the at-th schedule()
+    prompt_len: int  # the chunk's new tokens
+    max_tokens: int  # outputs of its turn
+    line: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -363,6 +377,17 @@ class PrefixReset:
 
 
 @dataclass(frozen=True)
+class SchedulerPause:
+    """The engine pauses the scheduler for new requests before the ``at``-th schedule() call
+    and resumes it before the ``resume_at``-th (``EngineCore.pause_scheduler(mode="wait")``:
+    ``PauseState.PAUSED_NEW``, the engine keeps stepping; ``resume_scheduler``)."""
+
+    at: int
+    resume_at: int
+    line: int | None = None
+
+
+@dataclass(frozen=True)
 class SchedulerSpec:
     """What a ``kind: scheduler`` scenario asks of vLLM's real scheduler.
 
@@ -395,6 +420,8 @@ class SchedulerSpec:
     # logged): each update_from_output returns SchedulerStats, which check sanity holds
     # to what the recorded steps give.
     log_stats: bool = False
+    # Pauses for new requests (EngineCore.pause_scheduler "wait"), in call order.
+    pauses: tuple[SchedulerPause, ...] = ()
     # The settings of kvconform.model.settings.SETTINGS this section states; the others
     # (chunked prefill, the mode's async scheduling) resolve to vLLM's defaults.
     stated: frozenset[str] = frozenset()

@@ -56,15 +56,17 @@ from kvconform.model.floors import pool_columns
 from kvconform.model.methods import method_for
 from kvconform.model.observations import (
     NOT_ZEROED,
+    PAUSE_ADMITS,
+    SESSION_KV_LOST,
     STATS_DISAGREE,
     STOP_MISSED,
     ZEROES_VALID_KV,
     GroupInfo,
 )
-from kvconform.model.scenario import RequestSpec, Scenario
+from kvconform.model.scenario import RequestSpec, Scenario, StreamChunk
 from kvconform.model.tiny_model import SCHEDULER_TARGET
 from kvconform.model.zeroing import judge_zeroing
-from kvconform.oracles.live import OUTPUT_OFFSET, first_output_token, prompt_tokens
+from kvconform.oracles.live import ID_STRIDE, OUTPUT_OFFSET, first_output_token, prompt_tokens
 from kvconform.oracles.resolve import group_specs
 from kvconform.oracles.tiny_models import model_folder
 from kvconform.oracles.vllm import Vllm
@@ -396,6 +398,7 @@ class SchedulerOracle:
                 hasher,
                 max_tokens=req.max_tokens,
                 priority=req.priority,
+                resumable=bool(req.stream),
                 **_stop_options(req),
             )
             if req.remote_prefill:
@@ -424,7 +427,15 @@ class SchedulerOracle:
             if req.abort_at is not None
         )
         self._resets = list(self.limits.resets)
+        # (step, paused) switches of the engine's pause for new requests, in order.
+        self._pause_switches = [
+            (step, paused)
+            for pause in self.limits.pauses
+            for step, paused in ((pause.at, True), (pause.resume_at, False))
+        ]
+        self._paused = False
         self._lifecycle = Lifecycle(self)
+        self._sessions = Sessions(self, hasher)
         self._step = 0  # schedule() calls made (and skipped while idle before an arrival)
         self._current = 0  # the ongoing or latest schedule() call
 
@@ -504,6 +515,8 @@ class SchedulerOracle:
                 phase = "loaded" if rid in self._loaded else "new"
             elif rid in self._restart:
                 phase = "resumed"
+            elif self._sessions.resuming(rid):
+                phase = "turn"  # a streaming session's next turn, on the KV it kept
             else:
                 phase = "running"
             self._started.add(rid)
@@ -521,7 +534,7 @@ class SchedulerOracle:
                     computed,
                     scheduled,
                     num_drafts,
-                    computed if phase != "running" else 0,
+                    computed if phase not in ("running", "turn") else 0,
                     int(request.num_tokens),
                     int(request.num_prompt_tokens),
                     chunk,
@@ -534,6 +547,7 @@ class SchedulerOracle:
             StepRecord(self._step, tuple(rows), in_flight, self.vllm.free_block_count(self.manager))
         )
         self._lifecycle.scheduled(rows)
+        self._sessions.scheduled(self._step, rows)
         self._check_zeroing(output, rows, loading_now)
         return answers
 
@@ -635,6 +649,10 @@ class SchedulerOracle:
     def _admit(self) -> None:
         while self._pending and self._pending[0].arrival <= self._step:
             self.scheduler.add_request(self._requests[self._pending.pop(0).name])
+        self._sessions.add_chunks(self._step)
+        while self._pause_switches and self._pause_switches[0][0] <= self._step:
+            self._paused = self._pause_switches.pop(0)[1]
+            self.api.pause_new_requests(self.scheduler, self._paused)
         # The client's aborts, as EngineCore.abort_requests applies them between steps.
         while self._aborts and self._aborts[0][0] <= self._step:
             _, rid = self._aborts.pop(0)
@@ -650,6 +668,14 @@ class SchedulerOracle:
             self.run.resets.append(
                 ResetRecord(self._step, reset.running, done, reset.succeeds, reset.line)
             )
+
+    def _next_arrival(self) -> int | None:
+        """The next schedule() call before which a request or a session's chunk arrives."""
+        times = [self._pending[0].arrival] if self._pending else []
+        if self._pause_switches:
+            times.append(self._pause_switches[0][0])
+        chunk = self._sessions.next_chunk()
+        return min(times + ([chunk] if chunk is not None else []), default=None)
 
     def _model_output(self, answers: list[tuple[str, int | None]]) -> Any:
         # The worker reports a transfer received in the output of the step it finished in,
@@ -678,6 +704,7 @@ class SchedulerOracle:
             first = self._next_output[rid]
             self._next_output[rid] = first + 1 + accepted
             sampled.append(self._lifecycle.sampled(rid, list(range(first, first + 1 + accepted))))
+            self._sessions.sampled(rid, 1 + accepted)
         return self.api.model_runner_output(req_ids, sampled, received, failed, invalid)
 
     def _feed_drafts(self, output: Any) -> None:
@@ -770,21 +797,21 @@ class SchedulerOracle:
                 elif idle_since is None:
                     idle_since = self._step - 1
                 if idle_since is not None and self._step - idle_since >= _STALL_STEPS:
-                    if not self._pending:
+                    if self._next_arrival() is None:
                         stalled = self._stalled(idle_since)
                         if isinstance(stalled, PoolExhausted):
                             raise stalled
                         self.run.stall = stalled
                         break
-                    self._step = max(self._step, self._pending[0].arrival)
+                    self._step = max(self._step, self._next_arrival() or 0)
                 queue.appendleft((output, self._model_output(answers), self._lifecycle.step()))
                 if len(queue) < size and (executed or scheduler.has_requests()):
                     continue
             elif not queue:
-                if not self._pending:
+                if self._next_arrival() is None:
                     break
                 # Idle until the next arrival: the engine does not schedule meanwhile.
-                self._step = max(self._step, self._pending[0].arrival)
+                self._step = max(self._step, self._next_arrival() or 0)
                 continue
             output, model_output, applied = queue.pop()
             # vLLM logs a KV load failure the scenario states as an error ("Failing 1
@@ -792,10 +819,14 @@ class SchedulerOracle:
             with quiet_logs(logging.ERROR):
                 result = scheduler.update_from_output(output, model_output)
             self._lifecycle.applied(applied, result)
+            self._sessions.applied()
             if sync:
                 self._feed_drafts(output)
         self.run.final_free_blocks = vllm.free_block_count(self.manager)
         self._lifecycle.ended_run()
+        # As the engine core shuts down: the scheduler's KV connector with it.
+        with quiet_logs():
+            scheduler.shutdown()
         return self.run
 
 
@@ -852,7 +883,19 @@ class Lifecycle:
 
     def scheduled(self, rows: Sequence[ScheduledRequest]) -> None:
         self._rows = tuple(rows)
-        self._admissions += [row for row in rows if row.phase != "running"]
+        if self.oracle._paused:
+            for row in rows:
+                if row.phase in ("new", "resumed"):
+                    self._miss(
+                        self.oracle._current,
+                        row.request,
+                        f"admitted ({row.phase}) while the engine has paused the scheduler "
+                        "for new requests (PauseState.PAUSED_NEW): only what runs, or holds "
+                        "KV blocks, is scheduled until it resumes",
+                        PAUSE_ADMITS,
+                    )
+        # A session's next turn looks nothing up: it resumes on the KV it kept.
+        self._admissions += [row for row in rows if row.phase not in ("running", "turn")]
 
     def sampled(self, rid: str, tokens: list[int]) -> list[int]:
         """The step's sampled tokens for ``rid``, its stop token in place at ``stop_at``."""
@@ -1032,6 +1075,159 @@ _PREFIX_STATS = (
     "preempted_queries",
     "preempted_hits",
 )
+
+
+# -- streaming-input sessions (RequestSpec.stream) ---------------------------------------
+
+# A session's chunk k (1, 2, ...) takes prompt ids from here up within the request's id range
+# (kvconform.oracles.live's layout: prompts from the base, outputs from OUTPUT_OFFSET).
+_CHUNK_OFFSET = 300_000
+_CHUNK_STRIDE = 10_000
+
+
+class _Session:
+    def __init__(self, spec: RequestSpec) -> None:
+        self.chunks = list(spec.stream)  # not added yet
+        self.added: list[StreamChunk] = []  # added, waiting for the turn before to end
+        self.tokens = spec.prompt_len  # Request.num_tokens, as kvconform counts it
+        self.turn_max = spec.max_tokens
+        self.turn_outputs = 0
+        self.turn = 1
+        self.ended_turn = False  # the turn ended; the next chunk not applied yet
+        self.frontier: int | None = None  # computed tokens it resumes from
+        self.kept: tuple[list[int], ...] = ()  # its tables at its last step
+        self.resuming = False  # the next chunk applied, not scheduled since
+
+
+class Sessions:
+    """Streaming-input sessions (``stream``), stepped as ``AsyncLLM``'s streaming input
+    submits them: each chunk a resumable request with the session's id
+    (``Scheduler.add_request`` queues it, or starts the next turn at once when the session
+    waits for it), then a non-resumable one that closes the session. vLLM keeps the session's
+    blocks between turns: a turn ends when its outputs reach its max_tokens, and
+    ``_update_request_as_session`` keeps every token but the last sampled one
+    (``_handle_stopped_request`` resumes from the computed frontier). Judged at the first step
+    of each next turn (check ``sanity``): it resumes with that many computed tokens, and its
+    tables begin with the blocks it held at its last step.
+    """
+
+    def __init__(self, oracle: SchedulerOracle, hasher: Any) -> None:
+        self.oracle = oracle
+        self.hasher = hasher
+        self.sessions = {
+            name: _Session(req) for name, req in oracle.scenario.requests.items() if req.stream
+        }
+        self._ends: set[str] = set()
+        self._index = {name: i for i, name in enumerate(oracle.scenario.requests)}
+
+    def next_chunk(self) -> int | None:
+        return min((s.chunks[0].at for s in self.sessions.values() if s.chunks), default=None)
+
+    def resuming(self, rid: str) -> bool:
+        session = self.sessions.get(rid)
+        return session is not None and session.resuming
+
+    def add_chunks(self, step: int) -> None:
+        oracle = self.oracle
+        for rid, session in self.sessions.items():
+            while session.chunks and session.chunks[0].at <= step:
+                chunk = session.chunks.pop(0)
+                number = len(oracle.scenario.requests[rid].stream) - len(session.chunks)
+                first = (self._index[rid] + 1) * ID_STRIDE + _CHUNK_OFFSET
+                first += _CHUNK_STRIDE * number
+                request = oracle.vllm.new_request(
+                    rid,
+                    list(range(first, first + chunk.prompt_len)),
+                    self.hasher,
+                    max_tokens=chunk.max_tokens,
+                    resumable=True,
+                )
+                oracle.scheduler.add_request(request)
+                session.added.append(chunk)
+                if session.ended_turn:
+                    self._next_turn(session)
+                if not session.chunks:
+                    # The input stream ends: AsyncLLM closes the session with a request
+                    # that is not resumable (no update: the finished sentinel).
+                    oracle.scheduler.add_request(
+                        oracle.vllm.new_request(rid, [0], self.hasher, max_tokens=1)
+                    )
+
+    def _next_turn(self, session: _Session) -> None:
+        chunk = session.added.pop(0)
+        session.tokens += chunk.prompt_len
+        session.turn_max, session.turn_outputs = chunk.max_tokens, 0
+        session.turn += 1
+        session.ended_turn, session.resuming = False, True
+
+    def sampled(self, rid: str, count: int) -> None:
+        session = self.sessions.get(rid)
+        if session is None or session.ended_turn:
+            return
+        # check_stop ends the turn at its max_tokens-th output and trims the rest.
+        count = min(count, session.turn_max - session.turn_outputs)
+        session.tokens += count
+        session.turn_outputs += count
+        if session.turn_outputs >= session.turn_max:
+            self._ends.add(rid)
+
+    def applied(self) -> None:
+        for rid in sorted(self._ends):
+            session = self.sessions[rid]
+            if not session.chunks and not session.added:
+                continue  # its last turn: the session finishes
+            # Every token but the last sampled one is computed, and kept.
+            session.tokens -= 1
+            session.frontier = session.tokens
+            session.ended_turn = True
+            if session.added:
+                self._next_turn(session)
+        self._ends.clear()
+
+    def scheduled(self, step: int, rows: Sequence[ScheduledRequest]) -> None:
+        null = self.oracle.run.null_block
+        for row in rows:
+            session = self.sessions.get(row.request)
+            if session is None:
+                continue
+            if row.phase == "turn":
+                session.resuming = False
+                problems = []
+                if row.computed != session.frontier:
+                    problems.append(
+                        f"resumes with {row.computed} computed tokens, not the "
+                        f"{session.frontier} its turns so far leave (every token but the "
+                        "last sampled one)"
+                    )
+                if row.known_tokens != session.tokens:
+                    problems.append(
+                        f"holds a sequence of {row.known_tokens} tokens, not {session.tokens} "
+                        f"(the {session.frontier} kept and the chunk's new ones)"
+                    )
+                for group, (kept, now) in enumerate(zip(session.kept, row.block_ids, strict=True)):
+                    lost = [
+                        (index, block)
+                        for index, block in enumerate(kept)
+                        if block != null and (index >= len(now) or now[index] not in (block, null))
+                    ]
+                    if lost:
+                        problems.append(
+                            f"group {group} no longer holds block(s) "
+                            + ", ".join(f"{b} at {i}" for i, b in lost)
+                            + f" it held at its last step ({kept}; now {now})"
+                        )
+                if problems:
+                    self.oracle.run.lifecycle.append(
+                        LifecycleMiss(
+                            step,
+                            row.request,
+                            f"the streaming session's turn {session.turn} "
+                            + "; ".join(problems)
+                            + ": vLLM keeps a session's KV between turns",
+                            SESSION_KV_LOST,
+                        )
+                    )
+            session.kept = tuple(list(ids) for ids in row.block_ids)
 
 
 def run_scheduler(

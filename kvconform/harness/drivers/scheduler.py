@@ -70,7 +70,7 @@ from kvconform.oracles.vllm import Vllm
 
 def decision_label(row: ScheduledRequest) -> str:
     """What the scheduler scheduled for one request in one step, in a few words."""
-    prefix = {"new": "new, ", "resumed": "resumed, "}.get(row.phase, "")
+    prefix = {"new": "new, ", "resumed": "resumed, ", "turn": "next turn, "}.get(row.phase, "")
     if row.phase == "loaded":
         prefix = f"remote KV {row.cached} loaded, "
     elif row.cached:

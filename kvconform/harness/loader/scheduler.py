@@ -23,8 +23,10 @@ from kvconform.model.scenario import (
     ModelSpec,
     PrefixReset,
     RequestSpec,
+    SchedulerPause,
     SchedulerSpec,
     SpeculativeSpec,
+    StreamChunk,
 )
 from kvconform.model.settings import SETTINGS
 
@@ -117,6 +119,7 @@ def parse_scheduler(
             else None
         ),
         log_stats=fields.flag("log_stats", defaults.log_stats),
+        pauses=_parse_pauses(fields),
         # vLLM's settings this section states (the mode states async scheduling).
         stated=frozenset(
             s.name
@@ -171,6 +174,33 @@ def _parse_resets(fields: Fields) -> tuple[PrefixReset, ...]:
         )
         one.done()
     return tuple(sorted(resets, key=lambda r: r.at))
+
+
+def _parse_pauses(fields: Fields) -> tuple[SchedulerPause, ...]:
+    """``pause``: a list of ``{at: N, resume_at: M}``, in order and apart."""
+    raw = fields.raw("pause", [])
+    if not isinstance(raw, list):
+        raise ScenarioError(
+            fields.at("pause"), f"must be a list of {{at, resume_at}}, not {as_written(raw)}"
+        )
+    pauses: list[SchedulerPause] = []
+    for index, item in enumerate(raw):
+        one = Fields(item, fields.where, f"scheduler.pause[{index}]")
+        pause = SchedulerPause(
+            at=one.integer("at", minimum=0),
+            resume_at=one.integer("resume_at", minimum=1),
+            line=one.mapping.line,
+        )
+        one.done()
+        if pause.resume_at <= pause.at:
+            raise ScenarioError(one.at("resume_at"), f"must come after at ({pause.at})")
+        if pauses and pause.at < pauses[-1].resume_at:
+            raise ScenarioError(
+                one.at("at"),
+                f"must come at or after the pause before resumes ({pauses[-1].resume_at})",
+            )
+        pauses.append(pause)
+    return tuple(pauses)
 
 
 def _stacks_mtp_modules(method: str) -> bool:
@@ -233,6 +263,7 @@ def parse_scheduler_requests(
             priority=_parse_priority(fields, scheduler),
             load_failure=_parse_load_failure(fields, model, prompt_len),
             **_parse_stop(fields, scheduler),
+            stream=_parse_stream(fields, model, scheduler, prompt_len),
         )
 
     return parse_request_map(raw, where, at, "a scheduler scenario", request)
@@ -383,3 +414,61 @@ def _parse_stop(fields: Fields, scheduler: SchedulerSpec) -> dict[str, Any]:
             fields.at("stop_at"), "cannot go with abort_at: the request ends one way or the other"
         )
     return {"stop_at": stop_at, "stop_with": stop_with}
+
+
+def _parse_stream(
+    fields: Fields, model: ModelSpec, scheduler: SchedulerSpec, prompt_len: int
+) -> tuple[StreamChunk, ...]:
+    """``stream``: a list of ``{at, prompt_len, max_tokens}``, the session's later chunks."""
+    raw = fields.raw("stream")
+    if raw is None:
+        return ()
+    at = fields.at("stream")
+    if not isinstance(raw, list) or not raw:
+        raise ScenarioError(
+            at, f"must be a non-empty list of {{at, prompt_len, max_tokens}}, not {as_written(raw)}"
+        )
+    if scheduler.mode != "sync":
+        # A turn that ends with a batch of the session in flight makes vLLM drop that
+        # batch's output (drop_stale_output), which the fabricated output does not model.
+        raise ScenarioError(
+            at,
+            f"needs scheduler.mode: sync, not {scheduler.mode!r}: a turn that ends with a batch "
+            "in flight is not modelled yet",
+        )
+    for other in ("stop_at", "abort_at", "remote_prefill"):
+        if fields.raw(other) not in (None, False):
+            raise ScenarioError(at, f"cannot go with {other} (a session ends when its stream does)")
+    max_tokens = fields.integer("max_tokens", RequestSpec.max_tokens)
+    previous = fields.integer("arrival", 0, minimum=0)
+    # vLLM keeps every token of a turn but its last sampled one (_update_request_as_session).
+    tokens = prompt_len + max_tokens - 1
+    parts = [f"{prompt_len} + {max_tokens} - 1"]
+    chunks = []
+    for index, item in enumerate(raw):
+        one = Fields(item, Location(at.file, at.line), f"{at.field}[{index}]")
+        chunk = StreamChunk(
+            at=one.integer("at", minimum=0),
+            prompt_len=one.integer("prompt_len", minimum=1),
+            max_tokens=one.integer("max_tokens", max_tokens, minimum=1),
+            line=one.mapping.line or at.line,
+        )
+        one.done()
+        if chunk.at <= previous:
+            raise ScenarioError(
+                one.at("at"),
+                f"must come after {previous} (the request's arrival or the chunk before)",
+            )
+        previous = chunk.at
+        tokens += chunk.prompt_len + chunk.max_tokens - 1
+        parts.append(f"{chunk.prompt_len} + {chunk.max_tokens} - 1")
+        chunks.append(chunk)
+    if tokens + 1 > model.max_model_len:
+        parts[-1] = parts[-1].removesuffix(" - 1")  # the last turn drops nothing
+        raise ScenarioError(
+            at,
+            f"the session's turns reach {tokens + 1} tokens ({' + '.join(parts)}: each turn "
+            "keeps all its tokens but its last sampled one), past max_model_len "
+            f"{model.max_model_len}",
+        )
+    return tuple(chunks)

@@ -365,11 +365,14 @@ class Vllm:
         priority: int = 0,
         stop_token_ids: list[int] | None = None,
         eos_token_id: int | None = None,
+        resumable: bool = False,
     ) -> Any:
         """A vLLM ``Request``. ``stop_token_ids``: tokens that stop it (``check_stop``);
         ``eos_token_id``: its EOS token, set as the engine's input processor sets it
         (``update_from_generation_config``), with ``ignore_eos`` off; without one, ignore_eos
-        on: fabricated outputs must not stop a request early by chance."""
+        on: fabricated outputs must not stop a request early by chance. ``resumable``: a
+        streaming-input session's request (``Request.resumable``, as ``AsyncLLM``'s streaming
+        input submits each chunk)."""
         from vllm import SamplingParams
 
         params = call(
@@ -388,6 +391,7 @@ class Vllm:
             pooling_params=None,
             block_hasher=block_hasher,
             priority=priority,
+            resumable=resumable,
         )
 
     def block_hasher(

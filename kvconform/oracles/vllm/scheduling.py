@@ -425,3 +425,13 @@ class Scheduling:
             if stats is not None:
                 return stats
         return None
+
+    def pause_new_requests(self, scheduler: Any, paused: bool) -> None:
+        """``EngineCore.pause_scheduler(mode="wait")`` (``PauseState.PAUSED_NEW``: what runs
+        keeps running, nothing new is admitted) or ``resume_scheduler`` (``UNPAUSED``)."""
+        interface = self._vllm.optional_module("vllm.v1.core.sched.interface")
+        states = getattr(interface, "PauseState", None) if interface is not None else None
+        if states is None or not hasattr(scheduler, "set_pause_state"):
+            raise self._vllm.not_offered("vllm.v1.core.sched.interface.PauseState")
+        with quiet_logs():
+            scheduler.set_pause_state(states.PAUSED_NEW if paused else states.UNPAUSED)
