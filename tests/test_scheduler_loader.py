@@ -90,7 +90,10 @@ def test_pauses_are_read_in_order(scenario_from):
         "    - {at: 6, resume_at: 9}\nrequests: {a: {prompt_len: 10}}\n"
     )
     assert scenario.scheduler is not None
-    assert [(p.at, p.resume_at) for p in scenario.scheduler.pauses] == [(2, 6), (6, 9)]
+    assert [(p.at, p.resume_at, p.mode) for p in scenario.scheduler.pauses] == [
+        (2, 6, "wait"),
+        (6, 9, "wait"),
+    ]
 
 
 def test_scheduler_defaults(scenario_from):
@@ -439,6 +442,33 @@ SPEC = "speculative: {method: eagle, num_speculative_tokens: 3}\n"
             4,
             "requests.a.stream",
             "must be a non-empty list",
+        ),
+        (
+            "kind: scheduler\nscheduler:\n  pause:\n    - {at: 1, resume_at: 4, mode: abort}\n"
+            "requests: {a: {prompt_len: 5}}\n",
+            4,
+            "scheduler.pause[0].mode",
+            "abort needs scheduler.mode: sync",
+        ),
+        (
+            "kind: scheduler\nscheduler:\n  pause:\n    - {at: 1, resume_at: 4, mode: keep}\n"
+            "requests: {a: {prompt_len: 5}}\n",
+            4,
+            "scheduler.pause[0].mode",
+            "must be one of wait, abort, not 'keep'",
+        ),
+        (
+            "kind: scheduler\nrequests:\n  a: {prompt_len: 5, close_at: 4}\n",
+            3,
+            "requests.a.close_at",
+            "needs stream",
+        ),
+        (
+            "kind: scheduler\nscheduler: {mode: sync}\nrequests:\n"
+            "  a: {prompt_len: 5, stream: [{at: 3, prompt_len: 4}], close_at: 3}\n",
+            4,
+            "requests.a.close_at",
+            "must come after the last chunk's at (3)",
         ),
         (
             "kind: scheduler\nscheduler:\n  pause:\n    - {at: 4, resume_at: 4}\n"

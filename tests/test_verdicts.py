@@ -625,3 +625,37 @@ def test_a_pause_that_admits_new_requests_fails_sanity(pristine_tree, tmp_path):
         "paused",
     )
     assert [(f["request"], f["step"]) for f in failures] == [("b", 3)], entry
+
+
+@pytest.mark.slow
+def test_a_session_released_while_it_waits_for_input_fails_sanity(pristine_tree, tmp_path):
+    # _handle_stopped_request finishes a session whose next chunk has not arrived instead
+    # of keeping it (WAITING_FOR_STREAMING_REQ): turn 2's end releases its blocks.
+    failures, entry = _sanity_failures(
+        pristine_tree,
+        tmp_path,
+        "v1/core/sched/scheduler.py",
+        "        if not request.resumable:\n            return True\n\n        # Drop",
+        "        if not request.resumable or not request.streaming_queue:\n"
+        "            return True\n\n        # Drop",
+        SCHEDULER_SESSION,
+        "before its input stream closes",
+    )
+    assert failures and failures[0]["request"] == "s", entry
+    assert "released in turn 2" in failures[0]["message"], failures[0]
+
+
+@pytest.mark.slow
+def test_an_abort_of_all_that_keeps_waiting_requests_fails_sanity(pristine_tree, tmp_path):
+    # finish_requests(None) aborts only the running requests: b, waiting for the pool,
+    # stays in the scheduler through the engine's pause with mode abort.
+    failures, entry = _sanity_failures(
+        pristine_tree,
+        tmp_path,
+        "v1/core/sched/scheduler.py",
+        "            request_ids = self.requests.keys()\n",
+        "            request_ids = [r.request_id for r in self.running]\n",
+        REPO / "scenarios" / "scheduler" / "sched-pause-abort.yaml",
+        "aborted every request",
+    )
+    assert [(f["request"], f["step"]) for f in failures] == [("b", 4)], entry

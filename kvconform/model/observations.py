@@ -65,6 +65,7 @@ STOP_MISSED = "ends a request elsewhere than at the output that stops it"
 STATS_DISAGREE = "reports other scheduler stats than its steps give"
 SESSION_KV_LOST = "resumes a streaming session without the KV it kept"
 PAUSE_ADMITS = "admits a request while paused for new requests"
+ABORT_ALL_KEPT = "keeps a request the engine aborted with all the others"
 
 
 class Miss(NamedTuple):

@@ -218,6 +218,9 @@ class RequestSpec:
     # AsyncLLM's streaming input submits it): the later input chunks, each a turn of its
     # own; prompt_len and max_tokens are the first turn's. Empty: an ordinary request.
     stream: tuple[StreamChunk, ...] = ()
+    # With stream: the schedule() call before which the input stream closes (AsyncLLM's
+    # final, non-resumable request); None: right after the last chunk.
+    close_at: int | None = None
 
 
 @dataclass(frozen=True)
@@ -385,6 +388,9 @@ class SchedulerPause:
     at: int
     resume_at: int
     line: int | None = None
+    # "wait" (the default) or "abort": pause_scheduler(mode="abort") first aborts every
+    # request (Scheduler.finish_requests(None, FINISHED_ABORTED)).
+    mode: str = "wait"
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ from kvconform.model.acceptance import AcceptanceStream
 from kvconform.model.floors import pool_columns
 from kvconform.model.methods import method_for
 from kvconform.model.observations import (
+    ABORT_ALL_KEPT,
     NOT_ZEROED,
     PAUSE_ADMITS,
     SESSION_KV_LOST,
@@ -429,7 +430,7 @@ class SchedulerOracle:
         self._resets = list(self.limits.resets)
         # (step, paused) switches of the engine's pause for new requests, in order.
         self._pause_switches = [
-            (step, paused)
+            (step, paused, pause.mode == "abort" and paused)
             for pause in self.limits.pauses
             for step, paused in ((pause.at, True), (pause.resume_at, False))
         ]
@@ -460,6 +461,7 @@ class SchedulerOracle:
                 self._lifecycle.ended(request)
             else:
                 self._restart.add(rid)
+            self._sessions.released(rid, self._current, kind)
             run.events.append(
                 FreeRecord(
                     self._current,
@@ -651,7 +653,21 @@ class SchedulerOracle:
             self.scheduler.add_request(self._requests[self._pending.pop(0).name])
         self._sessions.add_chunks(self._step)
         while self._pause_switches and self._pause_switches[0][0] <= self._step:
-            self._paused = self._pause_switches.pop(0)[1]
+            _, self._paused, abort = self._pause_switches.pop(0)
+            if abort:
+                self._current = self._step
+                self.api.abort_all(self.scheduler)
+                # Only a request whose KV load is in flight keeps its blocks until it is done.
+                for rid in sorted(set(self.scheduler.requests) - set(self._loading)):
+                    self.run.lifecycle.append(
+                        LifecycleMiss(
+                            self._step,
+                            rid,
+                            "still held by the scheduler after the engine aborted every "
+                            "request (pause_scheduler mode abort: finish_requests(None))",
+                            ABORT_ALL_KEPT,
+                        )
+                    )
             self.api.pause_new_requests(self.scheduler, self._paused)
         # The client's aborts, as EngineCore.abort_requests applies them between steps.
         while self._aborts and self._aborts[0][0] <= self._step:
@@ -1097,6 +1113,8 @@ class _Session:
         self.frontier: int | None = None  # computed tokens it resumes from
         self.kept: tuple[list[int], ...] = ()  # its tables at its last step
         self.resuming = False  # the next chunk applied, not scheduled since
+        self.close_at: int | None = None  # when the stream closes, once the last chunk is in
+        self.closed = False
 
 
 class Sessions:
@@ -1121,7 +1139,30 @@ class Sessions:
         self._index = {name: i for i, name in enumerate(oracle.scenario.requests)}
 
     def next_chunk(self) -> int | None:
-        return min((s.chunks[0].at for s in self.sessions.values() if s.chunks), default=None)
+        """The next schedule() call before which a chunk arrives or a stream closes."""
+        times = [s.chunks[0].at for s in self.sessions.values() if s.chunks]
+        times += [
+            s.close_at for s in self.sessions.values() if s.close_at is not None and not s.closed
+        ]
+        return min(times, default=None)
+
+    def released(self, rid: str, step: int, kind: str) -> None:
+        """A release of ``rid``'s blocks: a session's only once its stream has closed, or
+        as a preemption while a turn runs (it recomputes)."""
+        session = self.sessions.get(rid)
+        if session is None or session.closed:
+            return
+        if kind != "preempt" or session.ended_turn:
+            self.oracle.run.lifecycle.append(
+                LifecycleMiss(
+                    step,
+                    rid,
+                    f"the streaming session's blocks are released in turn {session.turn}, "
+                    "before its input stream closes: vLLM keeps a session's KV while it "
+                    "waits for input",
+                    SESSION_KV_LOST,
+                )
+            )
 
     def resuming(self, rid: str) -> bool:
         session = self.sessions.get(rid)
@@ -1147,11 +1188,16 @@ class Sessions:
                 if session.ended_turn:
                     self._next_turn(session)
                 if not session.chunks:
-                    # The input stream ends: AsyncLLM closes the session with a request
-                    # that is not resumable (no update: the finished sentinel).
-                    oracle.scheduler.add_request(
-                        oracle.vllm.new_request(rid, [0], self.hasher, max_tokens=1)
-                    )
+                    session.close_at = oracle.scenario.requests[rid].close_at or step
+            if session.close_at is not None and session.close_at <= step and not session.closed:
+                # The input stream ends: AsyncLLM closes the session with a request that is
+                # not resumable (no update: the finished sentinel; vLLM aborts a session
+                # waiting for input, else finishes it when its turn ends).
+                session.closed = True
+                oracle._current = step
+                oracle.scheduler.add_request(
+                    oracle.vllm.new_request(rid, [0], self.hasher, max_tokens=1)
+                )
 
     def _next_turn(self, session: _Session) -> None:
         chunk = session.added.pop(0)

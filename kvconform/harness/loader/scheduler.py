@@ -190,7 +190,14 @@ def _parse_pauses(fields: Fields) -> tuple[SchedulerPause, ...]:
             at=one.integer("at", minimum=0),
             resume_at=one.integer("resume_at", minimum=1),
             line=one.mapping.line,
+            mode=_choice(one, "mode", "wait", ("wait", "abort")),
         )
+        if pause.mode == "abort" and fields.text("mode", "overlapped") != "sync":
+            raise ScenarioError(
+                one.at("mode"),
+                "abort needs scheduler.mode: sync (an abort while a batch is in flight is not "
+                "modelled yet)",
+            )
         one.done()
         if pause.resume_at <= pause.at:
             raise ScenarioError(one.at("resume_at"), f"must come after at ({pause.at})")
@@ -264,6 +271,7 @@ def parse_scheduler_requests(
             load_failure=_parse_load_failure(fields, model, prompt_len),
             **_parse_stop(fields, scheduler),
             stream=_parse_stream(fields, model, scheduler, prompt_len),
+            close_at=_parse_close_at(fields),
         )
 
     return parse_request_map(raw, where, at, "a scheduler scenario", request)
@@ -472,3 +480,17 @@ def _parse_stream(
             f"{model.max_model_len}",
         )
     return tuple(chunks)
+
+
+def _parse_close_at(fields: Fields) -> int | None:
+    """``close_at``: when a session's input stream closes (after its last chunk)."""
+    close_at = fields.optional_int("close_at", minimum=0)
+    if close_at is None:
+        return None
+    stream = fields.raw("stream")
+    if not isinstance(stream, list) or not stream:
+        raise ScenarioError(fields.at("close_at"), "needs stream (a streaming-input session)")
+    last = stream[-1].get("at") if hasattr(stream[-1], "get") else None
+    if isinstance(last, int) and close_at <= last:
+        raise ScenarioError(fields.at("close_at"), f"must come after the last chunk's at ({last})")
+    return close_at

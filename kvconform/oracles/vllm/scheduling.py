@@ -435,3 +435,9 @@ class Scheduling:
             raise self._vllm.not_offered("vllm.v1.core.sched.interface.PauseState")
         with quiet_logs():
             scheduler.set_pause_state(states.PAUSED_NEW if paused else states.UNPAUSED)
+
+    def abort_all(self, scheduler: Any) -> None:
+        """``EngineCore.pause_scheduler(mode="abort")``'s first move: every request aborted
+        (``Scheduler.finish_requests(None, RequestStatus.FINISHED_ABORTED)``)."""
+        with quiet_logs():
+            scheduler.finish_requests(None, self._scheduling.RequestStatus.FINISHED_ABORTED)
