@@ -397,13 +397,6 @@ SPEC = "speculative: {method: eagle, num_speculative_tokens: 3}\n"
             "cannot go with scheduler.kv_connector: decode_bench",
         ),
         (
-            "kind: scheduler\nscheduler: {mode: sync, log_stats: true}\nrequests:\n"
-            "  a: {prompt_len: 5, remote_prefill: 1}\n",
-            4,
-            "requests.a.remote_prefill",
-            "cannot go with scheduler.log_stats",
-        ),
-        (
             "kind: scheduler\nrequests:\n  a: {prompt_len: 5, stream: [{at: 1, prompt_len: 4}]}\n",
             3,
             "requests.a.stream",

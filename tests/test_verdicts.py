@@ -659,3 +659,20 @@ def test_an_abort_of_all_that_keeps_waiting_requests_fails_sanity(pristine_tree,
         "aborted every request",
     )
     assert [(f["request"], f["step"]) for f in failures] == [("b", 4)], entry
+
+
+@pytest.mark.slow
+def test_connector_stats_without_the_loaded_tokens_fail_sanity(pristine_tree, tmp_path):
+    # The scheduler records a connector lookup's hits as 0: a's and c's remote loads are
+    # missing from connector_prefix_cache_stats.
+    failures, entry = _sanity_failures(
+        pristine_tree,
+        tmp_path,
+        "v1/core/sched/scheduler.py",
+        "                        connector_prefix_cache_hits = num_external_computed_tokens\n",
+        "                        connector_prefix_cache_hits = 0\n",
+        REPO / "scenarios" / "scheduler" / "sched-remote-prefill-stats.yaml",
+        "connector_prefix_cache_stats",
+    )
+    assert [f["step"] for f in failures] == [0, 5], entry
+    assert "(c (loading 38, local hit 32))" in failures[1]["message"], failures[1]

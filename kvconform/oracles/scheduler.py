@@ -510,6 +510,7 @@ class SchedulerOracle:
                         ),
                     )
                 )
+                self._lifecycle.loaded(self.run.events[-1])  # type: ignore[arg-type]
         for rid, scheduled in output.num_scheduled_tokens.items():
             request = self.scheduler.requests[rid]
             computed = int(request.num_computed_tokens) - scheduled
@@ -890,6 +891,9 @@ class Lifecycle:
         self._rows: tuple[ScheduledRequest, ...] = ()
         self._stops: dict[str, int] = {}
         self._admissions: list[ScheduledRequest] = []
+        # Admissions that began an asynchronous KV load: (request, prompt tokens, local hit,
+        # local hit + loaded tokens).
+        self._loads: list[tuple[str, int, int, int]] = []
         self._judged: set[str] = set()
 
     def _miss(self, step: int, request: str, message: str, invariant: str) -> None:
@@ -912,6 +916,17 @@ class Lifecycle:
                     )
         # A session's next turn looks nothing up: it resumes on the KV it kept.
         self._admissions += [row for row in rows if row.phase not in ("running", "turn")]
+
+    def loaded(self, record: LoadRecord) -> None:
+        """An admission that parks a request for its asynchronous KV load: its local hit is
+        the blocks of group 0 that hold cached KV (the loaded ones are cached only once the
+        load is done)."""
+        model = self.oracle.scenario.model
+        null = self.oracle.run.null_block
+        cached = [b for b in record.block_ids[0] if b != null and b not in record.loading[0]]
+        local = len(cached) * model.groups[0].block_size
+        prompt = self.requests[record.request].prompt_len
+        self._loads.append((record.request, prompt, local, record.tokens))
 
     def sampled(self, rid: str, tokens: list[int]) -> list[int]:
         """The step's sampled tokens for ``rid``, its stop token in place at ``stop_at``."""
@@ -956,7 +971,8 @@ class Lifecycle:
             # vLLM counts a lookup when it admits: every schedule() before this output is
             # applied (with batches overlapped, the next step's admissions too).
             admissions, self._admissions = tuple(self._admissions), []
-            self._judge_stats(applied, result, gone, admissions)
+            loads, self._loads = tuple(self._loads), []
+            self._judge_stats(applied, result, gone, admissions, loads)
         self.updates += 1
 
     def ended_run(self) -> None:
@@ -1000,6 +1016,7 @@ class Lifecycle:
         result: Any,
         gone: set[str],
         admissions: Sequence[ScheduledRequest],
+        loads: Sequence[tuple[str, int, int, int]],
     ) -> None:
         oracle = self.oracle
         stats = oracle.api.scheduler_stats(result)
@@ -1027,26 +1044,48 @@ class Lifecycle:
                 f"kv_cache_usage {float(stats.kv_cache_usage):.4f}, but the requests hold "
                 f"{len(held)} of the pool's {pool} blocks ({usage:.4f})"
             )
-        # prefix_cache_stats: the admissions since the last output.
-        want = dict.fromkeys(_PREFIX_STATS, 0)
-        if oracle.scenario.model.enable_caching:
-            for row in admissions:
+        # prefix_cache_stats: the admissions since the last output, each as (resumed,
+        # num_tokens, local hit, tokens loaded); a KV load's own tokens in the connector's.
+        lookups = [
+            (row.phase == "resumed", row.known_tokens, row.cached, 0)
+            for row in admissions
+            if row.phase != "loaded"
+        ] + [(False, prompt, local, tokens - local) for _, prompt, local, tokens in loads]
+        described = [
+            f"{row.request} ({row.phase}, {row.known_tokens} tokens, hit {row.cached})"
+            for row in admissions
+            if row.phase != "loaded"
+        ] + [
+            f"{rid} (loading {tokens - local}, local hit {local})"
+            for rid, _, local, tokens in loads
+        ]
+        for kind, wanted in (
+            ("prefix_cache_stats", oracle.scenario.model.enable_caching),
+            ("connector_prefix_cache_stats", getattr(stats, "connector_prefix_cache_stats", None)),
+        ):
+            if kind == "connector_prefix_cache_stats" and wanted is None:
+                continue  # no KV connector
+            want = dict.fromkeys(_PREFIX_STATS, 0)
+            for resumed, tokens, local, external in lookups if wanted else ():
+                # The local lookup counts the whole sequence; the connector's what the
+                # local hit leaves, and hits what it loads.
+                queries, hits = (
+                    (tokens, local) if kind == "prefix_cache_stats" else (tokens - local, external)
+                )
+                if kind != "prefix_cache_stats" and not queries:
+                    continue  # vLLM records no connector lookup of nothing
                 part = ("requests", "queries", "hits")
-                if row.phase == "resumed":
+                if resumed:
                     part = ("preempted_requests", "preempted_queries", "preempted_hits")
-                for name, value in zip(part, (1, row.known_tokens, row.cached), strict=True):
+                for name, value in zip(part, (1, queries, hits), strict=True):
                     want[name] += value
-        prefix = stats.prefix_cache_stats
-        got = {name: int(getattr(prefix, name, 0)) for name in _PREFIX_STATS}
-        if got != want:
-            admitted = ", ".join(
-                f"{row.request} ({row.phase}, {row.known_tokens} tokens, hit {row.cached})"
-                for row in admissions
-            )
-            problems.append(
-                f"prefix_cache_stats {got}, but the admissions since the last output "
-                f"({admitted or 'none'}) give {want}"
-            )
+            found = getattr(stats, kind)
+            got = {name: int(getattr(found, name, 0)) for name in _PREFIX_STATS}
+            if got != want:
+                problems.append(
+                    f"{kind} {got}, but the admissions since the last output "
+                    f"({', '.join(described) or 'none'}) give {want}"
+                )
         # spec_decoding_stats: the step's verifications.
         verified = [
             row
