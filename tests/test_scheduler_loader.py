@@ -56,6 +56,46 @@ def test_abort_at_is_read_and_off_by_default(scenario_from):
     assert [r.abort_at for r in scenario.requests.values()] == [1, None]
 
 
+def test_stops_and_stats_are_read_and_off_by_default(scenario_from):
+    scenario = scenario_from(
+        "kind: scheduler\nscheduler: {log_stats: true}\nrequests:\n"
+        "  a: {prompt_len: 40, max_tokens: 9, stop_at: 9}\n"
+        "  b: {prompt_len: 40, stop_at: 2, stop_with: eos}\n  c: {prompt_len: 40}\n"
+    )
+    assert scenario.scheduler is not None and scenario.scheduler.log_stats
+    stops = [(r.stop_at, r.stop_with) for r in scenario.requests.values()]
+    assert stops == [(9, "stop_token"), (2, "eos"), (None, "stop_token")]
+    plain = scenario_from("kind: scheduler\nrequests: {a: {prompt_len: 10}}\n")
+    assert plain.scheduler is not None and not plain.scheduler.log_stats
+
+
+def test_a_streaming_session_lists_its_later_chunks(scenario_from):
+    scenario = scenario_from(
+        "kind: scheduler\nscheduler: {mode: sync}\nrequests:\n"
+        "  s:\n    prompt_len: 40\n    max_tokens: 5\n    stream:\n"
+        "      - {at: 1, prompt_len: 20, max_tokens: 4}\n      - {at: 9, prompt_len: 12}\n"
+        "  t: {prompt_len: 30}\n"
+    )
+    s, t = scenario.requests.values()
+    assert [(c.at, c.prompt_len, c.max_tokens, c.line) for c in s.stream] == [
+        (1, 20, 4, 8),
+        (9, 12, 5, 9),
+    ]
+    assert t.stream == ()
+
+
+def test_pauses_are_read_in_order(scenario_from):
+    scenario = scenario_from(
+        "kind: scheduler\nscheduler:\n  pause:\n    - {at: 2, resume_at: 6}\n"
+        "    - {at: 6, resume_at: 9}\nrequests: {a: {prompt_len: 10}}\n"
+    )
+    assert scenario.scheduler is not None
+    assert [(p.at, p.resume_at, p.mode) for p in scenario.scheduler.pauses] == [
+        (2, 6, "wait"),
+        (6, 9, "wait"),
+    ]
+
+
 def test_scheduler_defaults(scenario_from):
     scenario = scenario_from("kind: scheduler\nrequests: {a: {prompt_len: 10}}\n")
     limits = scenario.scheduler
@@ -310,6 +350,138 @@ SPEC = "speculative: {method: eagle, num_speculative_tokens: 3}\n"
             2,
             "scheduler",
             "unknown field",
+        ),
+        (
+            "kind: scheduler\nrequests:\n  a: {prompt_len: 5, max_tokens: 4, stop_at: 5}\n",
+            3,
+            "requests.a.stop_at",
+            "must be at most max_tokens (4)",
+        ),
+        (
+            "kind: scheduler\nrequests:\n  a: {prompt_len: 5, stop_at: 0}\n",
+            3,
+            "requests.a.stop_at",
+            "at least 1",
+        ),
+        (
+            "kind: scheduler\nrequests:\n  a: {prompt_len: 5, stop_at: 2, stop_with: eot}\n",
+            3,
+            "requests.a.stop_with",
+            "must be one of stop_token, eos, not 'eot'",
+        ),
+        (
+            "kind: scheduler\nrequests:\n  a: {prompt_len: 5, stop_with: eos}\n",
+            3,
+            "requests.a.stop_with",
+            "needs stop_at",
+        ),
+        (
+            "kind: scheduler\nscheduler: {mode: sync}\nrequests:\n"
+            "  a: {prompt_len: 5, stop_at: 2, abort_at: 1}\n",
+            4,
+            "requests.a.stop_at",
+            "cannot go with abort_at",
+        ),
+        (
+            "kind: scheduler\nscheduler: {mode: sync}\nrequests:\n"
+            "  a: {prompt_len: 5, stop_at: 2, remote_prefill: 1}\n",
+            4,
+            "requests.a.stop_at",
+            "not offered with remote_prefill",
+        ),
+        (
+            "kind: scheduler\nscheduler:\n  mode: sync\n  log_stats: true\n"
+            "  kv_connector: decode_bench\nrequests: {a: {prompt_len: 5}}\n",
+            4,
+            "scheduler.log_stats",
+            "cannot go with scheduler.kv_connector: decode_bench",
+        ),
+        (
+            "kind: scheduler\nrequests:\n  a: {prompt_len: 5, stream: [{at: 1, prompt_len: 4}]}\n",
+            3,
+            "requests.a.stream",
+            "needs scheduler.mode: sync, not 'overlapped'",
+        ),
+        (
+            "kind: scheduler\nscheduler: {mode: sync}\nrequests:\n"
+            "  a: {prompt_len: 5, arrival: 2, stream: [{at: 2, prompt_len: 4}]}\n",
+            4,
+            "requests.a.stream[0].at",
+            "must come after 2",
+        ),
+        (
+            "kind: scheduler\nscheduler: {mode: sync}\nrequests:\n"
+            "  a: {prompt_len: 5, stream: [{at: 1, prompt_len: 0}]}\n",
+            4,
+            "requests.a.stream[0].prompt_len",
+            "at least 1",
+        ),
+        (
+            "kind: scheduler\nscheduler: {mode: sync}\nrequests:\n"
+            "  a: {prompt_len: 5, stop_at: 2, stream: [{at: 1, prompt_len: 4}]}\n",
+            4,
+            "requests.a.stream",
+            "cannot go with stop_at",
+        ),
+        (
+            "kind: scheduler\nmodel: {max_model_len: 64}\nscheduler: {mode: sync}\nrequests:\n"
+            "  a: {prompt_len: 40, max_tokens: 8, stream: [{at: 1, prompt_len: 20}]}\n",
+            5,
+            "requests.a.stream",
+            "the session's turns reach 75 tokens (40 + 8 - 1 + 20 + 8: each turn",
+        ),
+        (
+            "kind: scheduler\nscheduler: {mode: sync}\nrequests:\n  a: {prompt_len: 5, stream: 3}\n",
+            4,
+            "requests.a.stream",
+            "must be a non-empty list",
+        ),
+        (
+            "kind: scheduler\nscheduler:\n  pause:\n    - {at: 1, resume_at: 4, mode: abort}\n"
+            "requests: {a: {prompt_len: 5}}\n",
+            4,
+            "scheduler.pause[0].mode",
+            "abort needs scheduler.mode: sync",
+        ),
+        (
+            "kind: scheduler\nscheduler:\n  pause:\n    - {at: 1, resume_at: 4, mode: keep}\n"
+            "requests: {a: {prompt_len: 5}}\n",
+            4,
+            "scheduler.pause[0].mode",
+            "must be one of wait, abort, not 'keep'",
+        ),
+        (
+            "kind: scheduler\nrequests:\n  a: {prompt_len: 5, close_at: 4}\n",
+            3,
+            "requests.a.close_at",
+            "needs stream",
+        ),
+        (
+            "kind: scheduler\nscheduler: {mode: sync}\nrequests:\n"
+            "  a: {prompt_len: 5, stream: [{at: 3, prompt_len: 4}], close_at: 3}\n",
+            4,
+            "requests.a.close_at",
+            "must come after the last chunk's at (3)",
+        ),
+        (
+            "kind: scheduler\nscheduler:\n  pause:\n    - {at: 4, resume_at: 4}\n"
+            "requests: {a: {prompt_len: 5}}\n",
+            4,
+            "scheduler.pause[0].resume_at",
+            "must come after at (4)",
+        ),
+        (
+            "kind: scheduler\nscheduler:\n  pause:\n    - {at: 1, resume_at: 5}\n"
+            "    - {at: 3, resume_at: 8}\nrequests: {a: {prompt_len: 5}}\n",
+            5,
+            "scheduler.pause[1].at",
+            "must come at or after the pause before resumes (5)",
+        ),
+        (
+            "kind: scheduler\nscheduler:\n  log_stats: yes please\nrequests: {a: {prompt_len: 5}}\n",
+            3,
+            "scheduler.log_stats",
+            "must be true or false",
         ),
     ],
 )

@@ -530,3 +530,149 @@ def test_an_eviction_without_its_removed_event_fails_sanity(pristine_tree, tmp_p
     # Evicted blocks stay announced: the events count more copies than the pool holds.
     pairs = re.findall(r"announced (\d+), cached (\d+)", failures[0]["message"])
     assert pairs and all(int(said) > int(held) for said, held in pairs), failures[0]
+
+
+SCHEDULER_STOPS = REPO / "scenarios" / "scheduler" / "sched-stop-tokens.yaml"
+SCHEDULER_STATS = REPO / "scenarios" / "scheduler" / "sched-scheduler-stats.yaml"
+
+
+@pytest.mark.slow
+def test_a_scheduler_that_ignores_stop_tokens_fails_sanity(pristine_tree, tmp_path):
+    # check_stop no longer honours SamplingParams.stop_token_ids: a samples its stop token
+    # as output 4 and runs on to max_tokens, holding its blocks; b stops on EOS as before.
+    failures, entry = _sanity_failures(
+        pristine_tree,
+        tmp_path,
+        "v1/core/sched/utils.py",
+        "    if last_token_id in (sampling_params.stop_token_ids or ()):",
+        "    if False:",
+        f"{SCHEDULER_STOPS}::sched-stop-tokens[sync]",
+        "stop token",
+    )
+    assert failures and {f["request"] for f in failures} == {"a"}, entry
+    assert "as output 4 (stop_at)" in failures[0]["message"], failures[0]
+    assert "not stopped" in failures[0]["message"] or "unfinished" in failures[0]["message"]
+
+
+@pytest.mark.slow
+def test_a_kv_cache_usage_that_counts_the_null_block_fails_sanity(pristine_tree, tmp_path):
+    # BlockPool.get_usage divides by the whole pool, the null block included: every step's
+    # SchedulerStats.kv_cache_usage is below what the requests' holdings give.
+    failures, entry = _sanity_failures(
+        pristine_tree,
+        tmp_path,
+        "v1/core/block_pool.py",
+        "        total_gpu_blocks = self.num_gpu_blocks - 1",
+        "        total_gpu_blocks = self.num_gpu_blocks",
+        f"{SCHEDULER_STATS}::sched-scheduler-stats[overlapped]",
+        "kv_cache_usage",
+    )
+    assert failures, entry
+    assert "of the pool's 25 blocks" in failures[0]["message"], failures[0]
+
+
+@pytest.mark.slow
+def test_prefix_cache_stats_that_miss_a_resumption_fail_sanity(pristine_tree, tmp_path):
+    # record_prefix_cache_stats counts a resumed (preempted) request's lookup as a new
+    # request's: d's resumption lands in requests/queries/hits, not preempted_*.
+    failures, entry = _sanity_failures(
+        pristine_tree,
+        tmp_path,
+        "v1/core/kv_cache_manager.py",
+        "            preempted=request.num_preemptions > 0,",
+        "            preempted=False,",
+        f"{SCHEDULER_STATS}::sched-scheduler-stats[sync]",
+        "prefix_cache_stats",
+    )
+    assert len(failures) == 1, entry
+    assert "d (resumed" in failures[0]["message"], failures[0]
+
+
+SCHEDULER_SESSION = REPO / "scenarios" / "scheduler" / "sched-streaming-session.yaml"
+
+
+@pytest.mark.slow
+def test_a_session_that_keeps_its_last_sampled_token_fails_sanity(pristine_tree, tmp_path):
+    # _update_request_as_session keeps the turn's last sampled token, which was never
+    # computed: each next turn's sequence is one token longer than the turns leave.
+    failures, entry = _sanity_failures(
+        pristine_tree,
+        tmp_path,
+        "v1/core/sched/scheduler.py",
+        "        keep_end = session.num_tokens - 1\n",
+        "        keep_end = session.num_tokens\n",
+        SCHEDULER_SESSION,
+        "streaming session",
+    )
+    assert [f["request"] for f in failures] == ["s", "s"], entry
+    assert "holds a sequence of 65 tokens, not 64" in failures[0]["message"], failures[0]
+
+
+SCHEDULER_PAUSE = REPO / "scenarios" / "scheduler" / "sched-pause-new-requests.yaml"
+
+
+@pytest.mark.slow
+def test_a_pause_that_admits_new_requests_fails_sanity(pristine_tree, tmp_path):
+    # PAUSED_NEW no longer keeps the waiting queue closed: b, arriving during the pause, is
+    # admitted at once.
+    failures, entry = _sanity_failures(
+        pristine_tree,
+        tmp_path,
+        "v1/core/sched/scheduler.py",
+        "                if not request_queue and self._pause_state == PauseState.UNPAUSED:\n",
+        "                if not request_queue:\n",
+        f"{SCHEDULER_PAUSE}::sched-pause-new-requests[sync]",
+        "paused",
+    )
+    assert [(f["request"], f["step"]) for f in failures] == [("b", 3)], entry
+
+
+@pytest.mark.slow
+def test_a_session_released_while_it_waits_for_input_fails_sanity(pristine_tree, tmp_path):
+    # _handle_stopped_request finishes a session whose next chunk has not arrived instead
+    # of keeping it (WAITING_FOR_STREAMING_REQ): turn 2's end releases its blocks.
+    failures, entry = _sanity_failures(
+        pristine_tree,
+        tmp_path,
+        "v1/core/sched/scheduler.py",
+        "        if not request.resumable:\n            return True\n\n        # Drop",
+        "        if not request.resumable or not request.streaming_queue:\n"
+        "            return True\n\n        # Drop",
+        SCHEDULER_SESSION,
+        "before its input stream closes",
+    )
+    assert failures and failures[0]["request"] == "s", entry
+    assert "released in turn 2" in failures[0]["message"], failures[0]
+
+
+@pytest.mark.slow
+def test_an_abort_of_all_that_keeps_waiting_requests_fails_sanity(pristine_tree, tmp_path):
+    # finish_requests(None) aborts only the running requests: b, waiting for the pool,
+    # stays in the scheduler through the engine's pause with mode abort.
+    failures, entry = _sanity_failures(
+        pristine_tree,
+        tmp_path,
+        "v1/core/sched/scheduler.py",
+        "            request_ids = self.requests.keys()\n",
+        "            request_ids = [r.request_id for r in self.running]\n",
+        REPO / "scenarios" / "scheduler" / "sched-pause-abort.yaml",
+        "aborted every request",
+    )
+    assert [(f["request"], f["step"]) for f in failures] == [("b", 4)], entry
+
+
+@pytest.mark.slow
+def test_connector_stats_without_the_loaded_tokens_fail_sanity(pristine_tree, tmp_path):
+    # The scheduler records a connector lookup's hits as 0: a's and c's remote loads are
+    # missing from connector_prefix_cache_stats.
+    failures, entry = _sanity_failures(
+        pristine_tree,
+        tmp_path,
+        "v1/core/sched/scheduler.py",
+        "                        connector_prefix_cache_hits = num_external_computed_tokens\n",
+        "                        connector_prefix_cache_hits = 0\n",
+        REPO / "scenarios" / "scheduler" / "sched-remote-prefill-stats.yaml",
+        "connector_prefix_cache_stats",
+    )
+    assert [f["step"] for f in failures] == [0, 5], entry
+    assert "(c (loading 38, local hit 32))" in failures[1]["message"], failures[1]

@@ -67,6 +67,11 @@ ENCODER_BUDGET_EXCEEDED = "runs more encoder embeddings in a step than its encod
 ENCODER_CACHE_OVERFLOW = "keeps more encoder embeddings than its encoder cache holds"
 MM_INPUT_SPLIT = "splits a multimodal input across chunks under disable_chunked_mm_input"
 CHUNKS_DIFFER = "chunks a prompt otherwise than derived"
+STOP_MISSED = "ends a request elsewhere than at the output that stops it"
+STATS_DISAGREE = "reports other scheduler stats than its steps give"
+SESSION_KV_LOST = "resumes a streaming session without the KV it kept"
+PAUSE_ADMITS = "admits a request while paused for new requests"
+ABORT_ALL_KEPT = "keeps a request the engine aborted with all the others"
 
 
 class Miss(NamedTuple):

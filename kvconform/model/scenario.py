@@ -232,6 +232,29 @@ class RequestSpec:
     # Scheduler scenarios only: the chunks (tokens) vLLM must prefill the prompt in from the
     # first admission, derived by hand; None: not judged.
     expect_chunks: tuple[int, ...] | None = None
+    # Scheduler scenarios only: the stop_at-th output token the fabricated model samples
+    # is one that stops the request (check_stop): a stop token of its sampling parameters
+    # (stop_with "stop_token") or its EOS token (stop_with "eos", ignore_eos off); None:
+    # it runs to max_tokens or max_model_len.
+    stop_at: int | None = None
+    stop_with: str = "stop_token"
+    # Scheduler scenarios only: a streaming-input session (a resumable request, as
+    # AsyncLLM's streaming input submits it): the later input chunks, each a turn of its
+    # own; prompt_len and max_tokens are the first turn's. Empty: an ordinary request.
+    stream: tuple[StreamChunk, ...] = ()
+    # With stream: the schedule() call before which the input stream closes (AsyncLLM's
+    # final, non-resumable request); None: right after the last chunk.
+    close_at: int | None = None
+
+
+@dataclass(frozen=True)
+class StreamChunk:
+    """One later input chunk of a streaming-input session (``RequestSpec.stream``)."""
+
+    at: int  # added (Scheduler.add_request, the session's id) before the at-th schedule()
+    prompt_len: int  # the chunk's new tokens
+    max_tokens: int  # outputs of its turn
+    line: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -362,6 +385,9 @@ SCHEDULER_POLICIES = ("fcfs", "priority")
 # DecodeBenchConnector (kv_both), which fills every new request's prompt but its last token
 # synchronously, in the step that admits it.
 SCHEDULER_CONNECTORS = ("decode_bench",)
+# What stops a request at its stop_at-th output token (RequestSpec.stop_with): a token of
+# SamplingParams.stop_token_ids, or its EOS token (ignore_eos off).
+STOP_TOKENS = ("stop_token", "eos")
 MODEL_RUNNERS = ("auto", "v2", "v1")
 
 
@@ -375,6 +401,20 @@ class PrefixReset:
     running: bool
     succeeds: bool
     line: int | None = None
+
+
+@dataclass(frozen=True)
+class SchedulerPause:
+    """The engine pauses the scheduler for new requests before the ``at``-th schedule() call
+    and resumes it before the ``resume_at``-th (``EngineCore.pause_scheduler(mode="wait")``:
+    ``PauseState.PAUSED_NEW``, the engine keeps stepping; ``resume_scheduler``)."""
+
+    at: int
+    resume_at: int
+    line: int | None = None
+    # "wait" (the default) or "abort": pause_scheduler(mode="abort") first aborts every
+    # request (Scheduler.finish_requests(None, FINISHED_ABORTED)).
+    mode: str = "wait"
 
 
 @dataclass(frozen=True)
@@ -412,6 +452,12 @@ class SchedulerSpec:
     disable_chunked_mm_input: bool = False
     max_num_encoder_input_tokens: int | None = None
     encoder_cache_size: int | None = None
+    # The scheduler built with log_stats (as the engine core builds it when stats are
+    # logged): each update_from_output returns SchedulerStats, which check sanity holds
+    # to what the recorded steps give.
+    log_stats: bool = False
+    # Pauses for new requests (EngineCore.pause_scheduler "wait"), in call order.
+    pauses: tuple[SchedulerPause, ...] = ()
     # The settings of kvconform.model.settings.SETTINGS this section states; the others
     # (chunked prefill, the mode's async scheduling) resolve to vLLM's defaults.
     stated: frozenset[str] = frozenset()

@@ -59,18 +59,23 @@ from kvconform.model.acceptance import AcceptanceStream
 from kvconform.model.floors import pool_columns
 from kvconform.model.methods import method_for
 from kvconform.model.observations import (
+    ABORT_ALL_KEPT,
     ENCODER_BUDGET_EXCEEDED,
     ENCODER_CACHE_OVERFLOW,
     ENCODER_OUTPUT_MISSING,
     MM_INPUT_SPLIT,
     NOT_ZEROED,
+    PAUSE_ADMITS,
+    SESSION_KV_LOST,
+    STATS_DISAGREE,
+    STOP_MISSED,
     ZEROES_VALID_KV,
     GroupInfo,
 )
-from kvconform.model.scenario import Scenario
+from kvconform.model.scenario import RequestSpec, Scenario, StreamChunk
 from kvconform.model.tiny_model import SCHEDULER_TARGET
 from kvconform.model.zeroing import judge_zeroing
-from kvconform.oracles.live import OUTPUT_OFFSET, first_output_token, prompt_tokens
+from kvconform.oracles.live import ID_STRIDE, OUTPUT_OFFSET, first_output_token, prompt_tokens
 from kvconform.oracles.resolve import group_specs
 from kvconform.oracles.tiny_models import model_folder
 from kvconform.oracles.vllm import Vllm
@@ -81,6 +86,10 @@ from kvconform.oracles.vllm.scheduling import Scheduling
 # Draft token ids sit above a request's outputs (the layout of kvconform.oracles.live),
 # so no prefix-cache hit ever comes from a draft.
 _DRAFT_OFFSET = 900_000
+
+# The token a request's stop_at-th output is, by what stops it (RequestSpec.stop_with):
+# below every prompt, output and draft id, so nothing else ever samples it.
+_STOP_TOKEN_IDS = {"stop_token": 7, "eos": 2}
 
 # A schedule() call that schedules nothing, with nothing in flight and no
 # arrival to wait for, cannot change the scheduler's state; a few in a row mean
@@ -248,6 +257,17 @@ class EncoderRecord(NamedTuple):
     invariant: str
 
 
+class LifecycleMiss(NamedTuple):
+    """What vLLM did otherwise than the recorded steps give: a request not finished at the
+    output that samples its stop token (or finished without one), or ``SchedulerStats``
+    (``scheduler.log_stats``) other than what the steps give (check ``sanity``)."""
+
+    step: int
+    request: str  # "-": the step's stats, no one request
+    message: str
+    invariant: str
+
+
 class ZeroingRecord(NamedTuple):
     """A schedule() whose zeroing list (``SchedulerOutput.new_block_ids_to_zero``) leaves a
     new block out or holds a block of valid KV (check ``sanity``)."""
@@ -287,6 +307,7 @@ class SchedulerRun:
     # With multimodal inputs: the scheduler's encoder compute budget and cache size.
     encoder_budget: int | None = None
     encoder_cache_size: int | None = None
+    lifecycle: list[LifecycleMiss] = field(default_factory=list)
 
 
 # -- stepping --------------------------------------------------------------------------
@@ -358,7 +379,11 @@ class SchedulerOracle:
                 ) from None
             # Raising here, on a configuration vLLM accepted, is a finding (a crash).
             self.scheduler = api.new_scheduler(
-                self.config, kv_cache_config, block_size, hash_block_size
+                self.config,
+                kv_cache_config,
+                block_size,
+                hash_block_size,
+                log_stats=self.limits.log_stats,
             )
         self.manager = self.scheduler.kv_cache_manager
         self.run = SchedulerRun(
@@ -405,6 +430,8 @@ class SchedulerOracle:
                     if req.mm_inputs
                     else None
                 ),
+                resumable=bool(req.stream),
+                **_stop_options(req),
             )
             if req.remote_prefill:
                 request.kv_transfer_params = api.remote_prefill_params(
@@ -432,6 +459,15 @@ class SchedulerOracle:
             if req.abort_at is not None
         )
         self._resets = list(self.limits.resets)
+        # (step, paused) switches of the engine's pause for new requests, in order.
+        self._pause_switches = [
+            (step, paused, pause.mode == "abort" and paused)
+            for pause in self.limits.pauses
+            for step, paused in ((pause.at, True), (pause.resume_at, False))
+        ]
+        self._paused = False
+        self._lifecycle = Lifecycle(self)
+        self._sessions = Sessions(self, hasher)
         self._step = 0  # schedule() calls made (and skipped while idle before an arrival)
         self._current = 0  # the ongoing or latest schedule() call
 
@@ -453,8 +489,10 @@ class SchedulerOracle:
             )
             if kind != "preempt":
                 run.finished.add(rid)
+                self._lifecycle.ended(request)
             else:
                 self._restart.add(rid)
+            self._sessions.released(rid, self._current, kind)
             run.events.append(
                 FreeRecord(
                     self._current,
@@ -503,6 +541,7 @@ class SchedulerOracle:
                         ),
                     )
                 )
+                self._lifecycle.loaded(self.run.events[-1])  # type: ignore[arg-type]
         for rid, scheduled in output.num_scheduled_tokens.items():
             request = self.scheduler.requests[rid]
             computed = int(request.num_computed_tokens) - scheduled
@@ -510,6 +549,8 @@ class SchedulerOracle:
                 phase = "loaded" if rid in self._loaded else "new"
             elif rid in self._restart:
                 phase = "resumed"
+            elif self._sessions.resuming(rid):
+                phase = "turn"  # a streaming session's next turn, on the KV it kept
             else:
                 phase = "running"
             self._started.add(rid)
@@ -527,7 +568,7 @@ class SchedulerOracle:
                     computed,
                     scheduled,
                     num_drafts,
-                    computed if phase != "running" else 0,
+                    computed if phase not in ("running", "turn") else 0,
                     int(request.num_tokens),
                     int(request.num_prompt_tokens),
                     chunk,
@@ -539,6 +580,8 @@ class SchedulerOracle:
         self.run.events.append(
             StepRecord(self._step, tuple(rows), in_flight, self.vllm.free_block_count(self.manager))
         )
+        self._lifecycle.scheduled(rows)
+        self._sessions.scheduled(self._step, rows)
         self._check_zeroing(output, rows, loading_now)
         self._check_encoder_inputs(output, rows)
         return answers
@@ -740,6 +783,24 @@ class SchedulerOracle:
     def _admit(self) -> None:
         while self._pending and self._pending[0].arrival <= self._step:
             self.scheduler.add_request(self._requests[self._pending.pop(0).name])
+        self._sessions.add_chunks(self._step)
+        while self._pause_switches and self._pause_switches[0][0] <= self._step:
+            _, self._paused, abort = self._pause_switches.pop(0)
+            if abort:
+                self._current = self._step
+                self.api.abort_all(self.scheduler)
+                # Only a request whose KV load is in flight keeps its blocks until it is done.
+                for rid in sorted(set(self.scheduler.requests) - set(self._loading)):
+                    self.run.lifecycle.append(
+                        LifecycleMiss(
+                            self._step,
+                            rid,
+                            "still held by the scheduler after the engine aborted every "
+                            "request (pause_scheduler mode abort: finish_requests(None))",
+                            ABORT_ALL_KEPT,
+                        )
+                    )
+            self.api.pause_new_requests(self.scheduler, self._paused)
         # The client's aborts, as EngineCore.abort_requests applies them between steps.
         while self._aborts and self._aborts[0][0] <= self._step:
             _, rid = self._aborts.pop(0)
@@ -755,6 +816,14 @@ class SchedulerOracle:
             self.run.resets.append(
                 ResetRecord(self._step, reset.running, done, reset.succeeds, reset.line)
             )
+
+    def _next_arrival(self) -> int | None:
+        """The next schedule() call before which a request or a session's chunk arrives."""
+        times = [self._pending[0].arrival] if self._pending else []
+        if self._pause_switches:
+            times.append(self._pause_switches[0][0])
+        chunk = self._sessions.next_chunk()
+        return min(times + ([chunk] if chunk is not None else []), default=None)
 
     def _model_output(self, answers: list[tuple[str, int | None]]) -> Any:
         # The worker reports a transfer received in the output of the step it finished in,
@@ -782,7 +851,8 @@ class SchedulerOracle:
                 continue
             first = self._next_output[rid]
             self._next_output[rid] = first + 1 + accepted
-            sampled.append(list(range(first, first + 1 + accepted)))
+            sampled.append(self._lifecycle.sampled(rid, list(range(first, first + 1 + accepted))))
+            self._sessions.sampled(rid, 1 + accepted)
         return self.api.model_runner_output(req_ids, sampled, received, failed, invalid)
 
     def _feed_drafts(self, output: Any) -> None:
@@ -851,7 +921,7 @@ class SchedulerOracle:
         scheduler, vllm = self.scheduler, self.vllm
         sync = self.limits.mode == "sync"
         size = self.run.max_concurrent_batches if self.limits.overlapped else 1
-        queue: deque[tuple[Any, Any]] = deque()
+        queue: deque[tuple[Any, Any, AppliedStep]] = deque()
         idle_since: int | None = None
         while True:
             self._admit()
@@ -875,31 +945,505 @@ class SchedulerOracle:
                 elif idle_since is None:
                     idle_since = self._step - 1
                 if idle_since is not None and self._step - idle_since >= _STALL_STEPS:
-                    if not self._pending:
+                    if self._next_arrival() is None:
                         stalled = self._stalled(idle_since)
                         if isinstance(stalled, PoolExhausted):
                             raise stalled
                         self.run.stall = stalled
                         break
-                    self._step = max(self._step, self._pending[0].arrival)
-                queue.appendleft((output, self._model_output(answers)))
+                    self._step = max(self._step, self._next_arrival() or 0)
+                queue.appendleft((output, self._model_output(answers), self._lifecycle.step()))
                 if len(queue) < size and (executed or scheduler.has_requests()):
                     continue
             elif not queue:
-                if not self._pending:
+                if self._next_arrival() is None:
                     break
                 # Idle until the next arrival: the engine does not schedule meanwhile.
-                self._step = max(self._step, self._pending[0].arrival)
+                self._step = max(self._step, self._next_arrival() or 0)
                 continue
-            output, model_output = queue.pop()
+            output, model_output, applied = queue.pop()
             # vLLM logs a KV load failure the scenario states as an error ("Failing 1
             # request(s) due to KV load failure"): the run's verdict says what happened.
             with quiet_logs(logging.ERROR):
-                scheduler.update_from_output(output, model_output)
+                result = scheduler.update_from_output(output, model_output)
+            self._lifecycle.applied(applied, result)
+            self._sessions.applied()
             if sync:
                 self._feed_drafts(output)
         self.run.final_free_blocks = vllm.free_block_count(self.manager)
+        self._lifecycle.ended_run()
+        # As the engine core shuts down: the scheduler's KV connector with it.
+        with quiet_logs():
+            scheduler.shutdown()
         return self.run
+
+
+# -- stops and stats: what vLLM's update_from_output must make of each output -----------
+
+
+def _stop_options(req: RequestSpec) -> dict[str, Any]:
+    """``new_request``'s stop options for a request's ``stop_at`` / ``stop_with``."""
+    if req.stop_at is None:
+        return {}
+    token = _STOP_TOKEN_IDS[req.stop_with]
+    return {"eos_token_id": token} if req.stop_with == "eos" else {"stop_token_ids": [token]}
+
+
+class AppliedStep(NamedTuple):
+    """One step's fabricated output, as kvconform made it, until the scheduler applies it."""
+
+    step: int
+    rows: tuple[ScheduledRequest, ...]
+    stops: dict[str, int]  # request -> its output count once the stop token is sampled
+
+
+class Lifecycle:
+    """Judges what ``update_from_output`` makes of each fabricated output: a request ends
+    with the output that samples its stop token (``stop_at``: ``check_stop``), and with
+    ``scheduler.log_stats`` the ``SchedulerStats`` it returns equal what the recorded steps
+    give (``Scheduler.make_stats``):
+
+    * ``kv_cache_usage``: the distinct blocks the requests hold, over the pool without its
+      null block (``BlockPool.get_usage``);
+    * ``prefix_cache_stats``: per admission since the last output (vLLM records a lookup
+      when it admits, ``record_prefix_cache_stats``), one request, its ``num_tokens`` as
+      queries and its prefix-cache hit as hits, apart for a resumed (preempted) one; none
+      without prefix caching;
+    * ``spec_decoding_stats``: per request of the step with drafts verified, one draft, its
+      drafts and the accepted ones (``make_spec_decoding_stats``); None with no draft.
+    """
+
+    def __init__(self, oracle: SchedulerOracle) -> None:
+        self.oracle = oracle
+        self.requests = oracle.scenario.requests
+        self.outputs = dict.fromkeys(self.requests, 0)  # output tokens sampled so far
+        self.ends: dict[str, tuple[bool, int, int]] = {}  # (stopped, outputs, update)
+        self.updates = 0  # outputs applied
+        self._rows: tuple[ScheduledRequest, ...] = ()
+        self._stops: dict[str, int] = {}
+        self._admissions: list[ScheduledRequest] = []
+        # Admissions that began an asynchronous KV load: (request, prompt tokens, local hit,
+        # local hit + loaded tokens).
+        self._loads: list[tuple[str, int, int, int]] = []
+        self._judged: set[str] = set()
+
+    def _miss(self, step: int, request: str, message: str, invariant: str) -> None:
+        self.oracle.run.lifecycle.append(LifecycleMiss(step, request, message, invariant))
+
+    # what kvconform fabricates
+
+    def scheduled(self, rows: Sequence[ScheduledRequest]) -> None:
+        self._rows = tuple(rows)
+        if self.oracle._paused:
+            for row in rows:
+                if row.phase in ("new", "resumed"):
+                    self._miss(
+                        self.oracle._current,
+                        row.request,
+                        f"admitted ({row.phase}) while the engine has paused the scheduler "
+                        "for new requests (PauseState.PAUSED_NEW): only what runs, or holds "
+                        "KV blocks, is scheduled until it resumes",
+                        PAUSE_ADMITS,
+                    )
+        # A session's next turn looks nothing up: it resumes on the KV it kept.
+        self._admissions += [row for row in rows if row.phase not in ("running", "turn")]
+
+    def loaded(self, record: LoadRecord) -> None:
+        """An admission that parks a request for its asynchronous KV load: its local hit is
+        the blocks of group 0 that hold cached KV (the loaded ones are cached only once the
+        load is done)."""
+        model = self.oracle.scenario.model
+        null = self.oracle.run.null_block
+        cached = [b for b in record.block_ids[0] if b != null and b not in record.loading[0]]
+        local = len(cached) * model.groups[0].block_size
+        prompt = self.requests[record.request].prompt_len
+        self._loads.append((record.request, prompt, local, record.tokens))
+
+    def sampled(self, rid: str, tokens: list[int]) -> list[int]:
+        """The step's sampled tokens for ``rid``, its stop token in place at ``stop_at``."""
+        before = self.outputs[rid]
+        self.outputs[rid] = before + len(tokens)
+        stop_at = self.requests[rid].stop_at
+        if stop_at is not None and before < stop_at <= before + len(tokens):
+            tokens[stop_at - before - 1] = _STOP_TOKEN_IDS[self.requests[rid].stop_with]
+            self._stops[rid] = stop_at
+        return tokens
+
+    def step(self) -> AppliedStep:
+        applied = AppliedStep(self.oracle._current, self._rows, self._stops)
+        self._stops = {}
+        return applied
+
+    # what vLLM makes of it
+
+    def ended(self, request: Any) -> None:
+        self.ends[request.request_id] = (
+            self.oracle.api.is_stopped(request),
+            int(request.num_output_tokens),
+            self.updates,
+        )
+
+    def applied(self, applied: AppliedStep, result: Any) -> None:
+        gone = {rid for rid, end in self.ends.items() if end[2] < self.updates}
+        for rid, stop_at in applied.stops.items():
+            end = self.ends.get(rid)
+            if rid in gone or end == (True, stop_at, self.updates):
+                continue
+            self._judged.add(rid)
+            self._miss(
+                applied.step,
+                rid,
+                f"the step's output samples its {self._stop_name(rid)} as output {stop_at} "
+                f"(stop_at), yet applying it {self._outcome(end)}; check_stop finishes the "
+                "request there and its blocks go back to the pool",
+                STOP_MISSED,
+            )
+        if self.oracle.limits.log_stats:
+            # vLLM counts a lookup when it admits: every schedule() before this output is
+            # applied (with batches overlapped, the next step's admissions too).
+            admissions, self._admissions = tuple(self._admissions), []
+            loads, self._loads = tuple(self._loads), []
+            self._judge_stats(applied, result, gone, admissions, loads)
+        self.updates += 1
+
+    def ended_run(self) -> None:
+        for rid, req in self.requests.items():
+            end = self.ends.get(rid)
+            if rid in self._judged or end is None:
+                continue  # unfinished: sanity's "leaves requests unfinished"
+            stopped, outputs, _ = end
+            if req.stop_at is None and stopped:
+                self._miss(
+                    self.oracle._current,
+                    rid,
+                    f"finished as stopped (FINISHED_STOPPED) after {outputs} output tokens, "
+                    "none of which stops it: it has no stop_at",
+                    STOP_MISSED,
+                )
+            elif req.stop_at is not None and (not stopped or outputs != req.stop_at):
+                self._miss(
+                    self.oracle._current,
+                    rid,
+                    f"{self._outcome(end)}, but its output {req.stop_at} is its "
+                    f"{self._stop_name(rid)} (stop_at): check_stop finishes it there",
+                    STOP_MISSED,
+                )
+
+    def _stop_name(self, rid: str) -> str:
+        req = self.requests[rid]
+        token = _STOP_TOKEN_IDS[req.stop_with]
+        return f"EOS token ({token})" if req.stop_with == "eos" else f"stop token ({token})"
+
+    def _outcome(self, end: tuple[bool, int, int] | None) -> str:
+        if end is None:
+            return "vLLM keeps it unfinished"
+        stopped, outputs, _ = end
+        how = "stopped (FINISHED_STOPPED)" if stopped else "finished otherwise (not stopped)"
+        return f"vLLM ends it {how} after {outputs} output tokens"
+
+    def _judge_stats(
+        self,
+        applied: AppliedStep,
+        result: Any,
+        gone: set[str],
+        admissions: Sequence[ScheduledRequest],
+        loads: Sequence[tuple[str, int, int, int]],
+    ) -> None:
+        oracle = self.oracle
+        stats = oracle.api.scheduler_stats(result)
+        if stats is None:
+            self._miss(
+                applied.step, "-", "update_from_output returned no SchedulerStats with log_stats",
+                STATS_DISAGREE,
+            )  # fmt: skip
+            return
+        problems: list[str] = []
+        # kv_cache_usage: the blocks the requests hold (shared ones once), of the pool but
+        # its null block.
+        null = oracle.run.null_block
+        held = {
+            block
+            for rid in oracle.scheduler.requests
+            for ids in oracle.manager.get_block_ids(rid)
+            for block in ids
+            if block != null
+        }
+        pool = oracle.scenario.model.num_blocks - 1
+        usage = len(held) / pool if pool else 0.0
+        if abs(float(stats.kv_cache_usage) - usage) > 1e-9:
+            problems.append(
+                f"kv_cache_usage {float(stats.kv_cache_usage):.4f}, but the requests hold "
+                f"{len(held)} of the pool's {pool} blocks ({usage:.4f})"
+            )
+        # prefix_cache_stats: the admissions since the last output, each as (resumed,
+        # num_tokens, local hit, tokens loaded); a KV load's own tokens in the connector's.
+        lookups = [
+            (row.phase == "resumed", row.known_tokens, row.cached, 0)
+            for row in admissions
+            if row.phase != "loaded"
+        ] + [(False, prompt, local, tokens - local) for _, prompt, local, tokens in loads]
+        described = [
+            f"{row.request} ({row.phase}, {row.known_tokens} tokens, hit {row.cached})"
+            for row in admissions
+            if row.phase != "loaded"
+        ] + [
+            f"{rid} (loading {tokens - local}, local hit {local})"
+            for rid, _, local, tokens in loads
+        ]
+        for kind, wanted in (
+            ("prefix_cache_stats", oracle.scenario.model.enable_caching),
+            ("connector_prefix_cache_stats", getattr(stats, "connector_prefix_cache_stats", None)),
+        ):
+            if kind == "connector_prefix_cache_stats" and wanted is None:
+                continue  # no KV connector
+            want = dict.fromkeys(_PREFIX_STATS, 0)
+            for resumed, tokens, local, external in lookups if wanted else ():
+                # The local lookup counts the whole sequence; the connector's what the
+                # local hit leaves, and hits what it loads.
+                queries, hits = (
+                    (tokens, local) if kind == "prefix_cache_stats" else (tokens - local, external)
+                )
+                if kind != "prefix_cache_stats" and not queries:
+                    continue  # vLLM records no connector lookup of nothing
+                part = ("requests", "queries", "hits")
+                if resumed:
+                    part = ("preempted_requests", "preempted_queries", "preempted_hits")
+                for name, value in zip(part, (1, queries, hits), strict=True):
+                    want[name] += value
+            found = getattr(stats, kind)
+            got = {name: int(getattr(found, name, 0)) for name in _PREFIX_STATS}
+            if got != want:
+                problems.append(
+                    f"{kind} {got}, but the admissions since the last output "
+                    f"({', '.join(described) or 'none'}) give {want}"
+                )
+        # spec_decoding_stats: the step's verifications.
+        verified = [
+            row
+            for row in applied.rows
+            if row.drafts and row.accepted is not None and row.request not in gone
+        ]
+        spec = stats.spec_decoding_stats
+        if not verified:
+            if spec is not None and int(spec.num_drafts):
+                problems.append(
+                    f"spec_decoding_stats counts {int(spec.num_drafts)} drafts, but the step "
+                    "verifies none"
+                )
+        else:
+            expected = {
+                "num_drafts": len(verified),
+                "num_draft_tokens": sum(row.drafts for row in verified),
+                "num_accepted_tokens": sum(row.accepted or 0 for row in verified),
+            }
+            found = (
+                {name: int(getattr(spec, name)) for name in expected} if spec is not None else None
+            )
+            if found != expected:
+                problems.append(
+                    f"spec_decoding_stats {found}, but the step verifies "
+                    + ", ".join(
+                        f"{row.request} {row.drafts} drafts, {row.accepted} accepted"
+                        for row in verified
+                    )
+                    + f": {expected}"
+                )
+        for problem in problems:
+            self._miss(applied.step, "-", f"SchedulerStats of the step's output: {problem}",
+                       STATS_DISAGREE)  # fmt: skip
+
+
+_PREFIX_STATS = (
+    "requests",
+    "queries",
+    "hits",
+    "preempted_requests",
+    "preempted_queries",
+    "preempted_hits",
+)
+
+
+# -- streaming-input sessions (RequestSpec.stream) ---------------------------------------
+
+# A session's chunk k (1, 2, ...) takes prompt ids from here up within the request's id range
+# (kvconform.oracles.live's layout: prompts from the base, outputs from OUTPUT_OFFSET).
+_CHUNK_OFFSET = 300_000
+_CHUNK_STRIDE = 10_000
+
+
+class _Session:
+    def __init__(self, spec: RequestSpec) -> None:
+        self.chunks = list(spec.stream)  # not added yet
+        self.added: list[StreamChunk] = []  # added, waiting for the turn before to end
+        self.tokens = spec.prompt_len  # Request.num_tokens, as kvconform counts it
+        self.turn_max = spec.max_tokens
+        self.turn_outputs = 0
+        self.turn = 1
+        self.ended_turn = False  # the turn ended; the next chunk not applied yet
+        self.frontier: int | None = None  # computed tokens it resumes from
+        self.kept: tuple[list[int], ...] = ()  # its tables at its last step
+        self.resuming = False  # the next chunk applied, not scheduled since
+        self.close_at: int | None = None  # when the stream closes, once the last chunk is in
+        self.closed = False
+
+
+class Sessions:
+    """Streaming-input sessions (``stream``), stepped as ``AsyncLLM``'s streaming input
+    submits them: each chunk a resumable request with the session's id
+    (``Scheduler.add_request`` queues it, or starts the next turn at once when the session
+    waits for it), then a non-resumable one that closes the session. vLLM keeps the session's
+    blocks between turns: a turn ends when its outputs reach its max_tokens, and
+    ``_update_request_as_session`` keeps every token but the last sampled one
+    (``_handle_stopped_request`` resumes from the computed frontier). Judged at the first step
+    of each next turn (check ``sanity``): it resumes with that many computed tokens, and its
+    tables begin with the blocks it held at its last step.
+    """
+
+    def __init__(self, oracle: SchedulerOracle, hasher: Any) -> None:
+        self.oracle = oracle
+        self.hasher = hasher
+        self.sessions = {
+            name: _Session(req) for name, req in oracle.scenario.requests.items() if req.stream
+        }
+        self._ends: set[str] = set()
+        self._index = {name: i for i, name in enumerate(oracle.scenario.requests)}
+
+    def next_chunk(self) -> int | None:
+        """The next schedule() call before which a chunk arrives or a stream closes."""
+        times = [s.chunks[0].at for s in self.sessions.values() if s.chunks]
+        times += [
+            s.close_at for s in self.sessions.values() if s.close_at is not None and not s.closed
+        ]
+        return min(times, default=None)
+
+    def released(self, rid: str, step: int, kind: str) -> None:
+        """A release of ``rid``'s blocks: a session's only once its stream has closed, or
+        as a preemption while a turn runs (it recomputes)."""
+        session = self.sessions.get(rid)
+        if session is None or session.closed:
+            return
+        if kind != "preempt" or session.ended_turn:
+            self.oracle.run.lifecycle.append(
+                LifecycleMiss(
+                    step,
+                    rid,
+                    f"the streaming session's blocks are released in turn {session.turn}, "
+                    "before its input stream closes: vLLM keeps a session's KV while it "
+                    "waits for input",
+                    SESSION_KV_LOST,
+                )
+            )
+
+    def resuming(self, rid: str) -> bool:
+        session = self.sessions.get(rid)
+        return session is not None and session.resuming
+
+    def add_chunks(self, step: int) -> None:
+        oracle = self.oracle
+        for rid, session in self.sessions.items():
+            while session.chunks and session.chunks[0].at <= step:
+                chunk = session.chunks.pop(0)
+                number = len(oracle.scenario.requests[rid].stream) - len(session.chunks)
+                first = (self._index[rid] + 1) * ID_STRIDE + _CHUNK_OFFSET
+                first += _CHUNK_STRIDE * number
+                request = oracle.vllm.new_request(
+                    rid,
+                    list(range(first, first + chunk.prompt_len)),
+                    self.hasher,
+                    max_tokens=chunk.max_tokens,
+                    resumable=True,
+                )
+                oracle.scheduler.add_request(request)
+                session.added.append(chunk)
+                if session.ended_turn:
+                    self._next_turn(session)
+                if not session.chunks:
+                    session.close_at = oracle.scenario.requests[rid].close_at or step
+            if session.close_at is not None and session.close_at <= step and not session.closed:
+                # The input stream ends: AsyncLLM closes the session with a request that is
+                # not resumable (no update: the finished sentinel; vLLM aborts a session
+                # waiting for input, else finishes it when its turn ends).
+                session.closed = True
+                oracle._current = step
+                oracle.scheduler.add_request(
+                    oracle.vllm.new_request(rid, [0], self.hasher, max_tokens=1)
+                )
+
+    def _next_turn(self, session: _Session) -> None:
+        chunk = session.added.pop(0)
+        session.tokens += chunk.prompt_len
+        session.turn_max, session.turn_outputs = chunk.max_tokens, 0
+        session.turn += 1
+        session.ended_turn, session.resuming = False, True
+
+    def sampled(self, rid: str, count: int) -> None:
+        session = self.sessions.get(rid)
+        if session is None or session.ended_turn:
+            return
+        # check_stop ends the turn at its max_tokens-th output and trims the rest.
+        count = min(count, session.turn_max - session.turn_outputs)
+        session.tokens += count
+        session.turn_outputs += count
+        if session.turn_outputs >= session.turn_max:
+            self._ends.add(rid)
+
+    def applied(self) -> None:
+        for rid in sorted(self._ends):
+            session = self.sessions[rid]
+            if not session.chunks and not session.added:
+                continue  # its last turn: the session finishes
+            # Every token but the last sampled one is computed, and kept.
+            session.tokens -= 1
+            session.frontier = session.tokens
+            session.ended_turn = True
+            if session.added:
+                self._next_turn(session)
+        self._ends.clear()
+
+    def scheduled(self, step: int, rows: Sequence[ScheduledRequest]) -> None:
+        null = self.oracle.run.null_block
+        for row in rows:
+            session = self.sessions.get(row.request)
+            if session is None:
+                continue
+            if row.phase == "turn":
+                session.resuming = False
+                problems = []
+                if row.computed != session.frontier:
+                    problems.append(
+                        f"resumes with {row.computed} computed tokens, not the "
+                        f"{session.frontier} its turns so far leave (every token but the "
+                        "last sampled one)"
+                    )
+                if row.known_tokens != session.tokens:
+                    problems.append(
+                        f"holds a sequence of {row.known_tokens} tokens, not {session.tokens} "
+                        f"(the {session.frontier} kept and the chunk's new ones)"
+                    )
+                for group, (kept, now) in enumerate(zip(session.kept, row.block_ids, strict=True)):
+                    lost = [
+                        (index, block)
+                        for index, block in enumerate(kept)
+                        if block != null and (index >= len(now) or now[index] not in (block, null))
+                    ]
+                    if lost:
+                        problems.append(
+                            f"group {group} no longer holds block(s) "
+                            + ", ".join(f"{b} at {i}" for i, b in lost)
+                            + f" it held at its last step ({kept}; now {now})"
+                        )
+                if problems:
+                    self.oracle.run.lifecycle.append(
+                        LifecycleMiss(
+                            step,
+                            row.request,
+                            f"the streaming session's turn {session.turn} "
+                            + "; ".join(problems)
+                            + ": vLLM keeps a session's KV between turns",
+                            SESSION_KV_LOST,
+                        )
+                    )
+            session.kept = tuple(list(ids) for ids in row.block_ids)
 
 
 def run_scheduler(

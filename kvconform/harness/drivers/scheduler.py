@@ -71,7 +71,7 @@ from kvconform.oracles.vllm import Vllm
 
 def decision_label(row: ScheduledRequest) -> str:
     """What the scheduler scheduled for one request in one step, in a few words."""
-    prefix = {"new": "new, ", "resumed": "resumed, "}.get(row.phase, "")
+    prefix = {"new": "new, ", "resumed": "resumed, ", "turn": "next turn, "}.get(row.phase, "")
     if row.phase == "loaded":
         prefix = f"remote KV {row.cached} loaded, "
     elif row.cached:
@@ -271,6 +271,17 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
     for step, note in record.encoder_notes.items():
         notes[step].append(note)
     _chunk_misses(trajectory, record, scenario, lines)
+    for miss in record.lifecycle:
+        trajectory.misses.append(
+            Miss(
+                miss.step,
+                lines.get(miss.request),
+                miss.request,
+                "update_from_output",
+                miss.message,
+                miss.invariant,
+            )
+        )
     trajectory.step_notes = {step: "; ".join(parts) for step, parts in sorted(notes.items())}
     trajectory.notes.append(summary(record, scenario))
     return trajectory

@@ -20,12 +20,15 @@ from kvconform.model.scenario import (
     SCHEDULER_CONNECTORS,
     SCHEDULER_MODES,
     SCHEDULER_POLICIES,
+    STOP_TOKENS,
     MmInput,
     ModelSpec,
     PrefixReset,
     RequestSpec,
+    SchedulerPause,
     SchedulerSpec,
     SpeculativeSpec,
+    StreamChunk,
 )
 from kvconform.model.settings import SETTINGS
 
@@ -122,6 +125,8 @@ def parse_scheduler(
         ),
         max_num_encoder_input_tokens=fields.optional_int("max_num_encoder_input_tokens", minimum=1),
         encoder_cache_size=fields.optional_int("encoder_cache_size", minimum=1),
+        log_stats=fields.flag("log_stats", defaults.log_stats),
+        pauses=_parse_pauses(fields),
         # vLLM's settings this section states (the mode states async scheduling).
         stated=frozenset(
             s.name
@@ -133,7 +138,19 @@ def parse_scheduler(
     )
     fields.done()
     _check_scheduler_limits(spec, model, fields)
+    _check_log_stats(spec, fields)
     return spec
+
+
+def _check_log_stats(spec: SchedulerSpec, fields: Fields) -> None:
+    """``log_stats``: SchedulerStats judged against the recorded steps; not with
+    ``kv_connector`` (its synchronous load is not told apart from the local hit yet)."""
+    if spec.log_stats and spec.kv_connector is not None:
+        raise ScenarioError(
+            fields.at("log_stats"),
+            f"cannot go with scheduler.kv_connector: {spec.kv_connector}: the stats of its "
+            "synchronous loads are not judged yet",
+        )
 
 
 def _choice(fields: Fields, key: str, default: str, choices: tuple[str, ...]) -> str:
@@ -164,6 +181,40 @@ def _parse_resets(fields: Fields) -> tuple[PrefixReset, ...]:
         )
         one.done()
     return tuple(sorted(resets, key=lambda r: r.at))
+
+
+def _parse_pauses(fields: Fields) -> tuple[SchedulerPause, ...]:
+    """``pause``: a list of ``{at: N, resume_at: M}``, in order and apart."""
+    raw = fields.raw("pause", [])
+    if not isinstance(raw, list):
+        raise ScenarioError(
+            fields.at("pause"), f"must be a list of {{at, resume_at}}, not {as_written(raw)}"
+        )
+    pauses: list[SchedulerPause] = []
+    for index, item in enumerate(raw):
+        one = Fields(item, fields.where, f"scheduler.pause[{index}]")
+        pause = SchedulerPause(
+            at=one.integer("at", minimum=0),
+            resume_at=one.integer("resume_at", minimum=1),
+            line=one.mapping.line,
+            mode=_choice(one, "mode", "wait", ("wait", "abort")),
+        )
+        if pause.mode == "abort" and fields.text("mode", "overlapped") != "sync":
+            raise ScenarioError(
+                one.at("mode"),
+                "abort needs scheduler.mode: sync (an abort while a batch is in flight is not "
+                "modelled yet)",
+            )
+        one.done()
+        if pause.resume_at <= pause.at:
+            raise ScenarioError(one.at("resume_at"), f"must come after at ({pause.at})")
+        if pauses and pause.at < pauses[-1].resume_at:
+            raise ScenarioError(
+                one.at("at"),
+                f"must come at or after the pause before resumes ({pauses[-1].resume_at})",
+            )
+        pauses.append(pause)
+    return tuple(pauses)
 
 
 def _stacks_mtp_modules(method: str) -> bool:
@@ -230,6 +281,9 @@ def parse_scheduler_requests(
             load_failure=_parse_load_failure(fields, model, prompt_len),
             mm_inputs=parse_mm_inputs(fields, name, prompt_len, scheduler, mm_lengths),
             expect_chunks=_parse_expect_chunks(fields, prompt_len),
+            **_parse_stop(fields, scheduler),
+            stream=_parse_stream(fields, model, scheduler, prompt_len),
+            close_at=_parse_close_at(fields),
         )
 
     return parse_request_map(raw, where, at, "a scheduler scenario", request)
@@ -445,3 +499,100 @@ def _parse_remote_prefill(fields: Fields, scheduler: SchedulerSpec) -> int:
             "defers a KV consumer's block frees, which scheduler mode does not observe yet",
         )
     return steps
+
+
+def _parse_stop(fields: Fields, scheduler: SchedulerSpec) -> dict[str, Any]:
+    """``stop_at``: the output token that stops the request; ``stop_with``: what stops it."""
+    stop_at = fields.optional_int("stop_at", minimum=1)
+    stop_with = _choice(fields, "stop_with", RequestSpec.stop_with, STOP_TOKENS)
+    if stop_at is None:
+        if fields.raw("stop_with") is not None:
+            raise ScenarioError(fields.at("stop_with"), "needs stop_at (the stopping output)")
+        return {}
+    max_tokens = fields.integer("max_tokens", RequestSpec.max_tokens)
+    if stop_at > max_tokens:
+        raise ScenarioError(
+            fields.at("stop_at"),
+            f"must be at most max_tokens ({max_tokens}): the request ends there regardless",
+        )
+    if fields.raw("remote_prefill", False):
+        raise ScenarioError(
+            fields.at("stop_at"), "is not offered with remote_prefill (a KV load's own finish)"
+        )
+    if fields.raw("abort_at") is not None:
+        raise ScenarioError(
+            fields.at("stop_at"), "cannot go with abort_at: the request ends one way or the other"
+        )
+    return {"stop_at": stop_at, "stop_with": stop_with}
+
+
+def _parse_stream(
+    fields: Fields, model: ModelSpec, scheduler: SchedulerSpec, prompt_len: int
+) -> tuple[StreamChunk, ...]:
+    """``stream``: a list of ``{at, prompt_len, max_tokens}``, the session's later chunks."""
+    raw = fields.raw("stream")
+    if raw is None:
+        return ()
+    at = fields.at("stream")
+    if not isinstance(raw, list) or not raw:
+        raise ScenarioError(
+            at, f"must be a non-empty list of {{at, prompt_len, max_tokens}}, not {as_written(raw)}"
+        )
+    if scheduler.mode != "sync":
+        # A turn that ends with a batch of the session in flight makes vLLM drop that
+        # batch's output (drop_stale_output), which the fabricated output does not model.
+        raise ScenarioError(
+            at,
+            f"needs scheduler.mode: sync, not {scheduler.mode!r}: a turn that ends with a batch "
+            "in flight is not modelled yet",
+        )
+    for other in ("stop_at", "abort_at", "remote_prefill"):
+        if fields.raw(other) not in (None, False):
+            raise ScenarioError(at, f"cannot go with {other} (a session ends when its stream does)")
+    max_tokens = fields.integer("max_tokens", RequestSpec.max_tokens)
+    previous = fields.integer("arrival", 0, minimum=0)
+    # vLLM keeps every token of a turn but its last sampled one (_update_request_as_session).
+    tokens = prompt_len + max_tokens - 1
+    parts = [f"{prompt_len} + {max_tokens} - 1"]
+    chunks = []
+    for index, item in enumerate(raw):
+        one = Fields(item, Location(at.file, at.line), f"{at.field}[{index}]")
+        chunk = StreamChunk(
+            at=one.integer("at", minimum=0),
+            prompt_len=one.integer("prompt_len", minimum=1),
+            max_tokens=one.integer("max_tokens", max_tokens, minimum=1),
+            line=one.mapping.line or at.line,
+        )
+        one.done()
+        if chunk.at <= previous:
+            raise ScenarioError(
+                one.at("at"),
+                f"must come after {previous} (the request's arrival or the chunk before)",
+            )
+        previous = chunk.at
+        tokens += chunk.prompt_len + chunk.max_tokens - 1
+        parts.append(f"{chunk.prompt_len} + {chunk.max_tokens} - 1")
+        chunks.append(chunk)
+    if tokens + 1 > model.max_model_len:
+        parts[-1] = parts[-1].removesuffix(" - 1")  # the last turn drops nothing
+        raise ScenarioError(
+            at,
+            f"the session's turns reach {tokens + 1} tokens ({' + '.join(parts)}: each turn "
+            "keeps all its tokens but its last sampled one), past max_model_len "
+            f"{model.max_model_len}",
+        )
+    return tuple(chunks)
+
+
+def _parse_close_at(fields: Fields) -> int | None:
+    """``close_at``: when a session's input stream closes (after its last chunk)."""
+    close_at = fields.optional_int("close_at", minimum=0)
+    if close_at is None:
+        return None
+    stream = fields.raw("stream")
+    if not isinstance(stream, list) or not stream:
+        raise ScenarioError(fields.at("close_at"), "needs stream (a streaming-input session)")
+    last = stream[-1].get("at") if hasattr(stream[-1], "get") else None
+    if isinstance(last, int) and close_at <= last:
+        raise ScenarioError(fields.at("close_at"), f"must come after the last chunk's at ({last})")
+    return close_at

@@ -379,13 +379,27 @@ class Vllm:
         max_tokens: int = 1 << 20,
         priority: int = 0,
         mm_features: list[Any] | None = None,
+        stop_token_ids: list[int] | None = None,
+        eos_token_id: int | None = None,
+        resumable: bool = False,
     ) -> Any:
-        """A ``Request``; ``mm_features``: its multimodal inputs (their identifiers enter the
-        block hashes, which the request computes as it is built)."""
+        """A vLLM ``Request``. ``mm_features``: its multimodal inputs (their identifiers enter
+        the block hashes, which the request computes as it is built). ``stop_token_ids``:
+        tokens that stop it (``check_stop``); ``eos_token_id``: its EOS token, set as the
+        engine's input processor sets it (``update_from_generation_config``), with
+        ``ignore_eos`` off; without one, ignore_eos on: fabricated outputs must not stop a
+        request early by chance. ``resumable``: a streaming-input session's request
+        (``Request.resumable``, as ``AsyncLLM``'s streaming input submits each chunk)."""
         from vllm import SamplingParams
 
-        # ignore_eos: fabricated outputs must not stop a request early by chance.
-        params = call(SamplingParams, max_tokens=max_tokens, ignore_eos=True)
+        params = call(
+            SamplingParams,
+            max_tokens=max_tokens,
+            ignore_eos=eos_token_id is None,
+            stop_token_ids=list(stop_token_ids or ()),
+        )
+        if eos_token_id is not None:
+            params.update_from_generation_config({}, eos_token_id)
         return call(
             self._request.Request,
             request_id=request_id,
@@ -395,6 +409,7 @@ class Vllm:
             block_hasher=block_hasher,
             priority=priority,
             mm_features=mm_features or None,
+            resumable=resumable,
         )
 
     def block_hasher(

@@ -239,9 +239,16 @@ class Scheduling:
         return config
 
     def new_scheduler(
-        self, vllm_config: Any, kv_cache_config: Any, block_size: int, hash_block_size: int
+        self,
+        vllm_config: Any,
+        kv_cache_config: Any,
+        block_size: int,
+        hash_block_size: int,
+        log_stats: bool = False,
     ) -> Any:
-        """vLLM's scheduler class for this configuration (``Scheduler`` or ``AsyncScheduler``)."""
+        """vLLM's scheduler class for this configuration (``Scheduler`` or ``AsyncScheduler``);
+        ``log_stats``: as the engine core builds it when stats are logged (its
+        ``update_from_output`` returns ``SchedulerStats``)."""
         scheduler_config = vllm_config.scheduler_config
         if not hasattr(scheduler_config, "get_scheduler_cls"):
             raise self._vllm.not_offered("SchedulerConfig.get_scheduler_cls")
@@ -254,7 +261,7 @@ class Scheduling:
                 structured_output_manager=self._scheduling.StructuredOutputManager(vllm_config),
                 block_size=block_size,
                 hash_block_size=hash_block_size,
-                log_stats=False,
+                log_stats=log_stats,
             )
 
     @contextlib.contextmanager
@@ -489,3 +496,33 @@ class Scheduling:
     def freed_encoder_outputs(self, scheduler_output: Any) -> list[str]:
         """The mm hashes whose encoder outputs the worker drops before the step runs."""
         return list(getattr(scheduler_output, "free_encoder_mm_hashes", None) or ())
+
+    # -- stopping and stats (stop_at, scheduler.log_stats) ---------------------------------
+
+    def is_stopped(self, request: Any) -> bool:
+        """Whether a request finished on a stop token or its EOS (``FINISHED_STOPPED``)."""
+        return bool(request.status == self._scheduling.RequestStatus.FINISHED_STOPPED)
+
+    def scheduler_stats(self, engine_core_outputs: Any) -> Any | None:
+        """The ``SchedulerStats`` an ``update_from_output`` returned (to one front-end only)."""
+        for outputs in (engine_core_outputs or {}).values():
+            stats = getattr(outputs, "scheduler_stats", None)
+            if stats is not None:
+                return stats
+        return None
+
+    def pause_new_requests(self, scheduler: Any, paused: bool) -> None:
+        """``EngineCore.pause_scheduler(mode="wait")`` (``PauseState.PAUSED_NEW``: what runs
+        keeps running, nothing new is admitted) or ``resume_scheduler`` (``UNPAUSED``)."""
+        interface = self._vllm.optional_module("vllm.v1.core.sched.interface")
+        states = getattr(interface, "PauseState", None) if interface is not None else None
+        if states is None or not hasattr(scheduler, "set_pause_state"):
+            raise self._vllm.not_offered("vllm.v1.core.sched.interface.PauseState")
+        with quiet_logs():
+            scheduler.set_pause_state(states.PAUSED_NEW if paused else states.UNPAUSED)
+
+    def abort_all(self, scheduler: Any) -> None:
+        """``EngineCore.pause_scheduler(mode="abort")``'s first move: every request aborted
+        (``Scheduler.finish_requests(None, RequestStatus.FINISHED_ABORTED)``)."""
+        with quiet_logs():
+            scheduler.finish_requests(None, self._scheduling.RequestStatus.FINISHED_ABORTED)
