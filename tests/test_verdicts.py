@@ -530,3 +530,52 @@ def test_an_eviction_without_its_removed_event_fails_sanity(pristine_tree, tmp_p
     # Evicted blocks stay announced: the events count more copies than the pool holds.
     pairs = re.findall(r"announced (\d+), cached (\d+)", failures[0]["message"])
     assert pairs and all(int(said) > int(held) for said, held in pairs), failures[0]
+
+
+# Evict, reset, prefix-cache stats and a hit's re-announcement, all in one scenario.
+BETWEEN_STEPS = REPO / "scenarios" / "specs" / "prefix-cache-evict-reset-stats.yaml"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("module", "old", "new", "mentioning"),
+    [
+        # evict_blocks forgets the cache: the reported-invalid block keeps its hash and b
+        # would hit KV the connector said is invalid.
+        (
+            "v1/core/block_pool.py",
+            "            self._maybe_evict_cached_block(block)\n\n    def reset_prefix_cache",
+            "            pass\n\n    def reset_prefix_cache",
+            "leaves block(s)",
+        ),
+        # reset_prefix_cache resets while a request holds blocks.
+        (
+            "v1/core/block_pool.py",
+            "        if num_used_blocks != 1:  # The null block is always marked as used",
+            "        if False:",
+            "reset_prefix_cache answers True",
+        ),
+        # A preempted request's lookup counted as a new request's.
+        (
+            "v1/core/kv_cache_manager.py",
+            "            preempted=request.num_preemptions > 0,",
+            "            preempted=False,",
+            "prefix-cache stats",
+        ),
+        # A full-report request's lookup re-announces one block fewer than it reuses.
+        (
+            "v1/core/kv_cache_coordinator.py",
+            "                    len(group_blocks),\n",
+            "                    len(group_blocks) - 1,\n",
+            "announces []",
+        ),
+    ],
+    ids=["evict", "reset", "stats", "reannounce"],
+)
+def test_what_the_engine_does_between_steps_is_judged(
+    pristine_tree, tmp_path, module, old, new, mentioning
+):
+    failures, entry = _sanity_failures(
+        pristine_tree, tmp_path, module, old, new, BETWEEN_STEPS, mentioning
+    )
+    assert failures, entry

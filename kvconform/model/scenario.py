@@ -98,6 +98,10 @@ class ModelSpec:
     # KVCacheManager(enable_kv_cache_events=...): vLLM tells external routers which blocks
     # it caches (off by default, as in vLLM); the sanity check holds the events to the pool.
     kv_cache_events: bool = False
+    # KVCacheManager(log_stats=...) with a KVCacheMetricsCollector, as the scheduler builds
+    # them with stats logging and ObservabilityConfig.kv_cache_metrics on: the sanity check
+    # holds each step's prefix-cache stats and KV-cache usage to the trajectory.
+    log_stats: bool = False
     # The settings of kvconform.model.settings.SETTINGS this section states.
     stated: frozenset[str] = frozenset()
 
@@ -208,6 +212,10 @@ class RequestSpec:
     load_failure: str | int | None = None
     # Scheduler scenarios only: Request.priority, under scheduler.policy: priority.
     priority: int = 0
+    # Trajectory scenarios only: the request's sampling parameters carry
+    # extra_args={"kv_cache_report_mode": "full"}: with KV-cache events on, vLLM announces
+    # the prefix-cache blocks the request reuses again at its admission.
+    kv_cache_report_full: bool = False
 
 
 @dataclass(frozen=True)
@@ -275,11 +283,21 @@ class Call:
         return self.scheduled > 0
 
 
+# Keys of a trajectory step that name what the engine does between steps, not a request.
+STEP_OPERATIONS = ("reset_prefix_cache", "evict_cached")
+
+
 @dataclass(frozen=True)
 class Step:
     index: int
     calls: tuple[Call, ...]
     line: int | None = None
+    # What the engine does between the last step and this one, before its calls:
+    # KVCacheManager.reset_prefix_cache, with the answer the scenario states (None: no
+    # reset), and KVCacheManager.evict_blocks of the blocks a KV connector reported
+    # invalid, as (request, column of its group-0 table) pairs.
+    reset_prefix_cache: bool | None = None
+    evict_cached: tuple[tuple[str, int], ...] = ()
 
 
 WARMUP_SAMPLING = ("random", "greedy", "none")

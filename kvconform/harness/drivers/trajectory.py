@@ -68,6 +68,16 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
         if stopped:
             break
         index, line = step.index, step.line
+        # What the engine does between the last step and this one.
+        if step.reset_prefix_cache is not None:
+            live.reset_prefix_cache(step.reset_prefix_cache)
+        if step.evict_cached:
+            live.evict_cached(
+                step.evict_cached, Location(scenario.file, line, f"steps[{index}].evict_cached")
+            )
+        for name, message, invariant in live.step_misses:
+            trajectory.misses.append(Miss(index, line, name, "before the step", message, invariant))
+        live.step_misses.clear()
         live.new_step()
         for call in step.calls:
             name, action = call.request, call.action

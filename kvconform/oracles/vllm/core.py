@@ -16,7 +16,7 @@ import dataclasses
 import importlib
 import os
 import typing
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from functools import cached_property
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -363,11 +363,14 @@ class Vllm:
         block_hasher: Callable[..., Any] | None,
         max_tokens: int = 1 << 20,
         priority: int = 0,
+        kv_cache_report_full: bool = False,
     ) -> Any:
         from vllm import SamplingParams
 
         # ignore_eos: fabricated outputs must not stop a request early by chance.
-        params = call(SamplingParams, max_tokens=max_tokens, ignore_eos=True)
+        # kv_cache_report_mode travels in extra_args, as a client's request carries it.
+        extra = {"extra_args": {"kv_cache_report_mode": "full"}} if kv_cache_report_full else {}
+        params = call(SamplingParams, max_tokens=max_tokens, ignore_eos=True, **extra)
         return call(
             self._request.Request,
             request_id=request_id,
@@ -562,14 +565,19 @@ class Vllm:
                     )
         return lines
 
-    def take_kv_cache_events(self, manager: Any) -> list[tuple[str, int, tuple[object, ...]]]:
+    def take_kv_cache_events(
+        self, manager: Any, leave_out: Collection[int] = ()
+    ) -> list[tuple[str, int, tuple[object, ...]]]:
         """The KV-cache events since the last call (``KVCacheManager.take_events``, drained
         as the scheduler drains them each step), as (kind, group, block hashes): kind
-        ``stored``, ``removed`` or ``cleared`` (group -1, no hashes)."""
+        ``stored``, ``removed`` or ``cleared`` (group -1, no hashes); those whose ``id`` is
+        in ``leave_out`` are drained and left out."""
         from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 
         events: list[tuple[str, int, tuple[object, ...]]] = []
         for event in manager.take_events():
+            if id(event) in leave_out:
+                continue
             if isinstance(event, AllBlocksCleared):
                 events.append(("cleared", -1, ()))
             elif isinstance(event, (BlockStored, BlockRemoved)):
@@ -577,6 +585,56 @@ class Vllm:
                 group = -1 if event.group_idx is None else int(event.group_idx)
                 events.append((kind, group, tuple(event.block_hashes)))
         return events
+
+    def queued_kv_events(self, manager: Any) -> list[Any]:
+        """The KV-cache events queued since the last ``take_events``, left in the queue."""
+        return list(manager.block_pool.kv_event_queue)
+
+    def announced_blocks(self, events: Sequence[Any]) -> list[tuple[int, tuple[object, ...]]]:
+        """The ``BlockStored`` events among ``events``, as (group, block hashes)."""
+        from vllm.distributed.kv_events import BlockStored
+
+        return [
+            (-1 if e.group_idx is None else int(e.group_idx), tuple(e.block_hashes))
+            for e in events
+            if isinstance(e, BlockStored)
+        ]
+
+    def hit_block_hashes(self, blocks: Any) -> dict[int, list[object]]:
+        """Per group, the hashes a prefix hit's blocks are cached under, as KV-cache events
+        carry them (None for a null column)."""
+        utils = self._kv_cache_utils
+        return {
+            group: [
+                None
+                if block.block_hash is None
+                else utils.maybe_convert_block_hash(utils.get_block_hash(block.block_hash))
+                for block in group_blocks
+            ]
+            for group, group_blocks in enumerate(blocks.blocks)
+        }
+
+    def metrics_collector(self) -> Any:
+        """A ``KVCacheMetricsCollector`` sampling every block, what the scheduler builds with
+        ``ObservabilityConfig.kv_cache_metrics`` on and ``kv_cache_metrics_sample`` 1."""
+        module = self.optional_module("vllm.v1.core.kv_cache_metrics")
+        if module is None:
+            raise self.missing("vllm.v1.core.kv_cache_metrics.KVCacheMetricsCollector")
+        return module.KVCacheMetricsCollector(1.0)
+
+    def prefix_cache_stats(self, manager: Any) -> dict[str, Any]:
+        """``make_prefix_cache_stats`` (taken and reset, as ``Scheduler.make_stats`` takes it
+        each step) and the pool's ``usage``, as plain values; the metrics collector's
+        eviction events are drained as ``make_stats`` drains them."""
+        stats = manager.make_prefix_cache_stats()
+        fields = ("requests", "queries", "hits", "preempted_requests", "preempted_queries",
+                  "preempted_hits", "reset")  # fmt: skip
+        taken = {name: getattr(stats, name) for name in fields}
+        taken["usage"] = manager.usage
+        collector = getattr(manager, "metrics_collector", None)
+        if collector is not None:
+            collector.drain_events()  # as make_stats drains them; not judged
+        return taken
 
     def cached_block_counts(self, manager: Any) -> dict[tuple[int, object], int]:
         """(group, block hash as the events carry it) -> the blocks the pools cache under it
