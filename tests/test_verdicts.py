@@ -579,3 +579,20 @@ def test_what_the_engine_does_between_steps_is_judged(
         pristine_tree, tmp_path, module, old, new, BETWEEN_STEPS, mentioning
     )
     assert failures, entry
+
+
+@pytest.mark.slow
+def test_a_shared_prefix_junction_left_unpinned_fails_sanity(pristine_tree, tmp_path):
+    # Sparse retention keeps a sliding window's blocks at a shared-prefix junction only
+    # because cache_blocks pins request.shared_prefix_boundary: without it, a third request
+    # sharing the prefix finds no window blocks there and hits nothing.
+    failures, entry = _sanity_failures(
+        pristine_tree,
+        tmp_path,
+        "v1/core/single_type_kv_cache_manager.py",
+        "            reachable_boundaries.append(request.shared_prefix_boundary)\n",
+        "            pass\n",
+        REPO / "scenarios" / "specs" / "sliding-window-sparse-retention-shared-junction.yaml",
+        "prefix-cache hit",
+    )
+    assert failures and failures[0]["request"] == "c", entry

@@ -5,7 +5,8 @@ Every call mirrors what ``vllm/v1/core/sched/scheduler.py`` does around
 
 * A request entering from the waiting queue (first chunk, or first chunk after a
   preemption) first looks up its prefix-cache hit with ``get_computed_blocks``
-  (capped so at least one token is scheduled), then calls ``allocate_slots``
+  (capped so at least one token is scheduled) and stores the lookup's
+  ``shared_prefix_boundary`` on the request as the scheduler does, then calls ``allocate_slots``
   with the hit, the scenario's lookahead and, for encoder-decoder models, its
   encoder length, plus what the call says the scheduler passes (``external``
   tokens from a KV connector, ``full_sequence_must_fit``, ``reserved_blocks``)

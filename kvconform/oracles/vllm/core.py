@@ -430,6 +430,8 @@ class Vllm:
             manager.get_computed_blocks, request=request, max_cache_hit_length=max_cache_hit_length
         )
         blocks, hit = result[0], int(result[1])
+        if len(result) == 3:
+            _pin_shared_prefix(request, result[2])
         if hit > max_cache_hit_length:
             raise self.not_offered(
                 "KVCacheManager.get_computed_blocks(max_cache_hit_length=...)",
@@ -452,6 +454,8 @@ class Vllm:
             raise self.not_offered("KVCacheManager.get_computed_blocks_for_connector")
         result = call(lookup, request=request, max_cache_hit_length=max_cache_hit_length)
         blocks, hit, diverged = result[0], int(result[1]), bool(result[-1])
+        if len(result) == 4:
+            _pin_shared_prefix(request, result[2])
         if hit > max_cache_hit_length:
             raise self.not_offered(
                 "KVCacheManager.get_computed_blocks_for_connector(max_cache_hit_length=...)",
@@ -964,6 +968,14 @@ class Vllm:
         return self._config_holder(
             method, num_speculative_tokens, sample_from_anchor, False
         ).speculative_config
+
+
+def _pin_shared_prefix(request: Any, boundary: Any) -> None:
+    """What ``Scheduler.schedule`` does with a lookup's ``shared_prefix_boundary`` (the
+    junction of a shared prefix a sparse-retention group has not cached): it stores it on
+    the request, whose ``cache_blocks`` then keeps that junction reachable."""
+    if hasattr(request, "shared_prefix_boundary"):
+        request.shared_prefix_boundary = int(boundary)
 
 
 def _tree_file(cls: type) -> str:
