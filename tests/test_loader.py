@@ -204,6 +204,12 @@ def test_matrix_makes_one_scenario_per_combination(write_scenario):
             "reserved in steps",
         ),
         (
+            "requests: {a: {prompt_len: 5}}\nsteps:\n  - {a: {prefill: 5}}\n  - {a: {finish: soon}}\n",
+            4,
+            "steps[1].a.finish",
+            "a finish says only in_flight",
+        ),
+        (
             "kind: scheduler\nmodel: {log_stats: true}\nrequests: {a: {prompt_len: 5}}\n",
             2,
             "model.log_stats",

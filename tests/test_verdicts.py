@@ -596,3 +596,18 @@ def test_a_shared_prefix_junction_left_unpinned_fails_sanity(pristine_tree, tmp_
         "prefix-cache hit",
     )
     assert failures and failures[0]["request"] == "c", entry
+
+
+@pytest.mark.slow
+def test_an_in_flight_finish_that_loses_a_block_fails_sanity(pristine_tree, tmp_path):
+    # pop_blocks_for_free leaves a block out: the scheduler never returns it to the pool.
+    failures, entry = _sanity_failures(
+        pristine_tree,
+        tmp_path,
+        "v1/core/single_type_kv_cache_manager.py",
+        "        return trim_null_head(req_blocks)\n",
+        "        return trim_null_head(req_blocks)[1:]\n",
+        REPO / "scenarios" / "admission" / "in-flight-finish-defers-free.yaml",
+        "pop_blocks_for_free gives blocks",
+    )
+    assert failures and failures[0]["request"] == "a", entry

@@ -63,6 +63,7 @@ EVENTS_DIVERGE = "announces another prefix cache in its KV-cache events than the
 REANNOUNCED_HIT = "announces other blocks at a prefix-cache lookup than the request reuses"
 RESET_ANSWER = "answers reset_prefix_cache otherwise than the blocks held give"
 EVICTED_STILL_CACHED = "keeps a block in the prefix cache that the connector evicted"
+DEFERRED_FREE = "returns other blocks after an in-flight finish than the request held"
 STATS_DIVERGE = "counts other prefix-cache stats or usage than the trajectory adopted"
 DEFAULTS_DISAGREE = "declares another default than the coordinator that forwards the argument"
 

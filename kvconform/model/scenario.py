@@ -277,6 +277,10 @@ class Call:
     # What the prefill action says besides its count (first chunks: the arguments the
     # scheduler passes at admission; later chunks: the tokens in flight).
     options: ChunkOptions = NO_CHUNK_OPTIONS
+    # A finish while the request's last step is still in flight (finish: in_flight): the
+    # scheduler pops the blocks and returns them to the pool once that step's output is
+    # applied (Scheduler._free_request_blocks, _drain_deferred_frees).
+    deferred_free: bool = False
 
     @property
     def allocates(self) -> bool:

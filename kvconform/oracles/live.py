@@ -50,6 +50,7 @@ from kvconform.model.handoffs import judge_handoffs
 from kvconform.model.kv_events import judge_mirror, replay_events
 from kvconform.model.observations import (
     DEFAULTS_DISAGREE,
+    DEFERRED_FREE,
     EVENTS_DIVERGE,
     EVICTED_STILL_CACHED,
     HANDOFF_LOST,
@@ -202,6 +203,9 @@ class LiveAllocator:
         self._stats_expected = [0] * 6
         self._stats_reset = False
         self._ever_preempted: set[str] = set()
+        # Requests finished while their last step was in flight: their popped blocks wait
+        # for the end of the next step (request, blocks, whether that step has begun).
+        self._deferred: list[tuple[str, list[Any], bool]] = []
         self._hasher = (
             vllm.block_hasher(
                 model.hash_block_size, int(options.get("num_hash_lookahead_tokens", 0))
@@ -277,8 +281,62 @@ class LiveAllocator:
         self._scheduled.clear()
         if self.model.kv_cache_events:
             self._check_kv_events()
+        self.return_deferred(ended_step=True)
         if self.model.log_stats:
             self._check_stats()
+
+    def finish_in_flight(self, name: str) -> None:
+        """A request finishes while its last step is in flight (a KV consumer under
+        asynchronous scheduling, ``Scheduler._free_request_blocks``): its blocks are popped
+        (``pop_blocks_for_free``), still referenced, and go back to the pool only once that
+        step's output is applied (``_drain_deferred_frees``), at the end of the next step.
+        The popped blocks must be the ones its tables held."""
+        self._note_freed(name)
+        held = sorted(b for ids in self.block_ids(name) for b in ids if b != self.null_block)
+        popped = self.manager.pop_blocks_for_free(self._requests[name])
+        ids = sorted(b.block_id for b in popped if b.block_id != self.null_block)
+        self._running_names.discard(name)
+        if ids != held or any(self.block_ids(name)):
+            self.step_misses.append(
+                (
+                    name,
+                    f"pop_blocks_for_free gives blocks {ids}, but the request's tables held "
+                    f"{held} and now hold {list(self.block_ids(name))}",
+                    DEFERRED_FREE,
+                )
+            )
+        self._deferred.append((name, popped, False))
+
+    def return_deferred(self, ended_step: bool = False) -> None:
+        """Return the deferred blocks whose in-flight step has completed, tail first (the
+        scheduler frees them in reverse order): at the end of every step after the finish's
+        step (``ended_step``), or at the run's end. Each popped block that no live request
+        holds goes back to the free queue."""
+        waiting: list[tuple[str, list[Any], bool]] = []
+        for name, blocks, due in self._deferred:
+            if ended_step and not due:
+                waiting.append((name, blocks, True))
+                continue
+            live_ids = {
+                b for other in self._running_names | self._loaded
+                for ids in self.block_ids(other) for b in ids
+            }  # fmt: skip
+            popped = {b.block_id for b in blocks if b.block_id != self.null_block}
+            expected = len(popped - live_ids)
+            before = self.free_blocks()
+            self.manager.block_pool.free_blocks(reversed(blocks))
+            returned = self.free_blocks() - before
+            if returned != expected:
+                self.step_misses.append(
+                    (
+                        name,
+                        f"the {len(blocks)} blocks popped at its in-flight finish return "
+                        f"{returned} blocks to the pool, not the {expected} no live request "
+                        "holds",
+                        DEFERRED_FREE,
+                    )
+                )
+        self._deferred = waiting
 
     def reset_prefix_cache(self, stated: bool) -> None:
         """``KVCacheManager.reset_prefix_cache`` between steps (an RLHF weight update, the
@@ -344,6 +402,9 @@ class LiveAllocator:
             for block in ids
             if block != self.null_block
         }
+        # Blocks popped at an in-flight finish are still taken until they go back.
+        held |= {b.block_id for _, blocks, _ in self._deferred for b in blocks}
+        held.discard(self.null_block)
         expected["usage"] = len(held) / (self.model.num_blocks - 1)
         wrong = [
             f"{key} {stats[key]!r}, not {want!r}"

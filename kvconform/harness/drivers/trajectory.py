@@ -97,6 +97,11 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
                     stopped = True
                     break
                 continue
+            if call.deferred_free:
+                live.finish_in_flight(name)
+                finished.add(name)
+                predicted_max.pop(name, None)
+                continue
             if action is finish or action is preempt:
                 held = live.block_ids(name)
                 before = live.free_blocks()
@@ -186,6 +191,13 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
         for name, message, invariant in live.step_misses:
             trajectory.misses.append(Miss(index, line, name, "end of step", message, invariant))
         live.step_misses.clear()
+    # The engine's next step applies the last output: blocks still deferred go back.
+    live.return_deferred()
+    for name, message, invariant in live.step_misses:
+        trajectory.misses.append(
+            Miss(len(scenario.steps), None, name, "after the last step", message, invariant)
+        )
+    live.step_misses.clear()
     trajectory.all_finished = len(finished) == len(scenario.requests)
     trajectory.final_free_blocks = live.free_blocks()
     return trajectory

@@ -89,6 +89,7 @@ def parse_steps(
                     wrapper.done()
                     call_where = wrapper.at("refused")
                 action, count, accepted, options = _parse_action(action_raw, call_where)
+                deferred = isinstance(action_raw, LineDict) and "finish" in action_raw
                 return tokens[request].apply(
                     action,
                     call_where,
@@ -98,6 +99,7 @@ def parse_steps(
                     num_speculative_tokens=num_spec,
                     refused=refused,
                     options=options,
+                    deferred_free=deferred,
                 )
 
             made, ok = attempt(call, request, action_raw, call_where)
@@ -220,6 +222,16 @@ def _parse_action(raw: Any, where: Location) -> tuple[Action, int, int | None, C
             options = _parse_chunk_options(fields)
             fields.done()
             return Action.PREFILL, count, None, options
+        if "finish" in raw:
+            how = fields.raw("finish")
+            fields.done()
+            if how != "in_flight":
+                raise ScenarioError(
+                    fields.at("finish"),
+                    "a finish says only in_flight ({finish: in_flight}: its last step is "
+                    f"still running, so its blocks go back after it), not {as_written(how)}",
+                )
+            return Action.FINISH, 0, None, NO_CHUNK_OPTIONS
         if "spec" in raw:
             count = fields.integer("spec")
             accepted = fields.optional_int("accepted")
