@@ -611,3 +611,19 @@ def test_an_in_flight_finish_that_loses_a_block_fails_sanity(pristine_tree, tmp_
         "pop_blocks_for_free gives blocks",
     )
     assert failures and failures[0]["request"] == "a", entry
+
+
+@pytest.mark.slow
+def test_a_partial_tail_kept_from_the_connector_at_finish_fails_sanity(pristine_tree, tmp_path):
+    # finalize_partial_tail_offloads stops handing over the finishing producer's partial
+    # tail: the prefix its prefill computed can no longer be offloaded.
+    failures, entry = _sanity_failures(
+        pristine_tree,
+        tmp_path,
+        "v1/core/single_type_kv_cache_manager.py",
+        "        return self.kv_cache_group_id, source_block, boundary_tokens\n",
+        "        return None\n",
+        REPO / "scenarios" / "hybrid" / "hybrid-mamba-partial-tail-handed-over-at-finish.yaml",
+        "partial-tail Mamba state",
+    )
+    assert failures and failures[0]["request"] == "a", entry

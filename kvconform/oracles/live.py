@@ -239,6 +239,8 @@ class LiveAllocator:
             vllm.boundary_state_groups(self.manager) if model.enable_caching else []
         )
         self._cached_states: set[tuple[int, int, int]] = set()
+        # The cache keys of every boundary state handed to the connector so far.
+        self._offered_keys: set[object] = set()
         self._freed_this_step: set[int] = set()
         for disagreement in vllm.forwarded_default_disagreements(self.manager):
             self.step_misses.append(
@@ -456,6 +458,9 @@ class LiveAllocator:
         (:mod:`kvconform.model.handoffs`)."""
         offers = self.vllm.take_boundary_state_offers(self.manager)
         offered = {state for states in offers.values() for state in states}
+        self._offered_keys.update(
+            self.vllm.cached_key(self.manager, block) for _, block, _ in offered
+        )
         owner = {state[1]: name for name, states in offers.items() for state in states}
         after = self.vllm.boundary_states_cached(self.manager, self._handoff_groups)
         tables = {name: self.block_ids(name) for name in self._running_names | self._loaded}
@@ -937,7 +942,57 @@ class LiveAllocator:
         self._ever_preempted.add(name)
         self._running_names.discard(name)
 
+    def _check_finalized_tails(self, name: str) -> None:
+        """A finishing request hands its connector the partial-tail boundary states it
+        cached at exactly its computed tokens that no offer has carried yet
+        (``finalize_partial_tail_offloads``: the state is still on the block no later
+        forward wrote), and nothing else."""
+        request = self._requests[name]
+        offers = self.vllm.finalize_partial_tail_offers(self.manager, request)
+        if offers is None:
+            return
+        table = self.block_ids(name)
+        computed = int(request.num_computed_tokens)
+        tails = {
+            (group, block, tokens)
+            for group, block, tokens in self.vllm.boundary_states_cached(
+                self.manager, self._handoff_groups
+            )
+            if block in table[group]
+            and tokens == computed
+            and tokens % self.model.groups[group].block_size
+        }
+        given = set(offers)
+        lost = {
+            state
+            for state in tails - given
+            if self.vllm.cached_key(self.manager, state[1]) not in self._offered_keys
+        }
+        for group, block, tokens in sorted(lost):
+            self.step_misses.append(
+                (
+                    name,
+                    f"group {group}: block {block} holds the request's partial-tail Mamba "
+                    f"state of {tokens} tokens, never handed over, yet at its finish "
+                    f"finalize_partial_tail_offloads hands the connector {sorted(given)}",
+                    HANDOFF_LOST,
+                )
+            )
+        for group, block, tokens in sorted(given - tails):
+            self.step_misses.append(
+                (
+                    name,
+                    f"group {group}: at its finish finalize_partial_tail_offloads hands the "
+                    f"connector block {block} as the state of {tokens} tokens, which is not "
+                    f"a partial tail the request holds at its {computed} computed tokens",
+                    HANDOFF_STALE,
+                )
+            )
+        self._offered_keys.update(self.vllm.cached_key(self.manager, b) for _, b, _ in given)
+
     def finish(self, name: str) -> None:
+        if self._handoff_groups:
+            self._check_finalized_tails(name)
         self._note_freed(name)
         self.manager.free(self._requests[name])
         self._running_names.discard(name)

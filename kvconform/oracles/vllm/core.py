@@ -735,6 +735,20 @@ class Vllm:
                 cached.add((group, block.block_id, block.block_hash_num_tokens))
         return cached
 
+    def finalize_partial_tail_offers(
+        self, manager: Any, request: Any
+    ) -> list[tuple[int, int, int]] | None:
+        """(group, block id, tokens) of the partial-tail boundary states a KV producer's
+        finishing request hands its connector (``finalize_partial_tail_offloads``, which
+        ``Scheduler._connector_finished`` calls before freeing); None where the release
+        has no such call."""
+        finalize = getattr(manager, "finalize_partial_tail_offloads", None)
+        return None if finalize is None else list(finalize(request))
+
+    def cached_key(self, manager: Any, block_id: int) -> object:
+        """The prefix-cache key a block of the pool holds (None: not cached)."""
+        return manager.block_pool.blocks[block_id].block_hash
+
     def take_boundary_state_offers(self, manager: Any) -> dict[str, list[tuple[int, int, int]]]:
         """Request id -> (group, block id, tokens) of the boundary states handed to a KV
         connector since the last call, drained as ``Scheduler.schedule`` drains them."""
