@@ -886,8 +886,9 @@ class LiveAllocator:
         """
         request = self._requests[call.request]
         if call.options.load_async:
-            if self.model.enable_caching:
-                self.vllm.cache_blocks(self.manager, request, request.num_computed_tokens)
+            # The scheduler calls it whether or not prefix caching is on (the manager
+            # caches only with it): _update_waiting_for_remote_kv.
+            self.vllm.cache_blocks(self.manager, request, request.num_computed_tokens)
             return
         request.num_computed_tokens -= call.rejected
         if call.sampled:
