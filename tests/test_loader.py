@@ -173,6 +173,48 @@ def test_matrix_makes_one_scenario_per_combination(write_scenario):
             "required",
         ),
         ("requests: [a]\nsteps: [{a: {prefill: 5}}]\n", 1, "requests", "mapping"),
+        (
+            "requests: {a: {prompt_len: 5}}\nsteps:\n  - {a: {prefill: 5}}\n  - {reset_prefix_cache: yes please}\n",
+            4,
+            "steps[1].reset_prefix_cache",
+            "states what KVCacheManager.reset_prefix_cache answers",
+        ),
+        (
+            "requests: {a: {prompt_len: 5}}\nsteps:\n  - {a: {prefill: 5}}\n  - {evict_cached: {b: [0]}}\n",
+            4,
+            "steps[1].evict_cached.b",
+            "unknown request",
+        ),
+        (
+            "requests: {a: {prompt_len: 5}}\nsteps:\n  - {a: {prefill: 5}}\n  - {evict_cached: {a: [-1]}}\n",
+            4,
+            "steps[1].evict_cached.a",
+            "column indices",
+        ),
+        (
+            "requests: {a: {prompt_len: 5, kv_cache_report: all}}\nsteps: [{a: {prefill: 5}}]\n",
+            1,
+            "requests.a.kv_cache_report",
+            "must be incremental or full",
+        ),
+        (
+            "requests: {evict_cached: {prompt_len: 5}}\nsteps: [{evict_cached: {prefill: 5}}]\n",
+            1,
+            "requests.evict_cached.prompt_len",
+            "reserved in steps",
+        ),
+        (
+            "requests: {a: {prompt_len: 5}}\nsteps:\n  - {a: {prefill: 5}}\n  - {a: {finish: soon}}\n",
+            4,
+            "steps[1].a.finish",
+            "a finish says only in_flight",
+        ),
+        (
+            "kind: scheduler\nmodel: {log_stats: true}\nrequests: {a: {prompt_len: 5}}\n",
+            2,
+            "model.log_stats",
+            "trajectory scenarios only",
+        ),
         ("steps: [{a: {prefill: 5}}\n", 2, None, "invalid YAML"),
     ],
 )

@@ -676,3 +676,100 @@ def test_connector_stats_without_the_loaded_tokens_fail_sanity(pristine_tree, tm
     )
     assert [f["step"] for f in failures] == [0, 5], entry
     assert "(c (loading 38, local hit 32))" in failures[1]["message"], failures[1]
+
+
+# Evict, reset, prefix-cache stats and a hit's re-announcement, all in one scenario.
+BETWEEN_STEPS = REPO / "scenarios" / "specs" / "prefix-cache-evict-reset-stats.yaml"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("module", "old", "new", "mentioning"),
+    [
+        # evict_blocks forgets the cache: the reported-invalid block keeps its hash and b
+        # would hit KV the connector said is invalid.
+        (
+            "v1/core/block_pool.py",
+            "            self._maybe_evict_cached_block(block)\n\n    def reset_prefix_cache",
+            "            pass\n\n    def reset_prefix_cache",
+            "leaves block(s)",
+        ),
+        # reset_prefix_cache resets while a request holds blocks.
+        (
+            "v1/core/block_pool.py",
+            "        if num_used_blocks != 1:  # The null block is always marked as used",
+            "        if False:",
+            "reset_prefix_cache answers True",
+        ),
+        # A preempted request's lookup counted as a new request's.
+        (
+            "v1/core/kv_cache_manager.py",
+            "            preempted=request.num_preemptions > 0,",
+            "            preempted=False,",
+            "prefix-cache stats",
+        ),
+        # A full-report request's lookup re-announces one block fewer than it reuses.
+        (
+            "v1/core/kv_cache_coordinator.py",
+            "                    len(group_blocks),\n",
+            "                    len(group_blocks) - 1,\n",
+            "announces []",
+        ),
+    ],
+    ids=["evict", "reset", "stats", "reannounce"],
+)
+def test_what_the_engine_does_between_steps_is_judged(
+    pristine_tree, tmp_path, module, old, new, mentioning
+):
+    failures, entry = _sanity_failures(
+        pristine_tree, tmp_path, module, old, new, BETWEEN_STEPS, mentioning
+    )
+    assert failures, entry
+
+
+@pytest.mark.slow
+def test_a_shared_prefix_junction_left_unpinned_fails_sanity(pristine_tree, tmp_path):
+    # Sparse retention keeps a sliding window's blocks at a shared-prefix junction only
+    # because cache_blocks pins request.shared_prefix_boundary: without it, a third request
+    # sharing the prefix finds no window blocks there and hits nothing.
+    failures, entry = _sanity_failures(
+        pristine_tree,
+        tmp_path,
+        "v1/core/single_type_kv_cache_manager.py",
+        "            reachable_boundaries.append(request.shared_prefix_boundary)\n",
+        "            pass\n",
+        REPO / "scenarios" / "specs" / "sliding-window-sparse-retention-shared-junction.yaml",
+        "prefix-cache hit",
+    )
+    assert failures and failures[0]["request"] == "c", entry
+
+
+@pytest.mark.slow
+def test_an_in_flight_finish_that_loses_a_block_fails_sanity(pristine_tree, tmp_path):
+    # pop_blocks_for_free leaves a block out: the scheduler never returns it to the pool.
+    failures, entry = _sanity_failures(
+        pristine_tree,
+        tmp_path,
+        "v1/core/single_type_kv_cache_manager.py",
+        "        return trim_null_head(req_blocks)\n",
+        "        return trim_null_head(req_blocks)[1:]\n",
+        REPO / "scenarios" / "admission" / "in-flight-finish-defers-free.yaml",
+        "pop_blocks_for_free gives blocks",
+    )
+    assert failures and failures[0]["request"] == "a", entry
+
+
+@pytest.mark.slow
+def test_a_partial_tail_kept_from_the_connector_at_finish_fails_sanity(pristine_tree, tmp_path):
+    # finalize_partial_tail_offloads stops handing over the finishing producer's partial
+    # tail: the prefix its prefill computed can no longer be offloaded.
+    failures, entry = _sanity_failures(
+        pristine_tree,
+        tmp_path,
+        "v1/core/single_type_kv_cache_manager.py",
+        "        return self.kv_cache_group_id, source_block, boundary_tokens\n",
+        "        return None\n",
+        REPO / "scenarios" / "hybrid" / "hybrid-mamba-partial-tail-handed-over-at-finish.yaml",
+        "partial-tail Mamba state",
+    )
+    assert failures and failures[0]["request"] == "a", entry

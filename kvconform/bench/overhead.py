@@ -64,6 +64,13 @@ def workload(scenarios: Sequence[Scenario], vllm: Vllm) -> Workload:
             # correctness cases, not the per-step cost the ratio measures.
             excluded[scenario.id] = "admission options (connector tokens, gates): no bare loop"
             continue
+        if _between_steps(scenario):
+            # Resets, evictions and deferred frees are what the engine does around the
+            # scheduler's calls, which the bare loop (the plain scheduler call) does not.
+            excluded[scenario.id] = (
+                "engine work between steps (reset, evict, in-flight finish): no bare loop"
+            )
+            continue
         if scenario.model.hisparse_host_blocks is not None:
             # HiSparse's layout runs its coordinator around every step, which the bare
             # loop (the plain scheduler call) does not.
@@ -78,6 +85,15 @@ def workload(scenarios: Sequence[Scenario], vllm: Vllm) -> Workload:
         chosen.append(scenario)
         trajectories.append(result.trajectory)
     return Workload(chosen, [plan(s, vllm) for s in chosen], trajectories, excluded)
+
+
+def _between_steps(scenario: Scenario) -> bool:
+    return any(
+        step.reset_prefix_cache is not None
+        or step.evict_cached
+        or any(call.deferred_free for call in step.calls)
+        for step in scenario.steps
+    )
 
 
 def _admission_options(scenario: Scenario) -> bool:

@@ -60,6 +60,11 @@ HANDOFF_LOST = "caches a Mamba boundary state and does not hand it to the KV con
 HANDOFF_STALE = "hands the KV connector a block that no longer holds the state"
 RETAINED_HIT = "adopts other blocks of a retained hit than those its computed tokens cover"
 EVENTS_DIVERGE = "announces another prefix cache in its KV-cache events than the pool holds"
+REANNOUNCED_HIT = "announces other blocks at a prefix-cache lookup than the request reuses"
+RESET_ANSWER = "answers reset_prefix_cache otherwise than the blocks held give"
+EVICTED_STILL_CACHED = "keeps a block in the prefix cache that the connector evicted"
+DEFERRED_FREE = "returns other blocks after an in-flight finish than the request held"
+STATS_DIVERGE = "counts other prefix-cache stats or usage than the trajectory adopted"
 DEFAULTS_DISAGREE = "declares another default than the coordinator that forwards the argument"
 # Multimodal encoder inputs (scheduler mode): what the worker's encoder cache holds.
 ENCODER_OUTPUT_MISSING = "schedules placeholder tokens whose encoder output the worker lacks"

@@ -98,6 +98,10 @@ class ModelSpec:
     # KVCacheManager(enable_kv_cache_events=...): vLLM tells external routers which blocks
     # it caches (off by default, as in vLLM); the sanity check holds the events to the pool.
     kv_cache_events: bool = False
+    # KVCacheManager(log_stats=...) with a KVCacheMetricsCollector, as the scheduler builds
+    # them with stats logging and ObservabilityConfig.kv_cache_metrics on: the sanity check
+    # holds each step's prefix-cache stats and KV-cache usage to the trajectory.
+    log_stats: bool = False
     # The settings of kvconform.model.settings.SETTINGS this section states.
     stated: frozenset[str] = frozenset()
 
@@ -255,6 +259,10 @@ class StreamChunk:
     prompt_len: int  # the chunk's new tokens
     max_tokens: int  # outputs of its turn
     line: int | None = field(default=None, compare=False)
+    # Trajectory scenarios only: the request's sampling parameters carry
+    # extra_args={"kv_cache_report_mode": "full"}: with KV-cache events on, vLLM announces
+    # the prefix-cache blocks the request reuses again at its admission.
+    kv_cache_report_full: bool = False
 
 
 @dataclass(frozen=True)
@@ -316,10 +324,18 @@ class Call:
     # What the prefill action says besides its count (first chunks: the arguments the
     # scheduler passes at admission; later chunks: the tokens in flight).
     options: ChunkOptions = NO_CHUNK_OPTIONS
+    # A finish while the request's last step is still in flight (finish: in_flight): the
+    # scheduler pops the blocks and returns them to the pool once that step's output is
+    # applied (Scheduler._free_request_blocks, _drain_deferred_frees).
+    deferred_free: bool = False
 
     @property
     def allocates(self) -> bool:
         return self.scheduled > 0
+
+
+# Keys of a trajectory step that name what the engine does between steps, not a request.
+STEP_OPERATIONS = ("reset_prefix_cache", "evict_cached")
 
 
 @dataclass(frozen=True)
@@ -327,6 +343,12 @@ class Step:
     index: int
     calls: tuple[Call, ...]
     line: int | None = None
+    # What the engine does between the last step and this one, before its calls:
+    # KVCacheManager.reset_prefix_cache, with the answer the scenario states (None: no
+    # reset), and KVCacheManager.evict_blocks of the blocks a KV connector reported
+    # invalid, as (request, column of its group-0 table) pairs.
+    reset_prefix_cache: bool | None = None
+    evict_cached: tuple[tuple[str, int], ...] = ()
 
 
 WARMUP_SAMPLING = ("random", "greedy", "none")

@@ -61,6 +61,7 @@ class RequestTokens:
         num_speculative_tokens: int | None,
         refused: bool = False,
         options: ChunkOptions = NO_CHUNK_OPTIONS,
+        deferred_free: bool = False,
     ) -> Call:
         name = self.spec.name
         if self.finished:
@@ -78,6 +79,10 @@ class RequestTokens:
         if action is Action.FINISH:
             self.finished = True
             self.holds_blocks = False
+            if deferred_free:
+                return Call(
+                    name, action, self.computed, 0, label="finish (in flight)", deferred_free=True
+                )
             return Call(name, action, self.computed, 0, label="finish")
         if action is Action.PREEMPT:
             if not self.holds_blocks:

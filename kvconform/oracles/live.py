@@ -5,7 +5,8 @@ Every call mirrors what ``vllm/v1/core/sched/scheduler.py`` does around
 
 * A request entering from the waiting queue (first chunk, or first chunk after a
   preemption) first looks up its prefix-cache hit with ``get_computed_blocks``
-  (capped so at least one token is scheduled), then calls ``allocate_slots``
+  (capped so at least one token is scheduled) and stores the lookup's
+  ``shared_prefix_boundary`` on the request as the scheduler does, then calls ``allocate_slots``
   with the hit, the scenario's lookahead and, for encoder-decoder models, its
   encoder length, plus what the call says the scheduler passes (``external``
   tokens from a KV connector, ``full_sequence_must_fit``, ``reserved_blocks``)
@@ -49,12 +50,17 @@ from kvconform.model.handoffs import judge_handoffs
 from kvconform.model.kv_events import judge_mirror, replay_events
 from kvconform.model.observations import (
     DEFAULTS_DISAGREE,
+    DEFERRED_FREE,
     EVENTS_DIVERGE,
+    EVICTED_STILL_CACHED,
     HANDOFF_LOST,
     HANDOFF_STALE,
     HIT_MISSED,
     NOT_ZEROED,
+    REANNOUNCED_HIT,
+    RESET_ANSWER,
     RETAINED_HIT,
+    STATS_DIVERGE,
     ZEROES_VALID_KV,
     Trajectory,
 )
@@ -108,8 +114,9 @@ def manager_for(
         dcp_world_size=model.dcp_world_size,
         watermark=model.watermark,
         max_in_flight_tokens=model.max_in_flight_tokens,
-        log_stats=False,
+        log_stats=model.log_stats,
         enable_kv_cache_events=model.kv_cache_events,
+        **({"metrics_collector": vllm.metrics_collector()} if model.log_stats else {}),
         **dict(speculative_options or {}),
     )
 
@@ -187,6 +194,18 @@ class LiveAllocator:
         self._scheduled: dict[str, tuple[int, int]] = {}
         # What the KV-cache events announce, per (group, block hash): model/kv_events.py.
         self._announced: Counter[tuple[int, object]] = Counter()
+        # Events a prefix hit re-announced (kv_cache_report_mode "full"), by identity: the
+        # router already counts those blocks, so the mirror leaves them out.
+        self._reannouncements: list[Any] = []
+        # With log_stats: what the step's admissions looked up, (requests, queries, hits)
+        # of new and of preempted requests, and whether a reset succeeded since the stats
+        # were last taken; the requests preempted so far.
+        self._stats_expected = [0] * 6
+        self._stats_reset = False
+        self._ever_preempted: set[str] = set()
+        # Requests finished while their last step was in flight: their popped blocks wait
+        # for the end of the next step (request, blocks, whether that step has begun).
+        self._deferred: list[tuple[str, list[Any], bool]] = []
         self._hasher = (
             vllm.block_hasher(
                 model.hash_block_size, int(options.get("num_hash_lookahead_tokens", 0))
@@ -197,6 +216,9 @@ class LiveAllocator:
         self._requests: dict[str, Any] = {}
         self._prompts: dict[str, list[int]] = {}
         self._outputs: dict[str, int] = {}
+        self._first_outputs: dict[str, int] = {}
+        # Requests whose kv_cache_report_mode is "full".
+        self._report_full: set[str] = set()
         self._running = vllm.running_status()
         self._preempted = vllm.preempted_status()
         self._waiting = vllm.waiting_status()
@@ -217,6 +239,8 @@ class LiveAllocator:
             vllm.boundary_state_groups(self.manager) if model.enable_caching else []
         )
         self._cached_states: set[tuple[int, int, int]] = set()
+        # The cache keys of every boundary state handed to the connector so far.
+        self._offered_keys: set[object] = set()
         self._freed_this_step: set[int] = set()
         for disagreement in vllm.forwarded_default_disagreements(self.manager):
             self.step_misses.append(
@@ -231,8 +255,12 @@ class LiveAllocator:
 
     def add_request(self, spec: RequestSpec, index: int) -> None:
         prompt = self._prompts[spec.name] = prompt_tokens(index, spec, self._prompts)
-        self._outputs[spec.name] = first_output_token(index)
-        self._requests[spec.name] = self.vllm.new_request(spec.name, prompt, self._hasher)
+        self._outputs[spec.name] = self._first_outputs[spec.name] = first_output_token(index)
+        self._requests[spec.name] = self.vllm.new_request(
+            spec.name, prompt, self._hasher, kv_cache_report_full=spec.kv_cache_report_full
+        )
+        if spec.kv_cache_report_full:
+            self._report_full.add(spec.name)
 
     def new_step(self) -> None:
         """A scheduler step begins: ``Scheduler.schedule`` calls ``new_step_starts`` first."""
@@ -255,11 +283,155 @@ class LiveAllocator:
         self._scheduled.clear()
         if self.model.kv_cache_events:
             self._check_kv_events()
+        self.return_deferred(ended_step=True)
+        if self.model.log_stats:
+            self._check_stats()
+
+    def finish_in_flight(self, name: str) -> None:
+        """A request finishes while its last step is in flight (a KV consumer under
+        asynchronous scheduling, ``Scheduler._free_request_blocks``): its blocks are popped
+        (``pop_blocks_for_free``), still referenced, and go back to the pool only once that
+        step's output is applied (``_drain_deferred_frees``), at the end of the next step.
+        The popped blocks must be the ones its tables held."""
+        self._note_freed(name)
+        held = sorted(b for ids in self.block_ids(name) for b in ids if b != self.null_block)
+        popped = self.manager.pop_blocks_for_free(self._requests[name])
+        ids = sorted(b.block_id for b in popped if b.block_id != self.null_block)
+        self._running_names.discard(name)
+        if ids != held or any(self.block_ids(name)):
+            self.step_misses.append(
+                (
+                    name,
+                    f"pop_blocks_for_free gives blocks {ids}, but the request's tables held "
+                    f"{held} and now hold {list(self.block_ids(name))}",
+                    DEFERRED_FREE,
+                )
+            )
+        self._deferred.append((name, popped, False))
+
+    def return_deferred(self, ended_step: bool = False) -> None:
+        """Return the deferred blocks whose in-flight step has completed, tail first (the
+        scheduler frees them in reverse order): at the end of every step after the finish's
+        step (``ended_step``), or at the run's end. Each popped block that no live request
+        holds goes back to the free queue."""
+        waiting: list[tuple[str, list[Any], bool]] = []
+        for name, blocks, due in self._deferred:
+            if ended_step and not due:
+                waiting.append((name, blocks, True))
+                continue
+            live_ids = {
+                b for other in self._running_names | self._loaded
+                for ids in self.block_ids(other) for b in ids
+            }  # fmt: skip
+            popped = {b.block_id for b in blocks if b.block_id != self.null_block}
+            expected = len(popped - live_ids)
+            before = self.free_blocks()
+            self.manager.block_pool.free_blocks(reversed(blocks))
+            returned = self.free_blocks() - before
+            if returned != expected:
+                self.step_misses.append(
+                    (
+                        name,
+                        f"the {len(blocks)} blocks popped at its in-flight finish return "
+                        f"{returned} blocks to the pool, not the {expected} no live request "
+                        "holds",
+                        DEFERRED_FREE,
+                    )
+                )
+        self._deferred = waiting
+
+    def reset_prefix_cache(self, stated: bool) -> None:
+        """``KVCacheManager.reset_prefix_cache`` between steps (an RLHF weight update, the
+        ``/reset_prefix_cache`` endpoint): it must answer as ``stated`` (derived by hand: it
+        succeeds only when no request holds a block), and a reset leaves nothing cached."""
+        answer = bool(self.manager.reset_prefix_cache())
+        if answer:
+            self._stats_reset = True
+        still = sum(self.vllm.cached_block_counts(self.manager).values()) if answer else 0
+        if answer == stated and not still:
+            return
+        message = (
+            f"reset_prefix_cache answers {answer}, but the scenario states {stated} "
+            f"({self.free_blocks()} of {self.model.num_blocks} blocks free, the null block "
+            "is never free)"
+            if answer != stated
+            else f"reset_prefix_cache answers True, yet the pools still cache {still} blocks"
+        )
+        self.step_misses.append(("-", message, RESET_ANSWER))
+
+    def evict_cached(self, columns: Sequence[tuple[str, int]], where: Location) -> None:
+        """``KVCacheManager.evict_blocks`` of the blocks a KV connector reported invalid
+        (``Scheduler._handle_invalid_blocks``): the blocks at these columns of the requests'
+        group-0 tables leave the prefix cache; a request that holds one keeps it."""
+        tables = {name: self.block_ids(name)[0] for name, _ in columns}
+        chosen: set[int] = set()
+        for name, column in columns:
+            table = tables[name]
+            if column >= len(table) or table[column] == self.null_block:
+                raise ScenarioError(
+                    where,
+                    f"column {column} of request {name!r}'s group-0 table holds no block "
+                    f"(the table is {table}); a connector reports blocks the request holds",
+                )
+            chosen.add(table[column])
+        self.manager.evict_blocks(chosen)
+        kept = sorted(b for b in chosen if self.vllm.block_is_cached(self.manager, b))
+        if kept:
+            self.step_misses.append(
+                (
+                    ", ".join(sorted(tables)),
+                    f"evict_blocks({sorted(chosen)}) leaves block(s) {kept} in the prefix "
+                    "cache: a later request would hit KV the connector reported invalid",
+                    EVICTED_STILL_CACHED,
+                )
+            )
+
+    def _check_stats(self) -> None:
+        """``make_prefix_cache_stats`` counts the step's admissions with their lookups (new
+        and preempted requests apart) and the hits they adopted; ``usage`` is the share of
+        the pool's blocks (null block left out) that the live requests' tables hold."""
+        stats = self.vllm.prefix_cache_stats(self.manager)
+        names = ("requests", "queries", "hits", "preempted_requests", "preempted_queries",
+                 "preempted_hits")  # fmt: skip
+        expected: dict[str, object] = dict(zip(names, self._stats_expected, strict=True))
+        expected["reset"] = self._stats_reset
+        own_pool = {g for g, info in enumerate(self._groups) if GROUP_TYPES[info.type].own_pool}
+        held = {
+            block
+            for name in self._running_names | self._loaded
+            for group, ids in enumerate(self.block_ids(name))
+            if group not in own_pool
+            for block in ids
+            if block != self.null_block
+        }
+        # Blocks popped at an in-flight finish are still taken until they go back.
+        held |= {b.block_id for _, blocks, _ in self._deferred for b in blocks}
+        held.discard(self.null_block)
+        expected["usage"] = len(held) / (self.model.num_blocks - 1)
+        wrong = [
+            f"{key} {stats[key]!r}, not {want!r}"
+            for key, want in expected.items()
+            if (abs(stats[key] - want) > 1e-9 if key == "usage" else stats[key] != want)
+        ]
+        self._stats_expected = [0] * 6
+        self._stats_reset = False
+        if wrong:
+            self.step_misses.append(
+                (
+                    "-",
+                    "the step's prefix-cache stats and KV-cache usage differ from what its "
+                    f"admissions adopted and its requests hold: {'; '.join(wrong)}",
+                    STATS_DIVERGE,
+                )
+            )
 
     def _check_kv_events(self) -> None:
         """The step's KV-cache events leave a router knowing what the pool caches
         (:mod:`kvconform.model.kv_events`)."""
-        events = self.vllm.take_kv_cache_events(self.manager)
+        events = self.vllm.take_kv_cache_events(
+            self.manager, leave_out={id(e) for e in self._reannouncements}
+        )
+        self._reannouncements.clear()
         problems = replay_events(self._announced, events)
         cached = self.vllm.cached_block_counts(self.manager)
         wrong = judge_mirror(self._announced, cached)
@@ -286,6 +458,9 @@ class LiveAllocator:
         (:mod:`kvconform.model.handoffs`)."""
         offers = self.vllm.take_boundary_state_offers(self.manager)
         offered = {state for states in offers.values() for state in states}
+        self._offered_keys.update(
+            self.vllm.cached_key(self.manager, block) for _, block, _ in offered
+        )
         owner = {state[1]: name for name, states in offers.items() for state in states}
         after = self.vllm.boundary_states_cached(self.manager, self._handoff_groups)
         tables = {name: self.block_ids(name) for name in self._running_names | self._loaded}
@@ -351,6 +526,8 @@ class LiveAllocator:
         new_blocks, hit, hit_blocks, external = self._allocate(call, encoder_len, where)
         if new_blocks is None:
             raise self._refusal(call, encoder_len, where, free, held, hit, hit_blocks)
+        if self.model.log_stats and call.first_chunk and hit_blocks is not None:
+            self._record_admission(call, hit)
         self._check_zeroing(call, before, hit_blocks, hit + external)
         self._check_retained_hit(call, hit_blocks, hit + external)
         request = self._requests[call.request]
@@ -368,6 +545,21 @@ class LiveAllocator:
             request.status = self._running
             self._running_names.add(call.request)
         return hit + external
+
+    def _record_admission(self, call: Call, hit: int) -> None:
+        """What ``Scheduler.schedule`` does once it admits a request whose prefix cache it
+        looked up: ``record_prefix_cache_stats(request, hit)``; and what the step's stats
+        must then count, from the scenario (its prompt and outputs, whether it was
+        preempted before)."""
+        request = self._requests[call.request]
+        if self.model.enable_caching:
+            self.manager.record_prefix_cache_stats(request, hit)
+            tokens = len(self._prompts[call.request]) + (
+                self._outputs[call.request] - self._first_outputs[call.request]
+            )
+            at = 3 if call.request in self._ever_preempted else 0
+            for offset, value in enumerate((1, tokens, hit)):
+                self._stats_expected[at + offset] += value
 
     def _check_zeroing(
         self, call: Call, before: tuple[list[int], ...], hit_blocks: Any, valid_tokens: int
@@ -569,9 +761,12 @@ class LiveAllocator:
             if call.options.connector is not None:
                 blocks, hit, external = self._connector_lookup(call, request)
             elif self.model.enable_caching:
+                queued = len(self.vllm.queued_kv_events(self.manager))
                 blocks, hit = self.vllm.computed_blocks(
                     self.manager, request, call.computed + call.scheduled - 1
                 )
+                if self.model.kv_cache_events:
+                    self._check_reannounced(call, blocks, hit, queued)
             if call.options.expect_hit is not None and hit != call.options.expect_hit:
                 self.misses.append(
                     (
@@ -626,6 +821,34 @@ class LiveAllocator:
                 request.num_in_flight_tokens = 0
         return new_blocks, hit, blocks, external
 
+    def _check_reannounced(self, call: Call, blocks: Any, hit: int, queued: int) -> None:
+        """The events a prefix-cache lookup queues: none, unless the request asks for
+        ``kv_cache_report_mode`` "full", where each group with a hit announces once more,
+        in one ``BlockStored``, exactly the hashes its hit's blocks are cached under."""
+        emitted = self.vllm.queued_kv_events(self.manager)[queued:]
+        self._reannouncements.extend(emitted)
+        said = self.vllm.announced_blocks(emitted)
+        if len(said) != len(emitted):
+            said.append((-1, ("an event other than BlockStored",)))
+        expected: list[tuple[int, tuple[object, ...]]] = []
+        if hit and call.request in self._report_full:
+            expected = [
+                (group, tuple(hashes))
+                for group, hashes in self.vllm.hit_block_hashes(blocks).items()
+                if hashes
+            ]
+        if said == expected:
+            return
+        self.misses.append(
+            (
+                call,
+                f"a prefix-cache hit of {hit} tokens announces {said} at its lookup, but the "
+                f"request reuses {expected} (per group, the hashes its hit's blocks are "
+                "cached under; nothing unless its kv_cache_report_mode is full)",
+                REANNOUNCED_HIT,
+            )
+        )
+
     def _connector_lookup(self, call: Call, request: Any) -> tuple[Any, int, int]:
         """The local hit and external tokens of an admission through a KV connector that
         takes divergent local hybrid hits, as ``Scheduler.schedule`` decides them.
@@ -663,8 +886,9 @@ class LiveAllocator:
         """
         request = self._requests[call.request]
         if call.options.load_async:
-            if self.model.enable_caching:
-                self.vllm.cache_blocks(self.manager, request, request.num_computed_tokens)
+            # The scheduler calls it whether or not prefix caching is on (the manager
+            # caches only with it): _update_waiting_for_remote_kv.
+            self.vllm.cache_blocks(self.manager, request, request.num_computed_tokens)
             return
         request.num_computed_tokens -= call.rejected
         if call.sampled:
@@ -713,9 +937,63 @@ class LiveAllocator:
         self.manager.free(request)
         request.status = self._preempted
         request.num_computed_tokens = 0
+        # Scheduler._preempt_request counts it; the prefix-cache stats tell such a
+        # request's lookups apart.
+        request.num_preemptions += 1
+        self._ever_preempted.add(name)
         self._running_names.discard(name)
 
+    def _check_finalized_tails(self, name: str) -> None:
+        """A finishing request hands its connector the partial-tail boundary states it
+        cached at exactly its computed tokens that no offer has carried yet
+        (``finalize_partial_tail_offloads``: the state is still on the block no later
+        forward wrote), and nothing else."""
+        request = self._requests[name]
+        offers = self.vllm.finalize_partial_tail_offers(self.manager, request)
+        if offers is None:
+            return
+        table = self.block_ids(name)
+        computed = int(request.num_computed_tokens)
+        tails = {
+            (group, block, tokens)
+            for group, block, tokens in self.vllm.boundary_states_cached(
+                self.manager, self._handoff_groups
+            )
+            if block in table[group]
+            and tokens == computed
+            and tokens % self.model.groups[group].block_size
+        }
+        given = set(offers)
+        lost = {
+            state
+            for state in tails - given
+            if self.vllm.cached_key(self.manager, state[1]) not in self._offered_keys
+        }
+        for group, block, tokens in sorted(lost):
+            self.step_misses.append(
+                (
+                    name,
+                    f"group {group}: block {block} holds the request's partial-tail Mamba "
+                    f"state of {tokens} tokens, never handed over, yet at its finish "
+                    f"finalize_partial_tail_offloads hands the connector {sorted(given)}",
+                    HANDOFF_LOST,
+                )
+            )
+        for group, block, tokens in sorted(given - tails):
+            self.step_misses.append(
+                (
+                    name,
+                    f"group {group}: at its finish finalize_partial_tail_offloads hands the "
+                    f"connector block {block} as the state of {tokens} tokens, which is not "
+                    f"a partial tail the request holds at its {computed} computed tokens",
+                    HANDOFF_STALE,
+                )
+            )
+        self._offered_keys.update(self.vllm.cached_key(self.manager, b) for _, b, _ in given)
+
     def finish(self, name: str) -> None:
+        if self._handoff_groups:
+            self._check_finalized_tails(name)
         self._note_freed(name)
         self.manager.free(self._requests[name])
         self._running_names.discard(name)

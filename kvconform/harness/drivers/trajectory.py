@@ -68,6 +68,16 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
         if stopped:
             break
         index, line = step.index, step.line
+        # What the engine does between the last step and this one.
+        if step.reset_prefix_cache is not None:
+            live.reset_prefix_cache(step.reset_prefix_cache)
+        if step.evict_cached:
+            live.evict_cached(
+                step.evict_cached, Location(scenario.file, line, f"steps[{index}].evict_cached")
+            )
+        for name, message, invariant in live.step_misses:
+            trajectory.misses.append(Miss(index, line, name, "before the step", message, invariant))
+        live.step_misses.clear()
         live.new_step()
         for call in step.calls:
             name, action = call.request, call.action
@@ -86,6 +96,11 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
                 if not refused:
                     stopped = True
                     break
+                continue
+            if call.deferred_free:
+                live.finish_in_flight(name)
+                finished.add(name)
+                predicted_max.pop(name, None)
                 continue
             if action is finish or action is preempt:
                 held = live.block_ids(name)
@@ -176,6 +191,13 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
         for name, message, invariant in live.step_misses:
             trajectory.misses.append(Miss(index, line, name, "end of step", message, invariant))
         live.step_misses.clear()
+    # The engine's next step applies the last output: blocks still deferred go back.
+    live.return_deferred()
+    for name, message, invariant in live.step_misses:
+        trajectory.misses.append(
+            Miss(len(scenario.steps), None, name, "after the last step", message, invariant)
+        )
+    live.step_misses.clear()
     trajectory.all_finished = len(finished) == len(scenario.requests)
     trajectory.final_free_blocks = live.free_blocks()
     return trajectory

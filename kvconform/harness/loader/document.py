@@ -87,6 +87,7 @@ def parse(
     for key, value in (
         ("watermark", model.watermark),
         ("max_in_flight_tokens", model.max_in_flight_tokens),
+        ("log_stats", model.log_stats),
         # 0 is a setting (sparse retention), not an absence.
         ("prefix_cache_retention_interval", model.prefix_cache_retention_interval is not None),
     ):

@@ -72,6 +72,7 @@ def parse_model(raw: Any, where: Location) -> ModelSpec:
     retention_interval = fields.optional_int("prefix_cache_retention_interval", minimum=0)
     hisparse_host_blocks = fields.optional_int("hisparse_host_blocks", minimum=2)
     kv_cache_events = fields.flag("kv_cache_events", False)
+    log_stats = fields.flag("log_stats", False)
     raw_groups = fields.raw("groups", list(DEFAULT_GROUPS))
     fields.done()
     if not isinstance(raw_groups, list):
@@ -98,6 +99,7 @@ def parse_model(raw: Any, where: Location) -> ModelSpec:
         scheduler_reserve_full_isl=reserve_full_isl,
         hisparse_host_blocks=hisparse_host_blocks,
         kv_cache_events=kv_cache_events,
+        log_stats=log_stats,
         stated=stated,
     )
     _check_hisparse_layout(model, fields, line_of)

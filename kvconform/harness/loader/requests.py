@@ -10,6 +10,7 @@ from kvconform.harness.loader.fields import Abandoned, Fields, attempt
 from kvconform.harness.yamlio import LineDict
 from kvconform.model.scenario import (
     ACCEPT_ALL,
+    STEP_OPERATIONS,
     Acceptance,
     RequestSpec,
     SpeculativeSpec,
@@ -102,7 +103,7 @@ def _accepted_counts(values: list[Any], at: Location, k: int) -> tuple[int, ...]
 
 def parse_requests(raw: Any, where: Location, at: Location) -> dict[str, RequestSpec]:
     def request(name: str, fields: Fields, request_at: Location) -> RequestSpec:
-        if name in ("repeat", "step", "steps"):
+        if name in ("repeat", "step", "steps", *STEP_OPERATIONS):
             raise ScenarioError(
                 fields.at("prompt_len"), f"{name!r} is reserved in steps; rename the request"
             )
@@ -113,6 +114,19 @@ def parse_requests(raw: Any, where: Location, at: Location) -> dict[str, Request
             prefix_from=fields.raw("prefix_from"),
             prefix_len=fields.integer("prefix_len", 0, minimum=0),
             where=request_at,
+            kv_cache_report_full=_report_mode(fields),
         )
 
     return parse_request_map(raw, where, at, "a trajectory", request)
+
+
+def _report_mode(fields: Fields) -> bool:
+    """``kv_cache_report``: ``incremental`` (vLLM's default) or ``full``, the request's
+    ``kv_cache_report_mode`` (``SamplingParams.extra_args``)."""
+    mode = fields.raw("kv_cache_report", "incremental")
+    if mode not in ("incremental", "full"):
+        raise ScenarioError(
+            fields.at("kv_cache_report"),
+            f"must be incremental or full (the request's kv_cache_report_mode), not {mode!r}",
+        )
+    return bool(mode == "full")

@@ -15,6 +15,7 @@ from kvconform.harness.loader.fields import Fields, as_written, attempt, report,
 from kvconform.harness.yamlio import LineDict, LineList
 from kvconform.model.scenario import (
     NO_CHUNK_OPTIONS,
+    STEP_OPERATIONS,
     Action,
     ChunkOptions,
     ModelSpec,
@@ -62,7 +63,10 @@ def parse_steps(
             steps.append(Step(len(steps), (), line))
             continue
         calls = []
+        reset, evict = _step_operations(body, step_where, tokens)
         for request, action_raw in body.items():
+            if request in STEP_OPERATIONS:
+                continue
             call_where = step_where.at(f"{step_where.field}.{request}", body.line_of(request))
             if request in broken:
                 continue
@@ -85,6 +89,7 @@ def parse_steps(
                     wrapper.done()
                     call_where = wrapper.at("refused")
                 action, count, accepted, options = _parse_action(action_raw, call_where)
+                deferred = isinstance(action_raw, LineDict) and "finish" in action_raw
                 return tokens[request].apply(
                     action,
                     call_where,
@@ -94,6 +99,7 @@ def parse_steps(
                     num_speculative_tokens=num_spec,
                     refused=refused,
                     options=options,
+                    deferred_free=deferred,
                 )
 
             made, ok = attempt(call, request, action_raw, call_where)
@@ -101,8 +107,70 @@ def parse_steps(
                 calls.append(made)
             else:
                 broken.add(request)
-        steps.append(Step(len(steps), tuple(calls), line))
+        steps.append(Step(len(steps), tuple(calls), line, reset, evict))
     return tuple(steps)
+
+
+def _step_operations(
+    body: LineDict, step_where: Location, tokens: dict[str, RequestTokens]
+) -> tuple[bool | None, tuple[tuple[str, int], ...]]:
+    """The step's ``reset_prefix_cache`` (the answer stated) and ``evict_cached`` (request
+    -> columns of its group-0 table), what the engine does before the step's calls."""
+    reset: bool | None = None
+    evict: list[tuple[str, int]] = []
+    if "reset_prefix_cache" in body:
+        at = step_where.at(
+            f"{step_where.field}.reset_prefix_cache", body.line_of("reset_prefix_cache")
+        )
+        value = body["reset_prefix_cache"]
+        if not isinstance(value, bool):
+            report(
+                ScenarioError(
+                    at,
+                    "states what KVCacheManager.reset_prefix_cache answers: true (no request "
+                    f"holds a block) or false, not {as_written(value)}",
+                )
+            )
+        else:
+            reset = value
+    if "evict_cached" in body:
+        at = step_where.at(f"{step_where.field}.evict_cached", body.line_of("evict_cached"))
+        value = body["evict_cached"]
+        if not isinstance(value, LineDict) or not value:
+            report(
+                ScenarioError(
+                    at,
+                    "maps request names to columns of their group-0 tables, e.g. {a: [1, 2]}, "
+                    f"not {as_written(value)}",
+                )
+            )
+            return reset, ()
+        for name, columns in value.items():
+            where = at.at(f"{at.field}.{name}", value.line_of(name))
+            if name not in tokens:
+                report(
+                    ScenarioError(
+                        where,
+                        f"unknown request {name!r}{suggestion(name, tokens)}; requests: "
+                        + ", ".join(tokens),
+                    )
+                )
+                continue
+            if (
+                not isinstance(columns, list)
+                or not columns
+                or not all(type(c) is int and c >= 0 for c in columns)
+            ):
+                report(
+                    ScenarioError(
+                        where,
+                        "must be a non-empty list of column indices (integers from 0) of the "
+                        f"request's group-0 table, not {as_written(columns)}",
+                    )
+                )
+                continue
+            evict.extend((name, column) for column in columns)
+    return reset, tuple(evict)
 
 
 def _unroll(raw: LineList, where: Location, path: str) -> Iterable[tuple[int | None, Any]]:
@@ -154,6 +222,16 @@ def _parse_action(raw: Any, where: Location) -> tuple[Action, int, int | None, C
             options = _parse_chunk_options(fields)
             fields.done()
             return Action.PREFILL, count, None, options
+        if "finish" in raw:
+            how = fields.raw("finish")
+            fields.done()
+            if how != "in_flight":
+                raise ScenarioError(
+                    fields.at("finish"),
+                    "a finish says only in_flight ({finish: in_flight}: its last step is "
+                    f"still running, so its blocks go back after it), not {as_written(how)}",
+                )
+            return Action.FINISH, 0, None, NO_CHUNK_OPTIONS
         if "spec" in raw:
             count = fields.integer("spec")
             accepted = fields.optional_int("accepted")

@@ -17,7 +17,7 @@ import functools
 import importlib
 import os
 import typing
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from functools import cached_property
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -382,6 +382,7 @@ class Vllm:
         stop_token_ids: list[int] | None = None,
         eos_token_id: int | None = None,
         resumable: bool = False,
+        kv_cache_report_full: bool = False,
     ) -> Any:
         """A vLLM ``Request``. ``mm_features``: its multimodal inputs (their identifiers enter
         the block hashes, which the request computes as it is built). ``stop_token_ids``:
@@ -392,11 +393,14 @@ class Vllm:
         (``Request.resumable``, as ``AsyncLLM``'s streaming input submits each chunk)."""
         from vllm import SamplingParams
 
+        # kv_cache_report_mode travels in extra_args, as a client's request carries it.
+        extra = {"extra_args": {"kv_cache_report_mode": "full"}} if kv_cache_report_full else {}
         params = call(
             SamplingParams,
             max_tokens=max_tokens,
             ignore_eos=eos_token_id is None,
             stop_token_ids=list(stop_token_ids or ()),
+            **extra,
         )
         if eos_token_id is not None:
             params.update_from_generation_config({}, eos_token_id)
@@ -461,6 +465,8 @@ class Vllm:
             manager.get_computed_blocks, request=request, max_cache_hit_length=max_cache_hit_length
         )
         blocks, hit = result[0], int(result[1])
+        if len(result) == 3:
+            _pin_shared_prefix(request, result[2])
         if hit > max_cache_hit_length:
             raise self.not_offered(
                 "KVCacheManager.get_computed_blocks(max_cache_hit_length=...)",
@@ -483,6 +489,8 @@ class Vllm:
             raise self.not_offered("KVCacheManager.get_computed_blocks_for_connector")
         result = call(lookup, request=request, max_cache_hit_length=max_cache_hit_length)
         blocks, hit, diverged = result[0], int(result[1]), bool(result[-1])
+        if len(result) == 4:
+            _pin_shared_prefix(request, result[2])
         if hit > max_cache_hit_length:
             raise self.not_offered(
                 "KVCacheManager.get_computed_blocks_for_connector(max_cache_hit_length=...)",
@@ -596,14 +604,19 @@ class Vllm:
                     )
         return lines
 
-    def take_kv_cache_events(self, manager: Any) -> list[tuple[str, int, tuple[object, ...]]]:
+    def take_kv_cache_events(
+        self, manager: Any, leave_out: Collection[int] = ()
+    ) -> list[tuple[str, int, tuple[object, ...]]]:
         """The KV-cache events since the last call (``KVCacheManager.take_events``, drained
         as the scheduler drains them each step), as (kind, group, block hashes): kind
-        ``stored``, ``removed`` or ``cleared`` (group -1, no hashes)."""
+        ``stored``, ``removed`` or ``cleared`` (group -1, no hashes); those whose ``id`` is
+        in ``leave_out`` are drained and left out."""
         from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 
         events: list[tuple[str, int, tuple[object, ...]]] = []
         for event in manager.take_events():
+            if id(event) in leave_out:
+                continue
             if isinstance(event, AllBlocksCleared):
                 events.append(("cleared", -1, ()))
             elif isinstance(event, (BlockStored, BlockRemoved)):
@@ -611,6 +624,56 @@ class Vllm:
                 group = -1 if event.group_idx is None else int(event.group_idx)
                 events.append((kind, group, tuple(event.block_hashes)))
         return events
+
+    def queued_kv_events(self, manager: Any) -> list[Any]:
+        """The KV-cache events queued since the last ``take_events``, left in the queue."""
+        return list(manager.block_pool.kv_event_queue)
+
+    def announced_blocks(self, events: Sequence[Any]) -> list[tuple[int, tuple[object, ...]]]:
+        """The ``BlockStored`` events among ``events``, as (group, block hashes)."""
+        from vllm.distributed.kv_events import BlockStored
+
+        return [
+            (-1 if e.group_idx is None else int(e.group_idx), tuple(e.block_hashes))
+            for e in events
+            if isinstance(e, BlockStored)
+        ]
+
+    def hit_block_hashes(self, blocks: Any) -> dict[int, list[object]]:
+        """Per group, the hashes a prefix hit's blocks are cached under, as KV-cache events
+        carry them (None for a null column)."""
+        utils = self._kv_cache_utils
+        return {
+            group: [
+                None
+                if block.block_hash is None
+                else utils.maybe_convert_block_hash(utils.get_block_hash(block.block_hash))
+                for block in group_blocks
+            ]
+            for group, group_blocks in enumerate(blocks.blocks)
+        }
+
+    def metrics_collector(self) -> Any:
+        """A ``KVCacheMetricsCollector`` sampling every block, what the scheduler builds with
+        ``ObservabilityConfig.kv_cache_metrics`` on and ``kv_cache_metrics_sample`` 1."""
+        module = self.optional_module("vllm.v1.core.kv_cache_metrics")
+        if module is None:
+            raise self.missing("vllm.v1.core.kv_cache_metrics.KVCacheMetricsCollector")
+        return module.KVCacheMetricsCollector(1.0)
+
+    def prefix_cache_stats(self, manager: Any) -> dict[str, Any]:
+        """``make_prefix_cache_stats`` (taken and reset, as ``Scheduler.make_stats`` takes it
+        each step) and the pool's ``usage``, as plain values; the metrics collector's
+        eviction events are drained as ``make_stats`` drains them."""
+        stats = manager.make_prefix_cache_stats()
+        fields = ("requests", "queries", "hits", "preempted_requests", "preempted_queries",
+                  "preempted_hits", "reset")  # fmt: skip
+        taken = {name: getattr(stats, name) for name in fields}
+        taken["usage"] = manager.usage
+        collector = getattr(manager, "metrics_collector", None)
+        if collector is not None:
+            collector.drain_events()  # as make_stats drains them; not judged
+        return taken
 
     def cached_block_counts(self, manager: Any) -> dict[tuple[int, object], int]:
         """(group, block hash as the events carry it) -> the blocks the pools cache under it
@@ -712,6 +775,20 @@ class Vllm:
             if group in wanted:
                 cached.add((group, block.block_id, block.block_hash_num_tokens))
         return cached
+
+    def finalize_partial_tail_offers(
+        self, manager: Any, request: Any
+    ) -> list[tuple[int, int, int]] | None:
+        """(group, block id, tokens) of the partial-tail boundary states a KV producer's
+        finishing request hands its connector (``finalize_partial_tail_offloads``, which
+        ``Scheduler._connector_finished`` calls before freeing); None where the release
+        has no such call."""
+        finalize = getattr(manager, "finalize_partial_tail_offloads", None)
+        return None if finalize is None else list(finalize(request))
+
+    def cached_key(self, manager: Any, block_id: int) -> object:
+        """The prefix-cache key a block of the pool holds (None: not cached)."""
+        return manager.block_pool.blocks[block_id].block_hash
 
     def take_boundary_state_offers(self, manager: Any) -> dict[str, list[tuple[int, int, int]]]:
         """Request id -> (group, block id, tokens) of the boundary states handed to a KV
@@ -1014,6 +1091,14 @@ class Vllm:
         return self._config_holder(
             method, num_speculative_tokens, sample_from_anchor, False
         ).speculative_config
+
+
+def _pin_shared_prefix(request: Any, boundary: Any) -> None:
+    """What ``Scheduler.schedule`` does with a lookup's ``shared_prefix_boundary`` (the
+    junction of a shared prefix a sparse-retention group has not cached): it stores it on
+    the request, whose ``cache_blocks`` then keeps that junction reachable."""
+    if hasattr(request, "shared_prefix_boundary"):
+        request.shared_prefix_boundary = int(boundary)
 
 
 def _tree_file(cls: type) -> str:
