@@ -249,6 +249,10 @@ class RequestSpec:
     # With stream: the schedule() call before which the input stream closes (AsyncLLM's
     # final, non-resumable request); None: right after the last chunk.
     close_at: int | None = None
+    # Trajectory scenarios only: the request's sampling parameters carry
+    # extra_args={"kv_cache_report_mode": "full"}: with KV-cache events on, vLLM announces
+    # the prefix-cache blocks the request reuses again at its admission.
+    kv_cache_report_full: bool = False
 
 
 @dataclass(frozen=True)
@@ -259,10 +263,6 @@ class StreamChunk:
     prompt_len: int  # the chunk's new tokens
     max_tokens: int  # outputs of its turn
     line: int | None = field(default=None, compare=False)
-    # Trajectory scenarios only: the request's sampling parameters carry
-    # extra_args={"kv_cache_report_mode": "full"}: with KV-cache events on, vLLM announces
-    # the prefix-cache blocks the request reuses again at its admission.
-    kv_cache_report_full: bool = False
 
 
 @dataclass(frozen=True)
