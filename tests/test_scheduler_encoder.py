@@ -17,6 +17,7 @@ from kvconform.model.observations import (
     CHUNKS_DIFFER,
     ENCODER_BUDGET_EXCEEDED,
     ENCODER_OUTPUT_MISSING,
+    ENCODER_STATS_DIFFER,
     MM_INPUT_SPLIT,
 )
 from kvconform.model.results import Verdict
@@ -293,3 +294,38 @@ def test_undoing_the_preempted_inputs_allocation_passes(pristine_tree, tmp_path)
         cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == ExitStatus.CONFORM, done.stdout + done.stderr
+
+
+# -- the step's encoder input stats (scheduler.log_iteration_details) --------------------
+
+
+def test_log_iteration_details_needs_log_stats(write_scenario):
+    path = write_scenario(
+        "kind: scheduler\nmodel: {max_model_len: 512}\n"
+        "scheduler: {mode: sync, log_iteration_details: true}\n"
+        "requests:\n  a: {prompt_len: 40, mm_inputs: [{offset: 0, length: 8}]}\n"
+    )
+    with pytest.raises(ScenarioError) as info:
+        load_file(path)
+    error = info.value
+    assert (error.where.line, error.where.field) == (3, "scheduler.log_iteration_details")
+    assert "needs scheduler.log_stats: true" in error.message, str(error)
+
+
+@pytest.mark.slow
+def test_encoder_input_stats_that_keep_only_the_last_input_fail_sanity(pristine_tree, tmp_path):
+    # _make_scheduled_encoder_input_stats assigning each input's embeddings instead of adding
+    # them: step 1 runs a's image 1 (24) and b's image (32), 56 embeddings, and reports 32.
+    failures, entry = _encoder_failures(
+        pristine_tree,
+        tmp_path,
+        "                stats.output_tokens += mm_feature.mm_position.get_num_embeds()\n",
+        "                stats.output_tokens = mm_feature.mm_position.get_num_embeds()\n",
+        "sched-encoder-input-stats.yaml",
+        ENCODER_STATS_DIFFER,
+    )
+    assert [f["step"] for f in failures] == [1], entry
+    assert (
+        "report 2 inputs, 32 embeddings, but it schedules 2 inputs, 56 embeddings (a-1, b-0)"
+        in failures[0]["message"]
+    ), failures

@@ -71,6 +71,7 @@ ENCODER_OUTPUT_MISSING = "schedules placeholder tokens whose encoder output the 
 ENCODER_BUDGET_EXCEEDED = "runs more encoder embeddings in a step than its encoder budget"
 ENCODER_CACHE_OVERFLOW = "keeps more encoder embeddings than its encoder cache holds"
 MM_INPUT_SPLIT = "splits a multimodal input across chunks under disable_chunked_mm_input"
+ENCODER_STATS_DIFFER = "reports other encoder input stats than the inputs it schedules"
 CHUNKS_DIFFER = "chunks a prompt otherwise than derived"
 STOP_MISSED = "ends a request elsewhere than at the output that stops it"
 STATS_DISAGREE = "reports other scheduler stats than its steps give"

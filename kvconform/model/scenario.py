@@ -478,6 +478,10 @@ class SchedulerSpec:
     # logged): each update_from_output returns SchedulerStats, which check sanity holds
     # to what the recorded steps give.
     log_stats: bool = False
+    # With log_stats: ObservabilityConfig.enable_logging_iteration_details, which makes each
+    # SchedulerOutput carry the encoder inputs it schedules (scheduled_encoder_input_stats),
+    # held by check sanity to the inputs and their lengths.
+    log_iteration_details: bool = False
     # Pauses for new requests (EngineCore.pause_scheduler "wait"), in call order.
     pauses: tuple[SchedulerPause, ...] = ()
     # The settings of kvconform.model.settings.SETTINGS this section states; the others

@@ -63,6 +63,7 @@ from kvconform.model.observations import (
     ENCODER_BUDGET_EXCEEDED,
     ENCODER_CACHE_OVERFLOW,
     ENCODER_OUTPUT_MISSING,
+    ENCODER_STATS_DIFFER,
     MM_INPUT_SPLIT,
     NOT_ZEROED,
     PAUSE_ADMITS,
@@ -365,6 +366,7 @@ class SchedulerOracle:
                     policy=self.limits.policy,
                     kv_connector=self.limits.kv_connector,
                     disable_chunked_mm_input=self.limits.disable_chunked_mm_input,
+                    log_iteration_details=self.limits.log_iteration_details,
                 )
                 block_size, hash_block_size = api.kv_block_sizes(kv_cache_config, self.config)
                 max_concurrent_batches = api.max_concurrent_batches(self.config)
@@ -584,6 +586,7 @@ class SchedulerOracle:
         self._sessions.scheduled(self._step, rows)
         self._check_zeroing(output, rows, loading_now)
         self._check_encoder_inputs(output, rows)
+        self._check_encoder_input_stats(output)
         return answers
 
     # -- multimodal encoder inputs ------------------------------------------------
@@ -684,6 +687,38 @@ class SchedulerOracle:
                             MM_INPUT_SPLIT,
                         )
                     )
+
+    def _check_encoder_input_stats(self, output: Any) -> None:
+        """``scheduler.log_iteration_details``: the step's ``scheduled_encoder_input_stats``
+        count the encoder inputs it schedules (``num_inputs``) and their embeddings
+        (``output_tokens``: every placeholder is an embedding here, so an input's length),
+        and are None in a step that schedules none (``_make_scheduled_encoder_input_stats``).
+        The lengths are the scenario's, not read back from vLLM."""
+        if not self.limits.log_iteration_details:
+            return
+        scheduled = [
+            self.scenario.requests[rid].mm_inputs[index]
+            for rid, indexes in self.api.scheduled_encoder_inputs(output).items()
+            for index in indexes
+        ]
+        expected = (len(scheduled), sum(m.length for m in scheduled)) if scheduled else None
+        reported = self.api.encoder_input_stats(output)
+        if reported == expected:
+            return
+
+        def told(stats: tuple[int, int] | None) -> str:
+            return "none" if stats is None else f"{stats[0]} inputs, {stats[1]} embeddings"
+
+        self.run.encoder.append(
+            EncoderRecord(
+                self._step,
+                "-",
+                f"the step's scheduled_encoder_input_stats report {told(reported)}, but it "
+                f"schedules {told(expected)}"
+                + (f" ({', '.join(m.identifier for m in scheduled)})" if scheduled else ""),
+                ENCODER_STATS_DIFFER,
+            )
+        )
 
     def _check_zeroing(
         self, output: Any, rows: Sequence[ScheduledRequest], loading_now: set[str]

@@ -126,6 +126,7 @@ def parse_scheduler(
         max_num_encoder_input_tokens=fields.optional_int("max_num_encoder_input_tokens", minimum=1),
         encoder_cache_size=fields.optional_int("encoder_cache_size", minimum=1),
         log_stats=fields.flag("log_stats", defaults.log_stats),
+        log_iteration_details=fields.flag("log_iteration_details", defaults.log_iteration_details),
         pauses=_parse_pauses(fields),
         # vLLM's settings this section states (the mode states async scheduling).
         stated=frozenset(
@@ -139,7 +140,20 @@ def parse_scheduler(
     fields.done()
     _check_scheduler_limits(spec, model, fields)
     _check_log_stats(spec, fields)
+    _check_log_iteration_details(spec, fields)
     return spec
+
+
+def _check_log_iteration_details(spec: SchedulerSpec, fields: Fields) -> None:
+    """``log_iteration_details``: vLLM makes the per-step encoder input stats only for a
+    scheduler built with ``log_stats`` (``Scheduler.schedule``); without it the field would
+    change nothing."""
+    if spec.log_iteration_details and not spec.log_stats:
+        raise ScenarioError(
+            fields.at("log_iteration_details"),
+            "needs scheduler.log_stats: true (vLLM makes the step's encoder input stats only "
+            "for a scheduler that logs stats)",
+        )
 
 
 def _check_log_stats(spec: SchedulerSpec, fields: Fields) -> None:

@@ -162,6 +162,7 @@ class Scheduling:
         policy: str = "fcfs",
         kv_connector: str | None = None,
         disable_chunked_mm_input: bool = False,
+        log_iteration_details: bool = False,
     ) -> Any:
         """The ``VllmConfig`` an engine with these limits would hand its scheduler.
 
@@ -177,6 +178,8 @@ class Scheduling:
         vLLM's ``DecodeBenchConnector`` as ``kv_both``, which loads synchronously).
         ``disable_chunked_mm_input``: the scheduler config's rule that a chunk never ends
         inside a multimodal input.
+        ``log_iteration_details``: ``ObservabilityConfig.enable_logging_iteration_details``
+        (the engine's ``--enable-logging-iteration-details``).
         """
         api = self._scheduling
         scheduler = call(
@@ -232,11 +235,25 @@ class Scheduling:
                 ),
                 # Without it vLLM fails to infer a device on a machine without one.
                 device_config=call(api.DeviceConfig, device="cpu"),
+                **self._observability(log_iteration_details),
             )
         if num_blocks is not None:
             # What the engine sets once it has planned the KV cache: the pool size.
             config.cache_config.num_gpu_blocks = num_blocks
         return config
+
+    def _observability(self, log_iteration_details: bool) -> dict[str, Any]:
+        """``VllmConfig``'s ``observability_config`` for ``log_iteration_details`` (none
+        otherwise: vLLM's default)."""
+        if not log_iteration_details:
+            return {}
+        module = self._vllm.optional_module("vllm.config")
+        config_cls = getattr(module, "ObservabilityConfig", None)
+        if config_cls is None or "enable_logging_iteration_details" not in getattr(
+            config_cls, "__dataclass_fields__", {}
+        ):
+            raise self._vllm.not_offered("ObservabilityConfig.enable_logging_iteration_details")
+        return {"observability_config": call(config_cls, enable_logging_iteration_details=True)}
 
     def new_scheduler(
         self,
@@ -492,6 +509,14 @@ class Scheduling:
                 getattr(scheduler_output, "scheduled_encoder_inputs", None) or {}
             ).items()
         }
+
+    def encoder_input_stats(self, scheduler_output: Any) -> tuple[int, int] | None:
+        """The step's ``scheduled_encoder_input_stats`` (``log_iteration_details``): the
+        encoder inputs it schedules and their embeddings; None where it carries none."""
+        stats = getattr(scheduler_output, "scheduled_encoder_input_stats", None)
+        if stats is None:
+            return None
+        return int(stats.num_inputs), int(stats.output_tokens)
 
     def freed_encoder_outputs(self, scheduler_output: Any) -> list[str]:
         """The mm hashes whose encoder outputs the worker drops before the step runs."""
