@@ -19,6 +19,7 @@ from kvconform.model.observations import (
     ENCODER_OUTPUT_MISSING,
     ENCODER_STATS_DIFFER,
     MM_INPUT_SPLIT,
+    REJECTION_DIFFERS,
 )
 from kvconform.model.results import Verdict
 from kvconform.model.scenario import MmInput
@@ -329,3 +330,63 @@ def test_encoder_input_stats_that_keep_only_the_last_input_fail_sanity(pristine_
         "report 2 inputs, 32 embeddings, but it schedules 2 inputs, 56 embeddings (a-1, b-0)"
         in failures[0]["message"]
     ), failures
+
+
+# -- an identifier reused with another length (expect_rejected) ---------------------------
+
+
+def _reused(b_fields: str) -> str:
+    return (
+        "kind: scheduler\nmodel: {max_model_len: 512}\nscheduler: {mode: sync}\nrequests:\n"
+        "  a: {prompt_len: 64, mm_inputs: [{offset: 0, length: 32, id: cat}]}\n"
+        f"  b: {{prompt_len: 80, arrival: 2, {b_fields}}}\n"
+    )
+
+
+def test_an_identifier_reused_with_another_length_is_read_with_expect_rejected(scenario_from):
+    scenario = scenario_from(
+        _reused("mm_inputs: [{offset: 16, length: 40, id: cat}], expect_rejected: true")
+    )
+    b = scenario.requests["b"]
+    assert b.expect_rejected and b.mm_inputs == (MmInput(16, 40, "cat"),)
+    assert not scenario.requests["a"].expect_rejected
+
+
+@pytest.mark.parametrize(
+    ("b_fields", "field", "words"),
+    [
+        ("mm_inputs: [{offset: 16, length: 32, id: cat}], expect_rejected: true",
+         "requests.b.expect_rejected", "needs an mm_inputs id that an earlier input has"),
+        ("expect_rejected: true", "requests.b.expect_rejected",
+         "needs an mm_inputs id that an earlier input has"),
+        ("mm_inputs: [{offset: 16, length: 40, id: cat}], expect_rejected: true, stop_at: 2",
+         "requests.b.expect_rejected", "cannot go with stop_at"),
+        ("mm_inputs: [{offset: 16, length: 40, id: cat}], expect_rejected: 1",
+         "requests.b.expect_rejected", "true or false"),
+        ("mm_inputs: [{offset: 16, length: 40, id: cat}]", "requests.b.mm_inputs[0].length",
+         "state expect_rejected: true"),
+    ],
+)  # fmt: skip
+def test_bad_expect_rejected_names_the_field(write_scenario, b_fields, field, words):
+    path = write_scenario(_reused(b_fields))
+    with pytest.raises(ScenarioError) as info:
+        load_file(path)
+    error = info.value
+    assert (error.where.line, error.where.field) == (6, field), str(error)
+    assert words in error.message, str(error)
+
+
+@pytest.mark.slow
+def test_a_reused_identifier_computed_with_the_cached_output_fails_sanity(pristine_tree, tmp_path):
+    # Without the length check (as before 0.31.0), b takes a's cached output of 32 embeddings
+    # for its 40 placeholders, runs and finishes at max_tokens instead of with an error.
+    failures, entry = _encoder_failures(
+        pristine_tree,
+        tmp_path,
+        "        if cached_num_encoder_embeds == requested_num_encoder_embeds:\n",
+        "        if True:\n",
+        "sched-encoder-id-reused.yaml",
+        REJECTION_DIFFERS,
+    )
+    assert [f["request"] for f in failures] == ["b"], entry
+    assert "not with an error (FINISHED_ERROR)" in failures[0]["message"], failures

@@ -72,6 +72,7 @@ ENCODER_BUDGET_EXCEEDED = "runs more encoder embeddings in a step than its encod
 ENCODER_CACHE_OVERFLOW = "keeps more encoder embeddings than its encoder cache holds"
 MM_INPUT_SPLIT = "splits a multimodal input across chunks under disable_chunked_mm_input"
 ENCODER_STATS_DIFFER = "reports other encoder input stats than the inputs it schedules"
+REJECTION_DIFFERS = "rejects a request otherwise than its multimodal identifiers give"
 CHUNKS_DIFFER = "chunks a prompt otherwise than derived"
 STOP_MISSED = "ends a request elsewhere than at the output that stops it"
 STATS_DISAGREE = "reports other scheduler stats than its steps give"

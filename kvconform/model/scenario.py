@@ -249,6 +249,10 @@ class RequestSpec:
     # With stream: the schedule() call before which the input stream closes (AsyncLLM's
     # final, non-resumable request); None: right after the last chunk.
     close_at: int | None = None
+    # Scheduler scenarios only: one of mm_inputs reuses an identifier with another length
+    # than the encoder cache holds for it; vLLM (0.31 on) rejects the request, finishing it
+    # with an error (FINISHED_ERROR) instead of computing those placeholders.
+    expect_rejected: bool = False
     # Trajectory scenarios only: the request's sampling parameters carry
     # extra_args={"kv_cache_report_mode": "full"}: with KV-cache events on, vLLM announces
     # the prefix-cache blocks the request reuses again at its admission.

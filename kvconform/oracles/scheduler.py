@@ -67,6 +67,7 @@ from kvconform.model.observations import (
     MM_INPUT_SPLIT,
     NOT_ZEROED,
     PAUSE_ADMITS,
+    REJECTION_DIFFERS,
     SESSION_KV_LOST,
     STATS_DISAGREE,
     STOP_MISSED,
@@ -1061,6 +1062,7 @@ class Lifecycle:
         # local hit + loaded tokens).
         self._loads: list[tuple[str, int, int, int]] = []
         self._judged: set[str] = set()
+        self.errors: set[str] = set()  # finished with an error (FINISHED_ERROR)
 
     def _miss(self, step: int, request: str, message: str, invariant: str) -> None:
         self.oracle.run.lifecycle.append(LifecycleMiss(step, request, message, invariant))
@@ -1112,6 +1114,8 @@ class Lifecycle:
     # what vLLM makes of it
 
     def ended(self, request: Any) -> None:
+        if self.oracle.api.is_errored(request):
+            self.errors.add(request.request_id)
         self.ends[request.request_id] = (
             self.oracle.api.is_stopped(request),
             int(request.num_output_tokens),
@@ -1142,6 +1146,7 @@ class Lifecycle:
         self.updates += 1
 
     def ended_run(self) -> None:
+        self._judge_rejections()
         for rid, req in self.requests.items():
             end = self.ends.get(rid)
             if rid in self._judged or end is None:
@@ -1162,6 +1167,31 @@ class Lifecycle:
                     f"{self._outcome(end)}, but its output {req.stop_at} is its "
                     f"{self._stop_name(rid)} (stop_at): check_stop finishes it there",
                     STOP_MISSED,
+                )
+
+    def _judge_rejections(self) -> None:
+        """``expect_rejected``: vLLM finishes the request with an error (FINISHED_ERROR)
+        where one of its multimodal identifiers holds another length in the encoder cache
+        (``_reject_on_encoder_cache_embed_mismatch``): computed, its placeholders would take
+        another item's embeddings. A request with inputs that does not state it is never
+        rejected."""
+        for rid, req in self.requests.items():
+            if req.expect_rejected and rid not in self.errors:
+                self._miss(
+                    self.oracle._current,
+                    rid,
+                    f"{self._outcome(self.ends.get(rid))}, not with an error (FINISHED_ERROR): "
+                    "one of its multimodal ids has another length in the encoder cache "
+                    "(expect_rejected)",
+                    REJECTION_DIFFERS,
+                )
+            elif req.mm_inputs and not req.expect_rejected and rid in self.errors:
+                self._miss(
+                    self.oracle._current,
+                    rid,
+                    "vLLM finishes it with an error (FINISHED_ERROR), but each of its "
+                    "multimodal ids has one length throughout the scenario",
+                    REJECTION_DIFFERS,
                 )
 
     def _stop_name(self, rid: str) -> str:

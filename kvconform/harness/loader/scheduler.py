@@ -279,6 +279,7 @@ def parse_scheduler_requests(
                 f"must be below max_model_len {model.max_model_len}: vLLM rejects a prompt "
                 "that leaves no room for one output token",
             )
+        mm_inputs = parse_mm_inputs(fields, name, prompt_len, scheduler, mm_lengths)
         return RequestSpec(
             name=name,
             prompt_len=prompt_len,
@@ -293,11 +294,12 @@ def parse_scheduler_requests(
             abort_at=_parse_abort_at(fields, scheduler),
             priority=_parse_priority(fields, scheduler),
             load_failure=_parse_load_failure(fields, model, prompt_len),
-            mm_inputs=parse_mm_inputs(fields, name, prompt_len, scheduler, mm_lengths),
+            mm_inputs=mm_inputs,
             expect_chunks=_parse_expect_chunks(fields, prompt_len),
             **_parse_stop(fields, scheduler),
             stream=_parse_stream(fields, model, scheduler, prompt_len),
             close_at=_parse_close_at(fields),
+            expect_rejected=_parse_expect_rejected(fields, mm_inputs, mm_lengths),
         )
 
     return parse_request_map(raw, where, at, "a scheduler scenario", request)
@@ -382,11 +384,12 @@ def parse_mm_inputs(
                 "in prompt order and do not overlap (vLLM keeps mm_features sorted by offset)",
             )
         known = lengths.setdefault(identifier, length)
-        if known != length:
+        if known != length and not fields.raw("expect_rejected", False):
             raise ScenarioError(
                 one.at("length"),
                 f"id {identifier!r} is one item with {known} placeholders elsewhere, not "
-                f"{length}: give a different item another id",
+                f"{length}: give a different item another id (or state expect_rejected: true, "
+                "what vLLM answers an identifier reused with another length)",
             )
         if scheduler.disable_chunked_mm_input and length > scheduler.max_num_batched_tokens:
             raise ScenarioError(
@@ -397,6 +400,30 @@ def parse_mm_inputs(
             )
         inputs.append(MmInput(offset, length, identifier))
     return tuple(inputs)
+
+
+def _parse_expect_rejected(
+    fields: Fields, mm_inputs: tuple[MmInput, ...], lengths: dict[str, int]
+) -> bool:
+    """``expect_rejected``: one of the request's inputs reuses a multimodal identifier with
+    another length than the one it first came with (``parse_mm_inputs`` allows it only
+    here), which vLLM rejects (``Scheduler._reject_on_encoder_cache_embed_mismatch``); not
+    with what ends a request otherwise."""
+    if not fields.flag("expect_rejected", False):
+        return False
+    if all(lengths[m.identifier] == m.length for m in mm_inputs):
+        raise ScenarioError(
+            fields.at("expect_rejected"),
+            "needs an mm_inputs id that an earlier input has with another length: vLLM "
+            "rejects a request only for such an identifier",
+        )
+    for other in ("stream", "abort_at", "stop_at", "expect_chunks"):
+        if fields.raw(other) is not None:
+            raise ScenarioError(
+                fields.at("expect_rejected"),
+                f"cannot go with {other}: the request ends at its rejection",
+            )
+    return True
 
 
 def _parse_expect_hit(fields: Fields, model: ModelSpec, prompt_len: int) -> int | None:

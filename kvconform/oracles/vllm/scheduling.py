@@ -528,6 +528,10 @@ class Scheduling:
         """Whether a request finished on a stop token or its EOS (``FINISHED_STOPPED``)."""
         return bool(request.status == self._scheduling.RequestStatus.FINISHED_STOPPED)
 
+    def is_errored(self, request: Any) -> bool:
+        """Whether a request finished with an error (``FINISHED_ERROR``: vLLM rejected it)."""
+        return bool(request.status == self._scheduling.RequestStatus.FINISHED_ERROR)
+
     def scheduler_stats(self, engine_core_outputs: Any) -> Any | None:
         """The ``SchedulerStats`` an ``update_from_output`` returned (to one front-end only)."""
         for outputs in (engine_core_outputs or {}).values():
