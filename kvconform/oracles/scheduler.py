@@ -896,7 +896,9 @@ class SchedulerOracle:
         if not self.num_spec or self.api.skips_drafts(output):
             return
         count = self.api.drafts_per_step(output, self.num_spec)
-        req_ids = [rid for rid in output.num_scheduled_tokens if rid in self.scheduler.requests]
+        # The runner's drafts cover its whole batch (take_draft_token_ids), a request that
+        # finished in this step included: vLLM skips it (update_draft_token_ids).
+        req_ids = list(output.num_scheduled_tokens)
         drafts = [
             [self._next_output[rid] - OUTPUT_OFFSET + _DRAFT_OFFSET + i for i in range(count)]
             for rid in req_ids
