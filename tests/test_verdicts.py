@@ -773,3 +773,24 @@ def test_a_partial_tail_kept_from_the_connector_at_finish_fails_sanity(pristine_
         "partial-tail Mamba state",
     )
     assert failures and failures[0]["request"] == "a", entry
+
+
+SCHEDULER_STOP_PREEMPTED = REPO / "scenarios" / "scheduler" / "sched-stop-while-preempted.yaml"
+
+
+@pytest.mark.slow
+def test_a_stale_output_that_cannot_stop_a_preempted_request_fails_sanity(pristine_tree, tmp_path):
+    # check_stop skipped for a preempted request's in-flight (stale) output: c's stop token,
+    # output 21 of its step-8 output, is delivered but does not finish it; c resumes and
+    # runs on to max_tokens.
+    failures, entry = _sanity_failures(
+        pristine_tree,
+        tmp_path,
+        "v1/core/sched/scheduler.py",
+        "            stopped = check_stop(request, self.max_model_len)",
+        "            stopped = not is_stale and check_stop(request, self.max_model_len)",
+        f"{SCHEDULER_STOP_PREEMPTED}::sched-stop-while-preempted",
+        "stop token",
+    )
+    assert failures and {f["request"] for f in failures} == {"c"}, entry
+    assert "as output 21 (stop_at)" in failures[0]["message"], failures[0]
