@@ -520,3 +520,36 @@ def test_acceptance_rate_is_seeded_per_request():
     assert 0.3 < sum(a > 0 for a in first) / 200 < 0.7  # the first draft passes at rate 0.5
     assert _stream(Acceptance("rate", rate=1.0), [3, 2]) == [3, 2]
     assert _stream(Acceptance("rate", rate=0.0), [3, 2]) == [0, 0]
+
+
+def test_the_adaptive_long_prefill_threshold_is_read_and_off_by_default(scenario_from):
+    on = scenario_from(
+        "kind: scheduler\nscheduler: {long_prefill_token_threshold: 16, "
+        "long_prefill_token_threshold_adaptive: true}\nrequests:\n  a: {prompt_len: 40}\n"
+    ).scheduler
+    off = scenario_from("kind: scheduler\nrequests:\n  a: {prompt_len: 40}\n").scheduler
+    assert on is not None and off is not None
+    assert (
+        on.long_prefill_token_threshold_adaptive and not off.long_prefill_token_threshold_adaptive
+    )
+
+
+@pytest.mark.parametrize(
+    ("section", "field", "words"),
+    [
+        ("{long_prefill_token_threshold_adaptive: true}",
+         "scheduler.long_prefill_token_threshold_adaptive",
+         "needs scheduler.long_prefill_token_threshold above 0"),
+        ("{long_prefill_token_threshold: 16, long_prefill_token_threshold_adaptive: 2}",
+         "scheduler.long_prefill_token_threshold_adaptive", "must be true or false"),
+    ],
+)  # fmt: skip
+def test_a_bad_adaptive_threshold_names_the_field(write_scenario, section, field, words):
+    path = write_scenario(
+        f"kind: scheduler\nscheduler: {section}\nrequests:\n  a: {{prompt_len: 40}}\n"
+    )
+    with pytest.raises(ScenarioError) as info:
+        load_file(path)
+    error = info.value
+    assert (error.where.line, error.where.field) == (2, field), str(error)
+    assert words in error.message, str(error)

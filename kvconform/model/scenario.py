@@ -486,6 +486,9 @@ class SchedulerSpec:
     # SchedulerOutput carry the encoder inputs it schedules (scheduled_encoder_input_stats),
     # held by check sanity to the inputs and their lengths.
     log_iteration_details: bool = False
+    # SchedulerConfig.long_prefill_token_threshold_adaptive (0.31 on): the threshold is
+    # floored at max_num_batched_tokens over the running and waiting requests.
+    long_prefill_token_threshold_adaptive: bool = False
     # Pauses for new requests (EngineCore.pause_scheduler "wait"), in call order.
     pauses: tuple[SchedulerPause, ...] = ()
     # The settings of kvconform.model.settings.SETTINGS this section states; the others

@@ -368,6 +368,9 @@ class SchedulerOracle:
                     kv_connector=self.limits.kv_connector,
                     disable_chunked_mm_input=self.limits.disable_chunked_mm_input,
                     log_iteration_details=self.limits.log_iteration_details,
+                    long_prefill_token_threshold_adaptive=(
+                        self.limits.long_prefill_token_threshold_adaptive
+                    ),
                 )
                 block_size, hash_block_size = api.kv_block_sizes(kv_cache_config, self.config)
                 max_concurrent_batches = api.max_concurrent_batches(self.config)

@@ -127,6 +127,9 @@ def parse_scheduler(
         encoder_cache_size=fields.optional_int("encoder_cache_size", minimum=1),
         log_stats=fields.flag("log_stats", defaults.log_stats),
         log_iteration_details=fields.flag("log_iteration_details", defaults.log_iteration_details),
+        long_prefill_token_threshold_adaptive=fields.flag(
+            "long_prefill_token_threshold_adaptive", defaults.long_prefill_token_threshold_adaptive
+        ),
         pauses=_parse_pauses(fields),
         # vLLM's settings this section states (the mode states async scheduling).
         stated=frozenset(
@@ -141,7 +144,18 @@ def parse_scheduler(
     _check_scheduler_limits(spec, model, fields)
     _check_log_stats(spec, fields)
     _check_log_iteration_details(spec, fields)
+    _check_adaptive_threshold(spec, fields)
     return spec
+
+
+def _check_adaptive_threshold(spec: SchedulerSpec, fields: Fields) -> None:
+    """``long_prefill_token_threshold_adaptive`` floors a threshold, so it needs one: vLLM
+    applies it "only when long_prefill_token_threshold is nonzero" (``SchedulerConfig``)."""
+    if spec.long_prefill_token_threshold_adaptive and not spec.long_prefill_token_threshold:
+        raise ScenarioError(
+            fields.at("long_prefill_token_threshold_adaptive"),
+            "needs scheduler.long_prefill_token_threshold above 0 (the threshold it floors)",
+        )
 
 
 def _check_log_iteration_details(spec: SchedulerSpec, fields: Fields) -> None:

@@ -31,7 +31,7 @@ from functools import cached_property
 from types import SimpleNamespace
 from typing import Any
 
-from kvconform.oracles.vllm.calls import call, quiet_logs
+from kvconform.oracles.vllm.calls import accepts_keyword, call, quiet_logs
 from kvconform.oracles.vllm.core import Vllm
 
 __all__ = ["Scheduling"]
@@ -163,6 +163,7 @@ class Scheduling:
         kv_connector: str | None = None,
         disable_chunked_mm_input: bool = False,
         log_iteration_details: bool = False,
+        long_prefill_token_threshold_adaptive: bool = False,
     ) -> Any:
         """The ``VllmConfig`` an engine with these limits would hand its scheduler.
 
@@ -180,8 +181,17 @@ class Scheduling:
         inside a multimodal input.
         ``log_iteration_details``: ``ObservabilityConfig.enable_logging_iteration_details``
         (the engine's ``--enable-logging-iteration-details``).
+        ``long_prefill_token_threshold_adaptive``: the scheduler config's floor of the long
+        prefill threshold at a fair share of the token budget (0.31 on).
         """
         api = self._scheduling
+        adaptive: dict[str, bool] = {}
+        if long_prefill_token_threshold_adaptive:
+            if not accepts_keyword(api.SchedulerConfig, "long_prefill_token_threshold_adaptive"):
+                raise self._vllm.not_offered(
+                    "SchedulerConfig.long_prefill_token_threshold_adaptive"
+                )
+            adaptive["long_prefill_token_threshold_adaptive"] = True
         scheduler = call(
             api.SchedulerConfig,
             max_model_len=model_config.max_model_len,
@@ -194,6 +204,7 @@ class Scheduling:
             scheduler_reserve_full_isl=scheduler_reserve_full_isl,
             policy=policy,
             disable_chunked_mm_input=disable_chunked_mm_input,
+            **adaptive,
         )
         mamba = (
             {"mamba_cache_mode": mamba_cache_mode, "mamba_block_size": block_size}
