@@ -773,3 +773,24 @@ def test_a_partial_tail_kept_from_the_connector_at_finish_fails_sanity(pristine_
         "partial-tail Mamba state",
     )
     assert failures and failures[0]["request"] == "a", entry
+
+
+SCHEDULER_RECOMPUTE = REPO / "scenarios" / "scheduler" / "sched-remote-load-recompute.yaml"
+
+
+@pytest.mark.slow
+def test_a_recompute_that_keeps_an_unwritten_block_fails_sanity(pristine_tree, tmp_path):
+    # Under kv_load_failure_policy recompute vLLM truncates a's computed tokens at the first
+    # block the load left unwritten (index 2: 32 tokens). Truncating one block later counts
+    # the unwritten block as computed: the model would read KV that was never delivered.
+    failures, entry = _sanity_failures(
+        pristine_tree,
+        tmp_path,
+        "v1/core/sched/scheduler.py",
+        "                request.num_computed_tokens = idx * self.block_size",
+        "                request.num_computed_tokens = (idx + 1) * self.block_size",
+        SCHEDULER_RECOMPUTE,
+        "expect_loaded",
+    )
+    assert failures and {f["request"] for f in failures} == {"a"}, entry
+    assert "with 48 tokens computed, but the scenario states 32" in failures[0]["message"]

@@ -212,6 +212,7 @@ class ResetRecord(NamedTuple):
     succeeded: bool
     succeeds: bool  # what the scenario states
     line: int | None
+    connector: bool = False  # reset_connector: the KV connector's cache too
 
 
 class StepRecord(NamedTuple):
@@ -365,6 +366,7 @@ class SchedulerOracle:
                     policy=self.limits.policy,
                     kv_connector=self.limits.kv_connector,
                     disable_chunked_mm_input=self.limits.disable_chunked_mm_input,
+                    kv_load_failure_policy=self.limits.kv_load_failure_policy,
                 )
                 block_size, hash_block_size = api.kv_block_sizes(kv_cache_config, self.config)
                 max_concurrent_batches = api.max_concurrent_batches(self.config)
@@ -812,9 +814,11 @@ class SchedulerOracle:
         while self._resets and self._resets[0].at <= self._step:
             reset = self._resets.pop(0)
             self._current = self._step
-            done = self.api.reset_prefix_cache(self.scheduler, reset.running)
+            done = self.api.reset_prefix_cache(self.scheduler, reset.running, reset.connector)
             self.run.resets.append(
-                ResetRecord(self._step, reset.running, done, reset.succeeds, reset.line)
+                ResetRecord(
+                    self._step, reset.running, done, reset.succeeds, reset.line, reset.connector
+                )
             )
 
     def _next_arrival(self) -> int | None:

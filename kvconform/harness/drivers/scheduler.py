@@ -205,6 +205,18 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
                         f"the scenario states {expected_hit} (expect_hit)",
                     )
                 )
+            expected_loaded = scenario.requests[row.request].expect_loaded
+            if row.phase == "loaded" and expected_loaded not in (None, row.computed):
+                trajectory.misses.append(
+                    Miss(
+                        event.step,
+                        lines[row.request],
+                        row.request,
+                        label,
+                        f"was first scheduled after its KV load with {row.computed} tokens "
+                        f"computed, but the scenario states {expected_loaded} (expect_loaded)",
+                    )
+                )
             maxima = predicted_max.setdefault(row.request, [0] * len(model.groups))
             if not row.drafts and (row.prefill_chunk or row.known_tokens - row.computed > 1):
                 trajectory.prefill_rows.update(
@@ -243,6 +255,7 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
     for reset in record.resets:
         answer = "reset" if reset.succeeded else "refused to reset"
         how = " (preempting the running requests)" if reset.running else ""
+        how += " (with the KV connector's cache)" if reset.connector else ""
         notes[reset.step].append(f"prefix cache: {answer}{how}")
         if reset.succeeded != reset.succeeds:
             trajectory.misses.append(

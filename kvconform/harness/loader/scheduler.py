@@ -16,6 +16,7 @@ from kvconform.harness.yamlio import LineDict
 from kvconform.model.group_types import types_for
 from kvconform.model.methods import METHODS
 from kvconform.model.scenario import (
+    KV_LOAD_FAILURE_POLICIES,
     MODEL_RUNNERS,
     SCHEDULER_CONNECTORS,
     SCHEDULER_MODES,
@@ -127,6 +128,7 @@ def parse_scheduler(
         encoder_cache_size=fields.optional_int("encoder_cache_size", minimum=1),
         log_stats=fields.flag("log_stats", defaults.log_stats),
         pauses=_parse_pauses(fields),
+        kv_load_failure_policy=_parse_kv_load_failure_policy(fields),
         # vLLM's settings this section states (the mode states async scheduling).
         stated=frozenset(
             s.name
@@ -153,6 +155,33 @@ def _check_log_stats(spec: SchedulerSpec, fields: Fields) -> None:
         )
 
 
+def _parse_kv_load_failure_policy(fields: Fields) -> str | None:
+    """``kv_load_failure_policy``: fail or recompute, for the remote prefills' connector."""
+    if fields.raw("kv_load_failure_policy") is None:
+        return None
+    policy = _choice(fields, "kv_load_failure_policy", "", KV_LOAD_FAILURE_POLICIES)
+    if fields.raw("kv_connector") is not None:
+        raise ScenarioError(
+            fields.at("kv_load_failure_policy"),
+            f"cannot go with scheduler.kv_connector: {fields.raw('kv_connector')}: the policy "
+            "is judged for the asynchronous loads of remote_prefill requests only",
+        )
+    return policy
+
+
+def check_load_failure_policy(scheduler: SchedulerSpec, requests: dict[str, RequestSpec]) -> None:
+    """A stated ``kv_load_failure_policy`` needs a request whose KV load can fail."""
+    if scheduler.kv_load_failure_policy is None or any(r.remote_prefill for r in requests.values()):
+        return
+    where = scheduler.where
+    assert where is not None
+    raise ScenarioError(
+        where.at("scheduler.kv_load_failure_policy"),
+        "needs a remote_prefill request: the policy decides what becomes of a request whose "
+        "asynchronous KV load fails",
+    )
+
+
 def _choice(fields: Fields, key: str, default: str, choices: tuple[str, ...]) -> str:
     value = fields.text(key, default)
     if value not in choices:
@@ -161,7 +190,8 @@ def _choice(fields: Fields, key: str, default: str, choices: tuple[str, ...]) ->
 
 
 def _parse_resets(fields: Fields) -> tuple[PrefixReset, ...]:
-    """``reset_prefix_cache``: a list of ``{at: N, running: bool, succeeds: bool}``."""
+    """``reset_prefix_cache``: a list of ``{at: N, running: bool, succeeds: bool,
+    connector: bool}``."""
     raw = fields.raw("reset_prefix_cache", [])
     if not isinstance(raw, list):
         raise ScenarioError(
@@ -177,6 +207,7 @@ def _parse_resets(fields: Fields) -> tuple[PrefixReset, ...]:
                 running=one.flag("running", False),
                 succeeds=one.flag("succeeds", True),
                 line=one.mapping.line,
+                connector=one.flag("connector", False),
             )
         )
         one.done()
@@ -279,6 +310,7 @@ def parse_scheduler_requests(
             abort_at=_parse_abort_at(fields, scheduler),
             priority=_parse_priority(fields, scheduler),
             load_failure=_parse_load_failure(fields, model, prompt_len),
+            expect_loaded=_parse_expect_loaded(fields, prompt_len),
             mm_inputs=parse_mm_inputs(fields, name, prompt_len, scheduler, mm_lengths),
             expect_chunks=_parse_expect_chunks(fields, prompt_len),
             **_parse_stop(fields, scheduler),
@@ -286,7 +318,9 @@ def parse_scheduler_requests(
             close_at=_parse_close_at(fields),
         )
 
-    return parse_request_map(raw, where, at, "a scheduler scenario", request)
+    requests = parse_request_map(raw, where, at, "a scheduler scenario", request)
+    check_load_failure_policy(scheduler, requests)
+    return requests
 
 
 def _parse_expect_chunks(fields: Fields, prompt_len: int) -> tuple[int, ...] | None:
@@ -435,6 +469,23 @@ def _parse_load_failure(fields: Fields, model: ModelSpec, prompt_len: int) -> st
             f"block {raw} is past the {blocks} blocks the load fills",
         )
     return raw
+
+
+def _parse_expect_loaded(fields: Fields, prompt_len: int) -> int | None:
+    """``expect_loaded``: the computed tokens a remote prefill is first scheduled with once
+    its KV load is done (0 .. prompt_len - 1)."""
+    if fields.raw("expect_loaded") is None:
+        return None
+    if not fields.raw("remote_prefill", False):
+        raise ScenarioError(fields.at("expect_loaded"), "needs remote_prefill (a KV load)")
+    loaded = fields.integer("expect_loaded", minimum=0)
+    if loaded >= prompt_len:
+        raise ScenarioError(
+            fields.at("expect_loaded"),
+            f"must be below prompt_len {prompt_len}: vLLM computes at least the prompt's last "
+            f"token itself, not {loaded}",
+        )
+    return loaded
 
 
 def _parse_priority(fields: Fields, scheduler: SchedulerSpec) -> int:

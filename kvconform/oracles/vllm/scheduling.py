@@ -162,6 +162,7 @@ class Scheduling:
         policy: str = "fcfs",
         kv_connector: str | None = None,
         disable_chunked_mm_input: bool = False,
+        kv_load_failure_policy: str | None = None,
     ) -> Any:
         """The ``VllmConfig`` an engine with these limits would hand its scheduler.
 
@@ -177,8 +178,13 @@ class Scheduling:
         vLLM's ``DecodeBenchConnector`` as ``kv_both``, which loads synchronously).
         ``disable_chunked_mm_input``: the scheduler config's rule that a chunk never ends
         inside a multimodal input.
+        ``kv_load_failure_policy``: the remote prefills' ``KVTransferConfig`` policy for a
+        failed KV load (None: vLLM's default).
         """
         api = self._scheduling
+        load_policy = (
+            {"kv_load_failure_policy": kv_load_failure_policy} if kv_load_failure_policy else {}
+        )
         scheduler = call(
             api.SchedulerConfig,
             max_model_len=model_config.max_model_len,
@@ -220,7 +226,12 @@ class Scheduling:
                 scheduler_config=scheduler,
                 speculative_config=speculative_config,
                 kv_transfer_config=(
-                    call(api.KVTransferConfig, kv_connector=_CONNECTOR, kv_role="kv_consumer")
+                    call(
+                        api.KVTransferConfig,
+                        kv_connector=_CONNECTOR,
+                        kv_role="kv_consumer",
+                        **load_policy,
+                    )
                     if remote_prefill
                     else call(
                         api.KVTransferConfig,
@@ -384,10 +395,12 @@ class Scheduling:
         )
         return "failed_recving" in fields
 
-    def reset_prefix_cache(self, scheduler: Any, running: bool) -> bool:
+    def reset_prefix_cache(self, scheduler: Any, running: bool, connector: bool = False) -> bool:
         """``Scheduler.reset_prefix_cache``: what an RLHF weight update or the admin endpoint
-        calls; with ``running`` it preempts the running requests first."""
-        return bool(scheduler.reset_prefix_cache(reset_running_requests=running))
+        calls; with ``running`` it preempts the running requests first; with ``connector`` it
+        resets the KV connector's cache too (``reset_connector_cache``)."""
+        extra = {"reset_connector": True} if connector else {}
+        return bool(scheduler.reset_prefix_cache(reset_running_requests=running, **extra))
 
     def is_loading_remote_kv(self, request: Any) -> bool:
         """Whether a request waits for its asynchronous KV load (``WAITING_FOR_REMOTE_KVS``)."""
