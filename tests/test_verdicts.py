@@ -794,3 +794,49 @@ def test_a_recompute_that_keeps_an_unwritten_block_fails_sanity(pristine_tree, t
     )
     assert failures and {f["request"] for f in failures} == {"a"}, entry
     assert "with 48 tokens computed, but the scenario states 32" in failures[0]["message"]
+
+
+SCHEDULER_OVERLAPPED_LOADS = (
+    REPO / "scenarios" / "scheduler" / "sched-remote-prefill-overlapped.yaml"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("old", "new", "mentioning", "says"),
+    [
+        # Every free returns its blocks at once, a step that may write them in flight or not.
+        (
+            "        return not self.defer_block_free or (",
+            "        return True or (",
+            "in flight",
+            "while step 2, which scheduled it, was in flight",
+        ),
+        # Deferred blocks never go back to the pool.
+        (
+            "            fence, _ = self.deferred_frees[0]\n"
+            "            if fence > self.processed_step_seq:",
+            "            fence, _ = self.deferred_frees[0]\n            if True:",
+            "went back",
+            "held 3 distinct blocks but 0 went back to the pool",
+        ),
+    ],
+    ids=["never-deferred", "never-drained"],
+)
+def test_blocks_returned_while_a_step_may_write_them_fail_sanity(
+    pristine_tree, tmp_path, old, new, mentioning, says
+):
+    # c finishes in step 1's output while step 2, which scheduled it, is in flight: its 3
+    # blocks must go back with step 2's output, not before (Scheduler.defer_block_free) and
+    # not never.
+    failures, entry = _sanity_failures(
+        pristine_tree,
+        tmp_path,
+        "v1/core/sched/scheduler.py",
+        old,
+        new,
+        SCHEDULER_OVERLAPPED_LOADS,
+        mentioning,
+    )
+    assert failures and {f["request"] for f in failures} == {"c"}, entry
+    assert says in failures[0]["message"], failures[0]

@@ -540,15 +540,6 @@ def _parse_remote_prefill(fields: Fields, scheduler: SchedulerSpec) -> int:
             f"cannot go with scheduler.kv_connector: {scheduler.kv_connector} (an instance has "
             "one KV connector; a remote prefill brings vLLM's NixlConnector)",
         )
-    if steps and scheduler.mode != "sync":
-        # A kv_consumer connector with batches in flight makes vLLM defer block frees
-        # past the in-flight step (Scheduler.defer_block_free), outside KVCacheManager.free,
-        # where scheduler mode observes releases.
-        raise ScenarioError(
-            fields.at("remote_prefill"),
-            f"needs scheduler.mode: sync, not {scheduler.mode!r}: with async scheduling vLLM "
-            "defers a KV consumer's block frees, which scheduler mode does not observe yet",
-        )
     return steps
 
 

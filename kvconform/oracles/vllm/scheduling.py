@@ -26,7 +26,7 @@ import contextlib
 import importlib
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import cached_property
 from types import SimpleNamespace
 from typing import Any
@@ -418,6 +418,54 @@ class Scheduling:
             raise self._vllm.missing("Scheduler.finish_requests")
         with quiet_logs():
             finish([request_id], self._scheduling.RequestStatus.FINISHED_ABORTED)
+
+    def observe_deferred_frees(
+        self,
+        scheduler: Any,
+        popped: Callable[[Any, tuple[list[int], ...]], None],
+        drained: Callable[[list[tuple[list[int], int, int]]], None],
+    ) -> bool:
+        """With overlapping batches and a ``kv_consumer`` connector vLLM defers the blocks
+        of a request freed while a step that may write them is in flight
+        (``Scheduler.defer_block_free``): ``KVCacheManager.pop_blocks_for_free`` takes them
+        out of the request's table and ``_drain_deferred_frees`` returns them to the pool
+        once that step's output is processed. ``popped(request, table)`` follows each pop,
+        with the request's table (per group) before it; ``drained(returned)`` each drain,
+        with what it returned: (block ids, free blocks before, after), one per deferred
+        entry. False: this scheduler defers nothing (nothing observed)."""
+        if not getattr(scheduler, "defer_block_free", False):
+            return False
+        manager = scheduler.kv_cache_manager
+        pool = manager.block_pool
+        pop, drain = manager.pop_blocks_for_free, scheduler._drain_deferred_frees
+
+        def recording_pop(request: Any) -> Any:
+            table = tuple(list(ids) for ids in manager.get_block_ids(request.request_id))
+            blocks = pop(request)
+            popped(request, table)
+            return blocks
+
+        def recording_drain() -> None:
+            free_blocks = pool.free_blocks
+            returned: list[tuple[list[int], int, int]] = []
+
+            def recording_free_blocks(blocks: Any) -> None:
+                blocks = list(blocks)
+                before = pool.get_num_free_blocks()
+                free_blocks(blocks)
+                returned.append(([b.block_id for b in blocks], before, pool.get_num_free_blocks()))
+
+            pool.free_blocks = recording_free_blocks
+            try:
+                drain()
+            finally:
+                pool.free_blocks = free_blocks
+            if returned:
+                drained(returned)
+
+        manager.pop_blocks_for_free = recording_pop
+        scheduler._drain_deferred_frees = recording_drain
+        return True
 
     def is_aborted(self, request: Any) -> bool:
         return bool(request.status == self._scheduling.RequestStatus.FINISHED_ABORTED)
