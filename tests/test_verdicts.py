@@ -778,22 +778,50 @@ def test_a_partial_tail_kept_from_the_connector_at_finish_fails_sanity(pristine_
 SCHEDULER_RECOMPUTE = REPO / "scenarios" / "scheduler" / "sched-remote-load-recompute.yaml"
 
 
+SCHEDULER_REMOTE_REPLAY = (
+    REPO / "scenarios" / "scheduler" / "sched-remote-prefill-bounded-replay.yaml"
+)
+
+
 @pytest.mark.slow
-def test_a_recompute_that_keeps_an_unwritten_block_fails_sanity(pristine_tree, tmp_path):
-    # Under kv_load_failure_policy recompute vLLM truncates a's computed tokens at the first
-    # block the load left unwritten (index 2: 32 tokens). Truncating one block later counts
-    # the unwritten block as computed: the model would read KV that was never delivered.
+@pytest.mark.parametrize(
+    ("old", "new", "scenario", "says"),
+    [
+        # Under kv_load_failure_policy recompute vLLM truncates a's computed tokens at the
+        # first block the load left unwritten (index 2: 32 tokens). Truncating one block
+        # later counts the unwritten block as computed: the model would read KV never
+        # delivered.
+        (
+            "                request.num_computed_tokens = idx * self.block_size",
+            "                request.num_computed_tokens = (idx + 1) * self.block_size",
+            SCHEDULER_RECOMPUTE,
+            "with 48 tokens computed, but the scenario states 32",
+        ),
+        # A load of the request's own blocks carries the bounded-replay window; replaying
+        # it anyway rewinds a to 127 - 64 = 63 and recomputes KV it has.
+        (
+            "            window_loaded=not load_failed\n",
+            "            window_loaded=False\n",
+            SCHEDULER_REMOTE_REPLAY,
+            "with 63 tokens computed, but the scenario states 127",
+        ),
+    ],
+    ids=["recompute-keeps-unwritten-block", "replays-a-loaded-window"],
+)
+def test_a_load_scheduled_with_other_computed_tokens_fails_sanity(
+    pristine_tree, tmp_path, old, new, scenario, says
+):
     failures, entry = _sanity_failures(
         pristine_tree,
         tmp_path,
         "v1/core/sched/scheduler.py",
-        "                request.num_computed_tokens = idx * self.block_size",
-        "                request.num_computed_tokens = (idx + 1) * self.block_size",
-        SCHEDULER_RECOMPUTE,
+        old,
+        new,
+        scenario,
         "expect_loaded",
     )
     assert failures and {f["request"] for f in failures} == {"a"}, entry
-    assert "with 48 tokens computed, but the scenario states 32" in failures[0]["message"]
+    assert says in failures[0]["message"], failures[0]
 
 
 SCHEDULER_OVERLAPPED_LOADS = (
