@@ -103,6 +103,17 @@ def test_scheduler_defaults(scenario_from):
     assert scenario.speculative is None
 
 
+def test_remote_prefill_runs_in_every_mode(scenario_from):
+    # vLLM defers a KV consumer's block frees under async scheduling; scheduler mode
+    # observes the deferral (sched-remote-prefill-overlapped.yaml).
+    for mode in ("sync", "async", "overlapped"):
+        scenario = scenario_from(
+            f"kind: scheduler\nscheduler: {{mode: {mode}}}\n"
+            "requests:\n  a: {prompt_len: 40, remote_prefill: 2}\n"
+        )
+        assert scenario.requests["a"].remote_prefill == 2
+
+
 def test_remote_prefill_is_off_by_default_and_true_means_one_step(scenario_from):
     scenario = scenario_from(
         "kind: scheduler\nscheduler: {mode: sync}\nrequests:\n"
@@ -124,6 +135,22 @@ def test_prefix_cache_resets_are_read_in_call_order(scenario_from):
         (2, False, False),
         (9, True, True),
     ]
+
+
+def test_load_failure_policy_expect_loaded_and_connector_reset_are_read(scenario_from):
+    scenario = scenario_from(
+        "kind: scheduler\nscheduler:\n  mode: sync\n  kv_load_failure_policy: recompute\n"
+        "  reset_prefix_cache:\n    - {at: 2, connector: true}\n    - {at: 5}\nrequests:\n"
+        "  a: {prompt_len: 40, remote_prefill: true, remote_load_fails: 1, expect_loaded: 16}\n"
+        "  b: {prompt_len: 40}\n"
+    )
+    limits = scenario.scheduler
+    assert limits is not None
+    assert limits.kv_load_failure_policy == "recompute"
+    assert [r.connector for r in limits.resets] == [True, False]
+    assert [r.expect_loaded for r in scenario.requests.values()] == [16, None]
+    default = scenario_from("kind: scheduler\nrequests: {a: {prompt_len: 40}}\n").scheduler
+    assert default is not None and default.kv_load_failure_policy is None
 
 
 def test_priorities_need_the_priority_policy(scenario_from, write_scenario):
@@ -326,12 +353,6 @@ SPEC = "speculative: {method: eagle, num_speculative_tokens: 3}\n"
             "not 'two'",
         ),
         (
-            "kind: scheduler\nrequests:\n  a: {prompt_len: 5, remote_prefill: true}\n",
-            3,
-            "requests.a.remote_prefill",
-            "needs scheduler.mode: sync, not 'overlapped'",
-        ),
-        (
             "kind: scheduler\nscheduler: {mode: sync}\nrequests:\n"
             "  a: {prompt_len: 5, arrival: 2, abort_at: 1}\n",
             4,
@@ -481,6 +502,54 @@ SPEC = "speculative: {method: eagle, num_speculative_tokens: 3}\n"
             "kind: scheduler\nscheduler:\n  log_stats: yes please\nrequests: {a: {prompt_len: 5}}\n",
             3,
             "scheduler.log_stats",
+            "must be true or false",
+        ),
+        (
+            "kind: scheduler\nscheduler: {mode: sync, kv_load_failure_policy: retry}\n"
+            "requests: {a: {prompt_len: 40, remote_prefill: true}}\n",
+            2,
+            "scheduler.kv_load_failure_policy",
+            "must be one of fail, recompute, not 'retry'",
+        ),
+        (
+            "kind: scheduler\nscheduler:\n  mode: sync\n  kv_connector: decode_bench\n"
+            "  kv_load_failure_policy: recompute\nrequests: {a: {prompt_len: 40}}\n",
+            5,
+            "scheduler.kv_load_failure_policy",
+            "cannot go with scheduler.kv_connector: decode_bench",
+        ),
+        (
+            "kind: scheduler\nscheduler:\n  mode: sync\n  kv_load_failure_policy: recompute\n"
+            "requests: {a: {prompt_len: 40}}\n",
+            3,
+            "scheduler.kv_load_failure_policy",
+            "needs a remote_prefill request",
+        ),
+        (
+            "kind: scheduler\nscheduler: {mode: sync}\nrequests:\n  a: {prompt_len: 40, expect_loaded: 16}\n",
+            4,
+            "requests.a.expect_loaded",
+            "needs remote_prefill (a KV load)",
+        ),
+        (
+            "kind: scheduler\nscheduler: {mode: sync}\nrequests:\n"
+            "  a: {prompt_len: 40, remote_prefill: true, expect_loaded: 40}\n",
+            4,
+            "requests.a.expect_loaded",
+            "must be below prompt_len 40",
+        ),
+        (
+            "kind: scheduler\nscheduler: {mode: sync}\nrequests:\n"
+            "  a: {prompt_len: 40, remote_prefill: true, expect_loaded: -1}\n",
+            4,
+            "requests.a.expect_loaded",
+            "at least 0",
+        ),
+        (
+            "kind: scheduler\nscheduler:\n  reset_prefix_cache:\n    - {at: 2, connector: maybe}\n"
+            "requests: {a: {prompt_len: 5}}\n",
+            4,
+            "scheduler.reset_prefix_cache[0].connector",
             "must be true or false",
         ),
     ],

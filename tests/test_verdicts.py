@@ -794,3 +794,98 @@ def test_a_stale_output_that_cannot_stop_a_preempted_request_fails_sanity(pristi
     )
     assert failures and {f["request"] for f in failures} == {"c"}, entry
     assert "as output 21 (stop_at)" in failures[0]["message"], failures[0]
+
+
+SCHEDULER_RECOMPUTE = REPO / "scenarios" / "scheduler" / "sched-remote-load-recompute.yaml"
+
+
+SCHEDULER_REMOTE_REPLAY = (
+    REPO / "scenarios" / "scheduler" / "sched-remote-prefill-bounded-replay.yaml"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("old", "new", "scenario", "says"),
+    [
+        # Under kv_load_failure_policy recompute vLLM truncates a's computed tokens at the
+        # first block the load left unwritten (index 2: 32 tokens). Truncating one block
+        # later counts the unwritten block as computed: the model would read KV never
+        # delivered.
+        (
+            "                request.num_computed_tokens = idx * self.block_size",
+            "                request.num_computed_tokens = (idx + 1) * self.block_size",
+            SCHEDULER_RECOMPUTE,
+            "with 48 tokens computed, but the scenario states 32",
+        ),
+        # A load of the request's own blocks carries the bounded-replay window; replaying
+        # it anyway rewinds a to 127 - 64 = 63 and recomputes KV it has.
+        (
+            "            window_loaded=not load_failed\n",
+            "            window_loaded=False\n",
+            SCHEDULER_REMOTE_REPLAY,
+            "with 63 tokens computed, but the scenario states 127",
+        ),
+    ],
+    ids=["recompute-keeps-unwritten-block", "replays-a-loaded-window"],
+)
+def test_a_load_scheduled_with_other_computed_tokens_fails_sanity(
+    pristine_tree, tmp_path, old, new, scenario, says
+):
+    failures, entry = _sanity_failures(
+        pristine_tree,
+        tmp_path,
+        "v1/core/sched/scheduler.py",
+        old,
+        new,
+        scenario,
+        "expect_loaded",
+    )
+    assert failures and {f["request"] for f in failures} == {"a"}, entry
+    assert says in failures[0]["message"], failures[0]
+
+
+SCHEDULER_OVERLAPPED_LOADS = (
+    REPO / "scenarios" / "scheduler" / "sched-remote-prefill-overlapped.yaml"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("old", "new", "mentioning", "says"),
+    [
+        # Every free returns its blocks at once, a step that may write them in flight or not.
+        (
+            "        return not self.defer_block_free or (",
+            "        return True or (",
+            "in flight",
+            "while step 2, which scheduled it, was in flight",
+        ),
+        # Deferred blocks never go back to the pool.
+        (
+            "            fence, _ = self.deferred_frees[0]\n"
+            "            if fence > self.processed_step_seq:",
+            "            fence, _ = self.deferred_frees[0]\n            if True:",
+            "went back",
+            "held 3 distinct blocks but 0 went back to the pool",
+        ),
+    ],
+    ids=["never-deferred", "never-drained"],
+)
+def test_blocks_returned_while_a_step_may_write_them_fail_sanity(
+    pristine_tree, tmp_path, old, new, mentioning, says
+):
+    # c finishes in step 1's output while step 2, which scheduled it, is in flight: its 3
+    # blocks must go back with step 2's output, not before (Scheduler.defer_block_free) and
+    # not never.
+    failures, entry = _sanity_failures(
+        pristine_tree,
+        tmp_path,
+        "v1/core/sched/scheduler.py",
+        old,
+        new,
+        SCHEDULER_OVERLAPPED_LOADS,
+        mentioning,
+    )
+    assert failures and {f["request"] for f in failures} == {"c"}, entry
+    assert says in failures[0]["message"], failures[0]

@@ -79,6 +79,8 @@ STATS_DISAGREE = "reports other scheduler stats than its steps give"
 SESSION_KV_LOST = "resumes a streaming session without the KV it kept"
 PAUSE_ADMITS = "admits a request while paused for new requests"
 ABORT_ALL_KEPT = "keeps a request the engine aborted with all the others"
+# A P/D decode instance with batches in flight (Scheduler.defer_block_free).
+FREED_IN_FLIGHT = "returns a request's blocks while a step that may write them is in flight"
 
 
 class Miss(NamedTuple):

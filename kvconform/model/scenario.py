@@ -229,6 +229,11 @@ class RequestSpec:
     # reports it with the transfer: "request" (failed_recving, the whole load) or the index
     # of the one block of the request's table it leaves unwritten (invalid_block_ids).
     load_failure: str | int | None = None
+    # Scheduler scenarios only, with remote_prefill: the computed tokens the request is
+    # first scheduled with once its KV load is done (after a failed load under
+    # kv_load_failure_policy recompute: the valid prefix it keeps), derived by hand;
+    # None: not judged.
+    expect_loaded: int | None = None
     # Scheduler scenarios only: Request.priority, under scheduler.policy: priority.
     priority: int = 0
     # Scheduler scenarios only: the prompt's multimodal inputs, by offset (vLLM's mm_features).
@@ -411,6 +416,8 @@ SCHEDULER_POLICIES = ("fcfs", "priority")
 # DecodeBenchConnector (kv_both), which fills every new request's prompt but its last token
 # synchronously, in the step that admits it.
 SCHEDULER_CONNECTORS = ("decode_bench",)
+# KVTransferConfig.kv_load_failure_policy: what vLLM does with a request whose KV load failed.
+KV_LOAD_FAILURE_POLICIES = ("fail", "recompute")
 # What stops a request at its stop_at-th output token (RequestSpec.stop_with): a token of
 # SamplingParams.stop_token_ids, or its EOS token (ignore_eos off).
 STOP_TOKENS = ("stop_token", "eos")
@@ -427,6 +434,9 @@ class PrefixReset:
     running: bool
     succeeds: bool
     line: int | None = None
+    # reset_connector: the KV connector's cache too (Scheduler.reset_connector_cache), as
+    # EngineCore's cache-clearing cascade after a weight update asks.
+    connector: bool = False
 
 
 @dataclass(frozen=True)
@@ -491,6 +501,10 @@ class SchedulerSpec:
     long_prefill_token_threshold_adaptive: bool = False
     # Pauses for new requests (EngineCore.pause_scheduler "wait"), in call order.
     pauses: tuple[SchedulerPause, ...] = ()
+    # KVTransferConfig.kv_load_failure_policy of the remote prefills' NixlConnector
+    # (KV_LOAD_FAILURE_POLICIES): "fail" fails a request whose load failed, "recompute"
+    # keeps its valid prefix and computes the rest locally; None: vLLM's default (fail).
+    kv_load_failure_policy: str | None = None
     # The settings of kvconform.model.settings.SETTINGS this section states; the others
     # (chunked prefill, the mode's async scheduling) resolve to vLLM's defaults.
     stated: frozenset[str] = frozenset()

@@ -64,6 +64,7 @@ from kvconform.model.observations import (
     ENCODER_CACHE_OVERFLOW,
     ENCODER_OUTPUT_MISSING,
     ENCODER_STATS_DIFFER,
+    FREED_IN_FLIGHT,
     MM_INPUT_SPLIT,
     NOT_ZEROED,
     PAUSE_ADMITS,
@@ -214,6 +215,26 @@ class ResetRecord(NamedTuple):
     succeeded: bool
     succeeds: bool  # what the scenario states
     line: int | None
+    connector: bool = False  # reset_connector: the KV connector's cache too
+
+
+class DeferredFreeRecord(NamedTuple):
+    """A request's blocks that vLLM took out of its table while a step that may write them
+    was in flight (``Scheduler.defer_block_free``), and when they went back to the pool.
+
+    ``fence``: the newest step with scheduled tokens when they were taken, whose output
+    vLLM must process before it returns them (its ``sched_step_seq`` fence); ``returned``:
+    the step whose ``update_from_output`` returned them (None: not returned by the end).
+    """
+
+    step: int  # the schedule() call the blocks were taken out before, or during
+    request: str
+    kind: str  # "finish" or "abort"
+    held: tuple[list[int], ...]
+    fence: int | None
+    returned: int | None = None
+    free_before: int = 0
+    free_after: int = 0
 
 
 class StepRecord(NamedTuple):
@@ -310,6 +331,7 @@ class SchedulerRun:
     encoder_budget: int | None = None
     encoder_cache_size: int | None = None
     lifecycle: list[LifecycleMiss] = field(default_factory=list)
+    deferred_frees: list[DeferredFreeRecord] = field(default_factory=list)
 
 
 # -- stepping --------------------------------------------------------------------------
@@ -371,6 +393,7 @@ class SchedulerOracle:
                     long_prefill_token_threshold_adaptive=(
                         self.limits.long_prefill_token_threshold_adaptive
                     ),
+                    kv_load_failure_policy=self.limits.kv_load_failure_policy,
                 )
                 block_size, hash_block_size = api.kv_block_sizes(kv_cache_config, self.config)
                 max_concurrent_batches = api.max_concurrent_batches(self.config)
@@ -411,6 +434,17 @@ class SchedulerOracle:
                     "this release's connector output has no failed_recving",
                 )
         self._observe_frees()
+        # The newest step with scheduled tokens, and the step whose output is being applied.
+        self._newest_busy: int | None = None
+        self._applying: int | None = None
+        # A P/D decode instance (a kv_consumer connector) with batches in flight: vLLM must
+        # not return a request's blocks while a step that scheduled it may still write them
+        # (Scheduler.defer_block_free); each request's last step with scheduled tokens.
+        self._defers = self.limits.overlapped and any(
+            r.remote_prefill for r in scenario.requests.values()
+        )
+        self._last_busy: dict[str, int] = {}
+        api.observe_deferred_frees(self.scheduler, self._deferred_pop, self._deferred_drain)
         self._install_encoder_budget()
         hasher = None
         if model.enable_caching:
@@ -498,6 +532,7 @@ class SchedulerOracle:
                 self._lifecycle.ended(request)
             else:
                 self._restart.add(rid)
+            self._check_freed_in_flight(rid, kind, before, vllm.free_block_count(manager))
             self._sessions.released(rid, self._current, kind)
             run.events.append(
                 FreeRecord(
@@ -515,6 +550,50 @@ class SchedulerOracle:
 
         # An instance attribute: the scheduler calls self.kv_cache_manager.free.
         manager.free = recording_free
+
+    def _check_freed_in_flight(self, rid: str, kind: str, before: int, after: int) -> None:
+        """Blocks that went back to the pool while a step that scheduled the request may
+        still write them: the pool could hand them to a KV load meanwhile."""
+        last = self._last_busy.get(rid)
+        processed = -1 if self._applying is None else self._applying
+        if not self._defers or last is None or last <= processed or after <= before:
+            return
+        self.run.lifecycle.append(
+            LifecycleMiss(
+                self._current,
+                rid,
+                f"returned {after - before} blocks to the pool at its {kind} while step {last}, "
+                f"which scheduled it, was in flight (processed up to step {processed}); with "
+                "a KV consumer connector and batches in flight vLLM defers them "
+                "(Scheduler._free_request_blocks)",
+                FREED_IN_FLIGHT,
+            )
+        )
+
+    def _deferred_pop(self, request: Any, held: tuple[list[int], ...]) -> None:
+        """vLLM took a finished request's blocks out of its table without returning them."""
+        rid = request.request_id
+        kind = "abort" if self.api.is_aborted(request) else "finish"
+        self.run.finished.add(rid)
+        self._lifecycle.ended(request)
+        self._sessions.released(rid, self._current, kind)
+        self.run.deferred_frees.append(
+            DeferredFreeRecord(self._current, rid, kind, held, self._newest_busy)
+        )
+
+    def _deferred_drain(self, returned: list[tuple[list[int], int, int]]) -> None:
+        """vLLM returned deferred blocks to the pool: match them to the requests'."""
+        records = self.run.deferred_frees
+        for block_ids, before, after in returned:
+            wanted = set(block_ids)
+            for index, record in enumerate(records):
+                null = self.run.null_block
+                held = {b for ids in record.held for b in ids if b != null}
+                if record.returned is None and held == wanted:
+                    records[index] = record._replace(
+                        returned=self._applying, free_before=before, free_after=after
+                    )
+                    break
 
     def _record(self, output: Any, in_flight: int) -> list[tuple[str, int | None]]:
         """Record one schedule() and decide the fabricated output of each request."""
@@ -561,6 +640,8 @@ class SchedulerOracle:
                 phase = "running"
             self._started.add(rid)
             self._restart.discard(rid)
+            if scheduled:
+                self._last_busy[rid] = self._step
             num_drafts = len(drafts.get(rid, ()))
             chunk = bool(request.is_prefill_chunk)
             accepted = (
@@ -851,9 +932,11 @@ class SchedulerOracle:
         while self._resets and self._resets[0].at <= self._step:
             reset = self._resets.pop(0)
             self._current = self._step
-            done = self.api.reset_prefix_cache(self.scheduler, reset.running)
+            done = self.api.reset_prefix_cache(self.scheduler, reset.running, reset.connector)
             self.run.resets.append(
-                ResetRecord(self._step, reset.running, done, reset.succeeds, reset.line)
+                ResetRecord(
+                    self._step, reset.running, done, reset.succeeds, reset.line, reset.connector
+                )
             )
 
     def _next_arrival(self) -> int | None:
@@ -977,6 +1060,8 @@ class SchedulerOracle:
                 in_flight = len(queue)
                 self._current = self._step
                 output = scheduler.schedule()
+                if output.total_num_scheduled_tokens > 0:
+                    self._newest_busy = self._step
                 answers = self._record(output, in_flight)
                 self._step += 1
                 # A KV load in flight makes progress without scheduled tokens.
@@ -1005,6 +1090,7 @@ class SchedulerOracle:
             output, model_output, applied = queue.pop()
             # vLLM logs a KV load failure the scenario states as an error ("Failing 1
             # request(s) due to KV load failure"): the run's verdict says what happened.
+            self._applying = applied.step
             with quiet_logs(logging.ERROR):
                 result = scheduler.update_from_output(output, model_output)
             self._lifecycle.applied(applied, result)

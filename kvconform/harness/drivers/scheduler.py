@@ -58,6 +58,7 @@ from kvconform.model.scenario import Scenario
 from kvconform.oracles.resolve import new_trajectory
 from kvconform.oracles.scheduler import (
     AbortRecord,
+    DeferredFreeRecord,
     FreeRecord,
     LoadDoneRecord,
     LoadRecord,
@@ -205,6 +206,18 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
                         f"the scenario states {expected_hit} (expect_hit)",
                     )
                 )
+            expected_loaded = scenario.requests[row.request].expect_loaded
+            if row.phase == "loaded" and expected_loaded not in (None, row.computed):
+                trajectory.misses.append(
+                    Miss(
+                        event.step,
+                        lines[row.request],
+                        row.request,
+                        label,
+                        f"was first scheduled after its KV load with {row.computed} tokens "
+                        f"computed, but the scenario states {expected_loaded} (expect_loaded)",
+                    )
+                )
             maxima = predicted_max.setdefault(row.request, [0] * len(model.groups))
             if not row.drafts and (row.prefill_chunk or row.known_tokens - row.computed > 1):
                 trajectory.prefill_rows.update(
@@ -243,6 +256,7 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
     for reset in record.resets:
         answer = "reset" if reset.succeeded else "refused to reset"
         how = " (preempting the running requests)" if reset.running else ""
+        how += " (with the KV connector's cache)" if reset.connector else ""
         notes[reset.step].append(f"prefix cache: {answer}{how}")
         if reset.succeeded != reset.succeeds:
             trajectory.misses.append(
@@ -267,6 +281,7 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
                 zeroing.invariant,
             )
         )
+    _deferred_frees(trajectory, record.deferred_frees, lines, notes)
     _encoder_misses(trajectory, record, lines)
     for step, note in record.encoder_notes.items():
         notes[step].append(note)
@@ -344,6 +359,46 @@ def _chunk_misses(
                     CHUNKS_DIFFER,
                 )
             )
+
+
+def _deferred_frees(
+    trajectory: Trajectory,
+    records: list[DeferredFreeRecord],
+    lines: dict[str, int | None],
+    notes: dict[int, list[str]],
+) -> None:
+    """Blocks vLLM returned to the pool after their request finished (defer_block_free).
+
+    Each becomes the request's :class:`FreeEvent` where the blocks went back to the pool
+    (after the observations of the step whose output returned them): until then they are
+    still the finished request's, so sanity's one-table rule flags another request holding
+    one, and the returned count is held against the blocks (none returned: a leak). That
+    they do not go back while a step may still write them is the oracle's rule
+    (``FREED_IN_FLIGHT``).
+    """
+    for record in records:
+        returned = record.returned
+        until = f" until step {record.fence}'s output" if record.fence is not None else ""
+        notes[record.step].append(f"{record.kind} {record.request} (blocks deferred{until})")
+        if returned is not None:
+            notes[returned].append(f"{record.request}'s deferred blocks returned")
+        last = returned if returned is not None else max(
+            (o.step for o in trajectory.observations), default=record.step
+        )  # fmt: skip
+        trajectory.events.append(
+            FreeEvent(
+                sum(1 for o in trajectory.observations if o.step <= last),
+                last,
+                lines[record.request],
+                record.request,
+                record.kind,
+                record.held,
+                record.free_before,
+                record.free_after,
+                tuple([] for _ in record.held),
+            )
+        )
+    trajectory.events.sort(key=lambda e: e.seq)
 
 
 def _load_rows(

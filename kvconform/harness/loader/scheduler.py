@@ -16,6 +16,7 @@ from kvconform.harness.yamlio import LineDict
 from kvconform.model.group_types import types_for
 from kvconform.model.methods import METHODS
 from kvconform.model.scenario import (
+    KV_LOAD_FAILURE_POLICIES,
     MODEL_RUNNERS,
     SCHEDULER_CONNECTORS,
     SCHEDULER_MODES,
@@ -131,6 +132,7 @@ def parse_scheduler(
             "long_prefill_token_threshold_adaptive", defaults.long_prefill_token_threshold_adaptive
         ),
         pauses=_parse_pauses(fields),
+        kv_load_failure_policy=_parse_kv_load_failure_policy(fields),
         # vLLM's settings this section states (the mode states async scheduling).
         stated=frozenset(
             s.name
@@ -181,6 +183,33 @@ def _check_log_stats(spec: SchedulerSpec, fields: Fields) -> None:
         )
 
 
+def _parse_kv_load_failure_policy(fields: Fields) -> str | None:
+    """``kv_load_failure_policy``: fail or recompute, for the remote prefills' connector."""
+    if fields.raw("kv_load_failure_policy") is None:
+        return None
+    policy = _choice(fields, "kv_load_failure_policy", "", KV_LOAD_FAILURE_POLICIES)
+    if fields.raw("kv_connector") is not None:
+        raise ScenarioError(
+            fields.at("kv_load_failure_policy"),
+            f"cannot go with scheduler.kv_connector: {fields.raw('kv_connector')}: the policy "
+            "is judged for the asynchronous loads of remote_prefill requests only",
+        )
+    return policy
+
+
+def check_load_failure_policy(scheduler: SchedulerSpec, requests: dict[str, RequestSpec]) -> None:
+    """A stated ``kv_load_failure_policy`` needs a request whose KV load can fail."""
+    if scheduler.kv_load_failure_policy is None or any(r.remote_prefill for r in requests.values()):
+        return
+    where = scheduler.where
+    assert where is not None
+    raise ScenarioError(
+        where.at("scheduler.kv_load_failure_policy"),
+        "needs a remote_prefill request: the policy decides what becomes of a request whose "
+        "asynchronous KV load fails",
+    )
+
+
 def _choice(fields: Fields, key: str, default: str, choices: tuple[str, ...]) -> str:
     value = fields.text(key, default)
     if value not in choices:
@@ -189,7 +218,8 @@ def _choice(fields: Fields, key: str, default: str, choices: tuple[str, ...]) ->
 
 
 def _parse_resets(fields: Fields) -> tuple[PrefixReset, ...]:
-    """``reset_prefix_cache``: a list of ``{at: N, running: bool, succeeds: bool}``."""
+    """``reset_prefix_cache``: a list of ``{at: N, running: bool, succeeds: bool,
+    connector: bool}``."""
     raw = fields.raw("reset_prefix_cache", [])
     if not isinstance(raw, list):
         raise ScenarioError(
@@ -205,6 +235,7 @@ def _parse_resets(fields: Fields) -> tuple[PrefixReset, ...]:
                 running=one.flag("running", False),
                 succeeds=one.flag("succeeds", True),
                 line=one.mapping.line,
+                connector=one.flag("connector", False),
             )
         )
         one.done()
@@ -308,6 +339,7 @@ def parse_scheduler_requests(
             abort_at=_parse_abort_at(fields, scheduler),
             priority=_parse_priority(fields, scheduler),
             load_failure=_parse_load_failure(fields, model, prompt_len),
+            expect_loaded=_parse_expect_loaded(fields, prompt_len),
             mm_inputs=mm_inputs,
             expect_chunks=_parse_expect_chunks(fields, prompt_len),
             **_parse_stop(fields, scheduler),
@@ -316,7 +348,9 @@ def parse_scheduler_requests(
             expect_rejected=_parse_expect_rejected(fields, mm_inputs, mm_lengths),
         )
 
-    return parse_request_map(raw, where, at, "a scheduler scenario", request)
+    requests = parse_request_map(raw, where, at, "a scheduler scenario", request)
+    check_load_failure_policy(scheduler, requests)
+    return requests
 
 
 def _parse_expect_chunks(fields: Fields, prompt_len: int) -> tuple[int, ...] | None:
@@ -492,6 +526,23 @@ def _parse_load_failure(fields: Fields, model: ModelSpec, prompt_len: int) -> st
     return raw
 
 
+def _parse_expect_loaded(fields: Fields, prompt_len: int) -> int | None:
+    """``expect_loaded``: the computed tokens a remote prefill is first scheduled with once
+    its KV load is done (0 .. prompt_len - 1)."""
+    if fields.raw("expect_loaded") is None:
+        return None
+    if not fields.raw("remote_prefill", False):
+        raise ScenarioError(fields.at("expect_loaded"), "needs remote_prefill (a KV load)")
+    loaded = fields.integer("expect_loaded", minimum=0)
+    if loaded >= prompt_len:
+        raise ScenarioError(
+            fields.at("expect_loaded"),
+            f"must be below prompt_len {prompt_len}: vLLM computes at least the prompt's last "
+            f"token itself, not {loaded}",
+        )
+    return loaded
+
+
 def _parse_priority(fields: Fields, scheduler: SchedulerSpec) -> int:
     """``priority``: Request.priority (lower is served first), under the priority policy."""
     value = fields.raw("priority", 0)
@@ -543,15 +594,6 @@ def _parse_remote_prefill(fields: Fields, scheduler: SchedulerSpec) -> int:
             fields.at("remote_prefill"),
             f"cannot go with scheduler.kv_connector: {scheduler.kv_connector} (an instance has "
             "one KV connector; a remote prefill brings vLLM's NixlConnector)",
-        )
-    if steps and scheduler.mode != "sync":
-        # A kv_consumer connector with batches in flight makes vLLM defer block frees
-        # past the in-flight step (Scheduler.defer_block_free), outside KVCacheManager.free,
-        # where scheduler mode observes releases.
-        raise ScenarioError(
-            fields.at("remote_prefill"),
-            f"needs scheduler.mode: sync, not {scheduler.mode!r}: with async scheduling vLLM "
-            "defers a KV consumer's block frees, which scheduler mode does not observe yet",
         )
     return steps
 

@@ -26,7 +26,7 @@ import contextlib
 import importlib
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import cached_property
 from types import SimpleNamespace
 from typing import Any
@@ -164,6 +164,7 @@ class Scheduling:
         disable_chunked_mm_input: bool = False,
         log_iteration_details: bool = False,
         long_prefill_token_threshold_adaptive: bool = False,
+        kv_load_failure_policy: str | None = None,
     ) -> Any:
         """The ``VllmConfig`` an engine with these limits would hand its scheduler.
 
@@ -183,6 +184,8 @@ class Scheduling:
         (the engine's ``--enable-logging-iteration-details``).
         ``long_prefill_token_threshold_adaptive``: the scheduler config's floor of the long
         prefill threshold at a fair share of the token budget (0.31 on).
+        ``kv_load_failure_policy``: the remote prefills' ``KVTransferConfig`` policy for a
+        failed KV load (None: vLLM's default).
         """
         api = self._scheduling
         adaptive: dict[str, bool] = {}
@@ -192,6 +195,9 @@ class Scheduling:
                     "SchedulerConfig.long_prefill_token_threshold_adaptive"
                 )
             adaptive["long_prefill_token_threshold_adaptive"] = True
+        load_policy = (
+            {"kv_load_failure_policy": kv_load_failure_policy} if kv_load_failure_policy else {}
+        )
         scheduler = call(
             api.SchedulerConfig,
             max_model_len=model_config.max_model_len,
@@ -234,7 +240,12 @@ class Scheduling:
                 scheduler_config=scheduler,
                 speculative_config=speculative_config,
                 kv_transfer_config=(
-                    call(api.KVTransferConfig, kv_connector=_CONNECTOR, kv_role="kv_consumer")
+                    call(
+                        api.KVTransferConfig,
+                        kv_connector=_CONNECTOR,
+                        kv_role="kv_consumer",
+                        **load_policy,
+                    )
                     if remote_prefill
                     else call(
                         api.KVTransferConfig,
@@ -412,10 +423,12 @@ class Scheduling:
         )
         return "failed_recving" in fields
 
-    def reset_prefix_cache(self, scheduler: Any, running: bool) -> bool:
+    def reset_prefix_cache(self, scheduler: Any, running: bool, connector: bool = False) -> bool:
         """``Scheduler.reset_prefix_cache``: what an RLHF weight update or the admin endpoint
-        calls; with ``running`` it preempts the running requests first."""
-        return bool(scheduler.reset_prefix_cache(reset_running_requests=running))
+        calls; with ``running`` it preempts the running requests first; with ``connector`` it
+        resets the KV connector's cache too (``reset_connector_cache``)."""
+        extra = {"reset_connector": True} if connector else {}
+        return bool(scheduler.reset_prefix_cache(reset_running_requests=running, **extra))
 
     def is_loading_remote_kv(self, request: Any) -> bool:
         """Whether a request waits for its asynchronous KV load (``WAITING_FOR_REMOTE_KVS``)."""
@@ -433,6 +446,54 @@ class Scheduling:
             raise self._vllm.missing("Scheduler.finish_requests")
         with quiet_logs():
             finish([request_id], self._scheduling.RequestStatus.FINISHED_ABORTED)
+
+    def observe_deferred_frees(
+        self,
+        scheduler: Any,
+        popped: Callable[[Any, tuple[list[int], ...]], None],
+        drained: Callable[[list[tuple[list[int], int, int]]], None],
+    ) -> bool:
+        """With overlapping batches and a ``kv_consumer`` connector vLLM defers the blocks
+        of a request freed while a step that may write them is in flight
+        (``Scheduler.defer_block_free``): ``KVCacheManager.pop_blocks_for_free`` takes them
+        out of the request's table and ``_drain_deferred_frees`` returns them to the pool
+        once that step's output is processed. ``popped(request, table)`` follows each pop,
+        with the request's table (per group) before it; ``drained(returned)`` each drain,
+        with what it returned: (block ids, free blocks before, after), one per deferred
+        entry. False: this scheduler defers nothing (nothing observed)."""
+        if not getattr(scheduler, "defer_block_free", False):
+            return False
+        manager = scheduler.kv_cache_manager
+        pool = manager.block_pool
+        pop, drain = manager.pop_blocks_for_free, scheduler._drain_deferred_frees
+
+        def recording_pop(request: Any) -> Any:
+            table = tuple(list(ids) for ids in manager.get_block_ids(request.request_id))
+            blocks = pop(request)
+            popped(request, table)
+            return blocks
+
+        def recording_drain() -> None:
+            free_blocks = pool.free_blocks
+            returned: list[tuple[list[int], int, int]] = []
+
+            def recording_free_blocks(blocks: Any) -> None:
+                blocks = list(blocks)
+                before = pool.get_num_free_blocks()
+                free_blocks(blocks)
+                returned.append(([b.block_id for b in blocks], before, pool.get_num_free_blocks()))
+
+            pool.free_blocks = recording_free_blocks
+            try:
+                drain()
+            finally:
+                pool.free_blocks = free_blocks
+            if returned:
+                drained(returned)
+
+        manager.pop_blocks_for_free = recording_pop
+        scheduler._drain_deferred_frees = recording_drain
+        return True
 
     def is_aborted(self, request: Any) -> bool:
         return bool(request.status == self._scheduling.RequestStatus.FINISHED_ABORTED)
