@@ -198,6 +198,24 @@ def test_matrix_makes_one_scenario_per_combination(write_scenario):
             "must be incremental or full",
         ),
         (
+            "requests: {a: {prompt_len: 5, skip_reading_prefix_cache: 1}}\nsteps: [{a: {prefill: 5}}]\n",
+            1,
+            "requests.a.skip_reading_prefix_cache",
+            "true or false",
+        ),
+        (
+            "model: {mamba_shared_prefix_checkpoint: true}\nrequests: {a: {prompt_len: 5}}\nsteps: [{a: {prefill: 5}}]\n",
+            1,
+            "model.mamba_shared_prefix_checkpoint",
+            "has no mamba group",
+        ),
+        (
+            "kind: scheduler\nmodel: {mamba_shared_prefix_checkpoint: true, groups: [full_attention, mamba]}\nrequests: {a: {prompt_len: 5}}\n",
+            2,
+            "model.mamba_shared_prefix_checkpoint",
+            "trajectory",
+        ),
+        (
             "requests: {evict_cached: {prompt_len: 5}}\nsteps: [{evict_cached: {prefill: 5}}]\n",
             1,
             "requests.evict_cached.prompt_len",

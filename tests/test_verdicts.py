@@ -728,6 +728,96 @@ def test_what_the_engine_does_between_steps_is_judged(
 
 
 @pytest.mark.slow
+def test_a_request_skipping_the_prefix_cache_counted_in_the_stats_fails_sanity(
+    pristine_tree, tmp_path
+):
+    # record_prefix_cache_stats made to count a request that skips reading the prefix
+    # cache: b's and d's lookups, which never happened, show up in the stats.
+    failures, entry = _sanity_failures(
+        pristine_tree,
+        tmp_path,
+        "v1/core/kv_cache_manager.py",
+        "        if not self.log_stats or not self.prefix_cache_lookup_enabled(request):\n",
+        "        if not self.log_stats:\n",
+        REPO / "scenarios" / "admission" / "skip-reading-prefix-cache-hybrid-connector.yaml",
+        "prefix-cache stats",
+    )
+    assert failures and failures[0]["step"] == 2, entry
+
+
+NULL_COLUMNS = (
+    REPO / "scenarios" / "hybrid" / "kv-events-full-report-sliding-window-null-columns.yaml"
+)
+
+
+@pytest.mark.slow
+def test_a_full_report_that_names_null_columns_fails_and_its_fix_passes(pristine_tree, tmp_path):
+    # vLLM as released re-announces the sliding-window group's null hit columns under
+    # b's hashes (scenarios/expectations.yaml): the rule holds the re-announcement to
+    # the blocks b reuses.
+    released = tmp_path / "released"
+    released.mkdir()
+    entry = _failed_entry(pristine_tree, NULL_COLUMNS, released)
+    (failure,) = [f for f in entry["failures"] if f["check"] == "sanity"]
+    assert failure["request"] == "b" and "announces" in failure["message"], entry
+    # A vLLM that announces only the hit's blocks the group caches passes: the null
+    # columns are no blocks to announce, so the rule does not ask for them.
+    fixed = tree_with_replacement(
+        pristine_tree,
+        tmp_path / "vllm-tree",
+        "v1/core/block_pool.py",
+        "            cached_hashes.append(maybe_convert_block_hash(block_hashes[i]))\n",
+        "            if self.get_cached_block(block_hashes[i], [kv_cache_group_id]) is None:\n"
+        "                continue\n"
+        "            cached_hashes.append(maybe_convert_block_hash(block_hashes[i]))\n",
+    )
+    out = tmp_path / "report"
+    done = run_kvconform(
+        "run", NULL_COLUMNS, "--vllm-src", fixed, "--report-dir", out, "--progress", "off",
+        "--no-expectations", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == ExitStatus.CONFORM, done.stdout + done.stderr
+
+
+SHORT_WINDOW_HIT = REPO / "scenarios" / "hybrid" / "sliding-window-eagle-short-hit-realigned.yaml"
+
+
+@pytest.mark.slow
+def test_a_short_window_hit_aligned_before_the_eagle_drop_fails_and_its_fix_passes(
+    pristine_tree, tmp_path
+):
+    # vLLM as released aligns a run shorter than the window before EAGLE's drop
+    # (scenarios/expectations.yaml): b's hit is 0, the scenario derives 32.
+    released = tmp_path / "released"
+    released.mkdir()
+    entry = _failed_entry(pristine_tree, SHORT_WINDOW_HIT, released)
+    (failure,) = [f for f in entry["failures"] if f["check"] == "sanity"]
+    assert "hit of 0 tokens" in failure["message"], entry
+    # Aligning the run as it stands after the drop, as the match_found path does: 32.
+    fixed = tree_with_replacement(
+        pristine_tree,
+        tmp_path / "vllm-tree",
+        "v1/core/single_type_kv_cache_manager.py",
+        "                del computed[num_contiguous_blocks:]\n"
+        "            while (\n"
+        "                block_size != alignment_tokens  # Faster for common case.\n"
+        "                and len(computed_blocks[0]) * block_size % alignment_tokens != 0\n",
+        "                del computed[num_contiguous_blocks:]\n"
+        "            dropped = 1 if drop_eagle_block and computed_blocks[0] else 0\n"
+        "            while (\n"
+        "                block_size != alignment_tokens  # Faster for common case.\n"
+        "                and (len(computed_blocks[0]) - dropped) * block_size\n"
+        "                % alignment_tokens != 0\n",
+    )
+    out = tmp_path / "report"
+    done = run_kvconform(
+        "run", SHORT_WINDOW_HIT, "--vllm-src", fixed, "--report-dir", out, "--progress", "off",
+        "--no-expectations", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == ExitStatus.CONFORM, done.stdout + done.stderr
+
+
+@pytest.mark.slow
 def test_a_shared_prefix_junction_left_unpinned_fails_sanity(pristine_tree, tmp_path):
     # Sparse retention keeps a sliding window's blocks at a shared-prefix junction only
     # because cache_blocks pins request.shared_prefix_boundary: without it, a third request

@@ -62,7 +62,9 @@ def workload(scenarios: Sequence[Scenario], vllm: Vllm) -> Workload:
             # The bare loop makes the plain scheduler call (counts, hit, lookahead); the
             # connector and admission-gate arguments of scenarios/admission are
             # correctness cases, not the per-step cost the ratio measures.
-            excluded[scenario.id] = "admission options (connector tokens, gates): no bare loop"
+            excluded[scenario.id] = (
+                "admission options (connector tokens, gates, skipped lookups): no bare loop"
+            )
             continue
         if _between_steps(scenario):
             # Resets, evictions and deferred frees are what the engine does around the
@@ -99,6 +101,9 @@ def _between_steps(scenario: Scenario) -> bool:
 def _admission_options(scenario: Scenario) -> bool:
     model = scenario.model
     if model.watermark or model.max_in_flight_tokens is not None:
+        return True
+    # A request that skips reading the prefix cache: the bare loop looks every prefix up.
+    if any(request.skip_reading_prefix_cache for request in scenario.requests.values()):
         return True
     return any(
         call.options.external

@@ -102,6 +102,10 @@ class ModelSpec:
     # them with stats logging and ObservabilityConfig.kv_cache_metrics on: the sanity check
     # holds each step's prefix-cache stats and KV-cache usage to the trajectory.
     log_stats: bool = False
+    # CacheConfig.enable_mamba_shared_prefix_checkpoint, which the scheduler passes as
+    # KVCacheManager(enable_mamba_shared_prefix_checkpoint=...) (vLLM 0.31.0 on): a Mamba
+    # "align" group also caches its state at a shared-prefix junction inside the prompt.
+    mamba_shared_prefix_checkpoint: bool = False
     # The settings of kvconform.model.settings.SETTINGS this section states.
     stated: frozenset[str] = frozenset()
 
@@ -262,6 +266,10 @@ class RequestSpec:
     # extra_args={"kv_cache_report_mode": "full"}: with KV-cache events on, vLLM announces
     # the prefix-cache blocks the request reuses again at its admission.
     kv_cache_report_full: bool = False
+    # Trajectory scenarios only: SamplingParams.skip_reading_prefix_cache (what a request
+    # asking for prompt logprobs gets): vLLM neither looks its prefix up nor counts it in
+    # the prefix-cache stats, and still caches the blocks it computes.
+    skip_reading_prefix_cache: bool = False
 
 
 @dataclass(frozen=True)

@@ -116,6 +116,7 @@ def manager_for(
         max_in_flight_tokens=model.max_in_flight_tokens,
         log_stats=model.log_stats,
         enable_kv_cache_events=model.kv_cache_events,
+        enable_mamba_shared_prefix_checkpoint=model.mamba_shared_prefix_checkpoint,
         **({"metrics_collector": vllm.metrics_collector()} if model.log_stats else {}),
         **dict(speculative_options or {}),
     )
@@ -219,6 +220,8 @@ class LiveAllocator:
         self._first_outputs: dict[str, int] = {}
         # Requests whose kv_cache_report_mode is "full".
         self._report_full: set[str] = set()
+        # Requests whose sampling parameters skip reading the prefix cache.
+        self._skips_reading: set[str] = set()
         self._running = vllm.running_status()
         self._preempted = vllm.preempted_status()
         self._waiting = vllm.waiting_status()
@@ -257,10 +260,16 @@ class LiveAllocator:
         prompt = self._prompts[spec.name] = prompt_tokens(index, spec, self._prompts)
         self._outputs[spec.name] = self._first_outputs[spec.name] = first_output_token(index)
         self._requests[spec.name] = self.vllm.new_request(
-            spec.name, prompt, self._hasher, kv_cache_report_full=spec.kv_cache_report_full
+            spec.name,
+            prompt,
+            self._hasher,
+            kv_cache_report_full=spec.kv_cache_report_full,
+            skip_reading_prefix_cache=spec.skip_reading_prefix_cache,
         )
         if spec.kv_cache_report_full:
             self._report_full.add(spec.name)
+        if spec.skip_reading_prefix_cache:
+            self._skips_reading.add(spec.name)
 
     def new_step(self) -> None:
         """A scheduler step begins: ``Scheduler.schedule`` calls ``new_step_starts`` first."""
@@ -552,8 +561,9 @@ class LiveAllocator:
         must then count, from the scenario (its prompt and outputs, whether it was
         preempted before)."""
         request = self._requests[call.request]
-        if self.model.enable_caching:
-            self.manager.record_prefix_cache_stats(request, hit)
+        self.manager.record_prefix_cache_stats(request, hit)
+        # A request that skips reading the prefix cache looked nothing up: not counted.
+        if self.model.enable_caching and call.request not in self._skips_reading:
             tokens = len(self._prompts[call.request]) + (
                 self._outputs[call.request] - self._first_outputs[call.request]
             )
@@ -824,7 +834,10 @@ class LiveAllocator:
     def _check_reannounced(self, call: Call, blocks: Any, hit: int, queued: int) -> None:
         """The events a prefix-cache lookup queues: none, unless the request asks for
         ``kv_cache_report_mode`` "full", where each group with a hit announces once more,
-        in one ``BlockStored``, exactly the hashes its hit's blocks are cached under."""
+        in one ``BlockStored``, exactly the hashes its hit's blocks are cached under. A
+        null column (a sliding window's blocks below the window) holds no block, so it
+        announces nothing: a hash announced for it names a block the group may never
+        have cached, or has evicted, and no ``BlockRemoved`` will ever retract it."""
         emitted = self.vllm.queued_kv_events(self.manager)[queued:]
         self._reannouncements.extend(emitted)
         said = self.vllm.announced_blocks(emitted)
@@ -832,11 +845,11 @@ class LiveAllocator:
             said.append((-1, ("an event other than BlockStored",)))
         expected: list[tuple[int, tuple[object, ...]]] = []
         if hit and call.request in self._report_full:
-            expected = [
-                (group, tuple(hashes))
+            reused = {
+                group: tuple(h for h in hashes if h is not None)
                 for group, hashes in self.vllm.hit_block_hashes(blocks).items()
-                if hashes
-            ]
+            }
+            expected = [(group, hashes) for group, hashes in reused.items() if hashes]
         if said == expected:
             return
         self.misses.append(

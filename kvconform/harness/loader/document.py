@@ -88,6 +88,7 @@ def parse(
         ("watermark", model.watermark),
         ("max_in_flight_tokens", model.max_in_flight_tokens),
         ("log_stats", model.log_stats),
+        ("mamba_shared_prefix_checkpoint", model.mamba_shared_prefix_checkpoint),
         # 0 is a setting (sparse retention), not an absence.
         ("prefix_cache_retention_interval", model.prefix_cache_retention_interval is not None),
     ):

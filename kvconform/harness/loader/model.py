@@ -73,6 +73,7 @@ def parse_model(raw: Any, where: Location) -> ModelSpec:
     hisparse_host_blocks = fields.optional_int("hisparse_host_blocks", minimum=2)
     kv_cache_events = fields.flag("kv_cache_events", False)
     log_stats = fields.flag("log_stats", False)
+    shared_prefix_checkpoint = fields.flag("mamba_shared_prefix_checkpoint", False)
     raw_groups = fields.raw("groups", list(DEFAULT_GROUPS))
     fields.done()
     if not isinstance(raw_groups, list):
@@ -100,6 +101,7 @@ def parse_model(raw: Any, where: Location) -> ModelSpec:
         hisparse_host_blocks=hisparse_host_blocks,
         kv_cache_events=kv_cache_events,
         log_stats=log_stats,
+        mamba_shared_prefix_checkpoint=shared_prefix_checkpoint,
         stated=stated,
     )
     _check_hisparse_layout(model, fields, line_of)
@@ -107,6 +109,14 @@ def parse_model(raw: Any, where: Location) -> ModelSpec:
         _check_caching_followers(model)
     if "prefix_cache_retention_interval" in stated and retention_interval is not None:
         _check_retention_interval(model, fields.at("prefix_cache_retention_interval"))
+    if shared_prefix_checkpoint and all(GROUP_TYPES[g.type].attention for g in model.groups):
+        # vLLM accepts the setting and ignores it (only MambaManager reads it): a scenario
+        # stating it without a Mamba group would claim a checkpoint vLLM never takes.
+        stateful = " or ".join(name for name, t in GROUP_TYPES.items() if not t.attention)
+        raise ScenarioError(
+            fields.at("mamba_shared_prefix_checkpoint"),
+            f"is true, but the model has no {stateful} group, the only one it applies to",
+        )
     return model
 
 

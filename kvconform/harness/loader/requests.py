@@ -115,6 +115,7 @@ def parse_requests(raw: Any, where: Location, at: Location) -> dict[str, Request
             prefix_len=fields.integer("prefix_len", 0, minimum=0),
             where=request_at,
             kv_cache_report_full=_report_mode(fields),
+            skip_reading_prefix_cache=fields.flag("skip_reading_prefix_cache", False),
         )
 
     return parse_request_map(raw, where, at, "a trajectory", request)

@@ -367,6 +367,10 @@ class Vllm:
         return found.__name__, _tree_file(found)
 
     def new_manager(self, kv_cache_config: Any, **kwargs: Any) -> Any:
+        # A setting only some releases take: refused, not dropped, where it is asked for.
+        option = "enable_mamba_shared_prefix_checkpoint"
+        if kwargs.get(option) and not accepts_keyword(self._kvm.KVCacheManager, option):
+            raise self.not_offered(f"KVCacheManager({option}=...)")
         retention = self._retention_by_config.pop(id(kv_cache_config), _UNSET)
         with _environment(_RETENTION_VARIABLE, retention):
             return call(self._kvm.KVCacheManager, kv_cache_config=kv_cache_config, **kwargs)
@@ -383,6 +387,7 @@ class Vllm:
         eos_token_id: int | None = None,
         resumable: bool = False,
         kv_cache_report_full: bool = False,
+        skip_reading_prefix_cache: bool = False,
     ) -> Any:
         """A vLLM ``Request``. ``mm_features``: its multimodal inputs (their identifiers enter
         the block hashes, which the request computes as it is built). ``stop_token_ids``:
@@ -390,11 +395,17 @@ class Vllm:
         engine's input processor sets it (``update_from_generation_config``), with
         ``ignore_eos`` off; without one, ignore_eos on: fabricated outputs must not stop a
         request early by chance. ``resumable``: a streaming-input session's request
-        (``Request.resumable``, as ``AsyncLLM``'s streaming input submits each chunk)."""
+        (``Request.resumable``, as ``AsyncLLM``'s streaming input submits each chunk).
+        ``skip_reading_prefix_cache``: ``SamplingParams.skip_reading_prefix_cache``, what a
+        request asking for prompt logprobs gets."""
         from vllm import SamplingParams
 
         # kv_cache_report_mode travels in extra_args, as a client's request carries it.
-        extra = {"extra_args": {"kv_cache_report_mode": "full"}} if kv_cache_report_full else {}
+        extra: dict[str, Any] = (
+            {"extra_args": {"kv_cache_report_mode": "full"}} if kv_cache_report_full else {}
+        )
+        if skip_reading_prefix_cache:
+            extra["skip_reading_prefix_cache"] = True
         params = call(
             SamplingParams,
             max_tokens=max_tokens,
