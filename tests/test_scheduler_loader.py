@@ -603,6 +603,35 @@ def test_the_adaptive_long_prefill_threshold_is_read_and_off_by_default(scenario
     )
 
 
+def test_the_prefill_schedule_interval_is_read_and_one_by_default(scenario_from):
+    every_third = scenario_from(
+        "kind: scheduler\nscheduler: {prefill_schedule_interval: 3}\n"
+        "requests:\n  a: {prompt_len: 40}\n"
+    ).scheduler
+    default = scenario_from("kind: scheduler\nrequests:\n  a: {prompt_len: 40}\n").scheduler
+    assert every_third is not None and default is not None
+    assert (every_third.prefill_schedule_interval, default.prefill_schedule_interval) == (3, 1)
+
+
+@pytest.mark.parametrize(
+    ("section", "words"),
+    [("{prefill_schedule_interval: 0}", "must be at least 1"),
+     ("{prefill_schedule_interval: two}", "must be an integer")],
+)  # fmt: skip
+def test_a_bad_prefill_schedule_interval_names_the_field(write_scenario, section, words):
+    path = write_scenario(
+        f"kind: scheduler\nscheduler: {section}\nrequests:\n  a: {{prompt_len: 40}}\n"
+    )
+    with pytest.raises(ScenarioError) as info:
+        load_file(path)
+    error = info.value
+    assert (error.where.line, error.where.field) == (
+        2,
+        "scheduler.prefill_schedule_interval",
+    ), str(error)
+    assert words in error.message, str(error)
+
+
 @pytest.mark.parametrize(
     ("section", "field", "words"),
     [

@@ -979,3 +979,26 @@ def test_blocks_returned_while_a_step_may_write_them_fail_sanity(
     )
     assert failures and {f["request"] for f in failures} == {"c"}, entry
     assert says in failures[0]["message"], failures[0]
+
+
+PRIORITY_PREEMPT_SCHEDULED = (
+    REPO / "scenarios" / "scheduler" / "sched-priority-preempt-scheduled.yaml"
+)
+
+
+@pytest.mark.slow
+def test_a_priority_victim_left_in_its_step_fails(pristine_tree, tmp_path):
+    # Scheduler.schedule no longer takes a request it preempts for priority out of the step
+    # it was already scheduled in: b stays scheduled with its tokens while its blocks went
+    # back to the pool. vLLM's own closing assertion in schedule (no more scheduled requests
+    # than running ones) stops that step, so the scenario goes red as a crash there.
+    tree = tree_with_replacement(
+        pristine_tree,
+        tmp_path / "vllm-tree",
+        "v1/core/sched/scheduler.py",
+        "                        if preempted_req in scheduled_running_reqs:\n",
+        "                        if False:\n",
+    )
+    entry = _failed_entry(tree, PRIORITY_PREEMPT_SCHEDULED, tmp_path)
+    assert (entry["verdict"], entry["error_kind"]) == ("error", "crash"), entry
+    assert "AssertionError" in entry["error"] and "scheduler.py" in entry["error"], entry

@@ -507,6 +507,10 @@ class SchedulerSpec:
     # SchedulerConfig.long_prefill_token_threshold_adaptive (0.31 on): the threshold is
     # floored at max_num_batched_tokens over the running and waiting requests.
     long_prefill_token_threshold_adaptive: bool = False
+    # SchedulerConfig.prefill_schedule_interval: prefill (admissions and running chunks) only
+    # once every N executed steps while a request decodes; 1 (vLLM's default) every step.
+    # vLLM 0.33 on applies it in an engine without data parallelism (local cadence).
+    prefill_schedule_interval: int = 1
     # Pauses for new requests (EngineCore.pause_scheduler "wait"), in call order.
     pauses: tuple[SchedulerPause, ...] = ()
     # KVTransferConfig.kv_load_failure_policy of the remote prefills' NixlConnector

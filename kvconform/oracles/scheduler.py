@@ -394,6 +394,7 @@ class SchedulerOracle:
                         self.limits.long_prefill_token_threshold_adaptive
                     ),
                     kv_load_failure_policy=self.limits.kv_load_failure_policy,
+                    prefill_schedule_interval=self.limits.prefill_schedule_interval,
                 )
                 block_size, hash_block_size = api.kv_block_sizes(kv_cache_config, self.config)
                 max_concurrent_batches = api.max_concurrent_batches(self.config)

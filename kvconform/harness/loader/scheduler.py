@@ -131,6 +131,9 @@ def parse_scheduler(
         long_prefill_token_threshold_adaptive=fields.flag(
             "long_prefill_token_threshold_adaptive", defaults.long_prefill_token_threshold_adaptive
         ),
+        prefill_schedule_interval=fields.integer(
+            "prefill_schedule_interval", defaults.prefill_schedule_interval, minimum=1
+        ),
         pauses=_parse_pauses(fields),
         kv_load_failure_policy=_parse_kv_load_failure_policy(fields),
         # vLLM's settings this section states (the mode states async scheduling).

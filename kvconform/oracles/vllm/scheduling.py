@@ -165,6 +165,7 @@ class Scheduling:
         log_iteration_details: bool = False,
         long_prefill_token_threshold_adaptive: bool = False,
         kv_load_failure_policy: str | None = None,
+        prefill_schedule_interval: int = 1,
     ) -> Any:
         """The ``VllmConfig`` an engine with these limits would hand its scheduler.
 
@@ -186,15 +187,21 @@ class Scheduling:
         prefill threshold at a fair share of the token budget (0.31 on).
         ``kv_load_failure_policy``: the remote prefills' ``KVTransferConfig`` policy for a
         failed KV load (None: vLLM's default).
+        ``prefill_schedule_interval``: the scheduler config's prefill cadence (1: every step;
+        stated only when above 1).
         """
         api = self._scheduling
-        adaptive: dict[str, bool] = {}
+        adaptive: dict[str, bool | int] = {}
         if long_prefill_token_threshold_adaptive:
             if not accepts_keyword(api.SchedulerConfig, "long_prefill_token_threshold_adaptive"):
                 raise self._vllm.not_offered(
                     "SchedulerConfig.long_prefill_token_threshold_adaptive"
                 )
             adaptive["long_prefill_token_threshold_adaptive"] = True
+        if prefill_schedule_interval > 1:
+            if not accepts_keyword(api.SchedulerConfig, "prefill_schedule_interval"):
+                raise self._vllm.not_offered("SchedulerConfig.prefill_schedule_interval")
+            adaptive["prefill_schedule_interval"] = prefill_schedule_interval
         load_policy = (
             {"kv_load_failure_policy": kv_load_failure_policy} if kv_load_failure_policy else {}
         )
