@@ -651,3 +651,26 @@ def test_a_bad_adaptive_threshold_names_the_field(write_scenario, section, field
     error = info.value
     assert (error.where.line, error.where.field) == (2, field), str(error)
     assert words in error.message, str(error)
+
+
+def test_spec_decode_metrics_level_needs_drafts(scenario_from, write_scenario):
+    scenario = scenario_from(
+        "kind: scheduler\nspeculative: {method: eagle, num_speculative_tokens: 2}\n"
+        "scheduler: {spec_decode_metrics: summary}\nrequests: {a: {prompt_len: 40}}\n"
+    )
+    assert scenario.scheduler is not None and scenario.scheduler.spec_decode_metrics == "summary"
+    plain = scenario_from("kind: scheduler\nrequests: {a: {prompt_len: 40}}\n")
+    assert plain.scheduler is not None and plain.scheduler.spec_decode_metrics == "none"
+    unknown = write_scenario(
+        "kind: scheduler\nspeculative: {method: eagle, num_speculative_tokens: 2}\n"
+        "scheduler: {spec_decode_metrics: full}\nrequests: {a: {prompt_len: 40}}\n"
+    )
+    with pytest.raises(ScenarioError, match="must be one of none, summary, detailed, not 'full'"):
+        load_file(unknown)
+    no_drafts = write_scenario(
+        "kind: scheduler\nscheduler: {spec_decode_metrics: detailed}\n"
+        "requests: {a: {prompt_len: 40}}\n"
+    )
+    with pytest.raises(ScenarioError, match="needs a speculative section") as raised:
+        load_file(no_drafts)
+    assert raised.value.where.field.endswith("spec_decode_metrics")

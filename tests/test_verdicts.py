@@ -1002,3 +1002,57 @@ def test_a_priority_victim_left_in_its_step_fails(pristine_tree, tmp_path):
     entry = _failed_entry(tree, PRIORITY_PREEMPT_SCHEDULED, tmp_path)
     assert (entry["verdict"], entry["error_kind"]) == ("error", "crash"), entry
     assert "AssertionError" in entry["error"] and "scheduler.py" in entry["error"], entry
+
+
+SCHEDULER_KV_EVENTS = REPO / "scenarios" / "scheduler" / "sched-kv-cache-events.yaml"
+
+
+@pytest.mark.slow
+def test_a_scheduler_that_drops_its_kv_cache_events_fails_sanity(pristine_tree, tmp_path):
+    # update_from_output drains the manager's events every step; a scheduler that publishes
+    # them only beside a KV connector's leaves a router with an empty prefix cache.
+    tree = tree_with_replacement(
+        pristine_tree,
+        tmp_path / "vllm-tree",
+        "v1/core/sched/scheduler.py",
+        "        # publish collected KV cache events\n        if events:",
+        "        # publish collected KV cache events\n        if events and self.connector is not None:",
+    )
+    out = tmp_path / "report"
+    done = run_kvconform(
+        "run", SCHEDULER_KV_EVENTS, "-k", "sync and not async", "--vllm-src", tree, "--report-dir", out,
+        "--progress", "off", "--no-expectations", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == ExitStatus.NONCONFORMANCE, done.stdout + done.stderr
+    (entry,) = json.loads((out / "report.json").read_text())["scenarios"]
+    failures = [
+        f for f in entry["failures"] if f["check"] == "sanity" and "KV-cache events" in f["message"]
+    ]
+    assert failures and failures[0]["request"] == "-", entry
+    assert "announced 0, cached 1" in failures[0]["message"], failures[0]["message"]
+
+
+SCHEDULER_SPEC_METRICS = REPO / "scenarios" / "scheduler" / "sched-spec-decode-metrics.yaml"
+
+
+@pytest.mark.slow
+def test_spec_decode_metrics_that_count_drafts_as_accepted_fail_sanity(pristine_tree, tmp_path):
+    # The per-request metrics a client reads: a detailed record of proposals where the
+    # accepted counts belong says every draft was accepted.
+    tree = tree_with_replacement(
+        pristine_tree,
+        tmp_path / "vllm-tree",
+        "v1/metrics/stats.py",
+        "self.per_step_accepted.append(num_accepted)",
+        "self.per_step_accepted.append(num_draft_tokens)",
+    )
+    out = tmp_path / "report"
+    done = run_kvconform(
+        "run", SCHEDULER_SPEC_METRICS, "-k", "sync", "--vllm-src", tree, "--report-dir", out,
+        "--progress", "off", "--no-expectations", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == ExitStatus.NONCONFORMANCE, done.stdout + done.stderr
+    (entry,) = json.loads((out / "report.json").read_text())["scenarios"]
+    failing = {f["request"] for f in entry["failures"] if "spec-decode metrics" in f["message"]}
+    # c rejects every draft and a does not accept all of its first three: both read wrong.
+    assert {"a", "b", "c"} <= failing, entry

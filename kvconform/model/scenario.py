@@ -418,6 +418,7 @@ class WarmupSpec:
 
 
 SCHEDULER_MODES = ("sync", "async", "overlapped")
+SPEC_DECODE_METRICS = ("none", "summary", "detailed")
 SCHEDULER_POLICIES = ("fcfs", "priority")
 # A KV connector every request of a scheduler scenario goes through (``scheduler.kv_connector``;
 # remote_prefill requests bring vLLM's NixlConnector instead): decode_bench is vLLM's
@@ -499,6 +500,10 @@ class SchedulerSpec:
     # The scheduler built with log_stats (as the engine core builds it when stats are
     # logged): each update_from_output returns SchedulerStats, which check sanity holds
     # to what the recorded steps give.
+    # ObservabilityConfig.per_request_spec_decode_metrics (the engine's
+    # --per-request-spec-decode-metrics): "none" (vLLM's default), "summary" or "detailed";
+    # each finished request's RequestSpecDecodeMetrics are judged against its verifications.
+    spec_decode_metrics: str = "none"
     log_stats: bool = False
     # With log_stats: ObservabilityConfig.enable_logging_iteration_details, which makes each
     # SchedulerOutput carry the encoder inputs it schedules (scheduled_encoder_input_stats),

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
@@ -57,6 +57,7 @@ from typing import Any, NamedTuple
 from kvconform.errors import NotOffered, PoolExhausted, ScenarioError, VllmUnavailable
 from kvconform.model.acceptance import AcceptanceStream
 from kvconform.model.floors import pool_columns
+from kvconform.model.kv_events import CachedKey, judge_mirror, replay_events
 from kvconform.model.methods import method_for
 from kvconform.model.observations import (
     ABORT_ALL_KEPT,
@@ -64,6 +65,7 @@ from kvconform.model.observations import (
     ENCODER_CACHE_OVERFLOW,
     ENCODER_OUTPUT_MISSING,
     ENCODER_STATS_DIFFER,
+    EVENTS_DIVERGE,
     FREED_IN_FLIGHT,
     MM_INPUT_SPLIT,
     NOT_ZEROED,
@@ -395,6 +397,8 @@ class SchedulerOracle:
                     ),
                     kv_load_failure_policy=self.limits.kv_load_failure_policy,
                     prefill_schedule_interval=self.limits.prefill_schedule_interval,
+                    kv_cache_events=model.kv_cache_events,
+                    spec_decode_metrics=self.limits.spec_decode_metrics,
                 )
                 block_size, hash_block_size = api.kv_block_sizes(kv_cache_config, self.config)
                 max_concurrent_batches = api.max_concurrent_batches(self.config)
@@ -435,6 +439,7 @@ class SchedulerOracle:
                     "this release's connector output has no failed_recving",
                 )
         self._observe_frees()
+        self._events = KvEventMirror(self) if model.kv_cache_events else None
         # The newest step with scheduled tokens, and the step whose output is being applied.
         self._newest_busy: int | None = None
         self._applying: int | None = None
@@ -1095,6 +1100,8 @@ class SchedulerOracle:
             with quiet_logs(logging.ERROR):
                 result = scheduler.update_from_output(output, model_output)
             self._lifecycle.applied(applied, result)
+            if self._events is not None:
+                self._events.published(applied.step)
             self._sessions.applied()
             if sync:
                 self._feed_drafts(output)
@@ -1104,6 +1111,46 @@ class SchedulerOracle:
         with quiet_logs():
             scheduler.shutdown()
         return self.run
+
+
+# -- KV-cache events: what a router learns of the prefix cache ----------------------------
+
+
+class KvEventMirror:
+    """With ``model.kv_cache_events``, judges the events the scheduler publishes: after each
+    ``update_from_output`` (which drains the manager's and the connector's events and
+    publishes them), a router that counted them knows what the pool caches then
+    (:mod:`kvconform.model.kv_events`; invariant ``EVENTS_DIVERGE``, check ``sanity``)."""
+
+    def __init__(self, oracle: SchedulerOracle) -> None:
+        self.oracle = oracle
+        self.queue = oracle.vllm.part(Scheduling).observe_published_events(oracle.scheduler)
+        self.announced: Counter[CachedKey] = Counter()
+
+    def published(self, step: int) -> None:
+        vllm = self.oracle.vllm
+        events = vllm.kv_cache_events(self.queue)
+        self.queue.clear()
+        problems = replay_events(self.announced, events)
+        cached = vllm.cached_block_counts(self.oracle.manager)
+        wrong = judge_mirror(self.announced, cached)
+        if problems or wrong:
+            shown = "; ".join(
+                [f"group {group}, hash {h!r}: announced {said}, cached {held}"
+                 for (group, h), said, held in wrong[:3]] + problems[:3]
+            )  # fmt: skip
+            self.oracle.run.lifecycle.append(
+                LifecycleMiss(
+                    step,
+                    "-",
+                    f"the KV-cache events published with step {step}'s output "
+                    f"({len(events)}) leave a router with another prefix cache than the "
+                    f"pool's: {shown}",
+                    EVENTS_DIVERGE,
+                )
+            )
+        # Judge each output's events on their own: start the next from the truth.
+        self.announced = Counter(cached)
 
 
 # -- stops and stats: what vLLM's update_from_output must make of each output -----------
@@ -1155,6 +1202,8 @@ class Lifecycle:
         self._loads: list[tuple[str, int, int, int]] = []
         self._judged: set[str] = set()
         self.errors: set[str] = set()  # finished with an error (FINISHED_ERROR)
+        # Per request, its verifications so far: (drafts, accepted).
+        self.verifications: dict[str, list[tuple[int, int]]] = {}
 
     def _miss(self, step: int, request: str, message: str, invariant: str) -> None:
         self.oracle.run.lifecycle.append(LifecycleMiss(step, request, message, invariant))
@@ -1229,6 +1278,8 @@ class Lifecycle:
                 "request there and its blocks go back to the pool",
                 STOP_MISSED,
             )
+        if self.oracle.limits.spec_decode_metrics != "none":
+            self._judge_spec_decode_metrics(applied, result, gone)
         if self.oracle.limits.log_stats:
             # vLLM counts a lookup when it admits: every schedule() before this output is
             # applied (with batches overlapped, the next step's admissions too).
@@ -1236,6 +1287,37 @@ class Lifecycle:
             loads, self._loads = tuple(self._loads), []
             self._judge_stats(applied, result, gone, admissions, loads)
         self.updates += 1
+
+    def _judge_spec_decode_metrics(self, applied: AppliedStep, result: Any, gone: set[str]) -> None:
+        """``scheduler.spec_decode_metrics``: a request's ``RequestSpecDecodeMetrics``, handed
+        out with its finishing output, count its verifications: per verification one entry of
+        the accepted-count histogram and its drafts (``summary``), and with ``detailed`` the
+        accepted and drafted counts per verification, in order."""
+        for row in applied.rows:
+            if row.drafts and row.accepted is not None and row.request not in gone:
+                self.verifications.setdefault(row.request, []).append((row.drafts, row.accepted))
+        api = self.oracle.vllm.part(Scheduling)
+        for rid, metrics in api.finished_spec_decode_metrics(result).items():
+            steps = self.verifications.get(rid, [])
+            histogram = [0] * (self.oracle.num_spec + 1)
+            for _, accepted in steps:
+                histogram[accepted] += 1
+            want: dict[str, list[int] | int] = {
+                "histogram": histogram,
+                "num_draft_tokens": sum(drafts for drafts, _ in steps),
+            }
+            if self.oracle.limits.spec_decode_metrics == "detailed":
+                want["per_step_accepted"] = [accepted for _, accepted in steps]
+                want["per_step_drafted"] = [drafts for drafts, _ in steps]
+            got = {name: getattr(metrics, name) for name in want}
+            if got != want:
+                self._miss(
+                    applied.step,
+                    rid,
+                    f"its spec-decode metrics at the finish are {got}, but its "
+                    f"{len(steps)} verifications (drafts, accepted) {steps} give {want}",
+                    STATS_DISAGREE,
+                )
 
     def ended_run(self) -> None:
         self._judge_rejections()

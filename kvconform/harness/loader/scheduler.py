@@ -21,6 +21,7 @@ from kvconform.model.scenario import (
     SCHEDULER_CONNECTORS,
     SCHEDULER_MODES,
     SCHEDULER_POLICIES,
+    SPEC_DECODE_METRICS,
     STOP_TOKENS,
     MmInput,
     ModelSpec,
@@ -127,6 +128,7 @@ def parse_scheduler(
         max_num_encoder_input_tokens=fields.optional_int("max_num_encoder_input_tokens", minimum=1),
         encoder_cache_size=fields.optional_int("encoder_cache_size", minimum=1),
         log_stats=fields.flag("log_stats", defaults.log_stats),
+        spec_decode_metrics=_parse_spec_decode_metrics(fields, speculative),
         log_iteration_details=fields.flag("log_iteration_details", defaults.log_iteration_details),
         long_prefill_token_threshold_adaptive=fields.flag(
             "long_prefill_token_threshold_adaptive", defaults.long_prefill_token_threshold_adaptive
@@ -151,6 +153,18 @@ def parse_scheduler(
     _check_log_iteration_details(spec, fields)
     _check_adaptive_threshold(spec, fields)
     return spec
+
+
+def _parse_spec_decode_metrics(fields: Fields, speculative: SpeculativeSpec | None) -> str:
+    """``spec_decode_metrics``: vLLM's per-request speculative-decoding metrics level; a level
+    other than none needs drafts to count."""
+    level = _choice(fields, "spec_decode_metrics", "none", SPEC_DECODE_METRICS)
+    if level != "none" and speculative is None:
+        raise ScenarioError(
+            fields.at("spec_decode_metrics"),
+            f"{level!r} needs a speculative section: without drafts vLLM counts nothing",
+        )
+    return level
 
 
 def _check_adaptive_threshold(spec: SchedulerSpec, fields: Fields) -> None:

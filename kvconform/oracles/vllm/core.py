@@ -17,7 +17,7 @@ import functools
 import importlib
 import os
 import typing
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from functools import cached_property
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -622,12 +622,15 @@ class Vllm:
         as the scheduler drains them each step), as (kind, group, block hashes): kind
         ``stored``, ``removed`` or ``cleared`` (group -1, no hashes); those whose ``id`` is
         in ``leave_out`` are drained and left out."""
+        return self.kv_cache_events(e for e in manager.take_events() if id(e) not in leave_out)
+
+    def kv_cache_events(self, queued: Iterable[Any]) -> list[tuple[str, int, tuple[object, ...]]]:
+        """vLLM's KV-cache events as (kind, group, block hashes): kind ``stored``,
+        ``removed`` or ``cleared`` (group -1, no hashes); other events are left out."""
         from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 
         events: list[tuple[str, int, tuple[object, ...]]] = []
-        for event in manager.take_events():
-            if id(event) in leave_out:
-                continue
+        for event in queued:
             if isinstance(event, AllBlocksCleared):
                 events.append(("cleared", -1, ()))
             elif isinstance(event, (BlockStored, BlockRemoved)):

@@ -166,6 +166,8 @@ class Scheduling:
         long_prefill_token_threshold_adaptive: bool = False,
         kv_load_failure_policy: str | None = None,
         prefill_schedule_interval: int = 1,
+        kv_cache_events: bool = False,
+        spec_decode_metrics: str = "none",
     ) -> Any:
         """The ``VllmConfig`` an engine with these limits would hand its scheduler.
 
@@ -189,6 +191,10 @@ class Scheduling:
         failed KV load (None: vLLM's default).
         ``prefill_schedule_interval``: the scheduler config's prefill cadence (1: every step;
         stated only when above 1).
+        ``kv_cache_events``: ``KVEventsConfig(enable_kv_cache_events=True)`` with vLLM's
+        ``null`` publisher (the engine's ``--kv-events-config``; the batches it publishes are
+        observed by :meth:`observe_published_events`).
+        ``spec_decode_metrics``: ``ObservabilityConfig.per_request_spec_decode_metrics``.
         """
         api = self._scheduling
         adaptive: dict[str, bool | int] = {}
@@ -264,25 +270,74 @@ class Scheduling:
                 ),
                 # Without it vLLM fails to infer a device on a machine without one.
                 device_config=call(api.DeviceConfig, device="cpu"),
-                **self._observability(log_iteration_details),
+                **self._observability(log_iteration_details, spec_decode_metrics),
+                **self._kv_events(kv_cache_events),
             )
         if num_blocks is not None:
             # What the engine sets once it has planned the KV cache: the pool size.
             config.cache_config.num_gpu_blocks = num_blocks
         return config
 
-    def _observability(self, log_iteration_details: bool) -> dict[str, Any]:
-        """``VllmConfig``'s ``observability_config`` for ``log_iteration_details`` (none
-        otherwise: vLLM's default)."""
-        if not log_iteration_details:
+    def _kv_events(self, kv_cache_events: bool) -> dict[str, Any]:
+        """``VllmConfig``'s ``kv_events_config`` with the events on (none otherwise: vLLM's
+        default, off)."""
+        if not kv_cache_events:
+            return {}
+        module = self._vllm.optional_module("vllm.config")
+        config_cls = getattr(module, "KVEventsConfig", None)
+        if config_cls is None:
+            raise self._vllm.not_offered("vllm.config.KVEventsConfig")
+        return {"kv_events_config": call(config_cls, enable_kv_cache_events=True, publisher="null")}
+
+    def finished_spec_decode_metrics(self, engine_core_outputs: Any) -> dict[str, Any]:
+        """The ``RequestSpecDecodeMetrics`` of the requests an ``update_from_output`` finished
+        (``EngineCoreOutput.spec_decode_metrics``, set at the finish only), by request id."""
+        found = {}
+        for outputs in (engine_core_outputs or {}).values():
+            for output in getattr(outputs, "outputs", ()) or ():
+                metrics = getattr(output, "spec_decode_metrics", None)
+                if metrics is not None:
+                    found[output.request_id] = metrics
+        return found
+
+    def observe_published_events(self, scheduler: Any) -> list[Any]:
+        """The KV-cache events the scheduler publishes (``update_from_output`` hands each
+        step's batch to its ``kv_event_publisher``), appended to the list returned as they
+        are published. The publisher's ``publish`` is wrapped on the instance to see the
+        batch; the wrapper hands it on unchanged."""
+        published: list[Any] = []
+        publisher = getattr(scheduler, "kv_event_publisher", None)
+        if publisher is None:
+            raise self._vllm.not_offered("Scheduler.kv_event_publisher")
+        publish = publisher.publish
+
+        def observed(batch: Any) -> Any:
+            published.extend(batch.events)
+            return publish(batch)
+
+        publisher.publish = observed
+        return published
+
+    def _observability(
+        self, log_iteration_details: bool, spec_decode_metrics: str = "none"
+    ) -> dict[str, Any]:
+        """``VllmConfig``'s ``observability_config`` for ``log_iteration_details`` and the
+        per-request speculative-decoding metrics (none when neither is asked: vLLM's
+        default)."""
+        options: dict[str, Any] = {}
+        if log_iteration_details:
+            options["enable_logging_iteration_details"] = True
+        if spec_decode_metrics != "none":
+            options["per_request_spec_decode_metrics"] = spec_decode_metrics
+        if not options:
             return {}
         module = self._vllm.optional_module("vllm.config")
         config_cls = getattr(module, "ObservabilityConfig", None)
-        if config_cls is None or "enable_logging_iteration_details" not in getattr(
-            config_cls, "__dataclass_fields__", {}
-        ):
-            raise self._vllm.not_offered("ObservabilityConfig.enable_logging_iteration_details")
-        return {"observability_config": call(config_cls, enable_logging_iteration_details=True)}
+        fields = getattr(config_cls, "__dataclass_fields__", {})
+        missing = [name for name in options if name not in fields]
+        if config_cls is None or missing:
+            raise self._vllm.not_offered(f"ObservabilityConfig.{(missing or list(options))[0]}")
+        return {"observability_config": call(config_cls, **options)}
 
     def new_scheduler(
         self,
