@@ -673,6 +673,9 @@ class Vllm:
         module = self.optional_module("vllm.v1.core.kv_cache_metrics")
         if module is None:
             raise self.missing("vllm.v1.core.kv_cache_metrics.KVCacheMetricsCollector")
+        # The stats the scheduler records at each admission (0.26 on).
+        if not hasattr(self._kvm.KVCacheManager, "record_prefix_cache_stats"):
+            raise self.not_offered("KVCacheManager.record_prefix_cache_stats")
         return module.KVCacheMetricsCollector(1.0)
 
     def prefix_cache_stats(self, manager: Any) -> dict[str, Any]:

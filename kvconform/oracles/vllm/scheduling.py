@@ -627,9 +627,12 @@ class Scheduling:
             config.encoder_cache_size = encoder_cache_size
         with quiet_logs():
             budget, cache_size = compute(config, {"image": largest_input})
+        create_manager = getattr(type(scheduler.encoder_cache_manager), "create_manager", None)
+        if create_manager is None:
+            raise self._vllm.not_offered("EncoderCacheManager.create_manager")
         scheduler.max_num_encoder_input_tokens = budget
         scheduler.encoder_cache_manager = call(
-            type(scheduler.encoder_cache_manager).create_manager,
+            create_manager,
             cache_size=cache_size,
             vllm_config=scheduler.vllm_config,
         )
