@@ -272,30 +272,12 @@ class FreeRecord(NamedTuple):
     loading: bool = False
 
 
-class EncoderRecord(NamedTuple):
-    """A schedule() whose encoder inputs break a rule of the worker's encoder cache or the
-    scheduler's encoder budget (check ``sanity``); ``request`` "-" for the step as a whole."""
-
-    step: int
-    request: str
-    message: str
-    invariant: str
-
-
-class LifecycleMiss(NamedTuple):
-    """What vLLM did otherwise than the recorded steps give: a request not finished at the
-    output that samples its stop token (or finished without one), or ``SchedulerStats``
-    (``scheduler.log_stats``) other than what the steps give (check ``sanity``)."""
-
-    step: int
-    request: str  # "-": the step's stats, no one request
-    message: str
-    invariant: str
-
-
-class ZeroingRecord(NamedTuple):
-    """A schedule() whose zeroing list (``SchedulerOutput.new_block_ids_to_zero``) leaves a
-    new block out or holds a block of valid KV (check ``sanity``)."""
+class RuleMiss(NamedTuple):
+    """A rule of check ``sanity`` that vLLM broke at a step, as the oracle saw it: the zeroing
+    list (``SchedulerOutput.new_block_ids_to_zero``) leaving a new block out or holding a
+    block of valid KV; the worker's encoder cache or the scheduler's encoder budget; what
+    ``update_from_output`` makes of an output (a stop, ``SchedulerStats``, the KV-cache
+    events, a session's kept KV). ``request`` "-" for the step as a whole."""
 
     step: int
     request: str
@@ -325,14 +307,14 @@ class SchedulerRun:
     # run stops there.
     stall: StallRecord | None = None
     resets: list[ResetRecord] = field(default_factory=list)
-    zeroing: list[ZeroingRecord] = field(default_factory=list)
-    encoder: list[EncoderRecord] = field(default_factory=list)
+    zeroing: list[RuleMiss] = field(default_factory=list)
+    encoder: list[RuleMiss] = field(default_factory=list)
     # What each step does with the encoder, in a few words (explain's step notes).
     encoder_notes: dict[int, str] = field(default_factory=dict)
     # With multimodal inputs: the scheduler's encoder compute budget and cache size.
     encoder_budget: int | None = None
     encoder_cache_size: int | None = None
-    lifecycle: list[LifecycleMiss] = field(default_factory=list)
+    lifecycle: list[RuleMiss] = field(default_factory=list)
     deferred_frees: list[DeferredFreeRecord] = field(default_factory=list)
 
 
@@ -565,7 +547,7 @@ class SchedulerOracle:
         if not self._defers or last is None or last <= processed or after <= before:
             return
         self.run.lifecycle.append(
-            LifecycleMiss(
+            RuleMiss(
                 self._current,
                 rid,
                 f"returned {after - before} blocks to the pool at its {kind} while step {last}, "
@@ -731,7 +713,7 @@ class SchedulerOracle:
             self.run.encoder_notes[step] = "; ".join(note)
         if embeddings > self.run.encoder_budget:
             records.append(
-                EncoderRecord(
+                RuleMiss(
                     step,
                     "-",
                     f"the step runs the encoder on {', '.join(run_now)}: {embeddings} embeddings, "
@@ -741,7 +723,7 @@ class SchedulerOracle:
             )
         if sum(held.values()) > (self.run.encoder_cache_size or 0):
             records.append(
-                EncoderRecord(
+                RuleMiss(
                     step,
                     "-",
                     f"the worker's encoder cache holds {sum(held.values())} embeddings after the "
@@ -759,7 +741,7 @@ class SchedulerOracle:
                 where = f"input {index} ({mm.identifier}, placeholders {mm.offset}..{mm.end - 1})"
                 if mm.identifier not in held:
                     records.append(
-                        EncoderRecord(
+                        RuleMiss(
                             step,
                             row.request,
                             f"the step computes tokens {start}..{end - 1}, which overlap {where}, "
@@ -770,7 +752,7 @@ class SchedulerOracle:
                     )
                 if split and start <= mm.offset and end < mm.end:
                     records.append(
-                        EncoderRecord(
+                        RuleMiss(
                             step,
                             row.request,
                             f"the chunk {start}..{end - 1} ends inside {where} under "
@@ -801,7 +783,7 @@ class SchedulerOracle:
             return "none" if stats is None else f"{stats[0]} inputs, {stats[1]} embeddings"
 
         self.run.encoder.append(
-            EncoderRecord(
+            RuleMiss(
                 self._step,
                 "-",
                 f"the step's scheduled_encoder_input_stats report {told(reported)}, but it "
@@ -844,7 +826,7 @@ class SchedulerOracle:
             ]
             if kept:
                 self.run.zeroing.append(
-                    ZeroingRecord(
+                    RuleMiss(
                         self._step,
                         rid,
                         f"block(s) {kept}, which the request held with their KV at the last "
@@ -883,7 +865,7 @@ class SchedulerOracle:
                 wiped += wrong
             if unzeroed:
                 self.run.zeroing.append(
-                    ZeroingRecord(
+                    RuleMiss(
                         self._step,
                         rid,
                         f"new block(s) {unzeroed} are not on the step's zeroing list "
@@ -894,7 +876,7 @@ class SchedulerOracle:
                 )
             if wiped:
                 self.run.zeroing.append(
-                    ZeroingRecord(
+                    RuleMiss(
                         self._step,
                         rid,
                         f"block(s) {wiped} hold KV that is valid before the step (a prefix "
@@ -918,7 +900,7 @@ class SchedulerOracle:
                 # Only a request whose KV load is in flight keeps its blocks until it is done.
                 for rid in sorted(set(self.scheduler.requests) - set(self._loading)):
                     self.run.lifecycle.append(
-                        LifecycleMiss(
+                        RuleMiss(
                             self._step,
                             rid,
                             "still held by the scheduler after the engine aborted every "
@@ -1140,7 +1122,7 @@ class KvEventMirror:
                  for (group, h), said, held in wrong[:3]] + problems[:3]
             )  # fmt: skip
             self.oracle.run.lifecycle.append(
-                LifecycleMiss(
+                RuleMiss(
                     step,
                     "-",
                     f"the KV-cache events published with step {step}'s output "
@@ -1206,7 +1188,7 @@ class Lifecycle:
         self.verifications: dict[str, list[tuple[int, int]]] = {}
 
     def _miss(self, step: int, request: str, message: str, invariant: str) -> None:
-        self.oracle.run.lifecycle.append(LifecycleMiss(step, request, message, invariant))
+        self.oracle.run.lifecycle.append(RuleMiss(step, request, message, invariant))
 
     # what kvconform fabricates
 
@@ -1563,7 +1545,7 @@ class Sessions:
             return
         if kind != "preempt" or session.ended_turn:
             self.oracle.run.lifecycle.append(
-                LifecycleMiss(
+                RuleMiss(
                     step,
                     rid,
                     f"the streaming session's blocks are released in turn {session.turn}, "
@@ -1673,7 +1655,7 @@ class Sessions:
                         )
                 if problems:
                     self.oracle.run.lifecycle.append(
-                        LifecycleMiss(
+                        RuleMiss(
                             step,
                             row.request,
                             f"the streaming session's turn {session.turn} "

@@ -41,7 +41,7 @@ note on the trajectory sums it up.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from kvconform.harness.drivers.common import attach_predictor
 from kvconform.model.floors import FloorInput
@@ -62,6 +62,7 @@ from kvconform.oracles.scheduler import (
     FreeRecord,
     LoadDoneRecord,
     LoadRecord,
+    RuleMiss,
     ScheduledRequest,
     SchedulerRun,
     StepRecord,
@@ -270,33 +271,13 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
                     "resets the prefix cache otherwise than derived",
                 )
             )
-    for zeroing in record.zeroing:
-        trajectory.misses.append(
-            Miss(
-                zeroing.step,
-                lines.get(zeroing.request),
-                zeroing.request,
-                "schedule",
-                zeroing.message,
-                zeroing.invariant,
-            )
-        )
+    _rule_misses(trajectory, record.zeroing, "schedule", lines)
     _deferred_frees(trajectory, record.deferred_frees, lines, notes)
     _encoder_misses(trajectory, record, lines)
     for step, note in record.encoder_notes.items():
         notes[step].append(note)
     _chunk_misses(trajectory, record, scenario, lines)
-    for miss in record.lifecycle:
-        trajectory.misses.append(
-            Miss(
-                miss.step,
-                lines.get(miss.request),
-                miss.request,
-                "update_from_output",
-                miss.message,
-                miss.invariant,
-            )
-        )
+    _rule_misses(trajectory, record.lifecycle, "update_from_output", lines)
     trajectory.step_notes = {step: "; ".join(parts) for step, parts in sorted(notes.items())}
     trajectory.notes.append(summary(record, scenario))
     return trajectory
@@ -311,17 +292,21 @@ def _encoder_misses(
             f"encoder budget {record.encoder_budget} embeddings a step, encoder cache "
             f"{record.encoder_cache_size}"
         )
-    for failure in record.encoder:
+    _rule_misses(trajectory, record.encoder, "schedule", lines)
+
+
+def _rule_misses(
+    trajectory: Trajectory,
+    misses: Sequence[RuleMiss],
+    call: str,
+    lines: dict[str, int | None],
+) -> None:
+    """The ``sanity`` rules the oracle saw vLLM break, as misses of ``call``."""
+    for miss in misses:
         trajectory.misses.append(
-            Miss(
-                failure.step,
-                lines.get(failure.request),
-                failure.request,
-                "schedule",
-                failure.message,
-                failure.invariant,
-            )
-        )
+            Miss(miss.step, lines.get(miss.request), miss.request, call, miss.message,
+                 miss.invariant)
+        )  # fmt: skip
 
 
 def _chunk_misses(
