@@ -176,6 +176,11 @@ def predict(
         return Prediction("xfailed")
     checks = failing_checks(scenario, vllm, bug)
     if not checks:
+        if entry is not None and set(entry.checks) == {"sanity"}:
+            # A divergence the scenario states by hand (a hit, what the KV-cache events
+            # announce), which a model of holdings does not compute: the expectation says
+            # what vLLM does there.
+            return Prediction("xfailed", {"sanity"})
         return Prediction("xpassed" if entry else "passed")
     if entry is not None and (not entry.checks or checks <= set(entry.checks)):
         return Prediction("xfailed", checks)
