@@ -31,7 +31,8 @@
 #                    tests stay green with the fixes (docs/findings.md; .ci/run runs it last:
 #                    12 min with the peer surveys cached, an hour more before)
 #
-# The environment lives in .venv (git-ignored), pinned by constraints.txt (vLLM 0.33.0).
+# The environment lives in .venv (git-ignored), pinned by constraints.txt (vLLM 0.34.0, the newest
+# claimed release: tests/test_environment_pin.py holds the two together).
 # It is rebuilt only when pyproject.toml or constraints.txt change. Caches (pip's, in
 # PIP_CACHE_DIR; release trees, vLLM's cache, Hypothesis' database) live under
 # $(KVCONFORM_CACHE), outside the repo.
@@ -59,10 +60,16 @@ FUZZ_SEED ?= $(shell date +%Y%m%d)
 .PHONY: run test test-slow lint constraints clean browser nightly gpu-bundle fuzz fuzz-nightly bench gpu-engine-bundle
 .PHONY: install install-light install-nightly
 
+# constraints.txt is a lock: every package of the environment at one version, installed as it
+# stands (--no-deps), so the resolver never runs. It has to be: vLLM 0.34.0 pins
+# flashinfer-python==0.7.3, which the package index does not serve (0.7.2.post1 and 0.7.4 are),
+# and no resolver accepts that pin unmet. flashinfer is CUDA-only and vLLM imports it lazily, on
+# CUDA, never on the CPU paths kvconform drives; the lock keeps 0.7.2.post1, what 0.33.0 pinned.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[vllm,test,report,bench,coverage]'
+	$(BIN)/python -m pip install -q --no-deps -r constraints.txt
+	$(BIN)/python -m pip install -q --no-deps -e .
 	touch $@
 
 install: $(STAMP)
@@ -151,9 +158,13 @@ coverage-vllm: $(STAMP)
 	$(BIN)/kvconform coverage --vllm-code scenarios --report-dir build/vllm-coverage
 
 # Mutation campaign over vLLM's reservation code (docs/mutation.md): reports in build/mutation.
+# MUTATION_RELEASE: the release whose code scenarios/mutation-equivalents.yaml was audited on
+# (its mutant ids and reasons are that code's); a campaign on another release reports the
+# entries that no longer name a mutant, or are killed there, as stale.
+MUTATION_RELEASE ?= 0.33.0
 .PHONY: mutation
 mutation: $(STAMP)
-	$(BIN)/kvconform mutate --report-dir build/mutation
+	$(BIN)/kvconform mutate --vllm-release $(MUTATION_RELEASE) --report-dir build/mutation
 
 # One `kvconform run --checks all --vllm-release V` per release, each in its own process;
 # releases below the minimum (0.28.0) are information rows, the others decide the status.
@@ -187,7 +198,9 @@ lint: $(STAMP)
 
 
 constraints: $(STAMP)
-	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^kvconform' > constraints.txt
+	{ sed -n '1,/^[^#]/{/^#/p}' constraints.txt; $(BIN)/python -m pip freeze --exclude-editable | \
+		grep -v '^kvconform' | sed -E 's|^vllm @ .*/vllm-([0-9][^-]*)-.*|vllm==\1|'; } > constraints.new
+	mv constraints.new constraints.txt
 
 clean:
 	rm -rf build

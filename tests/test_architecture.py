@@ -109,8 +109,8 @@ def mixed(pytester: pytest.Pytester) -> Path:
     (folder / "listed.yaml").write_text(LISTED_BUT_CONFORMS)
     (folder / "sink-listed.yaml").write_text(SINK.format(name="sink-listed"))
     (folder / "sink-unlisted.yaml").write_text(SINK.format(name="sink-unlisted"))
-    # A real divergence of vLLM 0.33.0 (docs/findings.md §2), not listed here: failed.
-    shutil.copy(ROOT / "scenarios/specs/decode-context-parallel-block-span.yaml", folder)
+    # A real divergence of vLLM 0.28.0-0.34.0 (docs/findings.md §13), not listed here: failed.
+    shutil.copy(ROOT / "scenarios/hybrid/sliding-window-eagle-short-hit-realigned.yaml", folder)
     (folder / "bad.yaml").write_text("requests: {a: {prompt_len: 5}}\nsteps: [{a: fly}]\n")
     (folder / "expectations.yaml").write_text(EXPECTATIONS)
     return folder

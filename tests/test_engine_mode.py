@@ -72,7 +72,18 @@ class StandInBlockTables:
 def new_request(req_id: str, blocks: list[int], prompt_len: int):
     from vllm.v1.core.sched.output import NewRequestData
 
-    return NewRequestData(req_id, list(range(prompt_len)), [], None, None, (blocks,), 0, None)
+    tokens = list(range(prompt_len))
+    request = NewRequestData(req_id, tokens, [], None, None, (blocks,), 0, None, *_prefill(tokens))
+    return request
+
+
+def _prefill(tokens: list[int]) -> tuple[list[int], ...]:
+    """0.34's NewRequestData also takes the tokens to prefill (prompt, then any outputs)."""
+    import inspect
+
+    from vllm.v1.core.sched.output import NewRequestData
+
+    return (tokens,) if "prefill_token_ids" in inspect.signature(NewRequestData).parameters else ()
 
 
 def scheduler_output(new=(), cached=(), finished=(), drafts=None):
@@ -901,7 +912,6 @@ def test_an_engine_that_ran_otherwise_makes_the_scenario_an_error(vllm, scenario
 def test_the_engine_configuration_is_read_from_vllms_config(vllm):
     """The compat layer's reading of a real VllmConfig (built on CPU) and runner class."""
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner as RunnerV2
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner as RunnerV1
 
     from kvconform.model.tiny_model import TinyModel
     from kvconform.oracles.tiny_models import model_folder
@@ -925,10 +935,14 @@ def test_the_engine_configuration_is_read_from_vllms_config(vllm):
     assert read["enable_prefix_caching"] is True and read["max_model_len"] == 512
     assert read["model_runner"] == "v2" and read["method"] is None
     assert (read["max_num_seqs"], read["async_scheduling"]) == (4, False)
-    assert (
-        vllm_engine.model_runner_kind(types.SimpleNamespace(model_runner=object.__new__(RunnerV1)))
-        == "v1"
-    )
+    import importlib.util
+
+    # 0.34 removed the V1 GPU model runner: V2 is the only one there is.
+    if importlib.util.find_spec("vllm.v1.worker.gpu_model_runner") is not None:
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner as RunnerV1
+
+        v1_worker = types.SimpleNamespace(model_runner=object.__new__(RunnerV1))
+        assert vllm_engine.model_runner_kind(v1_worker) == "v1"
     assert vllm_engine.model_runner_kind(types.SimpleNamespace()) is None
 
 

@@ -107,13 +107,43 @@ def test_the_corpus_loader_skips_the_campaign_files():
     assert not {"mutation-targets.yaml", "mutation-equivalents.yaml"} & files
 
 
-def test_checked_in_equivalents_name_mutants_that_exist(vllm):
-    targets = load_targets(REPO / "scenarios" / "mutation-targets.yaml")
-    resolved = campaign.resolve_targets(targets)
-    ids = {m.id for r in resolved for m in r.mutants}
+# The equivalents were audited on this release's code (their reasons cite it), and
+# make mutation runs the campaign on it, whatever vLLM the environment pins.
+AUDITED_RELEASE = "0.33.0"
+
+LIST_MUTANTS = """
+import json, sys
+from kvconform.harness.releases import release_tree
+from kvconform.oracles.vllm.loading import load
+from kvconform.mutate import campaign
+from kvconform.mutate.targets import load_targets
+vllm = load(release_tree(sys.argv[1]), release=sys.argv[1])
+ids = sorted(m.id for r in campaign.resolve_targets(load_targets(sys.argv[2])) for m in r.mutants)
+print(json.dumps({"version": vllm.version, "ids": ids}))
+"""
+
+
+@pytest.mark.slow
+def test_checked_in_equivalents_name_mutants_that_exist():
+    import subprocess
+    import sys
+
+    targets = REPO / "scenarios" / "mutation-targets.yaml"
+    done = subprocess.run(
+        [sys.executable, "-c", LIST_MUTANTS, AUDITED_RELEASE, str(targets)],
+        capture_output=True, text=True, cwd=REPO, check=True,
+    )  # fmt: skip
+    listed = json.loads(done.stdout.splitlines()[-1])
+    assert listed["version"] == AUDITED_RELEASE
     equivalents = load_equivalents(REPO / "scenarios" / "mutation-equivalents.yaml")
-    assert set(equivalents) <= ids, sorted(set(equivalents) - ids)
+    assert set(equivalents) <= set(listed["ids"]), sorted(set(equivalents) - set(listed["ids"]))
     assert all(len(e.reason) > 40 for e in equivalents.values())
+
+
+def test_make_mutation_runs_on_the_audited_release():
+    makefile = (REPO / "Makefile").read_text()
+    assert f"MUTATION_RELEASE ?= {AUDITED_RELEASE}" in makefile
+    assert "--vllm-release $(MUTATION_RELEASE)" in makefile
 
 
 def test_a_target_the_release_lacks_is_reported_not_raised(vllm):
@@ -145,9 +175,21 @@ def _small_run(vllm, ids: list[str], scenarios_like: str = "circular", **kwargs)
     return target, campaign.run_mutants(vllm, [target], chosen, scenarios, baseline, run, **kwargs)
 
 
+def _circular_buffer_return_2() -> str:
+    """The NumberReplacer mutant turning the circular buffer's ``return 1`` into 2.
+
+    Found by its text, not its number: 0.34 added ``dcp_world_size: int = 1`` to the
+    signature, whose default is NumberReplacer:0 there."""
+    (target,) = campaign.resolve_targets([Target(*RESERVED.split(":"))])
+    # cosmic-ray's NumberReplacer makes n + 1 first, then n - 1, at each number it visits.
+    return next(
+        m.id for m in target.mutants
+        if m.operator == "core/NumberReplacer" and m.original.strip() == "return 1"
+    )  # fmt: skip
+
+
 def test_the_forked_child_swaps_the_code_and_the_parent_stays_clean(vllm):
-    mutant = f"{RESERVED}:core/NumberReplacer:0"  # the circular buffer's `return 1` -> 2
-    target, (result,) = _small_run(vllm, [mutant])
+    target, (result,) = _small_run(vllm, [_circular_buffer_return_2()])
     assert result.verdict == "killed", result
     assert result.how == "fork"
     assert result.killed_by[0]["checks"] == ["agree"]
@@ -165,7 +207,7 @@ def test_the_forked_child_swaps_the_code_and_the_parent_stays_clean(vllm):
 def test_a_child_past_its_time_is_killed_with_verdict_timeout(vllm, monkeypatch):
     monkeypatch.setattr(campaign, "TIMEOUT_BASE_S", 0.0)
     monkeypatch.setattr(campaign, "TIMEOUT_FACTOR", 0.0)
-    _, (result,) = _small_run(vllm, [f"{RESERVED}:core/NumberReplacer:0"])
+    _, (result,) = _small_run(vllm, [_circular_buffer_return_2()])
     assert result.verdict == "timeout"
 
 

@@ -55,6 +55,8 @@ def _settings(vllm, *, k: int = 3, speculative: bool = True, num_blocks: int = 5
         max_model_len=2048,
         max_encoder_len=0,
         is_encoder_decoder=False,
+        # 0.34's warmup reads the parallel config's DCP size, as the scenarios' settings give it.
+        parallel_config=vllm.predictor_vllm_config(1).parallel_config,
     )
 
 
