@@ -3,8 +3,8 @@
 #   make test   installs what is needed, lints (ruff, mypy), runs the project's own tests but
 #               the slow ones (pytest -m "not slow and not network", two xdist workers)
 #   make test-slow   the rest of the project's tests: each imports vLLM in subprocesses, copies
-#                    vLLM's tree, downloads a release or drives a browser (.ci/run runs both,
-#                    then make release-matrix-claimed and make upstream-check)
+#                    vLLM's tree, downloads a release or drives a browser (.ci/run runs both;
+#                    the long campaigns are make campaigns)
 #   make browser installs Debian's chromium for the report's browser test, if it is missing
 #   make nightly     what every nightly runs (tools/nightly.sh, docs/gpu.md): the corpus with every
 #                    check, fuzzing at the nightly budget, the mutation campaign, the CUDA tests.
@@ -28,8 +28,11 @@
 #                    the newest on pip's index: build/matrix/matrix.html (docs/releases.md)
 #   make upstream-check  each finding's reproducer, in a copy of its release's own test tree,
 #                    fails on the release and passes with its fix, and vLLM's own CPU-runnable
-#                    tests stay green with the fixes (docs/findings.md; .ci/run runs it last:
-#                    12 min with the peer surveys cached, an hour more before)
+#                    tests stay green with the fixes (docs/findings.md; 12 min with the peer
+#                    surveys cached, an hour more before)
+#   make campaigns   release-matrix-claimed and upstream-check: the long campaigns, run before
+#                    closing an issue that changes scenarios or findings, not by .ci/run (which
+#                    stays under an hour on empty caches)
 #
 # The environment lives in .venv (git-ignored), pinned by constraints.txt (vLLM 0.34.0, the newest
 # claimed release: tests/test_environment_pin.py holds the two together).
@@ -170,7 +173,7 @@ mutation: $(STAMP)
 # releases below the minimum (0.28.0) are information rows, the others decide the status.
 # A green matrix renews the release lock (scenarios/release-matrix.lock): make test then
 # runs only the scenarios changed since against each claimed release.
-# CLAIMED_RELEASES: what kvconform claims to judge; .ci/run holds every one of them green, and
+# CLAIMED_RELEASES: what kvconform claims to judge; make campaigns holds every one green, and
 # make test (tests/test_release_lock.py) the scenarios changed since the lock.
 CLAIMED_RELEASES ?= 0.28.0..0.34.0
 MATRIX_RELEASES ?= 0.25.0..
@@ -190,6 +193,11 @@ release-matrix-claimed: $(STAMP)
 .PHONY: upstream-check
 upstream-check: $(STAMP)
 	$(BIN)/python -m kvconform.upstream --work build/upstream
+
+# The long campaigns, out of .ci/run (which must stay under an hour on empty caches): run
+# before an issue that changes scenarios or findings is closed, and on a schedule.
+.PHONY: campaigns
+campaigns: release-matrix-claimed upstream-check
 
 lint: $(STAMP)
 	$(BIN)/ruff check kvconform tests tools conftest.py

@@ -2,7 +2,7 @@
 
 ``make run`` and ``make test`` judge the vLLM that constraints.txt pins. A new user's first
 run should judge the newest release kvconform claims (the upper end of the Makefile's
-``CLAIMED_RELEASES``, the releases ``.ci/run``'s matrix and the release lock hold green), not
+``CLAIMED_RELEASES``, the releases ``make campaigns``' matrix and the release lock hold green), not
 an older one that happens to be pinned. These tests fail when the claimed range moves on and
 the pin, the README or the lock lags behind it.
 """

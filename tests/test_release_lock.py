@@ -5,8 +5,8 @@ every claimed release exited 0 (kvconform/matrix/lock.py). A scenario file added
 changed since is unverified; this test runs the unverified ones with every check
 against each locked release (their Python trees, downloaded once and cached), so a
 scenario written for one release that breaks another fails ``make test``. With the
-lock up to date it runs nothing; ``make release-matrix`` renews the lock, and ``.ci/run``
-runs the whole matrix over the claimed releases (``make release-matrix-claimed``).
+lock up to date it runs nothing; ``make release-matrix`` renews the lock, and ``make
+campaigns`` runs the whole matrix over the claimed releases (``make release-matrix-claimed``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ release, put in a copy of that release's own test tree (its sdist's ``tests/``, 
 once and cached by ``kvconform.peer``), fails against the installed vLLM, with no
 collection error; the exported ones are exported again and must be what is checked in.
 Whether each passes with its fix, on the release that fixed it, and whether vLLM's own
-tests stay green with the fixes is ``make upstream-check``'s (``.ci/run``).
+tests stay green with the fixes is ``make upstream-check``'s (``make campaigns``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """make upstream-check's parts that need no vLLM test run: the catalogue and the verdicts.
 
 The check itself (``python -m kvconform.upstream``) runs vLLM's own suite and takes
-minutes (``.ci/run`` runs it). Here: the catalogue of docs/reproducers/upstream.yaml loads
+minutes (``make campaigns`` runs it). Here: the catalogue of docs/reproducers/upstream.yaml loads
 and refuses what it cannot check, a patch that does not apply is an error naming it, and
 a reproducer run "fails" only with a failed test and no collection error.
 """
