@@ -4,7 +4,7 @@ coverage.py can label every line it records with the test that was running
 (pytest-cov's ``--cov-context=test``: the context of a line is the node id of
 the test, with ``|setup``, ``|run`` or ``|teardown``). One run of the green
 selection under coverage, restricted to the reservation code
-(:data:`RESERVATION`), therefore says for each function which tests execute
+(:data:`kvconform.model.vllm_code.RESERVATION_CODE`), therefore says for each function which tests execute
 it. Lines executed while a module is imported (its ``def`` statements) carry
 no test's context and are not counted as reaching.
 
@@ -24,30 +24,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# (path inside the vllm package, the functions that count; None: all of the file's)
-RESERVATION: tuple[tuple[str, tuple[str, ...] | None], ...] = (
-    ("v1/core/*.py", None),
-    ("v1/core/sched/scheduler.py", None),
-    ("v1/worker/gpu/warmup.py", None),
-    ("v1/worker/gpu/block_table.py", None),
-    ("config/vllm.py", ("VllmConfig.num_lookahead_tokens",)),
-)
+from kvconform.model.vllm_code import RESERVATION_CODE
+from kvconform.model.vllm_code import counted as counted_in
+
+# vLLM's reservation code is defined once, in kvconform.model.vllm_code: what `kvconform
+# coverage --vllm-code` measures of the corpus is what is measured of vLLM's own tests here.
 MODULE_LEVEL = ""  # coverage's name for the code outside any function
 
 
 def coverage_rc(vllm_dir: Path, path: Path) -> Path:
     """A coverage.py configuration measuring branches of the reservation files only."""
-    include = "\n".join(f"    {vllm_dir / pattern}" for pattern, _ in RESERVATION)
+    include = "\n".join(f"    {vllm_dir.parent / target.pattern}" for target in RESERVATION_CODE)
     path.write_text(f"[run]\nbranch = True\ninclude =\n{include}\n")
     return path
 
 
 def counted(relative: str, function: str) -> bool:
     """Whether ``function`` of ``relative`` (``vllm/...``) is reservation code."""
-    for pattern, functions in RESERVATION:
-        if Path(relative).match(f"vllm/{pattern}"):
-            return functions is None or function in functions
-    return False
+    return counted_in(RESERVATION_CODE, relative, function)
+
+
+def definition_key() -> str:
+    """The reservation code's definition as text: part of a cached reach map's key, so a
+    change of definition measures again instead of reading a map of other files."""
+    return ";".join(target.to_text() for target in RESERVATION_CODE)
 
 
 def relative_name(measured: str, vllm_dir: Path) -> str:

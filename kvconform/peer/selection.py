@@ -12,7 +12,7 @@ the KV-cache reservation code kvconform conforms vLLM against:
   to reach reservation functions with tests that pass on a CPU
   (:data:`FOUND`): every file of both folders was run once under coverage
   with per-test contexts on vLLM 0.33.0, and a file is listed when one of its
-  passing tests executes a function of :data:`kvconform.peer.reach.RESERVATION`
+  passing tests executes a function of :data:`kvconform.model.vllm_code.RESERVATION_CODE`
   (``docs/peer-tests.md`` has the files that were not: they are skipped
   without CUDA, need weights, or never reach that code).
 

@@ -36,7 +36,13 @@ from kvconform.peer.environment import FIXED, build_env, installed_vllm_dir, ins
 from kvconform.peer.fetch import fetch_tests
 from kvconform.peer.fingerprint import key_of, tree_fingerprint
 from kvconform.peer.models import default_redirect_map
-from kvconform.peer.reach import ReachMap, coverage_rc, export_json, from_coverage
+from kvconform.peer.reach import (
+    ReachMap,
+    coverage_rc,
+    definition_key,
+    export_json,
+    from_coverage,
+)
 from kvconform.peer.runner import PytestRun, run_pytest
 from kvconform.peer.selection import selection
 from kvconform.peer.verdict import Failure, Verdict, decide
@@ -149,7 +155,9 @@ class PeerSuite:
         cleanup = "global-cleanup" if self.global_cleanup else "light-cleanup"
         # The fixed environment is part of what a cached baseline was judged under.
         fixed = [f"{name}={value}" for name, value in sorted(FIXED.items())]
-        key = key_of(self.fingerprint, self.selection(), PINS, cleanup, fixed)
+        # A reach map is of the reservation code as defined now (a survey writes both).
+        measured = [definition_key()] if kind == "reach" else []
+        key = key_of(self.fingerprint, self.selection(), PINS, cleanup, fixed, *measured)
         return cache_dir("peer", self.version) / f"{kind}-{key}.json"
 
     @contextmanager
