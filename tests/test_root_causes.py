@@ -14,12 +14,18 @@ import json
 import re
 
 import pytest
-from vllm_copy import run_kvconform, tree_with_replacement
+from vllm_copy import REPO, run_kvconform, tree_with_replacement
 
 from kvconform.harness.root_causes import blame, find_root_causes
 from kvconform.model.observations import GroupInfo, Observation, Trajectory
 from kvconform.model.results import Failure, ScenarioResult, Verdict
-from kvconform.model.root_causes import describe_shortfalls
+from kvconform.model.root_causes import (
+    PARTIES,
+    RootCause,
+    describe_shortfalls,
+    rank_by_data_flow,
+    upstream_of,
+)
 
 
 def failed(scenario_id: str, *failures: Failure, kind: str = "trajectory") -> ScenarioResult:
@@ -247,6 +253,137 @@ def test_groups_count_records_and_scenarios_largest_first():
     assert first.why.startswith("one column per block_size tokens")
 
 
+def cause(party: str, records: int, consequence: bool = False) -> RootCause:
+    return RootCause("floor", party, "m", records=records, consequence=consequence)
+
+
+def test_a_cause_upstream_ranks_above_the_parties_that_read_it():
+    # Largest first by size; the config and the planning feed the allocator and the
+    # predictor, the predictor feeds the recorded warmup, the allocator the slot mapping.
+    by_size = [
+        cause("slots", 40), cause("live", 30), cause("warmup", 20), cause("predicted", 10),
+        cause("planner", 3), cause("config", 2),
+    ]  # fmt: skip
+    ranked = [c.party for c in rank_by_data_flow(by_size)]
+    assert ranked.index("config") < min(
+        ranked.index(p) for p in ("live", "predicted", "warmup", "slots")
+    )
+    assert ranked.index("planner") < ranked.index("live")
+    assert ranked.index("predicted") < ranked.index("warmup")
+    assert ranked.index("live") < ranked.index("slots")
+    # Parties that do not read one another keep the order of their size.
+    assert ranked.index("live") < ranked.index("predicted")
+    assert ranked == ["planner", "config", "live", "slots", "predicted", "warmup"]
+    assert [c.party for c in rank_by_data_flow([cause("predicted", 9), cause("live", 3)])] == [
+        "predicted",
+        "live",
+    ]
+    assert upstream_of("warmup") == {"predicted", "config"}
+    assert "config" in upstream_of("slots") and "slots" not in upstream_of("live")
+
+
+def test_every_party_reads_only_parties_that_exist():
+    for party in PARTIES.values():
+        assert set(party.reads) <= set(PARTIES), party.name
+        assert party.name not in upstream_of(party.name)
+
+
+def lookahead_run(scenario_id: str, *failures: Failure, told: int = 1, drafts: int = 2):
+    """A failed dflash scenario whose config told the parties ``told`` lookahead slots
+    where the drafter writes ``drafts``, over one full-attention group of 16."""
+    group = GroupInfo(0, "full_attention", 16, "full_attention", False,
+                      floor_args={"max_model_len": 1024})  # fmt: skip
+    run = Trajectory(groups=(group,), lookahead=told, lookahead_source="vllm", method="dflash",
+                     num_speculative_tokens=1, vllm_lookahead=told, expected_lookahead=drafts,
+                     floor_lookahead=drafts)  # fmt: skip
+    result = ScenarioResult(scenario_id, f"scenarios/{scenario_id}.yaml", Verdict.FAILED)
+    result.failures, result.trajectory = list(failures), run
+    return result
+
+
+def short_lookahead_records(request: str, computed: int, held: int) -> list[Failure]:
+    """The lookahead record and one step's floor and agree records for dflash, k=1."""
+    numbers: dict[str, object] = {
+        "step": 1, "request": request, "group": 0, "floor": 3, "live": held, "predicted": held,
+        **written(computed, 1, 2),
+    }  # fmt: skip
+    return [
+        Failure("floor", "m", party="live", **numbers),  # type: ignore[arg-type]
+        Failure("floor", "m", party="predicted", **numbers),  # type: ignore[arg-type]
+    ]
+
+
+def test_a_short_lookahead_folds_the_shortfalls_it_explains_and_ranks_first():
+    told = Failure("lookahead", "VllmConfig.num_lookahead_tokens is 1", party="config")
+    # 30 computed + 1 scheduled + 1 told = 32: two blocks, what the parties hold; the
+    # drafter writes position 32 too: the floor is 3.
+    explained = short_lookahead_records("a", 30, held=2)
+    one = lookahead_run("one", told, *explained)
+    # An independent allocator bug elsewhere: more records, a party that reads the config.
+    eagle = hybrid("two", *short_step(1), *short_step(2), *short_step(3))
+    groups = find_root_causes([eagle, one])
+    first = groups[0]
+    assert (first.party, first.vllm_function) == ("config", "VllmConfig.num_lookahead_tokens")
+    assert first.checks == {"lookahead": 1, "floor": 2} and first.records == 3
+    assert [s.id for s in first.scenarios] == ["one"]
+    assert first.records < groups[1].records and groups[1].party == "live"
+    assert first.why.startswith("every party reserves VllmConfig.num_lookahead_tokens")
+
+
+def test_a_party_below_even_the_lookahead_it_was_told_is_a_cause_of_its_own():
+    told = Failure("lookahead", "VllmConfig.num_lookahead_tokens is 1", party="config")
+    # 40 + 1 + 1 = 42 positions need 3 blocks with the told lookahead; holding 2 is the
+    # party's own fault, not the config's.
+    numbers: dict[str, object] = {
+        "step": 2, "request": "b", "group": 0, "floor": 3, "live": 2, "predicted": 3,
+        **written(40, 1, 2),
+    }  # fmt: skip
+    own = Failure("floor", "m", party="live", **numbers)  # type: ignore[arg-type]
+    result = lookahead_run("one", told, *short_lookahead_records("a", 30, held=2), own)
+    config, live = find_root_causes([result])
+    assert config.party == "config" and config.records == 3
+    assert live.party == "live" and live.records == 1 and live.scenarios[0].failures == (3,)
+
+
+def test_a_lookahead_reported_long_folds_nothing():
+    more = Failure("lookahead", "VllmConfig.num_lookahead_tokens is 3", party="config")
+    result = lookahead_run("one", more, *short_lookahead_records("a", 30, held=2), told=3)
+    groups = find_root_causes([result])
+    assert {g.party: g.records for g in groups} == {"config": 1, "live": 1, "predicted": 1}
+    assert groups[0].party == "config"
+
+
+def test_a_party_that_did_as_an_upstream_party_told_it_folds_into_that_shortfall():
+    # The recorded warmup sizes its blocks with the predictor's count: at the same step,
+    # request and group, a warmup holding what the predictor predicted is its consequence.
+    predictor = floor_record("predicted", 4, warmup=4)
+    warmup = floor_record("warmup", 4, predicted=4, warmup=4)
+    (group,) = find_root_causes([failed("s", predictor, warmup)])
+    assert group.party == "predicted" and group.checks == {"floor": 2}
+    # A warmup below what it was given is a fault of its own, ranked below the predictor's
+    # although larger.
+    own = [floor_record("warmup", 2, step=step, warmup=2) for step in (1, 2, 3)]
+    first, second = find_root_causes([failed("s", predictor, *own)])
+    assert (first.party, first.records) == ("predicted", 1)
+    assert (second.party, second.records) == ("warmup", 3)
+
+
+def test_a_granted_call_follows_another_requests_shortfall_before_it():
+    granted = Failure("sanity", "m", step=5, request="b", party="live",
+                      detail={"invariant": "grants a call the pool cannot hold"})  # fmt: skip
+    result = hybrid("granted", *short_step(1), granted)
+    (group,) = find_root_causes([result])
+    assert group.checks == {"floor": 1, "agree": 1, "slots": 1, "sanity": 1}
+    # Alone (no shortfall in its scenario) it stays a group of its own.
+    (alone,) = find_root_causes([hybrid("alone", granted)])
+    assert alone.checks == {"sanity": 1}
+    # A write of another request's group is no call of the whole request: it does not
+    # follow request a's shortfall.
+    stray = Failure("slots", "m", step=5, request="b", group=1, party="live",
+                    detail={"party": "live", "role": "target", "whose": "block 3 of request a"})  # fmt: skip
+    assert len(find_root_causes([hybrid("stray", *short_step(1), stray)])) == 2
+
+
 EAGLE = """\
 name: eagle-full-{prompt}
 description: EAGLE with 3 drafts over full attention, drafts partly rejected.
@@ -316,7 +453,7 @@ def test_two_bugs_at_once_give_two_groups_with_the_right_parties(tmp_path, prist
     for group in groups:
         assert group["scenarios"] and set(group["scenarios"]) <= {"eagle-full-30", "eagle-full-61"}
     # The console's closing lines and summary.md's first screen say the same.
-    assert "in 2 root-cause groups, largest first:" in proc.stdout
+    assert "in 2 root-cause groups, upstream causes first, then the largest:" in proc.stdout
     assert "the live allocator KVCacheManager.allocate_slots" in proc.stdout
     # Each group's representative, as explain takes it: FILE::ID, against the same tree.
     assert re.search(
@@ -390,7 +527,7 @@ def test_one_injected_manager_bug_is_one_group_naming_the_manager(tmp_path, pris
     assert group["miss"] == (
         "is one position short in every record: the last position the drafter writes has no block"
     )
-    assert "1 root-cause group, largest first:" in proc.stdout
+    assert "in 1 root-cause group:" in proc.stdout
     assert f"the live allocator's SlidingWindowManager ({SINGLE_TYPE})" in proc.stdout
 
     # A second, independent bug (the warmup predictor forgets the lookahead): two groups.
@@ -404,3 +541,109 @@ def test_one_injected_manager_bug_is_one_group_naming_the_manager(tmp_path, pris
     assert sorted(groups) == ["SlidingWindowManager", "_reserved_block_count"], groups
     assert groups["_reserved_block_count"]["miss"].startswith("is short the whole lookahead")
     assert groups["SlidingWindowManager"]["miss"].startswith("is one position short")
+
+
+# -- the ranking on bugs injected into copies of vLLM's tree ----------------------------
+
+# DFlash's config reports k lookahead slots; its drafter writes k + 1 (a bonus query).
+DFLASH_CONFIG = (
+    "v1/worker/gpu/spec_decode/dflash/config.py",
+    "        return self.num_speculative_tokens + 1\n",
+    "        return self.num_speculative_tokens  # injected: the bonus query forgotten\n",
+)
+ALLOCATOR_WITHOUT_LOOKAHEAD = (
+    "v1/core/kv_cache_manager.py",
+    "num_tokens_main_model + num_lookahead_tokens, self.max_model_len",
+    "num_tokens_main_model, self.max_model_len",
+)
+PREDICTOR_WITHOUT_LOOKAHEAD = (
+    "v1/worker/gpu/warmup.py",
+    "num_tokens = min(num_tokens + num_lookahead_tokens, max_model_len)",
+    "num_tokens = min(num_tokens, max_model_len)",
+)
+SCHEDULER_RUNNING_WITHOUT_LOOKAHEAD = (
+    "v1/core/sched/scheduler.py",
+    "                        num_lookahead_tokens=self.num_lookahead_tokens,\n"
+    "                    )",
+    "                        num_lookahead_tokens=0,\n                    )",
+)
+DFLASH = """\
+name: dflash-{prompt}
+description: DFlash with 2 drafts over full attention; its lookahead is k + 1.
+model: {{block_size: 16, max_model_len: 1024, num_blocks: 64, groups: [full_attention]}}
+speculative: {{method: dflash, num_speculative_tokens: 2}}
+requests: {{a: {{prompt_len: {prompt}}}}}
+steps:
+  - {{a: {{prefill: {prompt}}}}}
+  - {{repeat: 8, step: {{a: {{spec: 2, accepted: 1}}}}}}
+  - {{a: finish}}
+"""
+
+
+def _tree(pristine, root, *bugs):
+    tree = pristine
+    for number, (module, old, new) in enumerate(bugs):
+        tree = tree_with_replacement(tree, root / f"bug{number}", module, old, new)
+    return tree
+
+
+def _ranked(tmp_path, tree, *paths, selection=()):
+    out = tmp_path / "report"
+    proc = run_kvconform(
+        "run", *paths, *selection, "--vllm-src", tree, "--report-dir", out, "--progress", "off",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    report = json.loads((out / "report.json").read_text())
+    records = sum(len(s["failures"]) for s in report["scenarios"] if s["verdict"] == "failed")
+    assert sum(g["records"] for g in report["root_causes"]) == records
+    return proc, report["root_causes"]
+
+
+@pytest.mark.slow
+def test_a_short_config_lookahead_ranks_above_a_larger_allocator_bug(tmp_path, pristine_tree):
+    """DFlash's lookahead reported k, and allocate_slots forgetting the lookahead: the
+    allocator's group is larger, the config's comes first, and the predictor's DFlash
+    shortfalls (it reserved what the config said) are in the config's group."""
+    tree = _tree(pristine_tree, tmp_path, DFLASH_CONFIG, ALLOCATOR_WITHOUT_LOOKAHEAD)
+    scenarios = tmp_path / "scenarios"
+    scenarios.mkdir()
+    for prompt in (29, 30, 45, 61, 62):
+        (scenarios / f"eagle-{prompt}.yaml").write_text(EAGLE.format(prompt=prompt))
+    (scenarios / "dflash.yaml").write_text(DFLASH.format(prompt=29))
+    proc, groups = _ranked(tmp_path, tree, scenarios)
+    first, second = groups
+    assert (first["party"], first["vllm_function"]) == ("config", "VllmConfig.num_lookahead_tokens")
+    assert first["scenarios"] == ["dflash-29"] and set(first["checks"]) >= {"lookahead", "floor"}
+    assert (second["party"], second["vllm_function"]) == ("live", "KVCacheManager.allocate_slots")
+    assert second["records"] > first["records"]
+    assert "1. " in proc.stdout and "VllmConfig.num_lookahead_tokens" in proc.stdout.split("1. ")[1]
+
+
+@pytest.mark.slow
+def test_a_short_config_lookahead_ranks_above_a_scheduler_bug(tmp_path, pristine_tree):
+    tree = _tree(pristine_tree, tmp_path, DFLASH_CONFIG, SCHEDULER_RUNNING_WITHOUT_LOOKAHEAD)
+    scheduler = REPO / "scenarios" / "scheduler"
+    _, groups = _ranked(
+        tmp_path, tree, scheduler / "sched-dflash-dspark.yaml", scheduler / "sched-eagle-family.yaml",
+        selection=("-k", "dflash-sync or eagle-k3-sync"),
+    )  # fmt: skip
+    assert groups[0]["party"] == "config", groups
+    assert groups[0]["vllm_function"] == "VllmConfig.num_lookahead_tokens"
+    parties = [g["party"] for g in groups]
+    assert "scheduler" in parties and parties.count("config") == 1
+    scheduler_records = sum(g["records"] for g in groups if g["party"] == "scheduler")
+    assert scheduler_records > groups[0]["records"]
+
+
+@pytest.mark.slow
+def test_a_predictor_bug_takes_in_the_recorded_warmup_that_read_it(tmp_path, pristine_tree):
+    """The recorded warmup sizes its blocks with the predictor's count: a predictor that
+    forgets the lookahead is one cause, its group first, the warmup's shortfalls in it."""
+    tree = _tree(pristine_tree, tmp_path, PREDICTOR_WITHOUT_LOOKAHEAD)
+    warmup = REPO / "scenarios" / "warmup" / "warmup-eagle-family.yaml"
+    _, groups = _ranked(tmp_path, tree, warmup, selection=("-k", "eagle-k5-bs16"))
+    first = groups[0]
+    assert (first["party"], first["vllm_function"]) == ("predicted", "_reserved_block_count")
+    assert "warmup" not in [g["party"] for g in groups], groups
+    assert "the whole lookahead" in first["miss"], first["miss"]

@@ -23,10 +23,23 @@ Each record is blamed by its check's record (``Check.blame``, a
    (:func:`~kvconform.model.root_causes.describe_shortfalls`): one position short,
    the whole lookahead, one block.
 
-Causes come before consequences that stand alone (a write past the blocks with no
-shortfall under it, a disagreement with both sides at the floor), then larger before
-smaller. Only failed scenarios' records are grouped: xfailed ones are known
-divergences, and an errored scenario has no records.
+A lookahead ``VllmConfig.num_lookahead_tokens`` reports short (check ``lookahead``) is
+upstream of every party that reserves with it: in its scenario, each shortfall of such a
+party that holds what its step needs with the lookahead vLLM told it (and the records
+that follow from that shortfall) folds into the config's group; a party below even that
+is a cause of its own. A record of a whole call (a grant the pool cannot hold, a
+prefix-cache hit other than derived) whose own request has no shortfall before it
+follows the party's latest shortfall in the scenario.
+
+**Ranking, by data flow.** Causes come before consequences that stand alone (a write past
+the blocks with no shortfall under it, a disagreement with both sides at the floor), then
+larger before smaller; then every group is moved above the groups whose party reads its
+party (``Party.reads``; :func:`~kvconform.model.root_causes.rank_by_data_flow`): the
+config's lookahead and the startup planning's pool above the allocator, the predictor,
+vLLM's scheduler and engine; the predictor above the recorded warmup; the live side
+above the slot mapping. Parties that do not read one another keep the order of size.
+Only failed scenarios' records are grouped: xfailed ones are known divergences, and an
+errored scenario has no records.
 """
 
 from __future__ import annotations
@@ -34,7 +47,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from kvconform.harness.checks import CHECKS, floor
+from kvconform.harness.checks import CHECKS, floor, lookahead
 from kvconform.harness.checks.records import live_party
 from kvconform.model.results import Failure, ScenarioResult, Verdict
 from kvconform.model.root_causes import (
@@ -44,6 +57,8 @@ from kvconform.model.root_causes import (
     RootCauseScenario,
     Shortfall,
     describe_shortfalls,
+    rank_by_data_flow,
+    upstream_of,
 )
 
 __all__ = ["blame", "find_root_causes", "never_below_floor"]
@@ -115,6 +130,12 @@ def _incidents(result: ScenarioResult) -> list[_Incident]:
         cause = None
         if verdict.follows is not None:
             cause = _cause_of(failure, shortfalls.get((failure.request, verdict.follows), []))
+            if cause is None and failure.group is None:
+                # A record of a whole call (a grant, a hit), not of one KV-cache group:
+                # where its own request has no shortfall before it, another request's,
+                # at or before its step (a request short of blocks leaves the pool more
+                # free blocks than derived, and a call derived as refused is granted).
+                cause = _latest_shortfall(failure, shortfalls, verdict.follows)
         if cause is not None:
             cause.records.append(index)
             if failure.check not in cause.checks:
@@ -124,7 +145,101 @@ def _incidents(result: ScenarioResult) -> list[_Incident]:
         if trajectory is not None and failure.group is not None:
             incident.group_type = trajectory.groups[failure.group].type
         incidents.append(incident)
-    return incidents
+    return _fold_into_short_lookahead(result, _fold_into_upstream(result, incidents))
+
+
+def _merge(into: _Incident, incident: _Incident) -> None:
+    into.records.extend(incident.records)
+    into.checks.extend(c for c in incident.checks if c not in into.checks)
+    if into.group_type is None:
+        into.group_type = incident.group_type
+
+
+def _fold_into_upstream(result: ScenarioResult, incidents: list[_Incident]) -> list[_Incident]:
+    """A shortfall of a party that reads another party's count (the recorded warmup
+    sizes its blocks with the predictor's) folds into that party's shortfall at the same
+    step, request and KV-cache group, where it holds at least what that party gave it:
+    it did as told. Holding less still, it is a cause of its own."""
+    at: dict[tuple[object, ...], _Incident] = {}
+    for incident in incidents:
+        if incident.blame.short is not None:
+            failure = result.failures[incident.records[0]]
+            key = (failure.step, failure.request, failure.group, incident.blame.party)
+            at.setdefault(key, incident)
+    kept: list[_Incident] = []
+    moved: dict[int, _Incident] = {}
+    for incident in incidents:
+        short, party = incident.blame.short, incident.blame.party
+        if short is not None:
+            failure = result.failures[incident.records[0]]
+            sources = [
+                at.get((failure.step, failure.request, failure.group, upstream))
+                for upstream in sorted(upstream_of(party))
+            ]
+            source = next(
+                (
+                    s
+                    for s in sources
+                    if s is not None
+                    and s.blame.short is not None
+                    and short.held >= s.blame.short.held
+                ),
+                None,
+            )
+            if source is not None:
+                while id(source) in moved:  # itself folded further up
+                    source = moved[id(source)]
+                _merge(source, incident)
+                moved[id(incident)] = source
+                continue
+        kept.append(incident)
+    return [i for i in kept if id(i) not in moved]
+
+
+def _fold_into_short_lookahead(
+    result: ScenarioResult, incidents: list[_Incident]
+) -> list[_Incident]:
+    """A lookahead that ``VllmConfig.num_lookahead_tokens`` reports short is the cause of
+    every shortfall of a party that reads it (the allocator, the predictor, the warmup,
+    vLLM's scheduler or engine) which holds what its step needs with vLLM's lookahead:
+    that party did as the config told it. Those shortfalls, and the records that follow
+    from them, fold into the config's incident. A party that holds less than even vLLM's
+    lookahead asks stays a cause of its own."""
+    trajectory = result.trajectory
+    config = next(
+        (i for i in incidents if i.blame.party == "config" and i.check == lookahead.CHECK.name),
+        None,
+    )
+    if (
+        config is None
+        or trajectory is None
+        or trajectory.vllm_lookahead is None
+        or trajectory.expected_lookahead is None
+        or trajectory.vllm_lookahead >= trajectory.expected_lookahead
+    ):
+        return incidents
+    kept: list[_Incident] = []
+    for incident in incidents:
+        if incident is not config and _does_as_told(result, incident, trajectory.lookahead):
+            _merge(config, incident)
+            continue
+        kept.append(incident)
+    return kept
+
+
+def _does_as_told(result: ScenarioResult, incident: _Incident, told: int) -> bool:
+    """Whether a shortfall's party reads the config and holds what its step needs with the
+    lookahead the parties were told (``Trajectory.lookahead``)."""
+    short, trajectory = incident.blame.short, result.trajectory
+    if short is None or trajectory is None or "config" not in upstream_of(incident.blame.party):
+        return False
+    failure = result.failures[incident.records[0]]
+    if failure.group is None or failure.computed is None or failure.scheduled is None:
+        return False
+    group = trajectory.groups[failure.group]
+    encoder_len = trajectory.encoder_lens.get(failure.request or "", 0)
+    need = group.step_floor()(failure.computed, failure.scheduled, told, encoder_len)
+    return short.held >= need
 
 
 def _cause_of(failure: Failure, shortfalls: list[tuple[Failure, _Incident]]) -> _Incident | None:
@@ -144,6 +259,25 @@ def _cause_of(failure: Failure, shortfalls: list[tuple[Failure, _Incident]]) -> 
             return incident
     earlier = [i for short, i in same_group if short.step is not None and short.step < failure.step]
     return earlier[-1] if earlier else None
+
+
+def _latest_shortfall(
+    failure: Failure,
+    shortfalls: dict[tuple[str | None, str], list[tuple[Failure, _Incident]]],
+    party: str,
+) -> _Incident | None:
+    """The followed party's latest shortfall of any request at or before ``failure``'s step."""
+    found: tuple[int, _Incident] | None = None
+    for (_, who), shorts in shortfalls.items():
+        if who != party:
+            continue
+        for short, incident in shorts:
+            step = short.step if short.step is not None else -1
+            if failure.step is not None and step > failure.step:
+                continue
+            if found is None or step >= found[0]:
+                found = (step, incident)
+    return found[1] if found else None
 
 
 # -- step 2: who falls short ------------------------------------------------------------
@@ -168,7 +302,8 @@ def _speculative_managers(results: list[ScenarioResult]) -> set[str]:
 
 
 def find_root_causes(results: Iterable[ScenarioResult]) -> list[RootCause]:
-    """The failed scenarios' records, one group per cause: causes first, largest first."""
+    """The failed scenarios' records, one group per cause: upstream causes first, then
+    causes before lone consequences, then the largest."""
     results = list(results)
     incidents = [
         incident
@@ -197,7 +332,8 @@ def find_root_causes(results: Iterable[ScenarioResult]) -> list[RootCause]:
         groups.setdefault(("live", side, shape), []).extend(members)
     speculative = _speculative_managers(results)
     causes = [_cause(members, speculative) for members in groups.values()]
-    return sorted(causes, key=lambda g: (g.consequence, -g.records, -len(g.scenarios), g.key))
+    by_size = sorted(causes, key=lambda g: (g.consequence, -g.records, -len(g.scenarios), g.key))
+    return rank_by_data_flow(by_size)
 
 
 # What a party's count is, per observation.

@@ -180,7 +180,7 @@ class RunReport:
     expectations_file: str | None = None
     # Seconds per phase of the run (select, load_vllm, scenarios, coverage).
     phases: dict[str, float] = field(default_factory=dict)
-    # The failure records gathered by root cause, largest first (harness.root_causes).
+    # The failure records gathered by root cause, upstream causes first (harness.root_causes).
     root_causes: list[RootCause] = field(default_factory=list)
     # What a rerun of one scenario repeats besides the vLLM: --checks, --expectations.
     rerun_options: tuple[str, ...] = ()

@@ -11,7 +11,7 @@ and the exact *shape* of the miss, computed from the records' numbers
 (:func:`describe_shortfalls`: "one position short", "short the whole lookahead", "one
 block short"). Each check's record says how one of its records is blamed
 (:class:`Blame`); :mod:`kvconform.harness.root_causes` builds the groups; the reports
-show them, causes before consequences, largest first.
+show them, upstream causes first (:func:`rank_by_data_flow`), then the largest.
 """
 
 from __future__ import annotations
@@ -30,6 +30,9 @@ class Party:
     description: str
     function: str
     file: str  # inside the vLLM source tree, from the folder holding vllm/
+    # The parties whose output this one reads in vLLM (its data flow): a fault of one of
+    # them reaches this party, never the other way round (:func:`upstream_of`).
+    reads: tuple[str, ...] = ()
 
 
 PARTIES: Mapping[str, Party] = MappingProxyType(
@@ -41,30 +44,37 @@ PARTIES: Mapping[str, Party] = MappingProxyType(
                 "the live allocator",
                 "KVCacheManager.allocate_slots",
                 "vllm/v1/core/kv_cache_manager.py",
+                # reserves num_lookahead_tokens slots, in the pool the planning sized
+                reads=("config", "planner"),
             ),
             Party(
                 "predicted",
                 "the warmup predictor",
                 "_reserved_block_count",
                 "vllm/v1/worker/gpu/warmup.py",
+                reads=("config",),  # called with num_lookahead_tokens
             ),
             Party(
                 "warmup",
                 "the recorded warmup",
                 "warmup_kernels / _warmup_block_counter",
                 "vllm/v1/worker/gpu/warmup.py",
+                reads=("predicted", "config"),  # sizes its blocks with the predictor's count
             ),
             Party(
                 "scheduler",
                 "the scheduler",
                 "Scheduler.schedule",
                 "vllm/v1/core/sched/scheduler.py",
+                # asks KVCacheManager.allocate_slots with the lookahead
+                reads=("config", "planner", "live"),
             ),
             Party(
                 "engine",
                 "the engine",
                 "EngineCore.step",
                 "vllm/v1/engine/core.py",
+                reads=("config", "planner", "scheduler"),  # runs vLLM's scheduler
             ),
             Party(
                 "planner",
@@ -77,12 +87,15 @@ PARTIES: Mapping[str, Party] = MappingProxyType(
                 "the slot mapping",
                 "BlockTables.compute_slot_mappings",
                 "vllm/v1/worker/gpu/block_table.py",
+                # maps positions into the block tables the live side filled
+                reads=("live", "scheduler", "engine", "config"),
             ),
             Party(
                 "dflash_slots",
                 "the DFlash/DSpark drafter's slot mapping",
                 "prepare_dflash_inputs",
                 "vllm/v1/worker/gpu/spec_decode/dflash/speculator.py",
+                reads=("live", "scheduler", "engine", "config"),
             ),
             Party(
                 "config",
@@ -93,6 +106,20 @@ PARTIES: Mapping[str, Party] = MappingProxyType(
         )
     }
 )
+
+
+def upstream_of(party: str) -> frozenset[str]:
+    """Every party whose output reaches ``party`` through vLLM's data flow (``Party.reads``,
+    followed to the end): ``upstream_of("warmup")`` holds the predictor and the config."""
+    seen: set[str] = set()
+    todo = list(PARTIES[party].reads) if party in PARTIES else []
+    while todo:
+        name = todo.pop()
+        if name not in seen and name != party:
+            seen.add(name)
+            todo.extend(PARTIES[name].reads if name in PARTIES else ())
+    return frozenset(seen)
+
 
 # Where the live side is not the allocator driven by a scenario's own steps, the
 # kind of scenario says which of vLLM's parts decided its holdings.
@@ -198,6 +225,27 @@ def describe_shortfalls(shorts: Sequence[Shortfall]) -> tuple[str, str]:
             f"is {blocks} short, the target's own positions among those without a block"
         )
     return blocks, f"is {blocks} below the floor"
+
+
+def rank_by_data_flow(causes: Sequence[RootCause]) -> list[RootCause]:
+    """``causes`` (in the order of their size, largest first) with every cause placed above
+    the causes whose party reads it: a config property, or the pool the startup planning
+    sized, before the allocator and the predictor that consume it; the allocator before the
+    slot mapping that reads its block tables.
+
+    A topological order over :func:`upstream_of`, stable: at each place the first remaining
+    cause (by the order given) that no remaining cause is upstream of. Causes whose
+    parties do not read one another keep the order given.
+    """
+    remaining = list(causes)
+    ranked: list[RootCause] = []
+    while remaining:
+        parties = {c.party for c in remaining}
+        free = [c for c in remaining if not upstream_of(c.party) & (parties - {c.party})]
+        # None free only if Party.reads had a cycle (it has none): keep the given order.
+        first = free[0] if free else remaining[0]
+        ranked.append(remaining.pop(next(i for i, c in enumerate(remaining) if c is first)))
+    return ranked
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The root-cause groups as the few lines a console or a CI summary shows first.
 
-Largest first, each with its count, what falls short where in vLLM, one
+Upstream causes first, then the largest (:mod:`kvconform.harness.root_causes`), each with its count, what falls short where in vLLM, one
 representative scenario and the ``kvconform explain`` command that shows it step
 by step. The HTML report draws the same groups as cards (:mod:`kvconform.reports.html`).
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 from kvconform.harness.root_causes import never_below_floor
 from kvconform.model.results import RunReport
 from kvconform.model.root_causes import PARTIES, RootCause
+from kvconform.model.wording import count
 
 __all__ = ["MAX_GROUPS_LISTED", "group_lines", "never_below_floor_text", "spans"]
 
@@ -32,8 +33,8 @@ def group_lines(report: RunReport, limit: int = MAX_GROUPS_LISTED) -> list[str]:
         return []
     records = sum(g.records for g in groups)
     lines = [
-        f"{records:,} failure records in {len(groups)} root-cause group"
-        f"{'s' if len(groups) != 1 else ''}, largest first:"
+        f"{count(records, 'failure record')} in {count(len(groups), 'root-cause group')}"
+        + (", upstream causes first, then the largest:" if len(groups) > 1 else ":")
     ]
     fine = never_below_floor_text(report)
     if fine:

@@ -40,7 +40,7 @@ from kvconform.harness.checks.records import PARTY_NAMES, failure_at, named
 from kvconform.model.checks import Check, always
 from kvconform.model.floors import MAMBA_ALIGNED_STATE, READ_SPAN_REASONS, first_position_read
 from kvconform.model.group_types import GROUP_TYPES
-from kvconform.model.observations import FreeEvent, Trajectory
+from kvconform.model.observations import HIT_MISSED, FreeEvent, Trajectory
 from kvconform.model.results import Failure, ScenarioResult
 from kvconform.model.root_causes import Blame
 
@@ -743,8 +743,10 @@ def blame(result: ScenarioResult, failure: Failure) -> Blame:
     invariant = str((failure.detail or {}).get("invariant", "breaks an allocator invariant"))
     live = named(result, "live")
     # A call granted that the floor says the pool cannot hold: the step's demand was
-    # counted short, which follows from the same request's shortfall where it had one.
-    follows = live if invariant == GRANTED else None
+    # counted short (its own, or another request's that left the pool more free blocks
+    # than derived). A prefix-cache hit other than derived: blocks a short request never
+    # held were never cached. Each follows the live side's shortfall where there is one.
+    follows = live if invariant in (GRANTED, HIT_MISSED) else None
     return Blame(live, invariant, follows=follows)
 
 
