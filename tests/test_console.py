@@ -100,11 +100,36 @@ def test_skips_with_one_reason_are_one_line_with_a_count():
     results = [_result(f"engine-{i}", Verdict.SKIPPED, cuda) for i in range(11)]
     results += [_result("old", Verdict.UNSUPPORTED, "needs CircularBufferSpec")]
     results += [_result("fine", Verdict.PASSED)]
-    assert folded_lines(results) == [
-        f"SKIPPED     11 scenarios: {cuda} (engine-0, engine-1, engine-2, ...)",
+    skipped, unsupported = folded_lines(results)
+    assert skipped.startswith(f"SKIPPED     11 scenarios: {cuda} (engine-0, engine-1, ")
+    assert (
+        skipped
+        == f"SKIPPED     11 scenarios: {cuda} ({', '.join(f'engine-{i}' for i in range(11))})"
+    )
+    assert unsupported == (
         "UNSUPPORTED 1 scenario: not offered here, not counted against it: "
-        "needs CircularBufferSpec (old)",
+        "needs CircularBufferSpec (old)"
+    )
+
+
+def test_one_unsupported_line_per_reason_names_the_ids_within_200_characters():
+    why = "vLLM 0.33.0 lacks what the scenario states: the scenario is written for vLLM >=0.34.0"
+    results = [_result(f"sched-{i}", Verdict.UNSUPPORTED, why) for i in range(4)]
+    (line,) = folded_lines(results)
+    assert line.endswith("(sched-0, sched-1, sched-2, sched-3)") and ">=0.34.0" in line
+    many = [
+        _result(f"a-rather-long-scenario-id-{i:02}", Verdict.UNSUPPORTED, why) for i in range(40)
     ]
+    (line,) = folded_lines(many)
+    assert len(line) <= 200 and line.startswith("UNSUPPORTED 40 scenarios: ")
+    shown = line.count("a-rather-long-scenario-id-")
+    assert 1 <= shown < 40 and line.endswith(f", +{40 - shown} more)")
+    # A long reason's prose is shortened; its figures stay; an empty reason is never shown.
+    long_why = "needs 3 blocks (" + "prose " * 60 + ") of 16 tokens"
+    (line,) = folded_lines([_result("x", Verdict.SKIPPED, long_why)])
+    assert len(line) <= 200 and "needs 3 blocks of 16 tokens" in line
+    (line,) = folded_lines([_result("y", Verdict.SKIPPED, "")])
+    assert line == "SKIPPED     1 scenario: skipped (y)"
 
 
 class Clock:

@@ -254,7 +254,33 @@ def test_only_token_indexed_groups_are_mapped(vllm, scenario_from):
         "requests: {a: {prompt_len: 20}}\nsteps: [{a: {prefill: 20}}]\n"
     )
     result = run_scenario(scenario, vllm, ("floor", "slots"))
-    assert result.skipped_checks["slots"].startswith("no token-indexed group to map: mamba: ")
+    why = result.skipped_checks["slots"]
+    assert why == "no token-indexed group to map: mamba not indexed by token position"
+    # The whole reason, the floor rule's, is the group's in the recording (report.json).
+    assert result.trajectory is not None and result.trajectory.slots is not None
+    detail = result.trajectory.slots.groups_skipped[0]
+    assert detail.startswith("mamba: its block table is not indexed by token position (")
+    assert len(detail) > len(why)
+
+
+def test_an_unmapped_reason_is_short_names_the_figures_and_is_never_empty():
+    from kvconform.model.observations import GroupInfo, Trajectory
+    from kvconform.oracles.slots import skipped_groups, unmapped_reason
+
+    def info(index: int, type_: str, **args: object) -> GroupInfo:
+        return GroupInfo(index, type_, 16, type_, False, floor_args=args)
+
+    groups = (info(0, "full_attention", dcp_world_size=2), info(1, "mla", dcp_world_size=2),
+              info(2, "mamba"))  # fmt: skip
+    run = Trajectory(groups=groups, lookahead=0, lookahead_source="vllm")
+    why = unmapped_reason(run, skipped_groups(run))
+    assert why == (
+        "no token-indexed group to map: full_attention, mla sharded by decode context "
+        "parallelism (dcp_world_size 2); mamba not indexed by token position"
+    )
+    assert len(why) < 200 and sum(len(w) for w in skipped_groups(run).values()) > 400
+    empty = Trajectory(groups=(), lookahead=0, lookahead_source="vllm")
+    assert unmapped_reason(empty, {}).endswith(": the scenario's model has none")
 
 
 def test_checks_option_values():

@@ -24,6 +24,7 @@ from typing import TextIO
 
 from kvconform.fronts.progress import Progress
 from kvconform.model.results import ScenarioResult, Verdict
+from kvconform.model.wording import count, shorten
 
 QUIET, NORMAL, VERBOSE = -1, 0, 1
 
@@ -38,8 +39,9 @@ LETTERS = {
 }
 # A row of characters, then " [ 42%]": 80 columns, as pytest's.
 ROW = 72
-# Folded lines name this many scenarios, then "...".
-NAMED = 3
+# A folded line names its scenarios while it stays this short (at least the first);
+# then "+N more". Its reason's prose is shortened to fit (never its figures).
+FOLDED_LINE = 200
 
 
 def result_lines(result: ScenarioResult) -> list[str]:
@@ -133,16 +135,27 @@ def folded(
     why: Callable[[ScenarioResult], str],
     label: str,
 ) -> list[str]:
-    """One line per reason: ``SKIPPED 11 scenarios: no CUDA device: ... (a, b, c, ...)``."""
+    """One line per reason: ``SKIPPED 11 scenarios: no CUDA device: ... (a, b, +9 more)``,
+    the ids named while the line stays within :data:`FOLDED_LINE` characters."""
     by_reason: dict[str, list[str]] = {}
     for result in results:
         if result.verdict is verdict:
-            by_reason.setdefault(why(result), []).append(result.id)
+            by_reason.setdefault(why(result) or verdict.value, []).append(result.id)
     lines = []
     for reason, ids in by_reason.items():
-        named = ", ".join(ids[:NAMED]) + (", ..." if len(ids) > NAMED else "")
-        count = f"{len(ids)} scenario{'s' if len(ids) != 1 else ''}"
-        lines.append(f"{label:11} {count}: {reason} ({named})")
+        head = f"{label:11} {count(len(ids), 'scenario')}: "
+        reason = shorten(reason, max(40, FOLDED_LINE - len(head) - 40))
+        named = ids[:1]
+        for index, scenario_id in enumerate(ids[1:], 1):
+            rest = len(ids) - index - 1
+            more = f", +{rest} more" if rest else ""
+            if len(head + reason) + len(" (" + ", ".join([*named, scenario_id]) + more + ")") > (
+                FOLDED_LINE
+            ):
+                break
+            named.append(scenario_id)
+        more = f", +{len(ids) - len(named)} more" if len(ids) > len(named) else ""
+        lines.append(f"{head}{reason} ({', '.join(named)}{more})")
     return lines
 
 

@@ -61,7 +61,7 @@ def run_scenario(
     )
     started = time.perf_counter()
     try:
-        vllm.require_release(scenario.vllm_releases, scenario.id)
+        vllm.require_release(scenario.vllm_releases, "the scenario")
         driver = DRIVERS.get(scenario.kind)
         if driver is None:
             raise ScenarioError(scenario.where.at("kind"), f"no driver for kind {scenario.kind!r}")

@@ -50,6 +50,7 @@ from kvconform.harness.select import Selection, Shard, select_scenarios
 from kvconform.model.coverage import Coverage
 from kvconform.model.results import RunReport, ScenarioResult, rerun_command
 from kvconform.model.scenario import Scenario
+from kvconform.model.wording import count, shorten
 from kvconform.oracles import vllm as vllm_loader
 from kvconform.oracles.vllm import Vllm
 
@@ -300,7 +301,7 @@ class Session:
             ):
                 report.notes.append(
                     f"stopped after the first failure (-x): {result.id}; "
-                    f"{len(selection.scenarios) - len(report.results)} scenarios not run"
+                    f"{count(len(selection.scenarios) - len(report.results), 'scenario')} not run"
                 )
                 break
         phases["scenarios"], lap = time.perf_counter() - lap, time.perf_counter()
@@ -346,6 +347,11 @@ class Session:
         return compute_coverage(pair_results(scenarios, results), offered)
 
 
+# A skip line's length: its prose is shortened to fit (kvconform.model.wording.shorten);
+# every scenario's whole reason is in the reports (report.json's skipped_checks).
+SKIP_LINE = 200
+
+
 def skipped_notes(results: Sequence[ScenarioResult]) -> list[str]:
     """One line per check and reason it was skipped for: skipped, never passed."""
     counts: dict[tuple[str, str], int] = {}
@@ -353,6 +359,16 @@ def skipped_notes(results: Sequence[ScenarioResult]) -> list[str]:
         for name, why in result.skipped_checks.items():
             counts[(name, why)] = counts.get((name, why), 0) + 1
     return [
-        f"check {name} SKIPPED in {n} scenario{'s' if n > 1 else ''}: {why}"
+        skip_line(f"check {name} SKIPPED in {count(n, 'scenario')}", why)
         for (name, why), n in counts.items()
     ]
+
+
+def skip_line(head: str, why: str, limit: int = SKIP_LINE) -> str:
+    """``HEAD: WHY`` within ``limit`` characters where the reason's prose allows; a reason
+    shortened says where the whole one is."""
+    whole = f"{head}: {why or 'no reason given'}"
+    if len(whole) <= limit:
+        return whole
+    pointer = " (whole reason: report.json, skipped_checks)"
+    return f"{head}: {shorten(why, limit - len(head) - 2 - len(pointer))}{pointer}"

@@ -100,6 +100,28 @@ def skipped_groups(trajectory: Trajectory) -> dict[int, str]:
     return skipped
 
 
+def unmapped_reason(trajectory: Trajectory, skipped: dict[int, str]) -> str:
+    """Why no group is mapped, in one short line: the group types by reason, the figures
+    kept (each group's whole reason is ``SlotRecording.groups_skipped``, in report.json)."""
+    if not trajectory.groups:
+        return "no KV-cache group to map: the scenario's model has none"
+    by_reason: dict[str, list[str]] = {}
+    for group in trajectory.groups:
+        why = skipped.get(group.index, "")
+        if not group.floor_rule.counts_token_columns:
+            short = "not indexed by token position"
+        elif why:
+            dcp = group.floor_args.get("dcp_world_size", 1)
+            short = f"sharded by decode context parallelism (dcp_world_size {dcp})"
+        else:
+            continue
+        types = by_reason.setdefault(short, [])
+        if group.type not in types:
+            types.append(group.type)
+    reasons = "; ".join(f"{', '.join(types)} {why}" for why, types in by_reason.items())
+    return f"no token-indexed group to map: {reasons or 'none of the groups is mapped'}"
+
+
 @dataclass(frozen=True)
 class _Row:
     party: str
@@ -166,7 +188,7 @@ def record_slots(
     mapped = [g.index for g in trajectory.groups if g.index not in skipped]
     recording.groups_mapped = tuple(mapped)
     if not mapped:
-        recording.skipped = "no token-indexed group to map: " + "; ".join(skipped.values())
+        recording.skipped = unmapped_reason(trajectory, skipped)
         return recording
     steps = [rows for rows in _steps(trajectory, mapped, writes) if rows]
     if not steps:

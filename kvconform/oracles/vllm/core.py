@@ -916,10 +916,10 @@ class Vllm:
         except InvalidVersion:
             return  # a source tree without a release number: run it
         if not inside:
+            # The same words for every scenario written for the same releases, so that
+            # the console folds them into one line that names their ids.
             raise NotOffered(
-                self.version,
-                f"the behaviour {what} states",
-                f"the scenario is written for vLLM {releases}",
+                self.version, f"what {what} states", f"{what} is written for vLLM {releases}"
             )
 
     def below_minimum(self) -> bool:
