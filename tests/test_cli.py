@@ -125,6 +125,27 @@ def test_methods_lists_vllm_methods_with_both_lookaheads(vllm, capsys):
     row = next(line for line in lines if line.startswith("dflash "))
     assert row.split()[1:4] == ["4", "4", "ok"]
     assert any(line.startswith("deepseek_mtp (= mtp)") for line in lines)
+    # Aligned however long a name: every row's status column starts where the header's does.
+    header = next(line for line in lines if line.startswith("method "))
+    table = lines[lines.index(header) + 1 :]
+    table = table[: next((i for i, line in enumerate(table) if not line), len(table))]
+    longest = max(table, key=lambda line: len(line.split("  ")[0]))
+    assert len(longest.split("  ")[0]) > 26  # longer than the old fixed width
+    at = header.index("status")
+    for line in table:
+        assert line[at - 2 : at] == "  " and line[at] != " ", line
+
+
+def test_a_table_is_as_wide_as_its_longest_cells():
+    from kvconform.fronts.cli import aligned
+
+    lines = aligned(("name", "n", "rule"), [("a-very-long-name", "3", "k"), ("b", "12", "k + 1")],
+                    right=(1,))  # fmt: skip
+    assert lines == [
+        "name               n  rule",
+        "a-very-long-name   3  k",
+        "b                 12  k + 1",
+    ]
 
 
 def test_explain_prints_every_step_and_group(vllm, corpus, capsys):

@@ -39,6 +39,7 @@ from kvconform.harness.session import RunRequest, Session, checks_from, load_vll
 from kvconform.model.methods import REGISTRY_FILE as BUILTIN_SOURCE
 from kvconform.model.results import RunReport, ScenarioResult, Verdict
 from kvconform.model.scenario import Scenario
+from kvconform.model.wording import count, plural, shorten
 from kvconform.oracles.vllm import Vllm
 
 if TYPE_CHECKING:
@@ -192,7 +193,7 @@ def cmd_run(args: argparse.Namespace, tracer: CodeTracer | None = None) -> int:
             say(note)
         return finish_run(report, args)
     # The first line comes before vLLM's import, which takes seconds.
-    picked = f"{len(scenarios)} scenarios" + (
+    picked = count(len(scenarios), "scenario") + (
         f" (shard {shard} of {selection.matched})" if shard is not None else ""
     )
     loading = vllm_to_load(args.vllm_src, args.vllm_release)
@@ -327,6 +328,8 @@ def rewrite_expectations(
 
 
 SHORT_SUMMARY_MAX = 20
+# A short summary line's message: its prose is shortened to this, never its figures.
+SHORT_LINE = 160
 
 
 def print_short_summary(report: RunReport) -> None:
@@ -343,13 +346,23 @@ def print_short_summary(report: RunReport) -> None:
         headline = " ".join(
             (f"[{first.check}] {result.headline()}" if first else result.headline()).split()
         )
-        say(f"{result.verdict.value.upper():7} {result.id} - {headline[:160]}")
+        say(f"{result.verdict.value.upper():7} {result.id} - {shorten(headline, SHORT_LINE)}")
         say(f"        rerun: {report.rerun_command(result)}")
     hidden = max(0, len(bad) - SHORT_SUMMARY_MAX) + max(
         0, len(report.input_errors) - SHORT_SUMMARY_MAX
     )
     if hidden:
         say(f"... and {hidden} more in summary.md and report.json")
+
+
+def counts_line(report: RunReport) -> str:
+    """ "3 passed, 1 failed, 1 input error": the verdicts' counts, the nouns in number."""
+    # Verdicts are adjectives ("1 passed"); "error" and "input errors" are nouns.
+    return ", ".join(
+        count(n, verdict.removesuffix("s")) if "error" in verdict else f"{n} {verdict}"
+        for verdict, n in report.counts().items()
+        if n
+    )
 
 
 def finish_run(report: RunReport, args: argparse.Namespace) -> int:
@@ -370,12 +383,15 @@ def finish_run(report: RunReport, args: argparse.Namespace) -> int:
     xpassed = [r.id for r in report.results if r.verdict is Verdict.XPASSED]
     if xpassed:
         say(
-            f"XPASSED: {len(xpassed)} known divergence(s) conform now ({', '.join(xpassed[:5])}"
+            f"XPASSED: {count(len(xpassed), 'known divergence')} "
+            f"{'conforms' if len(xpassed) == 1 else 'conform'} now ({', '.join(xpassed[:5])}"
             + (", ..." if len(xpassed) > 5 else "")
-            + "); their expectations entries are stale for this vLLM"
+            + f"); {plural(len(xpassed), 'its', 'their')} expectations "
+            f"{plural(len(xpassed), 'entry')} {plural(len(xpassed), 'is')} stale for this vLLM"
         )
-    counts = ", ".join(f"{v} {k}" for k, v in report.counts().items() if v)
-    say(f"\n{counts or 'nothing ran'} in {report.duration:.1f} s; exit {report.exit_status}")
+    say(
+        f"\n{counts_line(report) or 'nothing ran'} in {report.duration:.1f} s; exit {report.exit_status}"
+    )
     if args.report_dir:  # `check` writes reports only when asked to
         written = write_reports(report, args.report_dir)
         say("reports: " + ", ".join(str(p) for p in written))
@@ -394,8 +410,10 @@ def cmd_merge(args: argparse.Namespace) -> int:
         if note.startswith("merge: "):
             say(f"ERROR {note}")
     print_short_summary(report)
-    counts = ", ".join(f"{v} {k}" for k, v in report.counts().items() if v)
-    say(f"\nmerged {len(args.dirs)} shards: {counts or 'nothing ran'}; exit {report.exit_status}")
+    say(
+        f"\nmerged {count(len(args.dirs), 'shard')}: {counts_line(report) or 'nothing ran'}; "
+        f"exit {report.exit_status}"
+    )
     written = write_reports(report, args.report_dir)
     say("reports: " + ", ".join(str(p) for p in written))
     return report.exit_status
@@ -495,6 +513,23 @@ def use_methods_file(args: argparse.Namespace) -> Path | None:
     return path
 
 
+def aligned(
+    header: tuple[str, ...], rows: Sequence[tuple[str, ...]], right: tuple[int, ...] = ()
+) -> list[str]:
+    """A plain-text table: each column as wide as its longest cell (the header's included),
+    two spaces between columns, the columns in ``right`` aligned right, the last left ragged."""
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
+    lines = []
+    for row in (header, *rows):
+        cells = [
+            cell.rjust(width) if index in right else cell.ljust(width)
+            for index, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ]
+        cells[-1] = row[-1]
+        lines.append("  ".join(cells).rstrip())
+    return lines
+
+
 def cmd_methods(args: argparse.Namespace) -> int:
     from kvconform.model.methods import METHODS, how_to_add, method_for
 
@@ -505,7 +540,7 @@ def cmd_methods(args: argparse.Namespace) -> int:
     say(f"Speculative methods declared by vLLM {vllm.version} (lookahead for k={k}):")
     if methods_file is not None:
         say(f"(kvconform's registry plus the methods file {methods_file})")
-    say(f"{'method':26} {'vLLM':>5} {'kvconform':>9}  {'status':12} rule")
+    rows: list[tuple[str, ...]] = []
     status_code = ExitStatus.CONFORM
     missing: list[str] = []
     for method in vllm.declared_methods():
@@ -529,10 +564,12 @@ def cmd_methods(args: argparse.Namespace) -> int:
             formula = entry.rule.formula + (
                 f"  [{entry.source}]" if entry.source != BUILTIN_SOURCE else ""
             )
-        say(
-            f"{shown:26} {'-' if theirs is None else theirs:>5} {'-' if ours is None else ours:>9}  "
-            f"{status:12} {formula}"
-        )
+        rows.append(
+            (shown, "-" if theirs is None else str(theirs), "-" if ours is None else str(ours),
+             status, formula)
+        )  # fmt: skip
+    for line in aligned(("method", "vLLM", "kvconform", "status", "rule"), rows, right=(1, 2)):
+        say(line)
     declared = {aliases.get(m, m) for m in vllm.declared_methods()}
     for name, entry in METHODS.items():
         if entry.source != BUILTIN_SOURCE and name not in declared:

@@ -6,7 +6,7 @@ script, nothing fetched), written for a reader who did not write the scenarios:
 * the overview: verdict, counts, which vLLM (version and where it came from),
   torch and device, how long the run took, the command; then a filter by
   verdict, check and group type (plain JavaScript in the page, no server);
-* the root-cause groups, largest first (:mod:`kvconform.harness.root_causes`), one
+* the root-cause groups, upstream causes first, then the largest (:mod:`kvconform.harness.root_causes`), one
   card each: the vLLM function and file its party stands for (linked into the
   tree that ran, at the ``def``), the shape of the miss, the group types and
   methods it spans, the floor rule's "why" once, a representative scenario in
@@ -39,6 +39,7 @@ from kvconform.model.observations import FreeEvent, Observation, Trajectory
 from kvconform.model.results import Failure, RunReport, ScenarioResult, Verdict
 from kvconform.model.root_causes import RootCause, RootCauseScenario
 from kvconform.model.vllm_code import VllmCodeCoverage
+from kvconform.model.wording import count
 from kvconform.reports import plots
 from kvconform.reports.root_causes import never_below_floor_text
 
@@ -256,11 +257,11 @@ def render_html(report: RunReport, now: datetime.datetime | None = None) -> str:
 
 def _overview(report: RunReport, counts: dict[str, int]) -> list[str]:
     chips = []
-    for name, count in counts.items():
+    for name, n in counts.items():
         css = name if name in {v.value for v in Verdict} else "error"
-        chips.append(
-            f'<span class="chip {e(css)}{" zero" if not count else ""}">{count} {e(name)}</span>'
-        )
+        # Verdicts are adjectives ("1 passed"); "error" and "input errors" are nouns.
+        said = count(n, name.removesuffix("s")) if "error" in name else f"{n} {name}"
+        chips.append(f'<span class="chip {e(css)}{" zero" if not n else ""}">{e(said)}</span>')
     source = report.vllm_source or "-"
     where = f" ({e(report.vllm_path)})" if report.vllm_path else ""
     if report.vllm_release:
@@ -386,15 +387,15 @@ class _Page:
     # -- groups -----------------------------------------------------------------------
 
     def group_index(self) -> list[str]:
-        """The groups in one line each, largest first: the first screen of the page."""
+        """The groups in one line each, in rank: the first screen of the page."""
         out = ['<ol class="causes">']
         for number, group in enumerate(self.report.root_causes, 1):
             rep = group.representative
             out.append(
                 f'<li data-verdict="failed" data-check="{e(" ".join(group.check_names))}" '
                 f'data-types="{e(" ".join(group.group_types))}"><a href="#g-{number}">'
-                f"<b>{group.records:,} records, {len(group.scenarios)} scenario"
-                f"{'s' if len(group.scenarios) != 1 else ''}</b></a>: "
+                f"<b>{count(group.records, 'record')}, "
+                f"{count(len(group.scenarios), 'scenario')}</b></a>: "
                 f"{e(group.vllm.description)} <code>{e(group.vllm_function)}</code> "
                 f"{e(group.miss)} <span class='check'>[{e(', '.join(group.check_names))}]</span>; e.g. "
                 f"<code>{e(rep.id)}</code>: <code>"
@@ -413,9 +414,8 @@ class _Page:
             f'<section class="card group" id="g-{number}" data-verdict="failed" '
             f'data-check="{e(" ".join(group.check_names))}" '
             f'data-types="{e(" ".join(group.group_types))}">',
-            f'<h3><span class="badge failed">#{number}</span>{group.records:,} record'
-            f"{'s' if group.records != 1 else ''} in {len(group.scenarios)} scenario"
-            f"{'s' if len(group.scenarios) != 1 else ''} "
+            f'<h3><span class="badge failed">#{number}</span>{count(group.records, "record")} '
+            f"in {count(len(group.scenarios), 'scenario')} "
             f'<span class="check">{e(", ".join(group.check_names))}</span></h3>',
             f'<p class="cause"><b>{e(party.description)}</b> '
             f"{self.vllm_code(group.vllm_function, group.vllm_file)} <b>{e(group.miss)}</b></p>",
@@ -432,13 +432,13 @@ class _Page:
         if len(group.checks) > 1:
             out.append(
                 "<dt>checks</dt><dd>"
-                + e(", ".join(f"{name} ({n} records)" for name, n in group.checks.items()))
+                + e(", ".join(f"{name} ({count(n, 'record')})" for name, n in group.checks.items()))
                 + "</dd>"
             )
         if group.why:
             out.append(f'<dt>why</dt><dd class="why">{e(group.why)}</dd>')
         out.append(
-            f"<dt>representative</dt><dd><code>{e(rep.id)}</code> ({rep.records} records)</dd>"
+            f"<dt>representative</dt><dd><code>{e(rep.id)}</code> ({count(rep.records, 'record')})</dd>"
         )
         out.append(
             f'<dt>explain it</dt><dd><pre class="cmd">'
@@ -457,8 +457,8 @@ class _Page:
                 involved = {f.group for f in self._records(group, result) if f.group is not None}
                 out += self.scenario_card(result, draw=True, open_=False, plot_groups=involved)
         out.append(
-            f'<details class="members"><summary>All {len(group.scenarios)} scenarios of this '
-            "group</summary>"
+            f'<details class="members"><summary>{"The" if len(group.scenarios) == 1 else "All"} '
+            f"{count(len(group.scenarios), 'scenario')} of this group</summary>"
         )
         for member in group.scenarios:
             out += self._member(group, member)

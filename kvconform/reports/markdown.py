@@ -1,6 +1,6 @@
 """``summary.md``: the few lines a CI job page shows.
 
-Verdict first, then counts, then the root-cause groups (largest first, each
+Verdict first, then counts, then the root-cause groups (upstream causes first, then the largest, each
 with a representative scenario and its ``explain`` command), then for each failing scenario its first failure
 and the command that reruns it, then the known divergences that conform now
 (xpassed), the ones that still diverge (xfailed) with their reasons, and the
@@ -16,6 +16,7 @@ from pathlib import Path
 from kvconform.model.results import RunReport, Verdict
 from kvconform.model.root_causes import RootCause
 from kvconform.model.vllm_code import VllmCodeCoverage
+from kvconform.model.wording import count
 from kvconform.reports.root_causes import (
     MAX_GROUPS_LISTED,
     group_lines,
@@ -63,7 +64,8 @@ def render_markdown(report: RunReport) -> str:
         for number, group in enumerate(report.root_causes[:MAX_GROUPS_LISTED], 1):
             rep = group.representative
             lines.append(
-                f"{number}. **{group.records:,} records, {len(group.scenarios)} scenarios**: "
+                f"{number}. **{count(group.records, 'record')}, "
+                f"{count(len(group.scenarios), 'scenario')}**: "
                 f"{_cell(_where(group))} {_cell(group.miss)} "
                 f"[{', '.join(group.check_names)}]; {_cell(spans(group))}; e.g. `{rep.id}`: "
                 f"`{report.explain_command(rep.file, rep.id)}`"
