@@ -63,6 +63,32 @@ def test_a_green_run_prints_a_row_of_characters_not_a_line_per_scenario(
     assert len(lines) <= 7, lines
 
 
+def test_one_file_is_one_scenario(vllm, green, tmp_path, capsys):
+    status, lines = run(capsys, str(green / "plain.yaml"), "--report-dir", str(tmp_path / "o"))
+    assert status == 0
+    assert ": 1 scenario from " in lines[0], lines[0]
+    assert re.fullmatch(r"1 passed in [\d.]+ s; exit 0", lines[-2])
+
+
+def test_the_short_summary_shortens_the_prose_and_keeps_every_figure(capsys):
+    from kvconform.fronts.cli import print_short_summary
+    from kvconform.model.results import Failure, RunReport
+
+    message = (
+        "step 7 (line 31, decode) request a, group 0 (sliding_window): the live KVCacheManager "
+        "holds 6 blocks, below the floor of 33 = cdiv(min(512 + 1 + 3, 1024), 16); the "
+        "drafter's positions 96..99 have no block (why: one column per block_size tokens up "
+        "to the last position the target or the drafter writes, never past max_model_len)"
+    )
+    result = _result("s", Verdict.FAILED)
+    result.failures = [Failure("floor", message, party="live")]
+    print_short_summary(RunReport([result], [], "0.34.0", "installed", None))
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("FAILED")]
+    assert re.findall(r"\d+", line.split(" - ", 1)[1]) == re.findall(r"\d+", message)
+    assert "below the floor of 33 = cdiv(min(512 + 1 + 3, 1024), 16)" in line
+    assert "(why:" not in line and len(line) < len(message)
+
+
 def test_verbose_prints_a_line_per_scenario(vllm, green, tmp_path, capsys):
     status, lines = run(capsys, str(green), "--report-dir", str(tmp_path / "out"), "-v")
     assert status == 0
