@@ -273,3 +273,34 @@ def test_explain_finds_a_matrix_id_or_name_under_the_scenarios_folder(corpus):
     # A scenario named unlike its file is found by reading every file.
     (corpus / "other.yaml").write_text(GOOD.replace("name: good", "name: renamed"))
     assert [s.id for s in find_targets("renamed", root=str(corpus)).scenarios] == ["renamed"]
+
+
+def test_explain_names_each_records_manager_and_says_each_why_once():
+    from kvconform.fronts.explain import _verdict_lines
+    from kvconform.model.observations import GroupInfo, Trajectory
+    from kvconform.model.results import Failure, ScenarioResult, Verdict
+
+    single = "vllm/v1/core/single_type_kv_cache_manager.py"
+    groups = (
+        GroupInfo(0, "sliding_window", 16, "sliding_window", True,
+                  manager="SlidingWindowManager", manager_file=single),
+        GroupInfo(1, "full_attention", 16, "full_attention", False,
+                  manager="FullAttentionManager", manager_file=single),
+    )  # fmt: skip
+    reason = groups[0].floor_rule.reason
+    result = ScenarioResult("s", "scenarios/s.yaml", Verdict.FAILED)
+    result.trajectory = Trajectory(groups=groups, lookahead=3, lookahead_source="vllm")
+    result.failures = [
+        Failure("floor", f"step {step}: holds 2 blocks, below the floor of 3 (why: {reason})",
+                step=step, group=0, party="live")
+        for step in (1, 2, 3)
+    ] + [Failure("agree", "step 4: holds 3 blocks but predicts 2 (why: another reason)", group=1)]  # fmt: skip
+    lines = _verdict_lines(result)
+    records = [line for line in lines if line.startswith("  [")]
+    assert len(records) == 4
+    assert all(line.endswith(f"[SlidingWindowManager, {single}]") for line in records[:3])
+    assert records[3].endswith(f"[FullAttentionManager, {single}]")
+    text = "\n".join(lines)
+    # The floor rule's reason is the groups' (printed above the table): not once per record.
+    assert reason not in text
+    assert text.count("another reason") == 1 and "  why: another reason" in lines

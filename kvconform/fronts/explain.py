@@ -26,7 +26,7 @@ from kvconform.harness.expectations import DEFAULT_SCENARIOS
 from kvconform.harness.loader import load_paths
 from kvconform.harness.loader.files import discover
 from kvconform.harness.select import split_node
-from kvconform.model.observations import Trajectory
+from kvconform.model.observations import GroupInfo, Trajectory
 from kvconform.model.results import ScenarioResult, Verdict
 from kvconform.model.scenario import Scenario
 
@@ -111,7 +111,8 @@ def explain(scenario: Scenario, result: ScenarioResult, version: str) -> str:
     out.append("groups:")
     for group in trajectory.groups:
         out.append(
-            f"  g{group.index} {group.label}, block {group.block_size}: {group.floor_rule.reason}"
+            f"  g{group.index} {group.label}, block {group.block_size}{_manager(group)}: "
+            f"{group.floor_rule.reason}"
         )
     if trajectory.startup is not None:
         out.extend(_startup_lines(trajectory))
@@ -176,13 +177,48 @@ def _startup_lines(trajectory: Trajectory) -> list[str]:
     ]
 
 
+def _manager(group: GroupInfo) -> str:
+    """", vLLM's SlidingWindowManager (vllm/v1/core/single_type_kv_cache_manager.py)": the
+    manager class vLLM dispatched the group to, where the driver asked."""
+    if group.manager is None:
+        return ""
+    where = f" ({group.manager_file})" if group.manager_file else ""
+    return f", vLLM's {group.manager}{where}"
+
+
+_WHY = " (why: "
+
+
+def _without_why(message: str) -> tuple[str, str | None]:
+    """A message and its closing ``(why: ...)`` aside, apart (the floor rule's reason)."""
+    start = message.rfind(_WHY)
+    if start < 0 or not message.endswith(")"):
+        return message, None
+    return message[:start], message[start + len(_WHY) : -1]
+
+
 def _verdict_lines(result: ScenarioResult) -> list[str]:
+    """The verdict, then each record with the manager class vLLM dispatched its group to;
+    each reason once, under the records (the groups' floor reasons are above already)."""
     out = [
         f"verdict: {result.verdict.value}"
         + (f" ({result.expectation})" if result.expectation else "")
     ]
+    trajectory = result.trajectory
+    groups = trajectory.groups if trajectory is not None else ()
+    said = {g.floor_rule.reason for g in groups}
+    whys: list[str] = []
     for failure in result.failures:
-        out.append(f"  [{failure.check}] {failure.message}")
+        message, why = _without_why(failure.message)
+        manager = ""
+        if failure.group is not None and failure.group < len(groups):
+            group = groups[failure.group]
+            if group.manager is not None:
+                manager = f" [{group.manager}, {group.manager_file or '?'}]"
+        out.append(f"  [{failure.check}] {message}{manager}")
+        if why is not None and why not in said and why not in whys:
+            whys.append(why)
+    out.extend(f"  why: {why}" for why in whys)
     if result.error:
         out.append(f"  {result.error}")
     return out
