@@ -221,21 +221,26 @@ def test_one_card_per_root_cause_with_its_scenarios_collapsed(report):
     card = page.split(f'<section class="card group" id="g-{number}"')[1].split("</section>")[0]
     assert 'data-verdict="failed" data-check="floor agree" data-types="full_attention"' in card
     # Only the full-attention group fell short, while the sliding window ran under the
-    # same lookahead: the manager vLLM dispatched it to is named, linked at its class.
-    assert "<b>the live allocator</b> <code>FullAttentionManager</code>" in card
-    link = re.search(
-        r'<a href="(file://[^"]+single_type_kv_cache_manager\.py)">vllm/v1/core/'
-        r"single_type_kv_cache_manager\.py:(\d+)</a>",
-        card,
+    # same lookahead: the manager vLLM dispatched it to is named, linked at the methods
+    # that count and allocate its blocks (inherited here), not at its class line.
+    assert "<b>the live allocator</b> <code>FullAttentionManager</code>, its blocks " in card
+    cause = card.split('<p class="cause">')[1].split("</p>")[0]
+    links = re.findall(
+        r"by <code>(\w+)\.(\w+)</code> \(<a href=\"(file://[^\"]+single_type_kv_cache_manager"
+        r"\.py)\">vllm/v1/core/single_type_kv_cache_manager\.py:(\d+)</a>\)",
+        cause,
     )
-    assert link, card[:2000]
-    source = Path(report.vllm_path) / "v1/core/single_type_kv_cache_manager.py"
-    assert (
-        source.read_text()
-        .splitlines()[int(link.group(2)) - 1]
-        .lstrip()
-        .startswith("class FullAttentionManager(")
-    )
+    assert [method for _, method, _, _ in links] == [
+        "get_num_blocks_to_allocate",
+        "allocate_new_blocks",
+    ], card[:2000]
+    source = (Path(report.vllm_path) / "v1/core/single_type_kv_cache_manager.py").read_text()
+    lines = source.splitlines()
+    for owner, method, _, line in links:
+        assert lines[int(line) - 1].lstrip().startswith(f"def {method}("), (owner, line)
+        # The method is the one FullAttentionManager runs: its own, or its base's.
+        assert owner in ("FullAttentionManager", "SingleTypeKVCacheManager")
+        assert not lines[int(line) - 1].lstrip().startswith("class ")
     assert f"<b>{html.escape(group.miss)}</b>" in card
     assert html.escape(report.explain_command(group.representative.file, "two-groups")) in card
     members = re.findall(r'<details class="member".*?</details>', card, re.S)

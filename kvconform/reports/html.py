@@ -25,6 +25,7 @@ vLLM or the command line goes through :func:`html.escape`.
 
 from __future__ import annotations
 
+import ast
 import datetime
 import html
 import re
@@ -320,6 +321,11 @@ def _file_slug(path: str) -> str:
     return "y-" + re.sub(r"[^A-Za-z0-9_-]+", "-", path).strip("-")
 
 
+# What a manager class of vLLM's single_type_kv_cache_manager.py counts and allocates its
+# blocks with: where a group of records names the class, the page links these.
+_COUNTING = (("counted", "get_num_blocks_to_allocate"), ("allocated", "allocate_new_blocks"))
+
+
 class _Page:
     """What the page's parts share: the report, slugs, which scenarios are drawn, files."""
 
@@ -331,6 +337,7 @@ class _Page:
         self.by_id = {r.id: r for r in report.results}
         root = (report.vllm_path or "").removesuffix("/vllm")
         self.vllm_root = Path(root) if root else None
+        self._parsed: dict[str, dict[str, tuple[list[str], dict[str, int]]]] = {}
 
     # -- links ------------------------------------------------------------------------
 
@@ -362,17 +369,73 @@ class _Page:
         )
 
     def vllm_code(self, function: str, file: str) -> str:
-        """The party's function(s) and file, linked to the file with the def's line."""
+        """The party's function(s) and file, linked to the file with the def's line. A
+        manager class is linked to the methods that count and allocate its blocks (its
+        own or those it inherits), not to its ``class`` line."""
         lines = []
         for name in function.split(" / "):
+            counting = self._counting_methods(file, name) if "." not in name else []
+            if counting:
+                said = [
+                    f"{verb} by <code>{e(method)}</code> ({self._where(file, line)})"
+                    for verb, method, line in counting
+                ]
+                lines.append(f"<code>{e(name)}</code>, its blocks {' and '.join(said)}")
+                continue
             line = self._def_line(file, name.rsplit(".", 1)[-1])
-            where = f"{file}:{line}" if line else file
-            if self.vllm_root is not None and (self.vllm_root / file).is_file():
-                where = f'<a href="{e((self.vllm_root / file).as_uri())}">{e(where)}</a>'
-            else:
-                where = e(where)
-            lines.append(f"<code>{e(name)}</code> ({where})")
+            lines.append(f"<code>{e(name)}</code> ({self._where(file, line)})")
         return " / ".join(lines)
+
+    def _where(self, file: str, line: int | None) -> str:
+        where = f"{file}:{line}" if line else file
+        if self.vllm_root is not None and (self.vllm_root / file).is_file():
+            return f'<a href="{e((self.vllm_root / file).as_uri())}">{e(where)}</a>'
+        return e(where)
+
+    def _counting_methods(self, file: str, name: str) -> list[tuple[str, str, int]]:
+        """For a class of ``file``: (verb, Class.method, line) of the methods that count and
+        allocate its blocks, found along its bases within the file; empty for a function."""
+        classes = self._classes(file)
+        if name not in classes:
+            return []
+        found = []
+        for verb, method in _COUNTING:
+            todo, seen = [name], set()
+            while todo:
+                current = todo.pop(0)
+                if current in seen or current not in classes:
+                    continue
+                seen.add(current)
+                bases, methods = classes[current]
+                if method in methods:
+                    found.append((verb, f"{current}.{method}", methods[method]))
+                    break
+                todo.extend(bases)
+        return found
+
+    def _classes(self, file: str) -> dict[str, tuple[list[str], dict[str, int]]]:
+        """The classes of a vLLM file: their base names and methods' lines (once per file)."""
+        cached = self._parsed.get(file)
+        if cached is not None:
+            return cached
+        classes: dict[str, tuple[list[str], dict[str, int]]] = {}
+        tree = None
+        if self.vllm_root is not None:
+            try:
+                tree = ast.parse((self.vllm_root / file).read_text(encoding="utf-8"))
+            except (OSError, SyntaxError, ValueError):
+                tree = None
+        for node in tree.body if tree is not None else ():
+            if isinstance(node, ast.ClassDef):
+                bases = [b.id for b in node.bases if isinstance(b, ast.Name)]
+                methods = {
+                    f.name: f.lineno
+                    for f in node.body
+                    if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                }
+                classes[node.name] = (bases, methods)
+        self._parsed[file] = classes
+        return classes
 
     def _def_line(self, file: str, name: str) -> int | None:
         if self.vllm_root is None:
