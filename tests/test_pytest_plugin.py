@@ -82,15 +82,19 @@ def test_xdist_imports_vllm_once_per_worker(tmp_path: Path):
     shutil.copy(ROOT / "conftest.py", tmp_path)
     junit = tmp_path / "junit.xml"
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "scenarios", "-n", "2", "-q", "-p", "no:cacheprovider",
-         f"--junitxml={junit}"],
+        [sys.executable, "-m", "pytest", "scenarios", "-n", "2", "--kvconform-xdist", "-q",
+         "-p", "no:cacheprovider", f"--junitxml={junit}"],
         cwd=tmp_path, capture_output=True, text=True,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:]
     loads_by_pid: dict[str, set[str]] = {}
+    pids_by_file: dict[str, set[str]] = {}
     for case in ET.parse(junit).getroot().iter("testcase"):
         props = {p.get("name"): p.get("value") for p in case.iter("property")}
         loads_by_pid.setdefault(props["pid"], set()).add(props["vllm_loads"])
+        pids_by_file.setdefault(case.get("classname", ""), set()).add(props["pid"])
+    # Whole files to a worker (--dist loadfile): a matrix file's cases stay together.
+    assert all(len(pids) == 1 for pids in pids_by_file.values()), pids_by_file
     assert len(loads_by_pid) == 2, "both workers ran scenarios"
     for loads in loads_by_pid.values():
         # One import per worker: every item of a worker saw the same single load.
@@ -134,6 +138,52 @@ def test_last_failed_reruns_a_failed_matrix_id_and_the_summary_says_why(vllm, py
     # --ff: the failed matrix case runs first.
     ran = [line for line in first_failed.stdout.lines if re.search(r"::\S+ (PASSED|FAILED)", line)]
     assert len(ran) == 4 and "mat[eagle] FAILED" in ran[0], ran
+
+
+def test_at_80_columns_the_first_message_is_printed_whole_above_the_short_summary(
+    vllm, pytester, monkeypatch
+):
+    for name in ("CI", "BUILD_NUMBER"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("COLUMNS", "80")
+    pytester.makeconftest('pytest_plugins = ["kvconform.fronts.pytest_plugin"]')
+    scenarios = pytester.mkdir("scenarios")
+    (scenarios / "a-scenario-file-with-a-rather-long-name.yaml").write_text(
+        MATRIX.replace("name: mat", "name: a-scenario-with-a-long-id-too")
+    )
+    result = pytester.runpytest_inprocess("scenarios", "-rf", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1)
+    out = result.stdout.lines
+    node = "scenarios/a-scenario-file-with-a-rather-long-name.yaml::a-scenario-with-a-long-id-too[eagle]"
+    # pytest's own line has no room for the message at 80 columns ...
+    assert any(line.startswith(f"FAILED {node}") for line in out)
+    # ... so the section above it carries it, wrapped, every figure kept.
+    start = next(i for i, line in enumerate(out) if "kvconform: first message the short" in line)
+    assert out[start + 1] == f"FAILED {node}"
+    wrapped = []
+    for line in out[start + 2 :]:
+        if not line.startswith("    "):
+            break
+        assert len(line) <= 80, line
+        wrapped.append(line.strip())
+    message = " ".join(wrapped)
+    assert message.startswith("[sanity] step 2 (line 12, prefill 80) request b: ")
+    assert re.search(r"prefix-cache hit of \d+ tokens, but the scenario states 64", message), (
+        message
+    )
+
+
+def test_n_2_over_scenarios_only_is_declined_with_one_line(vllm, project):
+    result = project.runpytest_inprocess("scenarios", "-n", "2", "-q", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2, xfailed=1, errors=1)
+    text = result.stdout.str()
+    declined = [line for line in result.stdout.lines if line.startswith("kvconform: -n")]
+    assert declined == [
+        "kvconform: -n 2 declined: every pytest-xdist worker imports vLLM for itself, which "
+        "takes longer than the scenarios' own work; running in one process (--kvconform-xdist "
+        "keeps the workers, each taking whole files)"
+    ]
+    assert "bringing up nodes" not in text
 
 
 def test_a_folder_of_scenarios_anywhere_is_collected(vllm, pytester):

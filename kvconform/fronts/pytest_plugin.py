@@ -20,6 +20,7 @@ in setup with the loader's message; the other files still run.
 from __future__ import annotations
 
 import os
+import textwrap
 from collections import Counter
 from collections.abc import Generator, Iterator
 from pathlib import Path
@@ -32,6 +33,7 @@ from kvconform.harness import session as sessions
 from kvconform.harness.loader import SCENARIO_SUFFIXES, is_scenario_file, load_file
 from kvconform.model.results import ScenarioResult, Verdict
 from kvconform.model.scenario import KINDS, Scenario
+from kvconform.model.wording import count, plural, shorten
 from kvconform.oracles.vllm import prepare_slot_kernel
 
 _SESSION = pytest.StashKey["sessions.Session"]()
@@ -57,6 +59,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "(Triton's interpreter on a machine without CUDA; slower)",
     )
     group.addoption("--kvconform-expectations", metavar="FILE", help="known divergences file")
+    group.addoption(
+        "--kvconform-xdist",
+        action="store_true",
+        help="keep pytest-xdist's workers (-n) for a run of scenarios only, each worker taking "
+        "whole files; without it such a run declines -n and runs in one process, since each "
+        "worker imports vLLM for itself",
+    )
 
 
 def _request(config: pytest.Config) -> sessions.RunRequest:
@@ -75,7 +84,64 @@ def _request(config: pytest.Config) -> sessions.RunRequest:
     )
 
 
+# Why a run of scenarios only declines pytest-xdist's -n (pytest_report_header says it).
+_DECLINED = pytest.StashKey[str]()
+
+
+def _scenarios_only(config: pytest.Config) -> bool:
+    """Whether every path on the command line is a scenario file or a folder of scenarios
+    that holds no Python tests (``pytest scenarios/``, not ``pytest tests/`` nor a bare
+    ``pytest``, which collects the testpaths)."""
+    folders = _named_folders(config)
+    paths = [
+        Path(config.invocation_params.dir, arg.split("::", 1)[0]).resolve() for arg in config.args
+    ]
+    if not config.invocation_params.args or not paths:
+        return False
+    for path in paths:
+        if path.is_file() and path.suffix in SCENARIO_SUFFIXES:
+            continue
+        if path.is_dir() and path in folders:
+            continue
+        return False
+    return True
+
+
+def _decline_or_group_xdist(config: pytest.Config) -> None:
+    """``-n N`` over scenarios only: each worker would import vLLM for itself (seconds to a
+    minute) for a corpus whose own work is seconds, so on a small machine ``-n 2`` is
+    several times slower than one process (docs/cli.md says what was measured). Declined,
+    with one line, unless ``--kvconform-xdist``; then each worker takes whole files
+    (``--dist loadfile``), so a matrix file's cases and a file's expectations stay on one
+    worker."""
+    workers = getattr(config.option, "numprocesses", None)
+    if not workers or hasattr(config, "workerinput") or not _scenarios_only(config):
+        return
+    if config.getoption("kvconform_xdist"):
+        if config.option.dist == "load":
+            config.option.dist = "loadfile"
+        return
+    config.option.numprocesses = 0
+    config.option.dist = "no"
+    config.option.tx = []
+    config.stash[_DECLINED] = (
+        f"kvconform: -n {workers} declined: every pytest-xdist worker imports vLLM for itself, "
+        "which takes longer than the scenarios' own work; running in one process "
+        "(--kvconform-xdist keeps the workers, each taking whole files)"
+    )
+
+
+def pytest_collection(session: pytest.Session) -> None:
+    """Say that ``-n`` was declined, under the header (which ``-q`` leaves out)."""
+    declined = session.config.stash.get(_DECLINED, None)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if declined and reporter is not None:
+        reporter.write_line(declined)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which starts the workers
 def pytest_configure(config: pytest.Config) -> None:
+    _decline_or_group_xdist(config)
     request = _request(config)
     config.stash[_SESSION] = sessions.Session(request)
     for kind in KINDS:
@@ -148,6 +214,17 @@ class ScenarioFile(pytest.File):
             yield item
 
 
+FIRST_MESSAGE = "kvconform first message"
+
+
+def first_message(result: ScenarioResult) -> str:
+    """The failure's first message on one line, as the short summary carries it."""
+    messages = ([result.error] if result.error else []) + [
+        f"[{f.check}] {f.message}" for f in result.failures
+    ]
+    return " ".join((messages or [result.verdict.value])[0].split())
+
+
 class ScenarioFailed(Exception):
     def __init__(self, result: ScenarioResult) -> None:
         self.result = result
@@ -169,6 +246,9 @@ class ScenarioItem(pytest.Item):
         self.user_properties.append(("pid", os.getpid()))
         for name, why in result.skipped_checks.items():
             self.user_properties.append((f"skipped check {name}", why))
+        if result.verdict in (Verdict.FAILED, Verdict.ERROR):
+            # For the terminal summary's first messages (user properties travel under xdist).
+            self.user_properties.append((FIRST_MESSAGE, first_message(result)))
         if result.verdict in (Verdict.PASSED, Verdict.XPASSED):
             return
         if result.verdict is Verdict.SKIPPED:
@@ -187,10 +267,11 @@ class ScenarioItem(pytest.Item):
             messages = ([result.error] if result.error else []) + [
                 f"[{f.check}] {f.message}" for f in result.failures
             ]
-            count = len(result.failures)
-            records = f" ({count} failure record{'s' if count != 1 else ''})" if count else ""
+            records = (
+                f" ({count(len(result.failures), 'failure record')})" if result.failures else ""
+            )
             lines = [
-                " ".join((messages or [result.verdict.value])[0].split()),
+                first_message(result),
                 f"{self.scenario.id}: {result.verdict.value}{records}",
             ]
             lines += messages[1:10]
@@ -226,7 +307,43 @@ def pytest_runtest_makereport(
     return report
 
 
+def _on_ci() -> bool:
+    """pytest's own test (``_pytest.compat.running_on_ci``): there its short summary
+    prints each message whole."""
+    return any(os.environ.get(name) for name in ("CI", "BUILD_NUMBER"))
+
+
+def _first_messages(terminalreporter: Any) -> None:
+    """The failures whose first message pytest's short summary would cut at this width
+    (``FAILED node - message...``, or the node alone where nothing fits): each node, then
+    its message wrapped at the width, prose shortened, figures whole. Printed just above
+    pytest's short summary; not on CI nor with ``-vv``, where pytest prints them whole."""
+    config = terminalreporter.config
+    if _on_ci() or config.getoption("verbose") >= 2:
+        return
+    width = config.get_terminal_writer().fullwidth
+    cut = []
+    for report in terminalreporter.stats.get("failed", []):
+        message = dict(getattr(report, "user_properties", ())).get(FIRST_MESSAGE)
+        if message is None:
+            continue
+        node = config.cwd_relative_nodeid(report.nodeid)
+        if len(f"FAILED {node} - {message}") > width:
+            cut.append((node, str(message)))
+    if not cut:
+        return
+    terminalreporter.section(
+        f"kvconform: first {plural(len(cut), 'message')} the short summary cuts", sep="-"
+    )
+    wrap = max(40, width - 4)
+    for node, message in cut:
+        terminalreporter.write_line(f"FAILED {node}")
+        for line in textwrap.wrap(shorten(message, 3 * wrap), wrap):
+            terminalreporter.write_line(f"    {line}")
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    _first_messages(terminalreporter)
     # From the items' reports (user properties travel with them under xdist).
     skipped: Counter[tuple[str, str]] = Counter()
     for reports in terminalreporter.stats.values():
@@ -236,9 +353,9 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             for name, value in getattr(report, "user_properties", ()):
                 if name.startswith("skipped check "):
                     skipped[(name.removeprefix("skipped check "), str(value))] += 1
-    for (check, why), count in skipped.items():
+    for (check, why), n in skipped.items():
         terminalreporter.write_line(
-            f"kvconform: check {check} SKIPPED in {count} item{'s' if count > 1 else ''}: {why}"
+            sessions.skip_line(f"kvconform: check {check} SKIPPED in {count(n, 'item')}", why)
         )
 
 

@@ -60,6 +60,7 @@ __all__ = [
     "Session",
     "checks_from",
     "load_vllm",
+    "skip_line",
     "skipped_notes",
     "vllm_to_load",
 ]
