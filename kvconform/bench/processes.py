@@ -171,7 +171,10 @@ def _pytest(
             "no:cacheprovider",
             f"--junitxml={junit}",
         ]
-        command += ["-n", str(workers)] if workers is not None else ["-p", "no:xdist"]
+        # --kvconform-xdist: over scenarios only, the plugin would otherwise decline -n.
+        command += (
+            ["-n", str(workers), "--kvconform-xdist"] if workers is not None else ["-p", "no:xdist"]
+        )
         done, wall = _run(command, root, timeout)
         if done.returncode not in (0, 1) or not junit.exists():
             raise RuntimeError(

@@ -5,16 +5,19 @@ collector and each scenario (each ``matrix`` combination) an item named by its i
 so ``-k`` selects as usual and tags and kinds become markers (``-m eagle``).
 
 The plugin decides nothing itself: one :class:`~kvconform.harness.session.Session`
-per process loads vLLM (once, on the first item that needs it, so ``pytest -n 2``
-imports it once per xdist worker), finds each file's expectations and runs each
-item. The item reports the session's verdict as pytest's outcome: ``passed``,
+per process loads vLLM (once, on the first item that needs it, so ``pytest -n 2
+--kvconform-xdist`` imports it once per xdist worker, each worker taking whole
+files; without ``--kvconform-xdist`` a run over scenarios only declines ``-n``),
+finds each file's expectations and runs each item. The item reports the session's verdict as pytest's outcome: ``passed``,
 ``failed`` and ``error`` as such (with the checks' messages, not a traceback),
 ``xfailed`` and ``xpassed`` as XFAIL and XPASS. ``--kvconform-slots`` (or
 ``slots`` in ``--kvconform-checks``) adds the slots check; the process is then
 prepared for vLLM's slot-mapping kernel at configure time, before anything
 imports vLLM. A check that could not run is listed in the terminal summary as
 skipped, with its reason. A file that does not load becomes an item that errors
-in setup with the loader's message; the other files still run.
+in setup with the loader's message; the other files still run. Where pytest's short
+summary would cut a failure's first message at the terminal's width, a section just
+above it prints the message whole, wrapped.
 """
 
 from __future__ import annotations
