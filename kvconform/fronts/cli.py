@@ -601,7 +601,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
     results = [session.run_scenario(scenario) for scenario in targets.scenarios]
     drawn = to_draw(targets, results)
     if len(results) > 1:
-        say(f"{len(results)} scenarios: " + ", ".join(f"{r.id} {r.verdict.value}" for r in results))
+        say(
+            f"{count(len(results), 'scenario')}: "
+            + ", ".join(f"{r.id} {r.verdict.value}" for r in results)
+        )
         if not drawn:
             say(
                 "none of them fails; name one to see its steps: kvconform explain "
