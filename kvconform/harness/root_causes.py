@@ -336,6 +336,10 @@ def find_root_causes(results: Iterable[ScenarioResult]) -> list[RootCause]:
     return rank_by_data_flow(by_size)
 
 
+# The checks whose records only follow a holder's blocks (a write past them, a count
+# that differs from them): alone, they rank below the causes.
+_CONSEQUENCE_CHECKS = ("agree", "slots")
+
 # What a party's count is, per observation.
 _COUNT = {"predicted": "predicted", "warmup": "warmup"}
 
@@ -444,7 +448,11 @@ def _cause(members: list[_Incident], speculative: set[str]) -> RootCause:
             # Other managers ran under speculation in this run and none fell short this
             # way (it would share this group): the fault is in this one.
             cause.function, cause.file = name, file
-    cause.consequence = not shorts and first.blame.follows is not None
+    # A lone write past the blocks or disagreement is a consequence whose cause was not
+    # seen; a lone sanity record (a grant, a missed hit) is an allocator fault of its own.
+    cause.consequence = (
+        not shorts and first.blame.follows is not None and first.check in _CONSEQUENCE_CHECKS
+    )
     cause.group_types.sort()
     cause.methods.sort()
     cause.why = CHECKS[cause.check].why(cause)
