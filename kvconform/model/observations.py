@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, NamedTuple
 
+from kvconform.model.facts import Fact
 from kvconform.model.floors import FloorInput, FloorRule, StepFloor
 from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.scenario import WarmupPass
@@ -383,3 +384,9 @@ class Trajectory:
     # Trajectory mode: first chunks whose hit is not the stated one; scheduler mode: first
     # admissions (check `sanity`).
     misses: list[Miss] = field(default_factory=list)
+    # What the oracles saw vLLM do and the scenario's statements it is held to, in
+    # recording order, for the sanity families to judge (kvconform.model.facts).
+    facts: list[Fact] = field(default_factory=list)
+    # Scheduler mode: each request's line in the scenario (a fact of a request the
+    # judgement names, as a table's owner, is reported at its request's line).
+    request_lines: dict[str, int | None] = field(default_factory=dict)
