@@ -18,8 +18,9 @@ types), bytes ``{"__bytes__": hex}``.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvconform.errors import RecordingFormatError
@@ -36,7 +37,9 @@ from kvconform.model.observations import (
     StartupRecord,
     Trajectory,
 )
+from kvconform.model.results import ErrorKind, Failure, ScenarioResult, Verdict
 from kvconform.model.scenario import WarmupPass
+from kvconform.model.settings import SettingsRecord
 
 # Raised by one more with every change of what a recording holds or how it is written;
 # a recording of another version is refused, never half read.
@@ -45,13 +48,26 @@ RECORDING_VERSION = 1
 
 @dataclass
 class Recording:
-    """One scenario's run: which scenario, and everything its parties recorded."""
+    """One scenario's run: which scenario, and everything its parties recorded.
+
+    ``outcome`` is the scenario's result before any check judged it (``kvconform run
+    --record-dir``): its id, tags, settings and duration, and, where the driver did not
+    get through (skipped, bad input, unsupported, vLLM crashed), that verdict and error.
+    ``checks`` were selected; ``cannot_run``: the checks whose own party could not run
+    (why); ``crash``: a check's party that crashed inside vLLM. The vLLM it ran against
+    goes with it, for the reports and the expectations (which name versions).
+    """
 
     scenario_id: str
     file: str
     kind: str
-    trajectory: Trajectory
+    trajectory: Trajectory | None
     version: int = RECORDING_VERSION
+    outcome: ScenarioResult | None = None
+    checks: tuple[str, ...] = ()
+    cannot_run: dict[str, str] = field(default_factory=dict)
+    crash: str | None = None
+    vllm: dict[str, str | None] = field(default_factory=dict)
 
 
 RECORD_TYPES: dict[str, type] = {
@@ -70,13 +86,21 @@ RECORD_TYPES: dict[str, type] = {
         SlotRecording,
         WarmupPass,
         facts.Fact,
+        ScenarioResult,
+        Failure,
+        SettingsRecord,
         *facts.PAYLOADS,
         *facts.PARTS,
     )
 }
 
 
+ENUM_TYPES: dict[str, type[enum.Enum]] = {cls.__name__: cls for cls in (Verdict, ErrorKind)}
+
+
 def _encode(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return {"__enum__": type(value).__name__, "value": value.value}
     if value is None or isinstance(value, bool | int | float | str):
         return value
     name = type(value).__name__
@@ -121,6 +145,11 @@ def _decode(value: Any) -> Any:
                 object.__setattr__(made, key, fields[key])
             return made
         return cls(**fields)
+    if "__enum__" in value:
+        enum_type = ENUM_TYPES.get(value["__enum__"])
+        if enum_type is None:
+            raise RecordingFormatError(f"a value of unknown type {value['__enum__']!r}")
+        return enum_type(value["value"])
     if "__tuple__" in value:
         return tuple(_decode(item) for item in value["__tuple__"])
     if "__set__" in value:
