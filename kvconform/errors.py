@@ -133,3 +133,8 @@ class UsageError(KvconformError):
     """The command line is wrong."""
 
     exit_status = ExitStatus.BAD_INPUT
+
+
+class RecordingFormatError(KvconformError):
+    """A recording this kvconform cannot read (kvconform.model.recording): another
+    version of the format, or not a recording at all."""

@@ -16,7 +16,8 @@ from kvconform.errors import ScenarioError
 from kvconform.harness.checks import CHECKS
 from kvconform.harness.loader import load_file
 from kvconform.harness.runner import run_scenario
-from kvconform.model.observations import Miss, Trajectory
+from kvconform.model.facts import AdmissionHit, Fact
+from kvconform.model.observations import Trajectory
 from kvconform.model.results import Verdict
 
 SHARED = """\
@@ -151,10 +152,14 @@ def test_bad_watermark_names_its_line(write_scenario, model, kind_lines, words):
 
 def test_sanity_reports_each_stated_hit_vllm_did_not_give():
     run = Trajectory(groups=(), lookahead=0, lookahead_source="test")
-    run.misses.append(Miss(3, 12, "b", "prefill 80", "gets a hit of 48"))
+    run.facts.append(Fact(3, 12, "b", "prefill 80", AdmissionHit(48, 64)))
+    run.facts.append(Fact(4, 13, "c", "prefill 16", AdmissionHit(16, 16)))  # as stated
     (failure,) = CHECKS["sanity"].find(run)
     assert failure.check == "sanity" and failure.request == "b" and failure.line == 12
-    assert failure.message == "step 3 (line 12, prefill 80) request b: gets a hit of 48"
+    assert failure.message == (
+        "step 3 (line 12, prefill 80) request b: gets a prefix-cache hit of 48 tokens, but "
+        "the scenario states 64"
+    )
     assert failure.detail == {"invariant": "gets a prefix-cache hit other than the one derived"}
 
 

@@ -156,6 +156,7 @@ def run_request(
         no_expectations=bool(getattr(args, "no_expectations", False)),
         command=shlex.join(["kvconform", *sys.argv[1:]]) if sys.argv else "kvconform run",
         exitfirst=bool(getattr(args, "exitfirst", False)),
+        record_dir=getattr(args, "record_dir", None),
     )
 
 
@@ -399,6 +400,31 @@ def finish_run(report: RunReport, args: argparse.Namespace) -> int:
 
 
 # -- merge -----------------------------------------------------------------------------
+
+
+def cmd_judge(args: argparse.Namespace) -> int:
+    """``kvconform judge``: the recordings of ``run --record-dir``, judged again with the
+    current checks, into the same reports; vLLM is never imported."""
+    from kvconform.harness.judging import judge_recordings, read_recordings
+
+    recordings = read_recordings(args.paths)
+    chosen = checks_from(args.checks) if args.checks else None
+    request = RunRequest(
+        checks=chosen or (recordings[0].checks if recordings else DEFAULT_CHECKS),
+        expectations=args.expectations,
+        no_expectations=bool(args.no_expectations),
+        command=shlex.join(["kvconform", *sys.argv[1:]]) if sys.argv else "kvconform judge",
+    )
+    report = judge_recordings(recordings, request, chosen)
+    if verbosity_of(args) > QUIET:
+        say(
+            f"kvconform {__version__}: {len(recordings)} recordings of vLLM "
+            f"{report.vllm_version} judged without vLLM"
+        )
+        for note in report.notes:
+            if note.startswith("check "):
+                say(note)
+    return finish_run(report, args)
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
@@ -750,9 +776,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="after the run, rewrite the expectations file for this vLLM version: add entries "
         "for new failures (reason 'TODO: investigate'), narrow entries that conform now",
     )
+    run.add_argument(
+        "--record-dir",
+        metavar="DIR",
+        help="also write each scenario's recording here (NNNN-ID.json: what vLLM did, before "
+        "any check judged it), for `kvconform judge`",
+    )
     add_verbosity_options(run)
     add_progress_option(run)
     run.set_defaults(handler=cmd_run)
+
+    judge = sub.add_parser(
+        "judge",
+        help="judge the recordings of `run --record-dir` again, without vLLM",
+        description="Read recordings (files, or folders of NNNN-ID.json written by `kvconform "
+        "run --record-dir`), judge them with the current checks and write the same reports "
+        "as run; vLLM is never imported, so a run recorded on a GPU host is judged anywhere.",
+    )
+    judge.add_argument("paths", nargs="+", metavar="PATH", help="a recording or a folder of them")
+    judge.add_argument("--report-dir", default=DEFAULT_REPORT_DIR, metavar="DIR")
+    judge.add_argument(
+        "--checks",
+        metavar="LIST",
+        help="the checks to judge with, as for run (default: those the run selected)",
+    )
+    add_expectation_options(judge)
+    add_verbosity_options(judge)
+    judge.set_defaults(handler=cmd_judge)
 
     merge = sub.add_parser(
         "merge",

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import time
 import traceback
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from kvconform.errors import (
@@ -38,6 +39,7 @@ from kvconform.harness.checks import CHECKS, DEFAULT_CHECKS, judge
 from kvconform.harness.drivers import DRIVERS
 from kvconform.harness.expectations import Expectation, apply_expectations
 from kvconform.model.observations import Trajectory
+from kvconform.model.recording import Recording
 from kvconform.model.results import ErrorKind, ScenarioResult, Verdict
 from kvconform.model.scenario import Scenario
 from kvconform.oracles.resolve import resolve_settings
@@ -49,7 +51,11 @@ def run_scenario(
     vllm: Vllm,
     checks: tuple[str, ...] = DEFAULT_CHECKS,
     expectations: Iterable[Expectation] = (),
+    record: Callable[[Recording], None] | None = None,
 ) -> ScenarioResult:
+    """One scenario's verdict: its driver, its checks' parties, the checks, the known
+    divergences. ``record``: given the run's :class:`Recording` (what the driver and the
+    parties recorded, before any check judged it), for ``run --record-dir``."""
     result = ScenarioResult(
         scenario.id,
         scenario.file,
@@ -71,6 +77,8 @@ def run_scenario(
     except ScenarioSkipped as exc:
         result.verdict, result.skip_reason = Verdict.SKIPPED, str(exc)
         result.duration = time.perf_counter() - started
+        if record is not None:
+            record(recording_of(scenario, replace(result), checks, vllm))
         return result
     except ScenarioError as exc:
         result.verdict, result.error_kind, result.error = Verdict.ERROR, ErrorKind.INPUT, str(exc)
@@ -92,9 +100,48 @@ def run_scenario(
         result.verdict, result.error_kind = Verdict.ERROR, ErrorKind.CRASH
         result.error = describe_crash(exc, vllm)
     else:
-        judge_scenario(result, trajectory, vllm, checks)
+        cannot_run, crash = run_parties(trajectory, vllm, checks)
+        if record is not None:
+            outcome = replace(result, duration=time.perf_counter() - started)
+            record(recording_of(scenario, outcome, checks, vllm, trajectory, cannot_run, crash))
+        conclude(result, trajectory, checks, cannot_run, crash)
+        result.duration = time.perf_counter() - started
+        return apply_expectations(result, list(expectations), vllm.version)
     result.duration = time.perf_counter() - started
+    if record is not None:
+        record(recording_of(scenario, replace(result), checks, vllm))
     return apply_expectations(result, list(expectations), vllm.version)
+
+
+def recording_of(
+    scenario: Scenario,
+    outcome: ScenarioResult,
+    checks: tuple[str, ...],
+    vllm: Vllm,
+    trajectory: Trajectory | None = None,
+    cannot_run: dict[str, str] | None = None,
+    crash: str | None = None,
+) -> Recording:
+    """The recording of one scenario's run against ``vllm``, before any judgement."""
+    torch_version, device = vllm.runtime()
+    return Recording(
+        scenario.id,
+        scenario.file,
+        scenario.kind,
+        trajectory,
+        outcome=outcome,
+        checks=checks,
+        cannot_run=dict(cannot_run or {}),
+        crash=crash,
+        vllm={
+            "version": vllm.version,
+            "source": vllm.source.kind,
+            "path": vllm.location,
+            "release": vllm.source.release,
+            "torch": torch_version,
+            "device": device,
+        },
+    )
 
 
 def judge_scenario(
@@ -107,7 +154,15 @@ def judge_scenario(
     crash. Either way the other checks still judge the trajectory, so their verdicts stay
     in the result.
     """
-    result.trajectory = trajectory
+    cannot_run, crash = run_parties(trajectory, vllm, checks)
+    conclude(result, trajectory, checks, cannot_run, crash)
+
+
+def run_parties(
+    trajectory: Trajectory, vllm: Vllm, checks: tuple[str, ...]
+) -> tuple[dict[str, str], str | None]:
+    """The selected checks' own parties (``slots``: vLLM's kernel): the checks whose
+    party could not run here (why), and a party's crash inside vLLM."""
     cannot_run: dict[str, str] = {}
     crash = None
     for name in checks:
@@ -121,6 +176,19 @@ def judge_scenario(
         except Exception as exc:  # noqa: BLE001 - vLLM raising on a valid scenario is a finding
             crash = describe_crash(exc, vllm)
             cannot_run[name] = f"its party raised ({crash})"
+    return cannot_run, crash
+
+
+def conclude(
+    result: ScenarioResult,
+    trajectory: Trajectory,
+    checks: tuple[str, ...],
+    cannot_run: dict[str, str],
+    crash: str | None,
+) -> None:
+    """Judge a recorded trajectory with the checks that could run, and set the verdict;
+    it never asks vLLM (``kvconform judge`` runs it on recordings)."""
+    result.trajectory = trajectory
     judgement = judge(trajectory, tuple(c for c in checks if c not in cannot_run))
     skipped = {**judgement.skipped, **cannot_run}
     result.failures = judgement.failures

@@ -27,6 +27,7 @@ session tells it, and writes the reports.
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 import time
@@ -48,6 +49,7 @@ from kvconform.harness.methods_file import methods_in, use_methods_for
 from kvconform.harness.root_causes import find_root_causes
 from kvconform.harness.select import Selection, Shard, select_scenarios
 from kvconform.model.coverage import Coverage
+from kvconform.model.recording import Recording, dumps
 from kvconform.model.results import RunReport, ScenarioResult, rerun_command
 from kvconform.model.scenario import Scenario
 from kvconform.model.wording import count, shorten
@@ -121,6 +123,8 @@ class RunRequest:
     # Stop after the first scenario that fails (pytest's -x): a probe that only needs
     # to know whether anything turns red (kvconform realbugs) stops there.
     exitfirst: bool = False
+    # Write each scenario's recording here (kvconform.model.recording), for `judge`.
+    record_dir: str | None = None
 
     @property
     def scenario_paths(self) -> tuple[str, ...]:
@@ -149,6 +153,7 @@ class Session:
         self.methods_errors: list[ScenarioError] = []
         self.methods_files: dict[Path, None] = {}
         self._vllm: Vllm | None = None
+        self._recorded = 0
 
     # -- speculative methods --------------------------------------------------------------
 
@@ -211,7 +216,23 @@ class Session:
         """One scenario's verdict, its known divergences applied."""
         self.use_methods(scenario.file)
         return runner.run_scenario(
-            scenario, self.vllm, self.request.checks, self.expectations_for(scenario.file)
+            scenario,
+            self.vllm,
+            self.request.checks,
+            self.expectations_for(scenario.file),
+            record=self._write_recording if self.request.record_dir else None,
+        )
+
+    def _write_recording(self, recording: Recording) -> None:
+        """One scenario's recording as ``NNNN-ID.json`` in the record folder, numbered in
+        the order the scenarios ran (``kvconform judge`` reads them in that order)."""
+        assert self.request.record_dir is not None
+        folder = Path(self.request.record_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        self._recorded += 1
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", recording.scenario_id)[:80]
+        (folder / f"{self._recorded:04d}-{name}.json").write_text(
+            dumps(recording), encoding="utf-8"
         )
 
     def new_report(self, selection: Selection) -> RunReport:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, NamedTuple
 
+from kvconform.model.facts import Fact
 from kvconform.model.floors import FloorInput, FloorRule, StepFloor
 from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.scenario import WarmupPass
@@ -52,7 +53,8 @@ class Observation(NamedTuple):
     cached: int = 0
 
 
-# The invariants of a Miss (check `sanity` names each failure by one).
+# The invariants of the facts' judgements (check `sanity` names each failure by one;
+# kvconform.model.facts, kvconform.harness.checks).
 HIT_MISSED = "gets a prefix-cache hit other than the one derived"
 NOT_ZEROED = "leaves a new block off the worker's zeroing list"
 ZEROES_VALID_KV = "hands a block of valid KV to the worker to zero"
@@ -81,22 +83,6 @@ PAUSE_ADMITS = "admits a request while paused for new requests"
 ABORT_ALL_KEPT = "keeps a request the engine aborted with all the others"
 # A P/D decode instance with batches in flight (Scheduler.defer_block_free).
 FREED_IN_FLIGHT = "returns a request's blocks while a step that may write them is in flight"
-
-
-class Miss(NamedTuple):
-    """What vLLM did otherwise than the scenario states: a first chunk (admission) whose
-    prefix-cache hit is not the stated one, a release of blocks a KV load still writes,
-    a zeroing list that leaves a new block out or wipes valid KV, or a step's hand-off of
-    cached Mamba boundary states to a KV connector that loses one or names a stale block
-    (``label`` "end of step"), or a manager whose defaults disagree with its
-    coordinator's (``label`` "manager built")."""
-
-    step: int
-    line: int | None
-    request: str
-    label: str
-    message: str
-    invariant: str = HIT_MISSED
 
 
 # The parties that record the block ids they held, and where (the predictor holds none).
@@ -380,6 +366,10 @@ class Trajectory:
     # cache): step index -> blocks committed (backed by memory) when the step ran. A
     # block id at or past it is unbacked memory on a GPU (check `sanity`).
     warmup_committed_blocks: dict[int, int] = field(default_factory=dict)
-    # Trajectory mode: first chunks whose hit is not the stated one; scheduler mode: first
-    # admissions (check `sanity`).
-    misses: list[Miss] = field(default_factory=list)
+    # What the oracles saw vLLM do (the live KVCacheManager, vLLM's scheduler) and the
+    # scenario's statements it is held to, in recording order, for the sanity families to
+    # judge (kvconform.model.facts).
+    facts: list[Fact] = field(default_factory=list)
+    # Scheduler mode: each request's line in the scenario (a fact of a request the
+    # judgement names, as a table's owner, is reported at its request's line).
+    request_lines: dict[str, int | None] = field(default_factory=dict)

@@ -25,47 +25,48 @@ Every call mirrors what ``vllm/v1/core/sched/scheduler.py`` does around
   ends on a state another request cached in the same step, until the next one.
   Each step ends as ``schedule`` ends (:meth:`LiveAllocator.end_step`): the boundary
   states of Mamba "align" groups cached in the step are handed to a KV connector
-  (``take_boundary_state_offloads``, judged by :mod:`kvconform.model.handoffs`), then
+  (``take_boundary_state_offloads``, recorded for :mod:`kvconform.harness.checks.handoffs`), then
   ``take_kv_cache_block_copies`` and the blocks a copy-on-write retained go back.
 
 ``allocate_slots`` returning ``None`` means the pool cannot serve the step:
 the scenario asked for more than its pool holds, a :class:`PoolExhausted`;
 unless the scenario marks the call ``refused``, where ``None`` is the answer it
-expects (:meth:`LiveAllocator.is_refused`). A first chunk whose prefix-cache hit
-is not the one the scenario states (``expect_hit``) is kept in ``misses`` for the
-``sanity`` check.
+expects (:meth:`LiveAllocator.is_refused`).
+
+The oracle judges nothing else: what vLLM answered, zeroed, handed over, announced
+and returned is kept as facts (:mod:`kvconform.model.facts`) in ``call_facts`` (of a
+call) and ``step_facts`` (of the step, by request), which the driver records with
+where they happened and the ``sanity`` families of :mod:`kvconform.harness.checks`
+judge.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from kvconform.errors import Location, PoolExhausted, ScenarioError
+from kvconform.model.facts import (
+    AdmissionHit,
+    DefaultDisagreement,
+    DeferredReturn,
+    Eviction,
+    FinalizedTails,
+    InFlightPop,
+    LookupEvents,
+    Payload,
+    PrefixStats,
+    ResetAnswer,
+    RetainedHit,
+    StepEvents,
+    StepHandoffs,
+    ZeroingList,
+)
 from kvconform.model.floors import MAMBA_ALIGNED_STATE, aligned_state_call_blocks, pool_columns
 from kvconform.model.group_types import GROUP_TYPES
-from kvconform.model.handoffs import judge_handoffs
-from kvconform.model.kv_events import judge_mirror, replay_events
-from kvconform.model.observations import (
-    DEFAULTS_DISAGREE,
-    DEFERRED_FREE,
-    EVENTS_DIVERGE,
-    EVICTED_STILL_CACHED,
-    HANDOFF_LOST,
-    HANDOFF_STALE,
-    HIT_MISSED,
-    NOT_ZEROED,
-    REANNOUNCED_HIT,
-    RESET_ANSWER,
-    RETAINED_HIT,
-    STATS_DIVERGE,
-    ZEROES_VALID_KV,
-    Trajectory,
-)
+from kvconform.model.observations import Trajectory
 from kvconform.model.scenario import Action, Call, ModelSpec, RequestSpec
-from kvconform.model.zeroing import judge_zeroing
 from kvconform.oracles.resolve import extra_retained_tokens, group_specs
 from kvconform.oracles.vllm import Vllm
 
@@ -193,8 +194,6 @@ class LiveAllocator:
         self._zeroing_groups = vllm.recording_groups(self.manager)
         self._retained_hit_groups = vllm.retained_hit_groups(self.manager)
         self._scheduled: dict[str, tuple[int, int]] = {}
-        # What the KV-cache events announce, per (group, block hash): model/kv_events.py.
-        self._announced: Counter[tuple[int, object]] = Counter()
         # Events a prefix hit re-announced (kv_cache_report_mode "full"), by identity: the
         # router already counts those blocks, so the mirror leaves them out.
         self._reannouncements: list[Any] = []
@@ -231,11 +230,10 @@ class LiveAllocator:
         # Requests admitted and neither preempted nor finished: the scheduler's
         # `running` list, whose emptiness decides whether the watermark applies.
         self._running_names: set[str] = set()
-        # What vLLM did otherwise than the scenario or the contract states (check
-        # `sanity`): (call, message, invariant); and at a step's end, (request, message,
-        # invariant).
-        self.misses: list[tuple[Call, str, str]] = []
-        self.step_misses: list[tuple[str, str, str]] = []
+        # What vLLM did, for check `sanity` (kvconform.model.facts): of a call, (call,
+        # fact); of the step, (request, fact), the request "-" for the step as a whole.
+        self.call_facts: list[tuple[Call, Payload]] = []
+        self.step_facts: list[tuple[str, Payload]] = []
         # Mamba "align" groups whose cached boundary states a step hands a KV connector
         # (model/handoffs.py), and what was cached when the step began.
         self._handoff_groups = (
@@ -243,18 +241,9 @@ class LiveAllocator:
         )
         self._cached_states: set[tuple[int, int, int]] = set()
         # The cache keys of every boundary state handed to the connector so far.
-        self._offered_keys: set[object] = set()
         self._freed_this_step: set[int] = set()
         for disagreement in vllm.forwarded_default_disagreements(self.manager):
-            self.step_misses.append(
-                (
-                    "-",
-                    f"{disagreement}: a caller that leaves the argument out (as "
-                    "HiSparseSourceManager calls its base class) gets another count than "
-                    "the coordinator's callers",
-                    DEFAULTS_DISAGREE,
-                )
-            )
+            self.step_facts.append(("-", DefaultDisagreement(disagreement)))
 
     def add_request(self, spec: RequestSpec, index: int) -> None:
         prompt = self._prompts[spec.name] = prompt_tokens(index, spec, self._prompts)
@@ -285,16 +274,16 @@ class LiveAllocator:
         are handed to the connector, then the step's copy-on-write copies and the blocks
         retained for them released, as ``schedule`` ends."""
         if self._handoff_groups:
-            self._check_handoffs()
+            self._record_handoffs()
         self.vllm.release_block_copies(self.manager)
         if self._hisparse is not None:
             self.vllm.hisparse_step(self._hisparse, self._scheduled)
         self._scheduled.clear()
         if self.model.kv_cache_events:
-            self._check_kv_events()
+            self._record_kv_events()
         self.return_deferred(ended_step=True)
         if self.model.log_stats:
-            self._check_stats()
+            self._record_stats()
 
     def finish_in_flight(self, name: str) -> None:
         """A request finishes while its last step is in flight (a KV consumer under
@@ -307,15 +296,8 @@ class LiveAllocator:
         popped = self.manager.pop_blocks_for_free(self._requests[name])
         ids = sorted(b.block_id for b in popped if b.block_id != self.null_block)
         self._running_names.discard(name)
-        if ids != held or any(self.block_ids(name)):
-            self.step_misses.append(
-                (
-                    name,
-                    f"pop_blocks_for_free gives blocks {ids}, but the request's tables held "
-                    f"{held} and now hold {list(self.block_ids(name))}",
-                    DEFERRED_FREE,
-                )
-            )
+        after = tuple(tuple(ids) for ids in self.block_ids(name))
+        self.step_facts.append((name, InFlightPop(tuple(held), tuple(ids), after)))
         self._deferred.append((name, popped, False))
 
     def return_deferred(self, ended_step: bool = False) -> None:
@@ -333,20 +315,20 @@ class LiveAllocator:
                 for ids in self.block_ids(other) for b in ids
             }  # fmt: skip
             popped = {b.block_id for b in blocks if b.block_id != self.null_block}
-            expected = len(popped - live_ids)
             before = self.free_blocks()
             self.manager.block_pool.free_blocks(reversed(blocks))
             returned = self.free_blocks() - before
-            if returned != expected:
-                self.step_misses.append(
-                    (
-                        name,
-                        f"the {len(blocks)} blocks popped at its in-flight finish return "
-                        f"{returned} blocks to the pool, not the {expected} no live request "
-                        "holds",
-                        DEFERRED_FREE,
-                    )
+            self.step_facts.append(
+                (
+                    name,
+                    DeferredReturn(
+                        len(blocks),
+                        tuple(sorted(popped)),
+                        tuple(sorted(popped & live_ids)),
+                        returned,
+                    ),
                 )
+            )
         self._deferred = waiting
 
     def reset_prefix_cache(self, stated: bool) -> None:
@@ -357,16 +339,9 @@ class LiveAllocator:
         if answer:
             self._stats_reset = True
         still = sum(self.vllm.cached_block_counts(self.manager).values()) if answer else 0
-        if answer == stated and not still:
-            return
-        message = (
-            f"reset_prefix_cache answers {answer}, but the scenario states {stated} "
-            f"({self.free_blocks()} of {self.model.num_blocks} blocks free, the null block "
-            "is never free)"
-            if answer != stated
-            else f"reset_prefix_cache answers True, yet the pools still cache {still} blocks"
+        self.step_facts.append(
+            ("-", ResetAnswer(stated, answer, still, self.free_blocks(), self.model.num_blocks))
         )
-        self.step_misses.append(("-", message, RESET_ANSWER))
 
     def evict_cached(self, columns: Sequence[tuple[str, int]], where: Location) -> None:
         """``KVCacheManager.evict_blocks`` of the blocks a KV connector reported invalid
@@ -385,25 +360,15 @@ class LiveAllocator:
             chosen.add(table[column])
         self.manager.evict_blocks(chosen)
         kept = sorted(b for b in chosen if self.vllm.block_is_cached(self.manager, b))
-        if kept:
-            self.step_misses.append(
-                (
-                    ", ".join(sorted(tables)),
-                    f"evict_blocks({sorted(chosen)}) leaves block(s) {kept} in the prefix "
-                    "cache: a later request would hit KV the connector reported invalid",
-                    EVICTED_STILL_CACHED,
-                )
-            )
+        self.step_facts.append(
+            (", ".join(sorted(tables)), Eviction(tuple(sorted(chosen)), tuple(kept)))
+        )
 
-    def _check_stats(self) -> None:
-        """``make_prefix_cache_stats`` counts the step's admissions with their lookups (new
-        and preempted requests apart) and the hits they adopted; ``usage`` is the share of
-        the pool's blocks (null block left out) that the live requests' tables hold."""
+    def _record_stats(self) -> None:
+        """The step's ``make_prefix_cache_stats`` and ``usage``, with what its admissions
+        looked up (new and preempted requests apart) and the blocks the live requests'
+        tables hold (null block and a group's own pool left out)."""
         stats = self.vllm.prefix_cache_stats(self.manager)
-        names = ("requests", "queries", "hits", "preempted_requests", "preempted_queries",
-                 "preempted_hits")  # fmt: skip
-        expected: dict[str, object] = dict(zip(names, self._stats_expected, strict=True))
-        expected["reset"] = self._stats_reset
         own_pool = {g for g, info in enumerate(self._groups) if GROUP_TYPES[info.type].own_pool}
         held = {
             block
@@ -416,111 +381,59 @@ class LiveAllocator:
         # Blocks popped at an in-flight finish are still taken until they go back.
         held |= {b.block_id for _, blocks, _ in self._deferred for b in blocks}
         held.discard(self.null_block)
-        expected["usage"] = len(held) / (self.model.num_blocks - 1)
-        wrong = [
-            f"{key} {stats[key]!r}, not {want!r}"
-            for key, want in expected.items()
-            if (abs(stats[key] - want) > 1e-9 if key == "usage" else stats[key] != want)
-        ]
+        self.step_facts.append(
+            (
+                "-",
+                PrefixStats(
+                    stats,
+                    tuple(self._stats_expected),
+                    self._stats_reset,
+                    len(held),
+                    self.model.num_blocks,
+                ),
+            )
+        )
         self._stats_expected = [0] * 6
         self._stats_reset = False
-        if wrong:
-            self.step_misses.append(
-                (
-                    "-",
-                    "the step's prefix-cache stats and KV-cache usage differ from what its "
-                    f"admissions adopted and its requests hold: {'; '.join(wrong)}",
-                    STATS_DIVERGE,
-                )
-            )
 
-    def _check_kv_events(self) -> None:
-        """The step's KV-cache events leave a router knowing what the pool caches
-        (:mod:`kvconform.model.kv_events`)."""
+    def _record_kv_events(self) -> None:
+        """The step's KV-cache events (a lookup's re-announcements left out) and what the
+        pools cache at its end (judged by :mod:`kvconform.harness.checks.kv_events`)."""
         events = self.vllm.take_kv_cache_events(
             self.manager, leave_out={id(e) for e in self._reannouncements}
         )
         self._reannouncements.clear()
-        problems = replay_events(self._announced, events)
         cached = self.vllm.cached_block_counts(self.manager)
-        wrong = judge_mirror(self._announced, cached)
-        if not problems and not wrong:
-            return
-        shown = "; ".join(
-            [f"group {group}, hash {h!r}: announced {said}, cached {held}"
-             for (group, h), said, held in wrong[:3]] + problems[:3]
-        )  # fmt: skip
-        more = len(wrong) + len(problems) - min(len(wrong), 3) - min(len(problems), 3)
-        self.step_misses.append(
+        self.step_facts.append(("-", StepEvents(tuple(events), cached)))
+
+    def _record_handoffs(self) -> None:
+        """The boundary states handed to a KV connector in the step, and what the step
+        cached (judged by :mod:`kvconform.harness.checks.handoffs`)."""
+        offers = self.vllm.take_boundary_state_offers(self.manager)
+        offered_keys = tuple(
+            self.vllm.cached_key(self.manager, block)
+            for states in offers.values()
+            for _, block, _ in states
+        )
+        after = self.vllm.boundary_states_cached(self.manager, self._handoff_groups)
+        tables = {
+            name: tuple(tuple(ids) for ids in self.block_ids(name))
+            for name in self._running_names | self._loaded
+        }
+        self.step_facts.append(
             (
                 "-",
-                f"the KV-cache events ({len(events)} this step) leave a router with another "
-                f"prefix cache than the pool's: {shown}" + (f" (+{more} more)" if more else ""),
-                EVENTS_DIVERGE,
+                StepHandoffs(
+                    tuple(self._handoff_groups),
+                    frozenset(self._cached_states),
+                    frozenset(after),
+                    {name: tuple(states) for name, states in offers.items()},
+                    offered_keys,
+                    tables,
+                    frozenset(self._freed_this_step),
+                ),
             )
         )
-        # Judge each step's events on their own: start the next from the truth.
-        self._announced = Counter(cached)
-
-    def _check_handoffs(self) -> None:
-        """The boundary states handed to a KV connector are those the step cached
-        (:mod:`kvconform.model.handoffs`)."""
-        offers = self.vllm.take_boundary_state_offers(self.manager)
-        offered = {state for states in offers.values() for state in states}
-        self._offered_keys.update(
-            self.vllm.cached_key(self.manager, block) for _, block, _ in offered
-        )
-        owner = {state[1]: name for name, states in offers.items() for state in states}
-        after = self.vllm.boundary_states_cached(self.manager, self._handoff_groups)
-        tables = {name: self.block_ids(name) for name in self._running_names | self._loaded}
-        for name, table in tables.items():
-            for group in self._handoff_groups:
-                for block in table[group]:
-                    owner.setdefault(block, name)
-        # A copy-on-write moves a state's entry off its request's table: name the
-        # request by the block that held the same state when the step began.
-        held_before = {(group, tokens): block for group, block, tokens in self._cached_states}
-        for group, block, tokens in after:
-            source = held_before.get((group, tokens))
-            if source in owner:
-                owner.setdefault(block, owner[source])
-        freed = self._freed_this_step
-
-        def is_pending_tail(state: tuple[int, int, int]) -> bool:
-            group, block, tokens = state
-            size = self.model.groups[group].block_size
-            if tokens % size == 0:
-                return False
-            # A request freed in the step drops its pending hand-offs, the copy's too.
-            if freed:
-                return True
-            column = -(-tokens // size) - 1
-            return any(
-                column < len(table[group]) and table[group][column] == block
-                for table in tables.values()
-            )
-
-        lost, stale = judge_handoffs(self._cached_states, after, offered, is_pending_tail, freed)
-        for group, block, tokens in lost:
-            self.step_misses.append(
-                (
-                    owner.get(block, "?"),
-                    f"group {group}: block {block} holds the cached Mamba state of {tokens} "
-                    "tokens, cached in this step, yet take_boundary_state_offloads does not "
-                    f"hand it to the KV connector (it gave {sorted(offered)})",
-                    HANDOFF_LOST,
-                )
-            )
-        for group, block, tokens in stale:
-            self.step_misses.append(
-                (
-                    owner.get(block, "?"),
-                    f"group {group}: take_boundary_state_offloads hands the KV connector "
-                    f"block {block} as the Mamba state of {tokens} tokens, which no longer "
-                    "holds it at the step's end: the connector would offload another state",
-                    HANDOFF_STALE,
-                )
-            )
 
     def schedule(self, call: Call, encoder_len: int, where: Location) -> int:
         """Allocate for one call; returns the tokens it did not compute (hit and external).
@@ -537,8 +450,10 @@ class LiveAllocator:
             raise self._refusal(call, encoder_len, where, free, held, hit, hit_blocks)
         if self.model.log_stats and call.first_chunk and hit_blocks is not None:
             self._record_admission(call, hit)
-        self._check_zeroing(call, before, hit_blocks, hit + external)
-        self._check_retained_hit(call, hit_blocks, hit + external)
+        if self._zeroing_groups is not None:
+            self._record_zeroing(call, before, hit_blocks, hit + external)
+        if hit_blocks is not None and self._retained_hit_groups:
+            self._record_retained_hit(call, hit_blocks, hit + external)
         request = self._requests[call.request]
         self._scheduled[call.request] = (
             min(call.computed + call.scheduled, int(request.num_tokens)),
@@ -571,84 +486,56 @@ class LiveAllocator:
             for offset, value in enumerate((1, tokens, hit)):
                 self._stats_expected[at + offset] += value
 
-    def _check_zeroing(
+    def _record_zeroing(
         self, call: Call, before: tuple[list[int], ...], hit_blocks: Any, valid_tokens: int
     ) -> None:
-        """The blocks vLLM hands the worker to zero (:mod:`kvconform.model.zeroing`): the
-        valid ones are a prefix hit's and, under an asynchronous load, those holding loaded
-        tokens (the scheduler's ``skip_zeroing_group_ids``, in releases that have it)."""
-        if self._zeroing_groups is None:
-            return
+        """The blocks vLLM hands the worker to zero, per recording group, with what holds
+        valid KV: a prefix hit's blocks and, under an asynchronous load, those holding
+        loaded tokens (the scheduler's ``skip_zeroing_group_ids``, in releases that have
+        it); judged by :mod:`kvconform.harness.checks.zeroing`."""
+        assert self._zeroing_groups is not None
         zeroed = self.vllm.take_blocks_to_zero(self.manager, self._zeroing_groups)
         after = self.block_ids(call.request)
         hits = self.vllm.hit_block_ids(hit_blocks)
-        loaded = call.options.load_async and self.vllm.skips_zeroing_loaded_blocks(self.manager)
+        loaded = bool(
+            call.options.load_async and self.vllm.skips_zeroing_loaded_blocks(self.manager)
+        )
         for group, recorded in zeroed.items():
-            size = self.model.groups[group].block_size
-            cached, listed = set(hits.get(group, ())), set(recorded)
-
-            def holds_valid_kv(index: int, block: int, size: int = size) -> bool:
-                return block in cached or (loaded and index * size < valid_tokens)  # noqa: B023
-
-            unzeroed, wiped = judge_zeroing(
-                after[group], set(before[group]), listed, self.null_block, holds_valid_kv
+            self.call_facts.append(
+                (
+                    call,
+                    ZeroingList(
+                        group,
+                        self.model.groups[group].block_size,
+                        tuple(before[group]),
+                        tuple(after[group]),
+                        tuple(recorded),
+                        tuple(hits.get(group, ())),
+                        loaded,
+                        valid_tokens,
+                    ),
+                )
             )
-            if unzeroed:
-                self.misses.append(
-                    (
-                        call,
-                        f"group {group}: new block(s) {unzeroed} are not handed to the worker "
-                        f"to zero (take_new_block_ids gave {sorted(listed)}); the model reads "
-                        "what a freed block held before",
-                        NOT_ZEROED,
-                    )
-                )
-            if wiped:
-                self.misses.append(
-                    (
-                        call,
-                        f"group {group}: block(s) {wiped} hold KV that is valid before the "
-                        "step (a prefix hit, or tokens the connector loads), yet are handed to "
-                        "the worker to zero",
-                        ZEROES_VALID_KV,
-                    )
-                )
 
-    def _check_retained_hit(self, call: Call, hit_blocks: Any, covered: int) -> None:
-        """A group that keeps a longer prefix hit than the others (HiSparse's host source,
-        ``retains_longer_hit``) adopts only the hit blocks that hold the tokens the request
-        now has computed (its local hit and the connector's): its table starts with them,
-        and no later column holds the hit's block for it (the request computes those
-        tokens itself; a block of the hit past them may come back as a new block, evicted,
-        at another column)."""
-        if hit_blocks is None:
-            return
-        retained = self._retained_hit_groups
-        if not retained:
-            return
+    def _record_retained_hit(self, call: Call, hit_blocks: Any, covered: int) -> None:
+        """What a group that keeps a longer prefix hit than the others (HiSparse's host
+        source, ``retains_longer_hit``) adopted of it: the hit, the tokens the request now
+        has computed (its local hit and the connector's), its table after the call
+        (judged by :mod:`kvconform.harness.checks.allocator`)."""
         hits = self.vllm.hit_block_ids(hit_blocks)
         tokens = min(covered, self.model.max_model_len)
         after = self.block_ids(call.request)
-        for group in retained:
-            hit = hits.get(group, [])
-            size = self.model.groups[group].block_size
-            kept = hit[: -(-tokens // size)]
-            table = after[group]
-            beyond = [
-                block
-                for column, block in enumerate(hit)
-                if column >= len(kept) and column < len(table) and table[column] == block
-            ]
-            if table[: len(kept)] == kept and not beyond:
-                continue
-            self.misses.append(
+        for group in self._retained_hit_groups:
+            self.call_facts.append(
                 (
                     call,
-                    f"group {group} keeps a hit of {len(hit)} blocks {hit}; the request's "
-                    f"{tokens} computed tokens (hit and connector) cover {len(kept)} of them, "
-                    f"{kept}, so its table should start with those and hold no more, but it "
-                    f"holds {table}",
-                    RETAINED_HIT,
+                    RetainedHit(
+                        group,
+                        self.model.groups[group].block_size,
+                        tuple(hits.get(group, [])),
+                        tokens,
+                        tuple(after[group]),
+                    ),
                 )
             )
 
@@ -776,16 +663,9 @@ class LiveAllocator:
                     self.manager, request, call.computed + call.scheduled - 1
                 )
                 if self.model.kv_cache_events:
-                    self._check_reannounced(call, blocks, hit, queued)
-            if call.options.expect_hit is not None and hit != call.options.expect_hit:
-                self.misses.append(
-                    (
-                        call,
-                        f"gets a prefix-cache hit of {hit} tokens, but the scenario states "
-                        f"{call.options.expect_hit}",
-                        HIT_MISSED,
-                    )
-                )
+                    self._record_lookup_events(call, blocks, hit, queued)
+            if call.options.expect_hit is not None:
+                self.call_facts.append((call, AdmissionHit(hit, call.options.expect_hit)))
             new_tokens = call.scheduled - hit - external
             if call.options.load_async and new_tokens != 0:
                 raise ScenarioError(
@@ -831,36 +711,19 @@ class LiveAllocator:
                 request.num_in_flight_tokens = 0
         return new_blocks, hit, blocks, external
 
-    def _check_reannounced(self, call: Call, blocks: Any, hit: int, queued: int) -> None:
-        """The events a prefix-cache lookup queues: none, unless the request asks for
-        ``kv_cache_report_mode`` "full", where each group with a hit announces once more,
-        in one ``BlockStored``, exactly the hashes its hit's blocks are cached under. A
-        null column (a sliding window's blocks below the window) holds no block, so it
-        announces nothing: a hash announced for it names a block the group may never
-        have cached, or has evicted, and no ``BlockRemoved`` will ever retract it."""
+    def _record_lookup_events(self, call: Call, blocks: Any, hit: int, queued: int) -> None:
+        """The events a prefix-cache lookup queued, and, where the request asks for
+        ``kv_cache_report_mode`` "full" and got a hit, the hashes its hit's blocks are
+        cached under (judged by :mod:`kvconform.harness.checks.kv_events`)."""
         emitted = self.vllm.queued_kv_events(self.manager)[queued:]
         self._reannouncements.extend(emitted)
         said = self.vllm.announced_blocks(emitted)
-        if len(said) != len(emitted):
-            said.append((-1, ("an event other than BlockStored",)))
-        expected: list[tuple[int, tuple[object, ...]]] = []
-        if hit and call.request in self._report_full:
-            reused = {
-                group: tuple(h for h in hashes if h is not None)
-                for group, hashes in self.vllm.hit_block_hashes(blocks).items()
-            }
-            expected = [(group, hashes) for group, hashes in reused.items() if hashes]
-        if said == expected:
-            return
-        self.misses.append(
-            (
-                call,
-                f"a prefix-cache hit of {hit} tokens announces {said} at its lookup, but the "
-                f"request reuses {expected} (per group, the hashes its hit's blocks are "
-                "cached under; nothing unless its kv_cache_report_mode is full)",
-                REANNOUNCED_HIT,
-            )
+        reused = (
+            {group: tuple(hashes) for group, hashes in self.vllm.hit_block_hashes(blocks).items()}
+            if hit and call.request in self._report_full
+            else None
         )
+        self.call_facts.append((call, LookupEvents(hit, tuple(said), len(emitted), reused)))
 
     def _connector_lookup(self, call: Call, request: Any) -> tuple[Any, int, int]:
         """The local hit and external tokens of an admission through a KV connector that
@@ -956,57 +819,38 @@ class LiveAllocator:
         self._ever_preempted.add(name)
         self._running_names.discard(name)
 
-    def _check_finalized_tails(self, name: str) -> None:
-        """A finishing request hands its connector the partial-tail boundary states it
-        cached at exactly its computed tokens that no offer has carried yet
-        (``finalize_partial_tail_offloads``: the state is still on the block no later
-        forward wrote), and nothing else."""
+    def _record_finalized_tails(self, name: str) -> None:
+        """The partial-tail boundary states a finishing request hands its connector
+        (``finalize_partial_tail_offloads``), with the states cached in its tables and
+        their cache keys (judged by :mod:`kvconform.harness.checks.handoffs`)."""
         request = self._requests[name]
         offers = self.vllm.finalize_partial_tail_offers(self.manager, request)
         if offers is None:
             return
-        table = self.block_ids(name)
-        computed = int(request.num_computed_tokens)
-        tails = {
-            (group, block, tokens)
-            for group, block, tokens in self.vllm.boundary_states_cached(
-                self.manager, self._handoff_groups
-            )
-            if block in table[group]
-            and tokens == computed
-            and tokens % self.model.groups[group].block_size
-        }
-        given = set(offers)
-        lost = {
+        table = tuple(tuple(ids) for ids in self.block_ids(name))
+        cached = tuple(
             state
-            for state in tails - given
-            if self.vllm.cached_key(self.manager, state[1]) not in self._offered_keys
-        }
-        for group, block, tokens in sorted(lost):
-            self.step_misses.append(
-                (
-                    name,
-                    f"group {group}: block {block} holds the request's partial-tail Mamba "
-                    f"state of {tokens} tokens, never handed over, yet at its finish "
-                    f"finalize_partial_tail_offloads hands the connector {sorted(given)}",
-                    HANDOFF_LOST,
-                )
+            for state in self.vllm.boundary_states_cached(self.manager, self._handoff_groups)
+            if state[1] in table[state[0]]
+        )
+        key = self.vllm.cached_key
+        self.step_facts.append(
+            (
+                name,
+                FinalizedTails(
+                    tuple(offers),
+                    table,
+                    int(request.num_computed_tokens),
+                    cached,
+                    {block: key(self.manager, block) for _, block, _ in cached},
+                    tuple(key(self.manager, block) for _, block, _ in offers),
+                ),
             )
-        for group, block, tokens in sorted(given - tails):
-            self.step_misses.append(
-                (
-                    name,
-                    f"group {group}: at its finish finalize_partial_tail_offloads hands the "
-                    f"connector block {block} as the state of {tokens} tokens, which is not "
-                    f"a partial tail the request holds at its {computed} computed tokens",
-                    HANDOFF_STALE,
-                )
-            )
-        self._offered_keys.update(self.vllm.cached_key(self.manager, b) for _, b, _ in given)
+        )
 
     def finish(self, name: str) -> None:
         if self._handoff_groups:
-            self._check_finalized_tails(name)
+            self._record_finalized_tails(name)
         self._note_freed(name)
         self.manager.free(self._requests[name])
         self._running_names.discard(name)

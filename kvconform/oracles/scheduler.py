@@ -38,7 +38,7 @@ reserved. It
 * for requests with multimodal inputs (``mm_inputs``), gives the scheduler an encoder budget
   and cache as vLLM's own scheduler tests do on a text model, and follows the worker's
   encoder cache through each step's ``scheduled_encoder_inputs`` and
-  ``free_encoder_mm_hashes`` (:meth:`SchedulerOracle._check_encoder_inputs`).
+  ``free_encoder_mm_hashes`` (:meth:`SchedulerOracle._record_encoder_step`).
 
 The driver (:mod:`kvconform.harness.drivers.scheduler`) turns these records into
 observations. What the fabricated output does not model is listed in
@@ -49,37 +49,36 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from kvconform.errors import NotOffered, PoolExhausted, ScenarioError, VllmUnavailable
 from kvconform.model.acceptance import AcceptanceStream
-from kvconform.model.floors import pool_columns
-from kvconform.model.kv_events import CachedKey, judge_mirror, replay_events
-from kvconform.model.methods import method_for
-from kvconform.model.observations import (
-    ABORT_ALL_KEPT,
-    ENCODER_BUDGET_EXCEEDED,
-    ENCODER_CACHE_OVERFLOW,
-    ENCODER_OUTPUT_MISSING,
-    ENCODER_STATS_DIFFER,
-    EVENTS_DIVERGE,
-    FREED_IN_FLIGHT,
-    MM_INPUT_SPLIT,
-    NOT_ZEROED,
-    PAUSE_ADMITS,
-    REJECTION_DIFFERS,
-    SESSION_KV_LOST,
-    STATS_DISAGREE,
-    STOP_MISSED,
-    ZEROES_VALID_KV,
-    GroupInfo,
+from kvconform.model.facts import (
+    DeferredRelease,
+    EncoderInputStats,
+    EncoderStep,
+    HeldAfterAbortAll,
+    MmInput,
+    PausedAdmission,
+    Payload,
+    PublishedEvents,
+    RequestEnd,
+    RunEnded,
+    SessionReleased,
+    SessionTurn,
+    SpecDecodeMetrics,
+    StepStats,
+    StepZeroingList,
+    StopApplied,
 )
+from kvconform.model.floors import pool_columns
+from kvconform.model.methods import method_for
+from kvconform.model.observations import GroupInfo
 from kvconform.model.scenario import RequestSpec, Scenario, StreamChunk
 from kvconform.model.tiny_model import SCHEDULER_TARGET
-from kvconform.model.zeroing import judge_zeroing
 from kvconform.oracles.live import ID_STRIDE, OUTPUT_OFFSET, first_output_token, prompt_tokens
 from kvconform.oracles.resolve import group_specs
 from kvconform.oracles.tiny_models import model_folder
@@ -272,17 +271,15 @@ class FreeRecord(NamedTuple):
     loading: bool = False
 
 
-class RuleMiss(NamedTuple):
-    """A rule of check ``sanity`` that vLLM broke at a step, as the oracle saw it: the zeroing
-    list (``SchedulerOutput.new_block_ids_to_zero``) leaving a new block out or holding a
-    block of valid KV; the worker's encoder cache or the scheduler's encoder budget; what
+class StepFact(NamedTuple):
+    """What vLLM's scheduler did at a step, as a fact for check ``sanity``
+    (:mod:`kvconform.model.facts`): its zeroing list; the worker's encoder work; what
     ``update_from_output`` makes of an output (a stop, ``SchedulerStats``, the KV-cache
     events, a session's kept KV). ``request`` "-" for the step as a whole."""
 
     step: int
     request: str
-    message: str
-    invariant: str
+    what: Payload
 
 
 @dataclass
@@ -307,14 +304,15 @@ class SchedulerRun:
     # run stops there.
     stall: StallRecord | None = None
     resets: list[ResetRecord] = field(default_factory=list)
-    zeroing: list[RuleMiss] = field(default_factory=list)
-    encoder: list[RuleMiss] = field(default_factory=list)
+    # The facts check `sanity` judges, by what they are of (kvconform.model.facts).
+    zeroing: list[StepFact] = field(default_factory=list)
+    encoder: list[StepFact] = field(default_factory=list)
     # What each step does with the encoder, in a few words (explain's step notes).
     encoder_notes: dict[int, str] = field(default_factory=dict)
     # With multimodal inputs: the scheduler's encoder compute budget and cache size.
     encoder_budget: int | None = None
     encoder_cache_size: int | None = None
-    lifecycle: list[RuleMiss] = field(default_factory=list)
+    lifecycle: list[StepFact] = field(default_factory=list)
     deferred_frees: list[DeferredFreeRecord] = field(default_factory=list)
 
 
@@ -476,10 +474,8 @@ class SchedulerOracle:
         self._remote = {name for name, req in scenario.requests.items() if req.remote_prefill}
         self._loading: dict[str, int] = {}  # KV loads in flight: steps until received
         self._loaded: set[str] = set()  # began loading remote KV, not scheduled since
-        # The groups whose new blocks vLLM zeroes (None: it zeroes nothing), and each
-        # request's table at the last schedule(): what is new since (the zeroing rule).
+        # The groups whose new blocks vLLM zeroes (None: it zeroes nothing).
         self._zeroed_groups = vllm.recording_groups(self.manager)
-        self._tables: dict[str, tuple[list[int], ...]] = {}
         # (step, request) of the client's aborts, in order.
         self._aborts = sorted(
             (req.abort_at, name)
@@ -520,7 +516,7 @@ class SchedulerOracle:
                 self._lifecycle.ended(request)
             else:
                 self._restart.add(rid)
-            self._check_freed_in_flight(rid, kind, before, vllm.free_block_count(manager))
+            self._record_release(rid, kind, before, vllm.free_block_count(manager))
             self._sessions.released(rid, self._current, kind)
             run.events.append(
                 FreeRecord(
@@ -539,22 +535,17 @@ class SchedulerOracle:
         # An instance attribute: the scheduler calls self.kv_cache_manager.free.
         manager.free = recording_free
 
-    def _check_freed_in_flight(self, rid: str, kind: str, before: int, after: int) -> None:
-        """Blocks that went back to the pool while a step that scheduled the request may
-        still write them: the pool could hand them to a KV load meanwhile."""
-        last = self._last_busy.get(rid)
-        processed = -1 if self._applying is None else self._applying
-        if not self._defers or last is None or last <= processed or after <= before:
+    def _record_release(self, rid: str, kind: str, before: int, after: int) -> None:
+        """Blocks that went back to the pool under a scheduler that defers frees, with the
+        steps that may still write them (judged by ``checks.lifecycle``)."""
+        if not self._defers:
             return
+        processed = -1 if self._applying is None else self._applying
         self.run.lifecycle.append(
-            RuleMiss(
+            StepFact(
                 self._current,
                 rid,
-                f"returned {after - before} blocks to the pool at its {kind} while step {last}, "
-                f"which scheduled it, was in flight (processed up to step {processed}); with "
-                "a KV consumer connector and batches in flight vLLM defers them "
-                "(Scheduler._free_request_blocks)",
-                FREED_IN_FLIGHT,
+                DeferredRelease(kind, before, after, self._last_busy.get(rid), processed),
             )
         )
 
@@ -657,9 +648,9 @@ class SchedulerOracle:
         )
         self._lifecycle.scheduled(rows)
         self._sessions.scheduled(self._step, rows)
-        self._check_zeroing(output, rows, loading_now)
-        self._check_encoder_inputs(output, rows)
-        self._check_encoder_input_stats(output)
+        self._record_zeroing(output, rows, loading_now)
+        self._record_encoder_step(output, rows)
+        self._record_encoder_input_stats(output)
         return answers
 
     # -- multimodal encoder inputs ------------------------------------------------
@@ -668,8 +659,6 @@ class SchedulerOracle:
         """An encoder budget and cache for a scenario with multimodal inputs (none otherwise:
         the tiny model is text-only, so vLLM gives its scheduler neither)."""
         inputs = [m for r in self.scenario.requests.values() for m in r.mm_inputs]
-        # The worker's encoder cache: the embeddings it holds, by mm hash.
-        self._encoder_outputs: dict[str, int] = {}
         if not inputs:
             return
         self.run.encoder_budget, self.run.encoder_cache_size = self.api.install_encoder_budget(
@@ -679,212 +668,109 @@ class SchedulerOracle:
             self.limits.encoder_cache_size,
         )
 
-    def _check_encoder_inputs(self, output: Any, rows: Sequence[ScheduledRequest]) -> None:
-        """The step's encoder inputs, as the worker runs them.
+    def _record_encoder_step(self, output: Any, rows: Sequence[ScheduledRequest]) -> None:
+        """The step's encoder work, as the worker runs it (judged by ``checks.encoder``).
 
         The model runner drops the encoder outputs the step frees
         (``free_encoder_mm_hashes``), runs the encoder on the inputs the step schedules
         (``scheduled_encoder_inputs``) and then gathers, for every placeholder token the
-        step computes, its input's encoder output from its cache ("Encoder cache miss"
-        otherwise: ``GPUModelRunner._gather_mm_embeddings``). So: every input a row's tokens
-        ``computed .. computed + scheduled`` overlap is held then; the inputs run in one step
-        take at most the encoder budget and those held at most the encoder cache; and under
-        ``disable_chunked_mm_input`` no chunk that starts at or before an input ends inside
-        it (issue #52306).
+        step computes, its input's encoder output from its cache.
         """
         if self.run.encoder_budget is None:
             return
-        held = self._encoder_outputs
-        freed = self.api.freed_encoder_outputs(output)
-        for mm_hash in freed:
-            held.pop(mm_hash, None)
-        run_now: list[str] = []
-        embeddings = 0
-        for rid, indexes in sorted(self.api.scheduled_encoder_inputs(output).items()):
-            inputs = self.scenario.requests[rid].mm_inputs
-            for index in indexes:
-                held[inputs[index].identifier] = inputs[index].length
-                run_now.append(f"{rid}[{index}] {inputs[index].length}")
-                embeddings += inputs[index].length
-        step, records = self._step, self.run.encoder
+        freed = tuple(self.api.freed_encoder_outputs(output))
+        run = tuple(
+            (rid, index)
+            for rid, indexes in sorted(self.api.scheduled_encoder_inputs(output).items())
+            for index in indexes
+        )
+        requests = self.scenario.requests
+        run_now = [f"{rid}[{index}] {requests[rid].mm_inputs[index].length}" for rid, index in run]
         note = [f"encoder runs {', '.join(run_now)}"] if run_now else []
         note += [f"evicts {', '.join(freed)}"] if freed else []
         if note:
-            self.run.encoder_notes[step] = "; ".join(note)
-        if embeddings > self.run.encoder_budget:
-            records.append(
-                RuleMiss(
-                    step,
-                    "-",
-                    f"the step runs the encoder on {', '.join(run_now)}: {embeddings} embeddings, "
-                    f"past the encoder budget of {self.run.encoder_budget}",
-                    ENCODER_BUDGET_EXCEEDED,
-                )
-            )
-        if sum(held.values()) > (self.run.encoder_cache_size or 0):
-            records.append(
-                RuleMiss(
-                    step,
-                    "-",
-                    f"the worker's encoder cache holds {sum(held.values())} embeddings after the "
-                    f"step's frees ({', '.join(sorted(held))}), past its size of "
-                    f"{self.run.encoder_cache_size}",
-                    ENCODER_CACHE_OVERFLOW,
-                )
-            )
-        split = self.limits.disable_chunked_mm_input
-        for row in rows:
-            start, end = row.computed, row.computed + row.scheduled
-            for index, mm in enumerate(self.scenario.requests[row.request].mm_inputs):
-                if not (mm.offset < end and start < mm.end):
-                    continue
-                where = f"input {index} ({mm.identifier}, placeholders {mm.offset}..{mm.end - 1})"
-                if mm.identifier not in held:
-                    records.append(
-                        RuleMiss(
-                            step,
-                            row.request,
-                            f"the step computes tokens {start}..{end - 1}, which overlap {where}, "
-                            "but its encoder output is neither run in this step nor held from an "
-                            "earlier one: the model runner has no embeddings for them",
-                            ENCODER_OUTPUT_MISSING,
-                        )
-                    )
-                if split and start <= mm.offset and end < mm.end:
-                    records.append(
-                        RuleMiss(
-                            step,
-                            row.request,
-                            f"the chunk {start}..{end - 1} ends inside {where} under "
-                            "disable_chunked_mm_input",
-                            MM_INPUT_SPLIT,
-                        )
-                    )
-
-    def _check_encoder_input_stats(self, output: Any) -> None:
-        """``scheduler.log_iteration_details``: the step's ``scheduled_encoder_input_stats``
-        count the encoder inputs it schedules (``num_inputs``) and their embeddings
-        (``output_tokens``: every placeholder is an embedding here, so an input's length),
-        and are None in a step that schedules none (``_make_scheduled_encoder_input_stats``).
-        The lengths are the scenario's, not read back from vLLM."""
-        if not self.limits.log_iteration_details:
-            return
-        scheduled = [
-            self.scenario.requests[rid].mm_inputs[index]
-            for rid, indexes in self.api.scheduled_encoder_inputs(output).items()
-            for index in indexes
-        ]
-        expected = (len(scheduled), sum(m.length for m in scheduled)) if scheduled else None
-        reported = self.api.encoder_input_stats(output)
-        if reported == expected:
-            return
-
-        def told(stats: tuple[int, int] | None) -> str:
-            return "none" if stats is None else f"{stats[0]} inputs, {stats[1]} embeddings"
-
+            self.run.encoder_notes[self._step] = "; ".join(note)
+        named = {rid for rid, _ in run} | {row.request for row in rows}
         self.run.encoder.append(
-            RuleMiss(
+            StepFact(
                 self._step,
                 "-",
-                f"the step's scheduled_encoder_input_stats report {told(reported)}, but it "
-                f"schedules {told(expected)}"
-                + (f" ({', '.join(m.identifier for m in scheduled)})" if scheduled else ""),
-                ENCODER_STATS_DIFFER,
+                EncoderStep(
+                    freed,
+                    run,
+                    tuple((row.request, row.computed, row.scheduled) for row in rows),
+                    self.run.encoder_budget,
+                    self.run.encoder_cache_size or 0,
+                    bool(self.limits.disable_chunked_mm_input),
+                    {
+                        rid: tuple(
+                            MmInput(m.identifier, m.offset, m.end, m.length)
+                            for m in requests[rid].mm_inputs
+                        )
+                        for rid in sorted(named)
+                    },
+                ),
             )
         )
 
-    def _check_zeroing(
+    def _record_encoder_input_stats(self, output: Any) -> None:
+        """``scheduler.log_iteration_details``: the step's ``scheduled_encoder_input_stats``
+        and the inputs it schedules, their lengths the scenario's (judged by
+        ``checks.encoder``)."""
+        if not self.limits.log_iteration_details:
+            return
+        scheduled = tuple(
+            (m.identifier, m.length)
+            for rid, indexes in self.api.scheduled_encoder_inputs(output).items()
+            for m in (self.scenario.requests[rid].mm_inputs[index] for index in indexes)
+        )
+        reported = self.api.encoder_input_stats(output)
+        self.run.encoder.append(
+            StepFact(
+                self._step,
+                "-",
+                EncoderInputStats(reported, scheduled),
+            )
+        )
+
+    def _record_zeroing(
         self, output: Any, rows: Sequence[ScheduledRequest], loading_now: set[str]
     ) -> None:
         """The step's zeroing list, where vLLM zeroes new blocks (Mamba layers, mixed
-        precision; #35219): every block new in a recording group's table since the last
-        schedule() is on it, but a prefix hit's and those an asynchronous KV load begins
-        writing this step (a synchronous load writes after the zeroing: its blocks are on
-        it); none of those is on it (before 0.32 the manager lists loaded
-        blocks, and the scheduler keeps them off the step's list itself)."""
+        precision; #35219), with every request's tables and the tokens valid before the
+        step (judged by ``checks.zeroing``)."""
         recording = self._zeroed_groups
         if recording is None:
             return
         held = {
-            rid: tuple(list(ids) for ids in self.manager.get_block_ids(rid))
+            rid: tuple(tuple(ids) for ids in self.manager.get_block_ids(rid))
             for rid in self.scheduler.requests
         }
-        judged = set(output.num_scheduled_tokens) | loading_now
-        tables = {rid: table for rid, table in held.items() if rid in judged}
-        previous, self._tables = self._tables, held
-        listed = set(self.vllm.step_blocks_to_zero(output))
-        # A block a request held at the last step and holds still has KV written by then:
-        # on the list, the worker wipes it (a load that completed, a computed prefix).
-        for rid, table in sorted(held.items()):
-            if rid not in previous:
-                continue
-            kept = [
-                block
-                for group in recording
-                for block in sorted(set(table[group]) & set(previous[rid][group]) & listed)
-                if block != self.run.null_block
-            ]
-            if kept:
-                self.run.zeroing.append(
-                    RuleMiss(
-                        self._step,
-                        rid,
-                        f"block(s) {kept}, which the request held with their KV at the last "
-                        "step, are on this step's zeroing list",
-                        ZEROES_VALID_KV,
-                    )
-                )
+        judged = frozenset(set(output.num_scheduled_tokens) | loading_now)
         # Tokens a synchronous load writes in this step are not valid before it: the worker
         # zeroes their blocks first, then the connector writes them.
         loads = self.vllm.step_sync_loads(output)
-        computed = {
+        valid_end = {
             row.request: row.computed - loads.get(row.request, 0)
             for row in rows
             if row.phase != "running"
         }
-        null = self.run.null_block
-        for rid, table in sorted(tables.items()):
-            unzeroed: list[int] = []
-            wiped: list[int] = []
-            loading = rid in loading_now
-            valid_end = computed.get(rid, 0)
-            for group in recording:
-                size = self.scenario.model.groups[group].block_size
-
-                def holds_valid_kv(index: int, block: int, size: int = size) -> bool:
-                    return loading or index * size < valid_end  # noqa: B023 - called at once
-
-                missing, wrong = judge_zeroing(
-                    table[group],
-                    set(previous.get(rid, ([],) * len(table))[group]),
-                    listed,
-                    null,
-                    holds_valid_kv,
-                )
-                unzeroed += missing
-                wiped += wrong
-            if unzeroed:
-                self.run.zeroing.append(
-                    RuleMiss(
-                        self._step,
-                        rid,
-                        f"new block(s) {unzeroed} are not on the step's zeroing list "
-                        f"(new_block_ids_to_zero: {sorted(listed)}); the model reads what a "
-                        "freed block held before",
-                        NOT_ZEROED,
-                    )
-                )
-            if wiped:
-                self.run.zeroing.append(
-                    RuleMiss(
-                        self._step,
-                        rid,
-                        f"block(s) {wiped} hold KV that is valid before the step (a prefix "
-                        "hit, or what an asynchronous load writes), yet are on the step's "
-                        "zeroing list",
-                        ZEROES_VALID_KV,
-                    )
-                )
+        groups = self.scenario.model.groups
+        self.run.zeroing.append(
+            StepFact(
+                self._step,
+                "-",
+                StepZeroingList(
+                    tuple(recording),
+                    tuple(g.block_size for g in groups),
+                    held,
+                    judged,
+                    frozenset(loading_now),
+                    valid_end,
+                    frozenset(self.vllm.step_blocks_to_zero(output)),
+                ),
+            )
+        )
 
     # -- the engine loop ----------------------------------------------------------
 
@@ -899,15 +785,7 @@ class SchedulerOracle:
                 self.api.abort_all(self.scheduler)
                 # Only a request whose KV load is in flight keeps its blocks until it is done.
                 for rid in sorted(set(self.scheduler.requests) - set(self._loading)):
-                    self.run.lifecycle.append(
-                        RuleMiss(
-                            self._step,
-                            rid,
-                            "still held by the scheduler after the engine aborted every "
-                            "request (pause_scheduler mode abort: finish_requests(None))",
-                            ABORT_ALL_KEPT,
-                        )
-                    )
+                    self.run.lifecycle.append(StepFact(self._step, rid, HeldAfterAbortAll()))
             self.api.pause_new_requests(self.scheduler, self._paused)
         # The client's aborts, as EngineCore.abort_requests applies them between steps.
         while self._aborts and self._aborts[0][0] <= self._step:
@@ -1099,40 +977,23 @@ class SchedulerOracle:
 
 
 class KvEventMirror:
-    """With ``model.kv_cache_events``, judges the events the scheduler publishes: after each
-    ``update_from_output`` (which drains the manager's and the connector's events and
-    publishes them), a router that counted them knows what the pool caches then
-    (:mod:`kvconform.model.kv_events`; invariant ``EVENTS_DIVERGE``, check ``sanity``)."""
+    """With ``model.kv_cache_events``, records the events the scheduler publishes: after
+    each ``update_from_output`` (which drains the manager's and the connector's events and
+    publishes them), the events and what the pool caches then (judged by
+    ``checks.kv_events``; invariant ``EVENTS_DIVERGE``, check ``sanity``)."""
 
     def __init__(self, oracle: SchedulerOracle) -> None:
         self.oracle = oracle
         self.queue = oracle.vllm.part(Scheduling).observe_published_events(oracle.scheduler)
-        self.announced: Counter[CachedKey] = Counter()
 
     def published(self, step: int) -> None:
         vllm = self.oracle.vllm
         events = vllm.kv_cache_events(self.queue)
         self.queue.clear()
-        problems = replay_events(self.announced, events)
         cached = vllm.cached_block_counts(self.oracle.manager)
-        wrong = judge_mirror(self.announced, cached)
-        if problems or wrong:
-            shown = "; ".join(
-                [f"group {group}, hash {h!r}: announced {said}, cached {held}"
-                 for (group, h), said, held in wrong[:3]] + problems[:3]
-            )  # fmt: skip
-            self.oracle.run.lifecycle.append(
-                RuleMiss(
-                    step,
-                    "-",
-                    f"the KV-cache events published with step {step}'s output "
-                    f"({len(events)}) leave a router with another prefix cache than the "
-                    f"pool's: {shown}",
-                    EVENTS_DIVERGE,
-                )
-            )
-        # Judge each output's events on their own: start the next from the truth.
-        self.announced = Counter(cached)
+        self.oracle.run.lifecycle.append(
+            StepFact(step, "-", PublishedEvents(tuple(events), cached))
+        )
 
 
 # -- stops and stats: what vLLM's update_from_output must make of each output -----------
@@ -1155,10 +1016,11 @@ class AppliedStep(NamedTuple):
 
 
 class Lifecycle:
-    """Judges what ``update_from_output`` makes of each fabricated output: a request ends
-    with the output that samples its stop token (``stop_at``: ``check_stop``), and with
-    ``scheduler.log_stats`` the ``SchedulerStats`` it returns equal what the recorded steps
-    give (``Scheduler.make_stats``):
+    """Records what ``update_from_output`` makes of each fabricated output, for
+    ``checks.lifecycle`` to judge: a request ends with the output that samples its stop
+    token (``stop_at``: ``check_stop``), and with ``scheduler.log_stats`` the
+    ``SchedulerStats`` it returns equal what the recorded steps give
+    (``Scheduler.make_stats``):
 
     * ``kv_cache_usage``: the distinct blocks the requests hold, over the pool without its
       null block (``BlockPool.get_usage``);
@@ -1182,13 +1044,12 @@ class Lifecycle:
         # Admissions that began an asynchronous KV load: (request, prompt tokens, local hit,
         # local hit + loaded tokens).
         self._loads: list[tuple[str, int, int, int]] = []
-        self._judged: set[str] = set()
         self.errors: set[str] = set()  # finished with an error (FINISHED_ERROR)
         # Per request, its verifications so far: (drafts, accepted).
         self.verifications: dict[str, list[tuple[int, int]]] = {}
 
-    def _miss(self, step: int, request: str, message: str, invariant: str) -> None:
-        self.oracle.run.lifecycle.append(RuleMiss(step, request, message, invariant))
+    def _fact(self, step: int, request: str, what: Payload) -> None:
+        self.oracle.run.lifecycle.append(StepFact(step, request, what))
 
     # what kvconform fabricates
 
@@ -1197,14 +1058,7 @@ class Lifecycle:
         if self.oracle._paused:
             for row in rows:
                 if row.phase in ("new", "resumed"):
-                    self._miss(
-                        self.oracle._current,
-                        row.request,
-                        f"admitted ({row.phase}) while the engine has paused the scheduler "
-                        "for new requests (PauseState.PAUSED_NEW): only what runs, or holds "
-                        "KV blocks, is scheduled until it resumes",
-                        PAUSE_ADMITS,
-                    )
+                    self._fact(self.oracle._current, row.request, PausedAdmission(row.phase))
         # A session's next turn looks nothing up: it resumes on the KV it kept.
         self._admissions += [row for row in rows if row.phase not in ("running", "turn")]
 
@@ -1248,29 +1102,21 @@ class Lifecycle:
     def applied(self, applied: AppliedStep, result: Any) -> None:
         gone = {rid for rid, end in self.ends.items() if end[2] < self.updates}
         for rid, stop_at in applied.stops.items():
-            end = self.ends.get(rid)
-            if rid in gone or end == (True, stop_at, self.updates):
-                continue
-            self._judged.add(rid)
-            self._miss(
-                applied.step,
-                rid,
-                f"the step's output samples its {self._stop_name(rid)} as output {stop_at} "
-                f"(stop_at), yet applying it {self._outcome(end)}; check_stop finishes the "
-                "request there and its blocks go back to the pool",
-                STOP_MISSED,
+            stop = StopApplied(
+                stop_at, self.ends.get(rid), self.updates, rid in gone, self._stop_name(rid)
             )
+            self._fact(applied.step, rid, stop)
         if self.oracle.limits.spec_decode_metrics != "none":
-            self._judge_spec_decode_metrics(applied, result, gone)
+            self._record_spec_decode_metrics(applied, result, gone)
         if self.oracle.limits.log_stats:
             # vLLM counts a lookup when it admits: every schedule() before this output is
             # applied (with batches overlapped, the next step's admissions too).
             admissions, self._admissions = tuple(self._admissions), []
             loads, self._loads = tuple(self._loads), []
-            self._judge_stats(applied, result, gone, admissions, loads)
+            self._record_stats(applied, result, gone, admissions, loads)
         self.updates += 1
 
-    def _judge_spec_decode_metrics(self, applied: AppliedStep, result: Any, gone: set[str]) -> None:
+    def _record_spec_decode_metrics(self, applied: AppliedStep, result: Any, gone: set[str]) -> None:
         """``scheduler.spec_decode_metrics``: a request's ``RequestSpecDecodeMetrics``, handed
         out with its finishing output, count its verifications: per verification one entry of
         the accepted-count histogram and its drafts (``summary``), and with ``detailed`` the
@@ -1279,90 +1125,39 @@ class Lifecycle:
             if row.drafts and row.accepted is not None and row.request not in gone:
                 self.verifications.setdefault(row.request, []).append((row.drafts, row.accepted))
         api = self.oracle.vllm.part(Scheduling)
+        detailed = self.oracle.limits.spec_decode_metrics == "detailed"
+        names: tuple[str, ...] = ("histogram", "num_draft_tokens")
+        names += ("per_step_accepted", "per_step_drafted") if detailed else ()
         for rid, metrics in api.finished_spec_decode_metrics(result).items():
-            steps = self.verifications.get(rid, [])
-            histogram = [0] * (self.oracle.num_spec + 1)
-            for _, accepted in steps:
-                histogram[accepted] += 1
-            want: dict[str, list[int] | int] = {
-                "histogram": histogram,
-                "num_draft_tokens": sum(drafts for drafts, _ in steps),
-            }
-            if self.oracle.limits.spec_decode_metrics == "detailed":
-                want["per_step_accepted"] = [accepted for _, accepted in steps]
-                want["per_step_drafted"] = [drafts for drafts, _ in steps]
-            got = {name: getattr(metrics, name) for name in want}
-            if got != want:
-                self._miss(
-                    applied.step,
-                    rid,
-                    f"its spec-decode metrics at the finish are {got}, but its "
-                    f"{len(steps)} verifications (drafts, accepted) {steps} give {want}",
-                    STATS_DISAGREE,
-                )
+            steps = tuple(self.verifications.get(rid, []))
+            got = {name: getattr(metrics, name) for name in names}
+            self._fact(
+                applied.step, rid, SpecDecodeMetrics(got, steps, self.oracle.num_spec, detailed)
+            )
 
     def ended_run(self) -> None:
-        self._judge_rejections()
-        for rid, req in self.requests.items():
-            end = self.ends.get(rid)
-            if rid in self._judged or end is None:
-                continue  # unfinished: sanity's "leaves requests unfinished"
-            stopped, outputs, _ = end
-            if req.stop_at is None and stopped:
-                self._miss(
-                    self.oracle._current,
-                    rid,
-                    f"finished as stopped (FINISHED_STOPPED) after {outputs} output tokens, "
-                    "none of which stops it: it has no stop_at",
-                    STOP_MISSED,
-                )
-            elif req.stop_at is not None and (not stopped or outputs != req.stop_at):
-                self._miss(
-                    self.oracle._current,
-                    rid,
-                    f"{self._outcome(end)}, but its output {req.stop_at} is its "
-                    f"{self._stop_name(rid)} (stop_at): check_stop finishes it there",
-                    STOP_MISSED,
-                )
-
-    def _judge_rejections(self) -> None:
-        """``expect_rejected``: vLLM finishes the request with an error (FINISHED_ERROR)
-        where one of its multimodal identifiers holds another length in the encoder cache
-        (``_reject_on_encoder_cache_embed_mismatch``): computed, its placeholders would take
-        another item's embeddings. A request with inputs that does not state it is never
-        rejected."""
-        for rid, req in self.requests.items():
-            if req.expect_rejected and rid not in self.errors:
-                self._miss(
-                    self.oracle._current,
-                    rid,
-                    f"{self._outcome(self.ends.get(rid))}, not with an error (FINISHED_ERROR): "
-                    "one of its multimodal ids has another length in the encoder cache "
-                    "(expect_rejected)",
-                    REJECTION_DIFFERS,
-                )
-            elif req.mm_inputs and not req.expect_rejected and rid in self.errors:
-                self._miss(
-                    self.oracle._current,
-                    rid,
-                    "vLLM finishes it with an error (FINISHED_ERROR), but each of its "
-                    "multimodal ids has one length throughout the scenario",
-                    REJECTION_DIFFERS,
-                )
+        """How every request ended, with what the scenario states of it (its stop, an
+        expected rejection: ``_reject_on_encoder_cache_embed_mismatch``)."""
+        ends = tuple(
+            RequestEnd(
+                rid,
+                self.ends.get(rid),
+                req.stop_at,
+                self._stop_name(rid),
+                bool(req.expect_rejected),
+                bool(req.mm_inputs),
+                rid in self.errors,
+            )
+            for rid, req in self.requests.items()
+        )
+        self._fact(self.oracle._current, "-", RunEnded(ends))
 
     def _stop_name(self, rid: str) -> str:
         req = self.requests[rid]
         token = _STOP_TOKEN_IDS[req.stop_with]
         return f"EOS token ({token})" if req.stop_with == "eos" else f"stop token ({token})"
 
-    def _outcome(self, end: tuple[bool, int, int] | None) -> str:
-        if end is None:
-            return "vLLM keeps it unfinished"
-        stopped, outputs, _ = end
-        how = "stopped (FINISHED_STOPPED)" if stopped else "finished otherwise (not stopped)"
-        return f"vLLM ends it {how} after {outputs} output tokens"
-
-    def _judge_stats(
+    def _record_stats(
         self,
         applied: AppliedStep,
         result: Any,
@@ -1370,17 +1165,10 @@ class Lifecycle:
         admissions: Sequence[ScheduledRequest],
         loads: Sequence[tuple[str, int, int, int]],
     ) -> None:
+        """The output's ``SchedulerStats`` and what they are held to (judged by
+        ``checks.lifecycle``)."""
         oracle = self.oracle
         stats = oracle.api.scheduler_stats(result)
-        if stats is None:
-            self._miss(
-                applied.step, "-", "update_from_output returned no SchedulerStats with log_stats",
-                STATS_DISAGREE,
-            )  # fmt: skip
-            return
-        problems: list[str] = []
-        # kv_cache_usage: the blocks the requests hold (shared ones once), of the pool but
-        # its null block.
         null = oracle.run.null_block
         held = {
             block
@@ -1389,89 +1177,46 @@ class Lifecycle:
             for block in ids
             if block != null
         }
-        pool = oracle.scenario.model.num_blocks - 1
-        usage = len(held) / pool if pool else 0.0
-        if abs(float(stats.kv_cache_usage) - usage) > 1e-9:
-            problems.append(
-                f"kv_cache_usage {float(stats.kv_cache_usage):.4f}, but the requests hold "
-                f"{len(held)} of the pool's {pool} blocks ({usage:.4f})"
-            )
-        # prefix_cache_stats: the admissions since the last output, each as (resumed,
-        # num_tokens, local hit, tokens loaded); a KV load's own tokens in the connector's.
-        lookups = [
-            (row.phase == "resumed", row.known_tokens, row.cached, 0)
-            for row in admissions
-            if row.phase != "loaded"
-        ] + [(False, prompt, local, tokens - local) for _, prompt, local, tokens in loads]
-        described = [
-            f"{row.request} ({row.phase}, {row.known_tokens} tokens, hit {row.cached})"
-            for row in admissions
-            if row.phase != "loaded"
-        ] + [
-            f"{rid} (loading {tokens - local}, local hit {local})"
-            for rid, _, local, tokens in loads
-        ]
-        for kind, wanted in (
-            ("prefix_cache_stats", oracle.scenario.model.enable_caching),
-            ("connector_prefix_cache_stats", getattr(stats, "connector_prefix_cache_stats", None)),
-        ):
-            if kind == "connector_prefix_cache_stats" and wanted is None:
-                continue  # no KV connector
-            want = dict.fromkeys(_PREFIX_STATS, 0)
-            for resumed, tokens, local, external in lookups if wanted else ():
-                # The local lookup counts the whole sequence; the connector's what the
-                # local hit leaves, and hits what it loads.
-                queries, hits = (
-                    (tokens, local) if kind == "prefix_cache_stats" else (tokens - local, external)
-                )
-                if kind != "prefix_cache_stats" and not queries:
-                    continue  # vLLM records no connector lookup of nothing
-                part = ("requests", "queries", "hits")
-                if resumed:
-                    part = ("preempted_requests", "preempted_queries", "preempted_hits")
-                for name, value in zip(part, (1, queries, hits), strict=True):
-                    want[name] += value
-            found = getattr(stats, kind)
-            got = {name: int(getattr(found, name, 0)) for name in _PREFIX_STATS}
-            if got != want:
-                problems.append(
-                    f"{kind} {got}, but the admissions since the last output "
-                    f"({', '.join(described) or 'none'}) give {want}"
-                )
-        # spec_decoding_stats: the step's verifications.
-        verified = [
-            row
-            for row in applied.rows
-            if row.drafts and row.accepted is not None and row.request not in gone
-        ]
-        spec = stats.spec_decoding_stats
-        if not verified:
-            if spec is not None and int(spec.num_drafts):
-                problems.append(
-                    f"spec_decoding_stats counts {int(spec.num_drafts)} drafts, but the step "
-                    "verifies none"
-                )
-        else:
-            expected = {
-                "num_drafts": len(verified),
-                "num_draft_tokens": sum(row.drafts for row in verified),
-                "num_accepted_tokens": sum(row.accepted or 0 for row in verified),
-            }
-            found = (
-                {name: int(getattr(spec, name)) for name in expected} if spec is not None else None
-            )
-            if found != expected:
-                problems.append(
-                    f"spec_decoding_stats {found}, but the step verifies "
-                    + ", ".join(
-                        f"{row.request} {row.drafts} drafts, {row.accepted} accepted"
-                        for row in verified
-                    )
-                    + f": {expected}"
-                )
-        for problem in problems:
-            self._miss(applied.step, "-", f"SchedulerStats of the step's output: {problem}",
-                       STATS_DISAGREE)  # fmt: skip
+        prefix: dict[str, dict[str, int]] = {}
+        spec: dict[str, int] | None = None
+        usage = 0.0
+        if stats is not None:
+            usage = float(stats.kv_cache_usage)
+            for kind in ("prefix_cache_stats", "connector_prefix_cache_stats"):
+                found = getattr(stats, kind, None)
+                if kind == "connector_prefix_cache_stats" and found is None:
+                    continue  # no KV connector
+                prefix[kind] = {name: int(getattr(found, name, 0)) for name in _PREFIX_STATS}
+            found_spec = stats.spec_decoding_stats
+            if found_spec is not None:
+                spec = {
+                    name: int(getattr(found_spec, name))
+                    for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+                }
+        self._fact(
+            applied.step,
+            "-",
+            StepStats(
+                stats is not None,
+                usage,
+                len(held),
+                oracle.scenario.model.num_blocks - 1,
+                oracle.scenario.model.enable_caching,
+                tuple(
+                    (row.request, row.phase, row.known_tokens, row.cached)
+                    for row in admissions
+                    if row.phase != "loaded"
+                ),
+                tuple(loads),
+                prefix,
+                tuple(
+                    (row.request, row.drafts, row.accepted)
+                    for row in applied.rows
+                    if row.drafts and row.accepted is not None and row.request not in gone
+                ),
+                spec,
+            ),
+        )
 
 
 _PREFIX_STATS = (
@@ -1543,17 +1288,9 @@ class Sessions:
         session = self.sessions.get(rid)
         if session is None or session.closed:
             return
-        if kind != "preempt" or session.ended_turn:
-            self.oracle.run.lifecycle.append(
-                RuleMiss(
-                    step,
-                    rid,
-                    f"the streaming session's blocks are released in turn {session.turn}, "
-                    "before its input stream closes: vLLM keeps a session's KV while it "
-                    "waits for input",
-                    SESSION_KV_LOST,
-                )
-            )
+        self.oracle.run.lifecycle.append(
+            StepFact(step, rid, SessionReleased(kind, session.turn, session.ended_turn))
+        )
 
     def resuming(self, rid: str) -> bool:
         session = self.sessions.get(rid)
@@ -1622,48 +1359,22 @@ class Sessions:
         self._ends.clear()
 
     def scheduled(self, step: int, rows: Sequence[ScheduledRequest]) -> None:
-        null = self.oracle.run.null_block
         for row in rows:
             session = self.sessions.get(row.request)
             if session is None:
                 continue
             if row.phase == "turn":
                 session.resuming = False
-                problems = []
-                if row.computed != session.frontier:
-                    problems.append(
-                        f"resumes with {row.computed} computed tokens, not the "
-                        f"{session.frontier} its turns so far leave (every token but the "
-                        "last sampled one)"
-                    )
-                if row.known_tokens != session.tokens:
-                    problems.append(
-                        f"holds a sequence of {row.known_tokens} tokens, not {session.tokens} "
-                        f"(the {session.frontier} kept and the chunk's new ones)"
-                    )
-                for group, (kept, now) in enumerate(zip(session.kept, row.block_ids, strict=True)):
-                    lost = [
-                        (index, block)
-                        for index, block in enumerate(kept)
-                        if block != null and (index >= len(now) or now[index] not in (block, null))
-                    ]
-                    if lost:
-                        problems.append(
-                            f"group {group} no longer holds block(s) "
-                            + ", ".join(f"{b} at {i}" for i, b in lost)
-                            + f" it held at its last step ({kept}; now {now})"
-                        )
-                if problems:
-                    self.oracle.run.lifecycle.append(
-                        RuleMiss(
-                            step,
-                            row.request,
-                            f"the streaming session's turn {session.turn} "
-                            + "; ".join(problems)
-                            + ": vLLM keeps a session's KV between turns",
-                            SESSION_KV_LOST,
-                        )
-                    )
+                turn = SessionTurn(
+                    session.turn,
+                    row.computed,
+                    session.frontier,
+                    row.known_tokens,
+                    session.tokens,
+                    tuple(tuple(ids) for ids in session.kept),
+                    tuple(tuple(ids) for ids in row.block_ids),
+                )
+                self.oracle.run.lifecycle.append(StepFact(step, row.request, turn))
             session.kept = tuple(list(ids) for ids in row.block_ids)
 
 

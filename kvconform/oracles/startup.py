@@ -112,7 +112,7 @@ def run_startup(vllm: Vllm, scenario: Scenario) -> StartupRecord:
     result = vllm.part(Planning).plan(
         config, model_layers(vllm, scenario), startup.available_blocks
     )
-    _check_groups(scenario, result)
+    _require_one_group_each(scenario, result)
     return StartupRecord(
         accepted=result.accepted,
         function=result.function,
@@ -131,7 +131,7 @@ def run_startup(vllm: Vllm, scenario: Scenario) -> StartupRecord:
     )
 
 
-def _check_groups(scenario: Scenario, result: PlanResult) -> None:
+def _require_one_group_each(scenario: Scenario, result: PlanResult) -> None:
     """vLLM's groups are the scenario's: one per group, of its spec class and block size."""
     wanted = [(GROUP_TYPES[g.type].vllm_class, g.block_size) for g in scenario.model.groups]
     got = [(g.spec_class, g.block_size) for g in result.groups]

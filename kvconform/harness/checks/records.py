@@ -10,6 +10,9 @@ causes read the shape of a miss from those numbers (:func:`below_floor`,
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+from kvconform.model.facts import Fact
 from kvconform.model.floors import cdiv
 from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.observations import Observation, Trajectory
@@ -126,3 +129,32 @@ def above(larger: int, smaller: int, failure: Failure) -> str:
     if failure.dcp > 1 and smaller == cdiv(larger, failure.dcp):
         return "by the DCP factor"
     return "by one block" if larger - smaller == 1 else "by several blocks"
+
+
+def fact_failure(fact: Fact, message: str, invariant: str, check: str = "sanity") -> Failure:
+    """A failure of ``check`` at the place a fact was recorded (kvconform.model.facts),
+    blamed on the live party and named by its ``invariant``."""
+    where = f"line {fact.line}, " if fact.line is not None else ""
+    return Failure(
+        check,
+        f"step {fact.step} ({where}{fact.label}) request {fact.request}: {message}",
+        step=fact.step,
+        line=fact.line,
+        request=fact.request,
+        action=fact.label,
+        party="live",
+        detail={"invariant": invariant},
+    )
+
+
+def at_request(trajectory: Trajectory, fact: Fact, request: str) -> Fact:
+    """``fact`` as a fact of ``request``, at its line in the scenario (scheduler mode)."""
+    return fact._replace(request=request, line=trajectory.request_lines.get(request))
+
+
+def facts_of(trajectory: Trajectory, *kinds: type) -> Iterator[tuple[int, Fact]]:
+    """(index, fact) of the trajectory's facts whose payload is one of ``kinds``, in
+    recording order."""
+    for index, fact in enumerate(trajectory.facts):
+        if isinstance(fact.what, kinds):
+            yield index, fact

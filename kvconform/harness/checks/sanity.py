@@ -28,6 +28,15 @@
   is in another request's table before the load reports done (an abort while the
   KV loads keeps the blocks until then).
 
+The invariants that need more than the recorded tables are judged by one module per
+family, over the facts the oracles record (:mod:`kvconform.model.facts`): ``allocator``
+(stated hits and resets, retained hits, evictions, prefix-cache stats, declared
+defaults), ``zeroing``, ``handoffs``, ``kv_events``, ``encoder`` (scheduler mode's
+multimodal inputs) and ``lifecycle`` (in-flight finishes, stops, rejections,
+``SchedulerStats``, streaming sessions, pauses and aborts); ``warmup`` and ``mamba``
+read the recorded tables. This module runs them in a fixed order, the facts' failures
+in the order the run met them.
+
 Each failure names its invariant (``detail["invariant"]``): the root causes
 gather by it.
 """
@@ -36,9 +45,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from kvconform.harness.checks.records import PARTY_NAMES, failure_at, named
+from kvconform.harness.checks import (
+    allocator,
+    encoder,
+    handoffs,
+    kv_events,
+    lifecycle,
+    mamba,
+    warmup,
+    zeroing,
+)
+from kvconform.harness.checks.records import failure_at, named
 from kvconform.model.checks import Check, always
-from kvconform.model.floors import MAMBA_ALIGNED_STATE, READ_SPAN_REASONS, first_position_read
+from kvconform.model.floors import READ_SPAN_REASONS, first_position_read
 from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.observations import HIT_MISSED, FreeEvent, Trajectory
 from kvconform.model.results import Failure, ScenarioResult
@@ -46,47 +65,6 @@ from kvconform.model.root_causes import Blame
 
 # The invariant of a call the scenario marks refused and vLLM granted.
 GRANTED = "grants a call the pool cannot hold"
-
-
-def _passes(n: int) -> str:
-    return f"{n} pass" if n == 1 else f"{n} passes"
-
-
-def _warmup_blocks_in_pool(trajectory: Trajectory) -> Iterator[Failure]:
-    """The recorded warmup hands out only blocks the pool has, and never the null block.
-
-    The warmup numbers its blocks itself (from 1, block 0 being the null block);
-    an id at or past ``num_blocks`` indexes past the KV-cache tensor on a GPU. Where
-    the runner grows its KV cache on demand (0.34's extensible KV cache), an id at or
-    past the blocks committed when the step ran is unbacked memory. Not when the
-    warmup's writes are redirected to the null block (the elastic-EP re-warm): then
-    no id it hands out is written.
-    """
-    if trajectory.warmup_writes_redirected:
-        return
-    null, size = trajectory.null_block, trajectory.num_blocks
-    committed_at = trajectory.warmup_committed_blocks
-    reported: set[tuple[str, int]] = set()
-    for obs in trajectory.observations:
-        ids = obs.warmup_block_ids
-        if not ids or (obs.request, obs.group) in reported:
-            continue
-        outside = [b for b in ids if b >= size or b < 0]
-        committed = committed_at.get(obs.step)
-        uncommitted = [b for b in ids if committed is not None and b >= committed]
-        if outside or uncommitted or (null in ids and not trajectory.groups[obs.group].holds_null):
-            reported.add((obs.request, obs.group))
-            if outside:
-                what = f"block {outside[0]}, which a pool of {size} blocks does not have"
-            elif uncommitted:
-                what = (
-                    f"block {uncommitted[0]}, which its extensible KV cache has not committed "
-                    f"({committed} of {size} blocks backed when the step ran: the warmup "
-                    "commits with ensure_kv_cache_blocks before it hands blocks out)"
-                )
-            else:
-                what = f"the null block (id {null})"
-            yield failure_at("sanity", trajectory, obs, f"{PARTY_NAMES['warmup']} hands out {what}")
 
 
 def _read_span_blocks_real(trajectory: Trajectory) -> Iterator[Failure]:
@@ -161,220 +139,20 @@ def _refusals_refused(trajectory: Trajectory) -> Iterator[Failure]:
         )
 
 
-def _warmup_blocks_distinct(trajectory: Trajectory) -> Iterator[Failure]:
-    """No block the recorded warmup hands out is in two tables at once.
+# The families that judge the facts the live oracle records (kvconform.model.facts).
+FACT_FAMILIES = (allocator, zeroing, handoffs, kv_events, encoder, lifecycle)
 
-    The warmup numbers its blocks itself ("Assign distinct block IDs per request per
-    group"); a block in two requests' tables, or in two groups of one request, is KV
-    that two writers overwrite. A request's blocks are free again once it finishes:
-    the finish events are the live replay's, so only rows the live replay mirrors
-    (warmup scenarios; not engine mode's GPU warmup rows) are judged. Not when the
-    warmup's writes are redirected to the null block.
-    """
-    if trajectory.warmup_writes_redirected:
+
+def _recorded_facts(trajectory: Trajectory) -> Iterator[Failure]:
+    """What each family finds in the recorded facts (what vLLM answered, zeroed, handed
+    over, announced, freed, against the scenario's statements: a first chunk's stated
+    hit, ``expect_hit``, among them), in the order the facts were recorded."""
+    if not trajectory.facts:
         return
-    owner: dict[int, tuple[str, int]] = {}
-    held: dict[str, set[int]] = {}
-    reported: set[tuple[str, int]] = set()
-    events = iter(trajectory.events)
-    pending = next(events, None)
-    for seq, obs in enumerate(trajectory.observations):
-        while pending is not None and pending.seq <= seq:
-            for block in held.pop(pending.request, ()):
-                owner.pop(block, None)
-            pending = next(events, None)
-        ids = obs.warmup_block_ids
-        if not ids or obs.live is None:
-            continue
-        here = (obs.request, obs.group)
-        for block in ids:
-            other = owner.setdefault(block, here)
-            if other != here and here not in reported:
-                reported.add(here)
-                whose = f"request {other[0]}" if other[0] != obs.request else "this request"
-                yield failure_at(
-                    "sanity",
-                    trajectory,
-                    obs,
-                    f"{PARTY_NAMES['warmup']} hands out block {block}, which {whose} holds "
-                    f"in group {other[1]}",
-                    {"invariant": "hands one block to two tables"},
-                    party="warmup",
-                )
-        held.setdefault(obs.request, set()).update(ids)
-
-
-def _warmup_passes(trajectory: Trajectory) -> Iterator[Failure]:
-    """warmup_kernels makes the passes the scenario derives from the runner's limits.
-
-    Each pass prefills one batch, as many requests as max_num_seqs, the token
-    budget and the pool allow (the null block kept out), and samples randomly or
-    greedily; a pass missing, or a batch smaller or larger than the limits give,
-    leaves batch shapes unwarmed or hands out blocks the pool does not have.
-    """
-    expected = trajectory.expected_warmup_passes
-    if expected is None or tuple(trajectory.warmup_passes) == expected:
-        return
-    made = "; ".join(str(p) for p in trajectory.warmup_passes) or "none"
-    wanted = "; ".join(str(p) for p in expected)
-    yield Failure(
-        "sanity",
-        f"warmup_kernels made {_passes(len(trajectory.warmup_passes))} ({made}), but "
-        f"{trajectory.expected_warmup_passes_at} derives {_passes(len(expected))} ({wanted})",
-        party="warmup",
-        detail={"invariant": "warms other batches than its limits give"},
-    )
-
-
-def _stated_hits(trajectory: Trajectory) -> Iterator[Failure]:
-    """A first chunk gets the prefix-cache hit the scenario states (``expect_hit``).
-
-    The scenario derives the hit by hand (the full blocks a request shares with
-    blocks another request computed and allocate_slots cached), so a different hit
-    is the allocator caching too little, or caching tokens nobody computed yet.
-    """
-    for miss in trajectory.misses:
-        where = f"line {miss.line}, " if miss.line is not None else ""
-        yield Failure(
-            "sanity",
-            f"step {miss.step} ({where}{miss.label}) request {miss.request}: {miss.message}",
-            step=miss.step,
-            line=miss.line,
-            request=miss.request,
-            action=miss.label,
-            party="live",
-            detail={"invariant": miss.invariant},
-        )
-
-
-def _mamba_align_groups(trajectory: Trajectory) -> dict[int, tuple[int, int]]:
-    """group index -> (num_speculative_blocks, num_prefill_checkpoint_blocks) of its
-    Mamba "align" groups."""
-    return {
-        g.index: (
-            int(g.floor_args.get("num_speculative_blocks", 0)),
-            int(g.floor_args.get("num_prefill_checkpoint_blocks", 0)),
-        )
-        for g in trajectory.groups
-        if g.floor_rule is MAMBA_ALIGNED_STATE
-    }
-
-
-def _mamba_align_rewritten_column(
-    before: list[int] | None, ids: list[int], null: int
-) -> tuple[str, str] | None:
-    """A running request's table changed other than by appending or nulling a column.
-
-    The worker keeps its own copy of a running request's block table and only appends
-    the block ids each step hands it (vLLM's MambaManager: "The worker block table of a
-    running request is append-only"). So between two allocations of a live request a
-    column may keep its block or become the null block (a state the worker no longer
-    reads), and the table may grow; a column that turns into another real block, or a
-    table that shrinks, is one the worker would still read from the old block.
-    """
-    if before is None:
-        return None
-    if len(ids) < len(before):
-        return (
-            "rewritten table",
-            f"its table shrank from {len(before)} to {len(ids)} columns while it ran "
-            f"(before {before}, now {ids}); the worker's copy only grows",
-        )
-    # ids is at least as long as before here; its appended columns are new.
-    for column, (old, new) in enumerate(zip(before, ids, strict=False)):
-        if new != old and new != null:
-            return (
-                "rewritten table",
-                f"column {column} changed from block {old} to block {new} while it ran "
-                f"(before {before}, now {ids}); the worker's copy only appends, so it "
-                "would still use the old block there",
-            )
-    return None
-
-
-def _mamba_align_state_blocks(trajectory: Trajectory) -> Iterator[Failure]:
-    """Where a Mamba "align" request's state lives, after every allocation.
-
-    vLLM's ``MambaManager`` (align) keeps the running state in the last
-    ``1 + num_speculative_blocks`` columns of the request's table ("We always save
-    the running state at the last (1 + num_speculative_blocks) block"): the kernel
-    writes the step's final state and each draft's state there, so each must be a
-    real block (not the null block) that no other live request holds, prefix caching
-    or not (a cache hit shares a block a request reads from, never one it writes).
-    Every older state is nulled once the next one exists, so a request holds at most
-    ``2 + num_speculative_blocks + num_prefill_checkpoint_blocks`` real blocks plus
-    one private copy-on-write tail (the previous state, the running and speculative
-    ones, the checkpoint column): what ``MambaSpec.max_memory_usage_bytes`` sizes
-    the pool for in align mode. Between two allocations a live request's table only
-    grows or nulls columns (``_mamba_align_rewritten_column``). Only the live party's
-    tables are read.
-    """
-    align = _mamba_align_groups(trajectory)
-    if not align:
-        return
-    null = trajectory.null_block
-    tables: dict[str, dict[int, list[int]]] = {}
-    reported: set[tuple[str, int, str]] = set()
-    events = list(trajectory.events)
-    next_event = 0
-    for seq, obs in enumerate(trajectory.observations):
-        while next_event < len(events) and events[next_event].seq <= seq:
-            tables.pop(events[next_event].request, None)
-            next_event += 1
-        ids = list(obs.block_ids or ())
-        before = tables.get(obs.request, {}).get(obs.group)
-        tables.setdefault(obs.request, {})[obs.group] = ids
-        shape = align.get(obs.group)
-        if shape is None or obs.block_ids is None:
-            continue
-        speculative, checkpoint = shape
-        state_columns = 1 + speculative
-        tail = ids[-state_columns:] if len(ids) >= state_columns else ids
-        problem = _mamba_align_rewritten_column(before, ids, null)
-        if problem is None and (len(ids) < state_columns or null in tail):
-            column = len(ids) - state_columns + (tail.index(null) if null in tail else 0)
-            problem = (
-                "null state",
-                f"column {column} of the last {state_columns} (the running state and "
-                f"{speculative} speculative state blocks the kernel writes) is the null block "
-                f"(table {ids})",
-            )
-        elif problem is None:
-            for other, other_tables in tables.items():
-                if other == obs.request:
-                    continue
-                shared = sorted({b for t in other_tables.values() for b in t} & set(tail))
-                if shared:
-                    problem = (
-                        "shared state",
-                        f"the state block {shared[0]} it writes is also in the table of "
-                        f"live request {other}",
-                    )
-                    break
-        if problem is None:
-            real = len({b for b in ids if b != null})
-            bound = 2 + speculative + checkpoint + 1
-            if real > bound:
-                problem = (
-                    "state blocks held",
-                    f"holds {real} real blocks, more than the {bound} a Mamba align request "
-                    f"ever needs (2 states + {speculative} speculative + {checkpoint} checkpoint "
-                    "+ 1 copy-on-write tail): an older state was not nulled",
-                )
-        if problem is None:
-            continue
-        key = (obs.request, obs.group, problem[0])
-        if key in reported:
-            continue
-        reported.add(key)
-        yield failure_at(
-            "sanity",
-            trajectory,
-            obs,
-            problem[1],
-            {"invariant": f"mamba align {problem[0]}"},
-            "live",
-        )
+    found = [pair for family in FACT_FAMILIES for pair in family.judge(trajectory)]
+    found.sort(key=lambda pair: pair[0])
+    for _, failure in found:
+        yield failure
 
 
 def _loads_keep_their_blocks(trajectory: Trajectory) -> Iterator[Failure]:
@@ -441,63 +219,6 @@ def _loads_keep_their_blocks(trajectory: Trajectory) -> Iterator[Failure]:
                 },
                 party="live",
             )
-
-
-def _mamba_align_chunk_columns(trajectory: Trajectory) -> Iterator[Failure]:
-    """A Mamba "align" prefill chunk that starts inside a block stops at its boundary.
-
-    vLLM's worker keeps a request's running state in the column of the last token it
-    computed: a chunk reads its initial state from the column holding its start and
-    writes its final state into the column of its end. ``cache_blocks`` then hashes
-    column ``p`` as the state after exactly ``(p + 1) * block_size`` tokens once the
-    request has computed that far (vLLM's invariant "slot p holds the state after
-    exactly (p + 1) * block_size tokens"). A chunk that starts at ``s`` inside block
-    ``p`` and runs past the boundary ``(p + 1) * block_size`` leaves column ``p``
-    holding the state after ``s`` tokens, which vLLM caches as the state after the
-    boundary: a later hit resumes from the wrong state. So where the column is still a
-    real block after such a chunk, the chunk layout broke the rule (vLLM's scheduler
-    ends a chunk that starts mid-block at the boundary, ``_mamba_block_aligned_split``).
-    Only the prefill chunks vLLM's scheduler chose (``Trajectory.prefill_rows``, scheduler
-    mode) are judged: a trajectory's chunks are its scenario's. The first position a chunk
-    computes is past its prefix-cache hit. A group with a prefill checkpoint column is
-    not judged: there the worker exports the boundary state mid-chunk
-    (``is_mamba_prefill_checkpoint_valid``) and the scheduler lets the prompt's last chunk
-    run past the boundary.
-    """
-    align = {
-        g.index: g.block_size
-        for g in trajectory.groups
-        if g.floor_rule is MAMBA_ALIGNED_STATE
-        and not g.floor_args.get("num_prefill_checkpoint_blocks")
-    }
-    if not align or not trajectory.prefill_rows:
-        return
-    null = trajectory.null_block
-    reported: set[tuple[str, int]] = set()
-    for index in sorted(trajectory.prefill_rows):
-        obs = trajectory.observations[index]
-        size = align.get(obs.group)
-        if size is None or (obs.request, obs.group) in reported:
-            continue
-        start, end = obs.computed + obs.cached, obs.computed + obs.scheduled
-        column = start // size
-        boundary = (column + 1) * size
-        ids = obs.block_ids or ()
-        if start % size == 0 or end <= boundary or column >= len(ids) or ids[column] == null:
-            continue
-        reported.add((obs.request, obs.group))
-        yield failure_at(
-            "sanity",
-            trajectory,
-            obs,
-            f"the prefill chunk from position {start} to {end} starts inside block {column} "
-            f"and runs past its boundary {boundary}, so column {column} (block {ids[column]}) "
-            f"keeps the state after {start} tokens, which vLLM caches as the state after "
-            f"{boundary} (slot p holds the state after exactly (p + 1) * {size} tokens); "
-            f"the chunk must stop at {boundary}",
-            {"invariant": "mamba align state in the wrong column", "column": column},
-            "live",
-        )
 
 
 def _blocks_in_one_group(trajectory: Trajectory) -> Iterator[Failure]:
@@ -597,16 +318,16 @@ def _blocks_in_one_group(trajectory: Trajectory) -> Iterator[Failure]:
 
 
 def find(trajectory: Trajectory) -> Iterator[Failure]:
-    yield from _warmup_blocks_in_pool(trajectory)
+    yield from warmup.blocks_in_pool(trajectory)
     yield from _loads_keep_their_blocks(trajectory)
     yield from _blocks_in_one_group(trajectory)
     yield from _read_span_blocks_real(trajectory)
     yield from _refusals_refused(trajectory)
-    yield from _warmup_blocks_distinct(trajectory)
-    yield from _warmup_passes(trajectory)
-    yield from _stated_hits(trajectory)
-    yield from _mamba_align_state_blocks(trajectory)
-    yield from _mamba_align_chunk_columns(trajectory)
+    yield from warmup.blocks_distinct(trajectory)
+    yield from warmup.passes_made(trajectory)
+    yield from _recorded_facts(trajectory)
+    yield from mamba.state_blocks(trajectory)
+    yield from mamba.chunk_columns(trajectory)
     null = trajectory.null_block
     owner: dict[int, str] = {}
     # Per request and group, the block table last seen. A step usually appends

@@ -44,13 +44,12 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 
 from kvconform.harness.drivers.common import attach_predictor
+from kvconform.model.facts import Fact, PrefillChunks, SchedulerReset, StatedAdmission
 from kvconform.model.floors import FloorInput
 from kvconform.model.observations import (
-    CHUNKS_DIFFER,
     Denial,
     FreeEvent,
     KvLoad,
-    Miss,
     Observation,
     Trajectory,
 )
@@ -62,9 +61,9 @@ from kvconform.oracles.scheduler import (
     FreeRecord,
     LoadDoneRecord,
     LoadRecord,
-    RuleMiss,
     ScheduledRequest,
     SchedulerRun,
+    StepFact,
     StepRecord,
     run_scheduler,
 )
@@ -142,7 +141,7 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
     predict = (
         [predictor.for_group(g) for g in range(len(model.groups))] if predictor.available else []
     )
-    lines = {
+    lines = trajectory.request_lines = {
         name: (req.where.line if req.where else None) for name, req in scenario.requests.items()
     }
     predicted_max: dict[str, list[int]] = {}
@@ -195,28 +194,22 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
         _step_note(event, notes[event.step])
         for row in event.requests:
             label = decision_label(row)
-            expected_hit = scenario.requests[row.request].expect_hit
-            if row.phase == "new" and expected_hit not in (None, row.cached):
-                trajectory.misses.append(
-                    Miss(
+            # What the scenario states of an admission, with what vLLM did (check sanity).
+            stated = (
+                ("hit", row.cached, scenario.requests[row.request].expect_hit)
+                if row.phase == "new"
+                else ("loaded", row.computed, scenario.requests[row.request].expect_loaded)
+                if row.phase == "loaded"
+                else None
+            )
+            if stated is not None and stated[2] is not None:
+                trajectory.facts.append(
+                    Fact(
                         event.step,
                         lines[row.request],
                         row.request,
                         label,
-                        f"adopted a prefix-cache hit of {row.cached} tokens at admission, but "
-                        f"the scenario states {expected_hit} (expect_hit)",
-                    )
-                )
-            expected_loaded = scenario.requests[row.request].expect_loaded
-            if row.phase == "loaded" and expected_loaded not in (None, row.computed):
-                trajectory.misses.append(
-                    Miss(
-                        event.step,
-                        lines[row.request],
-                        row.request,
-                        label,
-                        f"was first scheduled after its KV load with {row.computed} tokens "
-                        f"computed, but the scenario states {expected_loaded} (expect_loaded)",
+                        StatedAdmission(stated[0], stated[1], stated[2]),
                     )
                 )
             maxima = predicted_max.setdefault(row.request, [0] * len(model.groups))
@@ -259,57 +252,55 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
         how = " (preempting the running requests)" if reset.running else ""
         how += " (with the KV connector's cache)" if reset.connector else ""
         notes[reset.step].append(f"prefix cache: {answer}{how}")
-        if reset.succeeded != reset.succeeds:
-            trajectory.misses.append(
-                Miss(
-                    reset.step,
-                    reset.line,
-                    "-",
-                    "reset_prefix_cache",
-                    f"Scheduler.reset_prefix_cache{how} {answer} before step {reset.step}, but "
-                    f"the scenario states it {'succeeds' if reset.succeeds else 'is refused'}",
-                    "resets the prefix cache otherwise than derived",
-                )
+        trajectory.facts.append(
+            Fact(
+                reset.step,
+                reset.line,
+                "-",
+                "reset_prefix_cache",
+                SchedulerReset(
+                    reset.succeeded, reset.succeeds, reset.step, reset.running, reset.connector
+                ),
             )
-    _rule_misses(trajectory, record.zeroing, "schedule", lines)
+        )
+    _step_facts(trajectory, record.zeroing, "schedule", lines)
     _deferred_frees(trajectory, record.deferred_frees, lines, notes)
-    _encoder_misses(trajectory, record, lines)
+    _encoder_facts(trajectory, record, lines)
     for step, note in record.encoder_notes.items():
         notes[step].append(note)
-    _chunk_misses(trajectory, record, scenario, lines)
-    _rule_misses(trajectory, record.lifecycle, "update_from_output", lines)
+    _chunk_facts(trajectory, record, scenario, lines)
+    _step_facts(trajectory, record.lifecycle, "update_from_output", lines)
     trajectory.step_notes = {step: "; ".join(parts) for step, parts in sorted(notes.items())}
     trajectory.notes.append(summary(record, scenario))
     return trajectory
 
 
-def _encoder_misses(
+def _encoder_facts(
     trajectory: Trajectory, record: SchedulerRun, lines: dict[str, int | None]
 ) -> None:
-    """The encoder rules a run broke (``sanity``), and the budget it ran with (a note)."""
+    """What the run's encoder did (judged by ``sanity``), and the budget it ran with (a
+    note)."""
     if record.encoder_budget is not None:
         trajectory.notes.append(
             f"encoder budget {record.encoder_budget} embeddings a step, encoder cache "
             f"{record.encoder_cache_size}"
         )
-    _rule_misses(trajectory, record.encoder, "schedule", lines)
+    _step_facts(trajectory, record.encoder, "schedule", lines)
 
 
-def _rule_misses(
+def _step_facts(
     trajectory: Trajectory,
-    misses: Sequence[RuleMiss],
+    facts: Sequence[StepFact],
     call: str,
     lines: dict[str, int | None],
 ) -> None:
-    """The ``sanity`` rules the oracle saw vLLM break, as misses of ``call``."""
-    for miss in misses:
-        trajectory.misses.append(
-            Miss(miss.step, lines.get(miss.request), miss.request, call, miss.message,
-                 miss.invariant)
-        )  # fmt: skip
+    """The facts the oracle recorded (for ``sanity``), as facts of ``call``."""
+    trajectory.facts += [
+        Fact(fact.step, lines.get(fact.request), fact.request, call, fact.what) for fact in facts
+    ]
 
 
-def _chunk_misses(
+def _chunk_facts(
     trajectory: Trajectory,
     record: SchedulerRun,
     scenario: Scenario,
@@ -332,18 +323,9 @@ def _chunk_misses(
                 if row.request == name and row.computed < row.prompt_len:
                     chunks.append(row.scheduled)
                     last = event.step
-        if tuple(chunks) != stated:
-            trajectory.misses.append(
-                Miss(
-                    last,
-                    lines[name],
-                    name,
-                    "prefill",
-                    f"prefilled its prompt in chunks {'+'.join(map(str, chunks)) or 'none'}, "
-                    f"but the scenario states {'+'.join(map(str, stated))} (expect_chunks)",
-                    CHUNKS_DIFFER,
-                )
-            )
+        trajectory.facts.append(
+            Fact(last, lines[name], name, "prefill", PrefillChunks(tuple(chunks), tuple(stated)))
+        )
 
 
 def _deferred_frees(

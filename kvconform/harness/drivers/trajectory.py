@@ -3,8 +3,9 @@
 For each call of each step the driver asks the live ``KVCacheManager`` to
 allocate (exactly as the scheduler would), asks vLLM's warmup predictor how
 many blocks it would reserve for the same token count, computes the reference
-floor, and records one :class:`Observation` per group. It judges nothing: the
-checks read the :class:`Trajectory` afterwards. Keeping judgement out of the
+floor, and records one :class:`Observation` per group, and the facts the live
+oracle saw (:mod:`kvconform.model.facts`) with the step, line and call they belong
+to. It judges nothing: the checks read the :class:`Trajectory` afterwards. Keeping judgement out of the
 loop keeps the loop close to the cost of the allocator calls it makes.
 """
 
@@ -12,8 +13,9 @@ from __future__ import annotations
 
 from kvconform.errors import Location, ScenarioError
 from kvconform.harness.drivers.common import attach_predictor, denial
+from kvconform.model.facts import Fact
 from kvconform.model.group_types import GROUP_TYPES
-from kvconform.model.observations import FreeEvent, Miss, Observation, RefusedCall, Trajectory
+from kvconform.model.observations import FreeEvent, Observation, RefusedCall, Trajectory
 from kvconform.model.scenario import Action, Scenario
 from kvconform.oracles.live import LiveAllocator, StepDenied
 from kvconform.oracles.resolve import new_trajectory
@@ -35,9 +37,10 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
     for index, request in enumerate(scenario.requests.values()):
         live.add_request(request, index)
     # What the manager shows as built, before any step (its managers' declared defaults).
-    for name, message, invariant in live.step_misses:
-        trajectory.misses.append(Miss(0, None, name, "manager built", message, invariant))
-    live.step_misses.clear()
+    facts = trajectory.facts
+    for name, fact in live.step_facts:
+        facts.append(Fact(0, None, name, "manager built", fact))
+    live.step_facts.clear()
 
     predicted_max: dict[str, list[int]] = {}
     finished: set[str] = set()
@@ -75,9 +78,9 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
             live.evict_cached(
                 step.evict_cached, Location(scenario.file, line, f"steps[{index}].evict_cached")
             )
-        for name, message, invariant in live.step_misses:
-            trajectory.misses.append(Miss(index, line, name, "before the step", message, invariant))
-        live.step_misses.clear()
+        for name, fact in live.step_facts:
+            facts.append(Fact(index, line, name, "before the step", fact))
+        live.step_facts.clear()
         live.new_step()
         for call in step.calls:
             name, action = call.request, call.action
@@ -137,11 +140,10 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
                 where = Location(scenario.file, line, f"steps[{index}].{name}")
                 raise type(exc)(where, exc.message) from None
             finally:
-                for missed, message, invariant in live.misses:
-                    trajectory.misses.append(
-                        Miss(index, line, name, missed.label, message, invariant)
-                    )
-                live.misses.clear()
+                if live.call_facts:
+                    for made, fact in live.call_facts:
+                        facts.append(Fact(index, line, name, made.label, fact))
+                    live.call_facts.clear()
             held = live.block_ids(name)
             computed, scheduled, label = call.computed, call.scheduled, call.label
             num_tokens = computed + scheduled
@@ -188,16 +190,14 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
                 )
             live.complete(call)
         live.end_step()
-        for name, message, invariant in live.step_misses:
-            trajectory.misses.append(Miss(index, line, name, "end of step", message, invariant))
-        live.step_misses.clear()
+        for name, fact in live.step_facts:
+            facts.append(Fact(index, line, name, "end of step", fact))
+        live.step_facts.clear()
     # The engine's next step applies the last output: blocks still deferred go back.
     live.return_deferred()
-    for name, message, invariant in live.step_misses:
-        trajectory.misses.append(
-            Miss(len(scenario.steps), None, name, "after the last step", message, invariant)
-        )
-    live.step_misses.clear()
+    for name, fact in live.step_facts:
+        facts.append(Fact(len(scenario.steps), None, name, "after the last step", fact))
+    live.step_facts.clear()
     trajectory.all_finished = len(finished) == len(scenario.requests)
     trajectory.final_free_blocks = live.free_blocks()
     return trajectory

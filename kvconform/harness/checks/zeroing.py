@@ -1,0 +1,123 @@
+"""``sanity``, the zeroing family: the blocks vLLM hands the worker to zero.
+
+Where vLLM zeroes new blocks (Mamba layers, mixed precision), every block new in a
+recording group's table is on the worker's zeroing list, and no block of valid KV (a
+prefix hit's, one an asynchronous load writes) is: the rule is
+:func:`kvconform.model.zeroing.judge_zeroing`, applied to the lists the live oracle
+records (:class:`~kvconform.model.facts.ZeroingList`), and in scheduler mode to each
+``schedule()`` call's list (``SchedulerOutput.new_block_ids_to_zero``,
+:class:`~kvconform.model.facts.StepZeroingList`): there a block a request held at the
+last ``schedule()`` and holds still has its KV written, and a new block is valid only
+under the tokens computed before the step or an asynchronous load it begins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from kvconform.harness.checks.records import at_request, fact_failure, facts_of
+from kvconform.model.facts import Fact, StepZeroingList, ZeroingList
+from kvconform.model.observations import NOT_ZEROED, ZEROES_VALID_KV, Trajectory
+from kvconform.model.results import Failure
+from kvconform.model.zeroing import judge_zeroing
+
+
+def _step_list(
+    trajectory: Trajectory,
+    fact: Fact,
+    previous: dict[str, tuple[tuple[int, ...], ...]],
+) -> Iterator[Failure]:
+    """A ``schedule()`` call's zeroing list against every request's tables then and at
+    the last call (``previous``)."""
+    what = fact.what
+    assert isinstance(what, StepZeroingList)
+    null = trajectory.null_block
+    listed = set(what.listed)
+    # A block a request held at the last step and holds still has KV written by then:
+    # on the list, the worker wipes it (a load that completed, a computed prefix).
+    for rid, table in sorted(what.tables.items()):
+        if rid not in previous:
+            continue
+        kept = [
+            block
+            for group in what.groups
+            for block in sorted(set(table[group]) & set(previous[rid][group]) & listed)
+            if block != null
+        ]
+        if kept:
+            yield fact_failure(
+                at_request(trajectory, fact, rid),
+                f"block(s) {kept}, which the request held with their KV at the last "
+                "step, are on this step's zeroing list",
+                ZEROES_VALID_KV,
+            )
+    judged = sorted((rid, table) for rid, table in what.tables.items() if rid in what.judged)
+    for rid, table in judged:
+        unzeroed: list[int] = []
+        wiped: list[int] = []
+        loading = rid in what.loading
+        valid_end = what.valid_end.get(rid, 0)
+        before = previous.get(rid, ((),) * len(table))
+        for group in what.groups:
+            size = what.block_sizes[group]
+
+            def holds_valid_kv(column: int, block: int, size: int = size) -> bool:
+                return loading or column * size < valid_end  # noqa: B023 - called at once
+
+            missing, wrong = judge_zeroing(
+                table[group], set(before[group]), listed, null, holds_valid_kv
+            )
+            unzeroed += missing
+            wiped += wrong
+        if unzeroed:
+            yield fact_failure(
+                at_request(trajectory, fact, rid),
+                f"new block(s) {unzeroed} are not on the step's zeroing list "
+                f"(new_block_ids_to_zero: {sorted(listed)}); the model reads what a "
+                "freed block held before",
+                NOT_ZEROED,
+            )
+        if wiped:
+            yield fact_failure(
+                at_request(trajectory, fact, rid),
+                f"block(s) {wiped} hold KV that is valid before the step (a prefix "
+                "hit, or what an asynchronous load writes), yet are on the step's "
+                "zeroing list",
+                ZEROES_VALID_KV,
+            )
+
+
+def judge(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
+    """(fact index, failure) of the zeroing family, in recording order."""
+    null = trajectory.null_block
+    # Scheduler mode: each request's tables at the last schedule() call.
+    previous: dict[str, tuple[tuple[int, ...], ...]] = {}
+    for index, fact in facts_of(trajectory, ZeroingList, StepZeroingList):
+        what = fact.what
+        if isinstance(what, StepZeroingList):
+            for failure in _step_list(trajectory, fact, previous):
+                yield index, failure
+            previous = dict(what.tables)
+            continue
+        assert isinstance(what, ZeroingList)
+        cached, listed = set(what.hit), set(what.listed)
+        size, loaded, valid_tokens = what.block_size, what.loaded, what.valid_tokens
+
+        def holds_valid_kv(column: int, block: int) -> bool:
+            return block in cached or (loaded and column * size < valid_tokens)  # noqa: B023
+
+        unzeroed, wiped = judge_zeroing(what.after, set(what.before), listed, null, holds_valid_kv)
+        if unzeroed:
+            message = (
+                f"group {what.group}: new block(s) {unzeroed} are not handed to the worker "
+                f"to zero (take_new_block_ids gave {sorted(listed)}); the model reads "
+                "what a freed block held before"
+            )
+            yield index, fact_failure(fact, message, NOT_ZEROED)
+        if wiped:
+            message = (
+                f"group {what.group}: block(s) {wiped} hold KV that is valid before the "
+                "step (a prefix hit, or tokens the connector loads), yet are handed to "
+                "the worker to zero"
+            )
+            yield index, fact_failure(fact, message, ZEROES_VALID_KV)
