@@ -68,11 +68,17 @@ FUZZ_SEED ?= $(shell date +%Y%m%d)
 # flashinfer-python==0.7.3, which the package index does not serve (0.7.2.post1 and 0.7.4 are),
 # and no resolver accepts that pin unmet. flashinfer is CUDA-only and vLLM imports it lazily, on
 # CUDA, never on the CPU paths kvconform drives; the lock keeps 0.7.2.post1, what 0.33.0 pinned.
+# pip's own output goes to $(VENV)/install.log, printed only when a step fails: setuptools
+# announces every editable install with a warning ("Editable installation. Please be careful
+# with folders ..."), which says nothing about this project.
+INSTALL_LOG := $(VENV)/install.log
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q --no-deps -r constraints.txt
-	$(BIN)/python -m pip install -q --no-deps -e .
+	@echo "installing the locked environment (constraints.txt) into $(VENV); pip's output: $(INSTALL_LOG)"
+	@{ $(BIN)/python -m pip install -q --upgrade pip && \
+		$(BIN)/python -m pip install -q --no-deps -r constraints.txt && \
+		$(BIN)/python -m pip install -q --no-deps -e . ; } > $(INSTALL_LOG) 2>&1 || \
+		{ cat $(INSTALL_LOG); exit 1; }
 	touch $@
 
 install: $(STAMP)
