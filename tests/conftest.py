@@ -43,6 +43,20 @@ def pristine_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return copy_pristine(tmp_path_factory.mktemp("vllm-pristine"))
 
 
+# The release whose code the older injected-bug tests edit: their `old` texts are 0.33.0's
+# (kept so that each injected bug stays the bug it was written as), whatever vLLM is pinned.
+INJECTED_RELEASE = "0.33.0"
+
+
+@pytest.fixture(scope="session")
+def pristine_tree_033() -> Path:
+    """vLLM 0.33.0's Python tree (the folder holding vllm/; downloaded once and cached), for the
+    tests whose injected text is 0.33.0's; run ahead of the installed compiled parts."""
+    from kvconform.harness.releases import release_tree
+
+    return release_tree(INJECTED_RELEASE)
+
+
 @pytest.fixture
 def write_scenario(tmp_path: Path) -> Callable[..., Path]:
     def write(text: str, name: str = "scenario.yaml") -> Path:

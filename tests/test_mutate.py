@@ -267,11 +267,12 @@ def test_small_campaign_scores_one_target_function(tmp_path: Path):
     """``make test``'s campaign: every mutant of _reserved_block_count accounted for."""
     out = tmp_path / "report"
     done = run_kvconform(
-        "mutate", "--targets", ONE_TARGET, "--report-dir", out, "--progress", "off", cwd=REPO
-    )
+        "mutate", "--targets", ONE_TARGET, "--report-dir", out, "--progress", "off",
+        "--vllm-release", AUDITED_RELEASE, cwd=REPO,
+    )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads((out / "mutation.json").read_text())
-    assert report["vllm"]["version"] == "0.33.0"
+    assert report["vllm"]["version"] == AUDITED_RELEASE
     assert report["mutants"] == 49
     assert report["survived"] == 0 and report["timeout"] == 0, [
         r["id"] for r in report["results"] if r["verdict"] in ("survived", "timeout")

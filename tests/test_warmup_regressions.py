@@ -83,7 +83,8 @@ INJECTED_TO = "    num_lookahead_tokens = 0  # injected by kvconform's test: no 
 
 
 @pytest.mark.slow
-def test_a_warmup_that_reserves_without_lookahead_turns_the_suite_red(tmp_path, pristine_tree):
+def test_a_warmup_that_reserves_without_lookahead_turns_the_suite_red(tmp_path, pristine_tree_033):
+    pristine_tree = pristine_tree_033  # INJECTED_FROM is 0.33.0's line
     # Exactly the line of _warmup_block_counter that binds the warmup's lookahead.
     tree = tree_with_replacement(
         pristine_tree, tmp_path / "tree", "v1/worker/gpu/warmup.py", INJECTED_FROM, INJECTED_TO
