@@ -34,6 +34,7 @@ from kvconform.harness.expectations import (
     default_expectations_path,
 )
 from kvconform.harness.loader import load_paths
+from kvconform.harness.loader.budget import LIMITS, Limits
 from kvconform.harness.select import Selection, Shard, shard_from
 from kvconform.harness.session import RunRequest, Session, checks_from, load_vllm, vllm_to_load
 from kvconform.model.methods import REGISTRY_FILE as BUILTIN_SOURCE
@@ -123,6 +124,17 @@ def add_methods_file_option(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="a methods file whose entries join kvconform's method registry (default: the "
         "nearest methods.yaml at or above scenarios/; docs/adding-a-method.md)",
+    )
+
+
+def add_input_limit_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--input-limit",
+        action="append",
+        default=[],
+        metavar="NAME=N",
+        help="raise one limit of a scenario document for a deliberate stress scenario "
+        f"(repeatable; limits: {', '.join(Limits.names())}; defaults in docs/cli.md)",
     )
 
 
@@ -270,7 +282,8 @@ def cmd_run(args: argparse.Namespace, tracer: CodeTracer | None = None) -> int:
             # The run's reports are still worth writing; the exit status says it went wrong.
             say(f"ERROR {exc}")
             report.notes.append(f"--update-expectations failed: {exc}")
-            report.exit_status = ExitStatus.BAD_INPUT
+            if report.exit_status != ExitStatus.NONCONFORMANCE:  # a failure outranks it
+                report.exit_status = ExitStatus.BAD_INPUT
     return finish_run(report, args)
 
 
@@ -573,8 +586,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     for index in drawn:
         say("")
         say(explain(targets.scenarios[index], results[index], session.vllm.version))
-    status = runner.exit_status(results)
-    return max(status, ExitStatus.BAD_INPUT) if targets.errors else status
+    return runner.exit_status(results, len(targets.errors))
 
 
 # -- engine record ---------------------------------------------------------------------
@@ -712,6 +724,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_verbosity_options(run)
     add_progress_option(run)
+    add_input_limit_option(run)
     run.set_defaults(handler=cmd_run)
 
     merge = sub.add_parser(
@@ -782,6 +795,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_expectation_options(check)
     add_verbosity_options(check)
     add_progress_option(check)
+    add_input_limit_option(check)
     check.set_defaults(handler=cmd_check)
 
     bisect = sub.add_parser(
@@ -966,14 +980,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             return ABORT_CODE
         return code
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    token = None
     try:
+        if getattr(args, "input_limit", None):
+            token = LIMITS.set(Limits().raised(args.input_limit))
         return int(args.handler(args))
     except KvconformError as exc:
         say(f"ERROR {exc}")
+        if args.command == "check":
+            from kvconform.bisect.outcome import git_code
+
+            return git_code(exc.exit_status, getattr(args, "find_fix", False))
         return exc.exit_status
     except KeyboardInterrupt:
         say("interrupted")
         return ExitStatus.INTERRUPTED
+    finally:
+        if token is not None:
+            LIMITS.reset(token)
 
 
 def console_main() -> NoReturn:

@@ -34,10 +34,10 @@ class LineList(list[Any]):
 
 # libyaml's parser (when PyYAML was built with it) is several times faster and
 # gives the same nodes, marks and errors; the fuzzer parses thousands of files a minute.
-_SafeLoader: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+SAFE_LOADER: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-class _Loader(_SafeLoader):
+class _Loader(SAFE_LOADER):
     file_name = "<string>"
 
 

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvconform.errors import FileErrors, Location, ScenarioError
+from kvconform.harness.loader.budget import LIMITS, Limits, check_bytes, check_yaml
 from kvconform.harness.loader.document import parse
 from kvconform.harness.loader.fields import PROBLEMS, Abandoned, attempt
 from kvconform.harness.loader.matrix import expand_matrix
-from kvconform.harness.yamlio import LineDict, load_yaml
+from kvconform.harness.yamlio import SAFE_LOADER, LineDict, load_yaml
 from kvconform.model.scenario import (
     Scenario,
 )
@@ -55,7 +56,18 @@ def is_scenario_file(path: Path) -> bool:
     )
 
 
-def load_paths(paths: Sequence[str | Path]) -> LoadResult:
+def load_paths(paths: Sequence[str | Path], limits: Limits | None = None) -> LoadResult:
+    """The scenarios of every good file under ``paths``; every problem of the others.
+
+    ``limits``: the budget of one document (:mod:`~kvconform.harness.loader.budget`),
+    default the process's (``--input-limit``).
+    """
+    if limits is not None:
+        token = LIMITS.set(limits)
+        try:
+            return load_paths(paths)
+        finally:
+            LIMITS.reset(token)
     result = LoadResult([], [])
     seen: dict[str, str] = {}
     for path in discover(paths):
@@ -87,6 +99,7 @@ def load_file(path: str | Path) -> list[Scenario]:
         data = path.read_bytes()
     except OSError as exc:
         raise ScenarioError(Location(str(path)), f"cannot read: {exc.strerror}") from None
+    check_bytes(len(data), str(path))
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -125,6 +138,8 @@ def load_text(text: str, file: str, default_name: str = "scenario") -> list[Scen
 
 
 def _load(text: str, file: str, default_name: str) -> list[Scenario]:
+    # Counted on the event stream first: an alias bomb must not reach the constructor.
+    check_yaml(text, file, SAFE_LOADER)
     doc = load_yaml(text, file)
     where = Location(file, getattr(doc, "line", None))
     if not isinstance(doc, LineDict):

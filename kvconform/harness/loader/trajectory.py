@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from kvconform.errors import Location, ScenarioError
+from kvconform.harness.loader.budget import check_count
 from kvconform.harness.loader.fields import Fields, as_written, attempt, report, suggestion
 from kvconform.harness.yamlio import LineDict, LineList
 from kvconform.model.scenario import (
@@ -36,6 +37,9 @@ def parse_steps(
 ) -> tuple[Step, ...]:
     if not isinstance(raw, LineList) or not raw:
         raise ScenarioError(at, "a trajectory needs a non-empty list of steps")
+    # Counted before unrolling: repeat: 1000000000 must not be walked to be refused.
+    count, line, field = _count_steps(raw)
+    check_count(count, at.at(field, line), "the steps after repeat", "steps")
     tokens = {name: RequestTokens(spec) for name, spec in requests.items()}
     num_spec = speculative.num_speculative_tokens if speculative else None
     steps: list[Step] = []
@@ -171,6 +175,27 @@ def _step_operations(
                 continue
             evict.extend((name, column) for column in columns)
     return reset, tuple(evict)
+
+
+def _count_steps(raw: LineList, path: str = "steps") -> tuple[int, int | None, str]:
+    """The steps ``raw`` unrolls to, with the line and field of its largest repeat (the
+    one to lower); a malformed repeat counts once, for :func:`_unroll` to report."""
+    total, line, field, largest = 0, raw.line, path, 0
+    for i, body in enumerate(raw):
+        if isinstance(body, LineDict) and "repeat" in body:
+            times = body.get("repeat")
+            times = times if type(times) is int and times > 0 else 1
+            inner = body.get("steps")
+            if not isinstance(inner, LineList):
+                inner = LineList([body.get("step")])
+            inner_count, _, _ = _count_steps(inner, f"{path}[{i}].steps")
+            count = times * inner_count
+            if count > largest:
+                largest, line, field = count, body.line_of("repeat"), f"{path}[{i}].repeat"
+            total += count
+        else:
+            total += 1
+    return total, line, field
 
 
 def _unroll(raw: LineList, where: Location, path: str) -> Iterable[tuple[int | None, Any]]:
