@@ -184,9 +184,14 @@ def _result(verdict: Verdict, kind: ErrorKind | None = None) -> ScenarioResult:
 @pytest.mark.parametrize(
     ("verdicts", "input_errors", "expected"),
     [
-        # docs/cli.md, "Exit status": the first row that applies wins.
-        ([Verdict.FAILED, (Verdict.ERROR, ErrorKind.UNSUPPORTED)], 1, ExitStatus.BAD_INPUT),
-        ([(Verdict.ERROR, ErrorKind.INPUT), Verdict.FAILED], 0, ExitStatus.BAD_INPUT),
+        # docs/cli.md, "Exit status": the first row that applies wins. A failure is 1
+        # whatever input errors came with it; 2 only where nothing failed.
+        ([Verdict.FAILED, (Verdict.ERROR, ErrorKind.UNSUPPORTED)], 1, ExitStatus.NONCONFORMANCE),
+        ([(Verdict.ERROR, ErrorKind.INPUT), Verdict.FAILED], 0, ExitStatus.NONCONFORMANCE),
+        ([(Verdict.ERROR, ErrorKind.CRASH), (Verdict.ERROR, ErrorKind.INPUT)], 2, ExitStatus.NONCONFORMANCE),
+        ([(Verdict.ERROR, ErrorKind.INPUT), Verdict.PASSED], 0, ExitStatus.BAD_INPUT),
+        ([Verdict.UNSUPPORTED, Verdict.UNSUPPORTED], 1, ExitStatus.BAD_INPUT),
+        ([(Verdict.ERROR, ErrorKind.UNSUPPORTED), Verdict.PASSED], 1, ExitStatus.BAD_INPUT),
         ([Verdict.FAILED, (Verdict.ERROR, ErrorKind.UNSUPPORTED)], 0, ExitStatus.NONCONFORMANCE),
         ([(Verdict.ERROR, ErrorKind.CRASH), Verdict.PASSED], 0, ExitStatus.NONCONFORMANCE),
         ([(Verdict.ERROR, ErrorKind.UNSUPPORTED), Verdict.PASSED], 0, ExitStatus.NOT_EXERCISED),
@@ -205,7 +210,7 @@ def test_exit_precedence_is_documented():
     section = text[text.index("### Precedence") :]
     rows = [line for line in section.splitlines() if line.startswith("| ") and line[2].isdigit()]
     statuses = [int(row.rstrip(" |").rsplit("|", 1)[1]) for row in rows]
-    assert statuses == [2, 1, 3, 0], "docs/cli.md's precedence table is out of order"
+    assert statuses == [1, 2, 3, 0], "docs/cli.md's precedence table is out of order"
 
 
 def test_coverage_counts_scenarios_per_setting_and_marks_non_defaults():
