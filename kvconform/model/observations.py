@@ -25,7 +25,13 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, NamedTuple
 
-from kvconform.model.floors import FloorInput, FloorRule, StepFloor
+from kvconform.model.floors import (
+    MAMBA_ALIGNED_STATE,
+    FloorInput,
+    FloorRule,
+    StepFloor,
+    first_position_read,
+)
 from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.scenario import WarmupPass
 
@@ -309,6 +315,38 @@ class GroupInfo:
     def step_floor(self) -> StepFloor:
         """This group's floor rule as (computed, scheduled, lookahead, encoder_len) -> blocks."""
         return self.floor_rule.for_group(self._floor_parts[0])
+
+    def least_pool_blocks(
+        self, computed: int, scheduled: int, lookahead: int, encoder_len: int
+    ) -> int:
+        """The fewest blocks of the device pool this group's table holds after a call, by
+        the scenario's arithmetic alone: the floor's columns, less those only the null
+        block fills (a window's columns before the first position the call's first
+        token reads; a Mamba "align" table's columns but the running state and the
+        speculative blocks); none for a group with a pool of its own (HiSparse's host).
+
+        The pool a scenario states must hold this for every request holding blocks; what
+        vLLM holds beyond it is vLLM's to answer for (``capacity``), never the scenario's.
+        """
+        if GROUP_TYPES[self.type].own_pool:
+            return 0
+        floor = self.step_floor()(computed, scheduled, lookahead, encoder_len)
+        if self.floor_rule.family == MAMBA_ALIGNED_STATE.family:
+            return min(floor, 1 + int(self.floor_args.get("num_speculative_blocks", 0)))
+        if self.read_span is not None:
+            kind, size = self.read_span
+            span = self.block_size * int(self.floor_args.get("dcp_world_size", 1))
+            null_columns = first_position_read(kind, size, computed) // span
+            return max(min(floor, 1), floor - null_columns)
+        return floor
+
+    def shared_blocks(self, prefix_len: int) -> int:
+        """The most blocks of a ``prefix_len``-token shared prefix two requests' tables may
+        share in this group (full blocks of the prefix; none in a pool of its own)."""
+        if GROUP_TYPES[self.type].own_pool or self.floor_rule.family == "encoder":
+            return 0
+        span = self.block_size * int(self.floor_args.get("dcp_world_size", 1))
+        return prefix_len // span if span else 0
 
 
 @dataclass
