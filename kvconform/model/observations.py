@@ -30,7 +30,8 @@ from kvconform.model.floors import (
     FloorInput,
     FloorRule,
     StepFloor,
-    first_position_read,
+    cdiv,
+    pool_columns,
 )
 from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.scenario import WarmupPass
@@ -316,34 +317,41 @@ class GroupInfo:
         """This group's floor rule as (computed, scheduled, lookahead, encoder_len) -> blocks."""
         return self.floor_rule.for_group(self._floor_parts[0])
 
-    def least_pool_blocks(
-        self, computed: int, scheduled: int, lookahead: int, encoder_len: int
-    ) -> int:
-        """The fewest blocks of the device pool this group's table holds after a call, by
-        the scenario's arithmetic alone: the floor's columns, less those only the null
-        block fills (a window's columns before the first position the call's first
-        token reads; a Mamba "align" table's columns but the running state and the
-        speculative blocks); none for a group with a pool of its own (HiSparse's host).
+    def pool_blocks(self, computed: int, scheduled: int, lookahead: int, encoder_len: int) -> int:
+        """The most device-pool blocks this group's table may rightly hold after a call, by
+        the scenario's arithmetic alone: the columns up to computed + scheduled + lookahead
+        (:func:`~kvconform.model.floors.pool_columns`, which bounds what vLLM's managers
+        ask for), of which a window keeps only those its reads and writes span (the
+        window, the call's tokens and lookahead, one block it starts inside and one an
+        EAGLE drafter's extra token of window may keep), and a Mamba "align" table only
+        the previous and the running state, the speculative and the checkpoint columns
+        (what ``MambaSpec.max_memory_usage_bytes`` sizes the pool for in align mode); none
+        for a group with a pool of its own (HiSparse's host).
 
-        The pool a scenario states must hold this for every request holding blocks; what
-        vLLM holds beyond it is vLLM's to answer for (``capacity``), never the scenario's.
+        A pool that holds this for every request holding blocks must serve the call:
+        a refusal there is vLLM's to answer for (``capacity``), whatever its tables hold.
         """
         if GROUP_TYPES[self.type].own_pool:
             return 0
-        floor = self.step_floor()(computed, scheduled, lookahead, encoder_len)
+        args = self.floor_args
+        span = self.block_size * int(args.get("dcp_world_size", 1))
+        extra = int(args.get("num_speculative_blocks", 0))
+        cap = int(args.get("max_model_len", 0)) or computed + scheduled + lookahead
+        tokens = min(computed + scheduled + lookahead, cap)
+        columns = pool_columns(self.floor_rule, tokens, encoder_len, span, extra)
         if self.floor_rule.family == MAMBA_ALIGNED_STATE.family:
-            return min(floor, 1 + int(self.floor_args.get("num_speculative_blocks", 0)))
+            checkpoint = int(args.get("num_prefill_checkpoint_blocks", 0))
+            return min(columns, 2 + extra + checkpoint)
         if self.read_span is not None:
-            kind, size = self.read_span
-            span = self.block_size * int(self.floor_args.get("dcp_world_size", 1))
-            null_columns = first_position_read(kind, size, computed) // span
-            return max(min(floor, 1), floor - null_columns)
-        return floor
+            _, size = self.read_span
+            return min(columns, cdiv(size + scheduled + lookahead, span) + 2)
+        return columns
 
     def shared_blocks(self, prefix_len: int) -> int:
         """The most blocks of a ``prefix_len``-token shared prefix two requests' tables may
-        share in this group (full blocks of the prefix; none in a pool of its own)."""
-        if GROUP_TYPES[self.type].own_pool or self.floor_rule.family == "encoder":
+        share in this group: its full blocks, in a group that indexes tokens (a Mamba
+        state, an encoder's or a ring's blocks, a pool of its own: none)."""
+        if GROUP_TYPES[self.type].own_pool or not self.floor_rule.counts_token_columns:
             return 0
         span = self.block_size * int(self.floor_args.get("dcp_world_size", 1))
         return prefix_len // span if span else 0

@@ -31,8 +31,9 @@ Every call mirrors what ``vllm/v1/core/sched/scheduler.py`` does around
 ``allocate_slots`` returning ``None`` where the call is not marked ``refused``
 (where ``None`` is the answer the scenario expects: :meth:`LiveAllocator.is_refused`)
 is the scenario's fault only when its own arithmetic does not fit the pool: the
-floors of the requests holding blocks and of the call, less what a shared prefix
-lets them share, past the pool less the null block (a :class:`PoolExhausted`).
+blocks the requests holding blocks and the call may rightly take
+(:meth:`~kvconform.model.observations.GroupInfo.pool_blocks`), less what a shared
+prefix lets them share, past the pool less the null block (a :class:`PoolExhausted`).
 Otherwise it is vLLM's (:class:`StepDenied`, the ``capacity`` check): what vLLM's
 tables hold beyond the floors is a statement about vLLM, not about the scenario. A first chunk whose prefix-cache hit
 is not the one the scenario states (``expect_hit``) is kept in ``misses`` for the
@@ -220,9 +221,9 @@ class LiveAllocator:
         self._requests: dict[str, Any] = {}
         # The scenario's own pool arithmetic, which decides whose a refusal is: per request
         # holding blocks, the fewest device-pool blocks per group its last call leaves it
-        # (GroupInfo.least_pool_blocks); the prefix it may share (prefix_from, tokens); its
+        # (GroupInfo.pool_blocks); the prefix it may share (prefix_from, tokens); its
         # encoder length.
-        self._least_held: dict[str, tuple[int, ...]] = {}
+        self._rightly_held: dict[str, tuple[int, ...]] = {}
         self._shares: dict[str, tuple[str, int]] = {}
         self._encoder_lens: dict[str, int] = {}
         self._prompts: dict[str, list[int]] = {}
@@ -346,7 +347,7 @@ class LiveAllocator:
             }  # fmt: skip
             popped = {b.block_id for b in blocks if b.block_id != self.null_block}
             expected = len(popped - live_ids)
-            self._least_held.pop(name, None)  # held, by the scenario, until now
+            self._rightly_held.pop(name, None)  # held, by the scenario, until now
             before = self.free_blocks()
             self.manager.block_pool.free_blocks(reversed(blocks))
             returned = self.free_blocks() - before
@@ -560,7 +561,9 @@ class LiveAllocator:
         request.num_computed_tokens = call.computed + call.scheduled
         if call.first_chunk:
             self._encoder_lens[call.request] = encoder_len
-        self._least_held[call.request] = self._least_blocks(call, call.scheduled)
+        self._rightly_held[call.request] = self._rightful_blocks(
+            call, self._encoder_lens.get(call.request, 0)
+        )
         self._loaded.discard(call.request)
         if call.options.load_async:
             # Waiting for its KV (WAITING_FOR_REMOTE_KVS), not running.
@@ -734,20 +737,23 @@ class LiveAllocator:
             + (f", {watermark} kept by the watermark" if watermark else "")
             + ")"
         )
-        # Whose the refusal is: the scenario's when, by its own arithmetic, the fewest
-        # blocks the requests holding blocks need by their floors and this call's after it
-        # (the whole sequence under full-sequence admission) exceed the pool less the null
-        # block. What vLLM's tables hold beyond that, or free blocks it refused to give,
-        # are vLLM's to answer for (StepDenied: the capacity check), never bad input.
-        least = self._least_blocks(call, call.scheduled, whole=full)
-        others, shared = self._least_beside(call.request, least)
+        # Whose the refusal is: the scenario's when, by its own arithmetic, the blocks the
+        # requests holding blocks may rightly hold and this call may rightly ask (the
+        # whole sequence under full-sequence admission), a shared prefix counted once,
+        # exceed the pool less the null block. What vLLM's tables hold beyond that, or
+        # free blocks it refused to give, are vLLM's to answer for (StepDenied: the
+        # capacity check), never bad input.
+        least = self._rightful_blocks(
+            call, max(encoder_len, self._encoder_lens.get(call.request, 0)), whole=full
+        )
+        others, shared = self._held_beside(call.request, least)
         mine = sum(least)
         usable = self.model.num_blocks - 1 - call.options.reserved_blocks - watermark
         vllm_short = need > available or (full and full_need > available)
         if vllm_short and mine + others - shared > usable:
             held_by = ", ".join(
                 f"{name}: {sum(least)}"
-                for name, least in self._least_held.items()
+                for name, least in self._rightly_held.items()
                 if name != call.request
             )
             what = (
@@ -757,8 +763,8 @@ class LiveAllocator:
                 else f"{mine} blocks after it"
             )
             beside = (
-                f" beside the {others - shared} the floors of the requests holding blocks "
-                f"need ({held_by}" + (f"; {shared} shared by their prefixes" if shared else "")
+                f" beside the {others} the requests holding blocks may hold ({held_by}"
+                + (f"; {shared} shared by a prefix" if shared else "")
                 + ")"
                 if others
                 else ""
@@ -780,9 +786,9 @@ class LiveAllocator:
             floors = others + mine - shared
             in_use = self.model.num_blocks - 1 - free
             detail += (
-                f"; by the scenario's own arithmetic the floors of the requests holding "
-                f"blocks and of this call come to {floors} of the {usable} usable "
-                f"(vLLM's tables hold {in_use} before the call)"
+                f"; by the scenario's own arithmetic the requests holding blocks and this "
+                f"call take at most {floors} of the {usable} usable (vLLM's tables hold "
+                f"{in_use} before the call)"
             )
         return StepDenied(
             call,
@@ -793,27 +799,26 @@ class LiveAllocator:
             detail + (f"; the whole sequence needs {full_need}" if full else ""),
         )
 
-    def _least_blocks(
-        self, call: Call, scheduled: int, *, whole: bool = False
+    def _rightful_blocks(
+        self, call: Call, encoder_len: int, *, whole: bool = False
     ) -> tuple[int, ...]:
-        """Per group, the fewest device-pool blocks ``call``'s request holds after it by the
-        scenario's arithmetic (``whole``: after its whole sequence, full-sequence admission)."""
+        """Per group, the most device-pool blocks ``call``'s request may rightly hold after it
+        by the scenario's arithmetic (``whole``: its whole sequence, full-sequence admission)."""
         request = self._requests[call.request]
-        encoder_len = self._encoder_lens.get(call.request, 0)
-        computed = call.computed
+        computed, scheduled = call.computed, call.scheduled
         if whole:
             computed, scheduled = 0, max(int(request.num_tokens), call.computed + scheduled)
         lookahead = 0 if call.options.load_async else self.floor_lookahead
         return tuple(
-            info.least_pool_blocks(computed, scheduled, lookahead, encoder_len)
+            info.pool_blocks(computed, scheduled, lookahead, encoder_len)
             for info in self._groups
         )
 
-    def _least_beside(self, name: str, least: tuple[int, ...]) -> tuple[int, int]:
-        """The fewest blocks the other requests holding blocks hold by their floors, and
-        the most blocks a shared prefix (prefix caching) lets two of them, or one of them
-        and ``name`` holding ``least``, share."""
-        held = {other: blocks for other, blocks in self._least_held.items() if other != name}
+    def _held_beside(self, name: str, least: tuple[int, ...]) -> tuple[int, int]:
+        """The blocks the other requests holding blocks may rightly hold, and the most of
+        them a shared prefix (prefix caching) lets two of them, or one of them and
+        ``name`` holding ``least``, share."""
+        held = {other: blocks for other, blocks in self._rightly_held.items() if other != name}
         total = sum(sum(blocks) for blocks in held.values())
         held[name] = least
         shared = 0
@@ -1042,7 +1047,7 @@ class LiveAllocator:
         request.num_preemptions += 1
         self._ever_preempted.add(name)
         self._running_names.discard(name)
-        self._least_held.pop(name, None)
+        self._rightly_held.pop(name, None)
 
     def _check_finalized_tails(self, name: str) -> None:
         """A finishing request hands its connector the partial-tail boundary states it
@@ -1098,7 +1103,7 @@ class LiveAllocator:
         self._note_freed(name)
         self.manager.free(self._requests[name])
         self._running_names.discard(name)
-        self._least_held.pop(name, None)
+        self._rightly_held.pop(name, None)
 
     def forget(self, name: str) -> None:
         """Drop a finished request, so that its name can enter again (warmup passes)."""
