@@ -141,7 +141,7 @@ def _load(text: str, file: str, default_name: str) -> list[Scenario]:
     # Counted on the event stream first: an alias bomb must not reach the constructor.
     check_yaml(text, file, SAFE_LOADER)
     doc = load_yaml(text, file)
-    where = Location(file, getattr(doc, "line", None))
+    where = Location(file, getattr(doc, "line", None) or 1)
     if not isinstance(doc, LineDict):
         raise ScenarioError(where, "a scenario file must be a mapping at the top level")
     matrix = doc.pop("matrix", None)
