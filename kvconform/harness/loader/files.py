@@ -22,6 +22,8 @@ from kvconform.model.scenario import (
 )
 
 SCENARIO_SUFFIXES = (".yaml", ".yml")
+# The problems listed for one file; past it, one more says how many are left.
+MAX_FILE_ERRORS = 20
 
 
 @dataclass
@@ -132,6 +134,15 @@ def load_text(text: str, file: str, default_name: str = "scenario") -> list[Scen
         where = problem.where
         unique.setdefault((where.file, where.line, where.field), problem)
     ordered = sorted(unique.values(), key=lambda e: e.where.line or 0)
+    if len(ordered) > MAX_FILE_ERRORS:
+        rest = ordered[MAX_FILE_ERRORS:]
+        ordered = ordered[:MAX_FILE_ERRORS] + [
+            ScenarioError(
+                rest[0].where,
+                f"and {len(rest)} more problems in this file from here on (the first "
+                f"{MAX_FILE_ERRORS} are listed); fix those and load it again",
+            )
+        ]
     if len(ordered) == 1:
         raise ordered[0]
     raise FileErrors(ordered)
