@@ -195,8 +195,7 @@ def cmd_run(args: argparse.Namespace, tracer: CodeTracer | None = None) -> int:
     report.phases["select"] = time.perf_counter() - lap
     if getattr(args, "impacted_by", None):
         report.notes += [n for n in selection.notes]
-    for err in report.input_errors:
-        say(f"ERROR {err}")
+    # The input errors are printed once, in the short summary (print_short_summary).
     scenarios = selection.scenarios
     if not scenarios:
         session.run(selection, report)  # concludes without importing vLLM
