@@ -37,6 +37,7 @@ from kvconform.errors import (
 from kvconform.harness.checks import CHECKS, DEFAULT_CHECKS, judge
 from kvconform.harness.drivers import DRIVERS
 from kvconform.harness.expectations import Expectation, apply_expectations
+from kvconform.harness.hit_settings import name_deciding_settings
 from kvconform.model.observations import Trajectory
 from kvconform.model.results import ErrorKind, ScenarioResult, Verdict
 from kvconform.model.scenario import Scenario
@@ -68,6 +69,8 @@ def run_scenario(
         # Every setting the file leaves out takes vLLM's default for this release.
         scenario, result.settings = resolve_settings(scenario, vllm)
         trajectory = driver(scenario, vllm)
+        # A stated hit vLLM did not give: which setting decided it, asked of vLLM.
+        name_deciding_settings(scenario, trajectory, vllm, result.settings, driver)
     except ScenarioSkipped as exc:
         result.verdict, result.skip_reason = Verdict.SKIPPED, str(exc)
         result.duration = time.perf_counter() - started
