@@ -220,10 +220,11 @@ class LiveAllocator:
         )
         self._requests: dict[str, Any] = {}
         # The scenario's own pool arithmetic, which decides whose a refusal is: per request
-        # holding blocks, the fewest device-pool blocks per group its last call leaves it
-        # (GroupInfo.pool_blocks); the prefix it may share (prefix_from, tokens); its
-        # encoder length.
-        self._rightly_held: dict[str, tuple[int, ...]] = {}
+        # holding blocks, its last call (the most device-pool blocks per group that call
+        # may rightly leave it, GroupInfo.pool_blocks, are counted only at a refusal: the
+        # loop stays as cheap as before); the prefix it may share (prefix_from, tokens);
+        # its encoder length.
+        self._last_calls: dict[str, Call] = {}
         self._shares: dict[str, tuple[str, int]] = {}
         self._encoder_lens: dict[str, int] = {}
         self._prompts: dict[str, list[int]] = {}
@@ -347,7 +348,7 @@ class LiveAllocator:
             }  # fmt: skip
             popped = {b.block_id for b in blocks if b.block_id != self.null_block}
             expected = len(popped - live_ids)
-            self._rightly_held.pop(name, None)  # held, by the scenario, until now
+            self._last_calls.pop(name, None)  # held, by the scenario, until now
             before = self.free_blocks()
             self.manager.block_pool.free_blocks(reversed(blocks))
             returned = self.free_blocks() - before
@@ -561,9 +562,7 @@ class LiveAllocator:
         request.num_computed_tokens = call.computed + call.scheduled
         if call.first_chunk:
             self._encoder_lens[call.request] = encoder_len
-        self._rightly_held[call.request] = self._rightful_blocks(
-            call, self._encoder_lens.get(call.request, 0)
-        )
+        self._last_calls[call.request] = call
         self._loaded.discard(call.request)
         if call.options.load_async:
             # Waiting for its KV (WAITING_FOR_REMOTE_KVS), not running.
@@ -752,8 +751,8 @@ class LiveAllocator:
         vllm_short = need > available or (full and full_need > available)
         if vllm_short and mine + others - shared > usable:
             held_by = ", ".join(
-                f"{name}: {sum(least)}"
-                for name, least in self._rightly_held.items()
+                f"{name}: {sum(self._rightful_blocks(last))}"
+                for name, last in self._last_calls.items()
                 if name != call.request
             )
             what = (
@@ -800,11 +799,13 @@ class LiveAllocator:
         )
 
     def _rightful_blocks(
-        self, call: Call, encoder_len: int, *, whole: bool = False
+        self, call: Call, encoder_len: int | None = None, *, whole: bool = False
     ) -> tuple[int, ...]:
         """Per group, the most device-pool blocks ``call``'s request may rightly hold after it
         by the scenario's arithmetic (``whole``: its whole sequence, full-sequence admission)."""
         request = self._requests[call.request]
+        if encoder_len is None:
+            encoder_len = self._encoder_lens.get(call.request, 0)
         computed, scheduled = call.computed, call.scheduled
         if whole:
             computed, scheduled = 0, max(int(request.num_tokens), call.computed + scheduled)
@@ -818,7 +819,11 @@ class LiveAllocator:
         """The blocks the other requests holding blocks may rightly hold, and the most of
         them a shared prefix (prefix caching) lets two of them, or one of them and
         ``name`` holding ``least``, share."""
-        held = {other: blocks for other, blocks in self._rightly_held.items() if other != name}
+        held = {
+            other: self._rightful_blocks(last)
+            for other, last in self._last_calls.items()
+            if other != name
+        }
         total = sum(sum(blocks) for blocks in held.values())
         held[name] = least
         shared = 0
@@ -1047,7 +1052,7 @@ class LiveAllocator:
         request.num_preemptions += 1
         self._ever_preempted.add(name)
         self._running_names.discard(name)
-        self._rightly_held.pop(name, None)
+        self._last_calls.pop(name, None)
 
     def _check_finalized_tails(self, name: str) -> None:
         """A finishing request hands its connector the partial-tail boundary states it
@@ -1103,7 +1108,7 @@ class LiveAllocator:
         self._note_freed(name)
         self.manager.free(self._requests[name])
         self._running_names.discard(name)
-        self._rightly_held.pop(name, None)
+        self._last_calls.pop(name, None)
 
     def forget(self, name: str) -> None:
         """Drop a finished request, so that its name can enter again (warmup passes)."""
