@@ -779,8 +779,9 @@ def build_parser() -> argparse.ArgumentParser:
         "check",
         help="run scenarios and exit like a `git bisect run` script (0 good, 1 bad, 125 skip)",
         description="Run the selected scenarios against one vLLM and exit with git bisect's "
-        "codes: 0 conform, 1 nonconformance, 125 vLLM could not be exercised (skip), 128 bad "
-        "input or usage (aborts git bisect). With --find-fix, 0 and 1 swap. Usable as "
+        "codes: 0 conform, 1 nonconformance (whatever input errors came with it), 125 vLLM "
+        "could not be exercised (skip), 128 bad input with nothing failed, or usage (aborts "
+        "git bisect). With --find-fix, 0 and 1 swap. Usable as "
         "`git bisect run kvconform check --vllm-src . /abs/path/scenarios/...`. Known "
         "divergences in the nearest expectations.yaml count as conforming, as in `run`.",
     )
