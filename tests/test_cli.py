@@ -66,7 +66,8 @@ def test_bad_file_exits_2_names_file_line_field_and_the_rest_still_runs(
     report_dir = tmp_path / "out"
     assert run(str(corpus), "--report-dir", str(report_dir)) == 2
     out = capsys.readouterr().out
-    assert f"ERROR {corpus / 'broken.yaml'}:3: steps[0].a: request 'a' cannot spec before" in out
+    message = f"{corpus / 'broken.yaml'}:3: steps[0].a: request 'a' cannot spec before"
+    assert f"INPUT   {message}" in out and out.count(message) == 1, out
     assert "Traceback" not in out
     report = json.loads((report_dir / "report.json").read_text())
     assert [s["id"] for s in report["scenarios"]] == ["good"]

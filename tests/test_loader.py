@@ -674,3 +674,60 @@ def test_a_scenario_may_name_the_releases_whose_behaviour_it_states(tmp_path: Pa
     with pytest.raises((ScenarioError, FileErrors)) as caught:
         load_file(path)
     assert ":2: vllm: not a version specifier" in str(caught.value)
+
+
+def test_every_mistake_of_a_file_is_reported_once_even_after_a_broken_call(tmp_path):
+    # issue 37: accepted: 1.5 broke a's call; a's later unknown action stayed hidden.
+    path = tmp_path / "two-mistakes.yaml"
+    path.write_text(
+        "speculative: {method: eagle, num_speculative_tokens: 2}\n"
+        "requests: {a: {prompt_len: 20}}\n"
+        "steps:\n"
+        "  - {a: {prefill: 20}}\n"
+        "  - {a: {spec: 2, accepted: 1.5}}\n"
+        "  - {a: decoed}\n"
+        "  - {a: decode}\n"
+        "  - {a: finish}\n",
+        encoding="utf-8",
+    )
+    errors = load_paths([path]).errors
+    assert [(e.where.line, e.where.field) for e in errors] == [
+        (5, "steps[1].a.accepted"),
+        (6, "steps[2].a"),
+    ]
+    assert "must be an integer, not 1.5" in errors[0].message
+    assert "unknown action 'decoed' (did you mean 'decode'?)" in errors[1].message
+
+
+def test_a_broken_section_leaves_the_steps_mistakes_reported(tmp_path):
+    path = tmp_path / "broken-spec.yaml"
+    path.write_text(
+        "speculative: {method: eagle, num_speculative_tokens: [2]}\n"
+        "requests: {a: {prompt_len: 20}}\n"
+        "steps:\n"
+        "  - {a: {prefill: 20}}\n"
+        "  - repeat: 3\n"
+        "    step: {a: decoed}\n",
+        encoding="utf-8",
+    )
+    errors = load_paths([path]).errors
+    assert [(e.where.line, e.where.field) for e in errors] == [
+        (1, "speculative.num_speculative_tokens"),
+        (6, "steps[1].step.a"),
+    ]
+
+
+def test_a_file_with_many_mistakes_lists_a_cap_and_says_how_many_more(tmp_path):
+    from kvconform.harness.loader.files import MAX_FILE_ERRORS
+
+    steps = "".join(f"  - {{a: decoed{i}}}\n" for i in range(MAX_FILE_ERRORS + 7))
+    path = tmp_path / "many.yaml"
+    path.write_text(
+        "requests: {a: {prompt_len: 20}}\nsteps:\n  - {a: {prefill: 20}}\n" + steps,
+        encoding="utf-8",
+    )
+    errors = load_paths([path]).errors
+    assert len(errors) == MAX_FILE_ERRORS + 1
+    assert all("unknown action 'decoed" in e.message for e in errors[:-1])
+    assert "and 7 more problems in this file" in errors[-1].message
+    assert errors[-1].where.line == 4 + MAX_FILE_ERRORS

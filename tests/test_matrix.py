@@ -46,7 +46,9 @@ def test_exit_status_is_the_worst_supported_release(tmp_path):
     assert Matrix([good, unexercised], "0.28.0", "").exit_status() == 3
     assert Matrix([good, unexercised, red], "0.28.0", "").exit_status() == 1
     bad_input = row("0.31.0", tmp_path, exit_status=2)
-    assert Matrix([red, bad_input], "0.28.0", "").exit_status() == 2
+    # A failure outranks bad input, as in one run.
+    assert Matrix([red, bad_input], "0.28.0", "").exit_status() == 1
+    assert Matrix([good, bad_input], "0.28.0", "").exit_status() == 2
     # A supported release whose run wrote no report cannot pass for green.
     missing = ReleaseRun("0.32.0", tmp_path / "0.32.0", True, None, problem="no such release")
     assert Matrix([good, missing], "0.28.0", "").exit_status() == 3

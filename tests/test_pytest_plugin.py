@@ -47,6 +47,8 @@ def project(pytester: pytest.Pytester) -> pytest.Pytester:
 def test_items_outcomes_and_messages(vllm, project):
     result = project.runpytest_inprocess("scenarios", "-p", "no:cacheprovider", "-rA")
     result.assert_outcomes(passed=2, xfailed=1, errors=1)
+    # Nothing failed, one file is bad: kvconform's exit 2, not pytest's 1.
+    assert result.ret == 2
     result.stdout.fnmatch_lines(
         [
             "*scenarios/bad.yaml:2: steps[[]0[]].a: unknown action 'fly'*",
@@ -71,6 +73,11 @@ def test_a_failing_scenario_shows_the_checks_not_a_traceback(vllm, project):
     (project.path / "scenarios" / "expectations.yaml").unlink()
     result = project.runpytest_inprocess("scenarios", "-p", "no:cacheprovider", "-k", "sink")
     result.assert_outcomes(failed=1)
+    assert result.ret == 1
+    # A failure beside a bad file is still 1: the failure is a finding.
+    beside = project.runpytest_inprocess("scenarios", "-p", "no:cacheprovider", "-k", "sink or bad")
+    beside.assert_outcomes(failed=1, errors=1)
+    assert beside.ret == 1
     result.stdout.fnmatch_lines(
         ["*raised TypeError*", "*sink: error*", "*rerun alone: kvconform run *sink.yaml::sink*"]
     )

@@ -136,7 +136,7 @@ def test_a_dry_pool_is_a_scenario_error_not_a_crash(vllm, scenario_from):
     # By the floor's arithmetic the prompt needs 7 blocks (full-sequence admission, vLLM's
     # default, asks them at once); the pool has 3 usable.
     assert "prefill 100 of request 'a' needs 7 blocks for the whole sequence" in result.error
-    assert "the pool of 4 blocks has 3 to give (3 free)" in result.error
+    assert "the pool of 4 blocks has 3 to give (the null block kept back)" in result.error
     assert ":4: steps[0].a" in result.error
 
 
@@ -184,7 +184,9 @@ def test_exit_status_precedence():
     assert (
         exit_status([_result(Verdict.FAILED), _result(Verdict.ERROR, ErrorKind.UNSUPPORTED)]) == 1
     )
-    assert exit_status([_result(Verdict.FAILED)], input_errors=1) == 2
+    # A failure is 1 whatever input errors came with it (docs/cli.md, "Precedence").
+    assert exit_status([_result(Verdict.FAILED)], input_errors=1) == 1
+    assert exit_status([_result(Verdict.PASSED)], input_errors=1) == 2
     assert exit_status([_result(Verdict.ERROR, ErrorKind.INPUT)]) == 2
     unsupported = _result(Verdict.UNSUPPORTED, ErrorKind.UNSUPPORTED)
     assert exit_status([_result(Verdict.PASSED), unsupported]) == 0

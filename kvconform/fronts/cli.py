@@ -34,6 +34,7 @@ from kvconform.harness.expectations import (
     default_expectations_path,
 )
 from kvconform.harness.loader import load_paths
+from kvconform.harness.loader.budget import LIMITS, Limits
 from kvconform.harness.select import Selection, Shard, shard_from
 from kvconform.harness.session import RunRequest, Session, checks_from, load_vllm, vllm_to_load
 from kvconform.model.methods import REGISTRY_FILE as BUILTIN_SOURCE
@@ -127,6 +128,17 @@ def add_methods_file_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_input_limit_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--input-limit",
+        action="append",
+        default=[],
+        metavar="NAME=N",
+        help="raise one limit of a scenario document for a deliberate stress scenario "
+        f"(repeatable; limits: {', '.join(Limits.names())}; defaults in docs/cli.md)",
+    )
+
+
 def vllm_from_args(args: argparse.Namespace) -> Vllm:
     """The vLLM the flags select (the session's one loader)."""
     return load_vllm(getattr(args, "vllm_src", None), getattr(args, "vllm_release", None))
@@ -185,8 +197,7 @@ def cmd_run(args: argparse.Namespace, tracer: CodeTracer | None = None) -> int:
     report.phases["select"] = time.perf_counter() - lap
     if getattr(args, "impacted_by", None):
         report.notes += [n for n in selection.notes]
-    for err in report.input_errors:
-        say(f"ERROR {err}")
+    # The input errors are printed once, in the short summary (print_short_summary).
     scenarios = selection.scenarios
     if not scenarios:
         session.run(selection, report)  # concludes without importing vLLM
@@ -272,7 +283,8 @@ def cmd_run(args: argparse.Namespace, tracer: CodeTracer | None = None) -> int:
             # The run's reports are still worth writing; the exit status says it went wrong.
             say(f"ERROR {exc}")
             report.notes.append(f"--update-expectations failed: {exc}")
-            report.exit_status = ExitStatus.BAD_INPUT
+            if report.exit_status != ExitStatus.NONCONFORMANCE:  # a failure outranks it
+                report.exit_status = ExitStatus.BAD_INPUT
     return finish_run(report, args)
 
 
@@ -639,8 +651,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     for index in drawn:
         say("")
         say(explain(targets.scenarios[index], results[index], session.vllm.version))
-    status = runner.exit_status(results)
-    return max(status, ExitStatus.BAD_INPUT) if targets.errors else status
+    return runner.exit_status(results, len(targets.errors))
 
 
 # -- engine record ---------------------------------------------------------------------
@@ -784,6 +795,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_verbosity_options(run)
     add_progress_option(run)
+    add_input_limit_option(run)
     run.set_defaults(handler=cmd_run)
 
     judge = sub.add_parser(
@@ -857,8 +869,9 @@ def build_parser() -> argparse.ArgumentParser:
         "check",
         help="run scenarios and exit like a `git bisect run` script (0 good, 1 bad, 125 skip)",
         description="Run the selected scenarios against one vLLM and exit with git bisect's "
-        "codes: 0 conform, 1 nonconformance, 125 vLLM could not be exercised (skip), 128 bad "
-        "input or usage (aborts git bisect). With --find-fix, 0 and 1 swap. Usable as "
+        "codes: 0 conform, 1 nonconformance (whatever input errors came with it), 125 vLLM "
+        "could not be exercised (skip), 128 bad input with nothing failed, or usage (aborts "
+        "git bisect). With --find-fix, 0 and 1 swap. Usable as "
         "`git bisect run kvconform check --vllm-src . /abs/path/scenarios/...`. Known "
         "divergences in the nearest expectations.yaml count as conforming, as in `run`.",
     )
@@ -872,6 +885,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_expectation_options(check)
     add_verbosity_options(check)
     add_progress_option(check)
+    add_input_limit_option(check)
     check.set_defaults(handler=cmd_check)
 
     bisect = sub.add_parser(
@@ -1056,14 +1070,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             return ABORT_CODE
         return code
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    token = None
     try:
+        if getattr(args, "input_limit", None):
+            token = LIMITS.set(Limits().raised(args.input_limit))
         return int(args.handler(args))
     except KvconformError as exc:
         say(f"ERROR {exc}")
+        if args.command == "check":
+            from kvconform.bisect.outcome import git_code
+
+            return git_code(exc.exit_status, getattr(args, "find_fix", False))
         return exc.exit_status
     except KeyboardInterrupt:
         say("interrupted")
         return ExitStatus.INTERRUPTED
+    finally:
+        if token is not None:
+            LIMITS.reset(token)
 
 
 def console_main() -> NoReturn:

@@ -17,7 +17,8 @@ imports vLLM. A check that could not run is listed in the terminal summary as
 skipped, with its reason. A file that does not load becomes an item that errors
 in setup with the loader's message; the other files still run. Where pytest's short
 summary would cut a failure's first message at the terminal's width, a section just
-above it prints the message whole, wrapped.
+above it prints the message whole, wrapped. The exit status
+follows kvconform's rule: 1 for any failure, 2 when the only trouble was bad input.
 """
 
 from __future__ import annotations
@@ -31,15 +32,17 @@ from typing import Any
 
 import pytest
 
-from kvconform.errors import KvconformError, ScenarioError
+from kvconform.errors import ExitStatus, KvconformError, ScenarioError
 from kvconform.harness import session as sessions
 from kvconform.harness.loader import SCENARIO_SUFFIXES, is_scenario_file, load_file
-from kvconform.model.results import ScenarioResult, Verdict
+from kvconform.model.results import ErrorKind, ScenarioResult, Verdict
 from kvconform.model.scenario import KINDS, Scenario
 from kvconform.model.wording import count, plural, shorten
 from kvconform.oracles.vllm import prepare_slot_kernel
 
 _SESSION = pytest.StashKey["sessions.Session"]()
+# The user property that marks an item's failure as bad input (its exit status is 2).
+INPUT_ERROR = "kvconform input error"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -252,6 +255,8 @@ class ScenarioItem(pytest.Item):
         if result.verdict in (Verdict.FAILED, Verdict.ERROR):
             # For the terminal summary's first messages (user properties travel under xdist).
             self.user_properties.append((FIRST_MESSAGE, first_message(result)))
+        if result.error_kind is ErrorKind.INPUT:
+            self.user_properties.append((INPUT_ERROR, True))
         if result.verdict in (Verdict.PASSED, Verdict.XPASSED):
             return
         if result.verdict is Verdict.SKIPPED:
@@ -296,8 +301,11 @@ class ScenarioItem(pytest.Item):
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """The session's xfailed / xpassed verdicts as pytest's XFAIL / XPASS outcomes."""
+    """The session's xfailed / xpassed verdicts as pytest's XFAIL / XPASS outcomes; a file
+    that does not load marked as an input error (exit status, pytest_sessionfinish)."""
     report = yield
+    if isinstance(item, BadScenarioItem) and report.failed:
+        report.user_properties.append((INPUT_ERROR, True))
     result = getattr(item, "result", None)
     if call.when != "call" or result is None or result.expectation is None:
         return report
@@ -343,6 +351,22 @@ def _first_messages(terminalreporter: Any) -> None:
         terminalreporter.write_line(f"FAILED {node}")
         for line in textwrap.wrap(shorten(message, 3 * wrap), wrap):
             terminalreporter.write_line(f"    {line}")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """kvconform's exit rule (docs/cli.md): 1 for any failure, whatever input errors came
+    with it; 2 when nothing failed and some input was bad (pytest alone says 1)."""
+    if exitstatus != pytest.ExitCode.TESTS_FAILED:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:
+        return
+    bad = [report for key in ("failed", "error") for report in reporter.stats.get(key, ())]
+    if bad and all(
+        dict(getattr(report, "user_properties", ())).get(INPUT_ERROR) for report in bad
+    ):
+        session.exitstatus = ExitStatus.BAD_INPUT
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

@@ -38,6 +38,7 @@ from kvconform.errors import (
 from kvconform.harness.checks import CHECKS, DEFAULT_CHECKS, judge
 from kvconform.harness.drivers import DRIVERS
 from kvconform.harness.expectations import Expectation, apply_expectations
+from kvconform.harness.hit_settings import name_deciding_settings
 from kvconform.model.observations import Trajectory
 from kvconform.model.recording import Recording
 from kvconform.model.results import ErrorKind, ScenarioResult, Verdict
@@ -74,6 +75,8 @@ def run_scenario(
         # Every setting the file leaves out takes vLLM's default for this release.
         scenario, result.settings = resolve_settings(scenario, vllm)
         trajectory = driver(scenario, vllm)
+        # A stated hit vLLM did not give: which setting decided it, asked of vLLM.
+        name_deciding_settings(scenario, trajectory, vllm, result.settings, driver)
     except ScenarioSkipped as exc:
         result.verdict, result.skip_reason = Verdict.SKIPPED, str(exc)
         result.duration = time.perf_counter() - started
@@ -234,20 +237,23 @@ def describe_crash(exc: BaseException, vllm: Vllm) -> str:
 
 
 def exit_status(results: Iterable[ScenarioResult], input_errors: int = 0) -> ExitStatus:
-    """Bad input wins, then nonconformance (a crash of vLLM included), then "not exercised".
+    """Nonconformance wins (a crash of vLLM included), then bad input, then "not exercised".
 
-    ``unsupported`` scenarios (the release does not offer what they need) leave it
-    alone, unless nothing else ran: then this vLLM was not exercised at all.
+    A failure is a finding whatever else went wrong in the run: exit 1 even beside bad
+    input, so that a bisection (``kvconform check``) marks a commit that fails the corpus
+    bad instead of aborting on another file's mistake. ``unsupported`` scenarios (the
+    release does not offer what they need) leave it alone, unless nothing else ran:
+    then this vLLM was not exercised at all.
     """
     results = list(results)
-    if results and all(r.verdict is Verdict.UNSUPPORTED for r in results) and not input_errors:
-        return ExitStatus.NOT_EXERCISED
-    if input_errors or any(r.error_kind is ErrorKind.INPUT for r in results):
-        return ExitStatus.BAD_INPUT
     if any(r.verdict is Verdict.FAILED for r in results) or any(
         r.verdict is Verdict.ERROR and r.error_kind is ErrorKind.CRASH for r in results
     ):
         return ExitStatus.NONCONFORMANCE
+    if input_errors or any(r.error_kind is ErrorKind.INPUT for r in results):
+        return ExitStatus.BAD_INPUT
+    if results and all(r.verdict is Verdict.UNSUPPORTED for r in results):
+        return ExitStatus.NOT_EXERCISED
     if any(r.verdict is Verdict.ERROR for r in results):
         return ExitStatus.NOT_EXERCISED
     return ExitStatus.CONFORM

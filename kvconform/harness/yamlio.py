@@ -34,10 +34,10 @@ class LineList(list[Any]):
 
 # libyaml's parser (when PyYAML was built with it) is several times faster and
 # gives the same nodes, marks and errors; the fuzzer parses thousands of files a minute.
-_SafeLoader: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+SAFE_LOADER: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-class _Loader(_SafeLoader):
+class _Loader(SAFE_LOADER):
     file_name = "<string>"
 
 
@@ -104,7 +104,18 @@ def load_yaml(text: str, file_name: str) -> Any:
                 "a tab character: YAML indents with spaces only; replace the tab with spaces",
             ) from None
         raise ScenarioError(Location(file_name, line), f"invalid YAML: {problem}") from None
+    except yaml.reader.ReaderError as exc:
+        # A character YAML does not allow (a control character): PyYAML gives its offset.
+        line = text.count("\n", 0, exc.position) + 1
+        what = (
+            f"U+{exc.character:04X}" if isinstance(exc.character, int) else repr(exc.character)
+        )
+        raise ScenarioError(
+            Location(file_name, line),
+            f"the character {what} at offset {exc.position}: YAML allows no control "
+            "characters; delete it",
+        ) from None
     except yaml.YAMLError as exc:
-        raise ScenarioError(Location(file_name), f"invalid YAML: {exc}") from None
+        raise ScenarioError(Location(file_name, 1), f"invalid YAML: {exc}") from None
     finally:
         loader.dispose()

@@ -82,15 +82,16 @@ class Matrix:
         return out
 
     def exit_status(self) -> ExitStatus:
-        """The worst supported row: bad input, then nonconformance, then not exercised."""
+        """The worst supported row: nonconformance, then bad input, then not exercised
+        (a failure outranks bad input, as in one run: ``runner.exit_status``)."""
         statuses = {
             ExitStatus.NOT_EXERCISED if r.exit_status is None else ExitStatus(r.exit_status)
             for r in self.rows
             if r.supported
         }
         for status in (
-            ExitStatus.BAD_INPUT,
             ExitStatus.NONCONFORMANCE,
+            ExitStatus.BAD_INPUT,
             ExitStatus.NOT_EXERCISED,
             ExitStatus.NO_SELECTION,
         ):

@@ -33,10 +33,13 @@ class DefaultDisagreement(NamedTuple):
 
 class AdmissionHit(NamedTuple):
     """The prefix-cache hit a first chunk got (``get_computed_blocks``), and the one the
-    scenario states (``expect_hit``)."""
+    scenario states (``expect_hit``); ``decided_by``: where they differ and a setting denied
+    the stated hit, that setting, its value and the value that gives the hit, as found by
+    driving the scenario again with it changed (:mod:`kvconform.harness.hit_settings`)."""
 
     hit: int
     stated: int
+    decided_by: str = ""
 
 
 class LookupEvents(NamedTuple):

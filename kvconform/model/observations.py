@@ -26,7 +26,14 @@ from functools import cached_property
 from typing import Any, NamedTuple
 
 from kvconform.model.facts import Fact
-from kvconform.model.floors import FloorInput, FloorRule, StepFloor
+from kvconform.model.floors import (
+    MAMBA_ALIGNED_STATE,
+    FloorInput,
+    FloorRule,
+    StepFloor,
+    cdiv,
+    pool_columns,
+)
 from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.scenario import WarmupPass
 
@@ -295,6 +302,45 @@ class GroupInfo:
     def step_floor(self) -> StepFloor:
         """This group's floor rule as (computed, scheduled, lookahead, encoder_len) -> blocks."""
         return self.floor_rule.for_group(self._floor_parts[0])
+
+    def pool_blocks(self, computed: int, scheduled: int, lookahead: int, encoder_len: int) -> int:
+        """The most device-pool blocks this group's table may rightly hold after a call, by
+        the scenario's arithmetic alone: the columns up to computed + scheduled + lookahead
+        (:func:`~kvconform.model.floors.pool_columns`, which bounds what vLLM's managers
+        ask for), of which a window keeps only those its reads and writes span (the
+        window, the call's tokens and lookahead, one block it starts inside and one an
+        EAGLE drafter's extra token of window may keep), and a Mamba "align" table only
+        the previous and the running state, the speculative and the checkpoint columns
+        (what ``MambaSpec.max_memory_usage_bytes`` sizes the pool for in align mode); none
+        for a group with a pool of its own (HiSparse's host).
+
+        A pool that holds this for every request holding blocks must serve the call:
+        a refusal there is vLLM's to answer for (``capacity``), whatever its tables hold.
+        """
+        if GROUP_TYPES[self.type].own_pool:
+            return 0
+        args = self.floor_args
+        span = self.block_size * int(args.get("dcp_world_size", 1))
+        extra = int(args.get("num_speculative_blocks", 0))
+        cap = int(args.get("max_model_len", 0)) or computed + scheduled + lookahead
+        tokens = min(computed + scheduled + lookahead, cap)
+        columns = pool_columns(self.floor_rule, tokens, encoder_len, span, extra)
+        if self.floor_rule.family == MAMBA_ALIGNED_STATE.family:
+            checkpoint = int(args.get("num_prefill_checkpoint_blocks", 0))
+            return min(columns, 2 + extra + checkpoint)
+        if self.read_span is not None:
+            _, size = self.read_span
+            return min(columns, cdiv(size + scheduled + lookahead, span) + 2)
+        return columns
+
+    def shared_blocks(self, prefix_len: int) -> int:
+        """The most blocks of a ``prefix_len``-token shared prefix two requests' tables may
+        share in this group: its full blocks, in a group that indexes tokens (a Mamba
+        state, an encoder's or a ring's blocks, a pool of its own: none)."""
+        if GROUP_TYPES[self.type].own_pool or not self.floor_rule.counts_token_columns:
+            return 0
+        span = self.block_size * int(self.floor_args.get("dcp_world_size", 1))
+        return prefix_len // span if span else 0
 
 
 @dataclass

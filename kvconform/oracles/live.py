@@ -28,10 +28,14 @@ Every call mirrors what ``vllm/v1/core/sched/scheduler.py`` does around
   (``take_boundary_state_offloads``, recorded for :mod:`kvconform.harness.checks.handoffs`), then
   ``take_kv_cache_block_copies`` and the blocks a copy-on-write retained go back.
 
-``allocate_slots`` returning ``None`` means the pool cannot serve the step:
-the scenario asked for more than its pool holds, a :class:`PoolExhausted`;
-unless the scenario marks the call ``refused``, where ``None`` is the answer it
-expects (:meth:`LiveAllocator.is_refused`).
+``allocate_slots`` returning ``None`` where the call is not marked ``refused``
+(where ``None`` is the answer the scenario expects: :meth:`LiveAllocator.is_refused`)
+is the scenario's fault only when its own arithmetic does not fit the pool: the
+blocks the requests holding blocks and the call may rightly take
+(:meth:`~kvconform.model.observations.GroupInfo.pool_blocks`), less what a shared
+prefix lets them share, past the pool less the null block (a :class:`PoolExhausted`).
+Otherwise it is vLLM's (:class:`StepDenied`, the ``capacity`` check): what vLLM's
+tables hold beyond the floors is a statement about vLLM, not about the scenario.
 
 The oracle judges nothing else: what vLLM answered, zeroed, handed over, announced
 and returned is kept as facts (:mod:`kvconform.model.facts`) in ``call_facts`` (of a
@@ -214,6 +218,14 @@ class LiveAllocator:
             else None
         )
         self._requests: dict[str, Any] = {}
+        # The scenario's own pool arithmetic, which decides whose a refusal is: per request
+        # holding blocks, its last call (the most device-pool blocks per group that call
+        # may rightly leave it, GroupInfo.pool_blocks, are counted only at a refusal: the
+        # loop stays as cheap as before); the prefix it may share (prefix_from, tokens);
+        # its encoder length.
+        self._last_calls: dict[str, Call] = {}
+        self._shares: dict[str, tuple[str, int]] = {}
+        self._encoder_lens: dict[str, int] = {}
         self._prompts: dict[str, list[int]] = {}
         self._outputs: dict[str, int] = {}
         self._first_outputs: dict[str, int] = {}
@@ -255,6 +267,8 @@ class LiveAllocator:
             kv_cache_report_full=spec.kv_cache_report_full,
             skip_reading_prefix_cache=spec.skip_reading_prefix_cache,
         )
+        if spec.prefix_from is not None and spec.prefix_len:
+            self._shares[spec.name] = (spec.prefix_from, spec.prefix_len)
         if spec.kv_cache_report_full:
             self._report_full.add(spec.name)
         if spec.skip_reading_prefix_cache:
@@ -315,6 +329,7 @@ class LiveAllocator:
                 for ids in self.block_ids(other) for b in ids
             }  # fmt: skip
             popped = {b.block_id for b in blocks if b.block_id != self.null_block}
+            self._last_calls.pop(name, None)  # held, by the scenario, until now
             before = self.free_blocks()
             self.manager.block_pool.free_blocks(reversed(blocks))
             returned = self.free_blocks() - before
@@ -460,6 +475,9 @@ class LiveAllocator:
             call.scheduled,
         )
         request.num_computed_tokens = call.computed + call.scheduled
+        if call.first_chunk:
+            self._encoder_lens[call.request] = encoder_len
+        self._last_calls[call.request] = call
         self._loaded.discard(call.request)
         if call.options.load_async:
             # Waiting for its KV (WAITING_FOR_REMOTE_KVS), not running.
@@ -605,29 +623,108 @@ class LiveAllocator:
             + (f", {watermark} kept by the watermark" if watermark else "")
             + ")"
         )
-        if need > available or (full and full_need > available):
+        # Whose the refusal is: the scenario's when, by its own arithmetic, the blocks the
+        # requests holding blocks may rightly hold and this call may rightly ask (the
+        # whole sequence under full-sequence admission), a shared prefix counted once,
+        # exceed the pool less the null block. What vLLM's tables hold beyond that, or
+        # free blocks it refused to give, are vLLM's to answer for (StepDenied: the
+        # capacity check), never bad input.
+        least = self._rightful_blocks(
+            call, max(encoder_len, self._encoder_lens.get(call.request, 0)), whole=full
+        )
+        others, shared = self._held_beside(call.request, least)
+        mine = sum(least)
+        usable = self.model.num_blocks - 1 - call.options.reserved_blocks - watermark
+        vllm_short = need > available or (full and full_need > available)
+        if vllm_short and mine + others - shared > usable:
+            held_by = ", ".join(
+                f"{name}: {sum(self._rightful_blocks(last))}"
+                for name, last in self._last_calls.items()
+                if name != call.request
+            )
             what = (
-                f"{full_need} blocks for the whole sequence of {request.num_tokens} tokens "
+                f"{mine} blocks for the whole sequence of {request.num_tokens} tokens "
                 "(full-sequence admission, scheduler_reserve_full_isl)"
-                if full and full_need > available
-                else f"{need} new blocks"
+                if full
+                else f"{mine} blocks after it"
+            )
+            beside = (
+                f" beside the {others} the requests holding blocks may hold ({held_by}"
+                + (f"; {shared} shared by a prefix" if shared else "")
+                + ")"
+                if others
+                else ""
+            )
+            reserved = (
+                (f", {call.options.reserved_blocks} reserved" if call.options.reserved_blocks else "")
+                + (f", {watermark} kept by the watermark" if watermark else "")
             )
             return PoolExhausted(
                 where,
                 f"by the floor's own arithmetic {call.label} of request {call.request!r} needs "
-                f"{what}, but the pool of {self.model.num_blocks} blocks has {available} to "
-                f"give{kept}; raise model.num_blocks, preempt or finish a request, or mark the "
-                "call refused",
+                f"{what}{beside}, but the pool of {self.model.num_blocks} blocks has {usable} "
+                f"to give (the null block kept back{reserved}); raise model.num_blocks, "
+                "preempt or finish a request, or mark the call refused",
+            )
+        detail = f"{available} of {self.model.num_blocks} blocks to give{kept}"
+        if vllm_short:
+            # The scenario's arithmetic fits: what vLLM's tables hold is vLLM's to answer for.
+            floors = others + mine - shared
+            in_use = self.model.num_blocks - 1 - free
+            detail += (
+                f"; by the scenario's own arithmetic the requests holding blocks and this "
+                f"call take at most {floors} of the {usable} usable (vLLM's tables hold "
+                f"{in_use} before the call)"
             )
         return StepDenied(
             call,
             "allocate_slots",
-            need,
+            full_need if full and full_need > need else need,
             available,
             free,
-            f"{available} of {self.model.num_blocks} blocks to give{kept}"
-            + (f"; the whole sequence needs {full_need}" if full else ""),
+            detail + (f"; the whole sequence needs {full_need}" if full else ""),
         )
+
+    def _rightful_blocks(
+        self, call: Call, encoder_len: int | None = None, *, whole: bool = False
+    ) -> tuple[int, ...]:
+        """Per group, the most device-pool blocks ``call``'s request may rightly hold after it
+        by the scenario's arithmetic (``whole``: its whole sequence, full-sequence admission)."""
+        request = self._requests[call.request]
+        if encoder_len is None:
+            encoder_len = self._encoder_lens.get(call.request, 0)
+        computed, scheduled = call.computed, call.scheduled
+        if whole:
+            computed, scheduled = 0, max(int(request.num_tokens), call.computed + scheduled)
+        lookahead = 0 if call.options.load_async else self.floor_lookahead
+        return tuple(
+            info.pool_blocks(computed, scheduled, lookahead, encoder_len)
+            for info in self._groups
+        )
+
+    def _held_beside(self, name: str, least: tuple[int, ...]) -> tuple[int, int]:
+        """The blocks the other requests holding blocks may rightly hold, and the most of
+        them a shared prefix (prefix caching) lets two of them, or one of them and
+        ``name`` holding ``least``, share."""
+        held = {
+            other: self._rightful_blocks(last)
+            for other, last in self._last_calls.items()
+            if other != name
+        }
+        total = sum(sum(blocks) for blocks in held.values())
+        held[name] = least
+        shared = 0
+        if self.model.enable_caching:
+            for other, least in held.items():
+                source, tokens = self._shares.get(other, ("", 0))
+                if source in held:
+                    shared += sum(
+                        min(info.shared_blocks(tokens), mine, theirs)
+                        for info, mine, theirs in zip(
+                            self._groups, least, held[source], strict=True
+                        )
+                    )
+        return total, shared
 
     def _allocate(self, call: Call, encoder_len: int, where: Location) -> tuple[Any, int, Any, int]:
         """``allocate_slots`` for one call: its answer (``None``: refused), the hit, the
@@ -818,6 +915,7 @@ class LiveAllocator:
         request.num_preemptions += 1
         self._ever_preempted.add(name)
         self._running_names.discard(name)
+        self._last_calls.pop(name, None)
 
     def _record_finalized_tails(self, name: str) -> None:
         """The partial-tail boundary states a finishing request hands its connector
@@ -854,6 +952,7 @@ class LiveAllocator:
         self._note_freed(name)
         self.manager.free(self._requests[name])
         self._running_names.discard(name)
+        self._last_calls.pop(name, None)
 
     def forget(self, name: str) -> None:
         """Drop a finished request, so that its name can enter again (warmup passes)."""

@@ -864,7 +864,12 @@ class SchedulerOracle:
         The waiting request first in line needs its next chunk's floor columns (the
         token budget's worth, or the rest of its prompt) minus what it holds, and under
         full-sequence admission its whole sequence's, against the free blocks (minus the
-        watermark while another request runs).
+        watermark while another request runs). Where that does not fit, the scenario
+        alone decides: when the blocks the request may rightly take (GroupInfo.pool_blocks)
+        fit the pool less the null block with nothing else held, vLLM's scheduler could free
+        what the others hold (preemption) and the stall is vLLM's; only a request that
+        cannot fit an empty pool makes the scenario wrong. What vLLM's tables hold is
+        never bad input.
         """
         waiting = [rid for rid in self._requests if rid in self.scheduler.requests]
         model = self.scenario.model
@@ -891,13 +896,20 @@ class SchedulerOracle:
             full = model.scheduler_reserve_full_isl
             watermark = self.vllm.watermark_blocks(self.manager) if running else 0
             available = free - watermark
-            if need <= available and (not full or full_need <= available):
+            alone = sum(
+                info.pool_blocks(0, whole if full else computed + chunk, self.floor_lookahead, 0)
+                for info in self.floors
+            )
+            fits_free = need <= available and (not full or full_need <= available)
+            if fits_free or alone <= model.num_blocks - 1:
                 return StallRecord(
                     since, head, max(need, full_need if full else 0), available, free,
                     f"{available} of {model.num_blocks} blocks to give ({free} free"
                     + (f", {watermark} kept by the watermark" if watermark else "")
                     + f"); its next chunk of {chunk} tokens needs {need}"
-                    + (f", its whole sequence {full_need}" if full else ""),
+                    + (f", its whole sequence {full_need}" if full else "")
+                    + ("" if fits_free else f"; alone it takes at most {alone} blocks, which the "
+                       "pool less the null block holds"),
                 )  # fmt: skip
         return PoolExhausted(
             self.scenario.where.at("model.num_blocks"),

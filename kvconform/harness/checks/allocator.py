@@ -125,7 +125,7 @@ def judge(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
             if what.hit != what.stated:
                 message = (
                     f"gets a prefix-cache hit of {what.hit} tokens, but the scenario states "
-                    f"{what.stated}"
+                    f"{what.stated}" + (f"; {what.decided_by}" if what.decided_by else "")
                 )
                 yield index, fact_failure(fact, message, HIT_MISSED)
         elif isinstance(what, RetainedHit):

@@ -7,8 +7,10 @@ request holds and its prefix hit brings, against the free blocks left after
 ``reserved_blocks`` and the watermark) fits the pool, vLLM must serve the step.
 ``allocate_slots`` returning None there, or a scheduler that never schedules a
 waiting request the pool holds, is vLLM asking more than the floor: a failure
-that says who wanted how many. Where the floor's arithmetic does not fit, the
-scenario is wrong (an input error, raised by the driver), never vLLM.
+that says who wanted how many. Where the scenario's own arithmetic does not fit
+(the floors of the requests holding blocks and of the call, against the pool less
+the null block), the scenario is wrong (an input error, raised by the driver); what
+vLLM's tables hold never makes it one.
 """
 
 from __future__ import annotations

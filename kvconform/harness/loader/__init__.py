@@ -13,9 +13,11 @@ file and every problem of every bad one, so one broken file never hides the
 others, and one problem never hides the next in the same file. Within a file,
 what does not depend on a broken part is still read: every unknown field, each
 section (model, speculative, requests), each step; the steps are left unread
-when a part they need is broken, and a request's later calls when one of its
-calls is, so that one mistake is reported once, not again as its consequences.
-A file with several problems raises :class:`~kvconform.errors.FileErrors`.
+when a part they need is broken, and a request's later calls are read as written
+but not applied when one of its calls is broken, so that one mistake is reported
+once, not again as its consequences, while a later mistake of its own still is.
+A file with several problems raises :class:`~kvconform.errors.FileErrors`, which
+lists up to ``MAX_FILE_ERRORS`` of them and then says how many more there are.
 
 Messages say what to write, in the scenario's words: an unknown field, group
 type or request names the one probably meant (``difflib``), a missing field

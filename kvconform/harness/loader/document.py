@@ -30,7 +30,7 @@ from kvconform.harness.loader.scheduler import (
     parse_scheduler_requests,
 )
 from kvconform.harness.loader.startup import check_startup_model, parse_startup
-from kvconform.harness.loader.trajectory import parse_steps
+from kvconform.harness.loader.trajectory import check_written_steps, parse_steps
 from kvconform.harness.loader.warmup import parse_warmup, warmup_pooling
 from kvconform.harness.yamlio import LineDict
 from kvconform.model.scenario import (
@@ -78,10 +78,12 @@ def parse(
     )
     if not (model_ok and spec_ok):
         # What follows reads the model and the speculation: report the requests' and
-        # the rest of the file's unknown fields, and leave the steps unread.
+        # the rest of the file's unknown fields, and the steps' calls as written only.
         top.allow(*KIND_SECTIONS[kind])
         if kind == "trajectory":
             attempt(lambda: parse_requests(top.raw("requests"), where, top.at("requests")))
+            # Their calls as written: a mistake of their own is reported, not applied.
+            attempt(lambda: check_written_steps(top.raw("steps"), where, top.at("steps")))
         top.done()
         raise Abandoned
     for key, value in (

@@ -95,7 +95,7 @@ def parse_engine(
         "enable_chunked_prefill": _optional_flag(fields, "enable_chunked_prefill"),
         "async_scheduling": _optional_flag(fields, "async_scheduling"),
         "enforce_eager": fields.flag("enforce_eager", True),
-        "num_gpu_blocks": fields.optional_int("num_gpu_blocks", minimum=2),
+        "num_gpu_blocks": fields.optional_int("num_gpu_blocks", minimum=2, limit="blocks"),
     }
     fields.done()
     vocab = target.vocab
@@ -121,8 +121,8 @@ def parse_engine(
                 )
             prompt_len = len(tokens)
         else:
-            prompt_len = req.integer("prompt_len")
-        max_tokens = req.integer("max_tokens", RequestSpec.max_tokens)
+            prompt_len = req.integer("prompt_len", limit="tokens")
+        max_tokens = req.integer("max_tokens", RequestSpec.max_tokens, limit="tokens")
         if prompt_len + max_tokens > model.max_model_len:
             raise ScenarioError(
                 req.at("max_tokens"),

@@ -17,6 +17,7 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from kvconform.errors import FileErrors, Location, ScenarioError, did_you_mean
+from kvconform.harness.loader.budget import check_count
 from kvconform.harness.yamlio import LineDict
 
 # The problems of the file being loaded; None outside load_text (then the first raises).
@@ -95,7 +96,11 @@ class Fields:
         self.known.add(key)
         return self.mapping.get(key, default)
 
-    def integer(self, key: str, default: int | None = None, *, minimum: int = 1) -> int:
+    def integer(
+        self, key: str, default: int | None = None, *, minimum: int = 1, limit: str | None = None
+    ) -> int:
+        """An integer of at least ``minimum``; ``limit`` names the input limit it counts
+        against (:class:`~kvconform.harness.loader.budget.Limits`: tokens, blocks)."""
         value = self.raw(key, default)
         if value is None:
             raise self.required(key)
@@ -103,11 +108,17 @@ class Fields:
             raise ScenarioError(self.at(key), f"must be an integer, not {as_written(value)}")
         if value < minimum:
             raise ScenarioError(self.at(key), f"must be at least {minimum}, not {value}")
+        if limit is not None:
+            check_count(value, self.at(key), f"the {limit} it names", limit)
         return value
 
-    def optional_int(self, key: str, *, minimum: int = 0) -> int | None:
+    def optional_int(
+        self, key: str, *, minimum: int = 0, limit: str | None = None
+    ) -> int | None:
         self.known.add(key)
-        return None if self.mapping.get(key) is None else self.integer(key, minimum=minimum)
+        if self.mapping.get(key) is None:
+            return None
+        return self.integer(key, minimum=minimum, limit=limit)
 
     def flag(self, key: str, default: bool) -> bool:
         value = self.raw(key, default)

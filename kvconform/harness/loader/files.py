@@ -12,15 +12,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvconform.errors import FileErrors, Location, ScenarioError
+from kvconform.harness.loader.budget import LIMITS, Limits, check_bytes, check_yaml
 from kvconform.harness.loader.document import parse
 from kvconform.harness.loader.fields import PROBLEMS, Abandoned, attempt
 from kvconform.harness.loader.matrix import expand_matrix
-from kvconform.harness.yamlio import LineDict, load_yaml
+from kvconform.harness.yamlio import SAFE_LOADER, LineDict, load_yaml
 from kvconform.model.scenario import (
     Scenario,
 )
 
 SCENARIO_SUFFIXES = (".yaml", ".yml")
+# The problems listed for one file; past it, one more says how many are left.
+MAX_FILE_ERRORS = 20
 
 
 @dataclass
@@ -55,7 +58,18 @@ def is_scenario_file(path: Path) -> bool:
     )
 
 
-def load_paths(paths: Sequence[str | Path]) -> LoadResult:
+def load_paths(paths: Sequence[str | Path], limits: Limits | None = None) -> LoadResult:
+    """The scenarios of every good file under ``paths``; every problem of the others.
+
+    ``limits``: the budget of one document (:mod:`~kvconform.harness.loader.budget`),
+    default the process's (``--input-limit``).
+    """
+    if limits is not None:
+        token = LIMITS.set(limits)
+        try:
+            return load_paths(paths)
+        finally:
+            LIMITS.reset(token)
     result = LoadResult([], [])
     seen: dict[str, str] = {}
     for path in discover(paths):
@@ -87,6 +101,7 @@ def load_file(path: str | Path) -> list[Scenario]:
         data = path.read_bytes()
     except OSError as exc:
         raise ScenarioError(Location(str(path)), f"cannot read: {exc.strerror}") from None
+    check_bytes(len(data), str(path))
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -119,14 +134,25 @@ def load_text(text: str, file: str, default_name: str = "scenario") -> list[Scen
         where = problem.where
         unique.setdefault((where.file, where.line, where.field), problem)
     ordered = sorted(unique.values(), key=lambda e: e.where.line or 0)
+    if len(ordered) > MAX_FILE_ERRORS:
+        rest = ordered[MAX_FILE_ERRORS:]
+        ordered = ordered[:MAX_FILE_ERRORS] + [
+            ScenarioError(
+                rest[0].where,
+                f"and {len(rest)} more problems in this file from here on (the first "
+                f"{MAX_FILE_ERRORS} are listed); fix those and load it again",
+            )
+        ]
     if len(ordered) == 1:
         raise ordered[0]
     raise FileErrors(ordered)
 
 
 def _load(text: str, file: str, default_name: str) -> list[Scenario]:
+    # Counted on the event stream first: an alias bomb must not reach the constructor.
+    check_yaml(text, file, SAFE_LOADER)
     doc = load_yaml(text, file)
-    where = Location(file, getattr(doc, "line", None))
+    where = Location(file, getattr(doc, "line", None) or 1)
     if not isinstance(doc, LineDict):
         raise ScenarioError(where, "a scenario file must be a mapping at the top level")
     matrix = doc.pop("matrix", None)

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from kvconform.errors import Location, ScenarioError
+from kvconform.harness.loader.budget import check_count
 from kvconform.harness.loader.fields import suggestion
 from kvconform.harness.yamlio import LineDict
 
@@ -47,6 +48,10 @@ def expand_matrix(
         if not isinstance(values, list) or not values:
             raise ScenarioError(at, "must be a non-empty list of values")
         axes.append((key, list(values)))
+    cases = 1
+    for _, values in axes:
+        cases *= len(values)
+    check_count(cases, where.at("matrix"), "the matrix's combinations", "matrix_cases")
     for combo in itertools.product(*(values for _, values in axes)):
         variant = copy.deepcopy(doc)
         params = tuple((key, value) for (key, _), value in zip(axes, combo, strict=True))

@@ -43,10 +43,14 @@ MODEL_DEFAULTS: dict[str, Any] = {
 def parse_model(raw: Any, where: Location) -> ModelSpec:
     fields = Fields(raw, where, "model")
     block_size = fields.integer("block_size", MODEL_DEFAULTS["block_size"])
-    max_model_len = fields.integer("max_model_len", MODEL_DEFAULTS["max_model_len"], minimum=2)
-    num_blocks = fields.integer("num_blocks", MODEL_DEFAULTS["num_blocks"], minimum=2)
+    max_model_len = fields.integer(
+        "max_model_len", MODEL_DEFAULTS["max_model_len"], minimum=2, limit="tokens"
+    )
+    num_blocks = fields.integer(
+        "num_blocks", MODEL_DEFAULTS["num_blocks"], minimum=2, limit="blocks"
+    )
     max_encoder_len = fields.integer(
-        "max_encoder_len", MODEL_DEFAULTS["max_encoder_len"], minimum=0
+        "max_encoder_len", MODEL_DEFAULTS["max_encoder_len"], minimum=0, limit="tokens"
     )
     # vLLM's settings: read when stated; the placeholders are resolved before a run.
     stated = frozenset(
@@ -70,7 +74,7 @@ def parse_model(raw: Any, where: Location) -> ModelSpec:
         )
     max_in_flight_tokens = fields.optional_int("max_in_flight_tokens", minimum=1)
     retention_interval = fields.optional_int("prefix_cache_retention_interval", minimum=0)
-    hisparse_host_blocks = fields.optional_int("hisparse_host_blocks", minimum=2)
+    hisparse_host_blocks = fields.optional_int("hisparse_host_blocks", minimum=2, limit="blocks")
     kv_cache_events = fields.flag("kv_cache_events", False)
     log_stats = fields.flag("log_stats", False)
     shared_prefix_checkpoint = fields.flag("mamba_shared_prefix_checkpoint", False)

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvconform.errors import Location, ScenarioError
+from kvconform.harness.loader.budget import check_count
 from kvconform.harness.loader.fields import Abandoned, Fields, attempt
 from kvconform.harness.yamlio import LineDict
 from kvconform.model.scenario import (
@@ -27,6 +28,7 @@ def parse_request_map(
     """Requests by name, each read by ``parse_one``; prefixes must name an earlier request."""
     if not isinstance(raw, LineDict) or not raw:
         raise ScenarioError(at, f"{what} needs a mapping of request names to requests")
+    check_count(len(raw), at, "the requests", "requests")
     requests: dict[str, RequestSpec] = {}
     broken = False
     for name, body in raw.items():
@@ -109,8 +111,8 @@ def parse_requests(raw: Any, where: Location, at: Location) -> dict[str, Request
             )
         return RequestSpec(
             name=name,
-            prompt_len=fields.integer("prompt_len"),
-            encoder_len=fields.integer("encoder_len", 0, minimum=0),
+            prompt_len=fields.integer("prompt_len", limit="tokens"),
+            encoder_len=fields.integer("encoder_len", 0, minimum=0, limit="tokens"),
             prefix_from=fields.raw("prefix_from"),
             prefix_len=fields.integer("prefix_len", 0, minimum=0),
             where=request_at,

@@ -334,7 +334,7 @@ def parse_scheduler_requests(
     mm_lengths: dict[str, int] = {}
 
     def request(name: str, fields: Fields, request_at: Location) -> RequestSpec:
-        prompt_len = fields.integer("prompt_len")
+        prompt_len = fields.integer("prompt_len", limit="tokens")
         if prompt_len >= model.max_model_len:
             raise ScenarioError(
                 fields.at("prompt_len"),
@@ -349,7 +349,7 @@ def parse_scheduler_requests(
             prefix_len=fields.integer("prefix_len", 0, minimum=0),
             where=request_at,
             arrival=fields.integer("arrival", 0, minimum=0),
-            max_tokens=fields.integer("max_tokens", RequestSpec.max_tokens),
+            max_tokens=fields.integer("max_tokens", RequestSpec.max_tokens, limit="tokens"),
             acceptance=parse_acceptance(fields, speculative),
             remote_prefill=_parse_remote_prefill(fields, scheduler),
             expect_hit=_parse_expect_hit(fields, model, prompt_len),
@@ -623,7 +623,7 @@ def _parse_stop(fields: Fields, scheduler: SchedulerSpec) -> dict[str, Any]:
         if fields.raw("stop_with") is not None:
             raise ScenarioError(fields.at("stop_with"), "needs stop_at (the stopping output)")
         return {}
-    max_tokens = fields.integer("max_tokens", RequestSpec.max_tokens)
+    max_tokens = fields.integer("max_tokens", RequestSpec.max_tokens, limit="tokens")
     if stop_at > max_tokens:
         raise ScenarioError(
             fields.at("stop_at"),
@@ -663,7 +663,7 @@ def _parse_stream(
     for other in ("stop_at", "abort_at", "remote_prefill"):
         if fields.raw(other) not in (None, False):
             raise ScenarioError(at, f"cannot go with {other} (a session ends when its stream does)")
-    max_tokens = fields.integer("max_tokens", RequestSpec.max_tokens)
+    max_tokens = fields.integer("max_tokens", RequestSpec.max_tokens, limit="tokens")
     previous = fields.integer("arrival", 0, minimum=0)
     # vLLM keeps every token of a turn but its last sampled one (_update_request_as_session).
     tokens = prompt_len + max_tokens - 1
@@ -673,8 +673,8 @@ def _parse_stream(
         one = Fields(item, Location(at.file, at.line), f"{at.field}[{index}]")
         chunk = StreamChunk(
             at=one.integer("at", minimum=0),
-            prompt_len=one.integer("prompt_len", minimum=1),
-            max_tokens=one.integer("max_tokens", max_tokens, minimum=1),
+            prompt_len=one.integer("prompt_len", minimum=1, limit="tokens"),
+            max_tokens=one.integer("max_tokens", max_tokens, minimum=1, limit="tokens"),
             line=one.mapping.line or at.line,
         )
         one.done()

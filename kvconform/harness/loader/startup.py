@@ -76,8 +76,8 @@ def check_startup_model(
 
 def parse_startup(raw: Any, where: Location, model: ModelSpec) -> StartupSpec:
     fields = Fields(raw, where, "startup")
-    override = fields.optional_int("num_gpu_blocks_override", minimum=1)
-    available = fields.optional_int("available_blocks", minimum=1)
+    override = fields.optional_int("num_gpu_blocks_override", minimum=1, limit="blocks")
+    available = fields.optional_int("available_blocks", minimum=1, limit="blocks")
     if available is None and override is None:
         raise fields.required(
             "available_blocks",

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from kvconform.errors import Location, ScenarioError
+from kvconform.harness.loader.budget import check_count
 from kvconform.harness.loader.fields import Fields, as_written, attempt, report, suggestion
 from kvconform.harness.yamlio import LineDict, LineList
 from kvconform.model.scenario import (
@@ -36,6 +37,9 @@ def parse_steps(
 ) -> tuple[Step, ...]:
     if not isinstance(raw, LineList) or not raw:
         raise ScenarioError(at, "a trajectory needs a non-empty list of steps")
+    # Counted before unrolling: repeat: 1000000000 must not be walked to be refused.
+    count, line, field = _count_steps(raw)
+    check_count(count, at.at(field, line), "the steps after repeat", "steps")
     tokens = {name: RequestTokens(spec) for name, spec in requests.items()}
     num_spec = speculative.num_speculative_tokens if speculative else None
     steps: list[Step] = []
@@ -69,6 +73,10 @@ def parse_steps(
                 continue
             call_where = step_where.at(f"{step_where.field}.{request}", body.line_of(request))
             if request in broken:
+                # Its token state is unknown after its broken call: what follows is not
+                # applied (that would repeat the one mistake as its consequences), but a
+                # mistake of its own (an unknown action, a wrong type) is still reported.
+                attempt(_parse_written_action, action_raw, call_where)
                 continue
             if request not in tokens:
                 report(
@@ -109,6 +117,48 @@ def parse_steps(
                 broken.add(request)
         steps.append(Step(len(steps), tuple(calls), line, reset, evict))
     return tuple(steps)
+
+
+def check_written_steps(raw: Any, where: Location, at: Location) -> None:
+    """The steps as written, when a part they need (the model, the speculation) is broken:
+    each call's action is read, nothing is applied, a repeat's steps are read once.
+    Reports every mistake of their own (an unknown action, a wrong type)."""
+    if not isinstance(raw, LineList) or not raw:
+        raise ScenarioError(at, "a trajectory needs a non-empty list of steps")
+    count, line, field = _count_steps(raw)
+    check_count(count, at.at(field, line), "the steps after repeat", "steps")
+    _check_written(raw, where, "steps")
+
+
+def _check_written(steps: LineList, where: Location, path: str) -> None:
+    for i, body in enumerate(steps):
+        if not isinstance(body, LineDict):
+            continue  # parse_steps' own messages need the request state; left to it
+        if "repeat" in body:
+            inner = body.get("steps")
+            if isinstance(inner, LineList):
+                _check_written(inner, where, f"{path}[{i}].steps")
+            elif isinstance(body.get("step"), LineDict):
+                _check_written_calls(body["step"], where, body.line_of("step"), f"{path}[{i}].step")
+            continue
+        _check_written_calls(body, where, steps.line_of(i), f"{path}[{i}]")
+
+
+def _check_written_calls(body: LineDict, where: Location, line: int | None, path: str) -> None:
+    for request, action in body.items():
+        if request not in STEP_OPERATIONS:
+            call_where = Location(where.file, body.line_of(request) or line, f"{path}.{request}")
+            attempt(_parse_written_action, action, call_where)
+
+
+def _parse_written_action(raw: Any, where: Location) -> None:
+    """A call as written, with no token state: its ``refused`` wrapper and its action."""
+    if isinstance(raw, LineDict) and "refused" in raw:
+        wrapper = Fields(raw, where, where.field or "")
+        raw = wrapper.raw("refused")
+        wrapper.done()
+        where = wrapper.at("refused")
+    _parse_action(raw, where)
 
 
 def _step_operations(
@@ -171,6 +221,27 @@ def _step_operations(
                 continue
             evict.extend((name, column) for column in columns)
     return reset, tuple(evict)
+
+
+def _count_steps(raw: LineList, path: str = "steps") -> tuple[int, int | None, str]:
+    """The steps ``raw`` unrolls to, with the line and field of its largest repeat (the
+    one to lower); a malformed repeat counts once, for :func:`_unroll` to report."""
+    total, line, field, largest = 0, raw.line, path, 0
+    for i, body in enumerate(raw):
+        if isinstance(body, LineDict) and "repeat" in body:
+            times = body.get("repeat")
+            times = times if type(times) is int and times > 0 else 1
+            inner = body.get("steps")
+            if not isinstance(inner, LineList):
+                inner = LineList([body.get("step")])
+            inner_count, _, _ = _count_steps(inner, f"{path}[{i}].steps")
+            count = times * inner_count
+            if count > largest:
+                largest, line, field = count, body.line_of("repeat"), f"{path}[{i}].repeat"
+            total += count
+        else:
+            total += 1
+    return total, line, field
 
 
 def _unroll(raw: LineList, where: Location, path: str) -> Iterable[tuple[int | None, Any]]:

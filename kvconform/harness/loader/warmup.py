@@ -72,7 +72,7 @@ def _parse_warmup_passes(raw: Any, where: Location) -> tuple[WarmupPass, ...] | 
     passes = []
     for i, item in enumerate(raw):
         fields = Fields(item, where.at(where.field or "", raw.line_of(i)), f"{where.field}[{i}]")
-        requests = fields.integer("requests", minimum=0)
+        requests = fields.integer("requests", minimum=0, limit="requests")
         sampling = fields.text("sampling")
         if sampling not in WARMUP_SAMPLING:
             raise ScenarioError(
