@@ -20,17 +20,36 @@ from kvconform.upstream.catalogue import load_catalogue
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_the_catalogue_names_each_finding_once_with_a_fix_or_a_fixing_release():
+def test_the_catalogue_names_each_finding_once_a_release_with_a_fix_or_a_fixing_release():
     catalogue = load_catalogue(REPO)
-    numbers = [f.number for f in catalogue.findings]
-    assert numbers == sorted(set(numbers)) == [1, 2, 3, 4, 5, 6]
+    by_release: dict[str, list[int]] = {}
+    for finding in catalogue.findings:
+        by_release.setdefault(finding.release, []).append(finding.number)
+    assert by_release == {
+        "0.31.0": [5],
+        "0.32.0": [6],
+        "0.33.0": [1, 2, 3, 4],
+        "0.34.0": [1, 10, 12, 13],  # the findings still open in 0.34.0 (issue 36)
+    }
     for finding in catalogue.findings:
         assert finding.fix is not None or finding.fixed_in is not None
         assert finding.folder in ("tests/v1/core", "tests/v1/worker")
         if finding.proposed:
             assert finding.changes, f"#{finding.number}: which functions does the fix change?"
             assert finding.release in catalogue.combined
-    assert {f.number for f in catalogue.findings if f.proposed} == {1, 2, 3, 4}
+    assert {f.number for f in catalogue.findings if f.proposed} == {1, 2, 3, 4, 10, 12, 13}
+    # Each form of #10, #12 and #13 is a test of its reproducer: all must fail on 0.34.0.
+    assert {f.number for f in catalogue.findings if f.every_test_fails} == {1, 10, 12, 13}
+
+
+def test_a_finding_listed_twice_for_one_release_is_refused(tmp_path):
+    (tmp_path / "t.py").write_text("")
+    entry = "  - {finding: 10, release: 0.34.0, reproducer: t.py, folder: tests/v1/core, fixed_in: 0.35.0}\n"
+    (tmp_path / "c.yaml").write_text("findings:\n" + entry + entry)
+    with pytest.raises(ScenarioError, match="finding 10 on vLLM 0.34.0 is listed twice"):
+        load_catalogue(tmp_path, "c.yaml")
+    (tmp_path / "c.yaml").write_text("findings:\n" + entry + entry.replace("0.34.0", "0.33.0", 1))
+    assert [f.release for f in load_catalogue(tmp_path, "c.yaml").findings] == ["0.34.0", "0.33.0"]
 
 
 def test_a_bad_catalogue_entry_is_refused(tmp_path):
@@ -68,6 +87,15 @@ def test_fails_means_a_failed_test_and_no_collection_error():
     green = _run(("test", "passed", "call"), returncode=0)
     assert upstream_check._passes(green) and not upstream_check._fails(green)
     assert not upstream_check._passes(_run(returncode=0))  # nothing ran: not a pass
+
+
+def test_every_test_fails_means_no_test_passed_or_skipped():
+    both = _run(("test", "failed", "call"), ("test", "failed", "call"))
+    assert upstream_check._fails(both, every_test=True)
+    one_form = _run(("test", "failed", "call"), ("test", "passed", "call"))
+    assert upstream_check._fails(one_form) and not upstream_check._fails(one_form, every_test=True)
+    skipped = _run(("test", "failed", "call"), ("test", "skipped", "setup"))
+    assert not upstream_check._fails(skipped, every_test=True)
 
 
 def test_a_patch_that_does_not_apply_is_an_error_naming_it(tmp_path, monkeypatch):

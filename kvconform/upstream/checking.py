@@ -134,9 +134,11 @@ def _summary(done: PytestRun) -> str:
     return (shown or f"exit {done.returncode}") + why
 
 
-def _fails(done: PytestRun) -> bool:
+def _fails(done: PytestRun, every_test: bool = False) -> bool:
+    """A failed test and no collection error; with ``every_test``, none passed or skipped."""
     counts = done.counts()
-    return counts["failed"] > 0 and counts["collect_errors"] == 0 and counts["errors"] == 0
+    fails = counts["failed"] > 0 and counts["collect_errors"] == 0 and counts["errors"] == 0
+    return fails and not (every_test and (counts["passed"] or counts["skipped"]))
 
 
 def _passes(done: PytestRun) -> bool:
@@ -154,8 +156,10 @@ def check(
     only: set[int] | None = None,
     whole_selection: bool = True,
     say: Callable[[str], None] = print,
+    releases: set[str] | None = None,
 ) -> list[Step]:
-    """Run every step for the chosen findings; each step is said as it ends."""
+    """Run every step for the chosen findings (by number, by the release they were
+    made on); each step is said as it ends."""
     work = work.resolve()  # trees under it go on PYTHONPATH of runs in other folders
     work.mkdir(parents=True, exist_ok=True)
     releases: dict[str, _Release] = {}
@@ -165,23 +169,30 @@ def check(
         steps.append(step)
         say(step.line())
 
-    chosen = [f for f in catalogue.findings if only is None or f.number in only]
+    chosen = [
+        f
+        for f in catalogue.findings
+        if (only is None or f.number in only) and (releases is None or f.release in releases)
+    ]
     for finding in chosen:
         release = _release(finding.release, work, releases)
         started = time.monotonic()
         done = reproducer_run(release, finding, release.tree)
+        every = " (every test)" if finding.every_test_fails else ""
         record(
             Step(
                 finding.number,
-                f"{finding.reproducer.name} fails on vLLM {finding.release}",
-                _fails(done),
+                f"{finding.reproducer.name} fails on vLLM {finding.release}{every}",
+                _fails(done, finding.every_test_fails),
                 _summary(done),
                 time.monotonic() - started,
             )
         )
         if finding.fix is not None:
             started = time.monotonic()
-            fixed = _patched(finding.release, [finding.fix], work / f"fixed-{finding.number}")
+            fixed = _patched(
+                finding.release, [finding.fix], work / f"fixed-{finding.number}-{finding.release}"
+            )
             release.trees[f"fix-{finding.number}"] = fixed
             done = reproducer_run(release, finding, fixed)
             record(
