@@ -9,10 +9,12 @@ a reproducer run "fails" only with a failed test and no collection error.
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from kvconform.errors import KvconformError, ScenarioError
+from kvconform.peer import PeerOutcome, Verdict
 from kvconform.peer.runner import PytestRun
 from kvconform.upstream import checking as upstream_check
 from kvconform.upstream.catalogue import load_catalogue
@@ -124,3 +126,38 @@ def test_a_fixed_tree_under_a_relative_work_folder_is_named_absolutely(tmp_path,
     monkeypatch.chdir(tmp_path)
     fixed = upstream_check._patched("9.9.9", [], Path("build") / "fixed-1")
     assert fixed.is_absolute() and fixed == tmp_path / "build" / "fixed-1"
+
+
+def test_only_releases_runs_that_releases_entries_and_every_step_of_them(tmp_path, monkeypatch):
+    ran: list[tuple[int, str, str]] = []
+    survived = PeerOutcome(Verdict.SURVIVED, None, 1, 0.0, ["tests/v1/core/test_x.py"])
+
+    def release(version, work, cache):
+        return SimpleNamespace(
+            version=version,
+            tree=None,
+            trees={},
+            suite=SimpleNamespace(run=lambda *a, **k: survived),
+        )
+
+    def reproducer_run(release, finding, tree):
+        ran.append((finding.number, finding.release, "release" if tree is None else "fixed"))
+        return _run(
+            ("test", "failed" if tree is None else "passed", "call"), returncode=int(tree is None)
+        )
+
+    monkeypatch.setattr(upstream_check, "_release", release)
+    monkeypatch.setattr(upstream_check, "reproducer_run", reproducer_run)
+    monkeypatch.setattr(upstream_check, "_patched", lambda version, patches, into: into)
+    steps = upstream_check.check(
+        load_catalogue(REPO), tmp_path, whole_selection=False, say=lambda line: None,
+        only_releases={"0.34.0"},
+    )  # fmt: skip
+    assert {(n, r) for n, r, _ in ran} == {
+        (1, "0.34.0"),
+        (10, "0.34.0"),
+        (12, "0.34.0"),
+        (13, "0.34.0"),
+    }
+    assert all(step.ok for step in steps) and len(steps) == 4 * 3  # fails, passes, own tests
+    assert "(every test)" in steps[0].name
