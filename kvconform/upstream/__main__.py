@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
                 catalogue,
                 work,
                 set(args.finding) if args.finding else None,
-                releases=set(args.release) if args.release else None,
+                only_releases=set(args.release) if args.release else None,
                 whole_selection=not args.no_whole_selection,
                 say=lambda line: print(line, flush=True),
             )

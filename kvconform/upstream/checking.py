@@ -156,7 +156,7 @@ def check(
     only: set[int] | None = None,
     whole_selection: bool = True,
     say: Callable[[str], None] = print,
-    releases: set[str] | None = None,
+    only_releases: set[str] | None = None,
 ) -> list[Step]:
     """Run every step for the chosen findings (by number, by the release they were
     made on); each step is said as it ends."""
@@ -172,7 +172,8 @@ def check(
     chosen = [
         f
         for f in catalogue.findings
-        if (only is None or f.number in only) and (releases is None or f.release in releases)
+        if (only is None or f.number in only)
+        and (only_releases is None or f.release in only_releases)
     ]
     for finding in chosen:
         release = _release(finding.release, work, releases)
