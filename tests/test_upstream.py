@@ -8,6 +8,8 @@ a reproducer run "fails" only with a failed test and no collection error.
 
 from __future__ import annotations
 
+import importlib.util
+import marshal
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -110,6 +112,12 @@ def test_a_patch_that_does_not_apply_is_an_error_naming_it(tmp_path, monkeypatch
     bad.write_text("--- a/vllm/a.py\n+++ b/vllm/a.py\n@@ -1 +1 @@\n-y = 1\n+y = 2\n")
     fixed = upstream_check._patched("9.9.9", [good], tmp_path / "fixed")
     assert (fixed / "vllm" / "a.py").read_text() == "x = 2\n"
+    # Byte-compiled at both levels, from the patched source (tests import it under -O too).
+    for level in ("", 1):
+        pyc = Path(
+            importlib.util.cache_from_source(str(fixed / "vllm" / "a.py"), optimization=level)
+        )
+        assert 2 in marshal.loads(pyc.read_bytes()[16:]).co_consts  # x = 2
     assert (tree / "vllm" / "a.py").read_text() == "x = 1\n"  # the release tree is untouched
     with pytest.raises(KvconformError, match="bad.patch does not apply to vLLM 9.9.9"):
         upstream_check._patched("9.9.9", [bad], tmp_path / "again")

@@ -23,6 +23,7 @@ here reuse them. The result is a table and an exit status: 0 when every step hol
 
 from __future__ import annotations
 
+import compileall
 import shutil
 import subprocess
 import time
@@ -90,6 +91,12 @@ def _patched(version: str, patches: Iterable[Path], into: Path) -> Path:
     The path returned is absolute: it goes on the ``PYTHONPATH`` of a pytest run in the
     release's test tree, where a relative one would name nothing and the unpatched vLLM
     would be imported instead (``make upstream-check`` passes ``--work build/upstream``).
+
+    The copy is byte-compiled at both optimization levels. Every pytest run imports it,
+    and some of vLLM's tests import it again in a subprocess under a time limit (``python
+    -O`` in ``test_kv_cache_planning.py::test_is_kv_cache_spec_uniform``, 60 s); where no
+    bytecode is written (``PYTHONDONTWRITEBYTECODE``) each import compiled the whole of
+    vLLM anew, and on the loaded 2-core machine that subprocess ran past its limit.
     """
     into = into.resolve()
     if into.exists():
@@ -107,6 +114,8 @@ def _patched(version: str, patches: Iterable[Path], into: Path) -> Path:
                 f"{patch.name} does not apply to vLLM {version}: "
                 f"{(done.stdout + done.stderr).strip()[-400:]}"
             )
+    for level in (0, 1):
+        compileall.compile_dir(into / "vllm", quiet=1, optimize=level)
     return into
 
 
