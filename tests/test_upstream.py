@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from kvconform.errors import KvconformError, ScenarioError
-from kvconform.peer import PeerOutcome, Verdict
+from kvconform.peer import Failure, PeerOutcome, Verdict
 from kvconform.peer.runner import PytestRun
 from kvconform.upstream import checking as upstream_check
 from kvconform.upstream.catalogue import load_catalogue
@@ -169,3 +169,37 @@ def test_only_releases_runs_that_releases_entries_and_every_step_of_them(tmp_pat
     }
     assert all(step.ok for step in steps) and len(steps) == 4 * 3  # fails, passes, own tests
     assert "(every test)" in steps[0].name
+
+
+def test_a_test_failing_on_the_unmodified_release_too_is_set_aside(monkeypatch):
+    # The whole-selection run stops on test_a; alone on the release it fails too (a subprocess
+    # limit on a loaded machine, say): set aside, the run goes on and passes. test_b fails
+    # with the fix only: the step fails on it.
+    fails_on_release = {"t.py::test_a"}
+    runs: list[dict] = []
+
+    def run(tree, timeout, deselect):
+        runs.append(dict(deselect))
+        first = next(
+            (n for n in ("t.py::test_a", "t.py::test_b") if n in stopping and n not in deselect),
+            None,
+        )
+        if first is None:
+            return PeerOutcome(Verdict.SURVIVED, None, 10, 1.0)
+        return PeerOutcome(Verdict.KILLED, Failure(first, "Timeout\nmore"), 3, 1.0)
+
+    def alone(suite, targets, env, timeout):
+        (nodeid,) = targets
+        return _run(("test", "failed" if nodeid in fails_on_release else "passed", "call"))
+
+    monkeypatch.setattr(upstream_check, "run_pytest", alone)
+    release = SimpleNamespace(
+        tree=None, suite=SimpleNamespace(run=run, suite=Path("suite"), env=lambda tree: {})
+    )
+    stopping = {"t.py::test_a"}
+    outcome, aside = upstream_check._whole_selection(release, Path("combined"))
+    assert outcome.verdict is Verdict.SURVIVED and aside == {"t.py::test_a": "Timeout"}
+    assert runs == [{}, {"t.py::test_a": "Timeout"}]
+    stopping = {"t.py::test_a", "t.py::test_b"}
+    outcome, aside = upstream_check._whole_selection(release, Path("combined"))
+    assert outcome.verdict is Verdict.KILLED and outcome.first_failure.nodeid == "t.py::test_b"
