@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from vllm_copy import REPO, run_kvconform, tree_with_replacement
+from vllm_copy import REPO, run_kvconform, tree_with_patch, tree_with_replacement
 
 from kvconform.errors import ExitStatus, ScenarioError
 from kvconform.harness import runner
@@ -297,6 +297,51 @@ def test_undoing_the_preempted_inputs_allocation_passes(pristine_tree, tmp_path)
         cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == ExitStatus.CONFORM, done.stdout + done.stderr
+
+
+SHARED_IMAGE = "sched-encoder-priority-preemption-shared-image.yaml"
+WITHDRAWN_RUNS_FIX = REPO / "docs" / "reproducers" / "fixes" / "10-encoder-withdrawn-runs.patch"
+
+
+def _exit_status(tree: Path, name: str, tmp_path: Path) -> int:
+    tmp_path.mkdir(parents=True)
+    done = run_kvconform(
+        "run", _single_mode_copy(name, tmp_path), "--vllm-src", tree,
+        "--report-dir", tmp_path / "report", "--progress", "off", "--no-expectations",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode in (ExitStatus.CONFORM, ExitStatus.NONCONFORMANCE), (
+        done.stdout + done.stderr
+    )
+    return done.returncode
+
+
+@pytest.mark.slow
+def test_the_proposed_fix_covers_both_forms_where_undoing_freeable_entries_covers_one(
+    pristine_tree, tmp_path
+):
+    # docs/findings.md #10: the fix proposed upstream (withdraw the unrun entry, or hand its run
+    # to the request still using the image) against the first proposal (undo the allocation
+    # only where the entry became freeable), on both scenarios.
+    fixed = tree_with_patch(pristine_tree, tmp_path / "fixed", WITHDRAWN_RUNS_FIX)
+    first = tree_with_replacement(
+        pristine_tree,
+        tmp_path / "first",
+        "v1/core/sched/scheduler.py",
+        RESTORED_BUDGET,
+        UNDONE_ALLOCATION,
+    )
+    statuses = {
+        (tree.name, name): _exit_status(tree, name, tmp_path / f"{tree.name}-{name}")
+        for tree in (fixed, first)
+        for name in (PRIORITY_PREEMPTION, SHARED_IMAGE)
+    }
+    assert statuses == {
+        ("fixed", PRIORITY_PREEMPTION): ExitStatus.CONFORM,
+        ("fixed", SHARED_IMAGE): ExitStatus.CONFORM,
+        ("first", PRIORITY_PREEMPTION): ExitStatus.CONFORM,
+        ("first", SHARED_IMAGE): ExitStatus.NONCONFORMANCE,  # b still references the entry
+    }
 
 
 # -- the step's encoder input stats (scheduler.log_iteration_details) --------------------

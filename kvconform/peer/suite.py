@@ -21,7 +21,7 @@ from __future__ import annotations
 import fcntl
 import json
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -323,10 +323,12 @@ class PeerSuite:
         vllm_tree: Path | None = None,
         functions: set[tuple[str, str]] | None = None,
         timeout: float = 600.0,
+        deselect: Mapping[str, str] | None = None,
     ) -> PeerOutcome:
         """vLLM's tests against ``vllm_tree`` (None: the reference), stopping at the first
         failure. With ``functions`` ({(``vllm/...py``, qualname)}) only the test files
-        reaching them run; no test reaching them at all means ``survived`` at once."""
+        reaching them run; no test reaching them at all means ``survived`` at once.
+        ``deselect`` (node id -> why) leaves out tests beyond the baseline's."""
         # The map first: with nothing cached, one survey run makes the baseline too.
         reaching = None if functions is None else self.reach().files_for(functions)
         base = self.baseline()
@@ -341,7 +343,7 @@ class PeerSuite:
             self.suite,
             files,
             self.env(vllm_tree or self.reference_tree),
-            deselect=base.deselected,
+            deselect={**base.deselected, **(deselect or {})},
             extra_args=["-x", *extra],
             timeout=timeout,
         )

@@ -2,7 +2,8 @@
 
 ::
 
-    python -m kvconform.upstream [--finding N ...] [--work DIR] [--no-whole-selection]
+    python -m kvconform.upstream [--finding N ...] [--release V ...] [--work DIR]
+                                 [--no-whole-selection]
 
 Exit status 0 when every step holds, 1 when one does not, 2 for bad input, 3 when
 vLLM or its tests could not be had.
@@ -25,6 +26,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvconform.upstream", description=__doc__)
     parser.add_argument("--finding", type=int, action="append", help="only this finding")
+    parser.add_argument(
+        "--release", action="append", help="only the entries made on this vLLM release"
+    )
     parser.add_argument("--work", type=Path, help="where the test trees and fixed trees go")
     parser.add_argument(
         "--no-whole-selection",
@@ -41,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
                 catalogue,
                 work,
                 set(args.finding) if args.finding else None,
+                only_releases=set(args.release) if args.release else None,
                 whole_selection=not args.no_whole_selection,
                 say=lambda line: print(line, flush=True),
             )

@@ -3,7 +3,9 @@
 Each entry names the release the finding was made on, its reproducer (a pytest file
 for that release's own test tree, and the folder it belongs in), the fix (a patch
 against that release's ``vllm/`` tree) or the release that fixed it, the vLLM
-functions the fix changes, and the upstream threads. The file's header says what
+functions the fix changes, and the upstream threads. A finding still open in a
+later release is listed once more for it (one entry per finding and release);
+``every_test_fails`` says each test of the reproducer is a form of the finding. The file's header says what
 ``make upstream-check`` does with them (:mod:`kvconform.upstream.checking`).
 """
 
@@ -36,6 +38,9 @@ class Finding:
     fixed_in: str | None = None  # the release that fixed it upstream
     changes: tuple[tuple[str, str], ...] = ()  # (vllm/...py, qualname) the fix changes
     upstream: str = ""
+    # Each test of the reproducer is a form of the finding: every one must fail on
+    # the release (not just one), so that a fix is shown to cover them all.
+    every_test_fails: bool = False
 
     @property
     def proposed(self) -> bool:
@@ -84,6 +89,9 @@ def load_catalogue(root: Path, name: str = CATALOGUE) -> Catalogue:
             changes.append((file, function))
         fix = item.get("fix")
         fixed_in = item.get("fixed_in")
+        every_test_fails = item.get("every_test_fails", False)
+        if not isinstance(every_test_fails, bool):
+            raise ScenarioError(where.at(f"{at}.every_test_fails"), "true or false")
         if fix is None and fixed_in is None:
             raise ScenarioError(where.at(at), "a finding needs a fix or fixed_in")
         findings.append(
@@ -98,8 +106,18 @@ def load_catalogue(root: Path, name: str = CATALOGUE) -> Catalogue:
                 fixed_in=None if fixed_in is None else need_version(fixed_in, f"{at}.fixed_in"),
                 changes=tuple(changes),
                 upstream=str(item.get("upstream", "")),
+                every_test_fails=every_test_fails,
             )
         )
+    seen: set[tuple[int, str]] = set()
+    for i, finding in enumerate(findings):
+        key = (finding.number, finding.release)
+        if key in seen:
+            raise ScenarioError(
+                where.at(f"findings[{i}]"),
+                f"finding {finding.number} on vLLM {finding.release} is listed twice",
+            )
+        seen.add(key)
     combined = {
         need_version(release, "combined"): need_file(patch, f"combined.{release}")
         for release, patch in (data.get("combined") or {}).items()
