@@ -212,7 +212,7 @@ lint: $(STAMP)
 
 
 constraints: $(STAMP)
-	{ sed -n '1,/^[^#]/{/^#/p}' constraints.txt; $(BIN)/python -m pip freeze --exclude-editable | \
+	{ sed -n '1,/^[^#]/{/^#/p}' constraints.txt; $(BIN)/python -m pip freeze --all --exclude-editable | grep -v '^pip==' | \
 		grep -v '^kvconform' | sed -E 's|^vllm @ .*/vllm-([0-9][^-]*)-.*|vllm==\1|'; } > constraints.new
 	mv constraints.new constraints.txt
 

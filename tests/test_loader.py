@@ -234,6 +234,20 @@ def test_matrix_makes_one_scenario_per_combination(write_scenario):
             "trajectory scenarios only",
         ),
         ("steps: [{a: {prefill: 5}}\n", 2, None, "invalid YAML"),
+        (
+            # Found by the loader fuzz test: a mapping here raised TypeError (unhashable).
+            "requests:\n  a: {prompt_len: 64}\n  e: {prompt_len: 64, prefix_from: {x: [a]}}\n",
+            3,
+            "requests.e.prefix_from",
+            "must be a non-empty string",
+        ),
+        (
+            "kind: scheduler\nrequests:\n  a: {prompt_len: 64}\n"
+            "  e: {prompt_len: 64, prefix_from: [a]}\n",
+            4,
+            "requests.e.prefix_from",
+            "must be a non-empty string",
+        ),
     ],
 )
 def test_bad_input_names_file_line_and_field(write_scenario, text, line, field, words):

@@ -134,6 +134,12 @@ class Fields:
             raise ScenarioError(self.at(key), f"must be a non-empty string, not {value!r}")
         return value
 
+    def optional_text(self, key: str) -> str | None:
+        """None where the key is absent; otherwise a non-empty string (a request's name)."""
+        if self.raw(key) is None:
+            return None
+        return self.text(key)
+
     def done(self) -> None:
         """Every field not allowed here is a problem (each recorded, reading goes on)."""
         known = ", ".join(sorted(self.known))

@@ -113,7 +113,7 @@ def parse_requests(raw: Any, where: Location, at: Location) -> dict[str, Request
             name=name,
             prompt_len=fields.integer("prompt_len", limit="tokens"),
             encoder_len=fields.integer("encoder_len", 0, minimum=0, limit="tokens"),
-            prefix_from=fields.raw("prefix_from"),
+            prefix_from=fields.optional_text("prefix_from"),
             prefix_len=fields.integer("prefix_len", 0, minimum=0),
             where=request_at,
             kv_cache_report_full=_report_mode(fields),

@@ -345,7 +345,7 @@ def parse_scheduler_requests(
         return RequestSpec(
             name=name,
             prompt_len=prompt_len,
-            prefix_from=fields.raw("prefix_from"),
+            prefix_from=fields.optional_text("prefix_from"),
             prefix_len=fields.integer("prefix_len", 0, minimum=0),
             where=request_at,
             arrival=fields.integer("arrival", 0, minimum=0),
