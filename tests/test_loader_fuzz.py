@@ -12,6 +12,7 @@ a memory and time bound per document (``tracemalloc``), the database under
 
 from __future__ import annotations
 
+import os
 import time
 import tracemalloc
 from pathlib import Path
@@ -32,7 +33,11 @@ CORPUS = [path.read_text(encoding="utf-8") for path in discover([REPO / "scenari
 SECONDS = 2.0
 PEAK_BYTES = 64 * 2**20
 
+# Derandomized: make test draws the same documents on every machine, so a red run is a
+# regression, reproducible, never the luck of a draw (a fresh clone's random draw found the
+# prefix_from mapping test_loader.py now holds). Set KVCONFORM_FUZZ_RANDOM=1 to explore anew.
 FUZZ = settings(
+    derandomize=not os.environ.get("KVCONFORM_FUZZ_RANDOM"),
     max_examples=150,
     deadline=None,  # the bound per document is checked below, on the loader alone
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
