@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_verdicts import EXACT_FULL_POOL  # the exact-pool scenario the verdict test injects into
 from vllm_copy import REPO, run_kvconform, tree_with_replacement
 
 from kvconform.model import facts as f
@@ -96,19 +97,6 @@ def test_judge_refuses_a_recording_of_another_version_naming_it(tmp_path: Path) 
     assert "Traceback" not in done.stderr
 
 
-EXACT_FULL_POOL = """
-name: full-exact
-model:
-  block_size: 16
-  max_model_len: 256
-  num_blocks: 3
-  groups: [full_attention]
-requests: {a: {prompt_len: 16}, b: {prompt_len: 16}}
-steps:
-  - {a: {prefill: 16}}
-  - {b: {prefill: 16}}
-  - {a: finish, b: finish}
-"""
 
 # Corpus files whose verdicts come from recorded facts and known divergences: a
 # KV-events xfail (trajectory mode) and an encoder xfail (scheduler mode, two modes).
