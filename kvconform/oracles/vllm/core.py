@@ -227,6 +227,10 @@ class Vllm:
         (0.28; unset: dense, None). ``async_scheduling``'s None is what VllmConfig
         resolves it to for a plain decoder on one GPU: on.
         """
+        # Asked once per scenario; the release's defaults do not change within a process.
+        return dict(self._remembered(("default_settings",), self._read_default_settings))
+
+    def _read_default_settings(self) -> dict[str, Any]:
         defaults: dict[str, Any] = {}
         for setting in SETTINGS.values():
             module_name, class_name, field_name = setting.vllm_default.rsplit(".", 2)
@@ -1138,12 +1142,20 @@ def _declared_defaults(fn: Any) -> dict[str, Any]:
     return found
 
 
+# (left, right) -> the methods both classes define. The names are fixed by the classes (a
+# mutated tree is imported anew, as new classes); the defaults are read every time.
+_SHARED_METHODS: dict[tuple[type, type], list[str]] = {}
+
+
 def _shared_defaults(left: type, right: type) -> Iterator[tuple[str, Any, Any]]:
     """(method.parameter, left's default, right's default) for every parameter both
     classes' methods of one name declare a default for."""
-    for method in sorted(set(dir(left)) & set(dir(right))):
-        if method.startswith("__"):
-            continue
+    methods = _SHARED_METHODS.get((left, right))
+    if methods is None:
+        methods = _SHARED_METHODS[(left, right)] = sorted(
+            m for m in set(dir(left)) & set(dir(right)) if not m.startswith("__")
+        )
+    for method in methods:
         ours = _declared_defaults(getattr(left, method, None))
         theirs = _declared_defaults(getattr(right, method, None))
         for parameter in sorted(set(ours) & set(theirs)):
