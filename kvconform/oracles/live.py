@@ -198,6 +198,8 @@ class LiveAllocator:
         self._zeroing_groups = vllm.recording_groups(self.manager)
         self._retained_hit_groups = vllm.retained_hit_groups(self.manager)
         self._scheduled: dict[str, tuple[int, int]] = {}
+        # The calling request's tables as the last call to schedule left them.
+        self.table_after_call: tuple[list[int], ...] = ()
         # Events a prefix hit re-announced (kv_cache_report_mode "full"), by identity: the
         # router already counts those blocks, so the mirror leaves them out.
         self._reannouncements: list[Any] = []
@@ -463,12 +465,15 @@ class LiveAllocator:
         new_blocks, hit, hit_blocks, external = self._allocate(call, encoder_len, where)
         if new_blocks is None:
             raise self._refusal(call, encoder_len, where, free, held, hit, hit_blocks)
+        # The request's tables after the call, read once: the zeroing and retained-hit
+        # records and the driver's observations all read this one answer.
+        self.table_after_call = after = self.block_ids(call.request)
         if self.model.log_stats and call.first_chunk and hit_blocks is not None:
             self._record_admission(call, hit)
         if self._zeroing_groups is not None:
-            self._record_zeroing(call, before, hit_blocks, hit + external)
+            self._record_zeroing(call, before, after, hit_blocks, hit + external)
         if hit_blocks is not None and self._retained_hit_groups:
-            self._record_retained_hit(call, hit_blocks, hit + external)
+            self._record_retained_hit(call, after, hit_blocks, hit + external)
         request = self._requests[call.request]
         self._scheduled[call.request] = (
             min(call.computed + call.scheduled, int(request.num_tokens)),
@@ -505,7 +510,12 @@ class LiveAllocator:
                 self._stats_expected[at + offset] += value
 
     def _record_zeroing(
-        self, call: Call, before: tuple[list[int], ...], hit_blocks: Any, valid_tokens: int
+        self,
+        call: Call,
+        before: tuple[list[int], ...],
+        after: tuple[list[int], ...],
+        hit_blocks: Any,
+        valid_tokens: int,
     ) -> None:
         """The blocks vLLM hands the worker to zero, per recording group, with what holds
         valid KV: a prefix hit's blocks and, under an asynchronous load, those holding
@@ -513,7 +523,6 @@ class LiveAllocator:
         it); judged by :mod:`kvconform.harness.checks.zeroing`."""
         assert self._zeroing_groups is not None
         zeroed = self.vllm.take_blocks_to_zero(self.manager, self._zeroing_groups)
-        after = self.block_ids(call.request)
         hits = self.vllm.hit_block_ids(hit_blocks)
         loaded = bool(
             call.options.load_async and self.vllm.skips_zeroing_loaded_blocks(self.manager)
@@ -535,14 +544,15 @@ class LiveAllocator:
                 )
             )
 
-    def _record_retained_hit(self, call: Call, hit_blocks: Any, covered: int) -> None:
+    def _record_retained_hit(
+        self, call: Call, after: tuple[list[int], ...], hit_blocks: Any, covered: int
+    ) -> None:
         """What a group that keeps a longer prefix hit than the others (HiSparse's host
         source, ``retains_longer_hit``) adopted of it: the hit, the tokens the request now
         has computed (its local hit and the connector's), its table after the call
         (judged by :mod:`kvconform.harness.checks.allocator`)."""
         hits = self.vllm.hit_block_ids(hit_blocks)
         tokens = min(covered, self.model.max_model_len)
-        after = self.block_ids(call.request)
         for group in self._retained_hit_groups:
             self.call_facts.append(
                 (

@@ -144,7 +144,7 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
                     for made, fact in live.call_facts:
                         facts.append(Fact(index, line, name, made.label, fact))
                     live.call_facts.clear()
-            held = live.block_ids(name)
+            held = live.table_after_call
             computed, scheduled, label = call.computed, call.scheduled, call.label
             num_tokens = computed + scheduled
             # A step that only loads KV writes nothing: no lookahead, and the warmup's

@@ -396,12 +396,20 @@ def _declared_defaults(fn: Any) -> dict[str, Any]:
     return found
 
 
+# (left, right) -> the methods both classes define. The names are fixed by the classes (a
+# mutated tree is imported anew, as new classes); the defaults are read every time.
+_SHARED_METHODS: dict[tuple[type, type], list[str]] = {}
+
+
 def _shared_defaults(left: type, right: type) -> Iterator[tuple[str, Any, Any]]:
     """(method.parameter, left's default, right's default) for every parameter both
     classes' methods of one name declare a default for."""
-    for method in sorted(set(dir(left)) & set(dir(right))):
-        if method.startswith("__"):
-            continue
+    methods = _SHARED_METHODS.get((left, right))
+    if methods is None:
+        methods = _SHARED_METHODS[(left, right)] = sorted(
+            m for m in set(dir(left)) & set(dir(right)) if not m.startswith("__")
+        )
+    for method in methods:
         ours = _declared_defaults(getattr(left, method, None))
         theirs = _declared_defaults(getattr(right, method, None))
         for parameter in sorted(set(ours) & set(theirs)):

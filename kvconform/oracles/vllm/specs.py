@@ -114,6 +114,10 @@ class SpecsPart(VllmBase):
         (0.28; unset: dense, None). ``async_scheduling``'s None is what VllmConfig
         resolves it to for a plain decoder on one GPU: on.
         """
+        # Asked once per scenario; the release's defaults do not change within a process.
+        return dict(self._remembered(("default_settings",), self._read_default_settings))
+
+    def _read_default_settings(self) -> dict[str, Any]:
         defaults: dict[str, Any] = {}
         for setting in SETTINGS.values():
             module_name, class_name, field_name = setting.vllm_default.rsplit(".", 2)
