@@ -16,6 +16,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from kvconform.errors import EngineFailed
 from kvconform.harness.checks import judge
 from kvconform.harness.drivers.engine import trajectory_from
 from kvconform.harness.runner import exit_status, run_scenario
@@ -593,7 +594,7 @@ def test_a_failed_engine_child_reports_vllms_cause_and_keeps_the_log(monkeypatch
     monkeypatch.setattr(engine_party.subprocess, "run", child)
     monkeypatch.setenv(engine_party.LOG_DIR_VARIABLE, str(tmp_path))
     settings = engine_party.EngineSettings(engine_party.TinyModel(), None, ())
-    with pytest.raises(engine_party.EngineFailed) as failed:
+    with pytest.raises(EngineFailed) as failed:
         engine_party.run_engine(settings)
     headline = str(failed.value).splitlines()[0]
     assert headline.startswith(f"vLLM's engine failed (exit 1): {REASON}")

@@ -50,7 +50,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from kvconform.errors import Location, PoolExhausted, ScenarioError
+from kvconform.errors import Location, PoolExhausted, ScenarioError, StepDenied
 from kvconform.model.facts import (
     AdmissionHit,
     DefaultDisagreement,
@@ -125,17 +125,6 @@ def manager_for(
         **({"metrics_collector": vllm.metrics_collector()} if model.log_stats else {}),
         **dict(speculative_options or {}),
     )
-
-
-class StepDenied(Exception):
-    """vLLM refused a call whose blocks the floor's arithmetic fits in the pool."""
-
-    def __init__(
-        self, call: Call, who: str, need: int, available: int, free: int, detail: str
-    ) -> None:
-        super().__init__(f"{who} refused {call.label} of {call.request!r}")
-        self.call, self.who, self.need = call, who, need
-        self.available, self.free, self.detail = available, free, detail
 
 
 class LiveAllocator:
