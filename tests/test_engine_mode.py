@@ -260,11 +260,15 @@ def test_a_request_finished_short_of_its_max_tokens_is_a_sanity_failure(scenario
     scenario = scenario_from(ENGINE_SCENARIO)
     recording = h200_like_recording([1, 2])
     recording.outputs = {"a": 12}
-    failures = [
-        f.message for f in judge(trajectory_from(scenario, recording), ("sanity",)).failures
-    ]
-    assert "the engine finished request a with 12 tokens, not its max_tokens 40" in failures
-    assert "the engine never finished request b (max_tokens 40)" in failures
+    failures = {
+        f.request: f for f in judge(trajectory_from(scenario, recording), ("sanity",)).failures
+    }
+    assert failures.keys() == {"a", "b"}
+    assert failures["a"].message.endswith(
+        "the engine finished request a with 12 tokens, not its max_tokens 40"
+    )
+    assert failures["b"].message.endswith("the engine never finished request b (max_tokens 40)")
+    assert {f.detail["invariant"] for f in failures.values()} == {"leaves requests unfinished"}
 
 
 def test_a_leaked_block_after_the_run_is_a_sanity_failure(scenario_from):
