@@ -999,3 +999,23 @@ def test_the_draft_kvconform_wrote_before_for_a_qwen2_target_is_vllms_own_refusa
         "Model architectures ['EagleQwen2ForCausalLM'] are not supported for now."
     )
     assert len(line) <= 400 and line.endswith(" …")
+
+
+def test_a_model_runner_the_release_removed_is_unsupported_not_a_crash(vllm, scenario_from):
+    """0.34.0 removed the V1 GPU model runner, and its platform check raises at start-up
+    on ``VLLM_USE_V2_MODEL_RUNNER=0``: a scenario asking for it does not apply there
+    (``unsupported``, on any machine), where a release that ships the runner goes on
+    to run it (here: skipped without CUDA, or run)."""
+    from pathlib import Path
+
+    scenario = scenario_from(
+        ENGINE_SCENARIO.replace("engine: {", "engine: {model_runner: v1, ")
+    )
+    ships_v1 = (Path(vllm.location) / "v1" / "worker" / "gpu_model_runner.py").exists()
+    result = run_scenario(scenario, vllm)
+    if ships_v1:
+        assert result.verdict is not Verdict.UNSUPPORTED, result.error
+    else:
+        assert result.verdict is Verdict.UNSUPPORTED, (result.verdict, result.error)
+        assert "lacks the V1 GPU model runner" in result.error
+        assert "removed in 0.34.0" in result.error

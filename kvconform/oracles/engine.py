@@ -178,6 +178,9 @@ def check_buildable(settings: EngineSettings, version: str) -> None:
     """
     from kvconform.oracles.vllm import engine as vllm_engine
 
+    if not vllm_engine.offers_runner(settings.model_runner):
+        raise NotOffered(version, f"the {settings.model_runner.upper()} GPU model runner",
+                         "removed in 0.34.0 (vllm/v1/worker/gpu_model_runner.py)")  # fmt: skip
     offered = vllm_engine.registered_architectures()
     target = settings.target.architecture
     if target not in offered:
