@@ -266,10 +266,20 @@ def test_the_scheduler_corpus_conforms(vllm):
     assert modes == {"sync", "async", "overlapped"}
     known = load_expectations(SCENARIOS.parent / "expectations.yaml")
     results = list(runner.run_all(scenarios, vllm, expectations=known))
+    # A release that removed the V1 GPU model runner (0.34.0) offers no scheduler built
+    # for it: those scenarios do not apply there, and say why.
+    v1_removed = not (Path(vllm.location) / "v1" / "worker" / "gpu_model_runner.py").exists()
+    asks_v1 = {s.id for s in scenarios if s.scheduler and s.scheduler.model_runner == "v1"}
+    assert asks_v1, "the corpus must configure the scheduler for the V1 runner somewhere"
+    removed = [r for r in results if v1_removed and r.id in asks_v1]
+    assert all(
+        r.verdict is Verdict.UNSUPPORTED and "lacks the V1 GPU model runner" in r.error
+        for r in removed
+    ), [(r.id, r.verdict, r.error) for r in removed]
     bad = [
         f"{r.id}: {r.headline()}"
         for r in results
-        if r.verdict not in (Verdict.PASSED, Verdict.XFAILED)
+        if r.verdict not in (Verdict.PASSED, Verdict.XFAILED) and r not in removed
     ]
     assert not bad, "\n".join(bad)
     preempted = [
