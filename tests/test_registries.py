@@ -17,7 +17,7 @@ import pytest
 from kvconform.harness.checks import CHECKS, DEFAULT_CHECKS
 from kvconform.model.group_types import GROUP_TYPES, NOT_BUILDABLE, group_type_for_class
 from kvconform.model.methods import METHODS, REGISTRY_FILE, method_for, registry
-from kvconform.model.scenario import KINDS
+from kvconform.model.kinds import KINDS
 from kvconform.model.tiny_model import ARCHITECTURES
 
 ROOT = Path(__file__).resolve().parents[1]
