@@ -28,6 +28,7 @@ from kvconform.model.results import RunReport, Verdict
 
 __all__ = ["judge_recordings", "read_recordings"]
 
+
 def recording_files(paths: Sequence[str]) -> list[Path]:
     """The recordings ``paths`` name: files as given, folders' ``*.json`` by name."""
     files: list[Path] = []

@@ -340,9 +340,6 @@ def find_root_causes(results: Iterable[ScenarioResult]) -> list[RootCause]:
 # that differs from them): alone, they rank below the causes.
 _CONSEQUENCE_CHECKS = ("agree", "slots")
 
-# What a party's count is, per observation.
-_COUNT: dict[str, str] = {Party.PREDICTED: "predicted", Party.WARMUP: "warmup"}
-
 
 def _hypotheses_hold(members: list[_Incident]) -> dict[str, bool]:
     """Whether "one slot too few" and "the lookahead forgotten" each explain the members'
@@ -368,7 +365,8 @@ def _hypotheses_hold(members: list[_Incident]) -> dict[str, bool]:
             return {}
         per_block = group.block_size * int(group.floor_args.get("dcp_world_size", 1))
         limit = trajectory.max_model_len or 1 << 62
-        attr = _COUNT.get(party, "live")
+        # An observation records each party's count under its name; the live side's as live.
+        attr = party if party in (Party.PREDICTED, Party.WARMUP) else Party.LIVE
         keeps = party != Party.PREDICTED  # the predictor answers each step afresh
         events = sorted(trajectory.events, key=lambda e: e.seq)
         running: dict[str, dict[str, int]] = {name: {} for name in holds}

@@ -114,7 +114,9 @@ class Matrix:
             red = [c for c in warmup if c.verdict == "failed"]
             if red:
                 notes.append(f"{len(red)} of {len(warmup)} warmup scenarios fail: {UPSTREAM_BUG}")
-            others = Counter(c.verdict for c in row.scenarios.values() if not entry(c.kind).drives_warmup)
+            others = Counter(
+                c.verdict for c in row.scenarios.values() if not entry(c.kind).drives_warmup
+            )
             if others:
                 notes.append(
                     "the other scenarios: "

@@ -141,7 +141,9 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
 
 
 def blame(result: ScenarioResult, failure: Failure) -> Blame:
-    return Blame(named(result, Party.LIVE), str((failure.detail or {}).get("who", "misplans the pool")))
+    return Blame(
+        named(result, Party.LIVE), str((failure.detail or {}).get("who", "misplans the pool"))
+    )
 
 
 def signature(result: ScenarioResult, failure: Failure) -> tuple[str, str]:

@@ -52,7 +52,9 @@ def blocks_in_pool(trajectory: Trajectory) -> Iterator[Failure]:
                 )
             else:
                 what = f"the null block (id {null})"
-            yield failure_at("sanity", trajectory, obs, f"{PARTY_NAMES[Party.WARMUP]} hands out {what}")
+            yield failure_at(
+                "sanity", trajectory, obs, f"{PARTY_NAMES[Party.WARMUP]} hands out {what}"
+            )
 
 
 def blocks_distinct(trajectory: Trajectory) -> Iterator[Failure]:
