@@ -61,7 +61,7 @@ def name_deciding_settings(
     """Record, on each missed stated hit that a setting denied, the setting and the value
     that gives the hit (``AdmissionHit.decided_by``, which the allocator check reports)."""
     missed = _missed_hits(trajectory)
-    if not missed or not KINDS[scenario.kind].states_steps:
+    if not missed or not KINDS[scenario.kind].builds_manager:
         return
     for name, value, other in _alternatives(scenario):
         try:

@@ -14,8 +14,9 @@ startup planning a pool. A :class:`KindEntry` says, for one kind:
   whose holdings its recording has columns for (``recorded``: ``Trajectory.parties``);
 * what the other modules ask of a kind: whether it builds its KV-cache groups from the
   scenario's own list of every group type (``groups_from_list``), whether the scenario
-  states its steps and the driver calls the allocator itself (``states_steps``), and
-  whether its driver runs vLLM's warmup (``drives_warmup``).
+  states its steps (``states_steps``), whether its driver builds the allocator from the
+  model section (``builds_manager``), and whether its driver runs vLLM's warmup
+  (``drives_warmup``).
 
 Its loader and its driver live in the layers above (they read YAML, they drive vLLM):
 each kind registers them there, in :data:`kvconform.harness.loader.kinds.LOADERS` and
@@ -70,9 +71,14 @@ class KindEntry:
     # Builds its KV-cache groups from the scenario's own list, taking every group type
     # (the others build them from vLLM's config of a model: GroupType.modes lists them).
     groups_from_list: bool = False
-    # The scenario states its every step and the driver calls KVCacheManager itself
-    # (with the model section's settings); the other kinds let vLLM decide the steps.
+    # The scenario states its every step (its driver makes each call); the other kinds let
+    # vLLM decide the steps.
     states_steps: bool = False
+    # Its driver builds vLLM's KVCacheManager itself, from the model section: the groups as
+    # stated (their eagle_group and extra_retained_tokens included) and the model's
+    # allocator settings (watermark, log_stats, ...); the other kinds' schedulers, engines
+    # and warmups build theirs from vLLM's config of a model.
+    builds_manager: bool = False
     # Its driver runs vLLM's real warmup_kernels (kvconform.oracles.warmup), which a run on
     # CPU makes differently (its note) and releases below kvconform's minimum break.
     drives_warmup: bool = False
@@ -91,6 +97,7 @@ KINDS: Mapping[Kind, KindEntry] = MappingProxyType(
                 (Party.LIVE, Party.PREDICTED),
                 groups_from_list=True,
                 states_steps=True,
+                builds_manager=True,
             ),
             KindEntry(
                 Kind.WARMUP,

@@ -72,7 +72,7 @@ def parse(
         # 0 is a setting (sparse retention), not an absence.
         ("prefix_cache_retention_interval", model.prefix_cache_retention_interval is not None),
     ):
-        if value and not kind.states_steps:
+        if value and not kind.builds_manager:
             # Only the trajectory driver builds its KVCacheManager from the model
             # section; the other kinds' schedulers and warmups would run without it.
             raw_model = doc.get("model")

@@ -260,8 +260,8 @@ def check_extra_retained(model: ModelSpec, speculative: SpeculativeSpec | None, 
     method is MTP is checked where vLLM's method aliases are known, oracles/resolve.py.)
     Kinds other than trajectories build their groups from vLLM's own config.
     """
-    states_steps = entry(kind).states_steps
-    if not states_steps:
+    builds_manager = entry(kind).builds_manager
+    if not builds_manager:
         # The other kinds build their KV-cache groups and speculative config from vLLM's.
         flagged = [g for g in model.groups if g.eagle_group]
         if flagged:
@@ -287,7 +287,7 @@ def check_extra_retained(model: ModelSpec, speculative: SpeculativeSpec | None, 
             continue
         where = group.where or Location("<scenario>")
         at = where.at(f"{where.field}.extra_retained_tokens")
-        if not states_steps:
+        if not builds_manager:
             raise ScenarioError(
                 at, "only in trajectory scenarios (the other kinds build groups from vLLM's config)"
             )
