@@ -305,6 +305,7 @@ def test_kinds_and_parties_are_written_as_their_names() -> None:
     assert json.dumps({Party.LIVE: [Kind.WARMUP]}) == '{"live": ["warmup"]}'
     assert f"{Party.DFLASH_SLOTS} {Kind.SCHEDULER}" == "dflash_slots scheduler"
     assert {"live": 1}[Party.LIVE] == 1 and Kind("engine") is Kind.ENGINE
+    assert f"{Party.LIVE!r} {[Kind.STARTUP]}" == "'live' ['startup']"
     enums = Trajectory((), 0, "vllm", parties=(Party.LIVE, Party.WARMUP))
     strings = Trajectory((), 0, "vllm", parties=("live", "warmup"))
     as_enums = dumps(Recording("x", "x.yaml", Kind.WARMUP, enums))

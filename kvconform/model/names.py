@@ -6,7 +6,8 @@ recordings, report.json and the reports' text, read back from them as plain stri
 and compared with such strings. :class:`Name` is :class:`enum.StrEnum` (a ``str``
 whose ``str()``, ``format()``, hash and equality are its value's): ``Party.LIVE ==
 "live"``, ``f"{Party.LIVE}"`` is ``live`` and ``{"live": 1}[Party.LIVE]`` is 1, so
-every file kvconform writes stays byte-identical. Python 3.10 (the oldest that
+every file kvconform writes stays byte-identical (and, unlike ``StrEnum``, its ``repr`` is
+the string's, for messages that quote a name). Python 3.10 (the oldest that
 pyproject.toml's ``requires-python`` admits) has no ``StrEnum``: there the class is
 built the way 3.11 builds it.
 """
@@ -33,4 +34,10 @@ else:  # pragma: no cover - Python 3.10
 
 class Name(StrEnum):
     """A closed set of names written as plain strings (a recording stores the value,
-    never the enum: :mod:`kvconform.model.recording`)."""
+    never the enum: :mod:`kvconform.model.recording`).
+
+    Its ``repr`` is its string's too (``'live'``, not ``<Party.LIVE: 'live'>``): messages
+    quote names with ``!r`` ("did you mean 'scheduler'?"), and they read as before.
+    """
+
+    __repr__ = str.__repr__
