@@ -35,8 +35,9 @@ import pytest
 from kvconform.errors import ExitStatus, KvconformError, ScenarioError
 from kvconform.harness import session as sessions
 from kvconform.harness.loader import SCENARIO_SUFFIXES, is_scenario_file, load_file
+from kvconform.model.kinds import Kind
 from kvconform.model.results import ErrorKind, ScenarioResult, Verdict
-from kvconform.model.scenario import KINDS, Scenario
+from kvconform.model.scenario import Scenario
 from kvconform.model.wording import count, plural, shorten
 from kvconform.oracles.vllm import prepare_slot_kernel
 
@@ -150,7 +151,7 @@ def pytest_configure(config: pytest.Config) -> None:
     _decline_or_group_xdist(config)
     request = _request(config)
     config.stash[_SESSION] = sessions.Session(request)
-    for kind in KINDS:
+    for kind in Kind:
         config.addinivalue_line("markers", f"{kind}: kvconform scenario kind")
 
 
