@@ -17,12 +17,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from kvconform.errors import ExitStatus, UsageError
+from kvconform.errors import ExitStatus, PatchFailed, UsageError
 from kvconform.harness.select import parse_shard, shard_of
 from kvconform.realbugs.catalogue import DEFAULT_CATALOGUE, RealBug, read_catalogue
 from kvconform.realbugs.replay import Replay, replay
 from kvconform.realbugs.report import BugResult, RealBugsReport, who_catches, write_report
-from kvconform.realbugs.trees import PatchFailed, patched_tree, pristine_tree
+from kvconform.realbugs.trees import patched_tree, pristine_tree
 
 DEFAULT_REPORT_DIR = "build/realbugs"
 Say = Callable[[str], None]
