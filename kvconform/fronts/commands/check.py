@@ -49,8 +49,6 @@ COMMAND = CheckCommand()
 
 def cmd_check(args: argparse.Namespace) -> int:
     """``run`` with git-bisect exit codes: 0 old, 1 new, 125 skip, 128 abort."""
-    from kvconform.bisect.outcome import git_code
-
     args.update_expectations = False
     try:
         status = cmd_run(args)
