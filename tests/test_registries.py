@@ -125,9 +125,6 @@ def test_every_spec_class_vllm_offers_has_an_entry_or_a_reason(vllm) -> None:
 
 # The registries spell kind and party names; every other module reads Kind and Party.
 SPELL_KINDS_AND_PARTIES = {"kvconform/model/kinds.py", "kvconform/model/parties.py"}
-# Still spelling them, while other branches split these modules; the lead replaces their
-# literals after merging and empties this tuple.
-NOT_YET_CONVERTED = ("kvconform/reports/", "kvconform/fronts/cli.py")
 # Calls that take a party, and where (a blame, a record's party, the data flow).
 PARTY_ARGUMENT = {"blame": 0, "named": 1, "upstream_of": 0, "failure_at": 5}
 
@@ -214,7 +211,6 @@ def test_only_the_registries_spell_kinds_and_parties() -> None:
         rel: found
         for path in sorted((ROOT / "kvconform").rglob("*.py"))
         if (rel := str(path.relative_to(ROOT))) not in SPELL_KINDS_AND_PARTIES
-        and not rel.startswith(NOT_YET_CONVERTED)
         and (found := kind_and_party_literals(path))
     }
     assert spelled == {}, (
@@ -250,17 +246,6 @@ def test_the_scan_sees_a_kind_or_party_literal(
     module.write_text(source, encoding="utf-8")
     assert kind_and_party_literals(module) == expected
 
-
-def test_the_modules_not_yet_converted_are_still_there() -> None:
-    # Each entry names modules that spell kinds or parties today; an entry that matches no
-    # module (moved, or converted) is dropped from the list.
-    for prefix in NOT_YET_CONVERTED:
-        matching = [
-            p
-            for p in (ROOT / "kvconform").rglob("*.py")
-            if str(p.relative_to(ROOT)).startswith(prefix)
-        ]
-        assert any(kind_and_party_literals(p) for p in matching), prefix
 
 
 def test_every_kind_has_a_loader_a_driver_and_a_live_party() -> None:

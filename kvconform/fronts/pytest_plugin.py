@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from kvconform.errors import ExitStatus, KvconformError, ScenarioError
+from kvconform.errors import ExitStatus, KvconformError, ScenarioError, ScenarioFailed
 from kvconform.harness import session as sessions
 from kvconform.harness.loader import SCENARIO_SUFFIXES, is_scenario_file, load_file
 from kvconform.model.kinds import Kind
@@ -232,12 +232,6 @@ def first_message(result: ScenarioResult) -> str:
     return " ".join((messages or [result.verdict.value])[0].split())
 
 
-class ScenarioFailed(Exception):
-    def __init__(self, result: ScenarioResult) -> None:
-        self.result = result
-        super().__init__(result.headline())
-
-
 class ScenarioItem(pytest.Item):
     def __init__(self, *, scenario: Scenario, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -271,7 +265,7 @@ class ScenarioItem(pytest.Item):
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
         exc = excinfo.value
         if isinstance(exc, ScenarioFailed):
-            result = exc.result
+            result: ScenarioResult = exc.result
             # The first line is what pytest's short summary shows: the first message.
             messages = ([result.error] if result.error else []) + [
                 f"[{f.check}] {f.message}" for f in result.failures

@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from itertools import groupby
 
+from kvconform.errors import CheckSkipped
 from kvconform.harness.checks.records import PARTY_NAMES, blocks, failure_at, named
-from kvconform.model.checks import Check, CheckSkipped, always
+from kvconform.model.checks import Check, always
 from kvconform.model.observations import BLOCK_ID_PARTIES, Observation, Trajectory, party_block_ids
 from kvconform.model.parties import Party
 from kvconform.model.results import Failure, ScenarioResult

@@ -34,12 +34,11 @@ skipped with the reason (:class:`~kvconform.errors.ScenarioSkipped`).
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from kvconform.errors import ScenarioSkipped, VllmUnavailable
+from kvconform.errors import EngineRanOtherwise, ScenarioSkipped, VllmUnavailable
 from kvconform.model.facts import EngineOutput, Fact
 from kvconform.model.group_types import GROUP_TYPES, group_type_for_class
 from kvconform.model.kinds import KINDS, Kind
@@ -129,25 +128,6 @@ def drive_engine(scenario: Scenario, vllm: Vllm) -> Trajectory:
         raise EngineRanOtherwise(recording.vllm_version or vllm.version, differences)
     return trajectory_from(scenario, recording)
 
-
-class EngineRanOtherwise(VllmUnavailable):
-    """vLLM's engine ran with something other than what the scenario states.
-
-    An error (``unsupported``: this release, on this platform, does not run the
-    scenario as written), never a verdict on a configuration the scenario does not
-    describe.
-    """
-
-    def __init__(self, version: str, differences: Sequence[str]) -> None:
-        self.differences = tuple(differences)
-        super().__init__(version, "an engine running what the scenario states",
-                         "; ".join(self.differences))  # fmt: skip
-
-    def __str__(self) -> str:
-        return (
-            f"vLLM {self.version}'s engine did not run what the scenario states: "
-            + "; ".join(self.differences)
-        )
 
 
 def engine_differences(scenario: Scenario, recording: engine_party.EngineRecording) -> list[str]:
