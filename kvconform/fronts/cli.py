@@ -1033,10 +1033,19 @@ def build_parser() -> argparse.ArgumentParser:
     add_progress_option(fuzz)
     fuzz.set_defaults(handler=cmd_fuzz)
 
+    from kvconform.explore.command import add_arguments as add_explore_arguments
+    from kvconform.explore.command import explore
     from kvconform.mutate.command import add_arguments as add_mutate_arguments
     from kvconform.mutate.command import mutate
     from kvconform.realbugs.command import add_arguments as add_realbugs_arguments
     from kvconform.realbugs.command import realbugs
+
+    explore_parser = sub.add_parser(
+        "explore", help="search generated scheduler workloads, shrunk to YAML scheduler scenarios"
+    )
+    add_explore_arguments(explore_parser)
+    add_vllm_options(explore_parser)
+    explore_parser.set_defaults(handler=lambda args: explore(args, say, open_progress))
 
     realbugs_parser = sub.add_parser(
         "realbugs",
