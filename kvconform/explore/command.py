@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import shlex
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from kvconform import __version__
@@ -56,6 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"stop after N distinct findings per job (default {DEFAULT_MAX_FINDINGS})",
     )
+    parser.add_argument(
+        "--known",
+        metavar="FILE",
+        help="an explore-summary.json of an earlier run: its findings' signatures are not "
+        "searched for again (kvconform realbugs --explorer-only passes the unpatched release's)",
+    )
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -68,6 +75,8 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise UsageError("--max-findings must be at least 1")
     if args.seed < 0:
         raise UsageError(f"--seed must be at least 0, not {args.seed}")
+    if args.known is not None and not Path(args.known).is_file():
+        raise UsageError(f"--known: no such file {args.known}")
 
 
 def explore(
@@ -75,7 +84,7 @@ def explore(
 ) -> int:
     """The whole explorer run; ``say`` prints, ``open_progress`` is the front's progress display."""
     try:
-        from kvconform.explore.runner import run_explore
+        from kvconform.explore.runner import known_signatures, run_explore
     except ImportError as exc:
         if exc.name != "hypothesis":
             raise
@@ -86,11 +95,17 @@ def explore(
     from kvconform.harness.session import load_vllm, vllm_to_load
 
     check_arguments(args)
+    try:
+        known = known_signatures(Path(args.known)) if args.known else ()
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"--known {args.known}: not an explore-summary.json ({exc})") from None
     release = getattr(args, "vllm_release", None)
     say(f"kvconform {__version__}: loading {vllm_to_load(args.vllm_src, release)}")
     vllm = load_vllm(args.vllm_src, release)
     command = ["kvconform", "explore", "--budget", f"{args.budget:g}", "--seed", str(args.seed)]
     command += ["--jobs", str(args.jobs), "--out", args.out]
+    if args.known:
+        command += ["--known", args.known]
     if args.vllm_src:
         command += ["--vllm-src", args.vllm_src]
     if release:
@@ -108,6 +123,7 @@ def explore(
         command=shlex.join(command),
         progress=say,
         max_findings=args.max_findings,
+        known=known,
     )
     stats = run.stats
     say("")

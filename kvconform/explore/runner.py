@@ -18,6 +18,7 @@ failures (:func:`kvconform.harness.root_causes.find_root_causes`).
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import time
 from collections import Counter
@@ -195,10 +196,12 @@ def run_explore(
     space: ExploreSpace | None = None,
     max_findings: int = DEFAULT_MAX_FINDINGS,
     examples: int | None = None,
+    known: tuple[Signature, ...] = (),
 ) -> ExploreRun:
     """Explore ``vllm`` for ``budget_seconds`` of search (or ``examples`` workloads).
 
-    ``out=None`` writes nothing. ``progress`` gets a line per finding,
+    ``out=None`` writes nothing; ``known``: signatures another run reported, not searched for
+    again (``kvconform explore --known``). ``progress`` gets a line per finding,
     ``on_example`` each searched example's outcome ("passed", "rejected",
     "failed"; single-process runs only).
     """
@@ -219,7 +222,7 @@ def run_explore(
     say = progress or (lambda line: None)
     if jobs == 1:
         worker = _search_one(vllm, space, budget_seconds, seed, out_dir, command, say,
-                             on_example, max_findings, examples)  # fmt: skip
+                             on_example, max_findings, examples, known)  # fmt: skip
         stats.add(worker.to_json())
         files = [(f.path, f.signature, f.text) for f in worker.findings]
     else:
@@ -227,7 +230,16 @@ def run_explore(
         _WORKER_VLLM = vllm
         context = multiprocessing.get_context("fork")
         calls = [
-            (space, budget_seconds, seed * jobs + index, out_dir, command, max_findings, examples)
+            (
+                space,
+                budget_seconds,
+                seed * jobs + index,
+                out_dir,
+                command,
+                max_findings,
+                examples,
+                known,
+            )  # fmt: skip
             for index in range(jobs)
         ]
         with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
@@ -243,6 +255,7 @@ def run_explore(
     summary = stats.to_json()
     summary["findings"] = [
         {"signature": str(signature), "file": str(path) if path else None,
+         "parts": [signature.check, signature.subject, signature.detail],
          "message": first_message(result, signature)}
         for path, signature, result in run.reproduced
     ]  # fmt: skip
@@ -261,6 +274,7 @@ def _search_one(
     on_example: Callable[[str], None] | None,
     max_findings: int,
     examples: int | None,
+    known: tuple[Signature, ...] = (),
 ) -> ExploreStats:
     stats = ExploreStats(seed=seed, budget=int(budget_seconds), vllm_version=vllm.version)
     budget = Budget(
@@ -279,16 +293,23 @@ def _search_one(
         say=say,
         tick=on_example or (lambda outcome: None),
         max_findings=max_findings,
+        known=known,
     )
     return stats
 
 
+def known_signatures(summary_file: Path) -> tuple[Signature, ...]:
+    """The signatures of the findings an ``explore-summary.json`` lists."""
+    summary = json.loads(summary_file.read_text(encoding="utf-8"))
+    return tuple(Signature(*finding["parts"]) for finding in summary.get("findings", []))
+
+
 def _worker(call: tuple[Any, ...]) -> tuple[dict[str, Any], list[tuple[str | None, Any, str]]]:
-    space, budget_seconds, seed, out_dir, command, max_findings, examples = call
+    space, budget_seconds, seed, out_dir, command, max_findings, examples, known = call
     assert _WORKER_VLLM is not None
     lines: list[str] = []
     stats = _search_one(_WORKER_VLLM, space, budget_seconds, seed, out_dir, command,
-                        lines.append, None, max_findings, examples)  # fmt: skip
+                        lines.append, None, max_findings, examples, known)  # fmt: skip
     summary = stats.to_json()
     summary["lines"] = [f"[seed {seed}] {line}" for line in lines]
     found = [

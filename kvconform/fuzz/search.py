@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from random import Random
@@ -201,9 +201,13 @@ def search(
     say: Callable[[str], None] = lambda line: None,
     tick: Callable[[str], None] = lambda outcome: None,
     max_findings: int = 10,
+    known: Iterable[Signature] = (),
 ) -> None:
-    """Search ``source`` on ``vllm`` until ``budget`` is spent; fill ``stats``, write reproducers."""
-    known: set[Signature] = set()
+    """Search ``source`` on ``vllm`` until ``budget`` is spent; fill ``stats``, write reproducers.
+
+    ``known``: signatures reported before (another run's), not searched for again.
+    """
+    known = set(known)
     round_no = 0
     name = source.name
     strategy = source.documents()
