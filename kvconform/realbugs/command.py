@@ -79,10 +79,10 @@ def realbugs(args: argparse.Namespace, say: Say) -> ExitStatus:
     started = time.perf_counter()
     if args.jobs < 1:
         raise UsageError("--jobs must be at least 1")
-    explorer_seconds = args.explorer_only or args.with_explorer
-    if explorer_seconds is not None and not explorer_seconds > 0:
-        option = "--explorer-only" if args.explorer_only is not None else "--with-explorer"
-        raise UsageError(f"{option} must be a positive number of seconds")
+    for option, seconds in (("--explorer-only", args.explorer_only),
+                            ("--with-explorer", args.with_explorer)):  # fmt: skip
+        if seconds is not None and not seconds > 0:
+            raise UsageError(f"{option} must be a positive number of seconds")
     catalogue = read_catalogue(args.catalogue)
     for error in catalogue.errors:
         say(f"ERROR {error}")
