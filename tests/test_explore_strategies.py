@@ -18,7 +18,7 @@ from hypothesis import Phase, find, given, settings
 from hypothesis import strategies as st
 
 from kvconform.explore.runner import _features_of
-from kvconform.explore.space import ExploreSpace
+from kvconform.explore.space import ExploreSpace, runs_without_caching
 from kvconform.explore.strategies import FEATURES, feature_sets, workload, workloads
 from kvconform.fronts.cli import main
 from kvconform.fuzz.document import render
@@ -30,7 +30,7 @@ SPACE = ExploreSpace(
     methods=("dflash", "draft_model", "eagle", "mtp", "ngram"),
     adaptive_threshold=True,
     spec_decode_metrics=True,
-    bounded_replay=True,
+    flag_options=(("sliding_window_mla", "bounded_replay"),),
 )
 QUICK = settings(max_examples=300, derandomize=True, database=None, deadline=None)
 
@@ -54,9 +54,8 @@ def test_a_feature_that_is_off_leaves_no_trace(data: st.DataObject) -> None:
     doc = workload(data.draw, SPACE, on, "explore")
     shown = set(_features_of(doc)) - SIZE_FEATURES
     off = {name for name, value in on.items() if not value}
-    mamba = any(g == "mamba" or getattr(g, "get", lambda _: None)("type") == "mamba"
-                for g in doc["model"]["groups"])  # fmt: skip
-    if mamba:  # a Mamba group turns prefix caching on (docs/explore.md)
+    if not all(runs_without_caching(g) for g in doc["model"]["groups"]):
+        # a recurrent group (Mamba) turns prefix caching on (docs/explore.md)
         shown.discard("prefix_caching")
     assert not shown & off, (sorted(shown & off), doc)
 

@@ -13,7 +13,8 @@ Read once from the loaded :class:`~kvconform.oracles.vllm.Vllm`, never while dra
   rejected. A probe that fails a check stays in: the search finds it, shrinks it
   and reports it like any other failure;
 * the release's optional settings (the adaptive long-prefill threshold, per-request
-  spec-decode metrics, bounded replay): drawn only where a probe builds them.
+  spec-decode metrics, on/off group options such as bounded replay): drawn only where a
+  probe builds them.
 """
 
 from __future__ import annotations
@@ -38,7 +39,9 @@ class ExploreSpace:
     methods: tuple[str, ...]  # one declared name per canonical method
     adaptive_threshold: bool = False  # SchedulerConfig.long_prefill_token_threshold_adaptive
     spec_decode_metrics: bool = False  # ObservabilityConfig.per_request_spec_decode_metrics
-    bounded_replay: bool = False  # sliding_window_mla's bounded replay
+    # (group type, option): the on/off options (bool, default off, no fuzzer draw) a probe
+    # built with the option on; drawn both ways (sliding-window MLA's bounded replay).
+    flag_options: tuple[tuple[str, str], ...] = ()
     excluded: dict[str, str] = field(default_factory=dict)  # type or method -> why not drawn
     block_sizes: tuple[int, ...] = (16, 32, 8)
     max_groups: int = 3
@@ -72,8 +75,9 @@ def build_explore_space(vllm: Vllm, **limits: Any) -> ExploreSpace:
     for method in vllm.declared_methods():
         canonical.setdefault(vllm.canonical_method(method), method)
     methods = []
+    plain = SCHEDULER_GROUP_TYPES[0]  # the registry's first: full attention
     for method in sorted(canonical):
-        doc = _probe_document(f"method-{method}", "full_attention")
+        doc = _probe_document(f"method-{method}", plain)
         doc["speculative"] = {"method": method, "num_speculative_tokens": 2}
         result = probe(vllm, doc)
         if result.verdict is Verdict.UNSUPPORTED:
@@ -89,7 +93,7 @@ def build_explore_space(vllm: Vllm, **limits: Any) -> ExploreSpace:
     }
     offered_options: dict[str, bool] = {}
     for option, settings in options.items():
-        doc = _probe_document(f"option-{option}", "full_attention")
+        doc = _probe_document(f"option-{option}", plain)
         doc["scheduler"].update(settings)
         if option == "spec_decode_metrics" and methods:
             doc["speculative"] = {"method": methods[0], "num_speculative_tokens": 2}
@@ -97,25 +101,33 @@ def build_explore_space(vllm: Vllm, **limits: Any) -> ExploreSpace:
             offered_options[option] = False
             continue
         offered_options[option] = probe(vllm, doc).verdict is not Verdict.UNSUPPORTED
-    replay = "sliding_window_mla" in types and (
-        probe(
-            vllm,
-            _probe_document(
-                "bounded-replay",
-                {"type": "sliding_window_mla", "sliding_window": 32, "bounded_replay": True},
-            ),
-        ).verdict
-        is not Verdict.UNSUPPORTED
-    )
+    flags = []
+    for name in types:
+        for option_name, declared in GROUP_TYPES[name].options.items():
+            if declared.kind is not bool or declared.default or declared.draw is not None:
+                continue
+            group = _probe_group(name)
+            group = {**(group if isinstance(group, dict) else {"type": name}), option_name: True}
+            result = probe(vllm, _probe_document(f"{name}-{option_name}", group))
+            if result.verdict is not Verdict.UNSUPPORTED:
+                flags.append((name, option_name))
     return ExploreSpace(
         group_types=tuple(types),
         methods=tuple(methods),
         adaptive_threshold=offered_options["adaptive_threshold"],
         spec_decode_metrics=offered_options["spec_decode_metrics"],
-        bounded_replay=replay,
+        flag_options=tuple(flags),
         excluded=excluded,
         **limits,
     )
+
+
+def runs_without_caching(group: Any) -> bool:
+    """Whether a group of this type runs in a scheduler scenario without prefix caching:
+    a recurrent state (Mamba) does not (vLLM sets its block size, --mamba-block-size, only
+    with --enable-prefix-caching)."""
+    type_name = group if isinstance(group, str) else str(group["type"])
+    return GROUP_TYPES[type_name].attention
 
 
 def _probe_group(type_name: str) -> Any:
@@ -129,7 +141,7 @@ def _probe_group(type_name: str) -> Any:
 
 def _probe_document(label: str, group: Any) -> dict[str, Any]:
     model: dict[str, Any] = {"block_size": 16, "max_model_len": 128, "num_blocks": 64}
-    if group == "mamba":  # vLLM sets a Mamba block size only with prefix caching on
+    if not runs_without_caching(group):  # vLLM sets a Mamba block size only with caching on
         model["enable_caching"] = True
     return {
         "name": f"explore-probe-{label}",

@@ -46,7 +46,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from kvconform.explore.space import ExploreSpace
+from kvconform.explore.space import ExploreSpace, runs_without_caching
 from kvconform.model.group_types import GROUP_TYPES
 
 DrawFn = Callable[[st.SearchStrategy[Any]], Any]
@@ -155,8 +155,8 @@ def workload(draw: DrawFn, space: ExploreSpace, on: dict[str, bool], name: str) 
         begin = draw(_ints(1, 6))
         scheduler["pause"] = [{"at": begin, "resume_at": begin + draw(_ints(1, 6))}]
 
-    mamba = any(_type_of(group) == "mamba" for group in groups)
-    if on["prefix_caching"] or mamba:
+    recurrent = not all(runs_without_caching(group) for group in groups)
+    if on["prefix_caching"] or recurrent:
         # vLLM sets a Mamba group's block size only with prefix caching on
         # (--mamba-block-size needs --enable-prefix-caching), so a hybrid Mamba model
         # runs with it on, as vLLM enables it for such models by default.
@@ -178,10 +178,6 @@ def workload(draw: DrawFn, space: ExploreSpace, on: dict[str, bool], name: str) 
     return doc
 
 
-def _type_of(group: Any) -> str:
-    return group if isinstance(group, str) else str(group["type"])
-
-
 def _draw_groups(
     draw: DrawFn, space: ExploreSpace, on: dict[str, bool], block_size: int
 ) -> list[Any]:
@@ -196,8 +192,9 @@ def _draw_groups(
                 options[option_name] = draw(_ints(how.low, how.high * block_size))
             elif how is not None and how.kind == "blocks":
                 options[option_name] = block_size * draw(_ints(how.low, how.high))
-        if type_name == "sliding_window_mla" and space.bounded_replay and draw(_BOOLS):
-            options["bounded_replay"] = True
+        for flag_type, flag in space.flag_options:
+            if flag_type == type_name and draw(_BOOLS):
+                options[flag] = True
         groups.append({"type": type_name, **options} if options else type_name)
     return groups
 
