@@ -1,10 +1,9 @@
 """``kvconform explore`` against vLLM's real scheduler (slow: each imports vLLM).
 
-* On a copy of vLLM's tree with an allocator off-by-one injected (the single-type
-  manager's ``allocate_new_blocks`` sizing one token short), the explorer exits 1
-  with a ``floor`` reproducer of the live side; that reproducer fails with
-  ``kvconform run`` on the copy and passes on the unmodified vLLM: it is the bug,
-  not the workload.
+* On a copy of vLLM's tree with a bug injected -- an allocator off-by-one (the
+  single-type manager's ``allocate_new_blocks`` sizing one token short) -- the explorer
+  exits 1 with ``floor`` reproducers of the live side that fail with ``kvconform run`` on
+  the copy, one of which passes on the unmodified vLLM: it is the bug, not the workload.
 * On the pinned vLLM, a seed-0 run exits 0 -- expected to fail until the
   findings docs/explore.md lists as untriaged on 0.34.0 are triaged (strict: the
   day it passes, the marker must go).
@@ -24,42 +23,52 @@ from kvconform.explore.runner import run_explore
 from kvconform.fronts.cli import main
 from kvconform.oracles.vllm import Vllm
 
-# The off-by-one: the manager sizes a request's blocks for one token fewer than it needs.
-OFF_BY_ONE = (
-    "v1/core/single_type_kv_cache_manager.py",
-    "        num_required_blocks = cdiv(num_tokens, self.block_size)\n"
-    "        num_new_blocks = num_required_blocks - len(req_blocks)\n",
-    "        num_required_blocks = cdiv(num_tokens - 1, self.block_size)\n"
-    "        num_new_blocks = num_required_blocks - len(req_blocks)\n",
-)
+# Bugs put into a copy of vLLM's tree: module, the text it holds once, its replacement;
+# and the file-name prefix of the reproducer that must show it.
+BUGS: dict[str, tuple[tuple[str, str, str], str]] = {
+    # An allocator off-by-one: the manager sizes a request's blocks for one token fewer.
+    "allocator-off-by-one": (
+        (
+            "v1/core/single_type_kv_cache_manager.py",
+            "        num_required_blocks = cdiv(num_tokens, self.block_size)\n"
+            "        num_new_blocks = num_required_blocks - len(req_blocks)\n",
+            "        num_required_blocks = cdiv(num_tokens - 1, self.block_size)\n"
+            "        num_new_blocks = num_required_blocks - len(req_blocks)\n",
+        ),
+        "explore-s0-*-floor-live-*.yaml",
+    ),
+}
 
 
 @pytest.mark.slow
-def test_explore_finds_an_injected_allocator_off_by_one(
-    tmp_path: Path, vllm: Vllm, pristine_tree: Path
+@pytest.mark.parametrize("bug", sorted(BUGS))
+def test_explore_finds_an_injected_bug_and_its_reproducer_reproduces(
+    bug: str, tmp_path: Path, vllm: Vllm, pristine_tree: Path
 ) -> None:
-    tree = tree_with_replacement(pristine_tree, tmp_path / "tree", *OFF_BY_ONE)
+    replacement, pattern = BUGS[bug]
+    tree = tree_with_replacement(pristine_tree, tmp_path / "tree", *replacement)
     out = tmp_path / "found"
     explore = run_kvconform(
         "explore", "--vllm-src", tree, "--budget", 30, "--seed", 0, "--out", out, cwd=tmp_path
     )
     assert explore.returncode == 1, explore.stdout + explore.stderr
-    assert "root causes" in explore.stdout and "one block short" in explore.stdout
-    floors = sorted(out.glob("explore-s0-*-floor-live-*.yaml"))
-    assert floors, explore.stdout
-    repro = floors[0]
-    text = repro.read_text()
-    assert "kind: scheduler" in text and f"--vllm-src {tree}" in text
+    assert "root causes" in explore.stdout or "vLLM raised" in explore.stdout, explore.stdout
     summary = json.loads((out / "explore-summary.json").read_text())
-    assert any(f["file"] == str(repro) for f in summary["findings"])
-
-    again = run_kvconform(
-        "run", repro, "--vllm-src", tree, "--report-dir", tmp_path / "r1", cwd=tmp_path
+    written = {f["file"] for f in summary["findings"]}
+    candidates = [p for p in sorted(out.glob(pattern)) if str(p) in written]
+    assert candidates, explore.stdout
+    for repro in candidates:
+        text = repro.read_text()
+        assert "kind: scheduler" in text and f"--vllm-src {tree}" in text
+        again = run_kvconform(
+            "run", repro, "--vllm-src", tree, "--report-dir", tmp_path / "r1", cwd=tmp_path
+        )
+        assert again.returncode == 1, again.stdout + again.stderr
+    # At least one of them is the bug: the unmodified vLLM (this process's) conforms on it.
+    assert any(
+        main(["run", str(repro), "--report-dir", str(tmp_path / f"r2-{n}")]) == 0
+        for n, repro in enumerate(candidates)
     )
-    assert again.returncode == 1, again.stdout + again.stderr
-    assert "[floor]" in again.stdout
-    # The unmodified vLLM (this process's) conforms on the same workload.
-    assert main(["run", str(repro), "--report-dir", str(tmp_path / "r2")]) == 0
 
 
 @pytest.mark.slow
