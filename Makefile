@@ -7,7 +7,8 @@
 #                    the long campaigns are make campaigns)
 #   make browser installs Debian's chromium for the report's browser test, if it is missing
 #   make nightly     what every nightly runs (tools/nightly.sh, docs/gpu.md): the corpus with every
-#                    check, fuzzing at the nightly budget, the mutation campaign, the CUDA tests.
+#                    check, fuzzing and exploring at the nightly budget, the mutation campaign, the
+#                    CUDA tests.
 #                    NIGHTLY_PYTHON=python3 judges that interpreter's vLLM, no .venv; VLLM_SRC=DIR
 #                    judges a vLLM source checkout's tree; NIGHTLY_PARTS="corpus" runs one part
 #   make install-nightly  kvconform and what the nightly needs (no vLLM, no torch) into
@@ -18,6 +19,8 @@
 #   make gpu-engine-bundle VLLM=0.25.0  builds .gpu-engine/VLLM/parts, vLLM's compiled engine
 #                    for such a machine, in parts under 60 MB (docs/engine-mode.md)
 #   make fuzz        searches generated trajectories for divergences (fuzz-nightly: the nightly budget)
+#   make explore     searches generated scheduler workloads for 120 s (a pull request's budget;
+#                    explore-nightly: the nightly budget)
 #   make coverage-vllm  which of vLLM's reservation code the corpus executes, per file,
 #                    function and scenario (build/vllm-coverage/, docs/coverage.md)
 #   make mutation    the mutation campaign: how many mutants of vLLM's reservation code the
@@ -60,7 +63,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo "sudo -n")
 
 FUZZ_SEED ?= $(shell date +%Y%m%d)
 
-.PHONY: run test test-slow lint constraints clean browser nightly gpu-bundle fuzz fuzz-nightly bench gpu-engine-bundle
+.PHONY: run test test-slow lint constraints clean browser nightly gpu-bundle fuzz fuzz-nightly explore explore-nightly bench gpu-engine-bundle
 .PHONY: install install-light install-nightly
 
 # constraints.txt is a lock: every package of the environment at one version, installed as it
@@ -122,13 +125,14 @@ browser:
 		echo "warning: could not install chromium; the browser test will be skipped"
 
 # The vLLM under test: NIGHTLY_PYTHON's (default: .venv's pinned one), or VLLM_SRC's tree.
-# SHARD=I/N: that share of the corpus, fuzz and mutation (a CI matrix job).
+# SHARD=I/N: that share of the corpus, fuzz and mutation (a CI matrix job); EXPLORE_JOBS: the
+# explorer's processes.
 VLLM_SRC ?=
-NIGHTLY_PARTS ?= corpus fuzz mutate cuda
+NIGHTLY_PARTS ?= corpus fuzz explore mutate cuda
 SHARD ?=
 nightly: $(if $(filter $(BIN)/python,$(NIGHTLY_PYTHON)),$(STAMP))
 	PYTHON='$(NIGHTLY_PYTHON)' VLLM_SRC='$(VLLM_SRC)' NIGHTLY_PARTS='$(NIGHTLY_PARTS)' \
-		SHARD='$(SHARD)' bash tools/nightly.sh $(NIGHTLY_DIR)
+		EXPLORE_JOBS='$(EXPLORE_JOBS)' SHARD='$(SHARD)' bash tools/nightly.sh $(NIGHTLY_DIR)
 
 # GPU_RELEASES: PyPI releases whose Python trees travel too; tools/gpu-run.sh runs the
 # warmup scenarios against each (the 0.27.1 warmup bug, by its consequence, on the GPU).
@@ -153,6 +157,15 @@ fuzz: $(STAMP)
 
 fuzz-nightly: $(STAMP)
 	$(BIN)/kvconform fuzz --examples 20000 --seed $(FUZZ_SEED) --out build/fuzz
+
+# Generated scheduler workloads over vLLM's real scheduler (docs/explore.md): 120 s of search on
+# two processes, a pull request's budget; reproducers of findings land in build/explore.
+EXPLORE_JOBS ?= 2
+explore: $(STAMP)
+	$(BIN)/kvconform explore --budget 120 --jobs $(EXPLORE_JOBS) --out build/explore
+
+explore-nightly: $(STAMP)
+	$(BIN)/kvconform explore --budget 1800 --jobs $(EXPLORE_JOBS) --seed $(FUZZ_SEED) --out build/explore
 
 # Real bugs vLLM shipped and fixed, replayed through the corpus (docs/real-bugs.md).
 REALBUGS_JOBS ?= 2

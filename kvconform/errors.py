@@ -199,6 +199,12 @@ class BisectAborted(KvconformError):
     exit_status = ExitStatus.BAD_INPUT
 
 
+class DeadlinePassed(BaseException):
+    """A search round's time budget is spent (``kvconform.fuzz.search``): raised through
+    Hypothesis, which lets a ``BaseException`` through as it lets an interrupt, to end
+    the round."""
+
+
 class PatchFailed(Exception):
     """A real bug's patch does not apply to its release's tree: the catalogue is wrong
     (``kvconform.realbugs.trees``)."""

@@ -237,3 +237,29 @@ def test_the_mutation_campaign_figure_reads_its_own_report(tmp_path: Path):
     assert isinstance(figure["meets_target"], bool)
     missing = processes.mutation_campaign(ROOT, ["scenarios"], str(tmp_path / "none.yaml"))
     assert not missing["available"] and "without mutation.json" in missing["reason"]
+
+
+def test_the_explorer_figures_are_measured(quick_results):
+    rate = quick_results["explore_workloads_per_second"]
+    assert rate["available"] and rate["value"] > 0 and rate["scheduler_steps"] > 0, rate
+    ratio = quick_results["explore_step_ratio"]
+    assert ratio["available"] and ratio["value"] > 0, ratio
+    # The harness records a step where a request is scheduled; the bare loop counts every call.
+    assert ratio["bare_steps"] >= ratio["harness_steps"] > 0, ratio
+
+
+def test_the_explorers_bare_loop_makes_the_harness_schedule_calls(vllm):
+    """On the plain workloads, the bare loop calls schedule() exactly as often as the
+    scheduler oracle does on the same scenario (its StepRecords): the same steps."""
+    from kvconform.bench import explorer
+    from kvconform.oracles.resolve import resolve_settings
+    from kvconform.oracles.scheduler import StepRecord, run_scheduler
+
+    for scenario in explorer.drawn_workloads(vllm, 6, seed=1, plain=True):
+        resolved, _ = resolve_settings(scenario, vllm)
+        k = resolved.speculative.num_speculative_tokens if resolved.speculative else 0
+        run = run_scheduler(vllm, resolved, k)
+        if run.stall is not None:
+            continue  # stopped where the harness judged a stall
+        steps = sum(1 for event in run.events if isinstance(event, StepRecord))
+        assert explorer.bare_loop(vllm, scenario) == steps, scenario.name

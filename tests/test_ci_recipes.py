@@ -41,7 +41,7 @@ from kvconform.fronts.cli import build_parser
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPES = {"buildkite": REPO / "ci" / "buildkite.yml", "github": REPO / "ci" / "github-actions.yml"}
-PARTS = {"corpus", "fuzz", "mutate", "cuda"}
+PARTS = {"corpus", "fuzz", "explore", "mutate", "cuda"}
 PINNED = re.compile(r"^[0-9a-f]{40}$")
 UPLOAD_ENV = {  # what vLLM's uploading step gives ci/buildkite.yml (docs/ci.md)
     "KVCONFORM_REPO": "https://example.invalid/kvconform.git",
@@ -247,7 +247,7 @@ def test_the_recipes_run_and_pass_the_vllm_under_test_through(recipe, mode, tmp_
 
     nightly = [m for m in makes if m["targets"] == ["nightly"]]
     installs = [m for m in makes if m["targets"] == ["install-nightly"]]
-    assert len(nightly) == len(installs) == 7  # 4 corpus shards, 2 fuzz shards, 1 mutate
+    assert len(nightly) == len(installs) == 8  # 4 corpus shards, 2 fuzz shards, explore, mutate
     for call in nightly:
         assert call["vars"]["NIGHTLY_PYTHON"] == "python3", call  # the image's vLLM, no .venv
         assert call["vars"].get("VLLM_SRC", call["env"]["VLLM_SRC"]) == src, call
@@ -368,7 +368,7 @@ exec {python} "$@"
 """
 
 
-@pytest.mark.parametrize("parts", ["corpus fuzz mutate cuda", "fuzz", "mutate cuda"])
+@pytest.mark.parametrize("parts", ["corpus fuzz explore mutate cuda", "fuzz", "explore", "mutate cuda"])
 def test_the_nightly_script_judges_the_vllm_under_test(tmp_path, parts):
     python = tmp_path / "python"
     tests = str(Path(__file__).resolve().parent)
@@ -376,13 +376,14 @@ def test_the_nightly_script_judges_the_vllm_under_test(tmp_path, parts):
     python.chmod(0o755)
     log = tmp_path / "calls.log"
     env = {**os.environ, "PYTHON": str(python), "VLLM_SRC": "/src/vllm", "NIGHTLY_PARTS": parts,
-           "NIGHTLY_LOG": str(log), "NIGHTLY_GOOD": "0123abcd", "FUZZ_EXAMPLES": "10"}  # fmt: skip
+           "NIGHTLY_LOG": str(log), "NIGHTLY_GOOD": "0123abcd", "FUZZ_EXAMPLES": "10",
+           "EXPLORE_BUDGET": "5"}  # fmt: skip
     out = tmp_path / "nightly"
     done = subprocess.run(["bash", str(REPO / "tools" / "nightly.sh"), str(out)], env=env,
                           capture_output=True, text=True)  # fmt: skip
     calls = log.read_text().splitlines()
     kvconform = [shlex.split(c) for c in calls if not c.startswith("pytest")]
-    commands = {"corpus": "run", "fuzz": "fuzz", "mutate": "mutate"}
+    commands = {"corpus": "run", "fuzz": "fuzz", "explore": "explore", "mutate": "mutate"}
     assert [c[0] for c in kvconform] == [commands[p] for p in parts.split() if p != "cuda"]
     for call in kvconform:
         assert call[call.index("--vllm-src") + 1] == "/src/vllm", call
@@ -401,11 +402,11 @@ def test_the_nightly_script_judges_the_vllm_under_test(tmp_path, parts):
 
 def test_make_nightly_the_recipes_and_the_docs_name_the_same_parts():
     script = (REPO / "tools" / "nightly.sh").read_text()
-    assert re.search(r"PARTS=\$\{NIGHTLY_PARTS:-corpus fuzz mutate cuda\}", script)
-    assert "NIGHTLY_PARTS ?= corpus fuzz mutate cuda" in (REPO / "Makefile").read_text()
+    assert re.search(r"PARTS=\$\{NIGHTLY_PARTS:-corpus fuzz explore mutate cuda\}", script)
+    assert "NIGHTLY_PARTS ?= corpus fuzz explore mutate cuda" in (REPO / "Makefile").read_text()
     for doc in ("docs/gpu.md", "docs/ci.md"):
         text = (REPO / doc).read_text()
-        assert "tools/nightly.sh" in text and "corpus fuzz mutate cuda" in text, doc
+        assert "tools/nightly.sh" in text and "corpus fuzz explore mutate cuda" in text, doc
     assert "tools/nightly.sh" in (REPO / "tools" / "gpu-run.sh").read_text()
 
 

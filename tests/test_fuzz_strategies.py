@@ -150,8 +150,10 @@ def test_flow_quotes_what_yaml_would_misread() -> None:
     assert flow({"a": {"prefill": 3}, "b": "decode"}) == "{a: {prefill: 3}, b: decode}"
     assert flow("yes") == '"yes"' and flow("no") == '"no"' and flow("a b") == '"a b"'
     assert flow(False) == "false" and flow([1, 2]) == "[1, 2]"
+    # A float is an acceptance rate of the explorer's workloads ({rate: 0.5, seed: 1}).
+    assert flow({"rate": 0.5, "seed": 1}) == "{rate: 0.5, seed: 1}"
     with pytest.raises(TypeError):
-        flow(1.5)
+        flow(object())
 
 
 def test_render_round_trips_and_header_is_comments_only() -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvconform.bench import overhead, plugins, processes, scaling
+from kvconform.bench import explorer, overhead, plugins, processes, scaling
 from kvconform.bench.figures import Figure, guarded, not_available
 from kvconform.bench.machine import machine_facts
 from kvconform.bench.report import append_row, write_json
@@ -34,12 +34,16 @@ SKIPPABLE = (
     "kinds",
     "checks",
     "fuzz_examples_per_second",
+    "explore_workloads_per_second",
+    "explore_step_ratio",
     *SUBPROCESS_FIGURES,
 )
 TARGETED = (
     "step_overhead_ratio",
     "suite_seconds",
     "fuzz_examples_per_second",
+    "explore_workloads_per_second",
+    "explore_step_ratio",
     "xdist_speedup",
     "scaling",
     "mutation_campaign",
@@ -56,6 +60,7 @@ class Options:
     scaling_rounds: int = 5
     scaling_min_calls: int = scaling.MIN_CALLS_PER_PASS
     fuzz_examples: int = 300
+    explore_workloads: int = 40  # drawn workloads of the explorer's figures
     party_sample: int = 10  # scenarios a check's own party (slots) is timed on
     fuzz_seed: int = 0
     skip: tuple[str, ...] = ()
@@ -75,6 +80,7 @@ def quick_options(**overrides: Any) -> Options:
         scaling_rounds=1,
         scaling_min_calls=1,
         fuzz_examples=3,
+        explore_workloads=2,
         party_sample=1,
         skip=SUBPROCESS_FIGURES,
         say=lambda line: None,
@@ -135,6 +141,18 @@ def run_bench(vllm: Vllm, options: Options, load_seconds: float | None = None) -
     figure(
         "fuzz_examples_per_second",
         lambda: plugins.fuzz_examples_per_second(vllm, options.fuzz_examples, options.fuzz_seed),
+    )
+    figure(
+        "explore_workloads_per_second",
+        lambda: explorer.explore_workloads_per_second(
+            vllm, options.explore_workloads, options.rounds, options.fuzz_seed
+        ),
+    )
+    figure(
+        "explore_step_ratio",
+        lambda: explorer.explore_step_ratio(
+            vllm, options.explore_workloads, options.rounds, options.fuzz_seed
+        ),
     )
     imported = figure("import_seconds", lambda: processes.import_seconds(options.root))
     figure(

@@ -26,6 +26,8 @@ COLUMNS = (
     ("suite_seconds", "suite s (<= import + 10)"),
     ("xdist_speedup", "xdist -n 2 vs -n 1 (>= 1)"),
     ("fuzz_examples_per_second", "fuzz ex/s (>= 50)"),
+    ("explore_workloads_per_second", "explore wl/CPU s (>= 10)"),
+    ("explore_step_ratio", "explore/bare (<= 2)"),
     ("scaling", "scaling spread (<= 1.25)"),
     ("mutation_campaign", "mutation campaign s (<= 1800)"),
 )
@@ -80,6 +82,8 @@ def row(results: dict[str, Any]) -> str:
         "suite_seconds": _cell(results.get("suite_seconds"), 1),
         "xdist_speedup": _cell(results.get("xdist_speedup")),
         "fuzz_examples_per_second": _cell(results.get("fuzz_examples_per_second"), 0),
+        "explore_workloads_per_second": _cell(results.get("explore_workloads_per_second"), 0),
+        "explore_step_ratio": _cell(results.get("explore_step_ratio")),
         "scaling": _cell(results.get("scaling")),
         "mutation_campaign": _cell(results.get("mutation_campaign"), 0),
     }

@@ -20,6 +20,7 @@ from typing import NoReturn
 from kvconform import __version__
 from kvconform.bisect import command as bisect
 from kvconform.errors import ExitStatus, KvconformError
+from kvconform.explore import command as explore
 from kvconform.fronts.commands import (
     check,
     coverage,
@@ -56,6 +57,7 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
     doctor.COMMAND,
     engine.COMMAND,
     fuzz.COMMAND,
+    explore.COMMAND,
     realbugs.COMMAND,
     mutate.COMMAND,
 )

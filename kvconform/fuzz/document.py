@@ -25,6 +25,8 @@ def flow(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, int):
         return str(value)
+    if isinstance(value, float):  # an acceptance rate
+        return repr(value)
     if isinstance(value, str):
         if _PLAIN.match(value) and value.lower() not in _YAML_WORDS:
             return value
@@ -50,6 +52,9 @@ def render(doc: Mapping[str, Any]) -> str:
                     lines += [f"    - {flow(group)}" for group in item]
                 else:
                     lines.append(f"  {field}: {flow(item)}")
+        elif key == "scheduler":  # a scheduler scenario's settings, one per line
+            lines.append("scheduler:")
+            lines += [f"  {field}: {flow(item)}" for field, item in value.items()]
         elif key == "requests":
             lines.append("requests:")
             lines += [f"  {flow(name)}: {flow(body)}" for name, body in value.items()]

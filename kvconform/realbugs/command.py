@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from kvconform.errors import ExitStatus, PatchFailed, UsageError
 from kvconform.harness.select import parse_shard, shard_of
@@ -59,12 +60,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "that reach the functions its patch changes; docs/peer-tests.md): who catches what. "
         "DIR: a folder holding vLLM's tests/ (default: each release's source distribution)",
     )
+    explorer = parser.add_mutually_exclusive_group()
+    explorer.add_argument(
+        "--explorer-only",
+        type=float,
+        metavar="SECONDS",
+        help="replay each bug against kvconform explore alone (no corpus; seed 0, SECONDS of "
+        "search per bug), its findings judged against the unpatched release",
+    )
+    explorer.add_argument(
+        "--with-explorer",
+        type=float,
+        metavar="SECONDS",
+        help="run the corpus, then kvconform explore (SECONDS per bug) on each bug it misses",
+    )
 
 
 def realbugs(args: argparse.Namespace, say: Say) -> ExitStatus:
     started = time.perf_counter()
     if args.jobs < 1:
         raise UsageError("--jobs must be at least 1")
+    for option, seconds in (("--explorer-only", args.explorer_only),
+                            ("--with-explorer", args.with_explorer)):  # fmt: skip
+        if seconds is not None and not seconds > 0:
+            raise UsageError(f"{option} must be a positive number of seconds")
     catalogue = read_catalogue(args.catalogue)
     for error in catalogue.errors:
         say(f"ERROR {error}")
@@ -80,6 +99,10 @@ def realbugs(args: argparse.Namespace, say: Say) -> ExitStatus:
     paths = [str(Path(p).resolve()) for p in (args.paths or ["scenarios"])]
     directory = Path(args.report_dir).resolve()
     say(f"kvconform realbugs: {len(bugs)} bugs from {args.catalogue}, corpus {shlex.join(paths)}")
+
+    if args.explorer_only is not None:
+        say(f"  the explorer alone: {args.explorer_only:g} s per bug, seed 0")
+        return _explorer_only(args, bugs, catalogue.errors, directory, started, say)
 
     baselines: dict[str, Replay] = {}
     for release in sorted({b.patch_target for b in bugs}):
@@ -113,11 +136,29 @@ def realbugs(args: argparse.Namespace, say: Say) -> ExitStatus:
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         results = list(pool.map(one, bugs))
+    if args.with_explorer is not None:
+        _explore_the_missed(args, results, directory, baselines, say)
     if args.peer_tests is not None:
         run_peer_tests(results, args, say)
+    return _finish(args, results, baselines, catalogue.errors, directory, started, say)
+
+
+def _finish(
+    args: argparse.Namespace,
+    results: list[BugResult],
+    baselines: dict[str, Replay],
+    errors: list[Any],
+    directory: Path,
+    started: float,
+    say: Say,
+) -> ExitStatus:
+    command = ["kvconform", "realbugs", *args.paths]
+    if args.explorer_only is not None:
+        command += ["--explorer-only", f"{args.explorer_only:g}"]
+    if args.with_explorer is not None:
+        command += ["--with-explorer", f"{args.with_explorer:g}"]
     report = RealBugsReport(
-        results, baselines, shlex.join(["kvconform", "realbugs", *args.paths]),
-        time.perf_counter() - started,
+        results, baselines, shlex.join(command), time.perf_counter() - started,
     )  # fmt: skip
     written = write_report(report, directory)
     counts = report.counts()
@@ -129,13 +170,93 @@ def realbugs(args: argparse.Namespace, say: Say) -> ExitStatus:
         f"{counts['broken']} broken of {len(results)} ({report.detection_rate():.0%}) "
         f"in {report.seconds:.0f} s; " + ", ".join(str(p) for p in written)
     )
-    if catalogue.errors:
+    if errors:
         return ExitStatus.BAD_INPUT
     if counts["missed"]:
         return ExitStatus.NONCONFORMANCE
     if counts["broken"]:
         return ExitStatus.NOT_EXERCISED
     return ExitStatus.CONFORM
+
+
+def _explorer_only(
+    args: argparse.Namespace,
+    bugs: list[RealBug],
+    errors: list[Any],
+    directory: Path,
+    started: float,
+    say: Say,
+) -> ExitStatus:
+    """Every bug against the explorer alone (no corpus), judged against its unpatched release."""
+    from kvconform.realbugs.explorer import explore_baseline, explore_replay
+
+    seconds = float(args.explorer_only)
+    baselines: dict[str, Replay] = {}
+    for release in sorted({b.patch_target for b in bugs}):
+        base = explore_baseline(pristine_tree(release), directory / "baseline" / release, seconds)
+        baselines[release] = base
+        found = ", ".join(base.caught_by) if base.caught_by else base.why
+        say(f"  baseline vLLM {release} (explorer): {base.outcome} ({base.seconds:.0f} s) {found}")
+
+    def one(bug: RealBug) -> BugResult:
+        base = baselines[bug.patch_target]
+        if base.outcome == "broken":
+            result = Replay(
+                "broken", None, why=f"the unpatched vLLM {bug.patch_target}: {base.why}"
+            )
+        else:
+            try:
+                tree = patched_tree(bug)
+            except PatchFailed as exc:
+                result = Replay("broken", None, why=str(exc))
+            else:
+                known = Path(base.report_dir) / "explore" / "explore-summary.json"
+                result = explore_replay(
+                    tree, pristine_tree(bug.patch_target), directory / bug.name, seconds,
+                    known if base.caught_by else None,
+                )  # fmt: skip
+        caught = ", ".join(list(result.caught_by)[:3]) if result.caught_by else result.why
+        say(f"  {bug.name}: {result.outcome} ({result.seconds:.0f} s) {caught}")
+        return BugResult(bug, result)
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        results = list(pool.map(one, bugs))
+    return _finish(args, results, baselines, errors, directory, started, say)
+
+
+def _explore_the_missed(
+    args: argparse.Namespace,
+    results: list[BugResult],
+    directory: Path,
+    baselines: dict[str, Replay],
+    say: Say,
+) -> None:
+    """``--with-explorer``: the explorer on each bug the corpus missed; a bug it detects is
+    detected, with the explorer's reproducers as what caught it."""
+    from kvconform.realbugs.explorer import explore_baseline, explore_replay
+
+    seconds = float(args.with_explorer)
+    missed = [r for r in results if r.replay.outcome == "missed"]
+    explored: dict[str, Replay] = {}
+    for release in sorted({r.bug.patch_target for r in missed}):
+        explored[release] = explore_baseline(
+            pristine_tree(release), directory / "baseline-explorer" / release, seconds
+        )
+        baselines[f"{release} explorer"] = explored[release]
+    for result in missed:
+        base = explored[result.bug.patch_target]
+        if base.outcome == "broken":
+            continue
+        known = Path(base.report_dir) / "explore" / "explore-summary.json"
+        found = explore_replay(
+            patched_tree(result.bug), pristine_tree(result.bug.patch_target),
+            directory / result.bug.name / "explorer", seconds, known if base.caught_by else None,
+        )  # fmt: skip
+        say(f"  {result.bug.name}: the explorer: {found.outcome} ({found.seconds:.0f} s)")
+        result.explorer = found.to_json()
+        if found.outcome == "detected":
+            result.replay.outcome = "detected"
+            result.replay.caught_by = {f"explorer: {k}": v for k, v in found.caught_by.items()}
 
 
 def run_peer_tests(results: list[BugResult], args: argparse.Namespace, say: Say) -> None:

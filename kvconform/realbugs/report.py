@@ -22,6 +22,8 @@ class BugResult:
     replay: Replay
     # What vLLM's own tests made of the same tree (kvconform realbugs --peer-tests).
     peer: dict[str, Any] | None = None
+    # What the explorer made of the same tree where the corpus missed it (--with-explorer).
+    explorer: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         bug = self.bug
@@ -38,6 +40,7 @@ class BugResult:
             "files": list(bug.files),
             **self.replay.to_json(),
             "peer": self.peer,
+            **({"explorer": self.explorer} if self.explorer is not None else {}),
         }
 
 

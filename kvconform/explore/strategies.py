@@ -1,0 +1,308 @@
+"""Hypothesis strategies of scheduler workloads, drawn by swarm testing.
+
+:func:`workloads` draws one ``kind: scheduler`` scenario document (a plain dict
+in the v1 format, as a file would load into) in two stages, as swarm testing
+does (Groce et al., ISSTA 2012):
+
+1. **The features.** Each of :data:`FEATURES` is drawn on or off, independently,
+   with even odds. A feature that is off is absent from the whole example, so
+   one example exercises a few features hard instead of every feature a little,
+   and combinations that one feature's presence would crowd out (a roomy pool
+   and preemption, stop tokens and long outputs) each get examples of their own.
+2. **The workload** within them: the model (KV-cache groups), the scheduler's
+   settings, and the requests with their arrivals, shared prefixes, acceptance
+   patterns, loads, multimodal inputs, stops and aborts.
+
+**Legal by construction.** Every rule the loader checks for scheduler scenarios
+(``kvconform/harness/loader/scheduler.py``; scenarios/README.md, *Scheduler
+scenarios*) is kept while drawing: aborts and pauses only where they are
+offered, no multimodal input on a request that loads its KV, budgets at least
+``max_num_seqs`` (and ``max_model_len`` without chunked prefill), and so on. A
+document the loader refuses is a bug of this module, not a finding.
+
+**Judged by invariants only.** The fields whose value a person derives by hand
+(``expect_hit``, ``expect_chunks``, ``expect_loaded``, ``expect_rejected``, a
+reset's ``succeeds``) are never drawn: the explorer has no hand to derive them
+with. Every registered check judges each example from what was recorded.
+
+**Pools.** The pool holds, besides the null block, what one request of
+``max_model_len`` tokens can hold in every group (its columns plus the
+speculative blocks), so a drawn workload always fits one request at a time and
+the pool never runs dry for want of room (an example whose pool runs dry is
+rejected, not reported). With the ``tight_pool`` feature that is all it holds
+(requests preempt one another); otherwise a drawn multiple more.
+
+**Shrinking.** Hypothesis shrinks towards the first option and towards zero:
+every feature off, one full-attention group, block size 16, one request of a
+short prompt arriving at once, all drafts accepted, the synchronous scheduler.
+A shrunk reproducer names only what the failure needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import cache
+from typing import Any
+
+from hypothesis import strategies as st
+
+from kvconform.explore.space import ExploreSpace, runs_without_caching
+from kvconform.model.group_types import GROUP_TYPES
+
+DrawFn = Callable[[st.SearchStrategy[Any]], Any]
+
+REQUEST_NAMES = ("a", "b", "c", "d", "e", "f")
+
+# The swarm's features, in the order they are drawn (docs/explore.md says what each turns on).
+FEATURES = (
+    "hybrid",  # more than one KV-cache group, of any type the scheduler takes
+    "speculative",  # a speculative method and k
+    "acceptance",  # acceptance patterns other than all (with speculative)
+    "prefix_caching",  # prefix caching stated on, and requests sharing prefixes
+    "no_caching",  # prefix caching stated off (when prefix_caching is off)
+    "no_chunked_prefill",  # chunked prefill off
+    "async_scheduling",  # AsyncScheduler, in lockstep or overlapped
+    "priority",  # the priority policy, with priorities
+    "tight_pool",  # the pool holds one max_model_len request and no more
+    "few_seqs",  # max_num_seqs 1..2
+    "small_budget",  # max_num_batched_tokens near max_num_seqs
+    "long_prefill",  # long_prefill_token_threshold (and its adaptive floor)
+    "remote_kv",  # requests whose KV loads asynchronously (NixlConnector), some failing
+    "sync_connector",  # a connector loading every prompt synchronously (DecodeBenchConnector)
+    "multimodal",  # multimodal inputs, repeated items, disable_chunked_mm_input
+    "stops",  # stop tokens and EOS before max_tokens
+    "aborts",  # client aborts (synchronous scheduling only)
+    "pauses",  # the engine pausing new requests (synchronous scheduling only)
+    "arrivals",  # requests arriving over time
+    "stats",  # log_stats, KV-cache events, per-request spec-decode metrics
+)
+
+_BOOLS = st.booleans()
+
+
+@cache
+def _ints(low: int, high: int) -> st.SearchStrategy[int]:
+    return st.integers(low, high)
+
+
+@cache
+def _one_of(options: tuple[Any, ...]) -> st.SearchStrategy[Any]:
+    return st.sampled_from(options)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@st.composite
+def feature_sets(draw: DrawFn) -> dict[str, bool]:
+    """Stage 1: which features this example has (each on with even odds)."""
+    return {name: draw(_BOOLS) for name in FEATURES}
+
+
+@st.composite
+def workloads(draw: DrawFn, space: ExploreSpace, name: str = "explore") -> dict[str, Any]:
+    """One scheduler scenario document: its features first, then the workload."""
+    on = draw(feature_sets())
+    return workload(draw, space, on, name)
+
+
+def workload(draw: DrawFn, space: ExploreSpace, on: dict[str, bool], name: str) -> dict[str, Any]:
+    """Stage 2: the workload within the features ``on``."""
+    block_size = draw(_one_of(space.block_sizes))
+    groups = _draw_groups(draw, space, on, block_size)
+    max_model_len = block_size * draw(_ints(3, space.max_blocks_per_len)) - draw(_ints(0, 2))
+    model: dict[str, Any] = {"block_size": block_size, "max_model_len": max_model_len}
+
+    speculative: dict[str, Any] | None = None
+    k = 0
+    if on["speculative"] and space.methods:
+        method = draw(_one_of(space.methods))
+        k = draw(_ints(1, space.max_speculative_tokens))
+        speculative = {"method": method, "num_speculative_tokens": k}
+
+    sync = not on["async_scheduling"]
+    scheduler: dict[str, Any] = {"mode": "sync" if sync else draw(_one_of(("overlapped", "async")))}
+    max_num_seqs = draw(_ints(1, 2)) if on["few_seqs"] else draw(_ints(3, 6))
+    scheduler["max_num_seqs"] = max_num_seqs
+    if on["no_chunked_prefill"]:
+        scheduler["enable_chunked_prefill"] = False
+        budget = max_model_len + draw(_ints(0, 2 * block_size))
+    elif on["small_budget"]:
+        budget = max(max_num_seqs, draw(_ints(2, 3 * block_size)))
+    else:
+        budget = draw(_ints(4 * block_size, 16 * block_size))
+    budget = max(budget, max_num_seqs)
+    scheduler["max_num_batched_tokens"] = budget
+    if on["long_prefill"]:
+        scheduler["long_prefill_token_threshold"] = draw(_ints(1, max_model_len))
+        if space.adaptive_threshold and draw(_BOOLS):
+            scheduler["long_prefill_token_threshold_adaptive"] = True
+    if on["priority"]:
+        scheduler["policy"] = "priority"
+    remote = on["remote_kv"]
+    if on["sync_connector"] and not remote:
+        scheduler["kv_connector"] = "decode_bench"
+    if on["multimodal"] and draw(_BOOLS):
+        scheduler["disable_chunked_mm_input"] = True
+    if on["stats"]:
+        if "kv_connector" not in scheduler:
+            scheduler["log_stats"] = True
+        model["kv_cache_events"] = True
+        if speculative is not None and space.spec_decode_metrics:
+            scheduler["spec_decode_metrics"] = draw(_one_of(("none", "summary", "detailed")))
+    if on["pauses"] and sync:
+        begin = draw(_ints(1, 6))
+        scheduler["pause"] = [{"at": begin, "resume_at": begin + draw(_ints(1, 6))}]
+
+    recurrent = not all(runs_without_caching(group) for group in groups)
+    if on["prefix_caching"] or recurrent:
+        # vLLM sets a Mamba group's block size only with prefix caching on
+        # (--mamba-block-size needs --enable-prefix-caching), so a hybrid Mamba model
+        # runs with it on, as vLLM enables it for such models by default.
+        model["enable_caching"] = True
+    elif on["no_caching"]:
+        model["enable_caching"] = False
+    model["num_blocks"] = _pool(draw, on, groups, block_size, max_model_len, k)
+    model["groups"] = groups
+
+    requests = _draw_requests(draw, on, scheduler, max_model_len, block_size, k, len(groups))
+    if remote and any("remote_prefill" in r for r in requests.values()) and draw(_BOOLS):
+        scheduler["kv_load_failure_policy"] = draw(_one_of(("fail", "recompute")))
+
+    doc: dict[str, Any] = {"name": name, "kind": "scheduler", "model": model}
+    if speculative is not None:
+        doc["speculative"] = speculative
+    doc["scheduler"] = scheduler
+    doc["requests"] = requests
+    return doc
+
+
+def _draw_groups(
+    draw: DrawFn, space: ExploreSpace, on: dict[str, bool], block_size: int
+) -> list[Any]:
+    count = draw(_ints(2, space.max_groups)) if on["hybrid"] else 1
+    groups: list[Any] = []
+    for _ in range(count):
+        type_name = draw(_one_of(space.group_types))
+        options: dict[str, Any] = {}
+        for option_name, option in GROUP_TYPES[type_name].options.items():
+            how = option.draw
+            if how is not None and how.kind == "tokens":
+                options[option_name] = draw(_ints(how.low, how.high * block_size))
+            elif how is not None and how.kind == "blocks":
+                options[option_name] = block_size * draw(_ints(how.low, how.high))
+        for flag_type, flag in space.flag_options:
+            if flag_type == type_name and draw(_BOOLS):
+                options[flag] = True
+        groups.append({"type": type_name, **options} if options else type_name)
+    return groups
+
+
+def _pool(
+    draw: DrawFn,
+    on: dict[str, bool],
+    groups: list[Any],
+    block_size: int,
+    max_model_len: int,
+    k: int,
+) -> int:
+    """The null block plus one whole request's columns and speculative blocks in every group,
+    times a drawn factor unless the pool is tight."""
+    alone = len(groups) * (_cdiv(max_model_len, block_size) + k + 1)
+    if on["tight_pool"]:
+        return 1 + alone + draw(_ints(0, 1))
+    return 1 + alone * draw(_ints(2, 6))
+
+
+def _draw_requests(
+    draw: DrawFn,
+    on: dict[str, bool],
+    scheduler: dict[str, Any],
+    max_model_len: int,
+    block_size: int,
+    k: int,
+    groups: int,
+) -> dict[str, Any]:
+    count = draw(_ints(1, len(REQUEST_NAMES)))
+    sync = scheduler["mode"] == "sync"
+    requests: dict[str, Any] = {}
+    mm_ids: dict[str, int] = {}  # one item, one length
+    mm_limit = (
+        scheduler["max_num_batched_tokens"]
+        if scheduler.get("disable_chunked_mm_input")
+        else max_model_len
+    )
+    for index, name in enumerate(REQUEST_NAMES[:count]):
+        prompt_len = draw(_ints(1, max_model_len - 1))
+        body: dict[str, Any] = {"prompt_len": prompt_len}
+        body["max_tokens"] = draw(_ints(1, 24))
+        if on["arrivals"]:
+            arrival = draw(_ints(0, 8))
+            if arrival:
+                body["arrival"] = arrival
+        if on["prefix_caching"] and requests and draw(_BOOLS):
+            source = draw(_one_of(tuple(requests)))
+            limit = min(prompt_len, requests[source]["prompt_len"])
+            body["prefix_from"] = source
+            body["prefix_len"] = draw(_ints(0, limit))
+        if k and on["acceptance"]:
+            body["accept"] = _draw_acceptance(draw, k, index)
+        if on["priority"]:
+            body["priority"] = draw(_ints(-2, 2))
+        loads = on["remote_kv"] and draw(_BOOLS)
+        if loads:
+            body["remote_prefill"] = draw(_one_of((True, 1, 2, 3)))
+            failure = draw(_ints(0, 2))
+            if failure == 1:
+                body["remote_load_fails"] = True
+            elif failure == 2 and groups == 1:
+                body["remote_load_fails"] = draw(_ints(0, _cdiv(prompt_len, block_size) - 1))
+        if on["multimodal"] and not loads:
+            inputs = _draw_mm_inputs(draw, name, prompt_len, mm_limit, mm_ids)
+            if inputs:
+                body["mm_inputs"] = inputs
+        aborts = on["aborts"] and sync and draw(_BOOLS)
+        if aborts:
+            body["abort_at"] = body.get("arrival", 0) + draw(_ints(0, 10))
+        elif on["stops"] and not loads and draw(_BOOLS):
+            body["stop_at"] = draw(_ints(1, body["max_tokens"]))
+            if draw(_BOOLS):
+                body["stop_with"] = "eos"
+        requests[name] = body
+    return requests
+
+
+def _draw_acceptance(draw: DrawFn, k: int, index: int) -> Any:
+    form = draw(_ints(0, 3))
+    if form == 0:
+        return "none"
+    if form == 1:
+        return [draw(_ints(0, k)) for _ in range(draw(_ints(1, 4)))]
+    if form == 2:
+        return {"repeat": [draw(_ints(0, k)) for _ in range(draw(_ints(1, 3)))]}
+    return {"rate": draw(_one_of((0.3, 0.5, 0.8))), "seed": index}
+
+
+def _draw_mm_inputs(
+    draw: DrawFn, request: str, prompt_len: int, limit: int, known: dict[str, int]
+) -> list[dict[str, Any]]:
+    """Placeholder ranges in prompt order; an item may repeat one drawn before (same length)."""
+    inputs: list[dict[str, Any]] = []
+    position = 0
+    for index in range(draw(_ints(1, 3))):
+        offset = position + draw(_ints(0, 16))
+        room = min(prompt_len - offset, limit)
+        if room < 1:
+            break
+        reuse = [item for item, length in known.items() if length <= room]
+        if reuse and draw(_BOOLS):
+            identifier = draw(_one_of(tuple(sorted(reuse))))
+            length = known[identifier]
+        else:
+            length = draw(_ints(1, min(room, 64)))
+            identifier = f"{request}-{index}"
+            known[identifier] = length
+        inputs.append({"offset": offset, "length": length, "id": identifier})
+        position = offset + length
+    return inputs

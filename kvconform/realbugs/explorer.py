@@ -1,0 +1,127 @@
+"""One real bug through the explorer alone: detected, missed or broken.
+
+``kvconform realbugs --explorer-only SECONDS`` asks, per catalogued bug, whether
+generated scheduler workloads find it with no corpus: ``kvconform explore
+--vllm-src PATCHED --budget SECONDS --seed 0`` in a process of its own. A finding
+there need not be the bug: the unpatched release may fail the same workload (a
+divergence or a false alarm the explorer finds on every tree). So:
+
+1. the unpatched release is explored first, with the same seed and budget
+   (:func:`explore_baseline`); its findings' signatures are passed to each bug's
+   run as ``--known``, so the budget is not spent finding and shrinking them again;
+2. every reproducer the patched run writes is then run with ``kvconform run``
+   against the unpatched release, all in one process. A reproducer that passes
+   there and fails on the patched tree is the bug: the bug is *detected*, caught
+   by those reproducers. A run with no finding, or whose every finding fails on the
+   unpatched release too, *missed* it (``why`` says which). A run that did not
+   complete (exit 2 or 3, no summary) is *broken*.
+
+The price of ``--known``: a bug whose only symptom has the signature of a finding
+of the unpatched release stays hidden (signatures are coarse,
+:mod:`kvconform.fuzz.findings`). realbugs.json records the baseline's findings.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+from kvconform.bisect.probe import log_tail, run_logged
+from kvconform.realbugs.replay import Replay
+
+EXPLORE_LOG = "explore.log"
+_SCENARIO_ID = re.compile(r"^explore-s\d+-\d+")
+SEED = 0
+# Findings a bug's run shrinks and writes at most: the bug's, among those the baseline lacks.
+MAX_FINDINGS = 3
+
+
+def explore_baseline(tree: Path, folder: Path, seconds: float) -> Replay:
+    """The unpatched release explored: ``green`` (nothing found), ``red`` (findings, listed in
+    ``caught_by``, passed on as known), or ``broken``."""
+    result = _explore(tree, folder, seconds, None, max_findings=10)
+    if result.outcome == "detected":
+        result.outcome = "red"
+    elif result.outcome == "missed":
+        result.outcome = "green"
+    return result
+
+
+def explore_replay(tree: Path, pristine: Path, folder: Path, seconds: float,
+                   known: Path | None) -> Replay:  # fmt: skip
+    """The explorer alone on the patched ``tree``, its reproducers judged on ``pristine``."""
+    found = _explore(tree, folder, seconds, known, MAX_FINDINGS)
+    if found.outcome != "detected":
+        return found
+    reproducers = sorted((folder / "explore").glob("explore-*.yaml"))
+    check = folder / "unpatched"
+    check.mkdir(parents=True, exist_ok=True)
+    command = [
+        sys.executable, "-m", "kvconform", "run", *map(str, reproducers),
+        "--vllm-src", str(pristine), "--report-dir", str(check), "--progress", "off",
+    ]  # fmt: skip
+    started = time.perf_counter()
+    run_logged(command, check, "run.log")
+    found.seconds += time.perf_counter() - started
+    try:
+        report = json.loads((check / "report.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        found.outcome = "broken"
+        found.why = "the reproducers did not run on the unpatched release: " + log_tail(
+            check, log_file="run.log"
+        )
+        return found
+    passed = {e["id"] for e in report.get("scenarios", []) if e["verdict"] == "passed"}
+    bug = {sid: checks for sid, checks in found.caught_by.items() if sid in passed}
+    if bug:
+        found.caught_by = bug
+        return found
+    found.outcome = "missed"
+    found.why = "every finding fails on the unpatched release too: " + ", ".join(
+        f"{sid} ({', '.join(checks)})" for sid, checks in found.caught_by.items()
+    )
+    found.caught_by = {}
+    return found
+
+
+def _explore(
+    tree: Path, folder: Path, seconds: float, known: Path | None, max_findings: int
+) -> Replay:
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / "explore"
+    command = [
+        sys.executable, "-m", "kvconform", "explore", "--vllm-src", str(tree),
+        "--budget", f"{seconds:g}", "--seed", str(SEED), "--out", str(out),
+        "--max-findings", str(max_findings),
+        *(["--known", str(known)] if known is not None else []),
+    ]  # fmt: skip
+    started = time.perf_counter()
+    done = run_logged(command, folder, EXPLORE_LOG)
+    seconds_taken = time.perf_counter() - started
+    summary_file = out / "explore-summary.json"
+    if done.returncode not in (0, 1) or not summary_file.is_file():
+        return Replay(
+            "broken", done.returncode, seconds=seconds_taken, report_dir=str(folder),
+            why=f"kvconform explore exited {done.returncode}: "
+            + log_tail(folder, log_file=EXPLORE_LOG),
+        )  # fmt: skip
+    summary = json.loads(summary_file.read_text(encoding="utf-8"))
+    # Keyed by the reproducer's scenario id (its name; the file adds the signature's slug).
+    caught = {
+        _SCENARIO_ID.match(Path(f["file"]).stem)[0]: [f["parts"][0]]  # type: ignore[index]
+        for f in summary.get("findings", [])
+        if f["file"]
+    }
+    counts = {"examples": int(summary.get("examples", 0)), "findings": len(caught)}
+    return Replay(
+        "detected" if done.returncode == 1 else "missed",
+        done.returncode,
+        caught,
+        counts,
+        seconds_taken,
+        why="" if caught else f"no finding in {summary.get('examples', 0)} workloads",
+        report_dir=str(folder),
+    )

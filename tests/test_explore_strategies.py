@@ -1,0 +1,139 @@
+"""The explorer's strategies and command-line checks, without vLLM.
+
+Every drawn workload must load through the real loader as a scheduler scenario
+(the strategies promise legal documents); the swarm's first stage must decide
+what the workload holds (a feature that is off leaves no trace in the
+document; every feature is drawn both ways); the same seed must draw the same
+workloads; and ``kvconform explore``'s argument checks must refuse bad values
+with exit 2 before vLLM is loaded.
+"""
+
+from __future__ import annotations
+
+from random import Random
+from typing import Any
+
+import pytest
+from hypothesis import Phase, find, given, settings
+from hypothesis import strategies as st
+
+from kvconform.explore.runner import _features_of
+from kvconform.explore.space import ExploreSpace, runs_without_caching
+from kvconform.explore.strategies import FEATURES, feature_sets, workload, workloads
+from kvconform.fronts.cli import main
+from kvconform.fuzz.document import render
+from kvconform.harness.loader import load_text
+from kvconform.harness.loader.scheduler import SCHEDULER_GROUP_TYPES
+
+SPACE = ExploreSpace(
+    group_types=SCHEDULER_GROUP_TYPES,
+    methods=("dflash", "draft_model", "eagle", "mtp", "ngram"),
+    adaptive_threshold=True,
+    spec_decode_metrics=True,
+    flag_options=(("sliding_window_mla", "bounded_replay"),),
+)
+QUICK = settings(max_examples=300, derandomize=True, database=None, deadline=None)
+
+# Features whose trace in a document is not theirs alone: a pool, a sequence limit or a
+# budget the features left at their roomy draw may still come out small.
+SIZE_FEATURES = {"tight_pool", "few_seqs", "small_budget"}
+
+
+@QUICK
+@given(workloads(SPACE))
+def test_every_drawn_workload_loads_as_a_scheduler_scenario(doc: dict[str, Any]) -> None:
+    (scenario,) = load_text(render(doc), "<explore>")
+    assert scenario.kind == "scheduler"
+    assert len(scenario.requests) == len(doc["requests"])
+
+
+@QUICK
+@given(st.data())
+def test_a_feature_that_is_off_leaves_no_trace(data: st.DataObject) -> None:
+    on = data.draw(feature_sets())
+    doc = workload(data.draw, SPACE, on, "explore")
+    shown = set(_features_of(doc)) - SIZE_FEATURES
+    off = {name for name, value in on.items() if not value}
+    if not all(runs_without_caching(g) for g in doc["model"]["groups"]):
+        # a recurrent group (Mamba) turns prefix caching on (docs/explore.md)
+        shown.discard("prefix_caching")
+    assert not shown & off, (sorted(shown & off), doc)
+
+
+def test_every_feature_is_drawn_both_ways() -> None:
+    seen: dict[str, set[bool]] = {name: set() for name in FEATURES}
+
+    @settings(max_examples=100, derandomize=True, database=None, deadline=None)
+    @given(feature_sets())
+    def draw(on: dict[str, bool]) -> None:
+        for name, value in on.items():
+            seen[name].add(value)
+
+    draw()
+    assert all(values == {True, False} for values in seen.values()), seen
+
+
+def test_all_features_off_is_the_plainest_workload() -> None:
+    on = dict.fromkeys(FEATURES, False)
+
+    @st.composite
+    def plain(draw: Any) -> dict[str, Any]:
+        return workload(draw, SPACE, on, "explore")
+
+    doc = find(
+        plain(),
+        lambda d: True,
+        settings=settings(database=None),
+        random=Random(0),
+    )
+    assert doc["model"]["groups"] == ["full_attention"]
+    assert "speculative" not in doc and doc["scheduler"] == {
+        "mode": "sync",
+        "max_num_seqs": 3,
+        "max_num_batched_tokens": 64,
+    }
+    assert list(doc["requests"]) == ["a"]
+
+
+def test_the_same_seed_draws_the_same_workloads() -> None:
+    def draw(seed: int) -> list[str]:
+        rng = Random(seed)
+        docs: list[str] = []
+        for _ in range(5):
+            doc = find(
+                workloads(SPACE),
+                lambda d: len(d["requests"]) >= 3,
+                settings=settings(database=None, phases=[Phase.generate]),  # the first drawn
+                random=Random(rng.random()),
+            )
+            docs.append(render(doc))
+        return docs
+
+    first = draw(7)
+    assert draw(7) == first
+    assert draw(8) != first
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--budget", "0"], "--budget must be a positive number"),
+        (["--budget", "-5"], "--budget must be a positive number"),
+        (["--jobs", "0"], "--jobs must be between 1 and 64"),
+        (["--jobs", "65"], "--jobs must be between 1 and 64"),
+        (["--max-findings", "0"], "--max-findings must be at least 1"),
+        (["--seed", "-1"], "--seed must be at least 0"),
+    ],
+)
+def test_bad_arguments_exit_2_before_vllm_loads(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["explore", *args]) == 2
+    out = capsys.readouterr()
+    assert message in out.out + out.err
+    assert "loading" not in out.out  # refused before vLLM is loaded
+
+
+def test_unknown_option_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explore", "--examples", "3"]) == 2  # argparse's usage error
+    assert "unrecognized arguments: --examples" in capsys.readouterr().err

@@ -1,0 +1,120 @@
+"""``kvconform realbugs --explorer-only`` / ``--with-explorer``: the judgement, without vLLM.
+
+The subprocesses (``kvconform explore`` on the patched tree, ``kvconform run`` of its
+reproducers on the unpatched one) are stood in for by writing what they would write,
+so that each outcome is decided by kvconform's own reading of those files:
+
+* a reproducer that passes on the unpatched release: the bug is *detected*, caught by it;
+* every reproducer failing there too: *missed*, and ``why`` names them;
+* no finding: *missed*; an explore run that died: *broken*.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvconform.fronts.cli import main
+from kvconform.realbugs import explorer
+
+
+def _stand_in(
+    monkeypatch: pytest.MonkeyPatch, findings: list[str], passes_unpatched: set[str], status: int
+) -> list[list[str]]:
+    calls: list[list[str]] = []
+
+    def run_logged(command: list[str], folder: Path, log_file: str = "x") -> Any:
+        calls.append(command)
+        (folder / log_file).write_text("log\n")
+        if command[3] == "explore":
+            out = Path(command[command.index("--out") + 1])
+            out.mkdir(parents=True, exist_ok=True)
+            entries = []
+            for number, check in enumerate(findings, 1):
+                file = out / f"explore-s0-{number}-{check}-x.yaml"
+                file.write_text("name: x\n")
+                entries.append({"file": str(file), "parts": [check, "live", ""], "message": "m"})
+            if status in (0, 1):
+                summary = {"examples": 50, "findings": entries}
+                (out / "explore-summary.json").write_text(json.dumps(summary))
+            return subprocess.CompletedProcess(command, status)
+        scenarios = [
+            {"id": f"explore-s0-{n}", "verdict": "passed" if f"explore-s0-{n}" in passes_unpatched
+             else "failed"}
+            for n in range(1, len(findings) + 1)
+        ]  # fmt: skip
+        (folder / "report.json").write_text(json.dumps({"scenarios": scenarios}))
+        return subprocess.CompletedProcess(command, 1)
+
+    monkeypatch.setattr(explorer, "run_logged", run_logged)
+    return calls
+
+
+def test_a_reproducer_that_passes_unpatched_detects_the_bug(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    calls = _stand_in(monkeypatch, ["sanity", "floor"], {"explore-s0-2"}, 1)
+    known = tmp_path / "known.json"
+    result = explorer.explore_replay(Path("/patched"), Path("/pristine"), tmp_path, 45, known)
+    assert result.outcome == "detected"
+    assert result.caught_by == {"explore-s0-2": ["floor"]}
+    explore, run = calls
+    assert explore[explore.index("--known") + 1] == str(known)
+    assert explore[explore.index("--vllm-src") + 1] == "/patched"
+    assert run[run.index("--vllm-src") + 1] == "/pristine"
+    assert sum(arg.endswith(".yaml") for arg in run) == 2  # every reproducer, one process
+
+
+def test_findings_the_unpatched_release_shares_are_a_miss(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _stand_in(monkeypatch, ["sanity"], set(), 1)
+    result = explorer.explore_replay(Path("/patched"), Path("/pristine"), tmp_path, 45, None)
+    assert result.outcome == "missed" and not result.caught_by
+    assert "fails on the unpatched release too: explore-s0-1 (sanity)" in result.why
+
+
+def test_no_finding_is_a_miss_and_a_dead_run_is_broken(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    calls = _stand_in(monkeypatch, [], set(), 0)
+    result = explorer.explore_replay(Path("/p"), Path("/u"), tmp_path / "a", 45, None)
+    assert result.outcome == "missed" and result.why == "no finding in 50 workloads"
+    assert len(calls) == 1  # nothing to rerun
+    _stand_in(monkeypatch, [], set(), 3)
+    result = explorer.explore_replay(Path("/p"), Path("/u"), tmp_path / "b", 45, None)
+    assert result.outcome == "broken" and "exited 3" in result.why
+
+
+def test_a_baseline_is_green_or_red_by_its_findings(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _stand_in(monkeypatch, ["sanity"], set(), 1)
+    assert explorer.explore_baseline(Path("/u"), tmp_path / "a", 45).outcome == "red"
+    _stand_in(monkeypatch, [], set(), 0)
+    assert explorer.explore_baseline(Path("/u"), tmp_path / "b", 45).outcome == "green"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--explorer-only", "0"], "--explorer-only must be a positive number of seconds"),
+        (["--with-explorer", "-1"], "--with-explorer must be a positive number of seconds"),
+    ],
+)
+def test_explorer_budgets_must_be_positive(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["realbugs", *args]) == 2
+    assert message in capsys.readouterr().out
+
+
+def test_explorer_only_and_with_explorer_exclude_each_other(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["realbugs", "--explorer-only", "5", "--with-explorer", "5"]) == 2
+    assert "not allowed with argument" in capsys.readouterr().err
