@@ -862,6 +862,47 @@ def test_a_full_report_that_names_null_columns_fails_and_its_fix_passes(pristine
     assert done.returncode == ExitStatus.CONFORM, done.stdout + done.stderr
 
 
+WHOLE_PROMPT_LOAD = (
+    REPO / "scenarios" / "scheduler" / "sched-remote-prefill-sliding-window-last-token.yaml"
+)
+
+
+@pytest.mark.slow
+def test_a_whole_prompt_load_that_nulls_the_recomputed_tokens_window_fails_and_its_fix_passes(
+    pristine_tree, tmp_path
+):
+    # vLLM as released (docs/findings.md #14) lays a's sliding-window columns out for the
+    # loaded 47 tokens, then recomputes position 46, whose window reaches position 15 in
+    # the null column 0 (scenarios/expectations.yaml).
+    released = tmp_path / "released"
+    released.mkdir()
+    entry = _failed_entry(pristine_tree, WHOLE_PROMPT_LOAD, released)
+    (failure,) = [f for f in entry["failures"] if f["check"] == "sanity"]
+    assert failure["request"] == "a" and "attends to positions 15..46" in failure["message"]
+    # The proposed fix: a sliding-window group makes the connector stop one token short,
+    # as Mamba does, so the table is laid out for the token the decoder computes.
+    fixed = tree_with_replacement(
+        pristine_tree,
+        tmp_path / "vllm-tree",
+        "distributed/kv_transfer/kv_connector/v1/nixl/base_scheduler.py",
+        "            1 if self._has_mamba or self._bounded_replay else 0,\n",
+        "            1\n"
+        "            if self._has_mamba\n"
+        "            or self._bounded_replay\n"
+        "            or any(\n"
+        "                isinstance(g.kv_cache_spec, SlidingWindowSpec)\n"
+        "                for g in self.kv_cache_config.kv_cache_groups\n"
+        "            )\n"
+        "            else 0,\n",
+    )
+    out = tmp_path / "report"
+    done = run_kvconform(
+        "run", WHOLE_PROMPT_LOAD, "--vllm-src", fixed, "--report-dir", out, "--progress", "off",
+        "--no-expectations", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == ExitStatus.CONFORM, done.stdout + done.stderr
+
+
 SHORT_WINDOW_HIT = REPO / "scenarios" / "hybrid" / "sliding-window-eagle-short-hit-realigned.yaml"
 
 
