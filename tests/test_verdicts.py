@@ -862,6 +862,33 @@ def test_a_full_report_that_names_null_columns_fails_and_its_fix_passes(pristine
     assert done.returncode == ExitStatus.CONFORM, done.stdout + done.stderr
 
 
+@pytest.mark.slow
+def test_a_second_lookup_after_a_load_left_out_of_the_stats_fails_sanity(pristine_tree, tmp_path):
+    # record_prefix_cache_stats made to skip a request the connector has served
+    # (NixlConnector clears do_remote_prefill in update_state_after_alloc, before the
+    # record): the lookups of step 0's loads go uncounted, and so do a's and b's second
+    # lookups in step 1, after loads that left them nothing computed. Sanity names those.
+    failures, entry = _sanity_failures(
+        pristine_tree,
+        tmp_path,
+        "v1/core/sched/scheduler.py",
+        "                if did_prefix_cache_lookup:\n"
+        "                    self.kv_cache_manager.record_prefix_cache_stats(",
+        "                if did_prefix_cache_lookup and (request.kv_transfer_params or {}).get(\n"
+        '                    "do_remote_prefill", True\n'
+        "                ):\n"
+        "                    self.kv_cache_manager.record_prefix_cache_stats(",
+        REPO / "scenarios" / "scheduler" / "sched-remote-prefill-stats-lookup-again.yaml",
+        "prefix_cache_stats {'requests': 0",
+    )
+    local = {f["step"]: f["message"] for f in failures if "connector_prefix" not in f["message"]}
+    assert sorted(local) == [0, 1], entry
+    assert (
+        "a (looked up again after its KV load, 1 tokens, hit 0), "
+        "b (looked up again after its KV load, 40 tokens, hit 0)" in local[1]
+    ), local[1]
+
+
 WHOLE_PROMPT_LOAD = (
     REPO / "scenarios" / "scheduler" / "sched-remote-prefill-sliding-window-last-token.yaml"
 )
