@@ -428,4 +428,3 @@ def test_a_stated_kv_load_failure_leaves_vllms_error_log_out_of_the_console(tmp_
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "due to KV load failure" not in done.stdout + done.stderr
-
