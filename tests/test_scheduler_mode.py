@@ -356,6 +356,30 @@ def test_a_remote_prefill_loads_its_kv_asynchronously_without_lookahead(scenario
     assert "remote KV loaded asynchronously a 64, b 81" in run.notes[-1]
 
 
+def test_a_load_that_leaves_nothing_computed_is_looked_up_again_in_the_stats(vllm):
+    """vLLM looks a request up whenever it takes it from the waiting queue with nothing
+    computed (``Scheduler.schedule``): after a load of a 1-token prompt (whose one token it
+    recomputes) or a failed load under ``kv_load_failure_policy`` recompute, the first
+    schedule after the load is a lookup, counted in both prefix-cache stats; after a load
+    that leaves tokens computed it is none. Without this in the recording, sanity blamed
+    vLLM for the 1-token prompt's second lookup."""
+    from kvconform.harness.checks.records import facts_of
+    from kvconform.model.facts import StepStats
+
+    (scenario,) = load_file(SCENARIOS / "sched-remote-prefill-stats-lookup-again.yaml")
+    result = runner.run_scenario(scenario, vllm)
+    assert result.verdict is Verdict.PASSED, result.headline()
+    assert result.trajectory is not None
+    stats = [fact.what for _, fact in facts_of(result.trajectory, StepStats)]
+    # The loads (step 0's output), then the second lookups (step 1's): a's 1 token and
+    # b's 40, with no hit; c is scheduled on its KV without one.
+    first, second = stats[0], stats[1]
+    assert [load[0] for load in first.loads] == ["a", "b", "c"]
+    assert [(a[0], a[2], a[3]) for a in second.admissions] == [("a", 1, 0), ("b", 40, 0)]
+    for kind in ("prefix_cache_stats", "connector_prefix_cache_stats"):
+        assert (second.prefix[kind]["requests"], second.prefix[kind]["queries"]) == (2, 41)
+
+
 def test_multi_module_mtp_hashes_cover_the_drafters_lookahead(vllm):
     """num_hash_lookahead_tokens = 3 for three MTP modules: a block's hash covers the 3
     tokens after it, so a prefix hit takes block 3 (tokens 48..63) only when tokens 64..66

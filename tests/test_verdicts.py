@@ -862,6 +862,74 @@ def test_a_full_report_that_names_null_columns_fails_and_its_fix_passes(pristine
     assert done.returncode == ExitStatus.CONFORM, done.stdout + done.stderr
 
 
+@pytest.mark.slow
+def test_a_second_lookup_after_a_load_left_out_of_the_stats_fails_sanity(pristine_tree, tmp_path):
+    # record_prefix_cache_stats made to skip a request the connector has served
+    # (NixlConnector clears do_remote_prefill in update_state_after_alloc, before the
+    # record): the lookups of step 0's loads go uncounted, and so do a's and b's second
+    # lookups in step 1, after loads that left them nothing computed. Sanity names those.
+    failures, entry = _sanity_failures(
+        pristine_tree,
+        tmp_path,
+        "v1/core/sched/scheduler.py",
+        "                if did_prefix_cache_lookup:\n"
+        "                    self.kv_cache_manager.record_prefix_cache_stats(",
+        "                if did_prefix_cache_lookup and (request.kv_transfer_params or {}).get(\n"
+        '                    "do_remote_prefill", True\n'
+        "                ):\n"
+        "                    self.kv_cache_manager.record_prefix_cache_stats(",
+        REPO / "scenarios" / "scheduler" / "sched-remote-prefill-stats-lookup-again.yaml",
+        "prefix_cache_stats {'requests': 0",
+    )
+    local = {f["step"]: f["message"] for f in failures if "connector_prefix" not in f["message"]}
+    assert sorted(local) == [0, 1], entry
+    assert (
+        "a (looked up again after its KV load, 1 tokens, hit 0), "
+        "b (looked up again after its KV load, 40 tokens, hit 0)" in local[1]
+    ), local[1]
+
+
+WHOLE_PROMPT_LOAD = (
+    REPO / "scenarios" / "scheduler" / "sched-remote-prefill-sliding-window-last-token.yaml"
+)
+
+
+@pytest.mark.slow
+def test_a_whole_prompt_load_that_nulls_the_recomputed_tokens_window_fails_and_its_fix_passes(
+    pristine_tree, tmp_path
+):
+    # vLLM as released (docs/findings.md #14) lays a's sliding-window columns out for the
+    # loaded 47 tokens, then recomputes position 46, whose window reaches position 15 in
+    # the null column 0 (scenarios/expectations.yaml).
+    released = tmp_path / "released"
+    released.mkdir()
+    entry = _failed_entry(pristine_tree, WHOLE_PROMPT_LOAD, released)
+    (failure,) = [f for f in entry["failures"] if f["check"] == "sanity"]
+    assert failure["request"] == "a" and "attends to positions 15..46" in failure["message"]
+    # The proposed fix: a sliding-window group makes the connector stop one token short,
+    # as Mamba does, so the table is laid out for the token the decoder computes.
+    fixed = tree_with_replacement(
+        pristine_tree,
+        tmp_path / "vllm-tree",
+        "distributed/kv_transfer/kv_connector/v1/nixl/base_scheduler.py",
+        "            1 if self._has_mamba or self._bounded_replay else 0,\n",
+        "            1\n"
+        "            if self._has_mamba\n"
+        "            or self._bounded_replay\n"
+        "            or any(\n"
+        "                isinstance(g.kv_cache_spec, SlidingWindowSpec)\n"
+        "                for g in self.kv_cache_config.kv_cache_groups\n"
+        "            )\n"
+        "            else 0,\n",
+    )
+    out = tmp_path / "report"
+    done = run_kvconform(
+        "run", WHOLE_PROMPT_LOAD, "--vllm-src", fixed, "--report-dir", out, "--progress", "off",
+        "--no-expectations", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == ExitStatus.CONFORM, done.stdout + done.stderr
+
+
 SHORT_WINDOW_HIT = REPO / "scenarios" / "hybrid" / "sliding-window-eagle-short-hit-realigned.yaml"
 
 

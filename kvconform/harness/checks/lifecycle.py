@@ -24,7 +24,9 @@ In scheduler mode, what ``schedule()`` and ``update_from_output`` make of each s
   ``kv_cache_usage`` the distinct blocks the requests hold over the pool without its null
   block; ``prefix_cache_stats`` per admission since the last output one request, its
   tokens as queries and its hit as hits (a resumed one apart; a connector's lookups in
-  ``connector_prefix_cache_stats``); ``spec_decoding_stats`` the step's verifications;
+  ``connector_prefix_cache_stats``; the first schedule after a KV load that left the request
+  nothing computed is a lookup again, as vLLM's ``schedule()`` makes it);
+  ``spec_decoding_stats`` the step's verifications;
 * a streaming session keeps its KV between turns and until its input stream closes.
 
 In engine mode, every request ends with its ``max_tokens`` generated

@@ -28,6 +28,7 @@ class AppliedStep(NamedTuple):
     step: int
     rows: tuple[ScheduledRequest, ...]
     stops: dict[str, int]  # request -> its output count once the stop token is sampled
+    received: frozenset[str] = frozenset()  # requests whose KV load the output reports done
 
 
 class Lifecycle:
@@ -42,7 +43,12 @@ class Lifecycle:
     * ``prefix_cache_stats``: per admission since the last output (vLLM records a lookup
       when it admits, ``record_prefix_cache_stats``), one request, its ``num_tokens`` as
       queries and its prefix-cache hit as hits, apart for a resumed (preempted) one; none
-      without prefix caching;
+      without prefix caching. The first schedule after a KV load is no lookup, unless the
+      load left the request nothing computed: vLLM looks a request up whenever it takes it
+      from the waiting queue with ``num_computed_tokens`` 0 (``Scheduler.schedule``), and
+      ``_update_waiting_for_remote_kv`` leaves 0 after a load of a 1-token prompt (a whole
+      prompt loaded keeps its last token to recompute) or a failed load with no valid
+      prefix (``kv_load_failure_policy`` recompute);
     * ``spec_decoding_stats``: per request of the step with drafts verified, one draft, its
       drafts and the accepted ones (``make_spec_decoding_stats``); None with no draft.
     """
@@ -59,6 +65,10 @@ class Lifecycle:
         # Admissions that began an asynchronous KV load: (request, prompt tokens, local hit,
         # local hit + loaded tokens).
         self._loads: list[tuple[str, int, int, int]] = []
+        self._received: set[str] = set()  # KV loads the next output reports done
+        # Requests whose KV load left them nothing computed: their first schedule after the
+        # load is a fresh lookup (see the class's docstring).
+        self._looked_up_again: set[str] = set()
         self.errors: set[str] = set()  # finished with an error (FINISHED_ERROR)
         # Per request, its verifications so far: (drafts, accepted).
         self.verifications: dict[str, list[tuple[int, int]]] = {}
@@ -88,6 +98,10 @@ class Lifecycle:
         prompt = self.requests[record.request].prompt_len
         self._loads.append((record.request, prompt, local, record.tokens))
 
+    def received(self, requests: set[str]) -> None:
+        """The output being fabricated reports these requests' KV loads done."""
+        self._received |= requests
+
     def sampled(self, rid: str, tokens: list[int]) -> list[int]:
         """The step's sampled tokens for ``rid``, its stop token in place at ``stop_at``."""
         before = self.outputs[rid]
@@ -99,8 +113,11 @@ class Lifecycle:
         return tokens
 
     def step(self) -> AppliedStep:
-        applied = AppliedStep(self.oracle._current, self._rows, self._stops)
+        applied = AppliedStep(
+            self.oracle._current, self._rows, self._stops, frozenset(self._received)
+        )
         self._stops = {}
+        self._received = set()
         return applied
 
     # what vLLM makes of it
@@ -123,6 +140,7 @@ class Lifecycle:
             self._fact(applied.step, rid, stop)
         if self.oracle.limits.spec_decode_metrics != "none":
             self._record_spec_decode_metrics(applied, result, gone)
+        self._note_loads_left_empty(applied.received)
         if self.oracle.limits.log_stats:
             # vLLM counts a lookup when it admits: every schedule() before this output is
             # applied (with batches overlapped, the next step's admissions too).
@@ -130,6 +148,19 @@ class Lifecycle:
             loads, self._loads = tuple(self._loads), []
             self._record_stats(applied, result, gone, admissions, loads)
         self.updates += 1
+
+    def _note_loads_left_empty(self, received: frozenset[str]) -> None:
+        """Which of the loads this output reports done leave their request nothing computed,
+        read once ``update_from_output`` has applied any failure of the load (a whole
+        failure resets ``num_computed_tokens`` to 0, a failed block to the valid prefix
+        before it); a load of the whole prompt keeps its last token to recompute."""
+        for rid in received:
+            request = self.oracle.scheduler.requests.get(rid)
+            if request is None or not self.oracle.api.is_loading_remote_kv(request):
+                continue  # finished: aborted, or failed under kv_load_failure_policy fail
+            computed, tokens = int(request.num_computed_tokens), int(request.num_tokens)
+            if min(computed, tokens - 1) <= 0:
+                self._looked_up_again.add(rid)
 
     def _record_spec_decode_metrics(self, applied: AppliedStep, result: Any, gone: set[str]) -> None:
         """``scheduler.spec_decode_metrics``: a request's ``RequestSpecDecodeMetrics``, handed
@@ -218,9 +249,11 @@ class Lifecycle:
                 oracle.scenario.model.num_blocks - 1,
                 oracle.scenario.model.enable_caching,
                 tuple(
-                    (row.request, row.phase, row.known_tokens, row.cached)
+                    (row.request, _LOOKED_UP_AGAIN, row.known_tokens, row.cached)
+                    if row.phase == "loaded"
+                    else (row.request, row.phase, row.known_tokens, row.cached)
                     for row in admissions
-                    if row.phase != "loaded"
+                    if row.phase != "loaded" or row.request in self._looked_up_again
                 ),
                 tuple(loads),
                 prefix,
@@ -233,6 +266,9 @@ class Lifecycle:
             ),
         )
 
+
+# The phase StepStats gives a first schedule after a KV load that vLLM looks up afresh.
+_LOOKED_UP_AGAIN = "looked up again after its KV load"
 
 _PREFIX_STATS = (
     "requests",

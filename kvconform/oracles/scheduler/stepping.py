@@ -331,6 +331,7 @@ class SchedulerOracle:
 
     def _model_output(self, answers: list[tuple[str, int | None]]) -> Any:
         received, failed, invalid = received_loads(self)
+        self._lifecycle.received(received)
         req_ids: list[str] = []
         sampled: list[list[int]] = []
         for rid, accepted in answers:
