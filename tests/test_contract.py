@@ -1,0 +1,261 @@
+"""The independent model of the KV-cache contract (kvconform/model/contract.py) and the
+``ceiling`` check that holds the live side to it.
+
+The pure tests build recordings by hand (no vLLM); the slow ones inject an
+over-allocation into a copy of vLLM's tree and watch the check go red where no other
+check does, and stay green on the pristine tree.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvconform.errors import ExitStatus
+from kvconform.harness.checks import CHECKS, DEFAULT_CHECKS
+from kvconform.harness.checks.ceiling import OVER_COLUMNS, OVER_REAL
+from kvconform.model.contract import allowance, reach
+from kvconform.model.group_types import GROUP_TYPES
+from kvconform.model.observations import FreeEvent, GroupInfo, Observation, Trajectory
+
+NULL = 0
+
+
+def group(group_type: str = "full_attention", *, span=None, **args) -> GroupInfo:
+    return GroupInfo(
+        0,
+        group_type,
+        16,
+        group_type,
+        GROUP_TYPES[group_type].holds_null,
+        floor_args=dict(block_size=16, max_model_len=1024, **args),
+        read_span=span,
+    )
+
+
+def run(info: GroupInfo, *observations: Observation, lookahead=0, **kw) -> Trajectory:
+    trajectory = Trajectory(
+        (info,), lookahead=lookahead, lookahead_source="test", max_model_len=1024, **kw
+    )
+    trajectory.observations.extend(observations)
+    trajectory.num_blocks = 100
+    return trajectory
+
+
+def row(step, computed, scheduled, live, *, lookahead=0, ids=None, request="a") -> Observation:
+    blocks = ids if ids is not None else list(range(1, live + 1))
+    return Observation(
+        step, 10 + step, request, "step", 0, computed, scheduled, lookahead, 0, live, None, None,
+        None, blocks,
+    )  # fmt: skip
+
+
+def ceiling(trajectory: Trajectory) -> list:
+    return list(CHECKS["ceiling"].find(trajectory))
+
+
+def test_ceiling_is_a_default_check_reported_after_the_floor():
+    assert "ceiling" in DEFAULT_CHECKS
+    names = list(CHECKS)
+    assert names.index("floor") < names.index("ceiling") < names.index("sanity")
+
+
+def test_token_columns_are_exactly_the_largest_reach():
+    # 30 computed + 4 scheduled + 4 lookahead = 38 positions: 3 columns of 16, no more.
+    assert ceiling(run(group(), row(0, 30, 4, 3, lookahead=4))) == []
+    (failure,) = ceiling(run(group(), row(0, 30, 4, 4, lookahead=4)))
+    assert failure.check == "ceiling" and failure.party == "live"
+    assert failure.detail["invariant"] == OVER_COLUMNS and failure.detail["allowed"] == 3
+    assert "holds 4 blocks, more than the 3 it needs" in failure.message
+    assert "exactly cdiv(38 largest reach, 16)" in failure.message
+
+
+def test_the_lookahead_the_parties_were_told_counts_too():
+    # The contract's lookahead is 0, vLLM reserved 4: the lookahead check owns that.
+    assert ceiling(run(group(), row(0, 30, 2, 3), lookahead=4)) == []
+    assert len(ceiling(run(group(), row(0, 30, 2, 3), lookahead=0))) == 1
+
+
+def test_rejected_drafts_keep_their_columns_until_the_request_restarts():
+    info = group()
+    # Step 0 reaches 33 (3 columns); drafts rejected, step 1 reaches 20: still 3 is right.
+    kept = run(info, row(0, 29, 4, 3), row(1, 19, 1, 3))
+    assert ceiling(kept) == []
+    # After a preemption the request starts again: 3 columns for a 20-token reach is one
+    # too many.
+    preempted = run(info, row(0, 29, 4, 3), row(1, 19, 1, 3))
+    preempted.events.append(FreeEvent(1, 0, None, "a", "preempt", ([1, 2, 3],), 0, 3, ([],)))
+    (failure,) = ceiling(preempted)
+    assert failure.step == 1 and failure.detail["allowed"] == 2
+
+
+def test_max_model_len_caps_the_reach():
+    assert reach(1000, 20, 8, 1024) == 1024
+    assert len(ceiling(run(group(), row(0, 1000, 20, 65, lookahead=8)))) == 1
+    assert ceiling(run(group(), row(0, 1000, 20, 64, lookahead=8))) == []
+
+
+def test_decode_context_parallel_columns_span_every_rank():
+    info = group(dcp_world_size=2)
+    assert allowance(info, 40, 0).columns == 2  # cdiv(40, 16 x 2)
+    assert len(ceiling(run(info, row(0, 36, 4, 3)))) == 1
+
+
+def test_cross_attention_holds_the_encoders_columns_only():
+    info = group("cross_attention")
+    fine = run(info, row(0, 0, 8, 4), row(1, 8, 500, 4), encoder_lens={"a": 50})
+    assert ceiling(fine) == []
+    over = run(info, row(0, 0, 8, 5), encoder_lens={"a": 50})
+    (failure,) = ceiling(over)
+    assert "cdiv(50 encoder tokens, 16)" in failure.message
+
+
+def test_a_ring_is_one_block():
+    assert ceiling(run(group("circular_buffer"), row(0, 0, 500, 1))) == []
+    assert len(ceiling(run(group("circular_buffer"), row(0, 0, 500, 2)))) == 1
+
+
+def test_mamba_state_is_one_block_plus_speculative_where_a_block_spans_the_model():
+    whole = GroupInfo(
+        0, "mamba", 1024, "mamba", True,
+        floor_args=dict(block_size=1024, max_model_len=1024, num_speculative_blocks=2),
+    )  # fmt: skip
+    assert allowance(whole, 900, 0).exact and allowance(whole, 900, 0).columns == 3
+    assert len(ceiling(run(whole, row(0, 0, 900, 4)))) == 1
+    # A smaller block: the allocator sizes the table by tokens, an upper bound only.
+    small = group("mamba", num_speculative_blocks=1)
+    assert not allowance(small, 40, 0).exact and allowance(small, 40, 0).columns == 4
+
+
+def test_a_window_holds_real_blocks_only_where_it_reads():
+    info = group("sliding_window", span=("window", 32))
+    # Decoding at 100 (window 32): positions 69..100 span at most 3 blocks; the older
+    # columns must be null.
+    ids = [NULL] * 4 + [5, 6, 7]
+    assert ceiling(run(info, row(0, 100, 1, 7, ids=ids))) == []
+    (failure,) = ceiling(run(info, row(0, 100, 1, 7, ids=[NULL] * 3 + [4, 5, 6, 7])))
+    assert failure.detail["invariant"] == OVER_REAL and failure.detail["allowed"] == 3
+    assert "holds 4 real blocks, more than the 3" in failure.message
+    # Under async scheduling the previous step's token is in flight: one block more may
+    # still be real.
+    stepped = run(
+        info, row(0, 99, 1, 7, ids=[NULL] * 4 + [5, 6, 7]),
+        row(1, 100, 1, 7, ids=[NULL] * 3 + [4, 5, 6, 7]), steps_in_flight=1,
+    )  # fmt: skip
+    assert ceiling(stepped) == []
+
+
+def test_a_chunk_holds_real_blocks_of_its_own_chunk():
+    info = group("chunked_local", span=("chunk", 32))
+    # At 100 with chunks of 32 the step reads 96..100: one block, plus the one it writes
+    # into past a boundary at most.
+    assert allowance(info, 101, 0, scheduled=1).real == 3
+    assert len(ceiling(run(info, row(0, 100, 1, 7, ids=[NULL] * 3 + [4, 5, 6, 7])))) == 1
+
+
+def test_mamba_align_holds_at_most_two_states_checkpoint_and_speculative():
+    info = group("mamba", mamba_cache_mode="align", num_speculative_blocks=1,
+                 num_prefill_checkpoint_blocks=1)  # fmt: skip
+    assert allowance(info, 200, 0).real == 4
+    over = run(info, row(0, 160, 40, 14, ids=[NULL] * 9 + [1, 2, 3, 4, 5]))
+    (failure,) = ceiling(over)
+    assert failure.detail["invariant"] == OVER_REAL
+
+
+def test_a_bounded_replay_may_hold_the_whole_hit():
+    # b's hit is 112 tokens; the scheduler counts 48 computed and replays the window (64).
+    info = group("sliding_window", span=("window", 64))
+    trajectory = run(info, row(8, 48, 32, 7, ids=[NULL] * 3 + [4, 5, 6, 7], request="b"))
+    # Without the replay recorded, 7 columns for a reach of 80 are 2 too many.
+    assert len(ceiling(trajectory)) == 1
+    trajectory.read_bounds[0] = 48
+    assert ceiling(trajectory) == []
+    trajectory.observations[0] = row(8, 48, 32, 8, ids=[NULL] * 3 + [4, 5, 6, 7, 8], request="b")
+    assert len(ceiling(trajectory)) == 1
+
+
+def test_unmodelled_types_and_other_parties_are_not_judged():
+    unmodelled = [name for name, entry in GROUP_TYPES.items() if entry.no_ceiling]
+    assert len(unmodelled) == 4
+    for name in unmodelled:
+        assert allowance(group(name), 10, 0) is None
+    # The predictor and the warmup size a dummy batch: only the live side is held.
+    predicted_only = Observation(0, 1, "a", "s", 0, 0, 10, 0, 1, None, 9, 9, 9, None)
+    assert ceiling(run(group(), predicted_only)) == []
+
+
+def test_every_modelled_type_states_its_reason():
+    for name, group_type in GROUP_TYPES.items():
+        args = {"mamba_cache_mode": "align"} if group_type.floor_by else {}
+        found = allowance(group(name, span=("window", 8) if group_type.reads else None, **args),
+                          40, 40, scheduled=8)  # fmt: skip
+        if group_type.no_ceiling or group_type.own_pool:
+            assert found is None
+            continue
+        assert found is not None and found.reason and found.formula, name
+        assert found.real is None or found.real_reason, name
+
+
+# The injected over-allocation: vLLM's base allocate_new_blocks takes one block more
+# than the tokens need on every growth; and SlidingWindowManager keeps one block of
+# the window's past real (its skipped tokens one block short).
+OVER_ALLOCATE = (
+    "v1/core/single_type_kv_cache_manager.py",
+    "        num_new_blocks = num_required_blocks - len(req_blocks)\n"
+    "        if num_new_blocks <= 0:\n"
+    "            return cow_blocks\n",
+    "        num_new_blocks = num_required_blocks + 1 - len(req_blocks)\n"
+    "        if num_new_blocks <= 0:\n"
+    "            return cow_blocks\n",
+)
+WINDOW_KEPT = (
+    "v1/core/single_type_kv_cache_manager.py",
+    "            num_computed_tokens - self.sliding_window + 1 - self.extra_retained_tokens,",
+    "            num_computed_tokens - self.sliding_window + 1 - self.extra_retained_tokens"
+    " - self.block_size,",
+)
+
+
+def _run(tree, tmp_path, scenario: str, *extra: str):
+    from vllm_copy import REPO, run_kvconform
+
+    out = tmp_path / "report"
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    done = run_kvconform(
+        "run", REPO / scenario, "--vllm-src", tree, "--report-dir", out,
+        "--progress", "off", "--no-expectations", *extra, cwd=tmp_path,
+    )  # fmt: skip
+    return done, json.loads((out / "report.json").read_text())["scenarios"]
+
+
+@pytest.mark.slow
+def test_ceiling_catches_an_allocator_that_takes_a_block_too_many(pristine_tree, tmp_path):
+    from vllm_copy import tree_with_replacement
+
+    scenario = "scenarios/scheduler/sched-no-speculation.yaml"
+    done, entries = _run(pristine_tree, tmp_path / "pristine", scenario)
+    assert done.returncode == ExitStatus.CONFORM, done.stdout + done.stderr
+    tree = tree_with_replacement(pristine_tree, tmp_path / "tree", *OVER_ALLOCATE)
+    done, entries = _run(tree, tmp_path, scenario)
+    assert done.returncode == ExitStatus.NONCONFORMANCE, done.stdout + done.stderr
+    for entry in entries:
+        over = [f for f in entry["failures"] if f["check"] == "ceiling"]
+        assert over, entry["id"]
+        assert over[0]["step"] == 0 and over[0]["detail"]["invariant"] == OVER_COLUMNS
+        assert "holds 4 blocks, more than the 3 it needs" in over[0]["message"]
+
+
+@pytest.mark.slow
+def test_ceiling_alone_catches_a_window_that_keeps_a_block(pristine_tree, tmp_path):
+    from vllm_copy import tree_with_replacement
+
+    tree = tree_with_replacement(pristine_tree, tmp_path / "tree", *WINDOW_KEPT)
+    scenario = "scenarios/scheduler/sched-no-speculation.yaml"
+    done, entries = _run(tree, tmp_path, scenario, "-k", "sync")
+    assert done.returncode == ExitStatus.NONCONFORMANCE, done.stdout + done.stderr
+    (entry,) = [e for e in entries if e["id"].endswith("[sync]")]
+    # No other check sees it: the column count is right, only a block stays real.
+    assert {f["check"] for f in entry["failures"]} == {"ceiling"}, entry
+    assert all(f["detail"]["invariant"] == OVER_REAL for f in entry["failures"])
+    assert "holds 4 real blocks, more than the 3" in entry["failures"][0]["message"]
