@@ -913,18 +913,21 @@ def test_the_engine_configuration_is_read_from_vllms_config(vllm):
     """The compat layer's reading of a real VllmConfig (built on CPU) and runner class."""
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner as RunnerV2
 
+    from kvconform.model.scenario import GroupSpec, ModelSpec, SchedulerSpec
     from kvconform.model.tiny_model import TinyModel
     from kvconform.oracles.tiny_models import model_folder
     from kvconform.oracles.vllm import engine as vllm_engine
     from kvconform.oracles.vllm.scheduling import Scheduling
 
     api = vllm.part(Scheduling)
-    config = api.scheduler_vllm_config(
-        api.model_config(str(model_folder(TinyModel())), 512), None, block_size=32,
-        num_blocks=64, enable_prefix_caching=True, prefix_cache_retention_interval=None,
-        scheduler_reserve_full_isl=True, max_num_seqs=4, max_num_batched_tokens=2048,
-        enable_chunked_prefill=True, long_prefill_token_threshold=0, async_scheduling=False,
+    model = ModelSpec(
+        block_size=32, max_model_len=512, num_blocks=64,
+        groups=(GroupSpec("full_attention", 32),), enable_caching=True,
     )  # fmt: skip
+    limits = SchedulerSpec(mode="sync", max_num_seqs=4, max_num_batched_tokens=2048)
+    config = api.scheduler_vllm_config(
+        api.model_config(str(model_folder(TinyModel())), 512), None, model, limits, num_blocks=64
+    )
 
     class Runner(RunnerV2):
         pass

@@ -223,14 +223,14 @@ def test_a_method_vllm_cannot_build_is_unsupported(scenario_from, vllm, monkeypa
     # Up to 0.33 vLLM's SpeculativeConfig raised here for suffix decoding without its
     # package (arctic_inference); 0.34 imports it later. The same refusal, put in vLLM's
     # config builder for this test, must still read as "not exercised", not as a finding.
-    from kvconform.oracles import scheduler as scheduler_oracle
+    from kvconform.oracles.scheduler import config as scheduler_config
     from kvconform.oracles.vllm.scheduling import Scheduling
 
     def refuse(*args, **kwargs):
         raise ImportError("Arctic Inference is required for suffix decoding")
 
     monkeypatch.setattr(Scheduling, "model_speculative_config", refuse)
-    monkeypatch.setattr(scheduler_oracle, "_CONFIGS", {})
+    monkeypatch.setattr(scheduler_config, "_CONFIGS", {})
     _, result = _run(scenario_from, vllm, text)
     # The machine, not the release (suffix decoding needs its own package): not exercised.
     assert result.verdict is Verdict.ERROR and result.error_kind is ErrorKind.UNSUPPORTED

@@ -71,21 +71,16 @@ def startup_config(vllm: Vllm, scenario: Scenario) -> Any:
             raise VllmUnavailable(
                 vllm.version, "a ModelConfig for kvconform's config-only model", _first_line(exc)
             ) from None
-    limits = SchedulerSpec()
+    # The engine's default scheduler limits, synchronous; the planning reads the pool and
+    # the model, not the KV-cache events a router would be told of (left off, as vLLM's).
+    limits = SchedulerSpec(mode="sync")
     try:
         return api.scheduler_vllm_config(
             copy.deepcopy(_MODEL_CONFIGS[key]),
             None,
-            block_size=model.scheduler_block_size,
+            replace(model, kv_cache_events=False),
+            limits,
             num_blocks=None,
-            enable_prefix_caching=model.enable_caching,
-            prefix_cache_retention_interval=model.prefix_cache_retention_interval,
-            scheduler_reserve_full_isl=model.scheduler_reserve_full_isl,
-            max_num_seqs=limits.max_num_seqs,
-            max_num_batched_tokens=limits.max_num_batched_tokens,
-            enable_chunked_prefill=True,
-            long_prefill_token_threshold=0,
-            async_scheduling=False,
             num_gpu_blocks_override=startup.num_gpu_blocks_override,
         )
     except Exception as exc:  # noqa: BLE001 - vLLM refusing the configuration

@@ -31,6 +31,7 @@ from functools import cached_property
 from types import SimpleNamespace
 from typing import Any
 
+from kvconform.model.scenario import ModelSpec, SchedulerSpec
 from kvconform.oracles.vllm.calls import accepts_keyword, call, quiet_logs
 from kvconform.oracles.vllm.core import Vllm
 
@@ -145,31 +146,34 @@ class Scheduling:
         self,
         model_config: Any,
         speculative_config: Any | None,
+        model: ModelSpec,
+        limits: SchedulerSpec,
         *,
-        block_size: int,
         num_blocks: int | None,
-        enable_prefix_caching: bool,
-        prefix_cache_retention_interval: int | None,
-        scheduler_reserve_full_isl: bool,
-        max_num_seqs: int,
-        max_num_batched_tokens: int,
-        enable_chunked_prefill: bool,
-        long_prefill_token_threshold: int,
-        async_scheduling: bool,
         remote_prefill: bool = False,
         num_gpu_blocks_override: int | None = None,
         mamba_cache_mode: str | None = None,
-        policy: str = "fcfs",
-        kv_connector: str | None = None,
-        disable_chunked_mm_input: bool = False,
-        log_iteration_details: bool = False,
-        long_prefill_token_threshold_adaptive: bool = False,
-        kv_load_failure_policy: str | None = None,
-        prefill_schedule_interval: int = 1,
-        kv_cache_events: bool = False,
-        spec_decode_metrics: str = "none",
     ) -> Any:
-        """The ``VllmConfig`` an engine with these limits would hand its scheduler.
+        """The ``VllmConfig`` an engine with this model and these scheduler limits would hand
+        its scheduler.
+
+        From ``model``: the scheduler block size, prefix caching and its retention interval,
+        ``scheduler_reserve_full_isl`` and ``kv_cache_events`` (``KVEventsConfig(
+        enable_kv_cache_events=True)`` with vLLM's ``null`` publisher, the engine's
+        ``--kv-events-config``; the batches it publishes are observed by
+        :meth:`observe_published_events`). From ``limits`` (the scenario's ``scheduler``
+        section): the ``SchedulerConfig``'s sequence and token limits, chunked prefill and
+        its long-prefill threshold (``long_prefill_token_threshold_adaptive``: its floor at a
+        fair share of the token budget, 0.31 on), async scheduling (the mode), the policy,
+        ``disable_chunked_mm_input`` (a chunk never ends inside a multimodal input),
+        ``prefill_schedule_interval`` (the prefill cadence; stated only when above 1);
+        ``kv_connector``, a connector every request goes through (``decode_bench``: vLLM's
+        ``DecodeBenchConnector`` as ``kv_both``, which loads synchronously);
+        ``kv_load_failure_policy``, the remote prefills' ``KVTransferConfig`` policy for a
+        failed KV load (None: vLLM's default); ``log_iteration_details``
+        (``ObservabilityConfig.enable_logging_iteration_details``, the engine's
+        ``--enable-logging-iteration-details``) and ``spec_decode_metrics``
+        (``ObservabilityConfig.per_request_spec_decode_metrics``).
 
         ``remote_prefill``: a decode instance of a P/D deployment, with vLLM's
         ``NixlConnector`` as its ``kv_consumer`` KV connector. ``num_blocks``: the pool
@@ -179,62 +183,48 @@ class Scheduling:
         ``mamba_cache_mode``: the mode of the scenario's Mamba groups, which a hybrid
         model's config hook (``MambaModelConfig.verify_and_update_config``) would set
         with the Mamba block size (the scheduler block size: the groups share one page).
-        ``kv_connector``: a connector every request goes through (``decode_bench``:
-        vLLM's ``DecodeBenchConnector`` as ``kv_both``, which loads synchronously).
-        ``disable_chunked_mm_input``: the scheduler config's rule that a chunk never ends
-        inside a multimodal input.
-        ``log_iteration_details``: ``ObservabilityConfig.enable_logging_iteration_details``
-        (the engine's ``--enable-logging-iteration-details``).
-        ``long_prefill_token_threshold_adaptive``: the scheduler config's floor of the long
-        prefill threshold at a fair share of the token budget (0.31 on).
-        ``kv_load_failure_policy``: the remote prefills' ``KVTransferConfig`` policy for a
-        failed KV load (None: vLLM's default).
-        ``prefill_schedule_interval``: the scheduler config's prefill cadence (1: every step;
-        stated only when above 1).
-        ``kv_cache_events``: ``KVEventsConfig(enable_kv_cache_events=True)`` with vLLM's
-        ``null`` publisher (the engine's ``--kv-events-config``; the batches it publishes are
-        observed by :meth:`observe_published_events`).
-        ``spec_decode_metrics``: ``ObservabilityConfig.per_request_spec_decode_metrics``.
         """
         api = self._scheduling
         adaptive: dict[str, bool | int] = {}
-        if long_prefill_token_threshold_adaptive:
+        if limits.long_prefill_token_threshold_adaptive:
             if not accepts_keyword(api.SchedulerConfig, "long_prefill_token_threshold_adaptive"):
                 raise self._vllm.not_offered(
                     "SchedulerConfig.long_prefill_token_threshold_adaptive"
                 )
             adaptive["long_prefill_token_threshold_adaptive"] = True
-        if prefill_schedule_interval > 1:
+        if limits.prefill_schedule_interval > 1:
             if not accepts_keyword(api.SchedulerConfig, "prefill_schedule_interval"):
                 raise self._vllm.not_offered("SchedulerConfig.prefill_schedule_interval")
-            adaptive["prefill_schedule_interval"] = prefill_schedule_interval
+            adaptive["prefill_schedule_interval"] = limits.prefill_schedule_interval
         load_policy = (
-            {"kv_load_failure_policy": kv_load_failure_policy} if kv_load_failure_policy else {}
+            {"kv_load_failure_policy": limits.kv_load_failure_policy}
+            if limits.kv_load_failure_policy
+            else {}
         )
         scheduler = call(
             api.SchedulerConfig,
             max_model_len=model_config.max_model_len,
             is_encoder_decoder=False,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            enable_chunked_prefill=enable_chunked_prefill,
-            long_prefill_token_threshold=long_prefill_token_threshold,
-            async_scheduling=async_scheduling,
-            scheduler_reserve_full_isl=scheduler_reserve_full_isl,
-            policy=policy,
-            disable_chunked_mm_input=disable_chunked_mm_input,
+            max_num_seqs=limits.max_num_seqs,
+            max_num_batched_tokens=limits.max_num_batched_tokens,
+            enable_chunked_prefill=limits.enable_chunked_prefill,
+            long_prefill_token_threshold=limits.long_prefill_token_threshold,
+            async_scheduling=limits.async_scheduling,
+            scheduler_reserve_full_isl=model.scheduler_reserve_full_isl,
+            policy=limits.policy,
+            disable_chunked_mm_input=limits.disable_chunked_mm_input,
             **adaptive,
         )
         mamba = (
-            {"mamba_cache_mode": mamba_cache_mode, "mamba_block_size": block_size}
+            {"mamba_cache_mode": mamba_cache_mode, "mamba_block_size": model.scheduler_block_size}
             if mamba_cache_mode is not None
             else {}
         )
         cache = call(
             api.CacheConfig,
-            block_size=block_size,
-            enable_prefix_caching=enable_prefix_caching,
-            prefix_cache_retention_interval=prefix_cache_retention_interval,
+            block_size=model.scheduler_block_size,
+            enable_prefix_caching=model.enable_caching,
+            prefix_cache_retention_interval=model.prefix_cache_retention_interval,
             num_gpu_blocks_override=num_gpu_blocks_override,
             **mamba,
         )
@@ -262,16 +252,16 @@ class Scheduling:
                     if remote_prefill
                     else call(
                         api.KVTransferConfig,
-                        kv_connector=_SYNC_CONNECTORS[kv_connector],
+                        kv_connector=_SYNC_CONNECTORS[limits.kv_connector],
                         kv_role="kv_both",
                     )
-                    if kv_connector is not None
+                    if limits.kv_connector is not None
                     else None
                 ),
                 # Without it vLLM fails to infer a device on a machine without one.
                 device_config=call(api.DeviceConfig, device="cpu"),
-                **self._observability(log_iteration_details, spec_decode_metrics),
-                **self._kv_events(kv_cache_events),
+                **self._observability(limits.log_iteration_details, limits.spec_decode_metrics),
+                **self._kv_events(model.kv_cache_events),
             )
         if num_blocks is not None:
             # What the engine sets once it has planned the KV cache: the pool size.

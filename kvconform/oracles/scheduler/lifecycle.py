@@ -1,0 +1,244 @@
+"""What vLLM's ``update_from_output`` makes of each fabricated output, recorded for
+``checks.lifecycle``: the stops it applies, how every request ends, the ``SchedulerStats``
+and the per-request speculative-decoding metrics it returns."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from kvconform.model.facts import (
+    PausedAdmission,
+    Payload,
+    RequestEnd,
+    RunEnded,
+    SpecDecodeMetrics,
+    StepStats,
+    StopApplied,
+)
+from kvconform.oracles.scheduler.inputs import STOP_TOKEN_IDS
+from kvconform.oracles.scheduler.records import LoadRecord, ScheduledRequest, StepFact
+from kvconform.oracles.scheduler.state import OracleState
+from kvconform.oracles.vllm.scheduling import Scheduling
+
+
+class AppliedStep(NamedTuple):
+    """One step's fabricated output, as kvconform made it, until the scheduler applies it."""
+
+    step: int
+    rows: tuple[ScheduledRequest, ...]
+    stops: dict[str, int]  # request -> its output count once the stop token is sampled
+
+
+class Lifecycle:
+    """Records what ``update_from_output`` makes of each fabricated output, for
+    ``checks.lifecycle`` to judge: a request ends with the output that samples its stop
+    token (``stop_at``: ``check_stop``), and with ``scheduler.log_stats`` the
+    ``SchedulerStats`` it returns equal what the recorded steps give
+    (``Scheduler.make_stats``):
+
+    * ``kv_cache_usage``: the distinct blocks the requests hold, over the pool without its
+      null block (``BlockPool.get_usage``);
+    * ``prefix_cache_stats``: per admission since the last output (vLLM records a lookup
+      when it admits, ``record_prefix_cache_stats``), one request, its ``num_tokens`` as
+      queries and its prefix-cache hit as hits, apart for a resumed (preempted) one; none
+      without prefix caching;
+    * ``spec_decoding_stats``: per request of the step with drafts verified, one draft, its
+      drafts and the accepted ones (``make_spec_decoding_stats``); None with no draft.
+    """
+
+    def __init__(self, oracle: OracleState) -> None:
+        self.oracle = oracle
+        self.requests = oracle.scenario.requests
+        self.outputs = dict.fromkeys(self.requests, 0)  # output tokens sampled so far
+        self.ends: dict[str, tuple[bool, int, int]] = {}  # (stopped, outputs, update)
+        self.updates = 0  # outputs applied
+        self._rows: tuple[ScheduledRequest, ...] = ()
+        self._stops: dict[str, int] = {}
+        self._admissions: list[ScheduledRequest] = []
+        # Admissions that began an asynchronous KV load: (request, prompt tokens, local hit,
+        # local hit + loaded tokens).
+        self._loads: list[tuple[str, int, int, int]] = []
+        self.errors: set[str] = set()  # finished with an error (FINISHED_ERROR)
+        # Per request, its verifications so far: (drafts, accepted).
+        self.verifications: dict[str, list[tuple[int, int]]] = {}
+
+    def _fact(self, step: int, request: str, what: Payload) -> None:
+        self.oracle.run.lifecycle.append(StepFact(step, request, what))
+
+    # what kvconform fabricates
+
+    def scheduled(self, rows: Sequence[ScheduledRequest]) -> None:
+        self._rows = tuple(rows)
+        if self.oracle._paused:
+            for row in rows:
+                if row.phase in ("new", "resumed"):
+                    self._fact(self.oracle._current, row.request, PausedAdmission(row.phase))
+        # A session's next turn looks nothing up: it resumes on the KV it kept.
+        self._admissions += [row for row in rows if row.phase not in ("running", "turn")]
+
+    def loaded(self, record: LoadRecord) -> None:
+        """An admission that parks a request for its asynchronous KV load: its local hit is
+        the blocks of group 0 that hold cached KV (the loaded ones are cached only once the
+        load is done)."""
+        model = self.oracle.scenario.model
+        null = self.oracle.run.null_block
+        cached = [b for b in record.block_ids[0] if b != null and b not in record.loading[0]]
+        local = len(cached) * model.groups[0].block_size
+        prompt = self.requests[record.request].prompt_len
+        self._loads.append((record.request, prompt, local, record.tokens))
+
+    def sampled(self, rid: str, tokens: list[int]) -> list[int]:
+        """The step's sampled tokens for ``rid``, its stop token in place at ``stop_at``."""
+        before = self.outputs[rid]
+        self.outputs[rid] = before + len(tokens)
+        stop_at = self.requests[rid].stop_at
+        if stop_at is not None and before < stop_at <= before + len(tokens):
+            tokens[stop_at - before - 1] = STOP_TOKEN_IDS[self.requests[rid].stop_with]
+            self._stops[rid] = stop_at
+        return tokens
+
+    def step(self) -> AppliedStep:
+        applied = AppliedStep(self.oracle._current, self._rows, self._stops)
+        self._stops = {}
+        return applied
+
+    # what vLLM makes of it
+
+    def ended(self, request: Any) -> None:
+        if self.oracle.api.is_errored(request):
+            self.errors.add(request.request_id)
+        self.ends[request.request_id] = (
+            self.oracle.api.is_stopped(request),
+            int(request.num_output_tokens),
+            self.updates,
+        )
+
+    def applied(self, applied: AppliedStep, result: Any) -> None:
+        gone = {rid for rid, end in self.ends.items() if end[2] < self.updates}
+        for rid, stop_at in applied.stops.items():
+            stop = StopApplied(
+                stop_at, self.ends.get(rid), self.updates, rid in gone, self._stop_name(rid)
+            )
+            self._fact(applied.step, rid, stop)
+        if self.oracle.limits.spec_decode_metrics != "none":
+            self._record_spec_decode_metrics(applied, result, gone)
+        if self.oracle.limits.log_stats:
+            # vLLM counts a lookup when it admits: every schedule() before this output is
+            # applied (with batches overlapped, the next step's admissions too).
+            admissions, self._admissions = tuple(self._admissions), []
+            loads, self._loads = tuple(self._loads), []
+            self._record_stats(applied, result, gone, admissions, loads)
+        self.updates += 1
+
+    def _record_spec_decode_metrics(self, applied: AppliedStep, result: Any, gone: set[str]) -> None:
+        """``scheduler.spec_decode_metrics``: a request's ``RequestSpecDecodeMetrics``, handed
+        out with its finishing output, count its verifications: per verification one entry of
+        the accepted-count histogram and its drafts (``summary``), and with ``detailed`` the
+        accepted and drafted counts per verification, in order."""
+        for row in applied.rows:
+            if row.drafts and row.accepted is not None and row.request not in gone:
+                self.verifications.setdefault(row.request, []).append((row.drafts, row.accepted))
+        api = self.oracle.vllm.part(Scheduling)
+        detailed = self.oracle.limits.spec_decode_metrics == "detailed"
+        names: tuple[str, ...] = ("histogram", "num_draft_tokens")
+        names += ("per_step_accepted", "per_step_drafted") if detailed else ()
+        for rid, metrics in api.finished_spec_decode_metrics(result).items():
+            steps = tuple(self.verifications.get(rid, []))
+            got = {name: getattr(metrics, name) for name in names}
+            self._fact(
+                applied.step, rid, SpecDecodeMetrics(got, steps, self.oracle.num_spec, detailed)
+            )
+
+    def ended_run(self) -> None:
+        """How every request ended, with what the scenario states of it (its stop, an
+        expected rejection: ``_reject_on_encoder_cache_embed_mismatch``)."""
+        ends = tuple(
+            RequestEnd(
+                rid,
+                self.ends.get(rid),
+                req.stop_at,
+                self._stop_name(rid),
+                bool(req.expect_rejected),
+                bool(req.mm_inputs),
+                rid in self.errors,
+            )
+            for rid, req in self.requests.items()
+        )
+        self._fact(self.oracle._current, "-", RunEnded(ends))
+
+    def _stop_name(self, rid: str) -> str:
+        req = self.requests[rid]
+        token = STOP_TOKEN_IDS[req.stop_with]
+        return f"EOS token ({token})" if req.stop_with == "eos" else f"stop token ({token})"
+
+    def _record_stats(
+        self,
+        applied: AppliedStep,
+        result: Any,
+        gone: set[str],
+        admissions: Sequence[ScheduledRequest],
+        loads: Sequence[tuple[str, int, int, int]],
+    ) -> None:
+        """The output's ``SchedulerStats`` and what they are held to (judged by
+        ``checks.lifecycle``)."""
+        oracle = self.oracle
+        stats = oracle.api.scheduler_stats(result)
+        null = oracle.run.null_block
+        held = {
+            block
+            for rid in oracle.scheduler.requests
+            for ids in oracle.manager.get_block_ids(rid)
+            for block in ids
+            if block != null
+        }
+        prefix: dict[str, dict[str, int]] = {}
+        spec: dict[str, int] | None = None
+        usage = 0.0
+        if stats is not None:
+            usage = float(stats.kv_cache_usage)
+            for kind in ("prefix_cache_stats", "connector_prefix_cache_stats"):
+                found = getattr(stats, kind, None)
+                if kind == "connector_prefix_cache_stats" and found is None:
+                    continue  # no KV connector
+                prefix[kind] = {name: int(getattr(found, name, 0)) for name in _PREFIX_STATS}
+            found_spec = stats.spec_decoding_stats
+            if found_spec is not None:
+                spec = {
+                    name: int(getattr(found_spec, name))
+                    for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+                }
+        self._fact(
+            applied.step,
+            "-",
+            StepStats(
+                stats is not None,
+                usage,
+                len(held),
+                oracle.scenario.model.num_blocks - 1,
+                oracle.scenario.model.enable_caching,
+                tuple(
+                    (row.request, row.phase, row.known_tokens, row.cached)
+                    for row in admissions
+                    if row.phase != "loaded"
+                ),
+                tuple(loads),
+                prefix,
+                tuple(
+                    (row.request, row.drafts, row.accepted)
+                    for row in applied.rows
+                    if row.drafts and row.accepted is not None and row.request not in gone
+                ),
+                spec,
+            ),
+        )
+
+
+_PREFIX_STATS = (
+    "requests",
+    "queries",
+    "hits",
+    "preempted_requests",
+    "preempted_queries",
+    "preempted_hits",
+)
