@@ -15,9 +15,17 @@ import pytest
 from kvconform.errors import ExitStatus
 from kvconform.harness.checks import CHECKS, DEFAULT_CHECKS
 from kvconform.harness.checks.ceiling import OVER_COLUMNS, OVER_REAL
-from kvconform.model.contract import allowance, reach
+from kvconform.harness.checks.conservation import NOT_CONSERVED, REFS_DIFFER, SHARED_WRITABLE
+from kvconform.model.contract import allowance, reach, zeroing_groups
+from kvconform.model.facts import Fact, PoolCensus, ZeroingGroups
 from kvconform.model.group_types import GROUP_TYPES
-from kvconform.model.observations import FreeEvent, GroupInfo, Observation, Trajectory
+from kvconform.model.observations import (
+    NOT_ZEROED,
+    FreeEvent,
+    GroupInfo,
+    Observation,
+    Trajectory,
+)
 
 NULL = 0
 
@@ -259,3 +267,139 @@ def test_ceiling_alone_catches_a_window_that_keeps_a_block(pristine_tree, tmp_pa
     assert {f["check"] for f in entry["failures"]} == {"ceiling"}, entry
     assert all(f["detail"]["invariant"] == OVER_REAL for f in entry["failures"])
     assert "holds 4 real blocks, more than the 3" in entry["failures"][0]["message"]
+
+
+def _groups(*types: str) -> tuple[GroupInfo, ...]:
+    return tuple(
+        GroupInfo(i, t, 16, t, GROUP_TYPES[t].holds_null, floor_args=dict(block_size=16))
+        for i, t in enumerate(types)
+    )
+
+
+def test_zeroing_groups_are_derived_from_the_specs():
+    # Attention alone: nothing reads stale bytes of another layout.
+    assert zeroing_groups(_groups("full_attention", "sliding_window")) == ()
+    # A Mamba state shares the pool: every attention group zeroes, the state and a ring not.
+    assert zeroing_groups(_groups("full_attention", "mamba", "circular_buffer", "mla")) == (0, 3)
+
+
+def _zeroing(groups, zeroed, release_zeroes=True) -> list:
+    trajectory = Trajectory(groups, lookahead=0, lookahead_source="test")
+    trajectory.facts.append(
+        Fact(0, None, "-", "manager built", ZeroingGroups(zeroed, release_zeroes))
+    )
+    return [f for f in CHECKS["sanity"].find(trajectory)]
+
+
+def test_a_group_that_must_zero_and_does_not_fails_once():
+    groups = _groups("full_attention", "mamba", "sliding_window")
+    assert _zeroing(groups, (0, 2)) == []
+    (failure,) = _zeroing(groups, (0,))
+    assert failure.detail["invariant"] == NOT_ZEROED
+    assert "group 2 (sliding_window): its new blocks are never handed to the worker" in (
+        failure.message
+    )
+    assert "(vLLM zeroes groups [0])" in failure.message
+    # vLLM zeroing nothing at all, where a Mamba state shares the pool: both groups fail.
+    assert len(_zeroing(groups, ())) == 2
+    # A release without the mechanism (before #35219) is not judged.
+    assert _zeroing(groups, (), release_zeroes=False) == []
+    # Zeroing more than the specs need costs time, not correctness: no failure.
+    assert _zeroing(_groups("full_attention"), (0,)) == []
+
+
+# vLLM stops recording its full-attention groups' new blocks for zeroing: in a model
+# with Mamba layers, the attention kernel then reads what a freed state block held.
+NO_ATTENTION_ZEROING = (
+    "v1/core/single_type_kv_cache_manager.py",
+    "            and not isinstance(kv_cache_spec, CircularBufferSpec)",
+    "            and not isinstance(kv_cache_spec, (CircularBufferSpec, FullAttentionSpec))",
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        "scenarios/hybrid/hybrid-jamba-mamba-none-attention.yaml",
+        "scenarios/scheduler/sched-sync-load-hybrid-zeroing.yaml",
+    ],
+)
+def test_zeroing_groups_derived_catch_a_group_vllm_stops_zeroing(
+    pristine_tree, tmp_path, scenario
+):
+    from vllm_copy import tree_with_replacement
+
+    tree = tree_with_replacement(pristine_tree, tmp_path / "tree", *NO_ATTENTION_ZEROING)
+    done, entries = _run(tree, tmp_path, scenario, "-k", "not async and not overlapped")
+    assert done.returncode == ExitStatus.NONCONFORMANCE, done.stdout + done.stderr
+    for entry in entries:
+        # The lists vLLM hands over are right for the groups it records: only the
+        # derivation from the specs sees the group it left out.
+        (failure,) = entry["failures"]
+        assert failure["detail"]["invariant"] == NOT_ZEROED, entry
+        assert "group 0 (full_attention): its new blocks are never handed" in failure["message"]
+
+
+def _census(free, tables, refs=None, deferred=(), hashed=frozenset(), pool=10) -> list:
+    held = [b for table in tables.values() for ids in table for b in ids if b != NULL]
+    counted = dict.fromkeys(set(held) | set(deferred), 0)
+    for block in held + list(deferred):
+        counted[block] += 1
+    census = PoolCensus(free, pool, tables, tuple(deferred), refs or counted, hashed)
+    trajectory = Trajectory((), lookahead=0, lookahead_source="test")
+    trajectory.facts.append(Fact(3, 7, "-", "end of step", census))
+    return [f for f in CHECKS["sanity"].find(trajectory)]
+
+
+def test_conservation_free_and_held_make_the_pool():
+    tables = {"a": ((1, 2, 3),), "b": ((4, NULL, 5),)}
+    assert _census(4, tables) == []  # 4 free + 5 held + the null block = 10
+    # Deferred blocks (popped at an in-flight finish) are still taken.
+    assert _census(3, tables, deferred=(6,)) == []
+    (leak,) = _census(3, tables)
+    assert leak.detail["invariant"] == NOT_CONSERVED and leak.step == 3
+    assert "3 are free and 5 held" in leak.message and "1 block(s) neither free nor held" in leak.message
+    (twice,) = _census(6, tables)
+    assert "2 more than the pool has" in twice.message
+
+
+def test_conservation_reference_counts_are_the_live_holders():
+    tables = {"a": ((1, 2),), "b": ((1, 3),)}
+    hashed = frozenset({1})
+    assert _census(6, tables, hashed=hashed) == []
+    (failure,) = _census(6, tables, refs={1: 1, 2: 1, 3: 1}, hashed=hashed)
+    assert failure.detail["invariant"] == REFS_DIFFER
+    assert "block 1: ref_cnt 1, 2 holder(s)" in failure.message
+
+
+def test_conservation_only_cached_blocks_are_shared():
+    tables = {"a": ((1, 2),), "b": ((1, 2),)}
+    assert _census(7, tables, hashed=frozenset({1, 2})) == []
+    (failure,) = _census(7, tables, hashed=frozenset({1}))
+    assert failure.detail["invariant"] == SHARED_WRITABLE
+    assert "block 2: a, b" in failure.message
+
+
+# vLLM's BlockPool.free_blocks returns a block to the free queue while another request
+# still holds it (a shared prefix block of two requests, freed by one).
+FREES_SHARED = (
+    "v1/core/block_pool.py",
+    "            block.ref_cnt -= 1\n            if block.ref_cnt == 0:",
+    "            block.ref_cnt -= 1\n            if block.ref_cnt <= 1:",
+)
+
+
+@pytest.mark.slow
+def test_conservation_catches_a_shared_block_freed_at_its_step(pristine_tree, tmp_path):
+    from vllm_copy import tree_with_replacement
+
+    tree = tree_with_replacement(pristine_tree, tmp_path / "tree", *FREES_SHARED)
+    scenario = "scenarios/admission/prefix-hit-shares-blocks-full-pool.yaml"
+    done, (entry,) = _run(tree, tmp_path, scenario)
+    assert done.returncode == ExitStatus.NONCONFORMANCE, done.stdout + done.stderr
+    (census,) = [
+        f for f in entry["failures"] if f["detail"]["invariant"] == NOT_CONSERVED
+    ]
+    # Named at the step the pool went wrong, not only after the run as the leak is.
+    assert census["step"] == 2 and "more than the pool has" in census["message"], entry

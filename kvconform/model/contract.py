@@ -48,6 +48,7 @@ The families, by the floor rule's family and the type's flags:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from kvconform.model.floors import cdiv
@@ -190,4 +191,33 @@ def allowance(
         f"cdiv({max_reach} largest reach, {per_column})",
         _TOKEN_REASON,
         "" if window is None else _WINDOW_REASON,
+    )
+
+
+ZEROING_REASON = (
+    "a Mamba state shares the pool with attention blocks: a block last written as a "
+    "state (or in another precision) holds bytes an attention kernel reads as NaN or "
+    "infinite in masked or padded positions, and 0 x NaN is NaN; so every new block of "
+    "an attention group is zeroed before its first write (a Mamba kernel rewrites its "
+    "state whole before reading it; a ring's kernel reads only the rows its request wrote)"
+)
+
+
+def zeroing_groups(groups: Sequence[GroupInfo]) -> tuple[int, ...]:
+    """The groups whose new blocks the worker must zero before their first write.
+
+    The cache needs zeroing where a group that is not attention (a Mamba state) shares
+    the pool (:data:`ZEROING_REASON`); scenarios state no per-group precision, so caches
+    of two precisions (the other case vLLM zeroes for) do not arise here. Then every
+    attention group of the device pool but a ring zeroes.
+    """
+    types = [GROUP_TYPES[group.type] for group in groups]
+    if all(group_type.attention for group_type in types):
+        return ()
+    return tuple(
+        group.index
+        for group, group_type in zip(groups, types, strict=True)
+        if group_type.attention
+        and not group_type.own_pool
+        and group.floor_rule.family != "ring"
     )

@@ -60,11 +60,13 @@ from kvconform.model.facts import (
     InFlightPop,
     LookupEvents,
     Payload,
+    PoolCensus,
     PrefixStats,
     ResetAnswer,
     RetainedHit,
     StepEvents,
     StepHandoffs,
+    ZeroingGroups,
     ZeroingList,
 )
 from kvconform.model.floors import MAMBA_ALIGNED_STATE, aligned_state_call_blocks, pool_columns
@@ -196,6 +198,9 @@ class LiveAllocator:
         # Fixed for the manager's life, so asked once: the groups whose new blocks vLLM
         # zeroes (None: it zeroes nothing) and those that retain a longer prefix hit.
         self._zeroing_groups = vllm.recording_groups(self.manager)
+        self._own_pool_groups = {
+            g for g, info in enumerate(trajectory.groups) if GROUP_TYPES[info.type].own_pool
+        }
         self._retained_hit_groups = vllm.retained_hit_groups(self.manager)
         self._scheduled: dict[str, tuple[int, int]] = {}
         # Events a prefix hit re-announced (kv_cache_report_mode "full"), by identity: the
@@ -254,6 +259,14 @@ class LiveAllocator:
         self._cached_states: set[tuple[int, int, int]] = set()
         # The cache keys of every boundary state handed to the connector so far.
         self._freed_this_step: set[int] = set()
+        self.step_facts.append(
+            (
+                "-",
+                ZeroingGroups(
+                    tuple(self._zeroing_groups or ()), vllm.zeroes_new_blocks(self.manager)
+                ),
+            )
+        )
         for disagreement in vllm.forwarded_default_disagreements(self.manager):
             self.step_facts.append(("-", DefaultDisagreement(disagreement)))
 
@@ -298,6 +311,39 @@ class LiveAllocator:
         self.return_deferred(ended_step=True)
         if self.model.log_stats:
             self._record_stats()
+        if self._hisparse is None:  # HiSparse's connector holds blocks outside the tables
+            self._record_census()
+
+    def _record_census(self) -> None:
+        """The pool after the step, for check ``conservation``: the free count, the live
+        tables of the device pool's groups, the blocks still deferred, their references."""
+        own_pool = self._own_pool_groups
+        null = self.null_block
+        tables = {
+            name: tuple(
+                tuple(ids) if group not in own_pool else ()
+                for group, ids in enumerate(self.block_ids(name))
+            )
+            for name in sorted(self._running_names | self._loaded)
+        }
+        deferred = tuple(
+            b.block_id for _, blocks, _ in self._deferred for b in blocks if b.block_id != null
+        )
+        held = {b for table in tables.values() for ids in table for b in ids if b != null}
+        refs, hashed = self.vllm.block_refs(self.manager, held | set(deferred))
+        self.step_facts.append(
+            (
+                "-",
+                PoolCensus(
+                    self.free_blocks(),
+                    self.vllm.pool_size(self.manager),
+                    tables,
+                    deferred,
+                    refs,
+                    hashed,
+                ),
+            )
+        )
 
     def finish_in_flight(self, name: str) -> None:
         """A request finishes while its last step is in flight (a KV consumer under

@@ -1,5 +1,5 @@
 """What the scheduler oracle records of each step beside its counts (the facts
-:mod:`kvconform.harness.checks` judges): the step's zeroing list, the worker's encoder work
+:mod:`kvconform.harness.checks` judges): the step's zeroing list, the pool's census, the worker's encoder work
 and the encoder inputs the step reports, and the KV-cache events the scheduler publishes."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from kvconform.model.facts import (
     EncoderInputStats,
     EncoderStep,
     MmInput,
+    PoolCensus,
     PublishedEvents,
     StepZeroingList,
 )
@@ -54,6 +55,41 @@ def record_zeroing(
                 frozenset(loading_now),
                 valid_end,
                 frozenset(oracle.vllm.step_blocks_to_zero(output)),
+            ),
+        )
+    )
+
+
+def record_census(oracle: OracleState) -> None:
+    """The pool after a ``schedule()`` (checked by the conservation family): the free
+    count, every request's tables, the blocks vLLM popped for a deferred free and has not
+    returned yet, and their reference counts."""
+    null = oracle.run.null_block
+    tables = {
+        rid: tuple(tuple(ids) for ids in oracle.manager.get_block_ids(rid))
+        for rid in oracle.scheduler.requests
+    }
+    deferred = tuple(
+        b
+        for record in oracle.run.deferred_frees
+        if record.returned is None
+        for ids in record.held
+        for b in ids
+        if b != null
+    )
+    held = {b for table in tables.values() for ids in table for b in ids if b != null}
+    refs, hashed = oracle.vllm.block_refs(oracle.manager, held | set(deferred))
+    oracle.run.census.append(
+        StepFact(
+            oracle._step,
+            "-",
+            PoolCensus(
+                oracle.vllm.free_block_count(oracle.manager),
+                oracle.vllm.pool_size(oracle.manager),
+                tables,
+                deferred,
+                refs,
+                hashed,
             ),
         )
     )

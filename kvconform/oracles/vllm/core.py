@@ -547,6 +547,21 @@ class Vllm:
     def free_block_count(self, manager: Any) -> int:
         return int(manager.block_pool.get_num_free_blocks())
 
+    def pool_size(self, manager: Any) -> int:
+        """The blocks of the manager's pool, the null block included."""
+        return len(manager.block_pool.blocks)
+
+    def block_refs(
+        self, manager: Any, block_ids: Iterable[int]
+    ) -> tuple[dict[int, int], frozenset[int]]:
+        """The reference count of each of ``block_ids``, and those that hold cached KV."""
+        blocks = manager.block_pool.blocks
+        refs = {block: int(blocks[block].ref_cnt) for block in block_ids}
+        hashed = frozenset(
+            block for block in refs if getattr(blocks[block], "block_hash", None) is not None
+        )
+        return refs, hashed
+
     def block_is_cached(self, manager: Any, block_id: int) -> bool:
         """Whether a block of the manager's pool holds cached KV (it has a block hash)."""
         return getattr(manager.block_pool.blocks[block_id], "block_hash", None) is not None
@@ -574,6 +589,12 @@ class Vllm:
             for index, group in enumerate(manager.coordinator.single_type_managers)
             if getattr(group, "records_new_block_ids", False)
         ]
+
+    def zeroes_new_blocks(self, manager: Any) -> bool:
+        """Whether this release hands the worker new blocks to zero at all (its
+        ``KVCacheConfig`` has ``needs_kv_cache_zeroing``; #35219 added it)."""
+        config = getattr(manager, "kv_cache_config", None)
+        return hasattr(config, "needs_kv_cache_zeroing")
 
     def step_blocks_to_zero(self, output: Any) -> list[int]:
         """The block ids a ``SchedulerOutput`` hands the worker to zero."""
