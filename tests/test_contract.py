@@ -14,6 +14,7 @@ import pytest
 
 from kvconform.errors import ExitStatus
 from kvconform.harness.checks import CHECKS, DEFAULT_CHECKS
+from kvconform.harness.checks.bookkeeping import STALE_ENTRY
 from kvconform.harness.checks.ceiling import OVER_COLUMNS, OVER_REAL
 from kvconform.harness.checks.conservation import NOT_CONSERVED, REFS_DIFFER, SHARED_WRITABLE
 from kvconform.model.contract import allowance, reach, zeroing_groups
@@ -403,3 +404,44 @@ def test_conservation_catches_a_shared_block_freed_at_its_step(pristine_tree, tm
     ]
     # Named at the step the pool went wrong, not only after the run as the leak is.
     assert census["step"] == 2 and "more than the pool has" in census["message"], entry
+
+
+def _bookkeeping(*censuses: tuple[frozenset, dict]) -> list:
+    trajectory = Trajectory((), lookahead=0, lookahead_source="test")
+    for step, (live, held) in enumerate(censuses):
+        census = PoolCensus(9, 10, {}, (), {}, frozenset(), live, held)
+        trajectory.facts.append(Fact(step, None, "-", "end of step", census))
+    return [f for f in CHECKS["sanity"].find(trajectory)]
+
+
+def test_bookkeeping_holds_live_requests_only_and_says_so_once():
+    ids = "group 0 FullAttentionManager.num_cached_block"
+    assert _bookkeeping((frozenset({"a", "b"}), {ids: frozenset({"a", "b"})})) == []
+    stale = (frozenset({"b"}), {ids: frozenset({"a", "b"})})
+    (failure,) = _bookkeeping(stale, stale)  # the same entry, twice: reported once
+    assert failure.detail["invariant"] == STALE_ENTRY and failure.step == 0
+    assert f"{ids} still holds ended request(s) a" in failure.message
+
+
+# vLLM's pop_blocks_for_free forgets one of the request's entries (num_cached_block):
+# nothing else notices, since request ids are not reused.
+KEEPS_CACHED_COUNT = (
+    "v1/core/single_type_kv_cache_manager.py",
+    "        self.num_cached_block.pop(request_id, None)\n"
+    "        self._partial_hit_reqs.pop(request_id, None)\n",
+    "        self._partial_hit_reqs.pop(request_id, None)\n",
+)
+
+
+@pytest.mark.slow
+def test_bookkeeping_alone_catches_an_entry_never_dropped(pristine_tree, tmp_path):
+    from vllm_copy import tree_with_replacement
+
+    tree = tree_with_replacement(pristine_tree, tmp_path / "tree", *KEEPS_CACHED_COUNT)
+    scenario = "scenarios/scheduler/sched-no-speculation.yaml"
+    done, entries = _run(tree, tmp_path, scenario, "-k", "sync")
+    assert done.returncode == ExitStatus.NONCONFORMANCE, done.stdout + done.stderr
+    (entry,) = [e for e in entries if e["id"].endswith("[sync]")]
+    assert {f["detail"]["invariant"] for f in entry["failures"]} == {STALE_ENTRY}, entry
+    first = entry["failures"][0]["message"]
+    assert "FullAttentionManager.num_cached_block still holds ended request(s) c" in first

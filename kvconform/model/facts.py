@@ -140,7 +140,8 @@ class PrefixStats(NamedTuple):
 
 
 class PoolCensus(NamedTuple):
-    """The device pool after a step (check ``conservation``): its free-queue length and
+    """The device pool after a step (check ``sanity``, conservation and bookkeeping
+    families): its free-queue length and
     size (the null block included), each live request's tables (the device pool's
     groups), the blocks popped at an in-flight finish that still wait to go back, the
     reference count of every block those hold, and which of them hold cached KV (a
@@ -152,6 +153,12 @@ class PoolCensus(NamedTuple):
     deferred: tuple[int, ...]
     refs: Mapping[int, int]
     hashed: frozenset[int]
+    # The requests that are live (arrived, not finished nor aborted, by the oracle's own
+    # account), and the request ids each per-request structure of vLLM's KV-cache
+    # managers holds ("group 1 MambaManager._checkpoints": ids): check ``sanity``,
+    # bookkeeping family.
+    live: frozenset[str] = frozenset()
+    bookkeeping: Mapping[str, frozenset[str]] = {}
 
 
 class StepEvents(NamedTuple):

@@ -247,6 +247,7 @@ class LiveAllocator:
         # Requests admitted and neither preempted nor finished: the scheduler's
         # `running` list, whose emptiness decides whether the watermark applies.
         self._running_names: set[str] = set()
+        self._finished: set[str] = set()  # finished requests (their bookkeeping must go)
         # What vLLM did, for check `sanity` (kvconform.model.facts): of a call, (call,
         # fact); of the step, (request, fact), the request "-" for the step as a whole.
         self.call_facts: list[tuple[Call, Payload]] = []
@@ -341,6 +342,8 @@ class LiveAllocator:
                     deferred,
                     refs,
                     hashed,
+                    frozenset(self._requests.keys() - self._finished),
+                    self.vllm.request_keyed_state(self.manager, self._requests.keys()),
                 ),
             )
         )
@@ -359,6 +362,7 @@ class LiveAllocator:
         after = tuple(tuple(ids) for ids in self.block_ids(name))
         self.step_facts.append((name, InFlightPop(tuple(held), tuple(ids), after)))
         self._deferred.append((name, popped, False))
+        self._finished.add(name)
 
     def return_deferred(self, ended_step: bool = False) -> None:
         """Return the deferred blocks whose in-flight step has completed, tail first (the
@@ -999,10 +1003,12 @@ class LiveAllocator:
         self.manager.free(self._requests[name])
         self._running_names.discard(name)
         self._last_calls.pop(name, None)
+        self._finished.add(name)
 
     def forget(self, name: str) -> None:
         """Drop a finished request, so that its name can enter again (warmup passes)."""
         del self._requests[name]
+        self._finished.discard(name)
 
     def block_ids(self, name: str) -> tuple[list[int], ...]:
         return tuple(self.manager.get_block_ids(name))

@@ -90,6 +90,10 @@ def record_census(oracle: OracleState) -> None:
                 deferred,
                 refs,
                 hashed,
+                frozenset(oracle.scheduler.requests.keys() - oracle.run.finished),
+                oracle.vllm.request_keyed_state(
+                    oracle.manager, oracle.scheduler.requests.keys() | oracle.run.finished
+                ),
             ),
         )
     )

@@ -562,6 +562,29 @@ class Vllm:
         )
         return refs, hashed
 
+    def request_keyed_state(
+        self, manager: Any, request_ids: Collection[str]
+    ) -> dict[str, frozenset[str]]:
+        """The request ids each per-request structure of the KV-cache manager, its
+        coordinator and its single-type managers holds: every dict or set attribute keyed
+        by request ids (``req_to_blocks``, ``num_cached_block``, Mamba's ``_checkpoints``,
+        ...), found by its keys, so that a structure a release adds is seen too."""
+        owners: list[tuple[str, Any]] = [("KVCacheManager", manager)]
+        coordinator = getattr(manager, "coordinator", None)
+        if coordinator is not None:
+            owners.append((type(coordinator).__name__, coordinator))
+            for index, single in enumerate(getattr(coordinator, "single_type_managers", ())):
+                owners.append((f"group {index} {type(single).__name__}", single))
+        found: dict[str, frozenset[str]] = {}
+        for label, owner in owners:
+            for attribute, value in vars(owner).items():
+                if not isinstance(value, dict | set | frozenset) or not value:
+                    continue
+                keys = frozenset(k for k in value if isinstance(k, str) and k in request_ids)
+                if keys:
+                    found[f"{label}.{attribute}"] = keys
+        return found
+
     def block_is_cached(self, manager: Any, block_id: int) -> bool:
         """Whether a block of the manager's pool holds cached KV (it has a block hash)."""
         return getattr(manager.block_pool.blocks[block_id], "block_hash", None) is not None
