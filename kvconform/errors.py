@@ -26,6 +26,7 @@ import difflib
 import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 
 class ExitStatus(enum.IntEnum):
@@ -138,3 +139,42 @@ class UsageError(KvconformError):
 class RecordingFormatError(KvconformError):
     """A recording this kvconform cannot read (kvconform.model.recording): another
     version of the format, or not a recording at all."""
+
+
+# -- the oracles' own signals (kvconform.oracles) -------------------------------------------
+# Not the user's errors: each is caught by the code that drives the oracle (a refusal becomes a
+# capacity record, an engine failure a crash finding, a mutant that cannot be swapped or found
+# a campaign's note), so none has an exit status of its own.
+
+
+class RefusedCall(Protocol):
+    """What a refusal names of the call vLLM refused (a ``kvconform.model.scenario.Call``)."""
+
+    @property
+    def request(self) -> str: ...
+
+    @property
+    def label(self) -> str: ...
+
+
+class StepDenied(Exception):
+    """vLLM refused a call whose blocks the floor's arithmetic fits in the pool."""
+
+    def __init__(
+        self, call: RefusedCall, who: str, need: int, available: int, free: int, detail: str
+    ) -> None:
+        super().__init__(f"{who} refused {call.label} of {call.request!r}")
+        self.call, self.who, self.need = call, who, need
+        self.available, self.free, self.detail = available, free, detail
+
+
+class EngineFailed(RuntimeError):
+    """vLLM's engine raised or died on a valid scenario: a finding, reported as a crash."""
+
+
+class SwapImpossible(Exception):
+    """The mutated code cannot replace the function's code in place."""
+
+
+class TargetMissing(Exception):
+    """The vLLM in use has no such module or function (reported, not fatal)."""

@@ -16,6 +16,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from kvconform.errors import EngineFailed
 from kvconform.harness.checks import judge
 from kvconform.harness.drivers.engine import trajectory_from
 from kvconform.harness.runner import exit_status, run_scenario
@@ -259,11 +260,15 @@ def test_a_request_finished_short_of_its_max_tokens_is_a_sanity_failure(scenario
     scenario = scenario_from(ENGINE_SCENARIO)
     recording = h200_like_recording([1, 2])
     recording.outputs = {"a": 12}
-    failures = [
-        f.message for f in judge(trajectory_from(scenario, recording), ("sanity",)).failures
-    ]
-    assert "the engine finished request a with 12 tokens, not its max_tokens 40" in failures
-    assert "the engine never finished request b (max_tokens 40)" in failures
+    failures = {
+        f.request: f for f in judge(trajectory_from(scenario, recording), ("sanity",)).failures
+    }
+    assert failures.keys() == {"a", "b"}
+    assert failures["a"].message.endswith(
+        "the engine finished request a with 12 tokens, not its max_tokens 40"
+    )
+    assert failures["b"].message.endswith("the engine never finished request b (max_tokens 40)")
+    assert {f.detail["invariant"] for f in failures.values()} == {"leaves requests unfinished"}
 
 
 def test_a_leaked_block_after_the_run_is_a_sanity_failure(scenario_from):
@@ -593,7 +598,7 @@ def test_a_failed_engine_child_reports_vllms_cause_and_keeps_the_log(monkeypatch
     monkeypatch.setattr(engine_party.subprocess, "run", child)
     monkeypatch.setenv(engine_party.LOG_DIR_VARIABLE, str(tmp_path))
     settings = engine_party.EngineSettings(engine_party.TinyModel(), None, ())
-    with pytest.raises(engine_party.EngineFailed) as failed:
+    with pytest.raises(EngineFailed) as failed:
         engine_party.run_engine(settings)
     headline = str(failed.value).splitlines()[0]
     assert headline.startswith(f"vLLM's engine failed (exit 1): {REASON}")
@@ -994,3 +999,23 @@ def test_the_draft_kvconform_wrote_before_for_a_qwen2_target_is_vllms_own_refusa
         "Model architectures ['EagleQwen2ForCausalLM'] are not supported for now."
     )
     assert len(line) <= 400 and line.endswith(" …")
+
+
+def test_a_model_runner_the_release_removed_is_unsupported_not_a_crash(vllm, scenario_from):
+    """0.34.0 removed the V1 GPU model runner, and its platform check raises at start-up
+    on ``VLLM_USE_V2_MODEL_RUNNER=0``: a scenario asking for it does not apply there
+    (``unsupported``, on any machine), where a release that ships the runner goes on
+    to run it (here: skipped without CUDA, or run)."""
+    from pathlib import Path
+
+    scenario = scenario_from(
+        ENGINE_SCENARIO.replace("engine: {", "engine: {model_runner: v1, ")
+    )
+    ships_v1 = (Path(vllm.location) / "v1" / "worker" / "gpu_model_runner.py").exists()
+    result = run_scenario(scenario, vllm)
+    if ships_v1:
+        assert result.verdict is not Verdict.UNSUPPORTED, result.error
+    else:
+        assert result.verdict is Verdict.UNSUPPORTED, (result.verdict, result.error)
+        assert "lacks the V1 GPU model runner" in result.error
+        assert "removed in 0.34.0" in result.error

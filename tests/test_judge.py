@@ -18,7 +18,7 @@ from vllm_copy import REPO, run_kvconform, tree_with_replacement
 
 from kvconform.model import facts as f
 from kvconform.model.observations import GroupInfo, Observation, Trajectory
-from kvconform.model.recording import Recording, dumps
+from kvconform.model.recording import RECORDING_VERSION, Recording, dumps
 from kvconform.model.results import ScenarioResult, Verdict
 
 # `kvconform ARGS` with vLLM, torch and Triton unimportable; it also fails if vLLM got
@@ -88,7 +88,9 @@ def test_judge_judges_a_recording_without_importing_vllm(tmp_path: Path) -> None
 
 
 def test_judge_refuses_a_recording_of_another_version_naming_it(tmp_path: Path) -> None:
-    text = dumps(_recording(tmp_path)).replace('"version":1,', '"version":99,', 1)
+    text = dumps(_recording(tmp_path))
+    assert f'"version":{RECORDING_VERSION},' in text
+    text = text.replace(f'"version":{RECORDING_VERSION},', '"version":99,', 1)
     path = tmp_path / "old.json"
     path.write_text(text, encoding="utf-8")
     done = judge_without_vllm(path, "--report-dir", tmp_path / "report", cwd=tmp_path)

@@ -72,7 +72,7 @@ def test_accepts_keyword_reads_the_signature() -> None:
 def test_forwarded_defaults_are_read_from_the_functions_as_they_are_now() -> None:
     # Plain classes standing in for a coordinator and a manager: the reader compares the
     # defaults of parameters both methods of one name declare, positional or keyword-only.
-    from kvconform.oracles.vllm.core import _shared_defaults
+    from kvconform.oracles.vllm.managers import _shared_defaults
 
     class Coordinator:
         def count(self, request_id, cap=False, *, end=0): ...

@@ -396,6 +396,14 @@ class SessionTurn(NamedTuple):
     now: tuple[tuple[int, ...], ...]
 
 
+class EngineOutput(NamedTuple):
+    """What vLLM's engine generated for a request of an engine scenario (None: the engine
+    never finished it), and the ``max_tokens`` the scenario asks of it."""
+
+    generated: int | None
+    max_tokens: int
+
+
 Payload = Union[  # noqa: UP007 (a runtime union: the recording's codec reads it)
     DefaultDisagreement,
     AdmissionHit,
@@ -428,6 +436,7 @@ Payload = Union[  # noqa: UP007 (a runtime union: the recording's codec reads it
     StepStats,
     SessionReleased,
     SessionTurn,
+    EngineOutput,
 ]
 
 PAYLOADS: tuple[type, ...] = Payload.__args__  # type: ignore[attr-defined]

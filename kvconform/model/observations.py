@@ -90,6 +90,8 @@ PAUSE_ADMITS = "admits a request while paused for new requests"
 ABORT_ALL_KEPT = "keeps a request the engine aborted with all the others"
 # A P/D decode instance with batches in flight (Scheduler.defer_block_free).
 FREED_IN_FLIGHT = "returns a request's blocks while a step that may write them is in flight"
+# Engine mode: what the engine generated for each request.
+LEFT_UNFINISHED = "leaves requests unfinished"
 
 
 # The parties that record the block ids they held, and where (the predictor holds none).
@@ -400,8 +402,6 @@ class Trajectory:
     # Trajectory mode: observation index -> the tokens of earlier steps still in flight
     # at its call (a step's ``in_flight``), where the scenario states any.
     in_flight_tokens: dict[int, int] = field(default_factory=dict)
-    # Engine mode: requests the engine did not finish with their max_tokens, as messages.
-    unfinished: list[str] = field(default_factory=list)
     # Steps vLLM refused although the floor fits them (check `capacity`); the driver
     # stops at the first.
     denials: list[Denial] = field(default_factory=list)

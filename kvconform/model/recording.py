@@ -43,7 +43,7 @@ from kvconform.model.settings import SettingsRecord
 
 # Raised by one more with every change of what a recording holds or how it is written;
 # a recording of another version is refused, never half read.
-RECORDING_VERSION = 1
+RECORDING_VERSION = 2
 
 
 @dataclass

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvconform.errors import SwapImpossible, TargetMissing
 from kvconform.model.results import ScenarioResult
 from kvconform.model.scenario import Scenario
 from kvconform.mutate.mutants import (
@@ -60,8 +61,6 @@ from kvconform.mutate.targets import Equivalent, Target
 from kvconform.oracles.vllm import Vllm
 from kvconform.oracles.vllm.mutation import (
     ReachRecorder,
-    SwapImpossible,
-    TargetMissing,
     add_globals,
     compiled_function_code,
     resolve_function,

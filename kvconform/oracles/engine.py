@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvconform.errors import NotOffered, VllmUnavailable
+from kvconform.errors import EngineFailed, NotOffered, VllmUnavailable
 from kvconform.model.methods import REGISTRY_FILE, method_for
 from kvconform.model.scenario import EngineRequest
 from kvconform.model.tiny_model import ARCHITECTURES, TinyModel
@@ -178,6 +178,9 @@ def check_buildable(settings: EngineSettings, version: str) -> None:
     """
     from kvconform.oracles.vllm import engine as vllm_engine
 
+    if not vllm_engine.offers_runner(settings.model_runner):
+        raise NotOffered(version, f"the {settings.model_runner.upper()} GPU model runner",
+                         "removed in 0.34.0 (vllm/v1/worker/gpu_model_runner.py)")  # fmt: skip
     offered = vllm_engine.registered_architectures()
     target = settings.target.architecture
     if target not in offered:
@@ -437,10 +440,6 @@ def failure_cause(recording: EngineRecording | None, log: str) -> str:
 UNAVAILABLE_STATUS = 3
 # Where a failed child's whole output is kept, when set (tools/gpu-engine-run.sh sets it).
 LOG_DIR_VARIABLE = "KVCONFORM_ENGINE_LOGS"
-
-
-class EngineFailed(RuntimeError):
-    """vLLM's engine raised or died on a valid scenario: a finding, reported as a crash."""
 
 
 def _engine_arguments(settings: EngineSettings, target: Path, draft: Path | None) -> dict[str, Any]:

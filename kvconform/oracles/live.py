@@ -42,6 +42,11 @@ and returned is kept as facts (:mod:`kvconform.model.facts`) in ``call_facts`` (
 call) and ``step_facts`` (of the step, by request), which the driver records with
 where they happened and the ``sanity`` families of :mod:`kvconform.harness.checks`
 judge.
+
+:class:`LiveAllocator` drives the manager here; what it records is in
+:mod:`kvconform.oracles.live_facts`, whose a refusal is in
+:mod:`kvconform.oracles.live_refusals`, and the state both read in
+:mod:`kvconform.oracles.live_state`.
 """
 
 from __future__ import annotations
@@ -50,29 +55,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from kvconform.errors import Location, PoolExhausted, ScenarioError
-from kvconform.model.facts import (
-    AdmissionHit,
-    DefaultDisagreement,
-    DeferredReturn,
-    Eviction,
-    FinalizedTails,
-    InFlightPop,
-    LookupEvents,
-    Payload,
-    PoolCensus,
-    PrefixStats,
-    ResetAnswer,
-    RetainedHit,
-    StepEvents,
-    StepHandoffs,
-    ZeroingGroups,
-    ZeroingList,
-)
-from kvconform.model.floors import MAMBA_ALIGNED_STATE, aligned_state_call_blocks, pool_columns
+from kvconform.errors import Location, ScenarioError
+from kvconform.model.facts import AdmissionHit, DefaultDisagreement, Payload, ZeroingGroups
 from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.observations import Trajectory
 from kvconform.model.scenario import Action, Call, ModelSpec, RequestSpec
+from kvconform.oracles.live_facts import LiveFacts
+from kvconform.oracles.live_refusals import LiveRefusals
 from kvconform.oracles.resolve import extra_retained_tokens, group_specs
 from kvconform.oracles.vllm import Vllm
 
@@ -129,27 +118,8 @@ def manager_for(
     )
 
 
-class StepDenied(Exception):
-    """vLLM refused a call whose blocks the floor's arithmetic fits in the pool."""
-
-    def __init__(
-        self, call: Call, who: str, need: int, available: int, free: int, detail: str
-    ) -> None:
-        super().__init__(f"{who} refused {call.label} of {call.request!r}")
-        self.call, self.who, self.need = call, who, need
-        self.available, self.free, self.detail = available, free, detail
-
-
-class LiveAllocator:
+class LiveAllocator(LiveFacts, LiveRefusals):
     """One ``KVCacheManager`` shared by all requests of a scenario."""
-
-    def _full_sequence_must_fit(self, call: Call) -> bool:
-        """What vLLM's scheduler passes at an admission: ``scheduler_reserve_full_isl``
-        (the scenario's setting, vLLM's default unless stated), unless the chunk says."""
-        if not call.first_chunk:
-            return False
-        stated = call.options.full_sequence_must_fit
-        return self.model.scheduler_reserve_full_isl if stated is None else stated
 
     def __init__(
         self, vllm: Vllm, model: ModelSpec, trajectory: Trajectory, *, as_scheduler: bool = True
@@ -203,6 +173,8 @@ class LiveAllocator:
         }
         self._retained_hit_groups = vllm.retained_hit_groups(self.manager)
         self._scheduled: dict[str, tuple[int, int]] = {}
+        # The calling request's tables as the last call to schedule left them.
+        self.table_after_call: tuple[list[int], ...] = ()
         # Events a prefix hit re-announced (kv_cache_report_mode "full"), by identity: the
         # router already counts those blocks, so the mirror leaves them out.
         self._reannouncements: list[Any] = []
@@ -315,191 +287,6 @@ class LiveAllocator:
         if self._hisparse is None:  # HiSparse's connector holds blocks outside the tables
             self._record_census()
 
-    def _record_census(self) -> None:
-        """The pool after the step, for check ``conservation``: the free count, the live
-        tables of the device pool's groups, the blocks still deferred, their references."""
-        own_pool = self._own_pool_groups
-        null = self.null_block
-        tables = {
-            name: tuple(
-                tuple(ids) if group not in own_pool else ()
-                for group, ids in enumerate(self.block_ids(name))
-            )
-            for name in sorted(self._running_names | self._loaded)
-        }
-        deferred = tuple(
-            b.block_id for _, blocks, _ in self._deferred for b in blocks if b.block_id != null
-        )
-        held = {b for table in tables.values() for ids in table for b in ids if b != null}
-        refs, hashed = self.vllm.block_refs(self.manager, held | set(deferred))
-        self.step_facts.append(
-            (
-                "-",
-                PoolCensus(
-                    self.free_blocks(),
-                    self.vllm.pool_size(self.manager),
-                    tables,
-                    deferred,
-                    refs,
-                    hashed,
-                    frozenset(self._requests.keys() - self._finished),
-                    self.vllm.request_keyed_state(self.manager, self._requests.keys()),
-                ),
-            )
-        )
-
-    def finish_in_flight(self, name: str) -> None:
-        """A request finishes while its last step is in flight (a KV consumer under
-        asynchronous scheduling, ``Scheduler._free_request_blocks``): its blocks are popped
-        (``pop_blocks_for_free``), still referenced, and go back to the pool only once that
-        step's output is applied (``_drain_deferred_frees``), at the end of the next step.
-        The popped blocks must be the ones its tables held."""
-        self._note_freed(name)
-        held = sorted(b for ids in self.block_ids(name) for b in ids if b != self.null_block)
-        popped = self.manager.pop_blocks_for_free(self._requests[name])
-        ids = sorted(b.block_id for b in popped if b.block_id != self.null_block)
-        self._running_names.discard(name)
-        after = tuple(tuple(ids) for ids in self.block_ids(name))
-        self.step_facts.append((name, InFlightPop(tuple(held), tuple(ids), after)))
-        self._deferred.append((name, popped, False))
-        self._finished.add(name)
-
-    def return_deferred(self, ended_step: bool = False) -> None:
-        """Return the deferred blocks whose in-flight step has completed, tail first (the
-        scheduler frees them in reverse order): at the end of every step after the finish's
-        step (``ended_step``), or at the run's end. Each popped block that no live request
-        holds goes back to the free queue."""
-        waiting: list[tuple[str, list[Any], bool]] = []
-        for name, blocks, due in self._deferred:
-            if ended_step and not due:
-                waiting.append((name, blocks, True))
-                continue
-            live_ids = {
-                b for other in self._running_names | self._loaded
-                for ids in self.block_ids(other) for b in ids
-            }  # fmt: skip
-            popped = {b.block_id for b in blocks if b.block_id != self.null_block}
-            self._last_calls.pop(name, None)  # held, by the scenario, until now
-            before = self.free_blocks()
-            self.manager.block_pool.free_blocks(reversed(blocks))
-            returned = self.free_blocks() - before
-            self.step_facts.append(
-                (
-                    name,
-                    DeferredReturn(
-                        len(blocks),
-                        tuple(sorted(popped)),
-                        tuple(sorted(popped & live_ids)),
-                        returned,
-                    ),
-                )
-            )
-        self._deferred = waiting
-
-    def reset_prefix_cache(self, stated: bool) -> None:
-        """``KVCacheManager.reset_prefix_cache`` between steps (an RLHF weight update, the
-        ``/reset_prefix_cache`` endpoint): it must answer as ``stated`` (derived by hand: it
-        succeeds only when no request holds a block), and a reset leaves nothing cached."""
-        answer = bool(self.manager.reset_prefix_cache())
-        if answer:
-            self._stats_reset = True
-        still = sum(self.vllm.cached_block_counts(self.manager).values()) if answer else 0
-        self.step_facts.append(
-            ("-", ResetAnswer(stated, answer, still, self.free_blocks(), self.model.num_blocks))
-        )
-
-    def evict_cached(self, columns: Sequence[tuple[str, int]], where: Location) -> None:
-        """``KVCacheManager.evict_blocks`` of the blocks a KV connector reported invalid
-        (``Scheduler._handle_invalid_blocks``): the blocks at these columns of the requests'
-        group-0 tables leave the prefix cache; a request that holds one keeps it."""
-        tables = {name: self.block_ids(name)[0] for name, _ in columns}
-        chosen: set[int] = set()
-        for name, column in columns:
-            table = tables[name]
-            if column >= len(table) or table[column] == self.null_block:
-                raise ScenarioError(
-                    where,
-                    f"column {column} of request {name!r}'s group-0 table holds no block "
-                    f"(the table is {table}); a connector reports blocks the request holds",
-                )
-            chosen.add(table[column])
-        self.manager.evict_blocks(chosen)
-        kept = sorted(b for b in chosen if self.vllm.block_is_cached(self.manager, b))
-        self.step_facts.append(
-            (", ".join(sorted(tables)), Eviction(tuple(sorted(chosen)), tuple(kept)))
-        )
-
-    def _record_stats(self) -> None:
-        """The step's ``make_prefix_cache_stats`` and ``usage``, with what its admissions
-        looked up (new and preempted requests apart) and the blocks the live requests'
-        tables hold (null block and a group's own pool left out)."""
-        stats = self.vllm.prefix_cache_stats(self.manager)
-        own_pool = {g for g, info in enumerate(self._groups) if GROUP_TYPES[info.type].own_pool}
-        held = {
-            block
-            for name in self._running_names | self._loaded
-            for group, ids in enumerate(self.block_ids(name))
-            if group not in own_pool
-            for block in ids
-            if block != self.null_block
-        }
-        # Blocks popped at an in-flight finish are still taken until they go back.
-        held |= {b.block_id for _, blocks, _ in self._deferred for b in blocks}
-        held.discard(self.null_block)
-        self.step_facts.append(
-            (
-                "-",
-                PrefixStats(
-                    stats,
-                    tuple(self._stats_expected),
-                    self._stats_reset,
-                    len(held),
-                    self.model.num_blocks,
-                ),
-            )
-        )
-        self._stats_expected = [0] * 6
-        self._stats_reset = False
-
-    def _record_kv_events(self) -> None:
-        """The step's KV-cache events (a lookup's re-announcements left out) and what the
-        pools cache at its end (judged by :mod:`kvconform.harness.checks.kv_events`)."""
-        events = self.vllm.take_kv_cache_events(
-            self.manager, leave_out={id(e) for e in self._reannouncements}
-        )
-        self._reannouncements.clear()
-        cached = self.vllm.cached_block_counts(self.manager)
-        self.step_facts.append(("-", StepEvents(tuple(events), cached)))
-
-    def _record_handoffs(self) -> None:
-        """The boundary states handed to a KV connector in the step, and what the step
-        cached (judged by :mod:`kvconform.harness.checks.handoffs`)."""
-        offers = self.vllm.take_boundary_state_offers(self.manager)
-        offered_keys = tuple(
-            self.vllm.cached_key(self.manager, block)
-            for states in offers.values()
-            for _, block, _ in states
-        )
-        after = self.vllm.boundary_states_cached(self.manager, self._handoff_groups)
-        tables = {
-            name: tuple(tuple(ids) for ids in self.block_ids(name))
-            for name in self._running_names | self._loaded
-        }
-        self.step_facts.append(
-            (
-                "-",
-                StepHandoffs(
-                    tuple(self._handoff_groups),
-                    frozenset(self._cached_states),
-                    frozenset(after),
-                    {name: tuple(states) for name, states in offers.items()},
-                    offered_keys,
-                    tables,
-                    frozenset(self._freed_this_step),
-                ),
-            )
-        )
-
     def schedule(self, call: Call, encoder_len: int, where: Location) -> int:
         """Allocate for one call; returns the tokens it did not compute (hit and external).
 
@@ -513,12 +300,15 @@ class LiveAllocator:
         new_blocks, hit, hit_blocks, external = self._allocate(call, encoder_len, where)
         if new_blocks is None:
             raise self._refusal(call, encoder_len, where, free, held, hit, hit_blocks)
+        # The request's tables after the call, read once: the zeroing and retained-hit
+        # records and the driver's observations all read this one answer.
+        self.table_after_call = after = self.block_ids(call.request)
         if self.model.log_stats and call.first_chunk and hit_blocks is not None:
             self._record_admission(call, hit)
         if self._zeroing_groups is not None:
-            self._record_zeroing(call, before, hit_blocks, hit + external)
+            self._record_zeroing(call, before, after, hit_blocks, hit + external)
         if hit_blocks is not None and self._retained_hit_groups:
-            self._record_retained_hit(call, hit_blocks, hit + external)
+            self._record_retained_hit(call, after, hit_blocks, hit + external)
         request = self._requests[call.request]
         self._scheduled[call.request] = (
             min(call.computed + call.scheduled, int(request.num_tokens)),
@@ -538,75 +328,6 @@ class LiveAllocator:
             self._running_names.add(call.request)
         return hit + external
 
-    def _record_admission(self, call: Call, hit: int) -> None:
-        """What ``Scheduler.schedule`` does once it admits a request whose prefix cache it
-        looked up: ``record_prefix_cache_stats(request, hit)``; and what the step's stats
-        must then count, from the scenario (its prompt and outputs, whether it was
-        preempted before)."""
-        request = self._requests[call.request]
-        self.manager.record_prefix_cache_stats(request, hit)
-        # A request that skips reading the prefix cache looked nothing up: not counted.
-        if self.model.enable_caching and call.request not in self._skips_reading:
-            tokens = len(self._prompts[call.request]) + (
-                self._outputs[call.request] - self._first_outputs[call.request]
-            )
-            at = 3 if call.request in self._ever_preempted else 0
-            for offset, value in enumerate((1, tokens, hit)):
-                self._stats_expected[at + offset] += value
-
-    def _record_zeroing(
-        self, call: Call, before: tuple[list[int], ...], hit_blocks: Any, valid_tokens: int
-    ) -> None:
-        """The blocks vLLM hands the worker to zero, per recording group, with what holds
-        valid KV: a prefix hit's blocks and, under an asynchronous load, those holding
-        loaded tokens (the scheduler's ``skip_zeroing_group_ids``, in releases that have
-        it); judged by :mod:`kvconform.harness.checks.zeroing`."""
-        assert self._zeroing_groups is not None
-        zeroed = self.vllm.take_blocks_to_zero(self.manager, self._zeroing_groups)
-        after = self.block_ids(call.request)
-        hits = self.vllm.hit_block_ids(hit_blocks)
-        loaded = bool(
-            call.options.load_async and self.vllm.skips_zeroing_loaded_blocks(self.manager)
-        )
-        for group, recorded in zeroed.items():
-            self.call_facts.append(
-                (
-                    call,
-                    ZeroingList(
-                        group,
-                        self.model.groups[group].block_size,
-                        tuple(before[group]),
-                        tuple(after[group]),
-                        tuple(recorded),
-                        tuple(hits.get(group, ())),
-                        loaded,
-                        valid_tokens,
-                    ),
-                )
-            )
-
-    def _record_retained_hit(self, call: Call, hit_blocks: Any, covered: int) -> None:
-        """What a group that keeps a longer prefix hit than the others (HiSparse's host
-        source, ``retains_longer_hit``) adopted of it: the hit, the tokens the request now
-        has computed (its local hit and the connector's), its table after the call
-        (judged by :mod:`kvconform.harness.checks.allocator`)."""
-        hits = self.vllm.hit_block_ids(hit_blocks)
-        tokens = min(covered, self.model.max_model_len)
-        after = self.block_ids(call.request)
-        for group in self._retained_hit_groups:
-            self.call_facts.append(
-                (
-                    call,
-                    RetainedHit(
-                        group,
-                        self.model.groups[group].block_size,
-                        tuple(hits.get(group, [])),
-                        tokens,
-                        tuple(after[group]),
-                    ),
-                )
-            )
-
     def is_refused(self, call: Call, encoder_len: int, where: Location) -> bool:
         """Make a call the scenario says must be refused; whether ``allocate_slots`` did.
 
@@ -614,167 +335,6 @@ class LiveAllocator:
         """
         new_blocks, _, _, _ = self._allocate(call, encoder_len, where)
         return new_blocks is None
-
-    def _refusal(
-        self,
-        call: Call,
-        encoder_len: int,
-        where: Location,
-        free: int,
-        held: list[int],
-        hit: int,
-        hit_blocks: Any,
-    ) -> Exception:
-        """Whose a refusal is: the floor's arithmetic for this call against the pool.
-
-        New blocks the floor's arithmetic needs: per group, the columns after the call
-        (:func:`~kvconform.model.floors.pool_columns`: up to computed + scheduled +
-        lookahead) minus the columns the request holds and the prefix hit brings, plus
-        the hit's blocks that sit in the free queue. An admission under full-sequence admission
-        needs the whole sequence's columns too. The blocks it may use: the free ones
-        minus ``reserved_blocks`` and, while another request runs, the watermark.
-        """
-        request = self._requests[call.request]
-        evictable = (
-            self.vllm.evictable_blocks(hit_blocks, self.null_block) if hit_blocks is not None else 0
-        )
-        cap = self.model.max_model_len
-        tokens = min(call.computed + call.scheduled + self.floor_lookahead, cap)
-        whole = min(request.num_tokens, cap)
-        full = call.first_chunk and self._full_sequence_must_fit(call)
-        need = full_need = evictable
-        for info, have in zip(self._groups, held, strict=True):
-            if GROUP_TYPES[info.type].own_pool:
-                continue  # HiSparse's host source: not the device pool's blocks
-            span = info.block_size * int(info.floor_args.get("dcp_world_size", 1))
-            extra = int(info.floor_args.get("num_speculative_blocks", 0))
-            rule, hit_columns = info.floor_rule, hit // info.block_size
-            columns = pool_columns(rule, tokens, encoder_len, span, extra)
-            new = max(0, columns - max(have, hit_columns))
-            whole_new = 0
-            if full:
-                whole_columns = pool_columns(rule, whole, encoder_len, span, extra)
-                whole_new = max(0, whole_columns - max(have, hit_columns))
-            if rule.family == MAMBA_ALIGNED_STATE.family:  # its other columns are null
-                most = aligned_state_call_blocks(
-                    extra,
-                    int(info.floor_args.get("num_prefill_checkpoint_blocks", 0)),
-                    partial_hit=call.first_chunk and hit > 0,
-                )
-                new, whole_new = min(new, most), min(whole_new, most)
-            need += new
-            full_need += whole_new
-        running = bool(self._running_names - {call.request})
-        watermark = self.vllm.watermark_blocks(self.manager) if call.first_chunk and running else 0
-        available = free - call.options.reserved_blocks - watermark
-        kept = (
-            f" ({free} free"
-            + (f", {call.options.reserved_blocks} reserved" if call.options.reserved_blocks else "")
-            + (f", {watermark} kept by the watermark" if watermark else "")
-            + ")"
-        )
-        # Whose the refusal is: the scenario's when, by its own arithmetic, the blocks the
-        # requests holding blocks may rightly hold and this call may rightly ask (the
-        # whole sequence under full-sequence admission), a shared prefix counted once,
-        # exceed the pool less the null block. What vLLM's tables hold beyond that, or
-        # free blocks it refused to give, are vLLM's to answer for (StepDenied: the
-        # capacity check), never bad input.
-        least = self._rightful_blocks(
-            call, max(encoder_len, self._encoder_lens.get(call.request, 0)), whole=full
-        )
-        others, shared = self._held_beside(call.request, least)
-        mine = sum(least)
-        usable = self.model.num_blocks - 1 - call.options.reserved_blocks - watermark
-        vllm_short = need > available or (full and full_need > available)
-        if vllm_short and mine + others - shared > usable:
-            held_by = ", ".join(
-                f"{name}: {sum(self._rightful_blocks(last))}"
-                for name, last in self._last_calls.items()
-                if name != call.request
-            )
-            what = (
-                f"{mine} blocks for the whole sequence of {request.num_tokens} tokens "
-                "(full-sequence admission, scheduler_reserve_full_isl)"
-                if full
-                else f"{mine} blocks after it"
-            )
-            beside = (
-                f" beside the {others} the requests holding blocks may hold ({held_by}"
-                + (f"; {shared} shared by a prefix" if shared else "")
-                + ")"
-                if others
-                else ""
-            )
-            reserved = (
-                (f", {call.options.reserved_blocks} reserved" if call.options.reserved_blocks else "")
-                + (f", {watermark} kept by the watermark" if watermark else "")
-            )
-            return PoolExhausted(
-                where,
-                f"by the floor's own arithmetic {call.label} of request {call.request!r} needs "
-                f"{what}{beside}, but the pool of {self.model.num_blocks} blocks has {usable} "
-                f"to give (the null block kept back{reserved}); raise model.num_blocks, "
-                "preempt or finish a request, or mark the call refused",
-            )
-        detail = f"{available} of {self.model.num_blocks} blocks to give{kept}"
-        if vllm_short:
-            # The scenario's arithmetic fits: what vLLM's tables hold is vLLM's to answer for.
-            floors = others + mine - shared
-            in_use = self.model.num_blocks - 1 - free
-            detail += (
-                f"; by the scenario's own arithmetic the requests holding blocks and this "
-                f"call take at most {floors} of the {usable} usable (vLLM's tables hold "
-                f"{in_use} before the call)"
-            )
-        return StepDenied(
-            call,
-            "allocate_slots",
-            full_need if full and full_need > need else need,
-            available,
-            free,
-            detail + (f"; the whole sequence needs {full_need}" if full else ""),
-        )
-
-    def _rightful_blocks(
-        self, call: Call, encoder_len: int | None = None, *, whole: bool = False
-    ) -> tuple[int, ...]:
-        """Per group, the most device-pool blocks ``call``'s request may rightly hold after it
-        by the scenario's arithmetic (``whole``: its whole sequence, full-sequence admission)."""
-        request = self._requests[call.request]
-        if encoder_len is None:
-            encoder_len = self._encoder_lens.get(call.request, 0)
-        computed, scheduled = call.computed, call.scheduled
-        if whole:
-            computed, scheduled = 0, max(int(request.num_tokens), call.computed + scheduled)
-        lookahead = 0 if call.options.load_async else self.floor_lookahead
-        return tuple(
-            info.pool_blocks(computed, scheduled, lookahead, encoder_len)
-            for info in self._groups
-        )
-
-    def _held_beside(self, name: str, least: tuple[int, ...]) -> tuple[int, int]:
-        """The blocks the other requests holding blocks may rightly hold, and the most of
-        them a shared prefix (prefix caching) lets two of them, or one of them and
-        ``name`` holding ``least``, share."""
-        held = {
-            other: self._rightful_blocks(last)
-            for other, last in self._last_calls.items()
-            if other != name
-        }
-        total = sum(sum(blocks) for blocks in held.values())
-        held[name] = least
-        shared = 0
-        if self.model.enable_caching:
-            for other, least in held.items():
-                source, tokens = self._shares.get(other, ("", 0))
-                if source in held:
-                    shared += sum(
-                        min(info.shared_blocks(tokens), mine, theirs)
-                        for info, mine, theirs in zip(
-                            self._groups, least, held[source], strict=True
-                        )
-                    )
-        return total, shared
 
     def _allocate(self, call: Call, encoder_len: int, where: Location) -> tuple[Any, int, Any, int]:
         """``allocate_slots`` for one call: its answer (``None``: refused), the hit, the
@@ -858,20 +418,6 @@ class LiveAllocator:
                 request.num_in_flight_tokens = 0
         return new_blocks, hit, blocks, external
 
-    def _record_lookup_events(self, call: Call, blocks: Any, hit: int, queued: int) -> None:
-        """The events a prefix-cache lookup queued, and, where the request asks for
-        ``kv_cache_report_mode`` "full" and got a hit, the hashes its hit's blocks are
-        cached under (judged by :mod:`kvconform.harness.checks.kv_events`)."""
-        emitted = self.vllm.queued_kv_events(self.manager)[queued:]
-        self._reannouncements.extend(emitted)
-        said = self.vllm.announced_blocks(emitted)
-        reused = (
-            {group: tuple(hashes) for group, hashes in self.vllm.hit_block_hashes(blocks).items()}
-            if hit and call.request in self._report_full
-            else None
-        )
-        self.call_facts.append((call, LookupEvents(hit, tuple(said), len(emitted), reused)))
-
     def _connector_lookup(self, call: Call, request: Any) -> tuple[Any, int, int]:
         """The local hit and external tokens of an admission through a KV connector that
         takes divergent local hybrid hits, as ``Scheduler.schedule`` decides them.
@@ -950,10 +496,6 @@ class LiveAllocator:
         sampled = max(0, computed + scheduled + 1 - request.num_tokens)
         self.complete(replace(call, sampled=sampled))
 
-    def _note_freed(self, name: str) -> None:
-        if self._handoff_groups:
-            self._freed_this_step.update(b for ids in self.block_ids(name) for b in ids)
-
     def preempt(self, name: str) -> None:
         self._note_freed(name)
         request = self._requests[name]
@@ -966,35 +508,6 @@ class LiveAllocator:
         self._ever_preempted.add(name)
         self._running_names.discard(name)
         self._last_calls.pop(name, None)
-
-    def _record_finalized_tails(self, name: str) -> None:
-        """The partial-tail boundary states a finishing request hands its connector
-        (``finalize_partial_tail_offloads``), with the states cached in its tables and
-        their cache keys (judged by :mod:`kvconform.harness.checks.handoffs`)."""
-        request = self._requests[name]
-        offers = self.vllm.finalize_partial_tail_offers(self.manager, request)
-        if offers is None:
-            return
-        table = tuple(tuple(ids) for ids in self.block_ids(name))
-        cached = tuple(
-            state
-            for state in self.vllm.boundary_states_cached(self.manager, self._handoff_groups)
-            if state[1] in table[state[0]]
-        )
-        key = self.vllm.cached_key
-        self.step_facts.append(
-            (
-                name,
-                FinalizedTails(
-                    tuple(offers),
-                    table,
-                    int(request.num_computed_tokens),
-                    cached,
-                    {block: key(self.manager, block) for _, block, _ in cached},
-                    tuple(key(self.manager, block) for _, block, _ in offers),
-                ),
-            )
-        )
 
     def finish(self, name: str) -> None:
         if self._handoff_groups:
@@ -1009,9 +522,3 @@ class LiveAllocator:
         """Drop a finished request, so that its name can enter again (warmup passes)."""
         del self._requests[name]
         self._finished.discard(name)
-
-    def block_ids(self, name: str) -> tuple[list[int], ...]:
-        return tuple(self.manager.get_block_ids(name))
-
-    def free_blocks(self) -> int:
-        return self.vllm.free_block_count(self.manager)

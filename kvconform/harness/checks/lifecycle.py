@@ -26,6 +26,9 @@ In scheduler mode, what ``schedule()`` and ``update_from_output`` make of each s
   tokens as queries and its hit as hits (a resumed one apart; a connector's lookups in
   ``connector_prefix_cache_stats``); ``spec_decoding_stats`` the step's verifications;
 * a streaming session keeps its KV between turns and until its input stream closes.
+
+In engine mode, every request ends with its ``max_tokens`` generated
+(:class:`~kvconform.model.facts.EngineOutput`).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from kvconform.model.facts import (
     DeferredRelease,
     DeferredReturn,
     End,
+    EngineOutput,
     Fact,
     HeldAfterAbortAll,
     InFlightPop,
@@ -54,6 +58,7 @@ from kvconform.model.observations import (
     CHUNKS_DIFFER,
     DEFERRED_FREE,
     FREED_IN_FLIGHT,
+    LEFT_UNFINISHED,
     PAUSE_ADMITS,
     REJECTION_DIFFERS,
     SESSION_KV_LOST,
@@ -180,7 +185,7 @@ def _run_ended(trajectory: Trajectory, fact: Fact, judged: set[str]) -> Iterator
             )
     for end in what.requests:
         if end.request in judged or end.end is None:
-            continue  # unfinished: sanity's "leaves requests unfinished"
+            continue  # unfinished: the run stalled or ran out of steps, said otherwise
         stopped, outputs, _ = end.end
         if end.stop_at is None and stopped:
             yield fact_failure(
@@ -327,11 +332,26 @@ def _one(trajectory: Trajectory, fact: Fact, judged: set[str]) -> Iterator[Failu
         message = _session_turn(trajectory, what)
         if message is not None:
             yield fact_failure(fact, message, SESSION_KV_LOST)
+    elif isinstance(what, EngineOutput):
+        if what.generated is None:
+            yield fact_failure(
+                fact,
+                f"the engine never finished request {fact.request} (max_tokens "
+                f"{what.max_tokens})",
+                LEFT_UNFINISHED,
+            )
+        elif what.generated != what.max_tokens:
+            yield fact_failure(
+                fact,
+                f"the engine finished request {fact.request} with {what.generated} tokens, "
+                f"not its max_tokens {what.max_tokens}",
+                LEFT_UNFINISHED,
+            )
 
 
 KINDS = (InFlightPop, DeferredReturn, PrefillChunks, DeferredRelease, HeldAfterAbortAll,
          PausedAdmission, StopApplied, SpecDecodeMetrics, StepStats, RunEnded, SessionReleased,
-         SessionTurn)  # fmt: skip
+         SessionTurn, EngineOutput)  # fmt: skip
 
 
 def judge(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:

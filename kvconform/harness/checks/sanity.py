@@ -427,10 +427,6 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
     while pending is not None:
         yield from _free_event(trajectory, pending, null)
         pending = next(events, None)
-    for message in trajectory.unfinished:
-        yield Failure(
-            "sanity", message, party="live", detail={"invariant": "leaves requests unfinished"}
-        )
     if trajectory.all_finished and trajectory.final_free_blocks is not None:
         usable = trajectory.num_blocks - 1
         if trajectory.final_free_blocks != usable:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from kvconform.errors import StepDenied
 from kvconform.model.observations import Denial, Trajectory
 from kvconform.model.scenario import ModelSpec
-from kvconform.oracles.live import StepDenied
 from kvconform.oracles.predictor import Predictor
 from kvconform.oracles.vllm import Vllm
 

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from kvconform.errors import ScenarioSkipped, VllmUnavailable
+from kvconform.model.facts import EngineOutput, Fact
 from kvconform.model.group_types import GROUP_TYPES, group_type_for_class
 from kvconform.model.methods import expected_lookahead, method_for
 from kvconform.model.observations import (
@@ -416,19 +417,16 @@ def slot_recording(trajectory: Trajectory, recording: engine_party.EngineRecordi
 
 def _finish(scenario: Scenario, recording: engine_party.EngineRecording, trajectory: Trajectory,
             names: dict[str, str], counts: dict[str, int]) -> None:  # fmt: skip
+    # What the engine generated for each request, judged by checks.lifecycle.
     generated = {names.get(k, k): v for k, v in recording.outputs.items()}
+    last = recording.steps[-1]["index"] if recording.steps else 0
     for name, request in scenario.requests.items():
-        got = generated.get(name)
-        if got is None:
-            trajectory.unfinished.append(
-                f"the engine never finished request {name} (max_tokens {request.max_tokens})"
-            )
-        elif got != request.max_tokens:
-            trajectory.unfinished.append(
-                f"the engine finished request {name} with {got} tokens, not its max_tokens "
-                f"{request.max_tokens}"
-            )
-    trajectory.all_finished = not trajectory.unfinished and recording.free_blocks_after is not None
+        line = request.where.line if request.where is not None else None
+        output = EngineOutput(generated.get(name), request.max_tokens)
+        trajectory.facts.append(Fact(last, line, name, "after the last step", output))
+    trajectory.all_finished = recording.free_blocks_after is not None and all(
+        generated.get(name) == request.max_tokens for name, request in scenario.requests.items()
+    )
     trajectory.final_free_blocks = recording.free_blocks_after
     trajectory.num_blocks = recording.pool_blocks or 0
     up = recording.seconds.get("engine_up")

@@ -11,13 +11,13 @@ loop keeps the loop close to the cost of the allocator calls it makes.
 
 from __future__ import annotations
 
-from kvconform.errors import Location, ScenarioError
+from kvconform.errors import Location, ScenarioError, StepDenied
 from kvconform.harness.drivers.common import attach_predictor, denial
 from kvconform.model.facts import Fact
 from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.observations import FreeEvent, Observation, RefusedCall, Trajectory
 from kvconform.model.scenario import Action, Scenario
-from kvconform.oracles.live import LiveAllocator, StepDenied
+from kvconform.oracles.live import LiveAllocator
 from kvconform.oracles.resolve import new_trajectory
 from kvconform.oracles.vllm import Vllm
 
@@ -144,7 +144,7 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
                     for made, fact in live.call_facts:
                         facts.append(Fact(index, line, name, made.label, fact))
                     live.call_facts.clear()
-            held = live.block_ids(name)
+            held = live.table_after_call
             computed, scheduled, label = call.computed, call.scheduled, call.label
             num_tokens = computed + scheduled
             # A step that only loads KV writes nothing: no lookahead, and the warmup's

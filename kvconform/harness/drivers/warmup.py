@@ -22,11 +22,11 @@ release without a predictor, of warmup with live), and allocator sanity.
 
 from __future__ import annotations
 
-from kvconform.errors import Location
+from kvconform.errors import Location, StepDenied
 from kvconform.harness.drivers.common import attach_predictor, denial
 from kvconform.model.observations import FreeEvent, Observation, Trajectory
 from kvconform.model.scenario import Scenario, WarmupSpec
-from kvconform.oracles.live import LiveAllocator, StepDenied
+from kvconform.oracles.live import LiveAllocator
 from kvconform.oracles.resolve import new_trajectory
 from kvconform.oracles.vllm import Vllm
 from kvconform.oracles.warmup import record_warmup, scenario_settings

@@ -28,6 +28,7 @@ CUDA build of vLLM.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -190,6 +191,14 @@ def _attention_backend(worker: Any, layer_names: Any) -> str | None:
 # The modules of the two GPU model runners' classes (vllm/v1/worker/gpu/model_runner.py
 # and vllm/v1/worker/gpu_model_runner.py, the same in 0.25-0.33).
 _RUNNER_MODULES = {"vllm.v1.worker.gpu.model_runner": "v2", "vllm.v1.worker.gpu_model_runner": "v1"}
+
+
+def offers_runner(kind: str) -> bool:
+    """Whether the release ships the GPU model runner ``kind`` (``v2`` or ``v1``): 0.34.0
+    removed the V1 runner (``vllm/v1/worker/gpu_model_runner.py``), and its platform check
+    refuses ``VLLM_USE_V2_MODEL_RUNNER=0`` at start-up."""
+    module = next(name for name, runner in _RUNNER_MODULES.items() if runner == kind)
+    return importlib.util.find_spec(module) is not None
 
 
 def model_runner_kind(worker: Any) -> str | None:

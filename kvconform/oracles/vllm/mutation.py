@@ -36,13 +36,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-
-class SwapImpossible(Exception):
-    """The mutated code cannot replace the function's code in place."""
-
-
-class TargetMissing(Exception):
-    """The vLLM in use has no such module or function (reported, not fatal)."""
+from kvconform.errors import SwapImpossible, TargetMissing
 
 
 def _unwrap(value: Any) -> Any:
