@@ -48,7 +48,7 @@ The families, by the floor rule's family and the type's flags:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from kvconform.model.floors import cdiv
@@ -127,6 +127,62 @@ def windowed_real_bound(
     return cdiv(span, token_span(group)) + 1
 
 
+# A group's ceiling with its fixed inputs bound: (largest reach, encoder_len, scheduled,
+# lookahead, tokens in flight) -> (the most columns, the most real blocks or None). The
+# check evaluates one per observation, so it is built once per group and does no more
+# than the arithmetic; :func:`allowance` adds the words, on a failure only.
+CeilingBound = Callable[[int, int, int, int, int], tuple[int, int | None]]
+
+
+def ceiling_bound(group: GroupInfo) -> CeilingBound | None:
+    """``group``'s ceiling as a function of the step's counts (:data:`CeilingBound`); None
+    for a type the model leaves out (``GroupType.no_ceiling`` says why)."""
+    group_type = GROUP_TYPES[group.type]
+    if group_type.no_ceiling or group_type.own_pool:
+        return None
+    family = group.floor_rule.family
+    args = group.floor_args
+    block_size = group.block_size
+    speculative = int(args.get("num_speculative_blocks", 0))
+    if family == "encoder":
+        return lambda most, encoder_len, scheduled, lookahead, in_flight: (
+            cdiv(encoder_len, block_size),
+            None,
+        )
+    if family == "ring":
+        return lambda most, encoder_len, scheduled, lookahead, in_flight: (1, None)
+    if family == "mamba-align":
+        checkpoint = int(args.get("num_prefill_checkpoint_blocks", 0))
+        real = 2 + checkpoint + speculative
+        return lambda most, encoder_len, scheduled, lookahead, in_flight: (
+            cdiv(most, block_size) + speculative + checkpoint,
+            real,
+        )
+    if family == "mamba-state":
+        max_model_len = int(args.get("max_model_len", 0))
+        if max_model_len > 0 and block_size >= max_model_len:
+            return lambda most, encoder_len, scheduled, lookahead, in_flight: (
+                1 + speculative,
+                None,
+            )
+        return lambda most, encoder_len, scheduled, lookahead, in_flight: (
+            cdiv(most, block_size) + speculative,
+            None,
+        )
+    span = token_span(group)
+    if group.read_span is None:
+        return lambda most, encoder_len, scheduled, lookahead, in_flight: (cdiv(most, span), None)
+
+    def windowed(
+        most: int, encoder_len: int, scheduled: int, lookahead: int, in_flight: int
+    ) -> tuple[int, int | None]:
+        columns = cdiv(most, span)
+        real = windowed_real_bound(group, scheduled, lookahead, in_flight)
+        return columns, None if real is None or real >= columns else real
+
+    return windowed
+
+
 def allowance(
     group: GroupInfo,
     max_reach: int,
@@ -136,31 +192,25 @@ def allowance(
     in_flight: int = 0,
 ) -> Allowance | None:
     """What ``group`` may hold after a step whose request has reached ``max_reach``
-    positions since it started (:func:`reach`); None for a type the model leaves out
-    (``GroupType.no_ceiling`` says why)."""
-    group_type = GROUP_TYPES[group.type]
-    if group_type.no_ceiling or group_type.own_pool:
+    positions since it started (:func:`reach`), with its formula and reasons; None for a
+    type the model leaves out (``GroupType.no_ceiling`` says why). The numbers are
+    :func:`ceiling_bound`'s."""
+    bound = ceiling_bound(group)
+    if bound is None:
         return None
+    columns, real = bound(max_reach, encoder_len, scheduled, lookahead, in_flight)
     family = group.floor_rule.family
     args = group.floor_args
-    if family == "encoder":
-        columns = cdiv(encoder_len, group.block_size)
-        return Allowance(
-            columns,
-            True,
-            None,
-            f"cdiv({encoder_len} encoder tokens, {group.block_size})",
-            _ENCODER_REASON,
-        )
-    if family == "ring":
-        return Allowance(1, True, None, "1", _RING_REASON)
     speculative = int(args.get("num_speculative_blocks", 0))
+    if family == "encoder":
+        formula = f"cdiv({encoder_len} encoder tokens, {group.block_size})"
+        return Allowance(columns, True, real, formula, _ENCODER_REASON)
+    if family == "ring":
+        return Allowance(columns, True, real, "1", _RING_REASON)
     if family == "mamba-align":
         checkpoint = int(args.get("num_prefill_checkpoint_blocks", 0))
-        real = 2 + checkpoint + speculative
         return Allowance(
-            # The columns follow the tokens; only their real blocks are bounded.
-            cdiv(max_reach, group.block_size) + speculative + checkpoint,
+            columns,
             False,
             real,
             f"2 states + {checkpoint} checkpoint + {speculative} speculative",
@@ -170,27 +220,21 @@ def allowance(
     if family == "mamba-state":
         max_model_len = int(args.get("max_model_len", 0))
         whole = max_model_len > 0 and group.block_size >= max_model_len
-        columns = (1 if whole else cdiv(max_reach, group.block_size)) + speculative
-        return Allowance(
-            columns,
-            whole,
-            None,
+        formula = (
             f"1 + {speculative} speculative"
             if whole
-            else f"cdiv({max_reach}, {group.block_size}) + {speculative} speculative",
-            _MAMBA_REASON,
+            else f"cdiv({max_reach}, {group.block_size}) + {speculative} speculative"
         )
+        return Allowance(columns, whole, real, formula, _MAMBA_REASON)
     span = token_span(group)
-    columns = cdiv(max_reach, span)
-    window = windowed_real_bound(group, scheduled, lookahead, in_flight)
     per_column = f"{group.block_size}" if span == group.block_size else f"{span}"
     return Allowance(
         columns,
         True,
-        None if window is None or window >= columns else window,
+        real,
         f"cdiv({max_reach} largest reach, {per_column})",
         _TOKEN_REASON,
-        "" if window is None else _WINDOW_REASON,
+        "" if group.read_span is None else _WINDOW_REASON,
     )
 
 

@@ -155,8 +155,8 @@ class PoolCensus(NamedTuple):
     hashed: frozenset[int]
     # The requests that are live (arrived, not finished nor aborted, by the oracle's own
     # account), and the request ids each per-request structure of vLLM's KV-cache
-    # managers holds ("group 1 MambaManager._checkpoints": ids): check ``sanity``,
-    # bookkeeping family.
+    # managers holds ("group 1 MambaManager._checkpoints": ids), read after a request
+    # ended since the last census (else empty): check ``sanity``, bookkeeping family.
     live: frozenset[str] = frozenset()
     bookkeeping: Mapping[str, frozenset[str]] = {}
 

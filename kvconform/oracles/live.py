@@ -220,6 +220,7 @@ class LiveAllocator(LiveFacts, LiveRefusals):
         # `running` list, whose emptiness decides whether the watermark applies.
         self._running_names: set[str] = set()
         self._finished: set[str] = set()  # finished requests (their bookkeeping must go)
+        self._finished_at_census = 0
         # What vLLM did, for check `sanity` (kvconform.model.facts): of a call, (call,
         # fact); of the step, (request, fact), the request "-" for the step as a whole.
         self.call_facts: list[tuple[Call, Payload]] = []

@@ -142,10 +142,18 @@ class LiveFacts(LiveState):
                     refs,
                     hashed,
                     frozenset(self._requests.keys() - self._finished),
-                    self.vllm.request_keyed_state(self.manager, self._requests.keys()),
+                    self._bookkeeping(),
                 ),
             )
         )
+
+    def _bookkeeping(self) -> dict[str, frozenset[str]]:
+        """vLLM's per-request state, read only after a request ended since the last census
+        (what must be dropped is dropped then, or stays): the scan costs a step's time."""
+        if len(self._finished) == self._finished_at_census:
+            return {}
+        self._finished_at_census = len(self._finished)
+        return self.vllm.request_keyed_state(self.manager, self._requests.keys())
 
     def _record_stats(self) -> None:
         """The step's ``make_prefix_cache_stats`` and ``usage``, with what its admissions

@@ -29,9 +29,12 @@ def judge(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
     for index, fact in facts_of(trajectory, PoolCensus):
         census = fact.what
         assert isinstance(census, PoolCensus)
+        live = census.live
+        if all(ids <= live for ids in census.bookkeeping.values()):
+            continue
         for structure, ids in sorted(census.bookkeeping.items()):
             stale = sorted(
-                rid for rid in ids - census.live if (structure, rid) not in reported
+                rid for rid in ids - live if (structure, rid) not in reported
             )
             if not stale:
                 continue

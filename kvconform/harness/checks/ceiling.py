@@ -27,7 +27,7 @@ from collections.abc import Iterator
 
 from kvconform.harness.checks.records import PARTY_NAMES, blocks, failure_at, named
 from kvconform.model.checks import Check, always
-from kvconform.model.contract import allowance, reach
+from kvconform.model.contract import allowance, ceiling_bound
 from kvconform.model.observations import Trajectory
 from kvconform.model.results import Failure, ScenarioResult
 from kvconform.model.root_causes import Blame
@@ -40,11 +40,18 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
     events = sorted(trajectory.events, key=lambda event: event.seq)
     next_event = 0
     # (request, group) -> the largest reach since the request (re)started; and the
-    # tokens of its earlier steps (the last ones are in flight under async scheduling).
+    # tokens of its last steps (in flight under async scheduling).
     largest: dict[tuple[str, int], int] = {}
     previous: dict[tuple[str, int], list[int]] = {}
     told = trajectory.lookahead
+    cap = trajectory.max_model_len
+    depth = trajectory.steps_in_flight
+    stated_in_flight = trajectory.in_flight_tokens
+    async_loads = trajectory.async_loads
+    encoder_lens = trajectory.encoder_lens
+    null = trajectory.null_block
     replayed = replayed_hits(trajectory)
+    bounds = [ceiling_bound(group) for group in trajectory.groups]
     for index, obs in enumerate(trajectory.observations):
         while next_event < len(events) and events[next_event].seq <= index:
             gone = events[next_event].request
@@ -53,57 +60,72 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
                 previous.pop(key, None)
             next_event += 1
         key = (obs.request, obs.group)
-        lookahead = obs.lookahead if index in trajectory.async_loads else max(obs.lookahead, told)
-        written = reach(obs.computed, obs.scheduled, lookahead, trajectory.max_model_len)
-        most = max(largest.get(key, 0), written, replayed.get((obs.step, obs.request), 0))
+        lookahead = obs.lookahead if index in async_loads else max(obs.lookahead, told)
+        written = obs.computed + obs.scheduled + lookahead
+        if 0 < cap < written:
+            written = cap
+        most = largest.get(key, 0)
+        if written > most:
+            most = written
+        if replayed:
+            most = max(most, replayed.get((obs.step, obs.request), 0))
         largest[key] = most
-        earlier = previous.setdefault(key, [])
-        in_flight = trajectory.in_flight_tokens.get(index) or (
-            sum(earlier[-trajectory.steps_in_flight :]) if trajectory.steps_in_flight else 0
+        in_flight = stated_in_flight.get(index, 0) if stated_in_flight else 0
+        if depth:
+            earlier = previous.setdefault(key, [])
+            in_flight = in_flight or sum(earlier[-depth:])
+            earlier.append(obs.scheduled)
+            del earlier[:-depth]
+        bound = bounds[obs.group]
+        if obs.live is None or bound is None:
+            continue
+        columns, real = bound(
+            most, encoder_lens.get(obs.request, 0), obs.scheduled, lookahead, in_flight
         )
-        earlier.append(obs.scheduled)
-        del earlier[: -trajectory.steps_in_flight or len(earlier)]
-        if obs.live is None:
+        if obs.live <= columns and (real is None or obs.block_ids is None):
+            continue
+        held_real = (
+            len(obs.block_ids) - list(obs.block_ids).count(null)
+            if obs.block_ids is not None
+            else 0
+        )
+        if obs.live <= columns and (real is None or held_real <= real):
             continue
         group = trajectory.groups[obs.group]
         allowed = allowance(
             group,
             most,
-            trajectory.encoder_lens.get(obs.request, 0),
+            encoder_lens.get(obs.request, 0),
             obs.scheduled,
             lookahead,
             in_flight,
         )
-        if allowed is None:
-            continue
+        assert allowed is not None
         if obs.live > allowed.columns:
-            bound = "exactly" if allowed.exact else "at most"
+            how = "exactly" if allowed.exact else "at most"
             yield failure_at(
                 "ceiling",
                 trajectory,
                 obs,
                 f"{PARTY_NAMES['live']} holds {blocks(obs.live)}, more than the "
-                f"{allowed.columns} it needs ({bound} {allowed.formula}; why: "
+                f"{allowed.columns} it needs ({how} {allowed.formula}; why: "
                 f"{allowed.reason}): {blocks(obs.live - allowed.columns)} another request "
                 "cannot have",
                 {"invariant": OVER_COLUMNS, "allowed": allowed.columns},
                 party="live",
             )
             continue
-        if allowed.real is None or obs.block_ids is None:
-            continue
-        real = sum(1 for block in obs.block_ids if block != trajectory.null_block)
-        if real > allowed.real:
-            yield failure_at(
-                "ceiling",
-                trajectory,
-                obs,
-                f"{PARTY_NAMES['live']} holds {real} real blocks, more than the "
-                f"{allowed.real} its reads and writes span (why: {allowed.real_reason}): "
-                f"{blocks(real - allowed.real)} that should be null and back in the pool",
-                {"invariant": OVER_REAL, "allowed": allowed.real},
-                party="live",
-            )
+        assert allowed.real is not None
+        yield failure_at(
+            "ceiling",
+            trajectory,
+            obs,
+            f"{PARTY_NAMES['live']} holds {held_real} real blocks, more than the "
+            f"{allowed.real} its reads and writes span (why: {allowed.real_reason}): "
+            f"{blocks(held_real - allowed.real)} that should be null and back in the pool",
+            {"invariant": OVER_REAL, "allowed": allowed.real},
+            party="live",
+        )
 
 
 def replayed_hits(trajectory: Trajectory) -> dict[tuple[int, str], int]:

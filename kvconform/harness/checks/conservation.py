@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
+from itertools import chain
 
 from kvconform.harness.checks.records import fact_failure, facts_of
 from kvconform.model.facts import PoolCensus
@@ -38,17 +39,16 @@ def judge(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
     for index, fact in facts_of(trajectory, PoolCensus):
         census = fact.what
         assert isinstance(census, PoolCensus)
-        holders: Counter[int] = Counter()
-        owners: dict[int, list[str]] = {}
-        for name, table in census.tables.items():
-            mine = {block for ids in table for block in ids if block != null}
-            holders.update(mine)
-            for block in mine:
-                owners.setdefault(block, []).append(name)
-        holders.update(census.deferred)
-        taken = len(holders)
-        if census.free + taken + 1 != census.pool:
-            gap = census.pool - 1 - census.free - taken
+        # Every table's blocks in one pass; nulls aside, as many as distinct blocks means
+        # no block has two holders (the common case, judged without a count per block).
+        flat = list(chain.from_iterable(chain.from_iterable(census.tables.values())))
+        held = set(flat)
+        held.discard(null)
+        listed = len(flat) - flat.count(null)
+        deferred = census.deferred
+        taken = held.union(deferred)
+        if census.free + len(taken) + 1 != census.pool:
+            gap = census.pool - 1 - census.free - len(taken)
             how = (
                 f"{gap} block(s) neither free nor held (leaked)"
                 if gap > 0
@@ -58,15 +58,34 @@ def judge(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
             yield index, fact_failure(
                 fact,
                 f"the pool has {census.pool} blocks, but {census.free} are free and "
-                f"{taken} held by live requests or deferred frees, with the null block: "
+                f"{len(taken)} held by live requests or deferred frees, with the null block: "
                 f"{how}",
                 NOT_CONSERVED,
             )
-        wrong = sorted(
-            (block, census.refs[block], count)
-            for block, count in holders.items()
-            if block in census.refs and census.refs[block] != count
-        )
+        refs = census.refs
+        if listed == len(held) and len(deferred) == len(set(deferred)) and held.isdisjoint(
+            deferred
+        ):
+            # The common case: every block has one holder.
+            wrong = sorted((b, refs[b], 1) for b in taken if b in refs and refs[b] != 1)
+            shared: list[int] = []
+        else:
+            holders: Counter[int] = Counter(deferred)
+            owners: dict[int, list[str]] = {}
+            for name, table in census.tables.items():
+                for block in {block for ids in table for block in ids} - {null}:
+                    holders[block] += 1
+                    owners.setdefault(block, []).append(name)
+            wrong = sorted(
+                (block, refs[block], count)
+                for block, count in holders.items()
+                if block in refs and refs[block] != count
+            )
+            shared = sorted(
+                block
+                for block, names in owners.items()
+                if len(names) > 1 and block not in census.hashed
+            )
         if wrong:
             shown = ", ".join(f"block {b}: ref_cnt {r}, {c} holder(s)" for b, r, c in wrong[:5])
             yield index, fact_failure(
@@ -75,11 +94,6 @@ def judge(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
                 f"{', ...' if len(wrong) > 5 else ''})",
                 REFS_DIFFER,
             )
-        shared = sorted(
-            block
-            for block, names in owners.items()
-            if len(names) > 1 and block not in census.hashed
-        )
         if shared:
             pairs = "; ".join(f"block {b}: {', '.join(sorted(owners[b]))}" for b in shared[:5])
             yield index, fact_failure(

@@ -91,11 +91,21 @@ def record_census(oracle: OracleState) -> None:
                 refs,
                 hashed,
                 frozenset(oracle.scheduler.requests.keys() - oracle.run.finished),
-                oracle.vllm.request_keyed_state(
-                    oracle.manager, oracle.scheduler.requests.keys() | oracle.run.finished
-                ),
+                _bookkeeping(oracle),
             ),
         )
+    )
+
+
+def _bookkeeping(oracle: OracleState) -> dict[str, frozenset[str]]:
+    """vLLM's per-request state, read only after a request ended since the last census
+    (what must be dropped is dropped then, or stays): the scan costs a step's time."""
+    ended = len(oracle.run.finished)
+    if ended == oracle.run.finished_at_census:
+        return {}
+    oracle.run.finished_at_census = ended
+    return oracle.vllm.request_keyed_state(
+        oracle.manager, oracle.scheduler.requests.keys() | oracle.run.finished
     )
 
 
