@@ -26,7 +26,7 @@ import difflib
 import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class ExitStatus(enum.IntEnum):
@@ -130,6 +130,27 @@ class NotOffered(VllmUnavailable):
     """
 
 
+class EngineRanOtherwise(VllmUnavailable):
+    """vLLM's engine ran with something other than what the scenario states.
+
+    Raised by the engine driver (``kvconform.harness.drivers.engine``). An error
+    (``unsupported``: this release, on this platform, does not run the
+    scenario as written), never a verdict on a configuration the scenario does not
+    describe.
+    """
+
+    def __init__(self, version: str, differences: Sequence[str]) -> None:
+        self.differences = tuple(differences)
+        super().__init__(version, "an engine running what the scenario states",
+                         "; ".join(self.differences))  # fmt: skip
+
+    def __str__(self) -> str:
+        return (
+            f"vLLM {self.version}'s engine did not run what the scenario states: "
+            + "; ".join(self.differences)
+        )
+
+
 class UsageError(KvconformError):
     """The command line is wrong."""
 
@@ -139,6 +160,61 @@ class UsageError(KvconformError):
 class RecordingFormatError(KvconformError):
     """A recording this kvconform cannot read (kvconform.model.recording): another
     version of the format, or not a recording at all."""
+
+
+# -- raised and caught inside kvconform --------------------------------------------------
+# Each is raised by one part and caught by the part that called it (the docstring says
+# which); the user sees what the catcher makes of it, never the class itself. They live
+# here, at the bottom of the layers, so that every layer can raise or catch them.
+
+
+class Abandoned(Exception):
+    """A part of a scenario document not read further because a part it needs has a
+    recorded problem (the loader, ``kvconform.harness.loader.fields``)."""
+
+
+class OverBudget(ScenarioError):
+    """A document asks for more than a limit of the loader's budget allows
+    (``kvconform.harness.loader.budget.Limits``)."""
+
+
+class CheckSkipped(Exception):
+    """Raised by a check that could not run; the reason is reported, never a pass
+    (``kvconform.harness.checks``)."""
+
+
+class ExpectationsUpdateError(KvconformError):
+    """The expectations file cannot be rewritten as asked (``--update-expectations``)."""
+
+
+class GeneratorBug(Exception):
+    """The fuzzer's strategies drew a document the loader or driver refuses: a kvconform
+    bug (``kvconform.fuzz.runner``)."""
+
+
+class BisectAborted(KvconformError):
+    """A probe of a release bisection aborted (bad input, kvconform failing): every probe
+    would (``kvconform.bisect.releases_mode``)."""
+
+    exit_status = ExitStatus.BAD_INPUT
+
+
+class PatchFailed(Exception):
+    """A real bug's patch does not apply to its release's tree: the catalogue is wrong
+    (``kvconform.realbugs.trees``)."""
+
+
+class ScenarioFailed(Exception):
+    """A scenario collected as a pytest item did not conform (``kvconform.fronts.pytest_plugin``
+    raises it in ``runtest`` and reads ``result`` back in ``repr_failure``).
+
+    ``result`` is the scenario's ``ScenarioResult``, typed ``Any`` because this module
+    imports nothing of kvconform's (it is below every layer).
+    """
+
+    def __init__(self, result: Any) -> None:
+        self.result = result
+        super().__init__(result.headline())
 
 
 # -- the oracles' own signals (kvconform.oracles) -------------------------------------------

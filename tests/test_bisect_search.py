@@ -270,11 +270,12 @@ steps: [{a: {prefill: 4}}, {a: finish}]
 
 def test_check_takes_checks_and_expectations_to_its_run(write_scenario, monkeypatch):
     from kvconform.fronts import cli
+    from kvconform.fronts.commands import check
 
     scenario = write_scenario(PLAIN)
     assert cli.main(["check", "--checks", "nope", str(scenario)]) == 128  # abort, never "bad"
     seen = []
-    monkeypatch.setattr(cli, "cmd_run", lambda args: seen.append(args) or 0)
+    monkeypatch.setattr(check, "cmd_run", lambda args: seen.append(args) or 0)
     assert cli.main(["check", "--checks", "all", "--no-expectations", str(scenario)]) == 0
     assert seen[0].checks == "all" and seen[0].no_expectations
 

@@ -329,7 +329,7 @@ def test_sanity_a_call_the_scenario_says_is_refused_must_be():
 
 
 def test_sanity_the_warmup_makes_the_passes_the_scenario_derives():
-    from kvconform.model.scenario import WarmupPass
+    from kvconform.model.kind_specs import WarmupPass
 
     sampled, greedy = WarmupPass(4, "random"), WarmupPass(4, "greedy")
     made = [sampled, greedy]

@@ -138,7 +138,7 @@ def test_methods_lists_vllm_methods_with_both_lookaheads(vllm, capsys):
 
 
 def test_a_table_is_as_wide_as_its_longest_cells():
-    from kvconform.fronts.cli import aligned
+    from kvconform.fronts.commands.methods import aligned
 
     lines = aligned(("name", "n", "rule"), [("a-very-long-name", "3", "k"), ("b", "12", "k + 1")],
                     right=(1,))  # fmt: skip

@@ -71,7 +71,7 @@ def test_one_file_is_one_scenario(vllm, green, tmp_path, capsys):
 
 
 def test_the_short_summary_shortens_the_prose_and_keeps_every_figure(capsys):
-    from kvconform.fronts.cli import print_short_summary
+    from kvconform.fronts.summary import print_short_summary
     from kvconform.model.results import Failure, RunReport
 
     message = (

@@ -990,7 +990,7 @@ def test_the_draft_kvconform_wrote_before_for_a_qwen2_target_is_vllms_own_refusa
 
     scenario = engine_scenario(scenario_from, "eagle", "Qwen2ForCausalLM")
     old_draft = replace(scenario.engine.draft, architecture="Qwen2ForCausalLM")
-    scenario = replace(scenario, engine=replace(scenario.engine, draft=old_draft))
+    scenario = replace(scenario, spec=replace(scenario.engine, draft=old_draft))
     with pytest.raises(ValueError) as refused:
         _speculative_config(vllm, scenario)
     assert str(refused.value).splitlines()[-1].strip().startswith("For further information")

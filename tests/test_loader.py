@@ -745,3 +745,17 @@ def test_a_file_with_many_mistakes_lists_a_cap_and_says_how_many_more(tmp_path):
     assert all("unknown action 'decoed" in e.message for e in errors[:-1])
     assert "and 7 more problems in this file" in errors[-1].message
     assert errors[-1].where.line == 4 + MAX_FILE_ERRORS
+
+
+
+def test_an_unknown_kind_names_the_kinds_and_the_one_meant(write_scenario) -> None:
+    [error] = _problems(
+        write_scenario,
+        "name: k\nkind: schedular\n"
+        "model: {block_size: 16, max_model_len: 256, num_blocks: 64, groups: [full_attention]}\n",
+    )
+    assert error.where.line == 2 and error.where.field == "kind"
+    assert error.message == (
+        "must be one of trajectory, warmup, scheduler, engine, startup, not 'schedular' "
+        "(did you mean 'scheduler'?)"
+    )

@@ -16,6 +16,7 @@ from kvconform.harness.checks import CHECKS, judge
 from kvconform.harness.drivers import DRIVERS
 from kvconform.harness.loader import load_file
 from kvconform.model import facts as f
+from kvconform.model.kind_specs import WarmupPass
 from kvconform.model.observations import (
     FreeEvent,
     GroupInfo,
@@ -26,7 +27,6 @@ from kvconform.model.observations import (
     Trajectory,
 )
 from kvconform.model.recording import RECORDING_VERSION, Recording, dumps, loads
-from kvconform.model.scenario import WarmupPass
 from kvconform.oracles.resolve import resolve_settings
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -116,8 +116,9 @@ def test_export_refuses_what_it_cannot_reproduce(vllm, write_scenario):
 
 
 def main_raising(argv: list[str]) -> None:
-    """The command's handler without main()'s translation of errors into statuses."""
+    """The subcommand's run without main()'s translation of errors into statuses."""
     from kvconform.fronts.cli import build_parser
+    from kvconform.fronts.options import FRONT
 
     args = build_parser().parse_args(argv)
-    args.handler(args)
+    args.subcommand.run(args, FRONT)

@@ -13,8 +13,8 @@ from kvconform.harness.expectations import load_expectations
 from kvconform.harness.loader import load_paths
 from kvconform.harness.runner import exit_status, run_scenario
 from kvconform.model.floors import cdiv
+from kvconform.model.kind_specs import WarmupPass
 from kvconform.model.results import ErrorKind, Verdict
-from kvconform.model.scenario import WarmupPass
 from kvconform.oracles.vllm import warmup_stubs
 from kvconform.oracles.vllm.warmup_stubs import (
     STUB_FAMILIES,

@@ -28,6 +28,7 @@ from kvconform.bench.timing import CallCounter, Timings, interleave
 from kvconform.harness.checks import DEFAULT_CHECKS, run_checks
 from kvconform.harness.expectations import Expectation
 from kvconform.harness.runner import DRIVERS, run_scenario
+from kvconform.model.kinds import KINDS
 from kvconform.model.observations import Trajectory
 from kvconform.model.scenario import Scenario
 from kvconform.oracles.vllm import Vllm
@@ -55,7 +56,7 @@ def workload(scenarios: Sequence[Scenario], vllm: Vllm) -> Workload:
     trajectories: list[Trajectory] = []
     excluded: dict[str, str] = {}
     for scenario in scenarios:
-        if scenario.kind != "trajectory":
+        if not KINDS[scenario.kind].states_steps:
             excluded[scenario.id] = f"kind {scenario.kind}: no bare loop"
             continue
         if _admission_options(scenario):

@@ -38,7 +38,7 @@ from kvconform.bisect.summary import (
     print_probes,
     probe_line,
 )
-from kvconform.errors import ExitStatus, KvconformError, UsageError
+from kvconform.errors import BisectAborted, ExitStatus, KvconformError, UsageError
 from kvconform.paths import cache_dir
 
 Probe = Callable[[str], ProbeRecord]
@@ -46,12 +46,6 @@ Probe = Callable[[str], ProbeRecord]
 # Exit statuses of `kvconform bisect` itself: found the boundary; the ends do not
 # differ as asked (the user's range is wrong); some probe could not decide.
 FOUND, ENDS_WRONG, UNDECIDED = ExitStatus.CONFORM, ExitStatus.BAD_INPUT, ExitStatus.NOT_EXERCISED
-
-
-class BisectAborted(KvconformError):
-    """A probe aborted (bad input, kvconform failing): every probe would."""
-
-    exit_status = ExitStatus.BAD_INPUT
 
 
 def bisect_releases(args: argparse.Namespace, say: Say) -> int:

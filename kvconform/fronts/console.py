@@ -13,7 +13,7 @@ The rows are written a character at a time (and flushed) when no progress displa
 shares the output; when one does (a bar on the terminal, or ``--progress lines``
 that a CI log interleaves), a row is printed whole through
 :meth:`~kvconform.fronts.progress.Progress.echo`, so that the two never tear each
-other. The end of the run is :func:`kvconform.fronts.cli.finish_run`'s.
+other. The end of the run is :func:`kvconform.fronts.summary.finish_run`'s.
 """
 
 from __future__ import annotations

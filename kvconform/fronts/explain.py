@@ -27,6 +27,7 @@ from kvconform.harness.loader import load_paths
 from kvconform.harness.loader.files import discover
 from kvconform.harness.select import split_node
 from kvconform.model.observations import GroupInfo, Trajectory
+from kvconform.model.parties import Party
 from kvconform.model.results import ScenarioResult, Verdict
 from kvconform.model.scenario import Scenario
 
@@ -82,7 +83,7 @@ def to_draw(targets: Targets, results: list[ScenarioResult]) -> list[int]:
     return [i for i, r in enumerate(results) if r.verdict not in (Verdict.PASSED, Verdict.SKIPPED)]
 
 
-PARTIES = (("live", "live"), ("predicted", "pred"), ("warmup", "wu"))
+PARTIES = ((Party.LIVE, "live"), (Party.PREDICTED, "pred"), (Party.WARMUP, "wu"))
 
 
 def _cell(value: int | None, floor: int, reference: int | None) -> str:
@@ -139,7 +140,7 @@ def explain(scenario: Scenario, result: ScenarioResult, version: str) -> str:
                 f"{obs.computed:>5} {obs.scheduled:>5} {obs.lookahead:>4}"
             ]
         cells = " ".join(
-            f"{_cell(getattr(obs, attr), obs.floor, obs.predicted_max if attr != 'predicted' else None):>4}"
+            f"{_cell(getattr(obs, attr), obs.floor, obs.predicted_max if attr != Party.PREDICTED else None):>4}"
             for attr, _ in parties
         )
         rows[key].append(f" | {'':2} {obs.floor:>5} {cells}")

@@ -32,11 +32,12 @@ from typing import Any
 
 import pytest
 
-from kvconform.errors import ExitStatus, KvconformError, ScenarioError
+from kvconform.errors import ExitStatus, KvconformError, ScenarioError, ScenarioFailed
 from kvconform.harness import session as sessions
 from kvconform.harness.loader import SCENARIO_SUFFIXES, is_scenario_file, load_file
+from kvconform.model.kinds import Kind
 from kvconform.model.results import ErrorKind, ScenarioResult, Verdict
-from kvconform.model.scenario import KINDS, Scenario
+from kvconform.model.scenario import Scenario
 from kvconform.model.wording import count, plural, shorten
 from kvconform.oracles.vllm import prepare_slot_kernel
 
@@ -150,7 +151,7 @@ def pytest_configure(config: pytest.Config) -> None:
     _decline_or_group_xdist(config)
     request = _request(config)
     config.stash[_SESSION] = sessions.Session(request)
-    for kind in KINDS:
+    for kind in Kind:
         config.addinivalue_line("markers", f"{kind}: kvconform scenario kind")
 
 
@@ -231,12 +232,6 @@ def first_message(result: ScenarioResult) -> str:
     return " ".join((messages or [result.verdict.value])[0].split())
 
 
-class ScenarioFailed(Exception):
-    def __init__(self, result: ScenarioResult) -> None:
-        self.result = result
-        super().__init__(result.headline())
-
-
 class ScenarioItem(pytest.Item):
     def __init__(self, *, scenario: Scenario, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -270,7 +265,7 @@ class ScenarioItem(pytest.Item):
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
         exc = excinfo.value
         if isinstance(exc, ScenarioFailed):
-            result = exc.result
+            result: ScenarioResult = exc.result
             # The first line is what pytest's short summary shows: the first message.
             messages = ([result.error] if result.error else []) + [
                 f"[{f.check}] {f.message}" for f in result.failures

@@ -16,10 +16,19 @@ from typing import Any
 
 from kvconform import __version__
 from kvconform.errors import ExitStatus, UsageError
-from kvconform.harness.expectations import find_expectations, load_expectations
+from kvconform.fuzz import DEFAULT_EXAMPLES, DEFAULT_MAX_FINDINGS, NIGHTLY_EXAMPLES
+from kvconform.harness.expectations import (
+    DEFAULT_FILE,
+    DEFAULT_SCENARIOS,
+    find_expectations,
+    load_expectations,
+)
 from kvconform.harness.methods_file import use_methods_for
 from kvconform.harness.select import shard_from
 from kvconform.harness.session import load_vllm, vllm_to_load
+from kvconform.harness.subcommand import CommandLine, Subcommand
+
+DEFAULT_FUZZ_DIR = "build/fuzz"
 
 
 def fuzz(
@@ -108,3 +117,49 @@ def fuzz(
         say(f"stopped at --max-findings {args.max_findings}")
     say("exit 1")
     return ExitStatus.NONCONFORMANCE
+
+
+class FuzzCommand(Subcommand):
+    name = "fuzz"
+    help = "search generated trajectories for divergences, shrunk to YAML reproducers"
+
+    def add_options(self, parser: argparse.ArgumentParser, cli: CommandLine) -> None:
+        parser.add_argument(
+            "--examples",
+            type=int,
+            default=DEFAULT_EXAMPLES,
+            metavar="N",
+            help=f"scenarios to generate (default {DEFAULT_EXAMPLES}; the nightly job runs "
+            f"{NIGHTLY_EXAMPLES})",
+        )
+        parser.add_argument(
+            "--seed", type=int, default=0, metavar="S", help="the same seed repeats the run (default 0)"
+        )
+        parser.add_argument(
+            "--out",
+            default=DEFAULT_FUZZ_DIR,
+            metavar="DIR",
+            help=f"where reproducers go (default {DEFAULT_FUZZ_DIR})",
+        )
+        parser.add_argument(
+            "--max-findings",
+            type=int,
+            default=DEFAULT_MAX_FINDINGS,
+            metavar="N",
+            help=f"stop after N distinct findings (default {DEFAULT_MAX_FINDINGS})",
+        )
+        parser.add_argument(
+            "--expectations",
+            metavar="FILE",
+            help="known divergences; group types whose probe diverges as listed are not drawn "
+            f"(default: {DEFAULT_SCENARIOS}/{DEFAULT_FILE})",
+        )
+        cli.add_shard_option(parser, "run shard I of N: 1/N of the examples, with a seed of its own")
+        cli.add_vllm_options(parser)
+        cli.add_progress_option(parser)
+
+    def run(self, args: argparse.Namespace, cli: CommandLine) -> int:
+        return fuzz(args, cli.say, cli.open_progress)
+
+
+COMMAND = FuzzCommand()

@@ -34,7 +34,7 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, Verbosity, find, reject, settings
 from hypothesis.errors import NoSuchExample, Unsatisfiable
 
-from kvconform.errors import ScenarioError, VllmUnavailable
+from kvconform.errors import GeneratorBug, ScenarioError, VllmUnavailable
 from kvconform.fuzz import DEFAULT_EXAMPLES, DEFAULT_MAX_FINDINGS
 from kvconform.fuzz.document import render, with_header
 from kvconform.fuzz.findings import Signature, first_message, signatures
@@ -47,10 +47,6 @@ from kvconform.model.floors import cdiv
 from kvconform.model.observations import Trajectory
 from kvconform.model.results import ErrorKind, ScenarioResult
 from kvconform.oracles.vllm import Vllm
-
-
-class GeneratorBug(Exception):
-    """The strategies drew a document the loader or driver refuses: a kvconform bug."""
 
 
 @dataclass

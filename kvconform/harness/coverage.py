@@ -41,6 +41,7 @@ from kvconform.model.coverage import (
     Offered,
     status_rank,
 )
+from kvconform.model.kinds import KINDS
 from kvconform.model.observations import Trajectory
 from kvconform.model.results import ErrorKind, ScenarioResult, Verdict
 from kvconform.model.scenario import Action, Scenario
@@ -64,8 +65,8 @@ def offered_by(vllm: Vllm) -> Offered:
 def scenario_step_kinds(scenario: Scenario, trajectory: Trajectory | None) -> set[str]:
     """The step kinds one scenario went through (the derived ones need its trajectory)."""
     kinds: set[str] = set()
-    if scenario.kind != "trajectory":
-        kinds.add(scenario.kind)
+    if not KINDS[scenario.kind].states_steps:
+        kinds.add(scenario.kind)  # its steps are vLLM's: the kind is the step kind
     for step in scenario.steps:
         for call in step.calls:
             kinds.add(call.action.value)

@@ -39,7 +39,7 @@ from pathlib import Path
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from kvconform.errors import KvconformError, ScenarioError
+from kvconform.errors import ExpectationsUpdateError, ScenarioError
 from kvconform.harness.expectations import (
     Expectation,
     apply_expectations,
@@ -60,10 +60,6 @@ HEADER = """\
 # evidence (a link to the issue, finding or PR). `kvconform run --update-expectations`
 # adds entries for new failures and narrows entries that no longer diverge.
 """
-
-
-class ExpectationsUpdateError(KvconformError):
-    """The expectations file cannot be rewritten as asked."""
 
 
 @dataclass

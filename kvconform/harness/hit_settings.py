@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from kvconform.model.facts import AdmissionHit
+from kvconform.model.kinds import KINDS
 from kvconform.model.observations import Trajectory
 from kvconform.model.scenario import Scenario
 from kvconform.model.settings import SettingsRecord
@@ -60,7 +61,7 @@ def name_deciding_settings(
     """Record, on each missed stated hit that a setting denied, the setting and the value
     that gives the hit (``AdmissionHit.decided_by``, which the allocator check reports)."""
     missed = _missed_hits(trajectory)
-    if not missed or scenario.kind != "trajectory":
+    if not missed or not KINDS[scenario.kind].builds_manager:
         return
     for name, value, other in _alternatives(scenario):
         try:

@@ -22,12 +22,11 @@ from kvconform.harness import runner
 from kvconform.harness.expectations import apply_expectations
 from kvconform.harness.root_causes import find_root_causes
 from kvconform.harness.session import RunRequest, Session, skipped_notes
+from kvconform.model.kinds import entry
 from kvconform.model.recording import Recording, loads
 from kvconform.model.results import RunReport, Verdict
 
 __all__ = ["judge_recordings", "read_recordings"]
-
-WARMUP_KIND = "warmup"
 
 
 def recording_files(paths: Sequence[str]) -> list[Path]:
@@ -93,7 +92,7 @@ def judge_recordings(
         report.results.append(result)
     report.input_errors += session.expectation_errors
     report.phases["judge"] = time.perf_counter() - started
-    if report.device == "cpu" and any(r.kind == WARMUP_KIND for r in report.results):
+    if report.device == "cpu" and any(entry(r.kind).drives_warmup for r in report.results):
         from kvconform.oracles.warmup import CPU_RUN_NOTE
 
         report.notes.append(CPU_RUN_NOTE)

@@ -49,9 +49,9 @@ from dataclasses import dataclass, field
 
 from kvconform.harness.checks import CHECKS, floor, lookahead
 from kvconform.harness.checks.records import live_party
+from kvconform.model.parties import LIVE_PARTIES, Party
 from kvconform.model.results import Failure, ScenarioResult, Verdict
 from kvconform.model.root_causes import (
-    LIVE_PARTIES,
     Blame,
     RootCause,
     RootCauseScenario,
@@ -83,10 +83,10 @@ def never_below_floor(results: Iterable[ScenarioResult]) -> list[str]:
             continue
         live = live_party(result)
         for party in trajectory.parties:
-            took_part.setdefault(live if party == "live" else party)
+            took_part.setdefault(live if party == Party.LIVE else party)
         for failure in result.failures:
             if failure.check == floor.CHECK.name:
-                short.add(live if failure.party in (None, "live") else failure.party)
+                short.add(live if failure.party in (None, Party.LIVE) else failure.party)
     return [party for party in took_part if party not in short]
 
 
@@ -207,7 +207,7 @@ def _fold_into_short_lookahead(
     lookahead asks stays a cause of its own."""
     trajectory = result.trajectory
     config = next(
-        (i for i in incidents if i.blame.party == "config" and i.check == lookahead.CHECK.name),
+        (i for i in incidents if i.blame.party == Party.CONFIG and i.check == lookahead.CHECK.name),
         None,
     )
     if (
@@ -231,7 +231,7 @@ def _does_as_told(result: ScenarioResult, incident: _Incident, told: int) -> boo
     """Whether a shortfall's party reads the config and holds what its step needs with the
     lookahead the parties were told (``Trajectory.lookahead``)."""
     short, trajectory = incident.blame.short, result.trajectory
-    if short is None or trajectory is None or "config" not in upstream_of(incident.blame.party):
+    if short is None or trajectory is None or Party.CONFIG not in upstream_of(incident.blame.party):
         return False
     failure = result.failures[incident.records[0]]
     if failure.group is None or failure.computed is None or failure.scheduled is None:
@@ -329,7 +329,7 @@ def find_root_causes(results: Iterable[ScenarioResult]) -> list[RootCause]:
     # One shape across several managers: the path they share. One manager only: itself.
     for (_, side), members in by_manager.items():
         shape = describe_shortfalls([i.blame.short for i in members if i.blame.short])[0]
-        groups.setdefault(("live", side, shape), []).extend(members)
+        groups.setdefault((Party.LIVE, side, shape), []).extend(members)
     speculative = _speculative_managers(results)
     causes = [_cause(members, speculative) for members in groups.values()]
     by_size = sorted(causes, key=lambda g: (g.consequence, -g.records, -len(g.scenarios), g.key))
@@ -339,9 +339,6 @@ def find_root_causes(results: Iterable[ScenarioResult]) -> list[RootCause]:
 # The checks whose records only follow a holder's blocks (a write past them, a count
 # that differs from them): alone, they rank below the causes.
 _CONSEQUENCE_CHECKS = ("agree", "slots")
-
-# What a party's count is, per observation.
-_COUNT = {"predicted": "predicted", "warmup": "warmup"}
 
 
 def _hypotheses_hold(members: list[_Incident]) -> dict[str, bool]:
@@ -368,8 +365,9 @@ def _hypotheses_hold(members: list[_Incident]) -> dict[str, bool]:
             return {}
         per_block = group.block_size * int(group.floor_args.get("dcp_world_size", 1))
         limit = trajectory.max_model_len or 1 << 62
-        attr = _COUNT.get(party, "live")
-        keeps = attr != "predicted"  # the predictor answers each step afresh
+        # An observation records each party's count under its name; the live side's as live.
+        attr = party if party in (Party.PREDICTED, Party.WARMUP) else Party.LIVE
+        keeps = party != Party.PREDICTED  # the predictor answers each step afresh
         events = sorted(trajectory.events, key=lambda e: e.seq)
         running: dict[str, dict[str, int]] = {name: {} for name in holds}
         for seq, obs in enumerate(trajectory.observations):

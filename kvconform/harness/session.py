@@ -49,6 +49,7 @@ from kvconform.harness.methods_file import methods_in, use_methods_for
 from kvconform.harness.root_causes import find_root_causes
 from kvconform.harness.select import Selection, Shard, select_scenarios
 from kvconform.model.coverage import Coverage
+from kvconform.model.kinds import entry
 from kvconform.model.recording import Recording, dumps
 from kvconform.model.results import RunReport, ScenarioResult, rerun_command
 from kvconform.model.scenario import Scenario
@@ -330,7 +331,7 @@ class Session:
         self._report_late_methods(report)
         report.coverage = self.coverage(selection.scenarios, report.results, report.notes)
         phases["coverage"] = time.perf_counter() - lap
-        if report.device == "cpu" and any(r.kind == "warmup" for r in report.results):
+        if report.device == "cpu" and any(entry(r.kind).drives_warmup for r in report.results):
             from kvconform.oracles.warmup import CPU_RUN_NOTE
 
             report.notes.append(CPU_RUN_NOTE)

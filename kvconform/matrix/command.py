@@ -13,6 +13,7 @@ from packaging.version import InvalidVersion, Version
 from kvconform.bisect import release_index
 from kvconform.errors import ExitStatus, UsageError
 from kvconform.harness.loader import discover
+from kvconform.harness.subcommand import CommandLine, Subcommand
 from kvconform.matrix.lock import write_lock
 from kvconform.matrix.runner import ReleaseRun, run_release
 from kvconform.matrix.table import Matrix, render_console, write_matrix
@@ -142,3 +143,26 @@ def matrix(args: argparse.Namespace, say: Say) -> ExitStatus:
         else:
             say(f"release lock: {args.lock} left as it was (the matrix is not green)")
     return status
+
+
+class MatrixCommand(Subcommand):
+    name = "matrix"
+    help = "run the corpus against every release from A to B; one matrix report"
+    description = (
+        "Run `kvconform run --checks all --vllm-release V` for each PyPI release "
+        "V from A to B, each in its own process, and write matrix.json, matrix.md and "
+        "matrix.html: verdict counts per release, the scenarios whose verdict changed between "
+        "neighbouring releases, links to each run's report. Exits non-zero when a release at "
+        "or above the minimum supported one errors or fails unexpectedly. See docs/releases.md."
+    )
+
+    def add_options(self, parser: argparse.ArgumentParser, cli: CommandLine) -> None:
+        cli.add_selection_options(parser)
+        cli.add_expectation_options(parser)
+        add_matrix_options(parser)
+
+    def run(self, args: argparse.Namespace, cli: CommandLine) -> int:
+        return int(matrix(args, cli.say))
+
+
+COMMAND = MatrixCommand()

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kvconform.bisect.probe import log_tail, run_logged
+from kvconform.model.kinds import Kind
 
 LOG_FILE = "run.log"
 
@@ -96,7 +97,7 @@ def read_run(release: str, folder: Path, supported: bool) -> ReleaseRun:
     row.problem = vllm.get("error") or ""
     for entry in data.get("scenarios", []):
         row.scenarios[entry["id"]] = ScenarioCell(
-            entry["verdict"], entry.get("kind", "trajectory"), headline_of(entry)
+            entry["verdict"], entry.get("kind", Kind.TRAJECTORY), headline_of(entry)
         )
     return row
 

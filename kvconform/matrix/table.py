@@ -18,6 +18,7 @@ from typing import Any
 from kvconform import __version__
 from kvconform.errors import ExitStatus
 from kvconform.matrix.runner import ReleaseRun
+from kvconform.model.kinds import entry
 
 SCHEMA = "kvconform-matrix/1"
 # Columns in this order; a verdict a report counts and this list lacks goes after them.
@@ -109,11 +110,13 @@ class Matrix:
                 f"below kvconform's minimum {self.minimum}: run for bisection, information only "
                 "(not in the matrix's exit status)"
             )
-            warmup = [c for c in row.scenarios.values() if c.kind == "warmup"]
+            warmup = [c for c in row.scenarios.values() if entry(c.kind).drives_warmup]
             red = [c for c in warmup if c.verdict == "failed"]
             if red:
                 notes.append(f"{len(red)} of {len(warmup)} warmup scenarios fail: {UPSTREAM_BUG}")
-            others = Counter(c.verdict for c in row.scenarios.values() if c.kind != "warmup")
+            others = Counter(
+                c.verdict for c in row.scenarios.values() if not entry(c.kind).drives_warmup
+            )
             if others:
                 notes.append(
                     "the other scenarios: "
@@ -123,7 +126,7 @@ class Matrix:
             reasons = Counter(
                 reason_of(c.headline)
                 for c in row.scenarios.values()
-                if c.verdict == verdict and not (not row.supported and c.kind == "warmup")
+                if c.verdict == verdict and not (not row.supported and entry(c.kind).drives_warmup)
             )
             for reason, n in reasons.most_common(4):
                 notes.append(f"{verdict} ({n}): {reason}")

@@ -37,10 +37,6 @@ if TYPE_CHECKING:
     from kvconform.model.root_causes import RootCause
 
 
-class CheckSkipped(Exception):
-    """Raised by a check that could not run; the reason is reported, never a pass."""
-
-
 @dataclass(frozen=True)
 class Check:
     name: str

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvconform.model.group_types import GROUP_TYPES, NOT_BUILDABLE, group_type_for_class
+from kvconform.model.kinds import Kind
 
 NO_METHOD = "none"
 PRESSURE = 0.9
@@ -38,7 +39,7 @@ KIND_LETTERS: dict[str, str] = {
     "finish": "f",
     EDGE: "e",
     POOL_PRESSURE: "m",
-    "warmup": "w",
+    Kind.WARMUP: "w",
 }
 
 

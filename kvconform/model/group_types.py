@@ -38,10 +38,7 @@ from kvconform.model.floors import (
     WINDOWED_COLUMNS,
     FloorRule,
 )
-
-# The kinds of scenario (model.scenario.KINDS) that build their groups from the
-# scenario's own list; scheduler and engine scenarios take only some types.
-EVERY_KIND_WITH_GROUPS = frozenset({"trajectory", "warmup"})
+from kvconform.model.kinds import EVERY_KIND_WITH_GROUPS, Kind
 
 
 @dataclass(frozen=True)
@@ -162,17 +159,17 @@ _EXTRA_RETAINED = Option(
 # context-parallel model configuration would be scheduled without the model-driven
 # behaviour they exist for (Mamba, which the scheduler reads from the KV-cache and
 # cache configs kvconform builds, is taken too).
-_PLAIN_DECODER = EVERY_KIND_WITH_GROUPS | {"scheduler"}
+_PLAIN_DECODER = EVERY_KIND_WITH_GROUPS | {Kind.SCHEDULER}
 # Startup scenarios hand vLLM's startup planning one layer per group and judge the pool
 # it accepts by what one max_model_len request holds. They take the types whose floor
 # for that request is the pool blocks it holds: token-indexed types without null
 # columns, and Mamba outside "align" (its running state and speculative blocks). A
 # windowed type's columns overstate the blocks it holds at once (those that left the
 # window are null), so its one-request demand is not its floor.
-_STARTUP = frozenset({"startup"})
+_STARTUP = frozenset({Kind.STARTUP})
 # HiSparse's groups exist only together, bound to vLLM's HiSparseCoordinator, which
 # trajectory mode drives as the HiSparse connector's scheduler side does.
-_HISPARSE = frozenset({"trajectory"})
+_HISPARSE = frozenset({Kind.TRAJECTORY})
 _HISPARSE_PAGE = Option(int, 64, doc="bytes of a page (the layout's; neutral here)")
 
 GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
@@ -185,7 +182,7 @@ GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
                 "Full attention.",
                 TOKEN_COLUMNS,
                 # The engine builds its groups from the model: a plain decoder's one group.
-                modes=_PLAIN_DECODER | {"engine"} | _STARTUP,
+                modes=_PLAIN_DECODER | {Kind.ENGINE} | _STARTUP,
                 fuzz_rank=0,
             ),
             GroupType(

@@ -35,7 +35,8 @@ from kvconform.model.floors import (
     pool_columns,
 )
 from kvconform.model.group_types import GROUP_TYPES
-from kvconform.model.scenario import WarmupPass
+from kvconform.model.kind_specs import WarmupPass
+from kvconform.model.parties import Party
 
 
 class Observation(NamedTuple):
@@ -95,12 +96,12 @@ LEFT_UNFINISHED = "leaves requests unfinished"
 
 
 # The parties that record the block ids they held, and where (the predictor holds none).
-BLOCK_ID_PARTIES = ("live", "warmup")
+BLOCK_ID_PARTIES: tuple[str, ...] = (Party.LIVE, Party.WARMUP)
 
 
 def party_block_ids(obs: Observation, party: str) -> tuple[int, ...] | list[int] | None:
     """The block ids ``party`` held at ``obs``, or None where it recorded none."""
-    return obs.block_ids if party == "live" else obs.warmup_block_ids
+    return obs.block_ids if party == Party.LIVE else obs.warmup_block_ids
 
 
 class FreeEvent(NamedTuple):
@@ -372,7 +373,7 @@ class Trajectory:
     exclusive_blocks: bool = True
     all_finished: bool = False
     final_free_blocks: int | None = None
-    parties: tuple[str, ...] = ("live", "predicted")
+    parties: tuple[str, ...] = (Party.LIVE, Party.PREDICTED)
     notes: list[str] = field(default_factory=list)
     # Per step, what a driver that does not decide the steps saw decided (scheduler
     # mode: admissions, preemptions, batches in flight); shown beside the holdings.

@@ -25,6 +25,8 @@ from typing import Any
 
 from kvconform.errors import RecordingFormatError
 from kvconform.model import facts
+from kvconform.model.kind_specs import WarmupPass
+from kvconform.model.names import Name
 from kvconform.model.observations import (
     Denial,
     FreeEvent,
@@ -38,7 +40,6 @@ from kvconform.model.observations import (
     Trajectory,
 )
 from kvconform.model.results import ErrorKind, Failure, ScenarioResult, Verdict
-from kvconform.model.scenario import WarmupPass
 from kvconform.model.settings import SettingsRecord
 
 # Raised by one more with every change of what a recording holds or how it is written;
@@ -99,6 +100,10 @@ ENUM_TYPES: dict[str, type[enum.Enum]] = {cls.__name__: cls for cls in (Verdict,
 
 
 def _encode(value: Any) -> Any:
+    if isinstance(value, Name):
+        # A kind or a party is written as its name and read back as that string, which
+        # it equals: the format did not change when they became enums.
+        return value.value
     if isinstance(value, enum.Enum):
         return {"__enum__": type(value).__name__, "value": value.value}
     if value is None or isinstance(value, bool | int | float | str):

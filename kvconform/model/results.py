@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kvconform.errors import ScenarioError
+from kvconform.model.kinds import Kind
 from kvconform.model.observations import Trajectory
 from kvconform.model.settings import SettingsRecord
 
@@ -120,7 +121,7 @@ class ScenarioResult:
     id: str
     file: str
     verdict: Verdict
-    kind: str = "trajectory"
+    kind: str = Kind.TRAJECTORY
     tags: tuple[str, ...] = ()
     failures: list[Failure] = field(default_factory=list)
     error: str | None = None

@@ -16,121 +16,11 @@ show them, upstream causes first (:func:`rank_by_data_flow`), then the largest.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any, NamedTuple
 
-
-@dataclass(frozen=True)
-class Party:
-    """A part of vLLM that kvconform holds to the contract, and the code it stands for."""
-
-    name: str
-    description: str
-    function: str
-    file: str  # inside the vLLM source tree, from the folder holding vllm/
-    # The parties whose output this one reads in vLLM (its data flow): a fault of one of
-    # them reaches this party, never the other way round (:func:`upstream_of`).
-    reads: tuple[str, ...] = ()
-
-
-PARTIES: Mapping[str, Party] = MappingProxyType(
-    {
-        p.name: p
-        for p in (
-            Party(
-                "live",
-                "the live allocator",
-                "KVCacheManager.allocate_slots",
-                "vllm/v1/core/kv_cache_manager.py",
-                # reserves num_lookahead_tokens slots, in the pool the planning sized
-                reads=("config", "planner"),
-            ),
-            Party(
-                "predicted",
-                "the warmup predictor",
-                "_reserved_block_count",
-                "vllm/v1/worker/gpu/warmup.py",
-                reads=("config",),  # called with num_lookahead_tokens
-            ),
-            Party(
-                "warmup",
-                "the recorded warmup",
-                "warmup_kernels / _warmup_block_counter",
-                "vllm/v1/worker/gpu/warmup.py",
-                reads=("predicted", "config"),  # sizes its blocks with the predictor's count
-            ),
-            Party(
-                "scheduler",
-                "the scheduler",
-                "Scheduler.schedule",
-                "vllm/v1/core/sched/scheduler.py",
-                # asks KVCacheManager.allocate_slots with the lookahead
-                reads=("config", "planner", "live"),
-            ),
-            Party(
-                "engine",
-                "the engine",
-                "EngineCore.step",
-                "vllm/v1/engine/core.py",
-                reads=("config", "planner", "scheduler"),  # runs vLLM's scheduler
-            ),
-            Party(
-                "planner",
-                "the startup KV-cache planning",
-                "get_kv_cache_configs",
-                "vllm/v1/core/kv_cache_planning.py",
-            ),
-            Party(
-                "slots",
-                "the slot mapping",
-                "BlockTables.compute_slot_mappings",
-                "vllm/v1/worker/gpu/block_table.py",
-                # maps positions into the block tables the live side filled
-                reads=("live", "scheduler", "engine", "config"),
-            ),
-            Party(
-                "dflash_slots",
-                "the DFlash/DSpark drafter's slot mapping",
-                "prepare_dflash_inputs",
-                "vllm/v1/worker/gpu/spec_decode/dflash/speculator.py",
-                reads=("live", "scheduler", "engine", "config"),
-            ),
-            Party(
-                "config",
-                "the speculative config's lookahead",
-                "VllmConfig.num_lookahead_tokens",
-                "vllm/config/vllm.py",
-            ),
-        )
-    }
-)
-
-
-def upstream_of(party: str) -> frozenset[str]:
-    """Every party whose output reaches ``party`` through vLLM's data flow (``Party.reads``,
-    followed to the end): ``upstream_of("warmup")`` holds the predictor and the config."""
-    seen: set[str] = set()
-    todo = list(PARTIES[party].reads) if party in PARTIES else []
-    while todo:
-        name = todo.pop()
-        if name not in seen and name != party:
-            seen.add(name)
-            todo.extend(PARTIES[name].reads if name in PARTIES else ())
-    return frozenset(seen)
-
-
-# Where the live side is not the allocator driven by a scenario's own steps, the
-# kind of scenario says which of vLLM's parts decided its holdings.
-LIVE_PARTY_BY_KIND: Mapping[str, str] = MappingProxyType(
-    {"scheduler": "scheduler", "engine": "engine", "startup": "planner"}
-)
-
-
-# The live side: the parties whose counts come from vLLM's KVCacheManager, which
-# dispatches each group to a manager class by its spec class.
-LIVE_PARTIES = ("live", "scheduler", "engine")
+from kvconform.model.parties import PARTIES, PartyCode, upstream_of
 
 
 class Shortfall(NamedTuple):
@@ -154,7 +44,7 @@ class Shortfall(NamedTuple):
 class Blame(NamedTuple):
     """How a check's record is blamed (``Check.blame``).
 
-    ``party``: a key of :data:`PARTIES`; ``miss``: the shape of this one record.
+    ``party``: a :class:`~kvconform.model.parties.Party`; ``miss``: the shape of this one record.
     ``short``: set when the record is a party below the floor, the cause its step's other
     records follow from. ``follows``: for a record that is a consequence (a write outside
     the blocks, a disagreement), the party whose shortfall at the same step, request and
@@ -242,7 +132,7 @@ def rank_by_data_flow(causes: Sequence[RootCause]) -> list[RootCause]:
     while remaining:
         parties = {c.party for c in remaining}
         free = [c for c in remaining if not upstream_of(c.party) & (parties - {c.party})]
-        # None free only if Party.reads had a cycle (it has none): keep the given order.
+        # None free only if PartyCode.reads had a cycle (it has none): keep the given order.
         first = free[0] if free else remaining[0]
         ranked.append(remaining.pop(next(i for i, c in enumerate(remaining) if c is first)))
     return ranked
@@ -291,7 +181,7 @@ class RootCause:
         return f"{self.party}/{self.vllm_function}/{self.check}/{self.miss}"
 
     @property
-    def vllm(self) -> Party:
+    def vllm(self) -> PartyCode:
         return PARTIES[self.party]
 
     @property

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from kvconform.model.kinds import Kind
+
 
 @dataclass(frozen=True)
 class Setting:
@@ -40,7 +42,7 @@ SETTINGS: Mapping[str, Setting] = MappingProxyType(
                 "enable_caching",
                 "model.enable_caching",
                 "vllm.config.cache.CacheConfig.enable_prefix_caching",
-                frozenset({"trajectory", "warmup", "scheduler", "engine", "startup"}),
+                frozenset(Kind),
                 "prefix caching (KVCacheManager(enable_caching=...), the engine's "
                 "enable_prefix_caching)",
             ),
@@ -48,7 +50,7 @@ SETTINGS: Mapping[str, Setting] = MappingProxyType(
                 "prefix_cache_retention_interval",
                 "model.prefix_cache_retention_interval",
                 "vllm.config.cache.CacheConfig.prefix_cache_retention_interval",
-                frozenset({"trajectory", "warmup", "scheduler", "engine"}),
+                frozenset(Kind) - {Kind.STARTUP},
                 "which sliding-window and Mamba prefix-cache checkpoints are kept: None "
                 "densely, 0 the semantic ones only, a positive interval periodic ones too "
                 "(releases before the config field read VLLM_PREFIX_CACHE_RETENTION_INTERVAL)",
@@ -57,7 +59,7 @@ SETTINGS: Mapping[str, Setting] = MappingProxyType(
                 "scheduler_reserve_full_isl",
                 "model.scheduler_reserve_full_isl",
                 "vllm.config.scheduler.SchedulerConfig.scheduler_reserve_full_isl",
-                frozenset({"trajectory", "scheduler", "engine"}),
+                frozenset({Kind.TRAJECTORY, Kind.SCHEDULER, Kind.ENGINE}),
                 "full-sequence admission: a waiting request is admitted only if its whole "
                 "sequence fits the pool (allocate_slots(full_sequence_must_fit=...) on a "
                 "first chunk)",
@@ -66,14 +68,14 @@ SETTINGS: Mapping[str, Setting] = MappingProxyType(
                 "enable_chunked_prefill",
                 "scheduler.enable_chunked_prefill",
                 "vllm.config.scheduler.SchedulerConfig.enable_chunked_prefill",
-                frozenset({"scheduler", "engine"}),
+                frozenset({Kind.SCHEDULER, Kind.ENGINE}),
                 "chunked prefill (trajectory scenarios state their chunks themselves)",
             ),
             Setting(
                 "async_scheduling",
                 "scheduler.mode",
                 "vllm.config.scheduler.SchedulerConfig.async_scheduling",
-                frozenset({"scheduler", "engine"}),
+                frozenset({Kind.SCHEDULER, Kind.ENGINE}),
                 "asynchronous scheduling (scheduler mode: sync, or async / overlapped); "
                 "vLLM's None resolves to on for a plain decoder",
             ),

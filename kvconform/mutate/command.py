@@ -1,7 +1,7 @@
 """``kvconform mutate``: the subcommand's options and its run, from flags to reports.
 
-The command line (:mod:`kvconform.fronts.cli`) only registers the subcommand
-and hands in its progress display;
+The command line (:mod:`kvconform.fronts.cli`) only registers the subcommand (:data:`COMMAND`)
+and lends its progress display;
 everything it does is here: load the targets, the equivalents, the corpus and
 vLLM; the clean run; the mutants of this shard; the forked runs
 (:mod:`.campaign`); with ``--with-fuzz N`` the fuzzer against each survivor
@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from kvconform import __version__
 from kvconform.errors import ExitStatus, UsageError
 from kvconform.harness.select import parse_shard
+from kvconform.harness.subcommand import CommandLine, Subcommand
 from kvconform.mutate.targets import DEFAULT_EQUIVALENTS, DEFAULT_TARGETS
 
 if TYPE_CHECKING:
@@ -410,3 +411,19 @@ def _result_json(
     if result.fuzz is not None:
         data["fuzz"] = result.fuzz
     return data
+
+
+class MutateCommand(Subcommand):
+    name = "mutate"
+    help = "mutation campaign: how many mutants of vLLM's reservation code the suite kills"
+
+    def add_options(self, parser: argparse.ArgumentParser, cli: CommandLine) -> None:
+        add_arguments(parser)
+        cli.add_vllm_options(parser)
+        cli.add_progress_option(parser)
+
+    def run(self, args: argparse.Namespace, cli: CommandLine) -> int:
+        return int(mutate(args, cli.open_progress))
+
+
+COMMAND = MutateCommand()

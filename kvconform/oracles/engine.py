@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from kvconform.errors import EngineFailed, NotOffered, VllmUnavailable
+from kvconform.model.kind_specs import EngineRequest
 from kvconform.model.methods import REGISTRY_FILE, method_for
-from kvconform.model.scenario import EngineRequest
 from kvconform.model.tiny_model import ARCHITECTURES, TinyModel
 from kvconform.oracles.tiny_models import model_folder
 from kvconform.paths import cache_dir

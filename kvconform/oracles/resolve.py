@@ -91,7 +91,7 @@ def resolve_settings(scenario: Scenario, vllm: Vllm) -> tuple[Scenario, Settings
     if scenario.scheduler is not None:
         resolved = replace(
             resolved,
-            scheduler=replace(
+            spec=replace(
                 scenario.scheduler,
                 enable_chunked_prefill=bool(values.get("enable_chunked_prefill", True)),
                 mode=scenario.scheduler.mode

@@ -33,8 +33,9 @@ from typing import Any
 
 from kvconform.errors import NotOffered, ScenarioError, VllmUnavailable
 from kvconform.model.group_types import GROUP_TYPES
+from kvconform.model.kind_specs import SchedulerSpec
 from kvconform.model.observations import StartupRecord
-from kvconform.model.scenario import Scenario, SchedulerSpec
+from kvconform.model.scenario import Scenario
 from kvconform.model.tiny_model import SCHEDULER_TARGET
 from kvconform.oracles.resolve import group_specs
 from kvconform.oracles.tiny_models import model_folder

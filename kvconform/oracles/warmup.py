@@ -30,8 +30,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvconform.model.kind_specs import WarmupPass, WarmupSpec
 from kvconform.model.observations import Trajectory
-from kvconform.model.scenario import Scenario, WarmupPass, WarmupSpec
+from kvconform.model.scenario import Scenario
 from kvconform.oracles.resolve import group_specs
 from kvconform.oracles.vllm import Vllm
 from kvconform.oracles.vllm.warmup_stubs import RunnerSettings, StubModelRunner, Warmup

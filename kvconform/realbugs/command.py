@@ -17,12 +17,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from kvconform.errors import ExitStatus, UsageError
+from kvconform.errors import ExitStatus, PatchFailed, UsageError
 from kvconform.harness.select import parse_shard, shard_of
+from kvconform.harness.subcommand import CommandLine, Subcommand
 from kvconform.realbugs.catalogue import DEFAULT_CATALOGUE, RealBug, read_catalogue
 from kvconform.realbugs.replay import Replay, replay
 from kvconform.realbugs.report import BugResult, RealBugsReport, who_catches, write_report
-from kvconform.realbugs.trees import PatchFailed, patched_tree, pristine_tree
+from kvconform.realbugs.trees import patched_tree, pristine_tree
 
 DEFAULT_REPORT_DIR = "build/realbugs"
 Say = Callable[[str], None]
@@ -163,3 +164,19 @@ def run_peer_tests(results: list[BugResult], args: argparse.Namespace, say: Say)
                 f"(kvconform: {result.replay.outcome}; {result.peer['tests_run']} tests, "
                 f"{result.peer['seconds']:.0f} s)"
             )
+
+
+class RealbugsCommand(Subcommand):
+    name = "realbugs"
+    help = (
+        "replay real vLLM bugs (realbugs/catalogue.yaml) through the corpus: detected or missed"
+    )
+
+    def add_options(self, parser: argparse.ArgumentParser, cli: CommandLine) -> None:
+        add_arguments(parser)
+
+    def run(self, args: argparse.Namespace, cli: CommandLine) -> int:
+        return int(realbugs(args, cli.say))
+
+
+COMMAND = RealbugsCommand()

@@ -18,14 +18,11 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from kvconform.errors import PatchFailed
 from kvconform.harness.releases import link_tree, release_tree
 from kvconform.oracles.vllm import installed_version
 from kvconform.paths import cache_dir
 from kvconform.realbugs.catalogue import RealBug
-
-
-class PatchFailed(Exception):
-    """The patch does not apply to its release's tree (the catalogue is wrong)."""
 
 
 def pristine_tree(release: str) -> Path:

@@ -27,6 +27,7 @@ from typing import Any
 
 from kvconform.errors import ExitStatus, Location, ScenarioError, UsageError
 from kvconform.harness.runner import exit_status
+from kvconform.model.kinds import Kind
 from kvconform.model.results import ErrorKind, Failure, RunReport, ScenarioResult, Verdict
 from kvconform.model.settings import SettingsRecord
 
@@ -58,7 +59,7 @@ def _result(entry: dict[str, Any]) -> ScenarioResult:
         id=entry["id"],
         file=entry["file"],
         verdict=Verdict(entry["verdict"]),
-        kind=entry.get("kind", "trajectory"),
+        kind=entry.get("kind", Kind.TRAJECTORY),
         tags=tuple(entry.get("tags", ())),
         failures=failures,
         error=entry.get("error"),

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvconform.model.observations import Observation, Trajectory
+from kvconform.model.parties import Party
 from kvconform.model.results import ScenarioResult
 from kvconform.paths import cache_dir
 
@@ -32,10 +33,10 @@ MAX_PANELS = 4
 DPI = 96
 PALETTE_COLORS = 64
 COLORS = {
-    "live": "#1f5fbf",
-    "predicted": "#e07b00",
+    Party.LIVE: "#1f5fbf",
+    Party.PREDICTED: "#e07b00",
     "predicted_max": "#e07b00",
-    "warmup": "#2a9d4b",
+    Party.WARMUP: "#2a9d4b",
     "floor": "#222222",
     "band": "#f08080",
     "fail": "#d62728",
@@ -154,11 +155,11 @@ def _panel(
     # Drawn above the parties' lines: where a party sits exactly on the floor the
     # dashes stay visible on top of it.
     ax.plot(steps, floor, "--", color=COLORS["floor"], linewidth=1.2, label="floor", zorder=4)
-    series = [("live", "live KVCacheManager", "o")]
-    if "predicted" in trajectory.parties:
-        series.append(("predicted", "predictor (this step)", "x"))
+    series = [(Party.LIVE, "live KVCacheManager", "o")]
+    if Party.PREDICTED in trajectory.parties:
+        series.append((Party.PREDICTED, "predictor (this step)", "x"))
     if any(o.warmup is not None for o in rows):
-        series.append(("warmup", "recorded warmup", "s"))
+        series.append((Party.WARMUP, "recorded warmup", "s"))
     short_label = "short of the floor"
     for attr, label, marker in series:
         values = [getattr(o, attr) for o in rows]

@@ -7,7 +7,7 @@ registry :data:`CHECKS`, reads ``--checks`` values and judges a recorded
 trajectory with the selected checks. The contract they
 enforce is scenarios/README.md's; what each judges is its module's docstring.
 
-A check that cannot run raises :class:`~kvconform.model.checks.CheckSkipped`;
+A check that cannot run raises :class:`~kvconform.errors.CheckSkipped`;
 :func:`judge` reports it as skipped with the reason, never as passed.
 """
 
@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from kvconform.errors import CheckSkipped
 from kvconform.harness.checks import (
     agree,
     capacity,
@@ -28,7 +29,7 @@ from kvconform.harness.checks import (
     startup,
 )
 from kvconform.harness.checks.records import PARTY_NAMES
-from kvconform.model.checks import Check, CheckSkipped
+from kvconform.model.checks import Check
 from kvconform.model.observations import Trajectory
 from kvconform.model.results import Failure
 

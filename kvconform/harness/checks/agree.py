@@ -25,6 +25,7 @@ from kvconform.harness.checks.records import (
 )
 from kvconform.model.checks import Check, always
 from kvconform.model.observations import Trajectory
+from kvconform.model.parties import Party
 from kvconform.model.results import Failure, ScenarioResult
 from kvconform.model.root_causes import PARTIES, Blame
 
@@ -41,12 +42,12 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
                     "agree",
                     trajectory,
                     obs,
-                    f"{PARTY_NAMES['warmup']} holds {blocks(obs.warmup)} but "
-                    f"{PARTY_NAMES['live']} holds {blocks(obs.live)} for the same steps",
-                    party="warmup",
+                    f"{PARTY_NAMES[Party.WARMUP]} holds {blocks(obs.warmup)} but "
+                    f"{PARTY_NAMES[Party.LIVE]} holds {blocks(obs.live)} for the same steps",
+                    party=Party.WARMUP,
                 )
             continue
-        for party in ("live", "warmup"):
+        for party in (Party.LIVE, Party.WARMUP):
             held = getattr(obs, party)
             if held is None or held == reference:
                 continue
@@ -59,7 +60,7 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
                 "agree",
                 trajectory,
                 obs,
-                f"{PARTY_NAMES[party]} holds {blocks(held)} but {PARTY_NAMES['predicted']} "
+                f"{PARTY_NAMES[party]} holds {blocks(held)} but {PARTY_NAMES[Party.PREDICTED]} "
                 f"predicts {reference}{rolled} for {obs.computed} + {obs.scheduled} tokens with "
                 f"lookahead {trajectory.lookahead}",
                 {"predicted_max": reference},
@@ -77,16 +78,16 @@ def blame(result: ScenarioResult, failure: Failure) -> Blame:
     """
     held_party, live = named(result, failure.party), live_party(result)
     floor, detail = failure.floor, failure.detail or {}
-    held = count(failure, failure.party or "live")
-    if failure.party == "warmup" and "predicted_max" not in detail:
+    held = count(failure, failure.party or Party.LIVE)
+    if failure.party == Party.WARMUP and "predicted_max" not in detail:
         reference, reference_party = failure.live, live  # no predictor: warmup against live
     else:
-        reference, reference_party = detail.get("predicted_max", failure.predicted), "predicted"
+        reference, reference_party = detail.get("predicted_max", failure.predicted), Party.PREDICTED
     if floor is None or held is None or reference is None:
         return Blame(held_party, "disagrees")
     held_name = PARTIES[held_party].description
     reference_name = PARTIES[reference_party].description
-    verb = "predicts" if reference_party == "predicted" else "holds"
+    verb = "predicts" if reference_party == Party.PREDICTED else "holds"
     if reference < floor:
         return Blame(
             reference_party,

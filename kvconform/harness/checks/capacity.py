@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from kvconform.harness.checks.records import blocks, named
 from kvconform.model.checks import Check, always
 from kvconform.model.observations import Trajectory
+from kvconform.model.parties import Party
 from kvconform.model.results import Failure, ScenarioResult
 from kvconform.model.root_causes import Blame
 
@@ -43,7 +44,7 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
             line=denial.line,
             request=denial.request,
             action=denial.label,
-            party="live",
+            party=Party.LIVE,
             detail={
                 "who": denial.who,
                 "floor_need": denial.floor_need,
@@ -56,8 +57,8 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
 def blame(result: ScenarioResult, failure: Failure) -> Blame:
     who = (failure.detail or {}).get("who")
     if who == "schedule":
-        return Blame(named(result, "live"), "never schedules a waiting request the pool holds")
-    return Blame(named(result, "live"), "refuses a step the floor fits in the pool")
+        return Blame(named(result, Party.LIVE), "never schedules a waiting request the pool holds")
+    return Blame(named(result, Party.LIVE), "refuses a step the floor fits in the pool")
 
 
 def signature(result: ScenarioResult, failure: Failure) -> tuple[str, str]:

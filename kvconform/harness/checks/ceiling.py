@@ -29,6 +29,7 @@ from kvconform.harness.checks.records import PARTY_NAMES, blocks, failure_at, na
 from kvconform.model.checks import Check, always
 from kvconform.model.contract import allowance, ceiling_bound
 from kvconform.model.observations import Trajectory
+from kvconform.model.parties import Party
 from kvconform.model.results import Failure, ScenarioResult
 from kvconform.model.root_causes import Blame
 
@@ -107,12 +108,12 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
                 "ceiling",
                 trajectory,
                 obs,
-                f"{PARTY_NAMES['live']} holds {blocks(obs.live)}, more than the "
+                f"{PARTY_NAMES[Party.LIVE]} holds {blocks(obs.live)}, more than the "
                 f"{allowed.columns} it needs ({how} {allowed.formula}; why: "
                 f"{allowed.reason}): {blocks(obs.live - allowed.columns)} another request "
                 "cannot have",
                 {"invariant": OVER_COLUMNS, "allowed": allowed.columns},
-                party="live",
+                party=Party.LIVE,
             )
             continue
         assert allowed.real is not None
@@ -120,11 +121,11 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
             "ceiling",
             trajectory,
             obs,
-            f"{PARTY_NAMES['live']} holds {held_real} real blocks, more than the "
+            f"{PARTY_NAMES[Party.LIVE]} holds {held_real} real blocks, more than the "
             f"{allowed.real} its reads and writes span (why: {allowed.real_reason}): "
             f"{blocks(held_real - allowed.real)} that should be null and back in the pool",
             {"invariant": OVER_REAL, "allowed": allowed.real},
-            party="live",
+            party=Party.LIVE,
         )
 
 
@@ -152,7 +153,7 @@ def replayed_hits(trajectory: Trajectory) -> dict[tuple[int, str], int]:
 
 def blame(result: ScenarioResult, failure: Failure) -> Blame:
     invariant = (failure.detail or {}).get("invariant", OVER_COLUMNS)
-    return Blame(named(result, "live"), invariant)
+    return Blame(named(result, Party.LIVE), invariant)
 
 
 def signature(result: ScenarioResult, failure: Failure) -> tuple[str, str]:

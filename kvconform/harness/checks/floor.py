@@ -24,6 +24,7 @@ from kvconform.harness.checks.records import (
 from kvconform.model.checks import Check
 from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.observations import Observation, Trajectory
+from kvconform.model.parties import Party
 from kvconform.model.results import Failure, ScenarioResult
 from kvconform.model.root_causes import Blame, RootCause, describe_shortfalls
 
@@ -38,7 +39,7 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
             and (warmup is None or warmup >= floor)
         ):
             continue
-        for party in ("live", "predicted", "warmup"):
+        for party in (Party.LIVE, Party.PREDICTED, Party.WARMUP):
             held = getattr(obs, party)
             if held is None or held >= obs.floor:
                 continue
@@ -81,7 +82,7 @@ def blame(result: ScenarioResult, failure: Failure) -> Blame:
     """The party below the floor, and the shape of its shortfall: the cause the step's
     other records (the write outside its blocks, the disagreement) follow from."""
     party = named(result, failure.party)
-    held = count(failure, failure.party or "live")
+    held = count(failure, failure.party or Party.LIVE)
     if failure.floor is None or held is None:
         return Blame(party, "fails the floor check")
     short = shortfall(held, failure.floor, failure)
@@ -92,8 +93,8 @@ def signature(result: ScenarioResult, failure: Failure) -> tuple[str, str]:
     """(party, spec class): each spec class has its own allocator manager in vLLM; but
     the predictor is one function whose branches follow the floor rules, so a predictor
     shortfall is told apart by the rule's family, not the class."""
-    party = failure.party or "live"
-    if party == "predicted":
+    party = failure.party or Party.LIVE
+    if party == Party.PREDICTED:
         return party, floor_family(result, failure)
     return party, failure.spec_type or "-"
 

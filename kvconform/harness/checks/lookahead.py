@@ -19,6 +19,7 @@ from kvconform.harness.checks.records import PARTY_NAMES, blocks, failure_at, na
 from kvconform.model.checks import Check, always
 from kvconform.model.methods import ADDING_A_METHOD, METHODS_FILE, REGISTRY_FILE, method_for
 from kvconform.model.observations import Trajectory
+from kvconform.model.parties import Party
 from kvconform.model.results import Failure, ScenarioResult
 from kvconform.model.root_causes import Blame
 
@@ -41,7 +42,7 @@ def _async_load_lookahead(trajectory: Trajectory) -> Iterator[Failure]:
             "lookahead",
             trajectory,
             obs,
-            f"{PARTY_NAMES['live']} holds {blocks(obs.live)} while the request's KV loads "
+            f"{PARTY_NAMES[Party.LIVE]} holds {blocks(obs.live)} while the request's KV loads "
             f"asynchronously, but its {obs.computed} loaded tokens take exactly "
             f"{blocks(obs.floor)}: "
             + (
@@ -52,7 +53,7 @@ def _async_load_lookahead(trajectory: Trajectory) -> Iterator[Failure]:
                 else "fewer than the connector writes into"
             ),
             {"invariant": "async KV load holds exactly its tokens' blocks"},
-            party="live",
+            party=Party.LIVE,
         )
 
 
@@ -64,7 +65,7 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
                 "lookahead",
                 f"VllmConfig.num_lookahead_tokens is {trajectory.vllm_lookahead} without "
                 "speculative decoding, where nothing drafts and the lookahead is 0",
-                party="config",
+                party=Party.CONFIG,
             )
         return
     k = trajectory.num_speculative_tokens
@@ -76,7 +77,7 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
             f"writes: a Method in BUILTIN_METHODS of {REGISTRY_FILE}, or, without changing "
             f"kvconform, an entry in a methods file ({METHODS_FILE} beside the scenarios) "
             f"— {ADDING_A_METHOD}.",
-            party="config",
+            party=Party.CONFIG,
         )
         return
     if (
@@ -91,7 +92,7 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
         f"VllmConfig.num_lookahead_tokens is {trajectory.vllm_lookahead} for method "
         f"{trajectory.method!r} with k={k}, but the drafter needs {entry.rule.formula} = "
         f"{trajectory.expected_lookahead} ({entry.rule.reason}; the rule of {entry.source})",
-        party="config",
+        party=Party.CONFIG,
     )
 
 
@@ -101,13 +102,13 @@ def blame(result: ScenarioResult, failure: Failure) -> Blame:
         return Blame(named(result, failure.party), str(invariant))
     trajectory = result.trajectory
     if trajectory is None or trajectory.expected_lookahead is None:
-        return Blame("config", "names a method kvconform's method registry lacks")
+        return Blame(Party.CONFIG, "names a method kvconform's method registry lacks")
     if (
         trajectory.vllm_lookahead is not None
         and trajectory.vllm_lookahead < trajectory.expected_lookahead
     ):
-        return Blame("config", "reserves fewer lookahead slots than the drafter writes")
-    return Blame("config", "reserves more lookahead slots than the drafter writes")
+        return Blame(Party.CONFIG, "reserves fewer lookahead slots than the drafter writes")
+    return Blame(Party.CONFIG, "reserves more lookahead slots than the drafter writes")
 
 
 def signature(result: ScenarioResult, failure: Failure) -> tuple[str, str]:

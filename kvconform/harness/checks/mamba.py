@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from kvconform.harness.checks.records import failure_at
 from kvconform.model.floors import MAMBA_ALIGNED_STATE
 from kvconform.model.observations import Trajectory
+from kvconform.model.parties import Party
 from kvconform.model.results import Failure
 
 
@@ -141,7 +142,7 @@ def state_blocks(trajectory: Trajectory) -> Iterator[Failure]:
             obs,
             problem[1],
             {"invariant": f"mamba align {problem[0]}"},
-            "live",
+            Party.LIVE,
         )
 
 
@@ -198,5 +199,5 @@ def chunk_columns(trajectory: Trajectory) -> Iterator[Failure]:
             f"{boundary} (slot p holds the state after exactly (p + 1) * {size} tokens); "
             f"the chunk must stop at {boundary}",
             {"invariant": "mamba align state in the wrong column", "column": column},
-            "live",
+            Party.LIVE,
         )

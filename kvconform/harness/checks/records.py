@@ -15,14 +15,17 @@ from collections.abc import Iterator
 from kvconform.model.facts import Fact
 from kvconform.model.floors import cdiv
 from kvconform.model.group_types import GROUP_TYPES
+from kvconform.model.kinds import entry
 from kvconform.model.observations import Observation, Trajectory
+from kvconform.model.parties import Party
 from kvconform.model.results import Failure, ScenarioResult
-from kvconform.model.root_causes import LIVE_PARTY_BY_KIND, Shortfall, describe_shortfalls
+from kvconform.model.root_causes import Shortfall, describe_shortfalls
 
-PARTY_NAMES = {
-    "live": "the live KVCacheManager",
-    "predicted": "the warmup predictor _reserved_block_count",
-    "warmup": "the recorded warmup",
+# The parties whose holdings an observation records, as a check's message names them.
+PARTY_NAMES: dict[str, str] = {
+    Party.LIVE: "the live KVCacheManager",
+    Party.PREDICTED: "the warmup predictor _reserved_block_count",
+    Party.WARMUP: "the recorded warmup",
 }
 
 
@@ -80,15 +83,15 @@ def blocks(n: int) -> str:
     return f"{n} block" if n == 1 else f"{n} blocks"
 
 
-def live_party(result: ScenarioResult) -> str:
+def live_party(result: ScenarioResult) -> Party:
     """The live side of a scenario: the allocator, or vLLM's scheduler or engine that
-    decided the steps (:data:`~kvconform.model.root_causes.LIVE_PARTY_BY_KIND`)."""
-    return LIVE_PARTY_BY_KIND.get(result.kind, "live")
+    decided the steps (``KindEntry.live_party``)."""
+    return entry(result.kind).live_party
 
 
 def named(result: ScenarioResult, party: str | None) -> str:
-    """A record's party, with "live" named as the live side of the scenario's kind."""
-    return live_party(result) if party in (None, "live") else party
+    """A record's party, with the live one named as the live side of the scenario's kind."""
+    return live_party(result) if party is None or party == Party.LIVE else party
 
 
 def count(failure: Failure, party: str) -> int | None:
@@ -142,7 +145,7 @@ def fact_failure(fact: Fact, message: str, invariant: str, check: str = "sanity"
         line=fact.line,
         request=fact.request,
         action=fact.label,
-        party="live",
+        party=Party.LIVE,
         detail={"invariant": invariant},
     )
 

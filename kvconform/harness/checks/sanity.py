@@ -64,6 +64,7 @@ from kvconform.model.checks import Check, always
 from kvconform.model.floors import READ_SPAN_REASONS, first_position_read
 from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.observations import HIT_MISSED, FreeEvent, Trajectory
+from kvconform.model.parties import Party
 from kvconform.model.results import Failure, ScenarioResult
 from kvconform.model.root_causes import Blame
 
@@ -113,7 +114,7 @@ def _read_span_blocks_real(trajectory: Trajectory) -> Iterator[Failure]:
                 f"{first_computed} ({READ_SPAN_REASONS[kind]}; {kind} {size}): the step "
                 "reads KV that was freed",
                 {"invariant": "frees a block the attention still reads", "column": column},
-                party="live",
+                party=Party.LIVE,
             )
             break
 
@@ -138,7 +139,7 @@ def _refusals_refused(trajectory: Trajectory) -> Iterator[Failure]:
             line=refusal.line,
             request=refusal.request,
             action=refusal.label,
-            party="live",
+            party=Party.LIVE,
             detail={"invariant": GRANTED},
         )
 
@@ -230,7 +231,7 @@ def _loads_keep_their_blocks(trajectory: Trajectory) -> Iterator[Failure]:
                     "load": load.request,
                     "blocks": taken,
                 },
-                party="live",
+                party=Party.LIVE,
             )
 
 
@@ -326,7 +327,7 @@ def _blocks_in_one_group(trajectory: Trajectory) -> Iterator[Failure]:
                     "once: one physical block holds one group's KV (the groups share the pool, "
                     "never a block), so two groups' layers write into it",
                     {"invariant": "puts one block in two groups' tables", "block": block},
-                    party="live",
+                    party=Party.LIVE,
                 )
 
 
@@ -397,7 +398,7 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
                     f"the block table holds the null block (id {null}), which a {group.type} "
                     "group must never point at",
                     {"invariant": "holds the null block"},
-                    party="live",
+                    party=Party.LIVE,
                 )
             else:
                 null_seen.discard(key)
@@ -421,7 +422,7 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
                     f"block {block} is also in the table of live request {other}, without "
                     "prefix caching to share it",
                     {"invariant": "shares a block between live requests"},
-                    party="live",
+                    party=Party.LIVE,
                 )
             owner[block] = request
     while pending is not None:
@@ -434,7 +435,7 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
                 "sanity",
                 f"after every request finished the pool has {trajectory.final_free_blocks} free blocks, "
                 f"not all {usable} (num_blocks minus the null block): blocks leaked",
-                party="live",
+                party=Party.LIVE,
                 detail={"invariant": "leaks blocks"},
             )
 
@@ -450,7 +451,7 @@ def _free_event(trajectory: Trajectory, event: FreeEvent, null: int) -> Iterator
             line=event.line,
             request=event.request,
             action=event.kind,
-            party="live",
+            party=Party.LIVE,
             detail={"invariant": f"still holds blocks after {event.kind}"},
         )
     if trajectory.exclusive_blocks:
@@ -464,14 +465,14 @@ def _free_event(trajectory: Trajectory, event: FreeEvent, null: int) -> Iterator
                 line=event.line,
                 request=event.request,
                 action=event.kind,
-                party="live",
+                party=Party.LIVE,
                 detail={"invariant": f"returns fewer blocks than it held at {event.kind}"},
             )
 
 
 def blame(result: ScenarioResult, failure: Failure) -> Blame:
     invariant = str((failure.detail or {}).get("invariant", "breaks an allocator invariant"))
-    live = named(result, "live")
+    live = named(result, Party.LIVE)
     # A call granted that the floor says the pool cannot hold: the step's demand was
     # counted short (its own, or another request's that left the pool more free blocks
     # than derived). A prefix-cache hit other than derived: blocks a short request never

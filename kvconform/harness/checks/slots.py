@@ -12,9 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from itertools import groupby
 
+from kvconform.errors import CheckSkipped
 from kvconform.harness.checks.records import PARTY_NAMES, blocks, failure_at, named
-from kvconform.model.checks import Check, CheckSkipped, always
+from kvconform.model.checks import Check, always
 from kvconform.model.observations import BLOCK_ID_PARTIES, Observation, Trajectory, party_block_ids
+from kvconform.model.parties import Party
 from kvconform.model.results import Failure, ScenarioResult
 from kvconform.model.root_causes import PARTIES, Blame
 from kvconform.oracles.slots import DFLASH_KERNEL, record_slots
@@ -147,7 +149,7 @@ def blame(result: ScenarioResult, failure: Failure) -> Blame:
     party = detail.get("party")
     holder_party = named(result, party if isinstance(party, str) else None)
     holder = PARTIES[holder_party].description
-    mapper = "dflash_slots" if detail.get("kernel") == DFLASH_KERNEL else "slots"
+    mapper = Party.DFLASH_SLOTS if detail.get("kernel") == DFLASH_KERNEL else Party.SLOTS
     return Blame(
         mapper,
         f"maps {detail.get('role', 'written')} positions past the blocks {holder} holds "

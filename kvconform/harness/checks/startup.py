@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from kvconform.harness.checks.records import blocks, named
 from kvconform.model.checks import Check, always
 from kvconform.model.observations import StartupRecord, Trajectory
+from kvconform.model.parties import Party
 from kvconform.model.results import Failure, ScenarioResult
 from kvconform.model.root_causes import Blame
 
@@ -51,7 +52,7 @@ def _failure(record: StartupRecord, message: str, who: str, need: int, pool: int
         message,
         line=record.line,
         action="startup",
-        party="live",
+        party=Party.LIVE,
         detail={"who": who, "floor_need": need, "pool": pool, "usable": pool - 1},
     )
 
@@ -140,7 +141,9 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
 
 
 def blame(result: ScenarioResult, failure: Failure) -> Blame:
-    return Blame(named(result, "live"), str((failure.detail or {}).get("who", "misplans the pool")))
+    return Blame(
+        named(result, Party.LIVE), str((failure.detail or {}).get("who", "misplans the pool"))
+    )
 
 
 def signature(result: ScenarioResult, failure: Failure) -> tuple[str, str]:

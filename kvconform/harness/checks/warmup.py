@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 from kvconform.harness.checks.records import PARTY_NAMES, failure_at
 from kvconform.model.observations import Trajectory
+from kvconform.model.parties import Party
 from kvconform.model.results import Failure
 
 
@@ -51,7 +52,9 @@ def blocks_in_pool(trajectory: Trajectory) -> Iterator[Failure]:
                 )
             else:
                 what = f"the null block (id {null})"
-            yield failure_at("sanity", trajectory, obs, f"{PARTY_NAMES['warmup']} hands out {what}")
+            yield failure_at(
+                "sanity", trajectory, obs, f"{PARTY_NAMES[Party.WARMUP]} hands out {what}"
+            )
 
 
 def blocks_distinct(trajectory: Trajectory) -> Iterator[Failure]:
@@ -89,10 +92,10 @@ def blocks_distinct(trajectory: Trajectory) -> Iterator[Failure]:
                     "sanity",
                     trajectory,
                     obs,
-                    f"{PARTY_NAMES['warmup']} hands out block {block}, which {whose} holds "
+                    f"{PARTY_NAMES[Party.WARMUP]} hands out block {block}, which {whose} holds "
                     f"in group {other[1]}",
                     {"invariant": "hands one block to two tables"},
-                    party="warmup",
+                    party=Party.WARMUP,
                 )
         held.setdefault(obs.request, set()).update(ids)
 
@@ -114,6 +117,6 @@ def passes_made(trajectory: Trajectory) -> Iterator[Failure]:
         "sanity",
         f"warmup_kernels made {_passes(len(trajectory.warmup_passes))} ({made}), but "
         f"{trajectory.expected_warmup_passes_at} derives {_passes(len(expected))} ({wanted})",
-        party="warmup",
+        party=Party.WARMUP,
         detail={"invariant": "warms other batches than its limits give"},
     )

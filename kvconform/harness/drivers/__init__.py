@@ -8,11 +8,14 @@ what it needs from the scenario's model, and records one observation per step,
 request and group (a startup scenario: vLLM's one planning decision). It judges
 nothing: the checks read the trajectory afterwards.
 
-:data:`DRIVERS` has one driver per kind in :data:`kvconform.model.scenario.KINDS`.
+:data:`DRIVERS` registers one driver per kind of :data:`kvconform.model.kinds.KINDS`
+(the kind's entry cannot name it: the model layer does not import the drivers).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Protocol
 
 from kvconform.harness.drivers.engine import drive_engine
@@ -20,8 +23,9 @@ from kvconform.harness.drivers.scheduler import drive_scheduler
 from kvconform.harness.drivers.startup import drive_startup
 from kvconform.harness.drivers.trajectory import drive
 from kvconform.harness.drivers.warmup import drive_warmup
+from kvconform.model.kinds import KINDS, Kind
 from kvconform.model.observations import Trajectory
-from kvconform.model.scenario import KINDS, Scenario
+from kvconform.model.scenario import Scenario
 from kvconform.oracles.vllm import Vllm
 
 __all__ = ["DRIVERS", "Driver"]
@@ -31,11 +35,14 @@ class Driver(Protocol):
     def __call__(self, scenario: Scenario, vllm: Vllm, /) -> Trajectory: ...
 
 
-DRIVERS: dict[str, Driver] = {
-    "trajectory": drive,
-    "warmup": drive_warmup,
-    "scheduler": drive_scheduler,
-    "engine": drive_engine,
-    "startup": drive_startup,
-}
-assert tuple(DRIVERS) == KINDS, "every scenario kind has exactly one driver"
+# Keyed by Kind; looked up by a scenario's kind or the name a report keeps.
+DRIVERS: Mapping[str, Driver] = MappingProxyType(
+    {
+        Kind.TRAJECTORY: drive,
+        Kind.WARMUP: drive_warmup,
+        Kind.SCHEDULER: drive_scheduler,
+        Kind.ENGINE: drive_engine,
+        Kind.STARTUP: drive_startup,
+    }
+)
+assert set(DRIVERS) == set(KINDS), "every scenario kind has exactly one driver"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kvconform.errors import StepDenied
 from kvconform.model.observations import Denial, Trajectory
+from kvconform.model.parties import Party
 from kvconform.model.scenario import ModelSpec
 from kvconform.oracles.predictor import Predictor
 from kvconform.oracles.vllm import Vllm
@@ -19,7 +20,7 @@ def attach_predictor(
     """
     predictor = Predictor(vllm, model, trajectory)
     if not predictor.available:
-        trajectory.parties = tuple(p for p in trajectory.parties if p != "predicted")
+        trajectory.parties = tuple(p for p in trajectory.parties if p != Party.PREDICTED)
         trajectory.notes.append(f"predictor unavailable: {predictor.unavailable_reason}")
     trajectory.null_block = null_block
     trajectory.num_blocks = model.num_blocks

@@ -34,14 +34,14 @@ skipped with the reason (:class:`~kvconform.errors.ScenarioSkipped`).
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from kvconform.errors import ScenarioSkipped, VllmUnavailable
+from kvconform.errors import EngineRanOtherwise, ScenarioSkipped, VllmUnavailable
 from kvconform.model.facts import EngineOutput, Fact
 from kvconform.model.group_types import GROUP_TYPES, group_type_for_class
+from kvconform.model.kinds import KINDS, Kind
 from kvconform.model.methods import expected_lookahead, method_for
 from kvconform.model.observations import (
     FreeEvent,
@@ -51,6 +51,7 @@ from kvconform.model.observations import (
     SlotRecording,
     Trajectory,
 )
+from kvconform.model.parties import Party
 from kvconform.model.scenario import Scenario
 from kvconform.model.tiny_model import TinyModel
 from kvconform.oracles import engine as engine_party
@@ -127,25 +128,6 @@ def drive_engine(scenario: Scenario, vllm: Vllm) -> Trajectory:
         raise EngineRanOtherwise(recording.vllm_version or vllm.version, differences)
     return trajectory_from(scenario, recording)
 
-
-class EngineRanOtherwise(VllmUnavailable):
-    """vLLM's engine ran with something other than what the scenario states.
-
-    An error (``unsupported``: this release, on this platform, does not run the
-    scenario as written), never a verdict on a configuration the scenario does not
-    describe.
-    """
-
-    def __init__(self, version: str, differences: Sequence[str]) -> None:
-        self.differences = tuple(differences)
-        super().__init__(version, "an engine running what the scenario states",
-                         "; ".join(self.differences))  # fmt: skip
-
-    def __str__(self) -> str:
-        return (
-            f"vLLM {self.version}'s engine did not run what the scenario states: "
-            + "; ".join(self.differences)
-        )
 
 
 def engine_differences(scenario: Scenario, recording: engine_party.EngineRecording) -> list[str]:
@@ -306,7 +288,7 @@ def trajectory_from(scenario: Scenario, recording: engine_party.EngineRecording)
         num_speculative_tokens=k,
         vllm_lookahead=recording.lookahead,
         expected_lookahead=expected,
-        parties=("live", "warmup"),
+        parties=KINDS[Kind.ENGINE].recorded,
         exclusive_blocks=not model.enable_caching,
     )
     names = request_names(scenario, recording)
@@ -385,8 +367,8 @@ def slot_recording(trajectory: Trajectory, recording: engine_party.EngineRecordi
             if index is None:
                 continue  # a row of a request this step did not schedule (padding)
             obs = trajectory.observations[index]
-            party = "warmup" if obs.live is None else "live"
-            held = set((obs.block_ids if party == "live" else obs.warmup_block_ids) or ())
+            party = Party.WARMUP if obs.live is None else Party.LIVE
+            held = set((obs.block_ids if party == Party.LIVE else obs.warmup_block_ids) or ())
             slots.rows += 1
             kernel_size = sizes[g] if g < len(sizes) else trajectory.groups[g].block_size
             per_kv = per[g] if g < len(per) else 1

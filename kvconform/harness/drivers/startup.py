@@ -11,6 +11,7 @@ judges that record against one ``max_model_len`` request's floor.
 
 from __future__ import annotations
 
+from kvconform.model.kinds import KINDS, Kind
 from kvconform.model.observations import StartupRecord, Trajectory
 from kvconform.model.scenario import Scenario
 from kvconform.oracles.resolve import new_trajectory
@@ -21,7 +22,7 @@ from kvconform.oracles.vllm import Vllm
 def drive_startup(scenario: Scenario, vllm: Vllm) -> Trajectory:
     """Run vLLM's startup planning for a ``kind: startup`` scenario and record its decision."""
     trajectory = new_trajectory(scenario, vllm)
-    trajectory.parties = ("live",)
+    trajectory.parties = KINDS[Kind.STARTUP].recorded
     record = run_startup(vllm, scenario)
     trajectory.startup = record
     trajectory.num_blocks = record.num_blocks or 0

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 from kvconform.errors import Location, StepDenied
 from kvconform.harness.drivers.common import attach_predictor, denial
+from kvconform.model.kind_specs import WarmupSpec
+from kvconform.model.kinds import KINDS, Kind
 from kvconform.model.observations import FreeEvent, Observation, Trajectory
-from kvconform.model.scenario import Scenario, WarmupSpec
+from kvconform.model.scenario import Scenario
 from kvconform.oracles.live import LiveAllocator
 from kvconform.oracles.resolve import new_trajectory
 from kvconform.oracles.vllm import Vllm
@@ -59,7 +61,7 @@ def drive_warmup(scenario: Scenario, vllm: Vllm) -> Trajectory:
         trajectory.notes.append("the warmup scheduled nothing: there was nothing to check")
 
     live = LiveAllocator(vllm, model, trajectory, as_scheduler=False)
-    trajectory.parties = ("live", "predicted", "warmup")
+    trajectory.parties = KINDS[Kind.WARMUP].recorded
     predictor = attach_predictor(trajectory, vllm, model, live.null_block)
     floor_rules = [info.floor_rule.blocks for info in trajectory.groups]
     predict = (

@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from kvconform.errors import Location, ScenarioError, UsageError
+from kvconform.errors import Location, OverBudget, ScenarioError, UsageError
 
 
 @dataclass(frozen=True)
@@ -73,10 +73,6 @@ class Limits:
 LIMITS: contextvars.ContextVar[Limits] = contextvars.ContextVar(
     "kvconform_input_limits", default=Limits()  # noqa: B039 - frozen, never mutated
 )
-
-
-class OverBudget(ScenarioError):
-    """A document asks for more than a limit of :class:`Limits` allows."""
 
 
 def over(where: Location, what: str, count: int, name: str) -> OverBudget:

@@ -24,15 +24,9 @@ from kvconform.errors import Location, ScenarioError
 from kvconform.harness.loader.fields import Fields
 from kvconform.harness.loader.requests import parse_request_map
 from kvconform.model.group_types import DEFAULT_GROUPS
+from kvconform.model.kind_specs import ENGINE_RUNNERS, EngineRequest, EngineSpec
 from kvconform.model.methods import METHODS, EngineDraft, Method, method_for
-from kvconform.model.scenario import (
-    ENGINE_RUNNERS,
-    EngineRequest,
-    EngineSpec,
-    ModelSpec,
-    RequestSpec,
-    SpeculativeSpec,
-)
+from kvconform.model.scenario import ModelSpec, RequestSpec, SpeculativeSpec
 from kvconform.model.tiny_model import ENGINE_TARGETS, TinyModel
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
-from kvconform.errors import FileErrors, Location, ScenarioError, did_you_mean
+from kvconform.errors import Abandoned, FileErrors, Location, ScenarioError, did_you_mean
 from kvconform.harness.loader.budget import check_count
 from kvconform.harness.yamlio import LineDict
 
@@ -32,10 +32,6 @@ def report(error: ScenarioError) -> None:
     if problems is None:
         raise error
     problems.append(error)
-
-
-class Abandoned(Exception):
-    """A part not read further because a part it needs has a recorded problem."""
 
 
 def attempt(read: Callable[..., Any], *args: Any, fallback: Any = None) -> tuple[Any, bool]:

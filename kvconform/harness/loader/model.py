@@ -23,6 +23,7 @@ from kvconform.harness.loader.fields import (
 )
 from kvconform.harness.yamlio import LineList
 from kvconform.model.group_types import DEFAULT_GROUPS, GROUP_TYPES, hisparse_layout_error
+from kvconform.model.kinds import Kind, entry
 from kvconform.model.scenario import (
     GroupSpec,
     ModelSpec,
@@ -259,7 +260,8 @@ def check_extra_retained(model: ModelSpec, speculative: SpeculativeSpec | None, 
     method is MTP is checked where vLLM's method aliases are known, oracles/resolve.py.)
     Kinds other than trajectories build their groups from vLLM's own config.
     """
-    if kind != "trajectory":
+    builds_manager = entry(kind).builds_manager
+    if not builds_manager:
         # The other kinds build their KV-cache groups and speculative config from vLLM's.
         flagged = [g for g in model.groups if g.eagle_group]
         if flagged:
@@ -270,7 +272,7 @@ def check_extra_retained(model: ModelSpec, speculative: SpeculativeSpec | None, 
         if (
             speculative is not None
             and speculative.disable_lookahead_block_hashes
-            and kind != "scheduler"
+            and kind != Kind.SCHEDULER
         ):
             raise ScenarioError(
                 (speculative.where or Location("<scenario>")).at(
@@ -285,7 +287,7 @@ def check_extra_retained(model: ModelSpec, speculative: SpeculativeSpec | None, 
             continue
         where = group.where or Location("<scenario>")
         at = where.at(f"{where.field}.extra_retained_tokens")
-        if kind != "trajectory":
+        if not builds_manager:
             raise ScenarioError(
                 at, "only in trajectory scenarios (the other kinds build groups from vLLM's config)"
             )

@@ -16,9 +16,11 @@ from kvconform.harness.loader.fields import Fields
 from kvconform.harness.loader.model import MODEL_DEFAULTS
 from kvconform.harness.yamlio import LineDict
 from kvconform.model.group_types import GROUP_TYPES, types_for
-from kvconform.model.scenario import STARTUP_OUTCOMES, ModelSpec, SpeculativeSpec, StartupSpec
+from kvconform.model.kind_specs import STARTUP_OUTCOMES, StartupSpec
+from kvconform.model.kinds import Kind
+from kvconform.model.scenario import ModelSpec, SpeculativeSpec
 
-STARTUP_GROUP_TYPES = types_for("startup")
+STARTUP_GROUP_TYPES = types_for(Kind.STARTUP)
 
 # Mamba's cache mode whose one-request demand the floor states as pool blocks: its
 # running state plus its speculative blocks ("align" keeps null columns between states).

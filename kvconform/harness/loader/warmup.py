@@ -7,11 +7,7 @@ from typing import Any
 from kvconform.errors import Location, ScenarioError
 from kvconform.harness.loader.fields import Fields, as_written, releases
 from kvconform.harness.yamlio import LineDict, LineList
-from kvconform.model.scenario import (
-    WARMUP_SAMPLING,
-    WarmupPass,
-    WarmupSpec,
-)
+from kvconform.model.kind_specs import WARMUP_SAMPLING, WarmupPass, WarmupSpec
 
 # run_kv_cache_sizing_warmup: the steps an extensible KV cache is sized on (vLLM 0.34 on;
 # GPUWorker runs it after warmup_kernels, from a cache shrunk back to its minimum).

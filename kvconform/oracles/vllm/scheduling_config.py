@@ -25,6 +25,7 @@ from typing import Any
 from kvconform.model.scenario import ModelSpec, SchedulerSpec
 from kvconform.oracles.vllm.calls import accepts_keyword, call, quiet_logs
 from kvconform.oracles.vllm.core import Vllm
+from kvconform.oracles.vllm.engine import offers_runner
 
 __all__ = ["SchedulingConfigs"]
 
@@ -326,6 +327,11 @@ class SchedulingConfigs:
         this machine: on a machine without a usable Triton some releases pick V1
         where a GPU host would run V2, and refuse ``v2`` outright.
         """
+        if choice == "v1" and not offers_runner("v1"):
+            # The scheduler of such a release has no V1 behaviour left to configure.
+            raise self._vllm.not_offered(
+                "the V1 GPU model runner", "removed in 0.34.0 (vllm/v1/worker/gpu_model_runner.py)"
+            )
         name = "VLLM_USE_V2_MODEL_RUNNER"
         before = os.environ.get(name)
         if choice == "auto":
@@ -341,7 +347,10 @@ class SchedulingConfigs:
                 os.environ[name] = before
 
     def model_runner_name(self, vllm_config: Any) -> str:
-        """``V1`` or ``V2``: the model runner a built config is for (``V1`` before it existed)."""
+        """``V1`` or ``V2``: the model runner a built config is for (``V1`` before V2
+        existed; ``V2`` once the release removed V1 and, with it, the config's flag)."""
+        if not offers_runner("v1"):
+            return "V2"
         return "V2" if getattr(vllm_config, "use_v2_model_runner", False) else "V1"
 
     def kv_block_sizes(self, kv_cache_config: Any, vllm_config: Any) -> tuple[int, int]:
