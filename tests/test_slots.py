@@ -285,7 +285,9 @@ def test_an_unmapped_reason_is_short_names_the_figures_and_is_never_empty():
 
 def test_checks_option_values():
     # every check but slots by default (it runs vLLM's kernel, the one slow check)
-    assert parse_checks(None) == ("lookahead", "floor", "capacity", "startup", "agree", "sanity")
+    assert parse_checks(None) == (
+        "lookahead", "floor", "ceiling", "capacity", "startup", "agree", "sanity"
+    )  # fmt: skip
     assert parse_checks("slots,floor") == ("floor", "slots")  # reporting order
     assert parse_checks("all")[-1] == "slots"
     assert parse_checks("default,slots") == parse_checks("all")

@@ -68,6 +68,15 @@ class ZeroingList(NamedTuple):
     valid_tokens: int
 
 
+class ZeroingGroups(NamedTuple):
+    """The groups whose new blocks vLLM hands the worker to zero (its managers'
+    ``records_new_block_ids``), asked once when the manager is built; ``release_zeroes``:
+    the release has the mechanism at all (``KVCacheConfig.needs_kv_cache_zeroing``)."""
+
+    zeroed: tuple[int, ...]
+    release_zeroes: bool
+
+
 class RetainedHit(NamedTuple):
     """A group that retains a longer prefix hit (HiSparse's host source): the hit's
     blocks, the tokens the request has computed (hit and connector), its table after."""
@@ -128,6 +137,28 @@ class PrefixStats(NamedTuple):
     reset: bool
     held: int
     num_blocks: int
+
+
+class PoolCensus(NamedTuple):
+    """The device pool after a step (check ``sanity``, conservation and bookkeeping
+    families): its free-queue length and
+    size (the null block included), each live request's tables (the device pool's
+    groups), the blocks popped at an in-flight finish that still wait to go back, the
+    reference count of every block those hold, and which of them hold cached KV (a
+    block hash: full, read-only)."""
+
+    free: int
+    pool: int
+    tables: Mapping[str, tuple[tuple[int, ...], ...]]
+    deferred: tuple[int, ...]
+    refs: Mapping[int, int]
+    hashed: frozenset[int]
+    # The requests that are live (arrived, not finished nor aborted, by the oracle's own
+    # account), and the request ids each per-request structure of vLLM's KV-cache
+    # managers holds ("group 1 MambaManager._checkpoints": ids), read after a request
+    # ended since the last census (else empty): check ``sanity``, bookkeeping family.
+    live: frozenset[str] = frozenset()
+    bookkeeping: Mapping[str, frozenset[str]] = {}
 
 
 class StepEvents(NamedTuple):
@@ -378,12 +409,14 @@ Payload = Union[  # noqa: UP007 (a runtime union: the recording's codec reads it
     AdmissionHit,
     LookupEvents,
     ZeroingList,
+    ZeroingGroups,
     RetainedHit,
     InFlightPop,
     DeferredReturn,
     ResetAnswer,
     Eviction,
     PrefixStats,
+    PoolCensus,
     StepEvents,
     StepHandoffs,
     FinalizedTails,

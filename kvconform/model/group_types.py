@@ -126,6 +126,9 @@ class GroupType:
     # Whether the warmup predictor ``_reserved_block_count`` has a rule for the type;
     # where not, the ``agree`` check does not judge it (docs/findings.md names why).
     predicted: bool = True
+    # Why kvconform's contract states no ceiling for the type (kvconform.model.contract,
+    # check ``ceiling``); empty: it states one.
+    no_ceiling: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
@@ -342,6 +345,7 @@ GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
                 role="HISPARSE_SOURCE",
                 hisparse=True,
                 own_pool=True,
+                no_ceiling="a host pool of its own; its columns follow the host copy",
             ),
             GroupType(
                 "hisparse_indexer",
@@ -364,6 +368,8 @@ GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
                 modes=_HISPARSE,
                 fuzzed=False,
                 hisparse=True,
+                no_ceiling="the HiSparse connector adopts and drops resident pages, not the "
+                "token count",
             ),
             GroupType(
                 "hisparse_hot",
@@ -382,6 +388,7 @@ GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
                 hisparse=True,
                 # _reserved_block_count counts the hot group by tokens (docs/findings.md #4).
                 predicted=False,
+                no_ceiling="allocated only while the request reads host-backed history",
             ),
             GroupType(
                 "kpool_tail",
@@ -390,6 +397,7 @@ GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
                 WINDOWED_COLUMNS,
                 {"sliding_window": _WINDOW},
                 holds_null=True,
+                no_ceiling="a release-specific tail layout (vLLM 0.30-0.31), not modelled",
             ),
         )
     }

@@ -396,6 +396,13 @@ class Trajectory:
     # chunk starts and ends is the scheduler's decision (check `sanity`). A trajectory's
     # chunks are its scenario's.
     prefill_rows: set[int] = field(default_factory=set)
+    # Scheduler mode: how many earlier steps may still be in flight when vLLM schedules a
+    # step (0: synchronous; async scheduling 1; overlapped, its batches in flight): their
+    # tokens are computed but not processed (Request.num_in_flight_tokens).
+    steps_in_flight: int = 0
+    # Trajectory mode: observation index -> the tokens of earlier steps still in flight
+    # at its call (a step's ``in_flight``), where the scenario states any.
+    in_flight_tokens: dict[int, int] = field(default_factory=dict)
     # Steps vLLM refused although the floor fits them (check `capacity`); the driver
     # stops at the first.
     denials: list[Denial] = field(default_factory=list)

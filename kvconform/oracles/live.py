@@ -56,7 +56,7 @@ from dataclasses import replace
 from typing import Any
 
 from kvconform.errors import Location, ScenarioError
-from kvconform.model.facts import AdmissionHit, DefaultDisagreement, Payload
+from kvconform.model.facts import AdmissionHit, DefaultDisagreement, Payload, ZeroingGroups
 from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.observations import Trajectory
 from kvconform.model.scenario import Action, Call, ModelSpec, RequestSpec
@@ -168,6 +168,9 @@ class LiveAllocator(LiveFacts, LiveRefusals):
         # Fixed for the manager's life, so asked once: the groups whose new blocks vLLM
         # zeroes (None: it zeroes nothing) and those that retain a longer prefix hit.
         self._zeroing_groups = vllm.recording_groups(self.manager)
+        self._own_pool_groups = {
+            g for g, info in enumerate(trajectory.groups) if GROUP_TYPES[info.type].own_pool
+        }
         self._retained_hit_groups = vllm.retained_hit_groups(self.manager)
         self._scheduled: dict[str, tuple[int, int]] = {}
         # The calling request's tables as the last call to schedule left them.
@@ -216,6 +219,8 @@ class LiveAllocator(LiveFacts, LiveRefusals):
         # Requests admitted and neither preempted nor finished: the scheduler's
         # `running` list, whose emptiness decides whether the watermark applies.
         self._running_names: set[str] = set()
+        self._finished: set[str] = set()  # finished requests (their bookkeeping must go)
+        self._finished_at_census = 0
         # What vLLM did, for check `sanity` (kvconform.model.facts): of a call, (call,
         # fact); of the step, (request, fact), the request "-" for the step as a whole.
         self.call_facts: list[tuple[Call, Payload]] = []
@@ -228,6 +233,14 @@ class LiveAllocator(LiveFacts, LiveRefusals):
         self._cached_states: set[tuple[int, int, int]] = set()
         # The cache keys of every boundary state handed to the connector so far.
         self._freed_this_step: set[int] = set()
+        self.step_facts.append(
+            (
+                "-",
+                ZeroingGroups(
+                    tuple(self._zeroing_groups or ()), vllm.zeroes_new_blocks(self.manager)
+                ),
+            )
+        )
         for disagreement in vllm.forwarded_default_disagreements(self.manager):
             self.step_facts.append(("-", DefaultDisagreement(disagreement)))
 
@@ -272,6 +285,8 @@ class LiveAllocator(LiveFacts, LiveRefusals):
         self.return_deferred(ended_step=True)
         if self.model.log_stats:
             self._record_stats()
+        if self._hisparse is None:  # HiSparse's connector holds blocks outside the tables
+            self._record_census()
 
     def schedule(self, call: Call, encoder_len: int, where: Location) -> int:
         """Allocate for one call; returns the tokens it did not compute (hit and external).
@@ -502,7 +517,9 @@ class LiveAllocator(LiveFacts, LiveRefusals):
         self.manager.free(self._requests[name])
         self._running_names.discard(name)
         self._last_calls.pop(name, None)
+        self._finished.add(name)
 
     def forget(self, name: str) -> None:
         """Drop a finished request, so that its name can enter again (warmup passes)."""
         del self._requests[name]
+        self._finished.discard(name)

@@ -15,6 +15,7 @@ from kvconform.model.facts import (
     FinalizedTails,
     InFlightPop,
     LookupEvents,
+    PoolCensus,
     PrefixStats,
     ResetAnswer,
     RetainedHit,
@@ -45,6 +46,7 @@ class LiveFacts(LiveState):
         after = tuple(tuple(ids) for ids in self.block_ids(name))
         self.step_facts.append((name, InFlightPop(tuple(held), tuple(ids), after)))
         self._deferred.append((name, popped, False))
+        self._finished.add(name)
 
     def return_deferred(self, ended_step: bool = False) -> None:
         """Return the deferred blocks whose in-flight step has completed, tail first (the
@@ -110,6 +112,48 @@ class LiveFacts(LiveState):
         self.step_facts.append(
             (", ".join(sorted(tables)), Eviction(tuple(sorted(chosen)), tuple(kept)))
         )
+
+    def _record_census(self) -> None:
+        """The pool after the step, for the conservation and bookkeeping families: the
+        free count, the live tables of the device pool's groups, the blocks still
+        deferred, their references, the live requests and vLLM's per-request state."""
+        own_pool = self._own_pool_groups
+        null = self.null_block
+        tables = {
+            name: tuple(
+                tuple(ids) if group not in own_pool else ()
+                for group, ids in enumerate(self.block_ids(name))
+            )
+            for name in sorted(self._running_names | self._loaded)
+        }
+        deferred = tuple(
+            b.block_id for _, blocks, _ in self._deferred for b in blocks if b.block_id != null
+        )
+        held = {b for table in tables.values() for ids in table for b in ids if b != null}
+        refs, hashed = self.vllm.block_refs(self.manager, held | set(deferred))
+        self.step_facts.append(
+            (
+                "-",
+                PoolCensus(
+                    self.free_blocks(),
+                    self.vllm.pool_size(self.manager),
+                    tables,
+                    deferred,
+                    refs,
+                    hashed,
+                    frozenset(self._requests.keys() - self._finished),
+                    self._bookkeeping(),
+                ),
+            )
+        )
+
+    def _bookkeeping(self) -> dict[str, frozenset[str]]:
+        """vLLM's per-request state, read only after a request ended since the last census
+        (what must be dropped is dropped then, or stays): the scan costs a step's time."""
+        if len(self._finished) == self._finished_at_census:
+            return {}
+        self._finished_at_census = len(self._finished)
+        return self.vllm.request_keyed_state(self.manager, self._requests.keys())
 
     def _record_stats(self) -> None:
         """The step's ``make_prefix_cache_stats`` and ``usage``, with what its admissions

@@ -40,6 +40,9 @@ class LiveState:
     # whether the step that returns them has begun).
     _deferred: list[tuple[str, list[Any], bool]]
     _zeroing_groups: list[int] | None  # the groups whose new blocks vLLM zeroes
+    _own_pool_groups: set[int]  # groups whose blocks come from a pool of their own
+    _finished: set[str]  # finished requests: vLLM's per-request state of them must go
+    _finished_at_census: int  # how many had finished at the last bookkeeping scan
     _retained_hit_groups: tuple[int, ...]  # the groups that retain a longer prefix hit
     _handoff_groups: list[int]  # Mamba "align" groups handing boundary states over
     _cached_states: set[tuple[int, int, int]]  # boundary states cached when the step began

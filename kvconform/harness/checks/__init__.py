@@ -1,6 +1,6 @@
 """The checks: one module each, registered here in reporting order.
 
-Each module (``lookahead``, ``floor``, ``capacity``, ``startup``, ``agree``,
+Each module (``lookahead``, ``floor``, ``ceiling``, ``capacity``, ``startup``, ``agree``,
 ``sanity``, ``slots``) holds a check's judgement and its
 :class:`~kvconform.model.checks.Check` record; this package assembles the
 registry :data:`CHECKS`, reads ``--checks`` values and judges a recorded
@@ -18,7 +18,16 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from kvconform.errors import CheckSkipped
-from kvconform.harness.checks import agree, capacity, floor, lookahead, sanity, slots, startup
+from kvconform.harness.checks import (
+    agree,
+    capacity,
+    ceiling,
+    floor,
+    lookahead,
+    sanity,
+    slots,
+    startup,
+)
 from kvconform.harness.checks.records import PARTY_NAMES
 from kvconform.model.checks import Check
 from kvconform.model.observations import Trajectory
@@ -40,7 +49,7 @@ __all__ = [
 CHECKS: Mapping[str, Check] = MappingProxyType(
     {
         module.CHECK.name: module.CHECK
-        for module in (lookahead, floor, capacity, startup, agree, sanity, slots)
+        for module in (lookahead, floor, ceiling, capacity, startup, agree, sanity, slots)
     }
 )
 # What a plain run checks. `slots` runs vLLM's kernel (under Triton's interpreter

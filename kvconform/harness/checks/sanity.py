@@ -31,7 +31,9 @@
 The invariants that need more than the recorded tables are judged by one module per
 family, over the facts the oracles record (:mod:`kvconform.model.facts`): ``allocator``
 (stated hits and resets, retained hits, evictions, prefix-cache stats, declared
-defaults), ``zeroing``, ``handoffs``, ``kv_events``, ``encoder`` (scheduler mode's
+defaults), ``conservation`` (free + held = the pool, reference counts, no writable block
+shared, after every step), ``bookkeeping`` (vLLM's per-request state of ended requests
+dropped), ``zeroing``, ``handoffs``, ``kv_events``, ``encoder`` (scheduler mode's
 multimodal inputs) and ``lifecycle`` (in-flight finishes, stops, rejections,
 ``SchedulerStats``, streaming sessions, pauses and aborts); ``warmup`` and ``mamba``
 read the recorded tables. This module runs them in a fixed order, the facts' failures
@@ -47,6 +49,8 @@ from collections.abc import Iterator, Sequence
 
 from kvconform.harness.checks import (
     allocator,
+    bookkeeping,
+    conservation,
     encoder,
     handoffs,
     kv_events,
@@ -141,7 +145,16 @@ def _refusals_refused(trajectory: Trajectory) -> Iterator[Failure]:
 
 
 # The families that judge the facts the live oracle records (kvconform.model.facts).
-FACT_FAMILIES = (allocator, zeroing, handoffs, kv_events, encoder, lifecycle)
+FACT_FAMILIES = (
+    allocator,
+    conservation,
+    bookkeeping,
+    zeroing,
+    handoffs,
+    kv_events,
+    encoder,
+    lifecycle,
+)
 
 
 def _recorded_facts(trajectory: Trajectory) -> Iterator[Failure]:

@@ -9,6 +9,11 @@ records (:class:`~kvconform.model.facts.ZeroingList`), and in scheduler mode to 
 :class:`~kvconform.model.facts.StepZeroingList`): there a block a request held at the
 last ``schedule()`` and holds still has its KV written, and a new block is valid only
 under the tokens computed before the step or an asynchronous load it begins.
+
+Which groups must zero is derived from the specs, not taken from vLLM's
+``records_new_block_ids`` (:func:`kvconform.model.contract.zeroing_groups`): a group that
+must and whose new blocks vLLM never records (:class:`~kvconform.model.facts.ZeroingGroups`)
+fails once, whatever the lists say.
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from kvconform.harness.checks.records import at_request, fact_failure, facts_of
-from kvconform.model.facts import Fact, StepZeroingList, ZeroingList
+from kvconform.model.contract import ZEROING_REASON, zeroing_groups
+from kvconform.model.facts import Fact, StepZeroingList, ZeroingGroups, ZeroingList
 from kvconform.model.observations import NOT_ZEROED, ZEROES_VALID_KV, Trajectory
 from kvconform.model.results import Failure
 from kvconform.model.zeroing import judge_zeroing
@@ -87,13 +93,34 @@ def _step_list(
             )
 
 
+def _groups_zeroed(trajectory: Trajectory, fact: Fact, what: ZeroingGroups) -> Iterator[Failure]:
+    """Every group the specs say must zero its new blocks (:func:`zeroing_groups`) is one
+    whose new blocks vLLM hands the worker to zero. Judged on releases that zero new
+    blocks at all; earlier ones predate the mechanism (#35219)."""
+    if not what.release_zeroes:
+        return
+    for group in sorted(set(zeroing_groups(trajectory.groups)) - set(what.zeroed)):
+        label = trajectory.groups[group].label
+        yield fact_failure(
+            fact,
+            f"group {group} ({label}): its new blocks are never handed to the worker to "
+            f"zero (vLLM zeroes groups {list(what.zeroed) or 'none'}), but it must zero "
+            f"them: {ZEROING_REASON}",
+            NOT_ZEROED,
+        )
+
+
 def judge(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
     """(fact index, failure) of the zeroing family, in recording order."""
     null = trajectory.null_block
     # Scheduler mode: each request's tables at the last schedule() call.
     previous: dict[str, tuple[tuple[int, ...], ...]] = {}
-    for index, fact in facts_of(trajectory, ZeroingList, StepZeroingList):
+    for index, fact in facts_of(trajectory, ZeroingList, StepZeroingList, ZeroingGroups):
         what = fact.what
+        if isinstance(what, ZeroingGroups):
+            for failure in _groups_zeroed(trajectory, fact, what):
+                yield index, failure
+            continue
         if isinstance(what, StepZeroingList):
             for failure in _step_list(trajectory, fact, previous):
                 yield index, failure

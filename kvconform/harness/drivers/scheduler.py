@@ -104,6 +104,10 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
         trajectory.lookahead if contract_lookahead is None else contract_lookahead,
     )
 
+    # Async scheduling schedules a step before the previous ones' outputs are processed.
+    trajectory.steps_in_flight = {"sync": 0, "async": 1}.get(
+        record.mode, record.max_concurrent_batches
+    )
     if record.lookahead is not None:
         trajectory.lookahead = record.lookahead
         trajectory.lookahead_source = f"{record.scheduler_class}.num_lookahead_tokens"
@@ -264,6 +268,7 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
             )
         )
     _step_facts(trajectory, record.zeroing, "schedule", lines)
+    _step_facts(trajectory, record.census, "schedule", lines)
     _deferred_frees(trajectory, record.deferred_frees, lines, notes)
     _encoder_facts(trajectory, record, lines)
     for step, note in record.encoder_notes.items():

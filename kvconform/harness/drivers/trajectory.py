@@ -157,6 +157,11 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
             maxima = predicted_max.get(name)
             if maxima is None:
                 maxima = predicted_max[name] = [0] * num_groups
+            if call.options.in_flight:
+                first = len(observations)
+                trajectory.in_flight_tokens.update(
+                    (first + g, call.options.in_flight) for g in range(num_groups)
+                )
             for g, floor_of, predict in per_group:
                 predicted = pmax = None
                 if predict is not None and not unpredicted:

@@ -155,6 +155,9 @@ class SchedulerRun:
     resets: list[ResetRecord] = field(default_factory=list)
     # The facts check `sanity` judges, by what they are of (kvconform.model.facts).
     zeroing: list[StepFact] = field(default_factory=list)
+    # The pool after each schedule() (check ``sanity``, conservation family).
+    census: list[StepFact] = field(default_factory=list)
+    finished_at_census: int = 0  # requests finished at the last bookkeeping scan
     encoder: list[StepFact] = field(default_factory=list)
     # What each step does with the encoder, in a few words (explain's step notes).
     encoder_notes: dict[int, str] = field(default_factory=dict)

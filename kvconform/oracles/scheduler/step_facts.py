@@ -1,5 +1,5 @@
 """What the scheduler oracle records of each step beside its counts (the facts
-:mod:`kvconform.harness.checks` judges): the step's zeroing list, the worker's encoder work
+:mod:`kvconform.harness.checks` judges): the step's zeroing list, the pool's census, the worker's encoder work
 and the encoder inputs the step reports, and the KV-cache events the scheduler publishes."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from kvconform.model.facts import (
     EncoderInputStats,
     EncoderStep,
     MmInput,
+    PoolCensus,
     PublishedEvents,
     StepZeroingList,
 )
@@ -56,6 +57,55 @@ def record_zeroing(
                 frozenset(oracle.vllm.step_blocks_to_zero(output)),
             ),
         )
+    )
+
+
+def record_census(oracle: OracleState) -> None:
+    """The pool after a ``schedule()`` (checked by the conservation family): the free
+    count, every request's tables, the blocks vLLM popped for a deferred free and has not
+    returned yet, and their reference counts."""
+    null = oracle.run.null_block
+    tables = {
+        rid: tuple(tuple(ids) for ids in oracle.manager.get_block_ids(rid))
+        for rid in oracle.scheduler.requests
+    }
+    deferred = tuple(
+        b
+        for record in oracle.run.deferred_frees
+        if record.returned is None
+        for ids in record.held
+        for b in ids
+        if b != null
+    )
+    held = {b for table in tables.values() for ids in table for b in ids if b != null}
+    refs, hashed = oracle.vllm.block_refs(oracle.manager, held | set(deferred))
+    oracle.run.census.append(
+        StepFact(
+            oracle._step,
+            "-",
+            PoolCensus(
+                oracle.vllm.free_block_count(oracle.manager),
+                oracle.vllm.pool_size(oracle.manager),
+                tables,
+                deferred,
+                refs,
+                hashed,
+                frozenset(oracle.scheduler.requests.keys() - oracle.run.finished),
+                _bookkeeping(oracle),
+            ),
+        )
+    )
+
+
+def _bookkeeping(oracle: OracleState) -> dict[str, frozenset[str]]:
+    """vLLM's per-request state, read only after a request ended since the last census
+    (what must be dropped is dropped then, or stays): the scan costs a step's time."""
+    ended = len(oracle.run.finished)
+    if ended == oracle.run.finished_at_census:
+        return {}
+    oracle.run.finished_at_census = ended
+    return oracle.vllm.request_keyed_state(
+        oracle.manager, oracle.scheduler.requests.keys() | oracle.run.finished
     )
 
 

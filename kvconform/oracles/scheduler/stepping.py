@@ -11,7 +11,7 @@ from typing import Any
 
 from kvconform.errors import NotOffered, PoolExhausted, ScenarioError
 from kvconform.model.acceptance import AcceptanceStream
-from kvconform.model.facts import DeferredRelease, HeldAfterAbortAll
+from kvconform.model.facts import DeferredRelease, HeldAfterAbortAll, ZeroingGroups
 from kvconform.model.floors import pool_columns
 from kvconform.model.observations import GroupInfo
 from kvconform.model.scenario import Scenario
@@ -38,6 +38,7 @@ from kvconform.oracles.scheduler.records import (
 from kvconform.oracles.scheduler.sessions import Sessions
 from kvconform.oracles.scheduler.step_facts import (
     KvEventMirror,
+    record_census,
     record_encoder_input_stats,
     record_encoder_step,
     record_zeroing,
@@ -134,6 +135,15 @@ class SchedulerOracle:
         self._loaded: set[str] = set()  # began loading remote KV, not scheduled since
         # The groups whose new blocks vLLM zeroes (None: it zeroes nothing).
         self._zeroed_groups = vllm.recording_groups(self.manager)
+        self.run.zeroing.append(
+            StepFact(
+                0,
+                "-",
+                ZeroingGroups(
+                    tuple(self._zeroed_groups or ()), vllm.zeroes_new_blocks(self.manager)
+                ),
+            )
+        )
         # (step, request) of the client's aborts, in order.
         self._aborts = sorted(
             (req.abort_at, name)
@@ -284,6 +294,7 @@ class SchedulerOracle:
         self._lifecycle.scheduled(rows)
         self._sessions.scheduled(self._step, rows)
         record_zeroing(self, output, rows, loading_now)
+        record_census(self)
         record_encoder_step(self, output, rows)
         record_encoder_input_stats(self, output)
         return answers

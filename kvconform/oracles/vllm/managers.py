@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib
 import typing
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any
 
 from kvconform.oracles.vllm.base import _RETENTION_VARIABLE, _UNSET, VllmBase, _environment
@@ -299,6 +299,44 @@ class ManagersPart(VllmBase):
     def free_block_count(self, manager: Any) -> int:
         return int(manager.block_pool.get_num_free_blocks())
 
+    def pool_size(self, manager: Any) -> int:
+        """The blocks of the manager's pool, the null block included."""
+        return len(manager.block_pool.blocks)
+
+    def block_refs(
+        self, manager: Any, block_ids: Iterable[int]
+    ) -> tuple[dict[int, int], frozenset[int]]:
+        """The reference count of each of ``block_ids``, and those that hold cached KV."""
+        blocks = manager.block_pool.blocks
+        refs = {block: int(blocks[block].ref_cnt) for block in block_ids}
+        hashed = frozenset(
+            block for block in refs if getattr(blocks[block], "block_hash", None) is not None
+        )
+        return refs, hashed
+
+    def request_keyed_state(
+        self, manager: Any, request_ids: Collection[str]
+    ) -> dict[str, frozenset[str]]:
+        """The request ids each per-request structure of the KV-cache manager, its
+        coordinator and its single-type managers holds: every dict or set attribute keyed
+        by request ids (``req_to_blocks``, ``num_cached_block``, Mamba's ``_checkpoints``,
+        ...), found by its keys, so that a structure a release adds is seen too."""
+        owners: list[tuple[str, Any]] = [("KVCacheManager", manager)]
+        coordinator = getattr(manager, "coordinator", None)
+        if coordinator is not None:
+            owners.append((type(coordinator).__name__, coordinator))
+            for index, single in enumerate(getattr(coordinator, "single_type_managers", ())):
+                owners.append((f"group {index} {type(single).__name__}", single))
+        found: dict[str, frozenset[str]] = {}
+        for label, owner in owners:
+            for attribute, value in vars(owner).items():
+                if not isinstance(value, dict | set | frozenset) or not value:
+                    continue
+                keys = frozenset(k for k in value if isinstance(k, str) and k in request_ids)
+                if keys:
+                    found[f"{label}.{attribute}"] = keys
+        return found
+
     def block_is_cached(self, manager: Any, block_id: int) -> bool:
         """Whether a block of the manager's pool holds cached KV (it has a block hash)."""
         return getattr(manager.block_pool.blocks[block_id], "block_hash", None) is not None
@@ -314,6 +352,12 @@ class ManagersPart(VllmBase):
         step), for ``groups``, the manager's :meth:`recording_groups`."""
         managers = manager.coordinator.single_type_managers
         return {index: list(managers[index].take_new_block_ids()) for index in groups}
+
+    def zeroes_new_blocks(self, manager: Any) -> bool:
+        """Whether this release hands the worker new blocks to zero at all (its
+        ``KVCacheConfig`` has ``needs_kv_cache_zeroing``; #35219 added it)."""
+        config = getattr(manager, "kv_cache_config", None)
+        return hasattr(config, "needs_kv_cache_zeroing")
 
     def recording_groups(self, manager: Any) -> list[int] | None:
         """The groups whose new blocks vLLM zeroes (their managers record them); None where
