@@ -44,7 +44,7 @@ from kvconform.oracles.scheduler.step_facts import (
     record_zeroing,
 )
 from kvconform.oracles.vllm import Vllm
-from kvconform.oracles.vllm.calls import quiet_logs
+from kvconform.oracles.vllm.calls import muted_vllm_logs, quiet_logs
 from kvconform.oracles.vllm.scheduling import Scheduling
 
 # Draft token ids sit above a request's outputs (the layout of kvconform.oracles.live),
@@ -482,7 +482,7 @@ class SchedulerOracle:
             # vLLM logs a KV load failure the scenario states as an error ("Failing 1
             # request(s) due to KV load failure"): the run's verdict says what happened.
             self._applying = applied.step
-            with quiet_logs(logging.ERROR):
+            with muted_vllm_logs(logging.ERROR):
                 result = scheduler.update_from_output(output, model_output)
             self._lifecycle.applied(applied, result)
             if self._events is not None:

@@ -38,6 +38,42 @@ def quiet_logs(level: int = logging.WARNING) -> Iterator[None]:
         logging.disable(logging.NOTSET)
 
 
+class _BelowLevel(logging.Filter):
+    """Drops records at ``level`` and below; installed once on the handlers vLLM's records
+    reach, and raised and lowered by :func:`muted_vllm_logs` (a plain attribute, so
+    entering and leaving costs nothing, where ``logging.disable`` clears the level cache of
+    every logger each time)."""
+
+    level = logging.NOTSET
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno > self.level
+
+
+_MUTE = _BelowLevel()
+
+
+@contextlib.contextmanager
+def muted_vllm_logs(level: int = logging.WARNING) -> Iterator[None]:
+    """:func:`quiet_logs` for a call made at every step (the scheduler's
+    ``update_from_output``): vLLM's records at ``level`` and below are dropped at the
+    handlers they reach (vLLM's own logger's, the root's, the last resort), which are
+    looked up on each entry so that a handler added since is muted too."""
+    for handler in (
+        *logging.getLogger("vllm").handlers,
+        *logging.getLogger().handlers,
+        logging.lastResort,
+    ):
+        if handler is not None and _MUTE not in handler.filters:
+            handler.addFilter(_MUTE)
+    before = _MUTE.level
+    _MUTE.level = max(before, level)
+    try:
+        yield
+    finally:
+        _MUTE.level = before
+
+
 def flatten_literal(literal: Any) -> list[str]:
     names: list[str] = []
     for arg in typing.get_args(literal):
