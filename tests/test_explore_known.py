@@ -97,3 +97,30 @@ def test_a_bad_file_of_known_findings_exits_2_before_vllm_loads(
     both = ["explore", "--known-findings", str(bad), "--no-known-findings"]
     assert main(both) == 2
     assert "exclude each other" in "".join(capsys.readouterr())
+
+
+def test_the_command_reports_finding_14_as_known_and_exits_0(
+    vllm: Vllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The search itself is kvconform's, replaced here by what a search that found #14
+    returns: its scenario's real result on the installed vLLM (the slow seed-0 test runs
+    the real search). The command's judgement of it is what is tested."""
+    from kvconform.explore import runner
+
+    (scenario,) = load_file(FINDING_14)
+    result = run_scenario(scenario, vllm)
+    (signature,) = signatures(result)
+
+    def found_14(vllm_: Vllm, *args: object, **kwargs: object) -> runner.ExploreRun:
+        stats = runner.ExploreStats(seed=0, budget=1, vllm_version=vllm_.version)
+        return runner.ExploreRun(stats, [(FINDING_14, signature, result)])
+
+    monkeypatch.setattr(runner, "run_explore", found_14)
+    monkeypatch.chdir(REPO)  # the default file, as make explore runs it
+    assert main(["explore", "--budget", "1", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"{signature}: {FINDING_14} -- known (finding #14)" in out, out
+    assert "only known findings; exit 0" in out
+    assert main(["explore", "--budget", "1", "--out", str(tmp_path), "--no-known-findings"]) == 1
+    out = capsys.readouterr().out
+    assert "known (finding" not in out and "exit 1" in out, out
