@@ -204,6 +204,15 @@ def _failure(
             Signature("sanity", "-"),
         ),
         (
+            # A failure that names its invariant: one signature per rule broken.
+            replace(
+                _failure("sanity", "step 1 ... frees a block ..."),
+                detail={"invariant": "frees a block the attention still reads"},
+            ),
+            ("sliding_window",),
+            Signature("sanity", "SlidingWindowSpec", "frees a block the attention still reads"),
+        ),
+        (
             _failure("lookahead", "... for method 'dflash' with k=3 ...", group=None),
             ("full_attention",),
             Signature("lookahead", "dflash"),
@@ -213,7 +222,9 @@ def _failure(
 def test_signatures_are_coarse_where_one_root_cause_shows_many_times(
     failure: Failure, types: tuple[str, ...], expected: Signature
 ) -> None:
-    spec_type = {"mamba": "MambaSpec"}.get(types[0], "FullAttentionSpec")
+    spec_type = {"mamba": "MambaSpec", "sliding_window": "SlidingWindowSpec"}.get(
+        types[0], "FullAttentionSpec"
+    )
     failure = replace(failure, spec_type=spec_type if failure.group is not None else None)
     result = ScenarioResult("x", "x.yaml", Verdict.FAILED, failures=[failure])
     result.trajectory = _trajectory(*types)

@@ -64,6 +64,7 @@ def test_a_reproducer_that_passes_unpatched_detects_the_bug(
     assert result.caught_by == {"explore-s0-2": ["floor"]}
     explore, run = calls
     assert explore[explore.index("--known") + 1] == str(known)
+    assert "--no-known-findings" in explore  # any finding is a catch; triage is not its job
     assert explore[explore.index("--vllm-src") + 1] == "/patched"
     assert run[run.index("--vllm-src") + 1] == "/pristine"
     assert sum(arg.endswith(".yaml") for arg in run) == 2  # every reproducer, one process

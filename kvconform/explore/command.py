@@ -4,8 +4,9 @@ The command's options (:func:`add_arguments`) and its application logic
 (:func:`explore`): the argument checks, the vLLM, the search
 (:func:`kvconform.explore.runner.run_explore`), the statistics, and the findings
 gathered into root-cause groups as ``kvconform run`` gathers a run's failures.
-Exit status as ``kvconform run``: 0 nothing found, 1 findings, 2 bad usage,
-3 vLLM could not be exercised.
+Exit status as ``kvconform run``: 0 nothing found (or only findings the file of
+triaged findings lists for this vLLM, :mod:`kvconform.explore.known`), 1 new
+findings, 2 bad usage or a bad file of known findings, 3 vLLM could not be exercised.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from kvconform import __version__
 from kvconform.errors import ExitStatus, UsageError
 from kvconform.explore import DEFAULT_BUDGET, DEFAULT_MAX_FINDINGS, NIGHTLY_BUDGET, PR_BUDGET
+from kvconform.explore.known import DEFAULT_KNOWN_FINDINGS
 from kvconform.harness.subcommand import CommandLine, Subcommand
 
 DEFAULT_EXPLORE_DIR = "build/explore"
@@ -64,6 +66,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="an explore-summary.json of an earlier run: its findings' signatures are not "
         "searched for again (kvconform realbugs --explorer-only passes the unpatched release's)",
     )
+    parser.add_argument(
+        "--known-findings",
+        metavar="FILE",
+        help="triaged findings, reported as 'known (finding #N)' without making the exit 1 "
+        f"(default {DEFAULT_KNOWN_FINDINGS}, where it exists)",
+    )
+    parser.add_argument(
+        "--no-known-findings",
+        action="store_true",
+        help="read no file of triaged findings: every finding makes the exit 1",
+    )
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -78,6 +91,21 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise UsageError(f"--seed must be at least 0, not {args.seed}")
     if args.known is not None and not Path(args.known).is_file():
         raise UsageError(f"--known: no such file {args.known}")
+    if args.known_findings is not None:
+        if args.no_known_findings:
+            raise UsageError("--known-findings and --no-known-findings exclude each other")
+        if not Path(args.known_findings).is_file():
+            raise UsageError(f"--known-findings: no such file {args.known_findings}")
+
+
+def known_findings_file(args: argparse.Namespace) -> Path | None:
+    """The file of triaged findings to read: --known-findings, else the default where it exists."""
+    if args.no_known_findings:
+        return None
+    if args.known_findings is not None:
+        return Path(args.known_findings)
+    default = Path(DEFAULT_KNOWN_FINDINGS)
+    return default if default.is_file() else None
 
 
 def explore(
@@ -92,10 +120,14 @@ def explore(
         raise UsageError(
             "kvconform explore needs Hypothesis: pip install 'kvconform[fuzz]'"
         ) from None
+    from kvconform.explore.known import load_known_findings, triaged
     from kvconform.harness.root_causes import find_root_causes
     from kvconform.harness.session import load_vllm, vllm_to_load
 
     check_arguments(args)
+    known_file = known_findings_file(args)
+    # A bad entry is a ScenarioError (file, line, field; exit 2), before vLLM is loaded.
+    triaged_findings = load_known_findings(known_file) if known_file is not None else []
     try:
         known = known_signatures(Path(args.known)) if args.known else ()
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -107,6 +139,10 @@ def explore(
     command += ["--jobs", str(args.jobs), "--out", args.out]
     if args.known:
         command += ["--known", args.known]
+    if args.known_findings:
+        command += ["--known-findings", args.known_findings]
+    if args.no_known_findings:
+        command += ["--no-known-findings"]
     if args.vllm_src:
         command += ["--vllm-src", args.vllm_src]
     if release:
@@ -125,6 +161,7 @@ def explore(
         progress=say,
         max_findings=args.max_findings,
         known=known,
+        known_findings=triaged_findings,
     )
     stats = run.stats
     say("")
@@ -133,21 +170,30 @@ def explore(
     say(f"  drew from {stats.space}")
     for name, why in sorted(stats.excluded.items()):
         say(f"  not drawn: {name}: {why}")
+    if known_file is not None:
+        say(f"  triaged findings from {known_file} ({len(triaged_findings)} entries)")
     if not run.reproduced:
         say("no findings; exit 0")
         return ExitStatus.CONFORM
-    say(f"{len(run.reproduced)} finding(s), reproducers in {args.out}:")
     from kvconform.fuzz.findings import first_message
 
+    new = [
+        found for found in run.reproduced if not triaged(found[1], vllm.version, triaged_findings)
+    ]
+    say(f"{len(run.reproduced)} finding(s), {len(new)} new, reproducers in {args.out}:")
     for path, signature, result in run.reproduced:
-        say(f"  {signature}: {path}")
+        entry = triaged(signature, vllm.version, triaged_findings)
+        say(f"  {signature}: {path}" + (f" -- {entry.label()}" if entry else ""))
         say(f"     {' '.join(first_message(result, signature).split())[:300]}")
-    causes = find_root_causes([result for _, _, result in run.reproduced])
+    if not new:
+        say("only known findings; exit 0")
+        return ExitStatus.CONFORM
+    causes = find_root_causes([result for _, _, result in new])
     if causes:
         say(f"root causes ({len(causes)}):")
         for cause in causes:
             say(f"  {cause.sentence()}")
-    crashes = [(p, s) for p, s, _ in run.reproduced if s.check == "crash"]
+    crashes = [(p, s) for p, s, _ in new if s.check == "crash"]
     for path, signature in crashes:
         say(f"  vLLM raised {signature.subject} at {signature.detail or '?'}: {path}")
     say("exit 1")

@@ -22,7 +22,7 @@ import json
 import multiprocessing
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 
 from kvconform.errors import VllmUnavailable
 from kvconform.explore import DEFAULT_MAX_FINDINGS
+from kvconform.explore.known import KnownFinding, triaged
 from kvconform.explore.space import ExploreSpace, build_explore_space
 from kvconform.explore.strategies import FEATURES, workloads
 from kvconform.fuzz.findings import Signature, first_message
@@ -197,12 +198,15 @@ def run_explore(
     max_findings: int = DEFAULT_MAX_FINDINGS,
     examples: int | None = None,
     known: tuple[Signature, ...] = (),
+    known_findings: Sequence[KnownFinding] = (),
 ) -> ExploreRun:
     """Explore ``vllm`` for ``budget_seconds`` of search (or ``examples`` workloads).
 
     ``out=None`` writes nothing; ``known``: signatures another run reported, not searched for
-    again (``kvconform explore --known``). ``progress`` gets a line per finding,
-    ``on_example`` each searched example's outcome ("passed", "rejected",
+    again (``kvconform explore --known``); ``known_findings``: triaged findings
+    (:mod:`.known`), still searched for and reported, each marked in the summary with
+    its findings.md number (``"known"``, null for a new finding). ``progress`` gets a line
+    per finding, ``on_example`` each searched example's outcome ("passed", "rejected",
     "failed"; single-process runs only).
     """
     started = time.perf_counter()
@@ -256,7 +260,9 @@ def run_explore(
     summary["findings"] = [
         {"signature": str(signature), "file": str(path) if path else None,
          "parts": [signature.check, signature.subject, signature.detail],
-         "message": first_message(result, signature)}
+         "message": first_message(result, signature),
+         "known": entry.finding if (entry := triaged(signature, vllm.version, known_findings))
+         else None}
         for path, signature, result in run.reproduced
     ]  # fmt: skip
     write_summary(out_dir, SUMMARY_FILE, summary)

@@ -11,8 +11,9 @@ while a failure of another party or another code path is another:
   the predictor is one function whose branches follow the floor table's rules,
   so a predictor bug shows once per rule, not once per spec class;
 * ``agree``: (agree, floor family, which side holds more);
-* ``sanity``: (sanity, spec class), or (sanity, "-") for a failure that concerns
-  no group (a leak over the whole pool);
+* ``sanity``: (sanity, spec class, invariant) where the failure names its invariant
+  (``detail["invariant"]``), else (sanity, spec class); "-" for the spec class of a
+  failure that concerns no group (a leak over the whole pool);
 * ``lookahead``: (lookahead, method);
 * a crash of vLLM on a legal scenario: (crash, exception type, vLLM frame).
 

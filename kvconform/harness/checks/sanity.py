@@ -482,9 +482,13 @@ def blame(result: ScenarioResult, failure: Failure) -> Blame:
 
 
 def signature(result: ScenarioResult, failure: Failure) -> tuple[str, str]:
-    """(spec class): each spec class has its own manager; "-" for a failure of no group
-    (a leak over the whole pool)."""
-    return failure.spec_type or "-", ""
+    """(spec class, invariant): each spec class has its own manager; "-" for a failure of
+    no group (a leak over the whole pool). The invariant the failure names
+    (``detail["invariant"]``) splits one manager's findings by the rule broken, so that a
+    triaged bug of one rule (``scenarios/explore-known.yaml``) does not hide another's;
+    a failure that names none keeps the coarser (spec class)."""
+    invariant = (failure.detail or {}).get("invariant")
+    return failure.spec_type or "-", str(invariant) if invariant else ""
 
 
 CHECK = Check(

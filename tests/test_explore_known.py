@@ -1,0 +1,126 @@
+"""The explorer's file of triaged findings (kvconform/explore/known.py).
+
+* The committed scenarios/explore-known.yaml makes the failure of findings.md #14 -- its
+  scenario run on the installed vLLM, signed as the explorer signs a finding -- known on
+  the pinned release; an entry for other releases, or another invariant, does not.
+* Bad entries are one ScenarioError with file, line and field; on the command line,
+  exit 2 before vLLM is loaded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvconform.errors import ScenarioError
+from kvconform.explore.known import (
+    DEFAULT_KNOWN_FINDINGS,
+    load_known_findings,
+    parse_known_findings,
+    triaged,
+)
+from kvconform.fronts.cli import main
+from kvconform.fuzz.findings import Signature, signatures
+from kvconform.harness.loader.files import load_file
+from kvconform.harness.runner import run_scenario
+from kvconform.oracles.vllm import Vllm
+
+REPO = Path(__file__).resolve().parent.parent
+FINDING_14 = REPO / "scenarios/scheduler/sched-remote-prefill-sliding-window-last-token.yaml"
+
+
+def test_finding_14_is_known_on_the_pinned_vllm_and_not_on_other_releases(vllm: Vllm) -> None:
+    known = load_known_findings(REPO / DEFAULT_KNOWN_FINDINGS)
+    (scenario,) = load_file(FINDING_14)
+    result = run_scenario(scenario, vllm)  # no expectations: the raw failure
+    found = signatures(result)
+    assert found, result.headline()
+    entries = [triaged(signature, vllm.version, known) for signature in found]
+    assert [e.finding for e in entries if e is not None] == [14], found
+    assert all(s.check == "sanity" and s.subject == "SlidingWindowSpec" for s in found)
+    # The same signature on a release the entry does not name is a new finding.
+    assert triaged(found[0], "0.27.1", known) is None
+    other = parse_known_findings(
+        f'- {{signature: "{found[0]}", vllm: "!={vllm.version}", finding: 14, evidence: x}}\n',
+        "other.yaml",
+    )
+    assert triaged(found[0], vllm.version, other) is None
+    # Another invariant of the same manager is another finding.
+    sibling = Signature("sanity", "SlidingWindowSpec", "shares a block between live requests")
+    assert triaged(sibling, vllm.version, known) is None
+
+
+ENTRY = '- signature: "sanity / -"\n  vllm: ">=0.28.0"\n  finding: 14\n  evidence: x\n'
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "says"),
+    [
+        ("signature: x\n", "k.yaml:1", "a list of entries"),
+        ("- just text\n", "k.yaml:1: [0]", "a mapping"),
+        (ENTRY.replace("  evidence: x\n", ""), "k.yaml:1: [0]", "missing field 'evidence'"),
+        (ENTRY + "  reason: y\n", "k.yaml:5: [0].reason", "unknown field"),
+        (ENTRY.replace('"sanity / -"', '"sanitee / -"'), "k.yaml:1: [0].signature", "not a check"),
+        (ENTRY.replace('">=0.28.0"', '"0.28"'), "k.yaml:2: [0].vllm", "not a version specifier"),
+        (ENTRY.replace("finding: 14", "finding: fourteen"), "k.yaml:3: [0].finding", "number"),
+        (ENTRY.replace("evidence: x", 'evidence: ""'), "k.yaml:4: [0].evidence", "one line"),
+        (ENTRY + ENTRY.replace("finding: 14", "finding: 0"), "k.yaml:7: [1].finding", "number"),
+    ],
+)
+def test_a_bad_entry_is_one_error_with_file_line_and_field(
+    text: str, where: str, says: str
+) -> None:
+    with pytest.raises(ScenarioError) as error:
+        parse_known_findings(text, "k.yaml")
+    assert str(error.value.where) == where
+    assert says in error.value.message
+
+
+def test_the_committed_file_loads_and_a_good_entry_parses() -> None:
+    assert [e.finding for e in load_known_findings(REPO / DEFAULT_KNOWN_FINDINGS)] == [14]
+    (entry,) = parse_known_findings(ENTRY, "k.yaml")
+    assert entry.holds(Signature("sanity", "-"), "0.34.0")
+    assert not entry.holds(Signature("sanity", "-"), "0.27.1")
+    assert entry.label() == "known (finding #14)"
+
+
+def test_a_bad_file_of_known_findings_exits_2_before_vllm_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "known.yaml"
+    bad.write_text(ENTRY.replace("finding: 14", "finding: -1"))
+    assert main(["explore", "--known-findings", str(bad), "--out", str(tmp_path)]) == 2
+    out = capsys.readouterr()
+    assert f"{bad}:3: [0].finding" in out.out + out.err
+    assert "loading" not in out.out + out.err
+    both = ["explore", "--known-findings", str(bad), "--no-known-findings"]
+    assert main(both) == 2
+    assert "exclude each other" in "".join(capsys.readouterr())
+
+
+def test_the_command_reports_finding_14_as_known_and_exits_0(
+    vllm: Vllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The search itself is kvconform's, replaced here by what a search that found #14
+    returns: its scenario's real result on the installed vLLM (the slow seed-0 test runs
+    the real search). The command's judgement of it is what is tested."""
+    from kvconform.explore import runner
+
+    (scenario,) = load_file(FINDING_14)
+    result = run_scenario(scenario, vllm)
+    (signature,) = signatures(result)
+
+    def found_14(vllm_: Vllm, *args: object, **kwargs: object) -> runner.ExploreRun:
+        stats = runner.ExploreStats(seed=0, budget=1, vllm_version=vllm_.version)
+        return runner.ExploreRun(stats, [(FINDING_14, signature, result)])
+
+    monkeypatch.setattr(runner, "run_explore", found_14)
+    monkeypatch.chdir(REPO)  # the default file, as make explore runs it
+    assert main(["explore", "--budget", "1", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"{signature}: {FINDING_14} -- known (finding #14)" in out, out
+    assert "only known findings; exit 0" in out
+    assert main(["explore", "--budget", "1", "--out", str(tmp_path), "--no-known-findings"]) == 1
+    out = capsys.readouterr().out
+    assert "known (finding" not in out and "exit 1" in out, out
