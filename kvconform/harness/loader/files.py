@@ -50,10 +50,10 @@ def discover(paths: Sequence[str | Path]) -> list[Path]:
 
 def is_scenario_file(path: Path) -> bool:
     """YAML files in a scenario tree, minus expectations, methods files, mutation-campaign
-    inputs and private files."""
+    and explorer inputs (``explore-known.yaml``) and private files."""
     return not (
         path.name.startswith(("_", "."))
-        or path.stem.startswith(("expectations", "mutation-"))
+        or path.stem.startswith(("expectations", "mutation-", "explore-"))
         or path.stem == "methods"
     )
 
