@@ -69,3 +69,25 @@ def test_the_bug_put_back_turns_its_scenario_red(bug: str, pristine_tree: Path, 
     assert entry["verdict"] == "failed", entry
     messages = [f["message"] for f in entry["failures"] if f["check"] == check]
     assert any(words in m for m in messages), entry["failures"]
+
+
+@pytest.mark.slow
+def test_an_abort_during_a_load_that_leaves_a_block_unwritten_is_judged_not_a_crash(
+    pristine_tree: Path, tmp_path: Path
+):
+    # The load reports a block of a's table unwritten after vLLM freed a's blocks at the
+    # abort: the scheduler oracle once read that block from a's (now empty) table and raised
+    # IndexError, so the bug showed as a crash of kvconform's own code. It takes the block
+    # from those the load began with, and the sanity invariant judges the free.
+    bug = "abort-during-async-kv-load-frees-blocks"
+    tree = tree_with_patch(pristine_tree, tmp_path / "tree", PATCHES / f"{bug}.patch")
+    scenario = "scenarios/scheduler/sched-remote-load-block-failure-abort.yaml"
+    proc = run_kvconform(
+        "run", scenario, "--vllm-src", tree, "--report-dir", tmp_path / "report", cwd=REPO
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (entry,) = json.loads((tmp_path / "report" / "report.json").read_text())["scenarios"]
+    assert (entry["verdict"], entry["error_kind"], entry["error"]) == ("failed", None, None)
+    invariants = {f["detail"]["invariant"] for f in entry["failures"] if f["check"] == "sanity"}
+    assert invariants == {"hands out a block a KV load still writes into"}, entry["failures"]
+    assert any("when the client aborted it" in f["message"] for f in entry["failures"])

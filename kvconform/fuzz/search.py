@@ -230,7 +230,9 @@ def search(
                         stats.rejected_unsupported += 1
                     tick("rejected")
                 reject()
-            if result.error_kind is ErrorKind.INPUT:
+            if result.error_kind in (ErrorKind.INPUT, ErrorKind.INTERNAL):
+                # A document kvconform refuses, or kvconform's own code raising on it: a
+                # kvconform bug to fix, never a finding on vLLM.
                 raise GeneratorBug(f"{result.error}\n--- the drawn scenario:\n{render(doc)}")
             found = signatures(result)
             if searching:

@@ -100,8 +100,8 @@ def run_scenario(
             str(exc),
         )
     except Exception as exc:  # noqa: BLE001 - vLLM raising on a valid scenario is a finding
-        result.verdict, result.error_kind = Verdict.ERROR, ErrorKind.CRASH
         result.error = describe_crash(exc, vllm)
+        result.verdict, result.error_kind = Verdict.ERROR, crash_kind(result.error)
     else:
         cannot_run, crash = run_parties(trajectory, vllm, checks)
         if record is not None:
@@ -197,7 +197,7 @@ def conclude(
     result.failures = judgement.failures
     result.skipped_checks = {name: skipped[name] for name in checks if name in skipped}
     if crash is not None:
-        result.verdict, result.error_kind, result.error = Verdict.ERROR, ErrorKind.CRASH, crash
+        result.verdict, result.error_kind, result.error = Verdict.ERROR, crash_kind(crash), crash
     elif result.failures:
         result.verdict = Verdict.FAILED
     elif checks and len(result.skipped_checks) == len(checks):
@@ -219,21 +219,78 @@ def run_all(
         yield run_scenario(scenario, vllm, checks, expectations)
 
 
+# kvconform's package, whose frames make an exception kvconform's own (describe_crash).
+_KVCONFORM_PACKAGE = Path(__file__).resolve().parents[1]
+# How describe_crash begins the description of an exception of kvconform's own code: a
+# recording keeps only the text, and ``judge`` classifies it again from it (crash_kind).
+INTERNAL_ERROR_PREFIX = "kvconform's "
+
+
+def _kvconform_part(filename: str) -> str | None:
+    """What part of kvconform a frame's file is (``scheduler oracle``, ``driver``, ...), or
+    None for a file outside kvconform's package."""
+    try:
+        parts = Path(filename).resolve().relative_to(_KVCONFORM_PACKAGE).parts
+    except ValueError:
+        return None
+    if parts[:2] == ("oracles", "vllm"):
+        return "vLLM adapter"
+    if parts[:1] == ("oracles",) and len(parts) > 2:
+        return f"{parts[1]} oracle"
+    if parts[:1] == ("oracles",):
+        return "oracle"
+    if parts[:2] == ("harness", "drivers"):
+        return "driver"
+    if parts[:2] == ("harness", "checks"):
+        return "check"
+    return "code"
+
+
 def describe_crash(exc: BaseException, vllm: Vllm) -> str:
-    """The exception and the innermost vLLM frame it passed through."""
+    """The exception and whose code raised it: the innermost frame that is vLLM's or
+    kvconform's.
+
+    Where that frame is vLLM's, vLLM raised on a valid scenario (a finding): "vLLM V raised
+    E at vllm/...py:LINE in FN". Where it is kvconform's, the exception came from
+    kvconform's own code with no vLLM call under it (an oracle indexing what it recorded,
+    say), and vLLM is not to blame: "kvconform's scheduler oracle raised E at
+    kvconform/...py:LINE in FN" (:func:`crash_kind` makes it ``internal``). Frames of
+    neither (the standard library, torch) do not decide: a ``KeyError`` out of a ``dict``
+    belongs to whoever indexed it. A vLLM frame called back through a stub of kvconform's
+    is kvconform's when the stub raises.
+    """
     frames = traceback.extract_tb(exc.__traceback__)
-    location = Path(vllm.location).parent
-    inside = [f for f in frames if f.filename.startswith(str(Path(vllm.location)))]
-    frame = inside[-1] if inside else (frames[-1] if frames else None)
+    tree = str(Path(vllm.location))
+    owned = [
+        (f, None if f.filename.startswith(tree) else _kvconform_part(f.filename))
+        for f in frames
+        if f.filename.startswith(tree) or _kvconform_part(f.filename) is not None
+    ]
+    frame, part = owned[-1] if owned else (frames[-1] if frames else None, None)
     where = ""
     if frame is not None:
+        base = _KVCONFORM_PACKAGE.parent if part is not None else Path(vllm.location).parent
         try:
-            shown = str(Path(frame.filename).relative_to(location))
+            shown = str(Path(frame.filename).resolve().relative_to(base.resolve()))
         except ValueError:
             shown = frame.filename
         where = f" at {shown}:{frame.lineno} in {frame.name}"
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"vLLM {vllm.version} raised {type(exc).__name__}{': ' + text if text else ''}{where}"
+    raised = f"raised {type(exc).__name__}{': ' + text if text else ''}{where}"
+    if part is not None:
+        return (
+            f"{INTERNAL_ERROR_PREFIX}{part} {raised} (an error of kvconform, not a finding on "
+            f"vLLM {vllm.version})"
+        )
+    return f"vLLM {vllm.version} {raised}"
+
+
+def crash_kind(description: str) -> ErrorKind:
+    """``internal`` for an exception :func:`describe_crash` put on kvconform's own code (it
+    is not a finding; the run exits 3, vLLM could not be exercised), else ``crash``."""
+    if description.startswith(INTERNAL_ERROR_PREFIX):
+        return ErrorKind.INTERNAL
+    return ErrorKind.CRASH
 
 
 def exit_status(results: Iterable[ScenarioResult], input_errors: int = 0) -> ExitStatus:

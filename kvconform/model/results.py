@@ -52,7 +52,10 @@ class Verdict(str, enum.Enum):
 class ErrorKind(str, enum.Enum):
     INPUT = "input"
     UNSUPPORTED = "unsupported"
-    CRASH = "crash"
+    CRASH = "crash"  # vLLM raised on a valid scenario: a finding
+    # kvconform's own code (an oracle, a driver, a check's party) raised with no vLLM
+    # frame inside it: an error of kvconform, not a finding; vLLM was not exercised.
+    INTERNAL = "internal"
 
 
 @dataclass(frozen=True)

@@ -102,7 +102,13 @@ def received_loads(oracle: OracleState) -> tuple[set[str], set[str], set[int]]:
     received them, those whose load failed as a whole, and the blocks a load left unwritten.
 
     The worker reports a transfer received in the output of the step it finished in, and
-    with it whether the load failed (as a whole, or leaving a block unwritten).
+    with it whether the load failed (as a whole, or leaving a block unwritten). The block
+    left unwritten is one of those the load was given when it began (its
+    :class:`LoadRecord`), not of the request's table now: the worker writes into the blocks
+    it was handed, whatever the scheduler did with them since. A vLLM that freed them
+    meanwhile (a client abort during the load, #32255) leaves the request no table; the
+    free is recorded with the run's events, and the ``sanity`` invariant "hands out a block
+    a KV load still writes into" judges it.
     """
     received: set[str] = set()
     failed: set[str] = set()
@@ -117,5 +123,10 @@ def received_loads(oracle: OracleState) -> tuple[set[str], set[str], set[int]]:
             if failure == "request":
                 failed.add(rid)
             elif isinstance(failure, int):
-                invalid.add(oracle.manager.get_block_ids(rid)[0][failure])
+                begun = next(
+                    e
+                    for e in reversed(oracle.run.events)
+                    if isinstance(e, LoadRecord) and e.request == rid
+                )
+                invalid.add(begun.block_ids[0][failure])
     return received, failed, invalid

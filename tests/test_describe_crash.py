@@ -1,0 +1,93 @@
+"""Whose code raised: describe_crash puts an exception on vLLM (a ``crash``, a finding) or
+on kvconform's own code (``internal``, exit 3), by the innermost frame that is either's.
+
+The tracebacks are fabricated: code compiled under the file name of a module of vLLM's
+tree (a folder of tmp_path standing for it) or of kvconform's package, so that no vLLM is
+imported.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+import kvconform
+from kvconform.harness.runner import conclude, crash_kind, describe_crash, exit_status
+from kvconform.model.observations import Trajectory
+from kvconform.model.results import ErrorKind, ScenarioResult, Verdict
+
+PACKAGE = Path(kvconform.__file__).resolve().parent
+
+
+def raised_through(*files: Path, error: Exception) -> BaseException:
+    """The exception raised by the last of ``files``, each file's code calling the next's,
+    all on line 2 of theirs."""
+    namespace: dict[str, Any] = {"error": error}
+    for depth, file in reversed(list(enumerate(files))):
+        call = "raise error" if depth == len(files) - 1 else f"frame_{depth + 1}()"
+        source = f"def frame_{depth}():\n    {call}\n"
+        exec(compile(source, str(file), "exec"), namespace)  # noqa: S102 - fabricated frames
+    try:
+        namespace["frame_0"]()
+    except Exception as exc:  # noqa: BLE001 - the fabricated exception is the subject
+        return exc
+    raise AssertionError("nothing raised")
+
+
+@pytest.fixture
+def vllm(tmp_path) -> Any:
+    return SimpleNamespace(location=str(tmp_path / "vllm"), version="0.33.0")
+
+
+def test_an_exception_of_kvconforms_oracle_is_kvconforms_not_vllms(vllm):
+    oracle = PACKAGE / "oracles" / "scheduler" / "inputs.py"
+    driver = PACKAGE / "harness" / "drivers" / "scheduler.py"
+    scheduler = Path(vllm.location) / "v1" / "core" / "sched" / "scheduler.py"
+    # The driver calls vLLM's scheduler, then the oracle indexes what it recorded.
+    exc = raised_through(driver, scheduler, driver, oracle, error=IndexError("list index"))
+    text = describe_crash(exc, vllm)
+    assert text == (
+        "kvconform's scheduler oracle raised IndexError: list index at "
+        "kvconform/oracles/scheduler/inputs.py:2 in frame_3 (an error of kvconform, not a "
+        "finding on vLLM 0.33.0)"
+    )
+    assert crash_kind(text) is ErrorKind.INTERNAL
+
+
+def test_an_exception_of_a_driver_names_the_driver(vllm):
+    driver = PACKAGE / "harness" / "drivers" / "scheduler.py"
+    text = describe_crash(raised_through(driver, error=KeyError("b")), vllm)
+    assert text.startswith("kvconform's driver raised KeyError: 'b' at kvconform/harness/")
+
+
+def test_an_exception_of_vllm_under_kvconforms_code_stays_vllms(vllm):
+    driver = PACKAGE / "harness" / "drivers" / "scheduler.py"
+    scheduler = Path(vllm.location) / "v1" / "core" / "sched" / "scheduler.py"
+    text = describe_crash(raised_through(driver, scheduler, error=AssertionError("x")), vllm)
+    assert text == (
+        "vLLM 0.33.0 raised AssertionError: x at vllm/v1/core/sched/scheduler.py:2 in frame_1"
+    )
+    assert crash_kind(text) is ErrorKind.CRASH
+
+
+def test_a_library_frame_under_vllm_leaves_it_vllms(vllm, tmp_path):
+    # torch or the standard library raising under vLLM's call: vLLM's, at vLLM's frame.
+    scheduler = Path(vllm.location) / "v1" / "core" / "kv_cache_manager.py"
+    library = tmp_path / "site-packages" / "torch" / "functional.py"
+    text = describe_crash(raised_through(scheduler, library, error=RuntimeError("shape")), vllm)
+    assert text.startswith("vLLM 0.33.0 raised RuntimeError: shape at vllm/v1/core/")
+
+
+def test_an_internal_error_exits_3_and_is_no_finding_also_when_judged_again(vllm):
+    oracle = PACKAGE / "oracles" / "scheduler" / "stepping.py"
+    text = describe_crash(raised_through(oracle, error=IndexError("x")), vllm)
+    result = ScenarioResult("x", "f.yaml", Verdict.PASSED)
+    # A recording keeps only the text (kvconform judge concludes from it): same kind.
+    conclude(result, Trajectory(groups=(), lookahead=0, lookahead_source="test"), (), {}, text)
+    assert (result.verdict, result.error_kind) == (Verdict.ERROR, ErrorKind.INTERNAL)
+    assert exit_status([result]) == 3
+    vllms = ScenarioResult("y", "f.yaml", Verdict.ERROR, error_kind=ErrorKind.CRASH)
+    assert exit_status([result, vllms]) == 1
