@@ -335,6 +335,10 @@ class LiveAllocator(LiveFacts, LiveRefusals):
         A refused call leaves the request as it was, as the scheduler leaves it.
         """
         new_blocks, _, _, _ = self._allocate(call, encoder_len, where)
+        if new_blocks is not None:
+            # Granted after all: the request holds what vLLM gave it, and the pool's census
+            # at the end of the step counts its table (the driver stops after this step).
+            self._running_names.add(call.request)
         return new_blocks is None
 
     def _allocate(self, call: Call, encoder_len: int, where: Location) -> tuple[Any, int, Any, int]:
