@@ -73,7 +73,8 @@ class ExploreStats(SearchStats):
             f"shrinking {self.shrink_runs} runs in {self.shrink_seconds:.1f} s, "
             f"set-up {self.setup_seconds:.1f} s",
             f"  rejected: {self.share(self.rejected_pool)} pool ran dry, "
-            f"{self.share(self.rejected_unsupported)} not buildable; of {searched} run: "
+            f"{self.share(self.rejected_unsupported)} not buildable, "
+            f"{self.share(self.rejected_input)} unfinished at max_steps; of {searched} run: "
             f"preempted: {self.share(self.preempting)}, pool left with <= 1 free block: "
             f"{self.share(self.under_pressure)}",
             "  modes: " + ", ".join(f"{m} {self.share(n)}" for m, n in sorted(self.modes.items())),
@@ -100,7 +101,9 @@ class ExploreStats(SearchStats):
 
     def add(self, other: dict[str, Any]) -> None:
         """Fold a worker's ``to_json`` into this run's counts (findings apart)."""
-        for name in ("examples", "rejected_pool", "rejected_unsupported", "shrink_runs"):
+        for name in (
+            "examples", "rejected_pool", "rejected_unsupported", "rejected_input", "shrink_runs"
+        ):
             setattr(self, name, getattr(self, name) + int(other[name]))
         for name in ("scheduler_steps", "preempting", "under_pressure"):
             setattr(self, name, getattr(self, name) + int(other[name]))

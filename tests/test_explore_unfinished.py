@@ -1,0 +1,71 @@
+"""A drawn workload that the run refuses as input (vLLM's scheduler leaves requests
+unfinished at ``max_steps``) is counted and passed over by the search, never a crash of
+the explorer (``GeneratorBug``): liveness is not judged yet (docs/contract.md), and a
+shrink candidate that stalls does not reproduce the finding being shrunk."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+
+from kvconform.fuzz.search import Budget, SearchStats, run_document, search
+from kvconform.harness.yamlio import load_yaml
+from kvconform.model.results import ErrorKind
+
+# Found by `kvconform explore --seed 0` while shrinking (vLLM 0.34.0: unfinished after
+# max_steps): a Mamba-only model, chunked prefill off, a long-prefill threshold of 1 token.
+UNFINISHED = """\
+kind: scheduler
+model:
+  block_size: 16
+  max_model_len: 48
+  kv_cache_events: true
+  enable_caching: true
+  num_blocks: 11
+  groups:
+    - mamba
+speculative: {method: dflash, num_speculative_tokens: 1}
+scheduler:
+  mode: overlapped
+  max_num_seqs: 3
+  enable_chunked_prefill: false
+  max_num_batched_tokens: 48
+  long_prefill_token_threshold: 1
+  log_stats: true
+  spec_decode_metrics: none
+requests:
+  a: {prompt_len: 1, max_tokens: 1, accept: none}
+  b: {prompt_len: 1, max_tokens: 1, accept: none}
+  c: {prompt_len: 17, max_tokens: 1, accept: none, mm_inputs: [{offset: 0, length: 1, id: c-0}]}
+
+"""
+
+
+class OneDocument:
+    """An example source that draws one document, always (kvconform's, for this test)."""
+
+    name = "explore"
+
+    def __init__(self, doc: dict[str, Any]) -> None:
+        self.doc = doc
+
+    def documents(self) -> st.SearchStrategy[dict[str, Any]]:
+        return st.just(self.doc)
+
+    def measure(self, result: Any, doc: dict[str, Any]) -> None:
+        pass
+
+
+def test_a_workload_left_unfinished_is_counted_not_a_crash(vllm):
+    doc = dict(load_yaml(UNFINISHED, "<unfinished>"))
+    result = run_document(doc, vllm)
+    if result.error_kind is None:
+        return  # this vLLM finishes the workload: nothing for the search to pass over
+    assert result.error_kind is ErrorKind.INPUT and "max_steps" in (result.error or ""), (
+        result.error
+    )
+    stats = SearchStats(seed=0, budget=3)
+    search(OneDocument(doc), vllm, stats, Budget(examples=3))  # raises GeneratorBug if broken
+    assert stats.rejected_input == stats.examples >= 1
+    assert stats.findings == []
