@@ -445,3 +445,22 @@ def test_a_model_runner_the_release_removed_is_unsupported(vllm, tmp_path):
     else:
         assert result.verdict is Verdict.UNSUPPORTED, result.headline()
         assert "lacks the V1 GPU model runner: removed in 0.34.0" in result.error
+
+
+def test_kv_cache_usage_counts_the_blocks_held_back_for_an_in_flight_step(vllm):
+    """With overlapped batches and a kv_consumer connector vLLM defers a finished request's
+    blocks until the output of the step in flight (``Scheduler.defer_block_free``): they are
+    out of its table but still referenced, and ``kv_cache_usage`` counts them. c (3 blocks)
+    finishes in step 1's output, applied after step 2 scheduled it: that output's stats
+    count a's 4 blocks and c's 3. Without them in the recording, sanity blamed vLLM."""
+    from kvconform.harness.checks.records import facts_of
+    from kvconform.model.facts import StepStats
+
+    (scenario,) = load_file(SCENARIOS / "sched-remote-prefill-overlapped-stats.yaml")
+    result = runner.run_scenario(scenario, vllm)
+    assert result.verdict is Verdict.PASSED, result.headline()
+    assert result.trajectory is not None
+    held = {fact.step: (fact.what.held, fact.what.pool) for _, fact in facts_of(
+        result.trajectory, StepStats
+    )}  # fmt: skip
+    assert held[1] == (4 + 3, 11)
