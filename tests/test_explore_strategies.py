@@ -47,6 +47,28 @@ def test_every_drawn_workload_loads_as_a_scheduler_scenario(doc: dict[str, Any])
     assert len(scenario.requests) == len(doc["requests"])
 
 
+def _stop_past_max_model_len(doc: dict[str, Any]) -> bool:
+    room = doc["model"]["max_model_len"]
+    return any(r.get("stop_at", 0) > room - r["prompt_len"] for r in doc["requests"].values())
+
+
+def test_no_stop_is_drawn_past_max_model_len() -> None:
+    """``check_stop`` ends a request at ``max_model_len`` tokens whatever it samples next, so
+    a stop past ``max_model_len - prompt_len`` is never sampled; the loader refuses one, and
+    a drawn one made the explorer blame vLLM for ending the request by its length
+    ("ends a request elsewhere than at the output that stops it")."""
+    from hypothesis.errors import NoSuchExample
+
+    with pytest.raises(NoSuchExample):
+        find(
+            workloads(SPACE),
+            _stop_past_max_model_len,
+            settings=settings(
+                max_examples=1500, derandomize=True, database=None, phases=[Phase.generate]
+            ),
+        )
+
+
 @QUICK
 @given(st.data())
 def test_a_feature_that_is_off_leaves_no_trace(data: st.DataObject) -> None:

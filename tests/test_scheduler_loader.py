@@ -379,6 +379,14 @@ SPEC = "speculative: {method: eagle, num_speculative_tokens: 3}\n"
             "must be at most max_tokens (4)",
         ),
         (
+            # check_stop caps the request at max_model_len tokens: 20 + 12 = 32 outputs 12
+            "kind: scheduler\nmodel: {max_model_len: 32}\nrequests:\n"
+            "  a: {prompt_len: 20, max_tokens: 16, stop_at: 13}\n",
+            4,
+            "requests.a.stop_at",
+            "must be at most 12 (max_model_len 32 less prompt_len 20)",
+        ),
+        (
             "kind: scheduler\nrequests:\n  a: {prompt_len: 5, stop_at: 0}\n",
             3,
             "requests.a.stop_at",

@@ -445,3 +445,43 @@ def test_a_model_runner_the_release_removed_is_unsupported(vllm, tmp_path):
     else:
         assert result.verdict is Verdict.UNSUPPORTED, result.headline()
         assert "lacks the V1 GPU model runner: removed in 0.34.0" in result.error
+
+
+def test_kv_cache_usage_counts_the_blocks_held_back_for_an_in_flight_step(vllm):
+    """With overlapped batches and a kv_consumer connector vLLM defers a finished request's
+    blocks until the output of the step in flight (``Scheduler.defer_block_free``): they are
+    out of its table but still referenced, and ``kv_cache_usage`` counts them. c (3 blocks)
+    finishes in step 1's output, applied after step 2 scheduled it: that output's stats
+    count a's 4 blocks and c's 3. Without them in the recording, sanity blamed vLLM."""
+    from kvconform.harness.checks.records import facts_of
+    from kvconform.model.facts import StepStats
+
+    (scenario,) = load_file(SCENARIOS / "sched-remote-prefill-overlapped-stats.yaml")
+    result = runner.run_scenario(scenario, vllm)
+    assert result.verdict is Verdict.PASSED, result.headline()
+    assert result.trajectory is not None
+    held = {fact.step: (fact.what.held, fact.what.pool) for _, fact in facts_of(
+        result.trajectory, StepStats
+    )}  # fmt: skip
+    assert held[1] == (4 + 3, 11)
+
+
+def test_a_block_back_from_the_pool_at_another_column_is_zeroed(vllm):
+    """A sliding window's block that left the window (``remove_skipped_blocks`` nulls its
+    column) and comes back from the pool in the same schedule() at another column is new
+    there: on the zeroing list, rightly. Sanity blamed vLLM when it took any block held at
+    the last step and still held for one with its KV written."""
+    from kvconform.harness.checks.records import facts_of
+    from kvconform.model.facts import StepZeroingList
+
+    (scenario,) = load_file(SCENARIOS / "sched-sliding-window-reused-block-zeroed.yaml")
+    result = runner.run_scenario(scenario, vllm)
+    assert result.verdict is Verdict.PASSED, result.headline()
+    assert result.trajectory is not None
+    null = result.trajectory.null_block
+    lists = [fact.what for _, fact in facts_of(result.trajectory, StepZeroingList)]
+    (window,) = lists[0].groups
+    first, second = lists[0].tables["a"][window], lists[1].tables["a"][window]
+    # Step 1 nulls column 0 and holds its old block at a later column, on the list.
+    assert second[0] == null and first[0] in second[1:]
+    assert first[0] in lists[1].listed

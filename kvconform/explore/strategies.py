@@ -266,7 +266,9 @@ def _draw_requests(
         if aborts:
             body["abort_at"] = body.get("arrival", 0) + draw(_ints(0, 10))
         elif on["stops"] and not loads and draw(_BOOLS):
-            body["stop_at"] = draw(_ints(1, body["max_tokens"]))
+            # The loader's range: vLLM ends a request at max_model_len tokens regardless.
+            room = min(body["max_tokens"], max_model_len - prompt_len)
+            body["stop_at"] = draw(_ints(1, room))
             if draw(_BOOLS):
                 body["stop_with"] = "eos"
         requests[name] = body

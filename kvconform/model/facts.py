@@ -357,7 +357,8 @@ class RunEnded(NamedTuple):
 
 class StepStats(NamedTuple):
     """``SchedulerStats`` of a step's output (``present``: returned at all), and what it
-    is held to: the blocks the requests hold of the pool, the admissions since the last
+    is held to: the blocks the requests hold of the pool (with those vLLM holds back for
+    finished ones while a step that may write them is in flight), the admissions since the last
     output (request, phase, tokens, hit) and the asynchronous loads (request, prompt, local
     hit, tokens with the loaded ones), the prefix-cache stats it reports (per kind), the
     step's verifications (request, drafts, accepted) and its ``spec_decoding_stats``."""

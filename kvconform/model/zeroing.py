@@ -17,20 +17,23 @@ from collections.abc import Callable, Collection, Sequence
 
 def judge_zeroing(
     table: Sequence[int],
-    before: Collection[int],
+    before: Sequence[int],
     listed: Collection[int],
     null_block: int,
     holds_valid_kv: Callable[[int, int], bool],
 ) -> tuple[list[int], list[int]]:
     """(new blocks left off the list, valid blocks on it) of one group's ``table``.
 
-    ``before``: the table's blocks at the previous allocation (not new);
+    ``before``: the table at the previous allocation: a block at the same column there is
+    not new. One that moved columns is: vLLM freed it (a sliding window's block that left
+    the window, ``remove_skipped_blocks``) and handed it out again in the same call, so its
+    KV is another position's, and it is new at its new column;
     ``holds_valid_kv(index, block)``: whether the block at that column holds KV already.
     """
     unzeroed: list[int] = []
     wiped: list[int] = []
     for index, block in enumerate(table):
-        if block == null_block or block in before:
+        if block == null_block or (index < len(before) and before[index] == block):
             continue
         valid = holds_valid_kv(index, block)
         if valid and block in listed:

@@ -21,8 +21,9 @@ In scheduler mode, what ``schedule()`` and ``update_from_output`` make of each s
 * its spec-decode metrics at the finish count its verifications
   (``scheduler.spec_decode_metrics``); with ``scheduler.log_stats`` each output's
   ``SchedulerStats`` equal what the recorded steps give (``Scheduler.make_stats``):
-  ``kv_cache_usage`` the distinct blocks the requests hold over the pool without its null
-  block; ``prefix_cache_stats`` per admission since the last output one request, its
+  ``kv_cache_usage`` the distinct blocks the requests hold (with those vLLM holds back for a
+  finished one while a step that may write them is in flight) over the pool without its
+  null block; ``prefix_cache_stats`` per admission since the last output one request, its
   tokens as queries and its hit as hits (a resumed one apart; a connector's lookups in
   ``connector_prefix_cache_stats``; the first schedule after a KV load that left the request
   nothing computed is a lookup again, as vLLM's ``schedule()`` makes it);

@@ -7,7 +7,8 @@ prefix hit's, one an asynchronous load writes) is: the rule is
 records (:class:`~kvconform.model.facts.ZeroingList`), and in scheduler mode to each
 ``schedule()`` call's list (``SchedulerOutput.new_block_ids_to_zero``,
 :class:`~kvconform.model.facts.StepZeroingList`): there a block a request held at the
-last ``schedule()`` and holds still has its KV written, and a new block is valid only
+last ``schedule()`` and holds still at the same column has its KV written (one that moved
+column was freed and handed out again: new), and a new block is valid only
 under the tokens computed before the step or an asynchronous load it begins.
 
 Which groups must zero is derived from the specs, not taken from vLLM's
@@ -39,17 +40,19 @@ def _step_list(
     assert isinstance(what, StepZeroingList)
     null = trajectory.null_block
     listed = set(what.listed)
-    # A block a request held at the last step and holds still has KV written by then:
-    # on the list, the worker wipes it (a load that completed, a computed prefix).
+    # A block a request held at the last step and holds still, at the same column, has KV
+    # written by then: on the list, the worker wipes it (a load that completed, a computed
+    # prefix). At another column it is new: vLLM freed it (a sliding window's block that
+    # left the window, remove_skipped_blocks, nulls its column) and handed it out again.
     for rid, table in sorted(what.tables.items()):
         if rid not in previous:
             continue
-        kept = [
+        kept = sorted(
             block
             for group in what.groups
-            for block in sorted(set(table[group]) & set(previous[rid][group]) & listed)
-            if block != null
-        ]
+            for block, was in zip(table[group], previous[rid][group], strict=False)
+            if block == was and block != null and block in listed
+        )
         if kept:
             yield fact_failure(
                 at_request(trajectory, fact, rid),
@@ -71,7 +74,7 @@ def _step_list(
                 return loading or column * size < valid_end  # noqa: B023 - called at once
 
             missing, wrong = judge_zeroing(
-                table[group], set(before[group]), listed, null, holds_valid_kv
+                table[group], before[group], listed, null, holds_valid_kv
             )
             unzeroed += missing
             wiped += wrong
@@ -133,7 +136,7 @@ def judge(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
         def holds_valid_kv(column: int, block: int) -> bool:
             return block in cached or (loaded and column * size < valid_tokens)  # noqa: B023
 
-        unzeroed, wiped = judge_zeroing(what.after, set(what.before), listed, null, holds_valid_kv)
+        unzeroed, wiped = judge_zeroing(what.after, what.before, listed, null, holds_valid_kv)
         if unzeroed:
             message = (
                 f"group {what.group}: new block(s) {unzeroed} are not handed to the worker "

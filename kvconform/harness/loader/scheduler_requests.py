@@ -54,7 +54,7 @@ def parse_scheduler_requests(
             expect_loaded=_parse_expect_loaded(fields, prompt_len),
             mm_inputs=mm_inputs,
             expect_chunks=_parse_expect_chunks(fields, prompt_len),
-            **_parse_stop(fields, scheduler),
+            **_parse_stop(fields, model, prompt_len),
             stream=_parse_stream(fields, model, scheduler, prompt_len),
             close_at=_parse_close_at(fields),
             expect_rejected=_parse_expect_rejected(fields, mm_inputs, mm_lengths),
@@ -323,7 +323,7 @@ def _parse_remote_prefill(fields: Fields, scheduler: SchedulerSpec) -> int:
     return steps
 
 
-def _parse_stop(fields: Fields, scheduler: SchedulerSpec) -> dict[str, Any]:
+def _parse_stop(fields: Fields, model: ModelSpec, prompt_len: int) -> dict[str, Any]:
     """``stop_at``: the output token that stops the request; ``stop_with``: what stops it."""
     stop_at = fields.optional_int("stop_at", minimum=1)
     stop_with = choice(fields, "stop_with", RequestSpec.stop_with, STOP_TOKENS)
@@ -336,6 +336,15 @@ def _parse_stop(fields: Fields, scheduler: SchedulerSpec) -> dict[str, Any]:
         raise ScenarioError(
             fields.at("stop_at"),
             f"must be at most max_tokens ({max_tokens}): the request ends there regardless",
+        )
+    # check_stop ends a request at max_model_len tokens (FINISHED_LENGTH_CAPPED) after it
+    # looks for the stop token: output max_model_len - prompt_len can stop it, no later one.
+    room = model.max_model_len - prompt_len
+    if stop_at > room:
+        raise ScenarioError(
+            fields.at("stop_at"),
+            f"must be at most {room} (max_model_len {model.max_model_len} less prompt_len "
+            f"{prompt_len}): vLLM ends the request at max_model_len tokens regardless",
         )
     if fields.raw("remote_prefill", False):
         raise ScenarioError(

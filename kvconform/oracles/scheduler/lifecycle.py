@@ -38,8 +38,10 @@ class Lifecycle:
     ``SchedulerStats`` it returns equal what the recorded steps give
     (``Scheduler.make_stats``):
 
-    * ``kv_cache_usage``: the distinct blocks the requests hold, over the pool without its
-      null block (``BlockPool.get_usage``);
+    * ``kv_cache_usage``: the distinct blocks the requests hold, with those of finished
+      requests that vLLM holds back while a step that may write them is in flight
+      (``Scheduler._free_request_blocks``, not yet returned by ``_drain_deferred_frees``),
+      over the pool without its null block (``BlockPool.get_usage``);
     * ``prefix_cache_stats``: per admission since the last output (vLLM records a lookup
       when it admits, ``record_prefix_cache_stats``), one request, its ``num_tokens`` as
       queries and its prefix-cache hit as hits, apart for a resumed (preempted) one; none
@@ -223,6 +225,17 @@ class Lifecycle:
             for block in ids
             if block != null
         }
+        # A finished request's blocks that vLLM holds back while a step that may write them
+        # is in flight (defer_block_free) are out of its table but still referenced: in use
+        # until the drain at the start of a later update_from_output returns them.
+        held.update(
+            block
+            for record in oracle.run.deferred_frees
+            if record.returned is None
+            for ids in record.held
+            for block in ids
+            if block != null
+        )
         prefix: dict[str, dict[str, int]] = {}
         spec: dict[str, int] | None = None
         usage = 0.0
