@@ -159,3 +159,32 @@ def test_bad_arguments_exit_2_before_vllm_loads(
 def test_unknown_option_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["explore", "--examples", "3"]) == 2  # argparse's usage error
     assert "unrecognized arguments: --examples" in capsys.readouterr().err
+
+
+def _replay_windows(doc: dict[str, Any]) -> list[int]:
+    return [
+        g["sliding_window"]
+        for g in doc["model"]["groups"]
+        if isinstance(g, dict) and g.get("bounded_replay")
+    ]
+
+
+# Every group a sliding-window MLA one, so that pairs of bounded-replay groups are common.
+REPLAY_SPACE = ExploreSpace(
+    group_types=("sliding_window_mla",),
+    methods=(),
+    flag_options=(("sliding_window_mla", "bounded_replay"),),
+)
+
+
+@QUICK
+@given(st.data())
+def test_drawn_bounded_replay_groups_share_one_window(data: st.DataObject) -> None:
+    # The explorer drew two bounded-replay groups of different windows, which no vLLM model
+    # has (vLLM's Scheduler.__init__ asserts one replay window; the loader refuses two).
+    on = {name: name == "hybrid" for name in FEATURES}
+    doc = workload(data.draw, REPLAY_SPACE, on, "explore")
+    windows = _replay_windows(doc)
+    assert len(set(windows)) <= 1, (windows, doc)
+    (scenario,) = load_text(render(doc), "<explore>")
+    assert scenario.kind == "scheduler"

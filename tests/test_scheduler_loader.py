@@ -682,3 +682,38 @@ def test_spec_decode_metrics_level_needs_drafts(scenario_from, write_scenario):
     with pytest.raises(ScenarioError, match="needs a speculative section") as raised:
         load_file(no_drafts)
     assert raised.value.where.field.endswith("spec_decode_metrics")
+
+
+# -- bounded-replay groups share one window (vLLM's Scheduler.__init__ asserts it) ----------
+
+REPLAY_GROUPS = """
+kind: scheduler
+model:
+  groups:
+    - {type: sliding_window_mla, sliding_window: 1, bounded_replay: true}
+    - {type: sliding_window_mla, sliding_window: SECOND, bounded_replay: REPLAYS}
+requests: {a: {prompt_len: 1}}
+"""
+
+
+def test_two_bounded_replay_windows_are_refused_with_file_line_and_field(write_scenario):
+    # vLLM builds bounded-replay groups only for DeepSeek V4.1, whose windows all come from
+    # its config's one sliding_window; the explorer's reproducer of two windows crashed in
+    # the scheduler's "Prefix replay windows should agree" assert.
+    path = write_scenario(REPLAY_GROUPS.replace("SECOND", "2").replace("REPLAYS", "true"))
+    with pytest.raises(ScenarioError) as info:
+        load_file(path)
+    error = info.value
+    assert (error.where.line, error.where.field) == (5, "model.groups[1].sliding_window"), str(
+        error
+    )
+    assert "differs from the 1 of the first bounded_replay group" in error.message, str(error)
+
+
+@pytest.mark.parametrize(("second", "replays"), [("1", "true"), ("2", "false")])
+def test_one_bounded_replay_window_loads(scenario_from, second, replays):
+    # The same window twice, or a second window without bounded replay (a plain DeepSeek-style
+    # sliding window beside it), is a model vLLM can be configured with.
+    scenario = scenario_from(REPLAY_GROUPS.replace("SECOND", second).replace("REPLAYS", replays))
+    windows = [g.options["sliding_window"] for g in scenario.model.groups]
+    assert windows == [1, int(second)]

@@ -196,6 +196,16 @@ def _draw_groups(
             if flag_type == type_name and draw(_BOOLS):
                 options[flag] = True
         groups.append({"type": type_name, **options} if options else type_name)
+    return _one_replay_window(groups)
+
+
+def _one_replay_window(groups: list[Any]) -> list[Any]:
+    """Bounded-replay groups take the first one's window: vLLM builds them only for DeepSeek
+    V4.1, from its config's one ``sliding_window``, and the loader refuses two windows
+    (``kvconform/harness/loader/scheduler.py``, ``_check_one_replay_window``)."""
+    replaying = [g for g in groups if isinstance(g, dict) and g.get("bounded_replay")]
+    for group in replaying[1:]:
+        group["sliding_window"] = replaying[0]["sliding_window"]
     return groups
 
 

@@ -63,6 +63,31 @@ def check_scheduler_model(
             "speculative.num_lookahead_tokens: a scheduler scenario takes the lookahead from "
             "vLLM's scheduler; remove the override",
         )
+    _check_one_replay_window(model, top)
+
+
+def _check_one_replay_window(model: ModelSpec, top: Fields) -> None:
+    """Bounded-replay groups share one window, as every model vLLM builds them for has.
+
+    vLLM's only source of ``bounded_replay`` groups is DeepSeek V4.1's SWA cache
+    (``models/deepseek_v41/attention.py``: ``DeepseekV4SWACache(window_size=self.window_size,
+    bounded_replay=...)``, the window being the model config's one ``sliding_window``), and
+    ``Scheduler.__init__`` asserts that the replay windows agree (one rewind for every group).
+    A scenario with two would be a model no vLLM config produces, crashing in that assert.
+    """
+    replaying = [g for g in model.groups if g.options.get("bounded_replay")]
+    for group in replaying[1:]:
+        first = replaying[0]
+        window, first_window = group.options["sliding_window"], first.options["sliding_window"]
+        if window != first_window:
+            where = group.where or top.at("model.groups")
+            raise ScenarioError(
+                where.at(f"{where.field}.sliding_window"),
+                f"{window} differs from the {first_window} of the first bounded_replay group "
+                f"({first.where.field if first.where else 'above'}): bounded-replay groups "
+                "share one window (vLLM builds them only for DeepSeek V4.1, from its config's "
+                "one sliding_window, and its scheduler keeps one replay window)",
+            )
 
 
 def parse_scheduler(
