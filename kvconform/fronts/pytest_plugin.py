@@ -215,7 +215,9 @@ class ScenarioFile(pytest.File):
             for tag in scenario.tags:
                 self.config.addinivalue_line("markers", f"{tag}: kvconform scenario tag")
                 item.add_marker(tag)
-            item.add_marker(scenario.kind)
+            # The plain name: a marker's name is a key of the report's keywords, which
+            # xdist sends between processes (execnet serializes builtin types only).
+            item.add_marker(scenario.kind.value)
             if scenario.speculative is not None:  # -k eagle picks eagle's scenarios
                 item.extra_keyword_matches.add(scenario.speculative.method)
             yield item
