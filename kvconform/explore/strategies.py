@@ -204,8 +204,14 @@ def _one_replay_window(groups: list[Any]) -> list[Any]:
     V4.1, from its config's one ``sliding_window``, and the loader refuses two windows
     (``kvconform/harness/loader/scheduler.py``, ``_check_one_replay_window``)."""
     replaying = [g for g in groups if isinstance(g, dict) and g.get("bounded_replay")]
+
+    def window_option(group: dict[str, Any]) -> str:
+        reads = GROUP_TYPES[group["type"]].reads
+        assert reads is not None, f"{group['type']} reads no window"
+        return reads[1]
+
     for group in replaying[1:]:
-        group["sliding_window"] = replaying[0]["sliding_window"]
+        group[window_option(group)] = replaying[0][window_option(replaying[0])]
     return groups
 
 

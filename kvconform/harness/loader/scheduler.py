@@ -12,7 +12,7 @@ from typing import Any
 from kvconform.errors import Location, ScenarioError
 from kvconform.harness.loader.fields import Fields, as_written
 from kvconform.harness.loader.model import MODEL_DEFAULTS
-from kvconform.model.group_types import types_for
+from kvconform.model.group_types import GROUP_TYPES, types_for
 from kvconform.model.kind_specs import (
     KV_LOAD_FAILURE_POLICIES,
     MODEL_RUNNERS,
@@ -78,16 +78,24 @@ def _check_one_replay_window(model: ModelSpec, top: Fields) -> None:
     replaying = [g for g in model.groups if g.options.get("bounded_replay")]
     for group in replaying[1:]:
         first = replaying[0]
-        window, first_window = group.options["sliding_window"], first.options["sliding_window"]
+        option = _window_option(group.type)
+        window, first_window = group.options[option], first.options[_window_option(first.type)]
         if window != first_window:
             where = group.where or top.at("model.groups")
             raise ScenarioError(
-                where.at(f"{where.field}.sliding_window"),
+                where.at(f"{where.field}.{option}"),
                 f"{window} differs from the {first_window} of the first bounded_replay group "
                 f"({first.where.field if first.where else 'above'}): bounded-replay groups "
                 "share one window (vLLM builds them only for DeepSeek V4.1, from its config's "
                 "one sliding_window, and its scheduler keeps one replay window)",
             )
+
+
+def _window_option(type_name: str) -> str:
+    """The option holding a windowed group type's window (``GroupType.reads``)."""
+    reads = GROUP_TYPES[type_name].reads
+    assert reads is not None, f"{type_name} reads no window"
+    return reads[1]
 
 
 def parse_scheduler(
