@@ -29,7 +29,7 @@ _UNSET: Any = object()
 
 
 @contextlib.contextmanager
-def _environment(name: str, value: Any) -> Iterator[None]:
+def environment_variable(name: str, value: Any) -> Iterator[None]:
     """``name`` set to ``value`` (unset for None) while the block runs; _UNSET: untouched."""
     if value is _UNSET:
         yield

@@ -9,7 +9,7 @@ import typing
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any
 
-from kvconform.oracles.vllm.base import _RETENTION_VARIABLE, _UNSET, VllmBase, _environment
+from kvconform.oracles.vllm.base import _RETENTION_VARIABLE, _UNSET, VllmBase, environment_variable
 from kvconform.oracles.vllm.calls import (
     accepts_keyword,
     call,
@@ -124,7 +124,7 @@ class ManagersPart(VllmBase):
         if kwargs.get(option) and not accepts_keyword(self._kvm.KVCacheManager, option):
             raise self.not_offered(f"KVCacheManager({option}=...)")
         retention = self._retention_by_config.pop(id(kv_cache_config), _UNSET)
-        with _environment(_RETENTION_VARIABLE, retention):
+        with environment_variable(_RETENTION_VARIABLE, retention):
             return call(self._kvm.KVCacheManager, kv_cache_config=kv_cache_config, **kwargs)
 
     def new_request(

@@ -16,13 +16,13 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
-import os
 from collections.abc import Iterator
 from functools import cached_property
 from types import SimpleNamespace
 from typing import Any
 
 from kvconform.model.scenario import ModelSpec, SchedulerSpec
+from kvconform.oracles.vllm.base import environment_variable
 from kvconform.oracles.vllm.calls import accepts_keyword, call, quiet_logs
 from kvconform.oracles.vllm.core import Vllm
 from kvconform.oracles.vllm.engine import offers_runner
@@ -332,19 +332,9 @@ class SchedulingConfigs:
             raise self._vllm.not_offered(
                 "the V1 GPU model runner", "removed in 0.34.0 (vllm/v1/worker/gpu_model_runner.py)"
             )
-        name = "VLLM_USE_V2_MODEL_RUNNER"
-        before = os.environ.get(name)
-        if choice == "auto":
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = "1" if choice == "v2" else "0"
-        try:
+        value = None if choice == "auto" else ("1" if choice == "v2" else "0")
+        with environment_variable("VLLM_USE_V2_MODEL_RUNNER", value):
             yield
-        finally:
-            if before is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = before
 
     def model_runner_name(self, vllm_config: Any) -> str:
         """``V1`` or ``V2``: the model runner a built config is for (``V1`` before V2
