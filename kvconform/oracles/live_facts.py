@@ -40,6 +40,7 @@ class LiveFacts(LiveState):
         The popped blocks must be the ones its tables held."""
         self._note_freed(name)
         held = sorted(b for ids in self.block_ids(name) for b in ids if b != self.null_block)
+        self._tables_after.pop(name, None)
         popped = self.manager.pop_blocks_for_free(self._requests[name])
         ids = sorted(b.block_id for b in popped if b.block_id != self.null_block)
         self._running_names.discard(name)
@@ -119,13 +120,24 @@ class LiveFacts(LiveState):
         deferred, their references, the live requests and vLLM's per-request state."""
         own_pool = self._own_pool_groups
         null = self.null_block
-        tables = {
-            name: tuple(
-                tuple(ids) if group not in own_pool else ()
-                for group, ids in enumerate(self.block_ids(name))
-            )
-            for name in sorted(self._running_names | self._loaded)
-        }
+        live = self._running_names | self._loaded
+        # A table changes only by its own request's calls: the requests called in the step
+        # are read again, the others keep what the last census read (a table changed by
+        # another request's call still shows: the reference counts below are read anew).
+        known = self._census_tables
+        for name in [name for name in known if name not in live or name in self._touched]:
+            del known[name]
+        self._touched.clear()
+        read = self._read_table
+        for name in live:
+            if name not in known:
+                table = read(name)
+                known[name] = (
+                    tuple(() if group in own_pool else ids for group, ids in enumerate(table))
+                    if own_pool
+                    else table
+                )
+        tables = {name: known[name] for name in sorted(known)}
         deferred = tuple(
             b.block_id for _, blocks, _ in self._deferred for b in blocks if b.block_id != null
         )

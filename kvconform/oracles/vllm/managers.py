@@ -303,16 +303,36 @@ class ManagersPart(VllmBase):
         """The blocks of the manager's pool, the null block included."""
         return len(manager.block_pool.blocks)
 
+    def table_reader(self, manager: Any) -> Callable[[str], tuple[tuple[int, ...], ...]]:
+        """A reader of a request's block ids per group, as ``get_block_ids`` answers, read
+        from the single-type managers' ``req_to_blocks`` (what ``KVCacheCoordinator.get_blocks``
+        reads) without building a ``KVCacheBlocks`` per read: the pool census reads every
+        live table each step. ``.get`` never adds a request's entry to the defaultdicts (the
+        bookkeeping family counts their keys). A manager without single-type managers is
+        read through ``get_block_ids``."""
+        managers = getattr(getattr(manager, "coordinator", None), "single_type_managers", None)
+        if managers is None:
+            return lambda name: tuple(tuple(ids) for ids in manager.get_block_ids(name))
+        stores = [m.req_to_blocks for m in managers]
+
+        def read(name: str) -> tuple[tuple[int, ...], ...]:
+            return tuple(tuple([b.block_id for b in store.get(name) or ()]) for store in stores)
+
+        return read
+
     def block_refs(
         self, manager: Any, block_ids: Iterable[int]
     ) -> tuple[dict[int, int], frozenset[int]]:
         """The reference count of each of ``block_ids``, and those that hold cached KV."""
         blocks = manager.block_pool.blocks
-        refs = {block: int(blocks[block].ref_cnt) for block in block_ids}
-        hashed = frozenset(
-            block for block in refs if getattr(blocks[block], "block_hash", None) is not None
-        )
-        return refs, hashed
+        refs: dict[int, int] = {}
+        hashed = []
+        for block_id in block_ids:
+            block = blocks[block_id]
+            refs[block_id] = block.ref_cnt
+            if block.block_hash is not None:
+                hashed.append(block_id)
+        return refs, frozenset(hashed)
 
     def request_keyed_state(
         self, manager: Any, request_ids: Collection[str]

@@ -16,6 +16,10 @@ from kvconform.oracles.vllm.calls import flatten_literal, quiet_logs
 
 # Every spec class a scenario group is built from gets these attributes where
 # the class has such a field; their values do not influence block counts.
+# A spec class's dataclass fields, read once per class (a tree imported anew, as by a
+# mutation campaign's child, has classes of its own).
+_FIELD_NAMES: dict[type, frozenset[str]] = {}
+
 _NEUTRAL_SPEC_FIELDS: dict[str, Any] = {
     "num_kv_heads": 1,
     "head_size": 8,
@@ -48,7 +52,9 @@ class SpecsPart(VllmBase):
         import torch
 
         cls = self.spec_class(GROUP_TYPES[type_name].vllm_class)
-        field_names = {f.name for f in dataclasses.fields(cls)}
+        field_names = _FIELD_NAMES.get(cls)
+        if field_names is None:
+            field_names = _FIELD_NAMES[cls] = frozenset(f.name for f in dataclasses.fields(cls))
         kwargs: dict[str, Any] = {"block_size": block_size}
         neutral = dict(_NEUTRAL_SPEC_FIELDS, dtype=torch.float16)
         neutral.update(shapes=((4,),), dtypes=(torch.float16,))
