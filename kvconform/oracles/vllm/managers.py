@@ -410,26 +410,25 @@ class ManagersPart(VllmBase):
 
         A caller that leaves the argument out, as ``HiSparseSourceManager`` calls its base
         class's ``get_num_blocks_to_allocate``, must get what the coordinator's callers get
-        for the same omission. Read from the functions as they are now, never cached: a
-        mutation campaign's child runs a mutated default under the clean run's caches.
+        for the same omission. Remembered per coordinator and manager classes: a mutation
+        campaign's child that mutates a default forgets the answers first
+        (:meth:`forget_answers`).
         """
-        coordinator = manager.coordinator
-        lines = []
-        seen: set[type] = set()
-        for group in coordinator.single_type_managers:
-            kind = type(group)
-            if kind in seen:
-                continue
-            seen.add(kind)
-            for name, coordinator_default, manager_default in _shared_defaults(
-                type(coordinator), kind
-            ):
-                if coordinator_default != manager_default:
-                    lines.append(
-                        f"{kind.__name__}.{name} defaults to {manager_default!r} where "
-                        f"{type(coordinator).__name__} defaults to {coordinator_default!r}"
-                    )
-        return lines
+        coordinator = type(manager.coordinator)
+        kinds = tuple(dict.fromkeys(type(g) for g in manager.coordinator.single_type_managers))
+
+        def disagreements() -> list[str]:
+            return [
+                f"{kind.__name__}.{name} defaults to {manager_default!r} where "
+                f"{coordinator.__name__} defaults to {coordinator_default!r}"
+                for kind in kinds
+                for name, coordinator_default, manager_default in _shared_defaults(
+                    coordinator, kind
+                )
+                if coordinator_default != manager_default
+            ]
+
+        return list(self._remembered(("forwarded defaults", coordinator, kinds), disagreements))
 
 
 def _pin_shared_prefix(request: Any, boundary: Any) -> None:
