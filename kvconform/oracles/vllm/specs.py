@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -45,6 +46,24 @@ class SpecsPart(VllmBase):
             if isinstance(obj, type)
             and issubclass(obj, base)
             and obj.__module__ == self._iface.__name__
+        )
+
+    def build_specs(self, groups: Sequence[tuple[str, int, dict[str, object]]]) -> list[Any]:
+        """:meth:`build_spec` for each (type, block size, options), in order.
+
+        The specs are frozen dataclasses, built once per set of groups and remembered:
+        a scenario's setup asks for them four times (settings, trajectory, live manager,
+        predictor), and scenarios share groups."""
+        try:
+            key = tuple((t, size, tuple(sorted(options.items()))) for t, size, options in groups)
+            hash(key)
+        except TypeError:  # an option value that does not hash: built anew
+            return [self.build_spec(t, size, options) for t, size, options in groups]
+        return list(
+            self._remembered(
+                ("specs", key),
+                lambda: [self.build_spec(t, size, options) for t, size, options in groups],
+            )
         )
 
     def build_spec(self, type_name: str, block_size: int, options: dict[str, object]) -> Any:
