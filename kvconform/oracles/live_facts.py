@@ -39,12 +39,12 @@ class LiveFacts(LiveState):
         step's output is applied (``_drain_deferred_frees``), at the end of the next step.
         The popped blocks must be the ones its tables held."""
         self._note_freed(name)
-        held = sorted(b for ids in self.block_ids(name) for b in ids if b != self.null_block)
+        held = sorted(b for ids in self._read_table(name) for b in ids if b != self.null_block)
         self._tables_after.pop(name, None)
         popped = self.manager.pop_blocks_for_free(self._requests[name])
         ids = sorted(b.block_id for b in popped if b.block_id != self.null_block)
         self._running_names.discard(name)
-        after = tuple(tuple(ids) for ids in self.block_ids(name))
+        after = self._read_table(name)
         self.step_facts.append((name, InFlightPop(tuple(held), tuple(ids), after)))
         self._deferred.append((name, popped, False))
         self._finished.add(name)
@@ -61,7 +61,7 @@ class LiveFacts(LiveState):
                 continue
             live_ids = {
                 b for other in self._running_names | self._loaded
-                for ids in self.block_ids(other) for b in ids
+                for ids in self._read_table(other) for b in ids
             }  # fmt: skip
             popped = {b.block_id for b in blocks if b.block_id != self.null_block}
             self._last_calls.pop(name, None)  # held, by the scenario, until now
@@ -176,7 +176,7 @@ class LiveFacts(LiveState):
         held = {
             block
             for name in self._running_names | self._loaded
-            for group, ids in enumerate(self.block_ids(name))
+            for group, ids in enumerate(self._read_table(name))
             if group not in own_pool
             for block in ids
             if block != self.null_block
@@ -220,7 +220,7 @@ class LiveFacts(LiveState):
         )
         after = self.vllm.boundary_states_cached(self.manager, self._handoff_groups)
         tables = {
-            name: tuple(tuple(ids) for ids in self.block_ids(name))
+            name: self._read_table(name)
             for name in self._running_names | self._loaded
         }
         self.step_facts.append(
@@ -328,7 +328,7 @@ class LiveFacts(LiveState):
 
     def _note_freed(self, name: str) -> None:
         if self._handoff_groups:
-            self._freed_this_step.update(b for ids in self.block_ids(name) for b in ids)
+            self._freed_this_step.update(b for ids in self._read_table(name) for b in ids)
 
     def _record_finalized_tails(self, name: str) -> None:
         """The partial-tail boundary states a finishing request hands its connector
@@ -338,7 +338,7 @@ class LiveFacts(LiveState):
         offers = self.vllm.finalize_partial_tail_offers(self.manager, request)
         if offers is None:
             return
-        table = tuple(tuple(ids) for ids in self.block_ids(name))
+        table = self._read_table(name)
         cached = tuple(
             state
             for state in self.vllm.boundary_states_cached(self.manager, self._handoff_groups)
