@@ -127,3 +127,33 @@ def test_the_predictor_is_bound_by_its_signature(vllm) -> None:
     assert type(config).__name__ == "VllmConfig" and seen["dcp_world_size"] == 2
     assert config.parallel_config.decode_context_parallel_size == 2  # type: ignore[attr-defined]
     assert vllm.predictor_vllm_config(2) is config  # built once per DCP size
+
+
+def test_forwarded_defaults_are_remembered_until_vllm_forgets_its_answers(
+    vllm, monkeypatch
+) -> None:
+    """A mutation campaign's child mutates a default, then calls ``forget_answers``
+    (kvconform/mutate/campaign.py): the facade's remembered answer must follow it."""
+    from pathlib import Path
+
+    from kvconform.harness.loader import load_paths
+    from kvconform.oracles.live import LiveAllocator
+    from kvconform.oracles.resolve import new_trajectory
+
+    corpus = Path(__file__).resolve().parent.parent / "scenarios" / "specs"
+    scenario = next(s for s in load_paths([str(corpus)]).scenarios if s.kind.value == "trajectory")
+    manager = LiveAllocator(vllm, scenario.model, new_trajectory(scenario, vllm)).manager
+    clean = vllm.forwarded_default_disagreements(manager)
+    coordinator = type(manager.coordinator)
+    method = coordinator.remove_skipped_blocks
+    defaults = method.__defaults__
+    assert defaults, "remove_skipped_blocks declares num_prompt_tokens' default"
+    # Every default of the coordinator's method changed to one no manager declares.
+    monkeypatch.setattr(method, "__defaults__", tuple(12345 for _ in defaults))
+    assert vllm.forwarded_default_disagreements(manager) == clean  # remembered
+    vllm.forget_answers()
+    mutated = vllm.forwarded_default_disagreements(manager)
+    assert any("remove_skipped_blocks(num_prompt_tokens)" in line for line in mutated), mutated
+    monkeypatch.undo()
+    vllm.forget_answers()
+    assert vllm.forwarded_default_disagreements(manager) == clean

@@ -221,6 +221,11 @@ class LiveAllocator(LiveFacts, LiveRefusals):
         self._running_names: set[str] = set()
         self._finished: set[str] = set()  # finished requests (their bookkeeping must go)
         self._finished_at_census = 0
+        self._census_tables = {}
+        # Each request's tables as its last call left them (a tuple of fresh lists).
+        self._tables_after: dict[str, tuple[list[int], ...]] = {}
+        self._touched = set()
+        self._read_table = vllm.table_reader(self.manager)
         # What vLLM did, for check `sanity` (kvconform.model.facts): of a call, (call,
         # fact); of the step, (request, fact), the request "-" for the step as a whole.
         self.call_facts: list[tuple[Call, Payload]] = []
@@ -296,14 +301,17 @@ class LiveAllocator(LiveFacts, LiveRefusals):
         when it does (:class:`StepDenied`, judged by the ``capacity`` check).
         """
         free = self.vllm.free_block_count(self.manager)
-        before = self.block_ids(call.request)
+        # What the request's last call left (its table changes by its own calls only).
+        before = self._tables_after.get(call.request) or self._no_tables()
         held = [len(ids) for ids in before]
         new_blocks, hit, hit_blocks, external = self._allocate(call, encoder_len, where)
         if new_blocks is None:
             raise self._refusal(call, encoder_len, where, free, held, hit, hit_blocks)
         # The request's tables after the call, read once: the zeroing and retained-hit
         # records and the driver's observations all read this one answer.
-        self.table_after_call = after = self.block_ids(call.request)
+        self.table_after_call = after = self._tables_after[call.request] = self.block_ids(
+            call.request
+        )
         if self.model.log_stats and call.first_chunk and hit_blocks is not None:
             self._record_admission(call, hit)
         if self._zeroing_groups is not None:
@@ -319,6 +327,7 @@ class LiveAllocator(LiveFacts, LiveRefusals):
         if call.first_chunk:
             self._encoder_lens[call.request] = encoder_len
         self._last_calls[call.request] = call
+        self._touched.add(call.request)
         self._loaded.discard(call.request)
         if call.options.load_async:
             # Waiting for its KV (WAITING_FOR_REMOTE_KVS), not running.
@@ -339,6 +348,8 @@ class LiveAllocator(LiveFacts, LiveRefusals):
             # Granted after all: the request holds what vLLM gave it, and the pool's census
             # at the end of the step counts its table (the driver stops after this step).
             self._running_names.add(call.request)
+            self._touched.add(call.request)
+            self._tables_after.pop(call.request, None)
         return new_blocks is None
 
     def _allocate(self, call: Call, encoder_len: int, where: Location) -> tuple[Any, int, Any, int]:
@@ -503,6 +514,7 @@ class LiveAllocator(LiveFacts, LiveRefusals):
 
     def preempt(self, name: str) -> None:
         self._note_freed(name)
+        self._tables_after.pop(name, None)
         request = self._requests[name]
         self.manager.free(request)
         request.status = self._preempted
@@ -518,6 +530,7 @@ class LiveAllocator(LiveFacts, LiveRefusals):
         if self._handoff_groups:
             self._record_finalized_tails(name)
         self._note_freed(name)
+        self._tables_after.pop(name, None)
         self.manager.free(self._requests[name])
         self._running_names.discard(name)
         self._last_calls.pop(name, None)
@@ -526,4 +539,5 @@ class LiveAllocator(LiveFacts, LiveRefusals):
     def forget(self, name: str) -> None:
         """Drop a finished request, so that its name can enter again (warmup passes)."""
         del self._requests[name]
+        self._tables_after.pop(name, None)
         self._finished.discard(name)

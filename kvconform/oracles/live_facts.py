@@ -39,11 +39,12 @@ class LiveFacts(LiveState):
         step's output is applied (``_drain_deferred_frees``), at the end of the next step.
         The popped blocks must be the ones its tables held."""
         self._note_freed(name)
-        held = sorted(b for ids in self.block_ids(name) for b in ids if b != self.null_block)
+        held = sorted(b for ids in self._read_table(name) for b in ids if b != self.null_block)
+        self._tables_after.pop(name, None)
         popped = self.manager.pop_blocks_for_free(self._requests[name])
         ids = sorted(b.block_id for b in popped if b.block_id != self.null_block)
         self._running_names.discard(name)
-        after = tuple(tuple(ids) for ids in self.block_ids(name))
+        after = self._read_table(name)
         self.step_facts.append((name, InFlightPop(tuple(held), tuple(ids), after)))
         self._deferred.append((name, popped, False))
         self._finished.add(name)
@@ -60,7 +61,7 @@ class LiveFacts(LiveState):
                 continue
             live_ids = {
                 b for other in self._running_names | self._loaded
-                for ids in self.block_ids(other) for b in ids
+                for ids in self._read_table(other) for b in ids
             }  # fmt: skip
             popped = {b.block_id for b in blocks if b.block_id != self.null_block}
             self._last_calls.pop(name, None)  # held, by the scenario, until now
@@ -119,13 +120,24 @@ class LiveFacts(LiveState):
         deferred, their references, the live requests and vLLM's per-request state."""
         own_pool = self._own_pool_groups
         null = self.null_block
-        tables = {
-            name: tuple(
-                tuple(ids) if group not in own_pool else ()
-                for group, ids in enumerate(self.block_ids(name))
-            )
-            for name in sorted(self._running_names | self._loaded)
-        }
+        live = self._running_names | self._loaded
+        # A table changes only by its own request's calls: the requests called in the step
+        # are read again, the others keep what the last census read (a table changed by
+        # another request's call still shows: the reference counts below are read anew).
+        known = self._census_tables
+        for name in [name for name in known if name not in live or name in self._touched]:
+            del known[name]
+        self._touched.clear()
+        read = self._read_table
+        for name in live:
+            if name not in known:
+                table = read(name)
+                known[name] = (
+                    tuple(() if group in own_pool else ids for group, ids in enumerate(table))
+                    if own_pool
+                    else table
+                )
+        tables = {name: known[name] for name in sorted(known)}
         deferred = tuple(
             b.block_id for _, blocks, _ in self._deferred for b in blocks if b.block_id != null
         )
@@ -164,7 +176,7 @@ class LiveFacts(LiveState):
         held = {
             block
             for name in self._running_names | self._loaded
-            for group, ids in enumerate(self.block_ids(name))
+            for group, ids in enumerate(self._read_table(name))
             if group not in own_pool
             for block in ids
             if block != self.null_block
@@ -208,7 +220,7 @@ class LiveFacts(LiveState):
         )
         after = self.vllm.boundary_states_cached(self.manager, self._handoff_groups)
         tables = {
-            name: tuple(tuple(ids) for ids in self.block_ids(name))
+            name: self._read_table(name)
             for name in self._running_names | self._loaded
         }
         self.step_facts.append(
@@ -316,7 +328,7 @@ class LiveFacts(LiveState):
 
     def _note_freed(self, name: str) -> None:
         if self._handoff_groups:
-            self._freed_this_step.update(b for ids in self.block_ids(name) for b in ids)
+            self._freed_this_step.update(b for ids in self._read_table(name) for b in ids)
 
     def _record_finalized_tails(self, name: str) -> None:
         """The partial-tail boundary states a finishing request hands its connector
@@ -326,7 +338,7 @@ class LiveFacts(LiveState):
         offers = self.vllm.finalize_partial_tail_offers(self.manager, request)
         if offers is None:
             return
-        table = tuple(tuple(ids) for ids in self.block_ids(name))
+        table = self._read_table(name)
         cached = tuple(
             state
             for state in self.vllm.boundary_states_cached(self.manager, self._handoff_groups)

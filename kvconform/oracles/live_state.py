@@ -4,6 +4,7 @@ holds of vLLM's manager and of the scenario, declared once for the parts built o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from kvconform.model.facts import Payload
@@ -62,6 +63,17 @@ class LiveState:
             return False
         stated = call.options.full_sequence_must_fit
         return self.model.scheduler_reserve_full_isl if stated is None else stated
+
+    # The pool census's tables (the device pool's groups) by request, as last read, and
+    # the requests called since the last census, whose tables it reads again.
+    _census_tables: dict[str, tuple[tuple[int, ...], ...]]
+    _touched: set[str]
+    _read_table: Callable[[str], tuple[tuple[int, ...], ...]]
+
+    _tables_after: dict[str, tuple[list[int], ...]]
+
+    def _no_tables(self) -> tuple[list[int], ...]:
+        return tuple([] for _ in self._groups)
 
     def block_ids(self, name: str) -> tuple[list[int], ...]:
         return tuple(self.manager.get_block_ids(name))

@@ -238,10 +238,9 @@ def _read_span(group: GroupSpec) -> tuple[str, int] | None:
 
 def group_specs(vllm: Vllm, model: ModelSpec, num_speculative_tokens: int) -> list[Any]:
     """vLLM ``KVCacheSpec``s for the model's groups, in order."""
-    return [
-        vllm.build_spec(g.type, g.block_size, spec_options(g, num_speculative_tokens))
-        for g in model.groups
-    ]
+    return vllm.build_specs(
+        [(g.type, g.block_size, spec_options(g, num_speculative_tokens)) for g in model.groups]
+    )
 
 
 def _resolve_lookahead(scenario: Scenario, vllm: Vllm) -> Trajectory:

@@ -28,7 +28,7 @@ from kvconform.harness.checks import (
     slots,
     startup,
 )
-from kvconform.harness.checks.records import PARTY_NAMES
+from kvconform.harness.checks.records import PARTY_NAMES, indexed_facts
 from kvconform.model.checks import Check
 from kvconform.model.observations import Trajectory
 from kvconform.model.results import Failure
@@ -86,13 +86,14 @@ class Judgement:
 def judge(trajectory: Trajectory, names: tuple[str, ...] = DEFAULT_CHECKS) -> Judgement:
     """Run the named checks; a check that raises ``CheckSkipped`` is skipped, not passed."""
     judgement = Judgement()
-    for name in names:
-        try:
-            found = list(CHECKS[name].find(trajectory))
-        except CheckSkipped as exc:
-            judgement.skipped[name] = str(exc)
-            continue
-        judgement.failures.extend(found)
+    with indexed_facts(trajectory):
+        for name in names:
+            try:
+                found = list(CHECKS[name].find(trajectory))
+            except CheckSkipped as exc:
+                judgement.skipped[name] = str(exc)
+                continue
+            judgement.failures.extend(found)
     return judgement
 
 

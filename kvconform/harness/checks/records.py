@@ -11,6 +11,8 @@ causes read the shape of a miss from those numbers (:func:`below_floor`,
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
+from itertools import chain
 
 from kvconform.model.facts import Fact
 from kvconform.model.floors import cdiv
@@ -158,6 +160,43 @@ def at_request(trajectory: Trajectory, fact: Fact, request: str) -> Fact:
 def facts_of(trajectory: Trajectory, *kinds: type) -> Iterator[tuple[int, Fact]]:
     """(index, fact) of the trajectory's facts whose payload is one of ``kinds``, in
     recording order."""
-    for index, fact in enumerate(trajectory.facts):
-        if isinstance(fact.what, kinds):
-            yield index, fact
+    index = _fact_index if _fact_index is not None and _fact_index[0] is trajectory.facts else None
+    if index is None:
+        for pair in enumerate(trajectory.facts):
+            if isinstance(pair[1].what, kinds):
+                yield pair
+        return
+    chosen = [facts for what, facts in index[1].items() if issubclass(what, kinds)]
+    if len(chosen) == 1:
+        yield from chosen[0]
+    elif chosen:
+        yield from sorted(chain.from_iterable(chosen), key=_first)
+
+
+def _first(pair: tuple[int, Fact]) -> int:
+    return pair[0]
+
+
+# While one trajectory is judged (:func:`indexed_facts`), its facts by payload type: every
+# family reads its own kinds of facts, and one pass sorts them for all (a scan per family
+# cost as much as the families' own work).
+_fact_index: tuple[list[Fact], dict[type, list[tuple[int, Fact]]]] | None = None
+
+
+@contextmanager
+def indexed_facts(trajectory: Trajectory) -> Iterator[None]:
+    """Index the trajectory's facts for :func:`facts_of` while the checks judge it."""
+    global _fact_index
+    by_type: dict[type, list[tuple[int, Fact]]] = {}
+    for pair in enumerate(trajectory.facts):
+        what = type(pair[1].what)
+        found = by_type.get(what)
+        if found is None:
+            by_type[what] = [pair]
+        else:
+            found.append(pair)
+    before, _fact_index = _fact_index, (trajectory.facts, by_type)
+    try:
+        yield
+    finally:
+        _fact_index = before

@@ -303,16 +303,36 @@ class ManagersPart(VllmBase):
         """The blocks of the manager's pool, the null block included."""
         return len(manager.block_pool.blocks)
 
+    def table_reader(self, manager: Any) -> Callable[[str], tuple[tuple[int, ...], ...]]:
+        """A reader of a request's block ids per group, as ``get_block_ids`` answers, read
+        from the single-type managers' ``req_to_blocks`` (what ``KVCacheCoordinator.get_blocks``
+        reads) without building a ``KVCacheBlocks`` per read: the pool census reads every
+        live table each step. ``.get`` never adds a request's entry to the defaultdicts (the
+        bookkeeping family counts their keys). A manager without single-type managers is
+        read through ``get_block_ids``."""
+        managers = getattr(getattr(manager, "coordinator", None), "single_type_managers", None)
+        if managers is None:
+            return lambda name: tuple(tuple(ids) for ids in manager.get_block_ids(name))
+        stores = [m.req_to_blocks for m in managers]
+
+        def read(name: str) -> tuple[tuple[int, ...], ...]:
+            return tuple(tuple([b.block_id for b in store.get(name) or ()]) for store in stores)
+
+        return read
+
     def block_refs(
         self, manager: Any, block_ids: Iterable[int]
     ) -> tuple[dict[int, int], frozenset[int]]:
         """The reference count of each of ``block_ids``, and those that hold cached KV."""
         blocks = manager.block_pool.blocks
-        refs = {block: int(blocks[block].ref_cnt) for block in block_ids}
-        hashed = frozenset(
-            block for block in refs if getattr(blocks[block], "block_hash", None) is not None
-        )
-        return refs, hashed
+        refs: dict[int, int] = {}
+        hashed = []
+        for block_id in block_ids:
+            block = blocks[block_id]
+            refs[block_id] = block.ref_cnt
+            if block.block_hash is not None:
+                hashed.append(block_id)
+        return refs, frozenset(hashed)
 
     def request_keyed_state(
         self, manager: Any, request_ids: Collection[str]
@@ -390,26 +410,25 @@ class ManagersPart(VllmBase):
 
         A caller that leaves the argument out, as ``HiSparseSourceManager`` calls its base
         class's ``get_num_blocks_to_allocate``, must get what the coordinator's callers get
-        for the same omission. Read from the functions as they are now, never cached: a
-        mutation campaign's child runs a mutated default under the clean run's caches.
+        for the same omission. Remembered per coordinator and manager classes: a mutation
+        campaign's child that mutates a default forgets the answers first
+        (:meth:`forget_answers`).
         """
-        coordinator = manager.coordinator
-        lines = []
-        seen: set[type] = set()
-        for group in coordinator.single_type_managers:
-            kind = type(group)
-            if kind in seen:
-                continue
-            seen.add(kind)
-            for name, coordinator_default, manager_default in _shared_defaults(
-                type(coordinator), kind
-            ):
-                if coordinator_default != manager_default:
-                    lines.append(
-                        f"{kind.__name__}.{name} defaults to {manager_default!r} where "
-                        f"{type(coordinator).__name__} defaults to {coordinator_default!r}"
-                    )
-        return lines
+        coordinator = type(manager.coordinator)
+        kinds = tuple(dict.fromkeys(type(g) for g in manager.coordinator.single_type_managers))
+
+        def disagreements() -> list[str]:
+            return [
+                f"{kind.__name__}.{name} defaults to {manager_default!r} where "
+                f"{coordinator.__name__} defaults to {coordinator_default!r}"
+                for kind in kinds
+                for name, coordinator_default, manager_default in _shared_defaults(
+                    coordinator, kind
+                )
+                if coordinator_default != manager_default
+            ]
+
+        return list(self._remembered(("forwarded defaults", coordinator, kinds), disagreements))
 
 
 def _pin_shared_prefix(request: Any, boundary: Any) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -16,6 +17,10 @@ from kvconform.oracles.vllm.calls import flatten_literal, quiet_logs
 
 # Every spec class a scenario group is built from gets these attributes where
 # the class has such a field; their values do not influence block counts.
+# A spec class's dataclass fields, read once per class (a tree imported anew, as by a
+# mutation campaign's child, has classes of its own).
+_FIELD_NAMES: dict[type, frozenset[str]] = {}
+
 _NEUTRAL_SPEC_FIELDS: dict[str, Any] = {
     "num_kv_heads": 1,
     "head_size": 8,
@@ -43,12 +48,32 @@ class SpecsPart(VllmBase):
             and obj.__module__ == self._iface.__name__
         )
 
+    def build_specs(self, groups: Sequence[tuple[str, int, dict[str, object]]]) -> list[Any]:
+        """:meth:`build_spec` for each (type, block size, options), in order.
+
+        The specs are frozen dataclasses, built once per set of groups and remembered:
+        a scenario's setup asks for them four times (settings, trajectory, live manager,
+        predictor), and scenarios share groups."""
+        try:
+            key = tuple((t, size, tuple(sorted(options.items()))) for t, size, options in groups)
+            hash(key)
+        except TypeError:  # an option value that does not hash: built anew
+            return [self.build_spec(t, size, options) for t, size, options in groups]
+        return list(
+            self._remembered(
+                ("specs", key),
+                lambda: [self.build_spec(t, size, options) for t, size, options in groups],
+            )
+        )
+
     def build_spec(self, type_name: str, block_size: int, options: dict[str, object]) -> Any:
         """A vLLM KVCacheSpec for a scenario group: its options plus neutral sizes."""
         import torch
 
         cls = self.spec_class(GROUP_TYPES[type_name].vllm_class)
-        field_names = {f.name for f in dataclasses.fields(cls)}
+        field_names = _FIELD_NAMES.get(cls)
+        if field_names is None:
+            field_names = _FIELD_NAMES[cls] = frozenset(f.name for f in dataclasses.fields(cls))
         kwargs: dict[str, Any] = {"block_size": block_size}
         neutral = dict(_NEUTRAL_SPEC_FIELDS, dtype=torch.float16)
         neutral.update(shapes=((4,),), dtypes=(torch.float16,))
