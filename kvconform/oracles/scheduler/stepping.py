@@ -24,6 +24,7 @@ from kvconform.oracles.scheduler.inputs import (
     started_loads,
 )
 from kvconform.oracles.scheduler.lifecycle import AppliedStep, Lifecycle
+from kvconform.oracles.scheduler.queues import QueueSnapshot
 from kvconform.oracles.scheduler.records import (
     AbortRecord,
     DeferredFreeRecord,
@@ -127,6 +128,15 @@ class SchedulerOracle:
         }
         self._next_output = {
             name: first_output_token(i) for i, name in enumerate(scenario.requests)
+        }
+        # The order the engine handed requests to the scheduler (FCFS's arrival), and the
+        # rank of each Request.arrival_time (the priority policy's tie-break).
+        self._added: dict[str, int] = {}
+        self._stamps = {
+            name: rank
+            for rank, name in enumerate(
+                sorted(self._requests, key=lambda n: self._requests[n].arrival_time)
+            )
         }
         self._started: set[str] = set()  # scheduled at least once
         self._restart: set[str] = set()  # preempted, not scheduled since
@@ -303,7 +313,9 @@ class SchedulerOracle:
 
     def _admit(self) -> None:
         while self._pending and self._pending[0].arrival <= self._step:
-            self.scheduler.add_request(self._requests[self._pending.pop(0).name])
+            name = self._pending.pop(0).name
+            self._added[name] = len(self._added)
+            self.scheduler.add_request(self._requests[name])
         self._sessions.add_chunks(self._step)
         while self._pause_switches and self._pause_switches[0][0] <= self._step:
             _, self._paused, abort = self._pause_switches.pop(0)
@@ -450,9 +462,11 @@ class SchedulerOracle:
                     )
                 in_flight = len(queue)
                 self._current = self._step
+                queues = QueueSnapshot(self)
                 output = scheduler.schedule()
                 if output.total_num_scheduled_tokens > 0:
                     self._newest_busy = self._step
+                queues.record(self, output, in_flight)
                 answers = self._record(output, in_flight)
                 self._step += 1
                 # A KV load in flight makes progress without scheduled tokens.
