@@ -17,7 +17,8 @@ fairness") may be passed over; no other may:
 * **no running request skipped.** In a call with no step in flight and no preemption, a
   running request with tokens to compute that is not held back is scheduled when the
   budget left after the call has a token for it and the free blocks (less the
-  watermark) hold its blocks for one more token: ``schedule()`` walks its running
+  watermark) hold its blocks for one more token (a call that schedules nothing at all
+  is the liveness family's progress rule): ``schedule()`` walks its running
   requests in order and stops only when the budget is spent or a request cannot get
   blocks, where it preempts.
 """
@@ -103,6 +104,8 @@ def _skipping(
 ) -> Iterator[tuple[int, Failure]]:
     if queues.in_flight or queues.preempted or _budget_left(queues) < 1:
         return
+    if not any(tokens for tokens, _, _ in queues.scheduled.values()):
+        return  # a call that schedules nothing is the liveness family's (progress)
     room = queues.free_after - queues.watermark
     for request in queues.running:
         if request.held_back or request.request in queues.scheduled:

@@ -382,7 +382,7 @@ class SchedulerOracle:
         ]
         self.scheduler.update_draft_token_ids(self.api.draft_token_ids(req_ids, drafts))
 
-    def _stalled(self, since: int) -> PoolExhausted | StallRecord:
+    def _stalled(self, since: int) -> PoolExhausted | StallRecord | None:
         """Whose a stall is: the scenario's when no waiting request fits the pool by the
         floor's arithmetic, vLLM's (a :class:`StallRecord`) when one does.
 
@@ -394,7 +394,9 @@ class SchedulerOracle:
         fit the pool less the null block with nothing else held, vLLM's scheduler could free
         what the others hold (preemption) and the stall is vLLM's; only a request that
         cannot fit an empty pool makes the scenario wrong. What vLLM's tables hold is
-        never bad input.
+        never bad input. With no request waiting, running requests whose blocks for one
+        more token each fit the pool are vLLM's too: None, the run stops and the liveness
+        family judges the empty calls.
         """
         waiting = [rid for rid in self._requests if rid in self.scheduler.requests]
         model = self.scenario.model
@@ -436,6 +438,19 @@ class SchedulerOracle:
                     + ("" if fits_free else f"; alone it takes at most {alone} blocks, which the "
                        "pool less the null block holds"),
                 )  # fmt: skip
+        if head is None and running and self.floors is not None:
+            # Only running requests, stuck: when their blocks for one more token each fit
+            # the pool, the run stops here and the liveness family of check sanity judges
+            # the calls that scheduled nothing (vLLM's, not the scenario's).
+            need = 0
+            for rid in running:
+                request = self.scheduler.requests[rid]
+                computed = int(request.num_computed_tokens)
+                need += sum(
+                    info.pool_blocks(computed, 1, self.floor_lookahead, 0) for info in self.floors
+                )
+            if need <= model.num_blocks - 1:
+                return None
         return PoolExhausted(
             self.scenario.where.at("model.num_blocks"),
             f"vLLM's scheduler scheduled nothing from step {since} on, with nothing in flight, "
