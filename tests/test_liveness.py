@@ -67,12 +67,13 @@ def test_an_empty_call_with_running_requests_that_fit_the_pool_is_no_progress():
     # Both need 2 + 3 blocks for one more token; the pool has 9: two empty calls, one failure.
     failures = judged(step(running), step(running))
     assert invariants(failures) == [NO_PROGRESS]
-    assert failures[0].step == 0 and "running requests a, b need at most 5 blocks" in failures[0].message
-    # Scheduling anything, a step in flight, or every running request held back: no failure.
+    assert failures[0].step == 0 and "running requests a, b, not all held back, need at most 5 blocks" in failures[0].message
+    # Scheduling anything, or every running request held back (their next tokens come
+    # with a step in flight): no failure.
     assert judged(step(running, scheduled={"a": (1, 2, 21), "b": (1, 3, 41)})) == []
-    assert judged(step(running, in_flight=1)) == []
-    held = [r._replace(held_back="its output is in flight") for r in running]
-    assert judged(step(held)) == []
+    waiting_for_output = "its next token is not known before a step in flight is processed"
+    held = [r._replace(held_back=waiting_for_output) for r in running]
+    assert judged(step(held, in_flight=1)) == []
 
 
 def test_running_requests_the_pool_cannot_hold_do_not_demand_progress():
@@ -155,9 +156,82 @@ def test_a_running_request_is_not_skipped_when_budget_and_blocks_allow():
     (skipped,) = judged(step([a, b], [], {"a": (1, 2, 21)}, free=2))
     assert skipped.detail["invariant"] == SKIPPED and skipped.request == "b"
     assert "budget had 63 token(s) left" in skipped.message
-    # The budget spent, a preemption in the call, a step in flight, or b held back: no failure.
+    # The budget spent, a preemption in the call, no free block, or b held back: no failure.
     assert judged(step([a, b], [], {"a": (1, 2, 21)}, free=2, budget=1)) == []
     assert judged(step([a, b], [], {"a": (1, 2, 21)}, ["c"], free=2)) == []
-    assert judged(step([a, b], [], {"a": (1, 2, 21)}, free=2, in_flight=1)) == []
+    assert judged(step([a, b], [], {"a": (1, 2, 21)}, free=0)) == []
     held = b._replace(held_back="the encoder budget or cache")
     assert judged(step([a, held], [], {"a": (1, 2, 21)}, free=2)) == []
+
+
+# -- injected into a copy of vLLM 0.34.0's scheduler (slow) ------------------------------
+
+SCHEDULER = "v1/core/sched/scheduler.py"
+
+# Every fourth schedule() serves no running request: the calls come back empty while the
+# running requests fit the pool.
+STARVES_RUNNING = (
+    SCHEDULER,
+    "        while req_index < len(self.running) and token_budget > 0:",
+    "        while (\n"
+    "            req_index < len(self.running) and token_budget > 0\n"
+    "            and self.current_step % 4 != 0\n"
+    "        ):",
+)
+# The running loop passes over every running request but the first on every third call.
+SKIPS_RUNNING = (
+    SCHEDULER,
+    "            if self.current_step < request.next_decode_eligible_step:",
+    "            if self.current_step < request.next_decode_eligible_step or (\n"
+    "                req_index > 0 and self.current_step % 3 == 0\n"
+    "            ):",
+)
+# The head of the waiting queue is deferred while another request waits behind it: LIFO.
+PASSES_THE_HEAD = (
+    SCHEDULER,
+    "                ready_to_schedule = self._handle_blocked_waiting_request(request)",
+    "                ready_to_schedule = self._handle_blocked_waiting_request(request) and (\n"
+    "                    len(request_queue) < 2\n"
+    "                )",
+)
+
+
+def _injected(pristine_tree, tmp_path, bug, scenario: str, *extra: str):
+    from vllm_copy import REPO, run_kvconform, tree_with_replacement
+
+    tree = tree_with_replacement(pristine_tree, tmp_path / "tree", *bug)
+    out = tmp_path / "report"
+    done = run_kvconform(
+        "run", REPO / scenario, "--vllm-src", tree, "--report-dir", out, "--progress", "off",
+        "--no-expectations", *extra, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == ExitStatus.NONCONFORMANCE, done.stdout + done.stderr
+    (entry,) = json.loads((out / "report.json").read_text())["scenarios"]
+    return {f["detail"].get("invariant") for f in entry["failures"] if f.get("detail")}, entry
+
+
+@pytest.mark.slow
+def test_progress_catches_a_scheduler_that_serves_no_running_request(pristine_tree, tmp_path):
+    found, entry = _injected(
+        pristine_tree, tmp_path, STARVES_RUNNING,
+        "scenarios/scheduler/sched-liveness-preemption-pressure.yaml", "-k", "sync and not async",
+    )  # fmt: skip
+    assert NO_PROGRESS in found, entry
+
+
+@pytest.mark.slow
+def test_fairness_catches_a_running_request_skipped(pristine_tree, tmp_path):
+    found, entry = _injected(
+        pristine_tree, tmp_path, SKIPS_RUNNING,
+        "scenarios/scheduler/sched-fairness-fcfs-waiting-order.yaml", "-k", "sync and not async",
+    )  # fmt: skip
+    assert SKIPPED in found, entry
+
+
+@pytest.mark.slow
+def test_fairness_catches_a_later_arrival_admitted_first(pristine_tree, tmp_path):
+    found, entry = _injected(
+        pristine_tree, tmp_path, PASSES_THE_HEAD,
+        "scenarios/scheduler/sched-fairness-fcfs-waiting-order.yaml", "-k", "sync and not async",
+    )  # fmt: skip
+    assert PASSED in found, entry

@@ -14,8 +14,9 @@ fairness") may be passed over; no other may:
   budget left plus the admitted request's tokens, and its blocks (the floor's upper
   bound, less what it holds) within the free blocks after the call plus those the
   admitted request took, less the admission watermark.
-* **no running request skipped.** In a call with no step in flight and no preemption, a
-  running request with tokens to compute that is not held back is scheduled when the
+* **no running request skipped.** In a call with no preemption, a running request with
+  tokens to compute that is not held back (one whose next token comes with a step still
+  in flight, or whose last token is in flight, is) is scheduled when the
   budget left after the call has a token for it and the free blocks (less the
   watermark) hold its blocks for one more token (a call that schedules nothing at all
   is the liveness family's progress rule): ``schedule()`` walks its running
@@ -102,7 +103,7 @@ def _passing(
 def _skipping(
     trajectory: Trajectory, index: int, fact: Fact, queues: StepQueues
 ) -> Iterator[tuple[int, Failure]]:
-    if queues.in_flight or queues.preempted or _budget_left(queues) < 1:
+    if queues.preempted or _budget_left(queues) < 1:
         return
     if not any(tokens for tokens, _, _ in queues.scheduled.values()):
         return  # a call that schedules nothing is the liveness family's (progress)
@@ -121,8 +122,7 @@ def _skipping(
                 at_request(trajectory, fact, request.request),
                 f"running, with {request.tokens - request.computed} token(s) to compute, but not "
                 f"scheduled, while the budget had {_budget_left(queues)} token(s) left and "
-                f"{room} free block(s) (it needs {max(need, 0)}), with nothing in flight and "
-                "nothing preempted",
+                f"{room} free block(s) (it needs {max(need, 0)}) and nothing was preempted",
                 SKIPPED,
             ),
         )

@@ -5,9 +5,10 @@ with the floor's arithmetic for what a request needs (``GroupInfo.pool_blocks``,
 bound of what a table may rightly hold, so that "fits" is never claimed for a request
 that may not fit); docs/contract.md ("Liveness and fairness") states the model:
 
-* **progress.** A call with no step in flight, running requests one of which is not held
-  back for a listed reason, and the running requests' blocks for one more token each
-  within the pool (less the null block), schedules something: ``schedule()`` serves its
+* **progress.** A call with running requests one of which is not held back for a listed
+  reason (one whose next token comes with a step still in flight is), and the running
+  requests' blocks for one more token each within the pool (less the null block),
+  schedules something: ``schedule()`` serves its
   running requests first and preempts the last of them until the first fits, so such a
   call cannot come back empty. (A call with only waiting requests that fit is check
   ``capacity``'s stall.)
@@ -24,7 +25,9 @@ that may not fit); docs/contract.md ("Liveness and fairness") states the model:
   tokens (prompt and ``max_tokens``) of every request live in that time, R the tokens
   computed before each preemption in it (recomputed), H its calls in which nothing was
   scheduled while every live request was held back or the engine paused admissions
-  with nothing running. Every other call schedules a token or has a step in flight.
+  with nothing running. Every other call schedules a token (progress; the waiting
+  requests' stall is ``capacity``'s), each token is one of W or R, and a step in flight
+  delays a request's next token by at most the steps in flight.
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ def _progress(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
         queues = fact.what
         assert isinstance(queues, StepQueues)
         empty = not any(tokens for tokens, _, _ in queues.scheduled.values())
-        if not empty or queues.in_flight or not queues.running:
+        if not empty or not queues.running:
             idle = False
             continue
         if queues.input_budget <= queues.draft_slots or idle:
@@ -81,9 +84,9 @@ def _progress(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
             index,
             fact_failure(
                 fact,
-                f"schedule() scheduled nothing, with no step in flight, while running requests "
-                f"{names} need at most {need} blocks for one more token each and the pool has "
-                f"{queues.pool - 1} (less the null block; {queues.free_before} free): vLLM "
+                f"schedule() scheduled nothing ({queues.in_flight} step(s) in flight) while "
+                f"running requests {names}, not all held back, need at most {need} blocks "
+                f"for one more token each and the pool has {queues.pool - 1} (less the null block; {queues.free_before} free): vLLM "
                 "serves its running requests first and preempts until one fits",
                 NO_PROGRESS,
             ),

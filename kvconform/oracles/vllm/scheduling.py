@@ -390,8 +390,18 @@ class Scheduling(SchedulingConfigs):
             if getattr(scheduler, "cache_aware_window", 0):
                 return "cache-aware admission reorders the waiting queue"
             return ""
-        if getattr(request, "num_output_placeholders", 0) > 0:
-            return "its output is in flight"
+        placeholders = int(getattr(request, "num_output_placeholders", 0) or 0)
+        computed = int(request.num_computed_tokens)
+        known = int(getattr(request, "num_tokens_with_spec", request.num_tokens))
+        if known + placeholders - computed <= 0:
+            return "its next token is not known before a step in flight is processed"
+        max_tokens = getattr(request, "max_tokens", None)
+        if (
+            placeholders
+            and max_tokens is not None
+            and computed + 2 - placeholders >= request.num_prompt_tokens + max_tokens
+        ):
+            return "its last token is in flight"
         if _decode_deferred(scheduler, request):
             return "the pipeline's decode cadence"
         if getattr(request, "is_prefill_chunk", False) and (
