@@ -194,6 +194,13 @@ PASSES_THE_HEAD = (
     "                    len(request_queue) < 2\n"
     "                )",
 )
+# Request.__lt__ orders the priority queue lowest priority first: the waiting request
+# vLLM admits is the last of the (priority, arrival) order.
+INVERTS_PRIORITY = (
+    "v1/request.py",
+    "            return self.priority < other.priority",
+    "            return self.priority > other.priority",
+)
 
 
 def _injected(pristine_tree, tmp_path, bug, scenario: str, *extra: str):
@@ -233,5 +240,14 @@ def test_fairness_catches_a_later_arrival_admitted_first(pristine_tree, tmp_path
     found, entry = _injected(
         pristine_tree, tmp_path, PASSES_THE_HEAD,
         "scenarios/scheduler/sched-fairness-fcfs-waiting-order.yaml", "-k", "sync and not async",
+    )  # fmt: skip
+    assert PASSED in found, entry
+
+
+@pytest.mark.slow
+def test_fairness_catches_a_priority_queue_served_backwards(pristine_tree, tmp_path):
+    found, entry = _injected(
+        pristine_tree, tmp_path, INVERTS_PRIORITY,
+        "scenarios/scheduler/sched-fairness-priority-waiting-order.yaml", "-k", "sync and not async",
     )  # fmt: skip
     assert PASSED in found, entry
