@@ -178,6 +178,16 @@ STARVES_RUNNING = (
     "            and self.current_step % 4 != 0\n"
     "        ):",
 )
+# From the sixth call on, no running request is ever served again: the run stalls with only
+# running requests, which fit the pool (before, the oracle blamed the scenario's pool).
+STOPS_SERVING_RUNNING = (
+    SCHEDULER,
+    "        while req_index < len(self.running) and token_budget > 0:",
+    "        while (\n"
+    "            req_index < len(self.running) and token_budget > 0\n"
+    "            and self.current_step < 6\n"
+    "        ):",
+)
 # The running loop passes over every running request but the first on every third call.
 SKIPS_RUNNING = (
     SCHEDULER,
@@ -251,3 +261,13 @@ def test_fairness_catches_a_priority_queue_served_backwards(pristine_tree, tmp_p
         "scenarios/scheduler/sched-fairness-priority-waiting-order.yaml", "-k", "sync and not async",
     )  # fmt: skip
     assert PASSED in found, entry
+
+
+@pytest.mark.slow
+def test_a_run_stuck_with_running_requests_is_vllms_not_the_scenarios(pristine_tree, tmp_path):
+    found, entry = _injected(
+        pristine_tree, tmp_path, STOPS_SERVING_RUNNING,
+        "scenarios/scheduler/sched-no-speculation.yaml", "-k", "sync and not async",
+    )  # fmt: skip
+    assert NO_PROGRESS in found, entry
+    assert entry["verdict"] == "failed", entry
