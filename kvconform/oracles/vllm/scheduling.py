@@ -378,7 +378,7 @@ class Scheduling(SchedulingConfigs):
             }.get(status, status)
         if getattr(request, "lora_request", None) is not None:
             return "the LoRA limit"
-        if getattr(request, "has_encoder_inputs", False):
+        if getattr(request, "has_encoder_inputs", False) and _encoder_ahead(scheduler, request):
             return "the encoder budget or cache"
         if getattr(scheduler, "need_mamba_block_aligned_split", False):
             return "a Mamba block-aligned chunk"
@@ -422,3 +422,20 @@ def _decode_deferred(scheduler: Any, request: Any) -> bool:
     eligible = getattr(request, "next_decode_eligible_step", None)
     current = getattr(scheduler, "current_step", None)
     return eligible is not None and current is not None and current + 1 < eligible
+
+
+def _encoder_ahead(scheduler: Any, request: Any) -> bool:
+    """The request has a multimodal placeholder it has not computed past (with the prefill
+    lookahead ``_try_schedule_encoder_inputs`` shifts by), or an encoder-cache connector
+    decides for it: only then can the encoder budget or cache cut its tokens to 0."""
+    if getattr(scheduler, "ec_connector", None) is not None:
+        return True
+    shift = int(getattr(scheduler, "num_prefill_lookahead", 0) or 0)
+    computed = int(request.num_computed_tokens)
+    for feature in getattr(request, "mm_features", None) or ():
+        position = getattr(feature, "mm_position", None)
+        if position is None:
+            return True
+        if int(position.offset) + int(position.length) + shift > computed:
+            return True
+    return False
