@@ -22,7 +22,8 @@ that may not fit); docs/contract.md ("Liveness and fairness") states the model:
   ``max_model_len`` tokens, each step of which preempts a request at most once.
 * **a finite workload finishes in bounded time.** Each request is gone (finished or
   aborted) within ``(1 + steps in flight) × (W + R) + H`` calls of its arrival: W the
-  tokens (prompt and ``max_tokens``) of every request live in that time, R the tokens
+  tokens (prompt and ``max_tokens``, a streaming session's later turns included) of every
+  request live in that time, R the tokens
   computed before each preemption in it (recomputed), H its calls in which nothing was
   scheduled while every live request was held back or the engine paused admissions
   with nothing running. Every other call schedules a token (progress; the waiting
@@ -135,15 +136,20 @@ def _bounded(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
     work: dict[str, int] = {}  # request -> its W, R and H so far
     held: dict[str, int] = {}
     calls: dict[str, int] = {}  # schedule() calls recorded since it arrived
+    sizes: dict[str, int] = {}  # request -> the most prompt + max_tokens it had
     reported: set[str] = set()
     for index, fact in facts_of(trajectory, StepQueues):
         queues = fact.what
         assert isinstance(queues, StepQueues)
         everyone = queues.waiting + queues.running
-        new = [r for r in everyone if r.request not in arrived]
-        # Every live request's bound grows with the work of those that join it; a new
-        # request's starts with every live request's whole work (a bound, not a count).
-        joined = sum(r.prompt + r.max_tokens for r in new)
+        # Every live request's bound grows with the work of those that join it, and with
+        # a streaming session's next turn (its prompt grows); a new request's starts with
+        # every live request's whole work (a bound, not a count).
+        joined = 0
+        for r in everyone:
+            size = r.prompt + r.max_tokens
+            joined += max(0, size - sizes.get(r.request, 0))
+            sizes[r.request] = max(size, sizes.get(r.request, 0))
         start = sum(r.prompt + r.max_tokens for r in everyone)
         computed = {r.request: r.computed for r in queues.running}
         redo = sum(computed.get(rid, 0) for rid in queues.preempted)
