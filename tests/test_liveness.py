@@ -88,7 +88,7 @@ def test_running_requests_the_pool_cannot_hold_do_not_demand_progress():
 def _thrash(progress: bool) -> list[StepQueues]:
     """a readmitted and preempted, call after call; with ``progress``, b decodes between."""
     steps = []
-    for i in range(12):
+    for i in range(40):
         b = req("b", 0, computed=10 + i, tokens=11 + i, held=1)
         if i % 2:
             steps.append(step([b, req("a", 1, computed=16, tokens=17, held=2)], [],
@@ -99,12 +99,12 @@ def _thrash(progress: bool) -> list[StepQueues]:
 
 
 def test_a_request_preempted_again_and_again_without_progress_is_a_cycle():
-    # max_model_len 4: more than 4 fruitless preemptions in a row is a cycle.
+    # max_model_len 4 and 4 seats: more than 16 fruitless preemptions in a row is a cycle.
     failures = [f for f in judged(*_thrash(False), max_model_len=4) if f.detail["invariant"] == PREEMPTION_CYCLE]
     (cycle,) = failures
-    assert cycle.request == "a" and cycle.line == 11 and "preempted 6 times in a row" in cycle.message
+    assert cycle.request == "a" and cycle.line == 11 and "preempted 18 times in a row" in cycle.message
     assert PREEMPTION_CYCLE not in invariants(judged(*_thrash(True), max_model_len=4))
-    # With the bound of a real model length, six fruitless preemptions are not a cycle.
+    # With the bound of a real model length, twenty fruitless preemptions are not a cycle.
     assert PREEMPTION_CYCLE not in invariants(judged(*_thrash(False), max_model_len=64))
 
 

@@ -14,12 +14,14 @@ that may not fit); docs/contract.md ("Liveness and fairness") states the model:
   ``capacity``'s stall.)
 * **no preemption cycle.** A request preempted again with no progress in the run since
   its last preemption (no request's computed position past its high-water mark, none
-  finished) is a fruitless preemption; more than ``max_model_len × (1 + steps in flight)``
-  of them in a row is a cycle. Why that many: in a window without progress every
-  scheduled token is recomputation, the first running request of the policy's order is
-  never the victim (vLLM preempts the last, or the lowest priority), and it gets at
-  least one token a step, so the window ends within its recomputation, at most
-  ``max_model_len`` tokens, each step of which preempts a request at most once.
+  finished) is a fruitless preemption; more than
+  ``max_model_len × max_num_seqs × (1 + steps in flight)`` of them in a row is a cycle.
+  Why that many: in a window without progress every scheduled token is recomputation,
+  the first running request of the policy's order is never the victim (vLLM preempts the
+  last, or the lowest priority), so the window ends once it has recomputed, at most
+  ``max_model_len`` tokens; each call of the window schedules a token (progress), for it
+  or for one of at most ``max_num_seqs - 1`` others that may take the budget before it,
+  and a request is preempted at most once a call.
 * **a finite workload finishes in bounded time.** Each request is gone (finished or
   aborted) within ``(1 + steps in flight) × (W + R) + H`` calls of its arrival: W the
   tokens (prompt and ``max_tokens``, a streaming session's later turns included) of every
@@ -95,7 +97,11 @@ def _progress(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
 
 
 def _cycles(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
-    limit = max(trajectory.max_model_len, 1) * (1 + trajectory.steps_in_flight)
+    seats = 1
+    for _, fact in facts_of(trajectory, StepQueues):
+        assert isinstance(fact.what, StepQueues)
+        seats = max(seats, fact.what.max_num_seqs)
+    limit = max(trajectory.max_model_len, 1) * seats * (1 + trajectory.steps_in_flight)
     high: dict[str, int] = {}  # request -> the furthest position it computed
     progress = 0  # the sum of the high-water marks, plus the requests finished
     live: set[str] = set()
@@ -120,7 +126,7 @@ def _cycles(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
                         at_request(trajectory, fact, rid),
                         f"preempted {streak[rid] + 1} times in a row with no request computing a "
                         f"new token or finishing in between, more than the {limit} a run without a "
-                        "cycle allows (max_model_len, times 1 + the steps in flight)",
+                        "cycle allows (max_model_len × max_num_seqs × (1 + the steps in flight))",
                         PREEMPTION_CYCLE,
                     ),
                 )
