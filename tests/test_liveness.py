@@ -44,10 +44,13 @@ def step(
     )  # fmt: skip
 
 
-def judged(*steps: StepQueues, max_model_len: int = 64, in_flight: int = 0) -> list:
+def judged(
+    *steps: StepQueues, max_model_len: int = 64, in_flight: int = 0, exclusive: bool = True
+) -> list:
     trajectory = Trajectory(
         (GROUP,), lookahead=0, lookahead_source="test", max_model_len=max_model_len
     )
+    trajectory.exclusive_blocks = exclusive
     trajectory.steps_in_flight = in_flight
     trajectory.num_blocks = 10
     trajectory.request_lines = {"a": 11, "b": 12, "c": 13}
@@ -104,8 +107,22 @@ def test_a_request_preempted_again_and_again_without_progress_is_a_cycle():
     (cycle,) = failures
     assert cycle.request == "a" and cycle.line == 11 and "preempted 18 times in a row" in cycle.message
     assert PREEMPTION_CYCLE not in invariants(judged(*_thrash(True), max_model_len=4))
-    # With the bound of a real model length, twenty fruitless preemptions are not a cycle.
+    # With the bound of a real model length, twenty fruitless preemptions in changing states
+    # are not a cycle.
     assert PREEMPTION_CYCLE not in invariants(judged(*_thrash(False), max_model_len=64))
+
+
+def test_a_request_preempted_three_times_in_one_state_is_a_cycle_without_prefix_caching():
+    """a readmitted and preempted in the very same state of the queues, call after call."""
+    b = req("b", 0, computed=10, tokens=11, held=1)
+    preempts = step([b, req("a", 1, computed=16, tokens=17, held=2)], [], {}, ["a"])
+    readmits = step([b], [req("a", 1, tokens=17)], {"a": (16, 1, 16)})
+    steps = [readmits, preempts] * 3
+    (cycle,) = [f for f in judged(*steps) if f.detail["invariant"] == PREEMPTION_CYCLE]
+    assert cycle.step == 5 and "3 of them in the same state" in cycle.message
+    # Twice is not enough; with prefix caching the cache's content is state the queues omit.
+    assert PREEMPTION_CYCLE not in invariants(judged(*steps[:4]))
+    assert PREEMPTION_CYCLE not in invariants(judged(*steps, exclusive=False))
 
 
 # -- liveness: a finite workload finishes within its bound --------------------------------

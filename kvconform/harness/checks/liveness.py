@@ -21,7 +21,12 @@ that may not fit); docs/contract.md ("Liveness and fairness") states the model:
   last, or the lowest priority), so the window ends once it has recomputed, at most
   ``max_model_len`` tokens; each call of the window schedules a token (progress), for it
   or for one of at most ``max_num_seqs - 1`` others that may take the budget before it,
-  and a request is preempted at most once a call.
+  and a request is preempted at most once a call. Without prefix caching (whose content is
+  state the queues omit) a streak is a cycle sooner: at the third fruitless preemption of a
+  request in one recorded state (the running queue in order, the waiting requests, each
+  one's computed and known tokens and blocks, the free blocks, the steps in flight). The
+  recording omits some of what ``schedule()`` decides by (the waiting queue's own order,
+  its step counter), so a second visit could be a coincidence; a third is taken for a cycle.
 * **a finite workload finishes in bounded time.** Each request is gone (finished or
   aborted) within ``(1 + steps in flight) × (W + R) + H`` calls of its arrival: W the
   tokens (prompt and ``max_tokens``, a streaming session's later turns included) of every
@@ -45,6 +50,12 @@ from kvconform.model.results import Failure
 NO_PROGRESS = "schedules nothing while the running requests fit the pool"
 PREEMPTION_CYCLE = "preempts a request again and again without progress"
 UNBOUNDED = "leaves a request unfinished past the workload's bound"
+
+# Fruitless preemptions of one request in one recorded state that make a cycle (see
+# _cycles): the recording omits some of what schedule() decides by (the waiting queue's
+# own order, its step counter), so a second visit could be a coincidence of the recorded
+# part; a third is taken for the cycle it is.
+_REPEATS = 3
 
 
 def lookahead_of(trajectory: Trajectory) -> int:
@@ -107,6 +118,9 @@ def _cycles(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
     live: set[str] = set()
     last: dict[str, int] = {}  # request -> progress at its last preemption
     streak: dict[str, int] = {}
+    # request -> the states the scheduler was in at its fruitless preemptions in a row
+    # (without prefix caching: with it, the cache's content is state the queues omit)
+    seen: dict[str, dict[tuple, int]] = {}
     reported: set[str] = set()
     for index, fact in facts_of(trajectory, StepQueues):
         queues = fact.what
@@ -114,19 +128,36 @@ def _cycles(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
         now = {r.request for r in queues.waiting} | {r.request for r in queues.running}
         progress += len(live - now)
         live = now
+        state = (
+            tuple((r.request, r.computed, r.tokens, r.held) for r in queues.running),
+            tuple(sorted((r.request, r.computed, r.tokens, r.held) for r in queues.waiting)),
+            queues.free_before,
+            queues.in_flight,
+        )
         for rid in queues.preempted:
             fruitless = last.get(rid) == progress
             streak[rid] = streak.get(rid, 0) + 1 if fruitless else 0
             last[rid] = progress
-            if streak[rid] > limit and rid not in reported:
+            states = seen.setdefault(rid, {})
+            if not fruitless:
+                states.clear()
+            states[state] = states.get(state, 0) + 1
+            repeated = trajectory.exclusive_blocks and states[state] >= _REPEATS
+            if (repeated or streak[rid] > limit) and rid not in reported:
                 reported.add(rid)
+                why = (
+                    f"{_REPEATS} of them in the same state of the queues, computed tokens and "
+                    "free blocks: the scheduler goes round a cycle"
+                    if repeated
+                    else f"more than the {limit} a run without a cycle allows (max_model_len "
+                    "× max_num_seqs × (1 + the steps in flight))"
+                )
                 yield (
                     index,
                     fact_failure(
                         at_request(trajectory, fact, rid),
                         f"preempted {streak[rid] + 1} times in a row with no request computing a "
-                        f"new token or finishing in between, more than the {limit} a run without a "
-                        "cycle allows (max_model_len × max_num_seqs × (1 + the steps in flight))",
+                        f"new token or finishing in between, {why}",
                         PREEMPTION_CYCLE,
                     ),
                 )
