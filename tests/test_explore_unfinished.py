@@ -1,7 +1,7 @@
 """A drawn workload that the run refuses as input (vLLM's scheduler leaves requests
 unfinished at ``max_steps``) is counted and passed over by the search, never a crash of
-the explorer (``GeneratorBug``): liveness is not judged yet (docs/contract.md), and a
-shrink candidate that stalls does not reproduce the finding being shrunk."""
+the explorer (``GeneratorBug``): a run cut at ``max_steps`` is not judged (the liveness
+family judges runs that end or stall, docs/contract.md), and a shrink candidate that stalls does not reproduce the finding being shrunk."""
 
 from __future__ import annotations
 

@@ -85,6 +85,23 @@ def _by_hand() -> Trajectory:
             ),
         ),
         at(2, None, "a", "end of step", f.FinalizedTails(((0, 3, 8),), ((3,),), 8, (), {}, ())),
+        at(
+            3,
+            None,
+            "-",
+            "schedule",
+            f.StepQueues(
+                "fcfs",
+                (
+                    f.QueuedRequest("a", 0, 0, 0, 0, 32, 32, 4, 0),
+                    f.QueuedRequest("b", 1, 0, 1, 0, 16, 16, 4, 0),
+                ),
+                (),
+                {"b": (16, 1, 16)},
+                (),
+                64, 64, 0, 4, 5, 4, 0, 8, 0, False, True, False,
+            ),  # fmt: skip
+        ),
     ]
     return trajectory
 
@@ -124,6 +141,7 @@ def test_the_facts_are_judged_the_same_after_the_round_trip() -> None:
         "counts other prefix-cache stats or usage than the trajectory adopted",
         "caches a Mamba boundary state and does not hand it to the KV connector",
         "hands the KV connector a block that no longer holds the state",
+        "admits a later request ahead of an earlier one that fits",
     ):
         assert wanted in invariants, wanted
     hit = next(x for x in before if x.detail and x.detail["invariant"].startswith("gets a"))

@@ -310,6 +310,55 @@ class PublishedEvents(NamedTuple):
     cached: Mapping[tuple[int, object], int]
 
 
+class QueuedRequest(NamedTuple):
+    """A live request as a ``schedule()`` call found it (liveness and fairness families):
+    ``added``, the order the engine handed requests to the scheduler (``add_request``:
+    FCFS's arrival); ``priority`` and ``stamp``, the rank of its ``Request.arrival_time``
+    (the priority policy's order, ``(priority, arrival_time)``); its computed and known
+    tokens, prompt, ``max_tokens``, the device blocks it holds; ``held_back``: why vLLM may
+    pass it over in this step ("" none; the reasons are listed in docs/contract.md)."""
+
+    request: str
+    added: int
+    priority: int
+    stamp: int
+    computed: int
+    tokens: int
+    prompt: int
+    max_tokens: int
+    held: int
+    held_back: str = ""
+
+
+class StepQueues(NamedTuple):
+    """A ``schedule()`` call's queues and what it made of them (liveness and fairness
+    families of ``sanity``): the waiting and running requests before it (running in
+    vLLM's order), the tokens it scheduled with the blocks each scheduled request holds
+    after it and the position its step ends at (a prefix-cache hit included), the requests it preempted, its token budgets (``max_num_scheduled_tokens``,
+    ``max_num_batched_tokens`` and the draft slots each request takes of the latter),
+    ``max_num_seqs``, the free blocks before and after it and the admission watermark,
+    the steps in flight, the engine's pause, chunked prefill and full-sequence admission."""
+
+    policy: str
+    waiting: tuple[QueuedRequest, ...]
+    running: tuple[QueuedRequest, ...]
+    # request -> (tokens, blocks held after, computed after: the step's end position)
+    scheduled: Mapping[str, tuple[int, int, int]]
+    preempted: tuple[str, ...]
+    token_budget: int
+    input_budget: int
+    draft_slots: int
+    max_num_seqs: int
+    free_before: int
+    free_after: int
+    watermark: int
+    pool: int
+    in_flight: int
+    paused: bool
+    chunked_prefill: bool
+    reserve_full: bool
+
+
 # (stopped, outputs, the update that ended it) of a finished request; None: unfinished.
 End = tuple[bool, int, int] | None
 
@@ -438,11 +487,12 @@ Payload = Union[  # noqa: UP007 (a runtime union: the recording's codec reads it
     SessionReleased,
     SessionTurn,
     EngineOutput,
+    StepQueues,
 ]
 
 PAYLOADS: tuple[type, ...] = Payload.__args__  # type: ignore[attr-defined]
 # Records a payload holds (the recording's codec reads them back too).
-PARTS: tuple[type, ...] = (MmInput, RequestEnd)
+PARTS: tuple[type, ...] = (MmInput, RequestEnd, QueuedRequest)
 
 
 class Fact(NamedTuple):

@@ -44,7 +44,7 @@ from kvconform.model.settings import SettingsRecord
 
 # Raised by one more with every change of what a recording holds or how it is written;
 # a recording of another version is refused, never half read.
-RECORDING_VERSION = 2
+RECORDING_VERSION = 3
 
 
 @dataclass

@@ -34,8 +34,10 @@ family, over the facts the oracles record (:mod:`kvconform.model.facts`): ``allo
 defaults), ``conservation`` (free + held = the pool, reference counts, no writable block
 shared, after every step), ``bookkeeping`` (vLLM's per-request state of ended requests
 dropped), ``zeroing``, ``handoffs``, ``kv_events``, ``encoder`` (scheduler mode's
-multimodal inputs) and ``lifecycle`` (in-flight finishes, stops, rejections,
-``SchedulerStats``, streaming sessions, pauses and aborts); ``warmup`` and ``mamba``
+multimodal inputs), ``lifecycle`` (in-flight finishes, stops, rejections,
+``SchedulerStats``, streaming sessions, pauses and aborts), ``liveness`` (progress, no
+preemption cycle, a bound on a finite workload) and ``fairness`` (the policy's order:
+no passing, no running request skipped); ``warmup`` and ``mamba``
 read the recorded tables. This module runs them in a fixed order, the facts' failures
 in the order the run met them.
 
@@ -52,9 +54,11 @@ from kvconform.harness.checks import (
     bookkeeping,
     conservation,
     encoder,
+    fairness,
     handoffs,
     kv_events,
     lifecycle,
+    liveness,
     mamba,
     warmup,
     zeroing,
@@ -154,6 +158,8 @@ FACT_FAMILIES = (
     kv_events,
     encoder,
     lifecycle,
+    liveness,
+    fairness,
 )
 
 

@@ -269,6 +269,7 @@ def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
         )
     _step_facts(trajectory, record.zeroing, "schedule", lines)
     _step_facts(trajectory, record.census, "schedule", lines)
+    _step_facts(trajectory, record.queues, "schedule", lines)
     _deferred_frees(trajectory, record.deferred_frees, lines, notes)
     _encoder_facts(trajectory, record, lines)
     for step, note in record.encoder_notes.items():

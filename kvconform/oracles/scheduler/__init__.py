@@ -47,9 +47,9 @@ observations. What the fabricated output does not model is listed in
 The package's modules, by concern: :mod:`.config` builds the configuration and the
 scheduler; :mod:`.stepping` steps it, recording each ``schedule()`` and every release;
 :mod:`.inputs` makes the requests and feeds the multimodal and connector inputs;
-:mod:`.records` holds what is recorded per step; :mod:`.step_facts`, :mod:`.lifecycle` and
-:mod:`.sessions` record the facts the checks judge (zeroing, encoder work, KV events; stops
-and stats; streaming sessions).
+:mod:`.records` holds what is recorded per step; :mod:`.step_facts`, :mod:`.lifecycle`,
+:mod:`.sessions` and :mod:`.queues` record the facts the checks judge (zeroing, encoder work,
+KV events; stops and stats; streaming sessions; each ``schedule()``'s queues).
 """
 
 from __future__ import annotations

@@ -165,4 +165,6 @@ class SchedulerRun:
     encoder_budget: int | None = None
     encoder_cache_size: int | None = None
     lifecycle: list[StepFact] = field(default_factory=list)
+    # Each schedule()'s queues and what it made of them (liveness and fairness families).
+    queues: list[StepFact] = field(default_factory=list)
     deferred_frees: list[DeferredFreeRecord] = field(default_factory=list)

@@ -19,6 +19,7 @@ class OracleState(Protocol):
 
     vllm: Vllm
     api: Scheduling
+    config: Any  # the VllmConfig the scheduler was built with
     scenario: Scenario
     limits: SchedulerSpec  # the scenario's scheduler section
     scheduler: Any  # vLLM's Scheduler / AsyncScheduler
@@ -32,3 +33,5 @@ class OracleState(Protocol):
     _loaded: set[str]  # began loading remote KV, not scheduled since
     _loading: dict[str, int]  # KV loads in flight: steps until received
     _zeroed_groups: list[int] | None  # the groups whose new blocks vLLM zeroes
+    _added: dict[str, int]  # the order requests were handed to the scheduler
+    _stamps: dict[str, int]  # the rank of each request's Request.arrival_time

@@ -24,6 +24,7 @@ from kvconform.oracles.scheduler.inputs import (
     started_loads,
 )
 from kvconform.oracles.scheduler.lifecycle import AppliedStep, Lifecycle
+from kvconform.oracles.scheduler.queues import QueueSnapshot
 from kvconform.oracles.scheduler.records import (
     AbortRecord,
     DeferredFreeRecord,
@@ -127,6 +128,15 @@ class SchedulerOracle:
         }
         self._next_output = {
             name: first_output_token(i) for i, name in enumerate(scenario.requests)
+        }
+        # The order the engine handed requests to the scheduler (FCFS's arrival), and the
+        # rank of each Request.arrival_time (the priority policy's tie-break).
+        self._added: dict[str, int] = {}
+        self._stamps = {
+            name: rank
+            for rank, name in enumerate(
+                sorted(self._requests, key=lambda n: self._requests[n].arrival_time)
+            )
         }
         self._started: set[str] = set()  # scheduled at least once
         self._restart: set[str] = set()  # preempted, not scheduled since
@@ -303,7 +313,9 @@ class SchedulerOracle:
 
     def _admit(self) -> None:
         while self._pending and self._pending[0].arrival <= self._step:
-            self.scheduler.add_request(self._requests[self._pending.pop(0).name])
+            name = self._pending.pop(0).name
+            self._added[name] = len(self._added)
+            self.scheduler.add_request(self._requests[name])
         self._sessions.add_chunks(self._step)
         while self._pause_switches and self._pause_switches[0][0] <= self._step:
             _, self._paused, abort = self._pause_switches.pop(0)
@@ -370,7 +382,7 @@ class SchedulerOracle:
         ]
         self.scheduler.update_draft_token_ids(self.api.draft_token_ids(req_ids, drafts))
 
-    def _stalled(self, since: int) -> PoolExhausted | StallRecord:
+    def _stalled(self, since: int) -> PoolExhausted | StallRecord | None:
         """Whose a stall is: the scenario's when no waiting request fits the pool by the
         floor's arithmetic, vLLM's (a :class:`StallRecord`) when one does.
 
@@ -382,7 +394,9 @@ class SchedulerOracle:
         fit the pool less the null block with nothing else held, vLLM's scheduler could free
         what the others hold (preemption) and the stall is vLLM's; only a request that
         cannot fit an empty pool makes the scenario wrong. What vLLM's tables hold is
-        never bad input.
+        never bad input. With no request waiting, running requests whose blocks for one
+        more token each fit the pool are vLLM's too: None, the run stops and the liveness
+        family judges the empty calls.
         """
         waiting = [rid for rid in self._requests if rid in self.scheduler.requests]
         model = self.scenario.model
@@ -424,6 +438,19 @@ class SchedulerOracle:
                     + ("" if fits_free else f"; alone it takes at most {alone} blocks, which the "
                        "pool less the null block holds"),
                 )  # fmt: skip
+        if head is None and running and self.floors is not None:
+            # Only running requests, stuck: when their blocks for one more token each fit
+            # the pool, the run stops here and the liveness family of check sanity judges
+            # the calls that scheduled nothing (vLLM's, not the scenario's).
+            need = 0
+            for rid in running:
+                request = self.scheduler.requests[rid]
+                computed = int(request.num_computed_tokens)
+                need += sum(
+                    info.pool_blocks(computed, 1, self.floor_lookahead, 0) for info in self.floors
+                )
+            if need <= model.num_blocks - 1:
+                return None
         return PoolExhausted(
             self.scenario.where.at("model.num_blocks"),
             f"vLLM's scheduler scheduled nothing from step {since} on, with nothing in flight, "
@@ -450,9 +477,11 @@ class SchedulerOracle:
                     )
                 in_flight = len(queue)
                 self._current = self._step
+                queues = QueueSnapshot(self)
                 output = scheduler.schedule()
                 if output.total_num_scheduled_tokens > 0:
                     self._newest_busy = self._step
+                queues.record(self, output, in_flight)
                 answers = self._record(output, in_flight)
                 self._step += 1
                 # A KV load in flight makes progress without scheduled tokens.

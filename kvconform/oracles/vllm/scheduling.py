@@ -343,3 +343,99 @@ class Scheduling(SchedulingConfigs):
         (``Scheduler.finish_requests(None, RequestStatus.FINISHED_ABORTED)``)."""
         with quiet_logs():
             scheduler.finish_requests(None, self._scheduling.RequestStatus.FINISHED_ABORTED)
+
+    # -- the queues a schedule() call finds (liveness and fairness) ---------------------
+
+    def scheduling_limits(self, scheduler: Any, config: Any) -> tuple[int, int, int, int]:
+        """(the token budget ``max_num_scheduled_tokens``, the input budget
+        ``max_num_batched_tokens``, the draft slots each scheduled request takes of the
+        latter, the requests that may run at once): what ``Scheduler.schedule`` admits by.
+        Releases before the split budgets have one budget and no draft slots."""
+        sched_config = config.scheduler_config
+        input_budget = int(sched_config.max_num_batched_tokens)
+        token_budget = int(getattr(scheduler, "max_num_scheduled_tokens", None) or input_budget)
+        spec = config.speculative_config
+        draft_slots = int(getattr(spec, "max_num_new_slots_for_drafting", 0) or 0) if spec else 0
+        if not hasattr(scheduler, "max_num_scheduled_tokens"):
+            draft_slots = 0
+        seats = getattr(scheduler, "max_num_active_reqs", None)
+        if seats is None:
+            seats = scheduler.max_num_running_reqs
+        return token_budget, input_budget, draft_slots, int(seats)
+
+    def held_back(self, scheduler: Any, request: Any, running: bool) -> str:
+        """Why ``Scheduler.schedule`` may pass this request over in the coming step without
+        breaking its policy ("" none), read from the request's and the scheduler's state
+        (each reason is a ``continue`` or a queue of its own in ``schedule()``; the list and
+        why each is legitimate: docs/contract.md, "Liveness and fairness")."""
+        status = self.status_name(request)
+        if status.startswith("WAITING_FOR"):
+            return {
+                "WAITING_FOR_REMOTE_KVS": "its KV load is in flight",
+                "WAITING_FOR_FSM": "its structured-output grammar is not compiled",
+                "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR": "its structured-output grammar is not compiled",
+                "WAITING_FOR_STREAMING_REQ": "its session waits for input",
+            }.get(status, status)
+        if getattr(request, "lora_request", None) is not None:
+            return "the LoRA limit"
+        if getattr(request, "has_encoder_inputs", False) and _encoder_ahead(scheduler, request):
+            return "the encoder budget or cache"
+        if getattr(scheduler, "need_mamba_block_aligned_split", False):
+            return "a Mamba block-aligned chunk"
+        if getattr(request, "num_stale_output_tokens", 0) and not running:
+            return "its stale output is in flight"
+        if getattr(request, "kv_transfer_params", None) and not running:
+            return "the KV connector's queue"
+        if not running:
+            if getattr(scheduler, "cache_aware_window", 0):
+                return "cache-aware admission reorders the waiting queue"
+            return ""
+        placeholders = int(getattr(request, "num_output_placeholders", 0) or 0)
+        computed = int(request.num_computed_tokens)
+        known = int(getattr(request, "num_tokens_with_spec", request.num_tokens))
+        if known + placeholders - computed <= 0:
+            return "its next token is not known before a step in flight is processed"
+        max_tokens = getattr(request, "max_tokens", None)
+        if (
+            placeholders
+            and max_tokens is not None
+            and computed + 2 - placeholders >= request.num_prompt_tokens + max_tokens
+        ):
+            return "its last token is in flight"
+        if _decode_deferred(scheduler, request):
+            return "the pipeline's decode cadence"
+        if getattr(request, "is_prefill_chunk", False) and (
+            getattr(scheduler, "local_prefill_interval", 1) > 1
+            or getattr(scheduler, "num_prefill_lookahead", 0)
+        ):
+            return "the prefill cadence or lookahead window"
+        sampled = int(getattr(scheduler, "num_sampled_tokens_per_step", 1) or 1)
+        max_model_len = getattr(scheduler, "max_model_len", None)
+        if max_model_len is not None and request.num_computed_tokens + sampled >= max_model_len:
+            return "max_model_len"
+        return ""
+
+
+def _decode_deferred(scheduler: Any, request: Any) -> bool:
+    """The request may not decode in the coming step (pipeline parallelism with async
+    scheduling: ``Request.next_decode_eligible_step``)."""
+    eligible = getattr(request, "next_decode_eligible_step", None)
+    current = getattr(scheduler, "current_step", None)
+    return eligible is not None and current is not None and current + 1 < eligible
+
+
+def _encoder_ahead(scheduler: Any, request: Any) -> bool:
+    """The request has a multimodal placeholder it has not computed past (with the prefill
+    lookahead ``_try_schedule_encoder_inputs`` shifts by), or an encoder-cache connector
+    decides for it: only then can the encoder budget or cache cut its tokens to 0."""
+    if getattr(scheduler, "ec_connector", None) is not None:
+        return True
+    shift = int(getattr(scheduler, "num_prefill_lookahead", 0) or 0)
+    computed = int(request.num_computed_tokens)
+    for feature in getattr(request, "mm_features", None) or ():
+        position = getattr(feature, "mm_position", None)
+        if position is None:
+            return True
+        if int(position.offset) + int(position.length) + shift > computed:
+            return True
+    return False

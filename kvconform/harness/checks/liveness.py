@@ -1,0 +1,228 @@
+"""``sanity``, the liveness family: vLLM's scheduler keeps serving a workload it can serve.
+
+Judged on each ``schedule()`` call's queues (:class:`~kvconform.model.facts.StepQueues`),
+with the floor's arithmetic for what a request needs (``GroupInfo.pool_blocks``, an upper
+bound of what a table may rightly hold, so that "fits" is never claimed for a request
+that may not fit); docs/contract.md ("Liveness and fairness") states the model:
+
+* **progress.** A call with running requests one of which is not held back for a listed
+  reason (one whose next token comes with a step still in flight is), and the running
+  requests' blocks for one more token each within the pool (less the null block),
+  schedules something: ``schedule()`` serves its
+  running requests first and preempts the last of them until the first fits, so such a
+  call cannot come back empty. (A call with only waiting requests that fit is check
+  ``capacity``'s stall.)
+* **no preemption cycle.** A request preempted again with no progress in the run since
+  its last preemption (no request's computed position past its high-water mark, none
+  finished) is a fruitless preemption; more than
+  ``max_model_len × max_num_seqs × (1 + steps in flight)`` of them in a row is a cycle.
+  Why that many: in a window without progress every scheduled token is recomputation,
+  the first running request of the policy's order is never the victim (vLLM preempts the
+  last, or the lowest priority), so the window ends once it has recomputed, at most
+  ``max_model_len`` tokens; each call of the window schedules a token (progress), for it
+  or for one of at most ``max_num_seqs - 1`` others that may take the budget before it,
+  and a request is preempted at most once a call. Without prefix caching (whose content is
+  state the queues omit) a streak is a cycle sooner: at the third fruitless preemption of a
+  request in one recorded state (the running queue in order, the waiting requests, each
+  one's computed and known tokens and blocks, the free blocks, the steps in flight). The
+  recording omits some of what ``schedule()`` decides by (the waiting queue's own order,
+  its step counter), so a second visit could be a coincidence; a third is taken for a cycle.
+* **a finite workload finishes in bounded time.** Each request is gone (finished or
+  aborted) within ``(1 + steps in flight) × (W + R) + H`` calls of its arrival: W the
+  tokens (prompt and ``max_tokens``, a streaming session's later turns included) of every
+  request live in that time, R the tokens
+  computed before each preemption in it (recomputed), H its calls in which nothing was
+  scheduled while every live request was held back or the engine paused admissions
+  with nothing running. Every other call schedules a token (progress; the waiting
+  requests' stall is ``capacity``'s), each token is one of W or R, and a step in flight
+  delays a request's next token by at most the steps in flight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from kvconform.harness.checks.records import at_request, fact_failure, facts_of
+from kvconform.model.facts import QueuedRequest, StepQueues
+from kvconform.model.observations import Trajectory
+from kvconform.model.results import Failure
+
+NO_PROGRESS = "schedules nothing while the running requests fit the pool"
+PREEMPTION_CYCLE = "preempts a request again and again without progress"
+UNBOUNDED = "leaves a request unfinished past the workload's bound"
+
+# Fruitless preemptions of one request in one recorded state that make a cycle (see
+# _cycles): the recording omits some of what schedule() decides by (the waiting queue's
+# own order, its step counter), so a second visit could be a coincidence of the recorded
+# part; a third is taken for the cycle it is.
+_REPEATS = 3
+
+
+def lookahead_of(trajectory: Trajectory) -> int:
+    """The larger of the lookahead vLLM reserves with and the drafter's (the floor's):
+    needs counted with it are upper bounds."""
+    return max(trajectory.lookahead, trajectory.floor_lookahead or 0)
+
+
+def blocks_for(
+    trajectory: Trajectory, request: QueuedRequest, computed: int, scheduled: int
+) -> int:
+    """The most device blocks ``request``'s tables may rightly hold after a step of
+    ``scheduled`` tokens from ``computed`` (every group's ``pool_blocks``)."""
+    lookahead = lookahead_of(trajectory)
+    encoder = trajectory.encoder_lens.get(request.request, 0)
+    return sum(
+        group.pool_blocks(computed, scheduled, lookahead, encoder) for group in trajectory.groups
+    )
+
+
+def _progress(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
+    idle = False
+    for index, fact in facts_of(trajectory, StepQueues):
+        queues = fact.what
+        assert isinstance(queues, StepQueues)
+        empty = not any(tokens for tokens, _, _ in queues.scheduled.values())
+        if not empty or not queues.running:
+            idle = False
+            continue
+        if queues.input_budget <= queues.draft_slots or idle:
+            continue
+        if all(r.held_back for r in queues.running):
+            continue
+        need = sum(blocks_for(trajectory, r, r.computed, 1) for r in queues.running)
+        if need > queues.pool - 1:
+            continue
+        idle = True
+        names = ", ".join(r.request for r in queues.running)
+        yield (
+            index,
+            fact_failure(
+                fact,
+                f"schedule() scheduled nothing ({queues.in_flight} step(s) in flight) while "
+                f"running requests {names}, not all held back, need at most {need} blocks "
+                f"for one more token each and the pool has {queues.pool - 1} (less the null block; {queues.free_before} free): vLLM "
+                "serves its running requests first and preempts until one fits",
+                NO_PROGRESS,
+            ),
+        )
+
+
+def _cycles(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
+    seats = 1
+    for _, fact in facts_of(trajectory, StepQueues):
+        assert isinstance(fact.what, StepQueues)
+        seats = max(seats, fact.what.max_num_seqs)
+    limit = max(trajectory.max_model_len, 1) * seats * (1 + trajectory.steps_in_flight)
+    high: dict[str, int] = {}  # request -> the furthest position it computed
+    progress = 0  # the sum of the high-water marks, plus the requests finished
+    live: set[str] = set()
+    last: dict[str, int] = {}  # request -> progress at its last preemption
+    streak: dict[str, int] = {}
+    # request -> the states the scheduler was in at its fruitless preemptions in a row
+    # (without prefix caching: with it, the cache's content is state the queues omit)
+    seen: dict[str, dict[tuple, int]] = {}
+    reported: set[str] = set()
+    for index, fact in facts_of(trajectory, StepQueues):
+        queues = fact.what
+        assert isinstance(queues, StepQueues)
+        now = {r.request for r in queues.waiting} | {r.request for r in queues.running}
+        progress += len(live - now)
+        live = now
+        state = (
+            tuple((r.request, r.computed, r.tokens, r.held) for r in queues.running),
+            tuple(sorted((r.request, r.computed, r.tokens, r.held) for r in queues.waiting)),
+            queues.free_before,
+            queues.in_flight,
+        )
+        for rid in queues.preempted:
+            fruitless = last.get(rid) == progress
+            streak[rid] = streak.get(rid, 0) + 1 if fruitless else 0
+            last[rid] = progress
+            states = seen.setdefault(rid, {})
+            if not fruitless:
+                states.clear()
+            states[state] = states.get(state, 0) + 1
+            repeated = trajectory.exclusive_blocks and states[state] >= _REPEATS
+            if (repeated or streak[rid] > limit) and rid not in reported:
+                reported.add(rid)
+                why = (
+                    f"{_REPEATS} of them in the same state of the queues, computed tokens and "
+                    "free blocks: the scheduler goes round a cycle"
+                    if repeated
+                    else f"more than the {limit} a run without a cycle allows (max_model_len "
+                    "× max_num_seqs × (1 + the steps in flight))"
+                )
+                yield (
+                    index,
+                    fact_failure(
+                        at_request(trajectory, fact, rid),
+                        f"preempted {streak[rid] + 1} times in a row with no request computing a "
+                        f"new token or finishing in between, {why}",
+                        PREEMPTION_CYCLE,
+                    ),
+                )
+        for rid, (tokens, _, end) in queues.scheduled.items():
+            if tokens and end > high.get(rid, 0):
+                progress += end - high.get(rid, 0)
+                high[rid] = end
+
+
+def _bounded(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
+    factor = 1 + trajectory.steps_in_flight
+    arrived: dict[str, int] = {}  # request -> the call it was first seen at
+    work: dict[str, int] = {}  # request -> its W, R and H so far
+    held: dict[str, int] = {}
+    calls: dict[str, int] = {}  # schedule() calls recorded since it arrived
+    sizes: dict[str, int] = {}  # request -> the most prompt + max_tokens it had
+    reported: set[str] = set()
+    for index, fact in facts_of(trajectory, StepQueues):
+        queues = fact.what
+        assert isinstance(queues, StepQueues)
+        everyone = queues.waiting + queues.running
+        # Every live request's bound grows with the work of those that join it, and with
+        # a streaming session's next turn (its prompt grows); a new request's starts with
+        # every live request's whole work (a bound, not a count).
+        joined = 0
+        for r in everyone:
+            size = r.prompt + r.max_tokens
+            joined += max(0, size - sizes.get(r.request, 0))
+            sizes[r.request] = max(size, sizes.get(r.request, 0))
+        start = sum(r.prompt + r.max_tokens for r in everyone)
+        computed = {r.request: r.computed for r in queues.running}
+        redo = sum(computed.get(rid, 0) for rid in queues.preempted)
+        empty = not any(tokens for tokens, _, _ in queues.scheduled.values())
+        waits = empty and all(
+            r.held_back or (queues.paused and r in queues.waiting) for r in everyone
+        )
+        for r in everyone:
+            rid = r.request
+            if rid not in arrived:
+                arrived[rid], work[rid], held[rid], calls[rid] = fact.step, start, 0, 0
+            else:
+                work[rid] += joined
+                calls[rid] += 1
+            work[rid] += redo
+            held[rid] += int(waits)
+            elapsed = calls[rid]
+            bound = factor * work[rid] + held[rid]
+            if elapsed > bound and rid not in reported:
+                reported.add(rid)
+                yield (
+                    index,
+                    fact_failure(
+                        at_request(trajectory, fact, rid),
+                        f"still unfinished {elapsed} schedule() calls after it arrived (at step "
+                        f"{arrived[rid]}), past the "
+                        f"workload's bound of {bound} ({factor} × {work[rid]} tokens of the "
+                        f"requests live meanwhile, recomputation included, + {held[rid]} calls "
+                        "with every request held back)",
+                        UNBOUNDED,
+                    ),
+                )
+
+
+def judge(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
+    """(fact index, failure) of the liveness family, in recording order."""
+    found = [*_progress(trajectory), *_cycles(trajectory), *_bounded(trajectory)]
+    found.sort(key=lambda pair: pair[0])
+    yield from found

@@ -1,0 +1,91 @@
+"""What a ``schedule()`` call found in the scheduler's queues and what it made of them
+(:class:`~kvconform.model.facts.StepQueues`, judged by the liveness and fairness families of
+``sanity``): ids and counts only, read before and after the call."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvconform.model.facts import QueuedRequest, StepQueues
+from kvconform.oracles.scheduler.records import FreeRecord, StepFact
+from kvconform.oracles.scheduler.state import OracleState
+
+
+def _held(oracle: OracleState, rid: str) -> int:
+    null = oracle.run.null_block
+    return len({b for ids in oracle.manager.get_block_ids(rid) for b in ids if b != null})
+
+
+def _queued(oracle: OracleState, request: Any, running: bool) -> QueuedRequest:
+    rid = request.request_id
+    return QueuedRequest(
+        rid,
+        oracle._added.get(rid, -1),
+        int(getattr(request, "priority", 0) or 0),
+        oracle._stamps.get(rid, -1),
+        int(request.num_computed_tokens),
+        int(request.num_tokens),
+        int(request.num_prompt_tokens),
+        int(getattr(request, "max_tokens", 0) or 0),
+        _held(oracle, rid),
+        oracle.api.held_back(oracle.scheduler, request, running),
+    )
+
+
+class QueueSnapshot:
+    """The queues before a ``schedule()`` call; :meth:`record` adds the call's fact."""
+
+    def __init__(self, oracle: OracleState) -> None:
+        scheduler = oracle.scheduler
+        running_ids = [r.request_id for r in getattr(scheduler, "running", ())]
+        in_running = set(running_ids)
+        finished = oracle.run.finished
+        self.running = tuple(_queued(oracle, scheduler.requests[rid], True) for rid in running_ids)
+        self.waiting = tuple(
+            _queued(oracle, request, False)
+            for rid, request in scheduler.requests.items()
+            if rid not in in_running and rid not in finished and not request.is_finished()
+        )
+        self.free = oracle.vllm.free_block_count(oracle.manager)
+        self.events = len(oracle.run.events)
+
+    def record(self, oracle: OracleState, output: Any, in_flight: int) -> None:
+        limits, model = oracle.limits, oracle.scenario.model
+        token_budget, input_budget, draft_slots, seats = oracle.api.scheduling_limits(
+            oracle.scheduler, oracle.config
+        )
+        preempted = tuple(
+            event.request
+            for event in oracle.run.events[self.events :]
+            if isinstance(event, FreeRecord) and event.kind == "preempt"
+        )
+        requests = oracle.scheduler.requests
+        scheduled = {
+            rid: (int(tokens), _held(oracle, rid), int(requests[rid].num_computed_tokens))
+            for rid, tokens in output.num_scheduled_tokens.items()
+        }
+        oracle.run.queues.append(
+            StepFact(
+                oracle._current,
+                "-",
+                StepQueues(
+                    limits.policy,
+                    self.waiting,
+                    self.running,
+                    scheduled,
+                    preempted,
+                    token_budget,
+                    input_budget,
+                    draft_slots,
+                    seats,
+                    self.free,
+                    oracle.vllm.free_block_count(oracle.manager),
+                    oracle.vllm.watermark_blocks(oracle.manager),
+                    oracle.vllm.pool_size(oracle.manager),
+                    in_flight,
+                    oracle._paused,
+                    bool(limits.enable_chunked_prefill),
+                    bool(model.scheduler_reserve_full_isl),
+                ),
+            )
+        )

@@ -1,0 +1,290 @@
+"""The liveness and fairness families of check ``sanity`` (kvconform/harness/checks/
+liveness.py, fairness.py), on hand-built recordings of scheduler queues (no vLLM), and
+going red on bugs injected into a copy of vLLM's scheduler (slow)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvconform.errors import ExitStatus
+from kvconform.harness.checks import CHECKS
+from kvconform.harness.checks.fairness import PASSED, SKIPPED
+from kvconform.harness.checks.liveness import NO_PROGRESS, PREEMPTION_CYCLE, UNBOUNDED
+from kvconform.model.facts import Fact, QueuedRequest, StepQueues
+from kvconform.model.group_types import GROUP_TYPES
+from kvconform.model.observations import GroupInfo, Trajectory
+
+# One full-attention group of 16-token blocks; a pool of 10 blocks (9 and the null block).
+GROUP = GroupInfo(
+    0,
+    "full_attention",
+    16,
+    "full_attention",
+    GROUP_TYPES["full_attention"].holds_null,
+    floor_args={"block_size": 16, "max_model_len": 64},
+)
+
+
+def req(name, added=0, *, computed=0, tokens=32, held=0, priority=0, why="", max_tokens=4):
+    return QueuedRequest(
+        name, added, priority, added, computed, tokens, min(tokens, 32), max_tokens, held, why
+    )
+
+
+def step(
+    running=(), waiting=(), scheduled=None, preempted=(), *, free=5, free_after=None,
+    in_flight=0, policy="fcfs", budget=64, chunked=True, paused=False,
+) -> StepQueues:  # fmt: skip
+    return StepQueues(
+        policy, tuple(waiting), tuple(running), dict(scheduled or {}), tuple(preempted),
+        budget, budget, 0, 4, free, free if free_after is None else free_after, 0, 10,
+        in_flight, paused, chunked, False,
+    )  # fmt: skip
+
+
+def judged(
+    *steps: StepQueues, max_model_len: int = 64, in_flight: int = 0, exclusive: bool = True
+) -> list:
+    trajectory = Trajectory(
+        (GROUP,), lookahead=0, lookahead_source="test", max_model_len=max_model_len
+    )
+    trajectory.exclusive_blocks = exclusive
+    trajectory.steps_in_flight = in_flight
+    trajectory.num_blocks = 10
+    trajectory.request_lines = {"a": 11, "b": 12, "c": 13}
+    trajectory.facts += [Fact(i, None, "-", "schedule", s) for i, s in enumerate(steps)]
+    return list(CHECKS["sanity"].find(trajectory))
+
+
+def invariants(failures: list) -> list[str]:
+    return [f.detail["invariant"] for f in failures]
+
+
+# -- liveness: progress -------------------------------------------------------------------
+
+
+def test_an_empty_call_with_running_requests_that_fit_the_pool_is_no_progress():
+    running = [req("a", 0, computed=20, tokens=21, held=2), req("b", 1, computed=40, tokens=41, held=3)]
+    # Both need 2 + 3 blocks for one more token; the pool has 9: two empty calls, one failure.
+    failures = judged(step(running), step(running))
+    assert invariants(failures) == [NO_PROGRESS]
+    assert failures[0].step == 0 and "running requests a, b, not all held back, need at most 5 blocks" in failures[0].message
+    # Scheduling anything, or every running request held back (their next tokens come
+    # with a step in flight): no failure.
+    assert judged(step(running, scheduled={"a": (1, 2, 21), "b": (1, 3, 41)})) == []
+    waiting_for_output = "its next token is not known before a step in flight is processed"
+    held = [r._replace(held_back=waiting_for_output) for r in running]
+    assert judged(step(held, in_flight=1)) == []
+
+
+def test_running_requests_the_pool_cannot_hold_do_not_demand_progress():
+    # 60 tokens each: 4 blocks each for one more token, 12 against a pool of 9.
+    running = [req(n, i, computed=60, tokens=61, held=4) for i, n in enumerate("abc")]
+    assert NO_PROGRESS not in invariants(judged(step(running)))
+
+
+# -- liveness: preemption cycles ----------------------------------------------------------
+
+
+def _thrash(progress: bool) -> list[StepQueues]:
+    """a readmitted and preempted, call after call; with ``progress``, b decodes between."""
+    steps = []
+    for i in range(40):
+        b = req("b", 0, computed=10 + i, tokens=11 + i, held=1)
+        if i % 2:
+            steps.append(step([b, req("a", 1, computed=16, tokens=17, held=2)], [],
+                              {"b": (1, 1, 11 + i)} if progress else {}, ["a"]))  # fmt: skip
+        else:
+            steps.append(step([b], [req("a", 1, tokens=17)], {"a": (16, 1, 16)}))
+    return steps
+
+
+def test_a_request_preempted_again_and_again_without_progress_is_a_cycle():
+    # max_model_len 4 and 4 seats: more than 16 fruitless preemptions in a row is a cycle.
+    failures = [f for f in judged(*_thrash(False), max_model_len=4) if f.detail["invariant"] == PREEMPTION_CYCLE]
+    (cycle,) = failures
+    assert cycle.request == "a" and cycle.line == 11 and "preempted 18 times in a row" in cycle.message
+    assert PREEMPTION_CYCLE not in invariants(judged(*_thrash(True), max_model_len=4))
+    # With the bound of a real model length, twenty fruitless preemptions in changing states
+    # are not a cycle.
+    assert PREEMPTION_CYCLE not in invariants(judged(*_thrash(False), max_model_len=64))
+
+
+def test_a_request_preempted_three_times_in_one_state_is_a_cycle_without_prefix_caching():
+    """a readmitted and preempted in the very same state of the queues, call after call."""
+    b = req("b", 0, computed=10, tokens=11, held=1)
+    preempts = step([b, req("a", 1, computed=16, tokens=17, held=2)], [], {}, ["a"])
+    readmits = step([b], [req("a", 1, tokens=17)], {"a": (16, 1, 16)})
+    steps = [readmits, preempts] * 3
+    (cycle,) = [f for f in judged(*steps) if f.detail["invariant"] == PREEMPTION_CYCLE]
+    assert cycle.step == 5 and "3 of them in the same state" in cycle.message
+    # Twice is not enough; with prefix caching the cache's content is state the queues omit.
+    assert PREEMPTION_CYCLE not in invariants(judged(*steps[:4]))
+    assert PREEMPTION_CYCLE not in invariants(judged(*steps, exclusive=False))
+
+
+# -- liveness: a finite workload finishes within its bound --------------------------------
+
+
+def test_a_request_unfinished_past_the_workloads_bound_fails_once():
+    # a: 2 prompt tokens and 1 output: bound 3 calls; it waits, unscheduled, for 6.
+    a = req("a", 0, tokens=2, max_tokens=1)
+    stuck = [step([], [a], free=0) for _ in range(6)]
+    failures = [f for f in judged(*stuck) if f.detail["invariant"] == UNBOUNDED]
+    (late,) = failures
+    assert late.step == 4 and late.request == "a" and "bound of 3" in late.message
+    # Calls in which every live request is held back for a listed reason add to the bound.
+    waiting = a._replace(held_back="its KV load is in flight")
+    assert UNBOUNDED not in invariants(judged(*[step([], [waiting], free=0) for _ in range(6)]))
+
+
+# -- fairness -------------------------------------------------------------------------------
+
+
+def test_fcfs_a_later_arrival_does_not_pass_a_request_that_fits_its_place():
+    a, b = req("a", 0, tokens=32), req("b", 1, tokens=16)
+    # b (handed to the scheduler after a) admitted, a left waiting: a's 32 tokens fit the
+    # budget and its 2 blocks fit the 3 free after the call plus b's 1.
+    (passed,) = judged(step([], [a, b], {"b": (16, 1, 16)}, free_after=3))
+    assert passed.detail["invariant"] == PASSED and passed.request == "a" and passed.line == 11
+    assert "later in the fcfs order" in passed.message
+    # a does not fit the blocks: b may go.
+    assert judged(step([], [a, b], {"b": (16, 1, 16)}, free=1, free_after=0)) == []
+    # Without chunked prefill, a's whole prompt over the budget: b may go.
+    assert judged(step([], [a, b], {"b": (16, 1, 16)}, free_after=3, budget=20, chunked=False)) == []
+    # a held back (a listed reason), or b holding KV (drained first): b may go.
+    held = a._replace(held_back="the LoRA limit")
+    assert judged(step([], [held, b], {"b": (16, 1, 16)}, free_after=3)) == []
+    assert judged(step([], [a, b._replace(held=1)], {"b": (16, 2, 16)}, free_after=3)) == []
+
+
+def test_priority_orders_by_priority_then_arrival():
+    a, b = req("a", 0, priority=1), req("b", 1, priority=0, tokens=16)
+    admitted = {"b": (16, 1, 16)}
+    assert judged(step([], [a, b], admitted, free_after=3, policy="priority")) == []
+    (passed,) = judged(step([], [a._replace(priority=0), b], admitted, free_after=3, policy="priority"))
+    assert passed.detail["invariant"] == PASSED and "later in the priority order" in passed.message
+
+
+def test_a_running_request_is_not_skipped_when_budget_and_blocks_allow():
+    a, b = req("a", 0, computed=20, tokens=21, held=2), req("b", 1, computed=16, tokens=17, held=1)
+    (skipped,) = judged(step([a, b], [], {"a": (1, 2, 21)}, free=2))
+    assert skipped.detail["invariant"] == SKIPPED and skipped.request == "b"
+    assert "budget had 63 token(s) left" in skipped.message
+    # The budget spent, a preemption in the call, no free block, or b held back: no failure.
+    assert judged(step([a, b], [], {"a": (1, 2, 21)}, free=2, budget=1)) == []
+    assert judged(step([a, b], [], {"a": (1, 2, 21)}, ["c"], free=2)) == []
+    assert judged(step([a, b], [], {"a": (1, 2, 21)}, free=0)) == []
+    held = b._replace(held_back="the encoder budget or cache")
+    assert judged(step([a, held], [], {"a": (1, 2, 21)}, free=2)) == []
+
+
+# -- injected into a copy of vLLM 0.34.0's scheduler (slow) ------------------------------
+
+SCHEDULER = "v1/core/sched/scheduler.py"
+
+# Every fourth schedule() serves no running request: the calls come back empty while the
+# running requests fit the pool.
+STARVES_RUNNING = (
+    SCHEDULER,
+    "        while req_index < len(self.running) and token_budget > 0:",
+    "        while (\n"
+    "            req_index < len(self.running) and token_budget > 0\n"
+    "            and self.current_step % 4 != 0\n"
+    "        ):",
+)
+# From the sixth call on, no running request is ever served again: the run stalls with only
+# running requests, which fit the pool (before, the oracle blamed the scenario's pool).
+STOPS_SERVING_RUNNING = (
+    SCHEDULER,
+    "        while req_index < len(self.running) and token_budget > 0:",
+    "        while (\n"
+    "            req_index < len(self.running) and token_budget > 0\n"
+    "            and self.current_step < 6\n"
+    "        ):",
+)
+# The running loop passes over every running request but the first on every third call.
+SKIPS_RUNNING = (
+    SCHEDULER,
+    "            if self.current_step < request.next_decode_eligible_step:",
+    "            if self.current_step < request.next_decode_eligible_step or (\n"
+    "                req_index > 0 and self.current_step % 3 == 0\n"
+    "            ):",
+)
+# The head of the waiting queue is deferred while another request waits behind it: LIFO.
+PASSES_THE_HEAD = (
+    SCHEDULER,
+    "                ready_to_schedule = self._handle_blocked_waiting_request(request)",
+    "                ready_to_schedule = self._handle_blocked_waiting_request(request) and (\n"
+    "                    len(request_queue) < 2\n"
+    "                )",
+)
+# Request.__lt__ orders the priority queue lowest priority first: the waiting request
+# vLLM admits is the last of the (priority, arrival) order.
+INVERTS_PRIORITY = (
+    "v1/request.py",
+    "            return self.priority < other.priority",
+    "            return self.priority > other.priority",
+)
+
+
+def _injected(pristine_tree, tmp_path, bug, scenario: str, *extra: str):
+    from vllm_copy import REPO, run_kvconform, tree_with_replacement
+
+    tree = tree_with_replacement(pristine_tree, tmp_path / "tree", *bug)
+    out = tmp_path / "report"
+    done = run_kvconform(
+        "run", REPO / scenario, "--vllm-src", tree, "--report-dir", out, "--progress", "off",
+        "--no-expectations", *extra, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == ExitStatus.NONCONFORMANCE, done.stdout + done.stderr
+    (entry,) = json.loads((out / "report.json").read_text())["scenarios"]
+    return {f["detail"].get("invariant") for f in entry["failures"] if f.get("detail")}, entry
+
+
+@pytest.mark.slow
+def test_progress_catches_a_scheduler_that_serves_no_running_request(pristine_tree, tmp_path):
+    found, entry = _injected(
+        pristine_tree, tmp_path, STARVES_RUNNING,
+        "scenarios/scheduler/sched-liveness-preemption-pressure.yaml", "-k", "sync and not async",
+    )  # fmt: skip
+    assert NO_PROGRESS in found, entry
+
+
+@pytest.mark.slow
+def test_fairness_catches_a_running_request_skipped(pristine_tree, tmp_path):
+    found, entry = _injected(
+        pristine_tree, tmp_path, SKIPS_RUNNING,
+        "scenarios/scheduler/sched-fairness-fcfs-waiting-order.yaml", "-k", "sync and not async",
+    )  # fmt: skip
+    assert SKIPPED in found, entry
+
+
+@pytest.mark.slow
+def test_fairness_catches_a_later_arrival_admitted_first(pristine_tree, tmp_path):
+    found, entry = _injected(
+        pristine_tree, tmp_path, PASSES_THE_HEAD,
+        "scenarios/scheduler/sched-fairness-fcfs-waiting-order.yaml", "-k", "sync and not async",
+    )  # fmt: skip
+    assert PASSED in found, entry
+
+
+@pytest.mark.slow
+def test_fairness_catches_a_priority_queue_served_backwards(pristine_tree, tmp_path):
+    found, entry = _injected(
+        pristine_tree, tmp_path, INVERTS_PRIORITY,
+        "scenarios/scheduler/sched-fairness-priority-waiting-order.yaml", "-k", "sync and not async",
+    )  # fmt: skip
+    assert PASSED in found, entry
+
+
+@pytest.mark.slow
+def test_a_run_stuck_with_running_requests_is_vllms_not_the_scenarios(pristine_tree, tmp_path):
+    found, entry = _injected(
+        pristine_tree, tmp_path, STOPS_SERVING_RUNNING,
+        "scenarios/scheduler/sched-no-speculation.yaml", "-k", "sync and not async",
+    )  # fmt: skip
+    assert NO_PROGRESS in found, entry
+    assert entry["verdict"] == "failed", entry
