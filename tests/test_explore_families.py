@@ -29,7 +29,9 @@ says at which example of seed 0 its finding came.
 a copy of kvconform whose ``judge()`` drops the failures of the family's invariant (its
 ``detail["invariant"]``, or the whole check for ``ceiling`` and ``lookahead``), and whose
 ``signed_failures`` does not sign vLLM's raise as a ``crash`` for the crash family, each
-family's test fails: the explorer reports another signature first, or none.
+family's test fails: the explorer reports another signature first (``agree`` for
+``ceiling``, ``sanity / - / leaks blocks`` for ``conservation``, the pinned vLLM's own
+``capacity / schedule`` at example 33 for the seven others).
 """
 
 from __future__ import annotations
