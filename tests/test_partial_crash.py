@@ -12,10 +12,14 @@ a wrapper that hands it a corrupted argument, so that vLLM's code raises in its 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+from test_judge import judge_without_vllm
+from vllm_copy import run_kvconform, tree_with_replacement
 
 from kvconform.fronts.explain import explain
 from kvconform.harness.judging import judge_recordings
@@ -224,3 +228,55 @@ def test_judge_never_judges_a_crashs_partial_steps():
     # The same steps, judged as a whole run's, fail: the mark is what keeps the crash.
     whole, _ = _judged(_crashed_recording(partial=False))
     assert whole.verdict is Verdict.FAILED and {x.check for x in whole.failures} == {"sanity"}
+
+
+# vLLM's scheduler asserting, while it applies a step's output, that fewer than two
+# requests run: in SCHEDULER, b joins a at step 1, so step 1's output raises.
+TWO_RUNNING_ASSERT = (
+    "v1/core/sched/scheduler.py",
+    "        sampled_token_ids = model_runner_output.sampled_token_ids\n",
+    "        sampled_token_ids = model_runner_output.sampled_token_ids\n"
+    "        assert len(self.running) < 2, 'injected: two requests running'\n",
+)
+
+
+@pytest.mark.slow
+def test_run_and_judge_keep_the_steps_before_an_assertion_injected_into_vllm(
+    pristine_tree, tmp_path: Path
+) -> None:
+    tree = tree_with_replacement(pristine_tree, tmp_path / "vllm-tree", *TWO_RUNNING_ASSERT)
+    scenario = tmp_path / "scenarios" / "two-running.yaml"
+    scenario.parent.mkdir()
+    scenario.write_text("name: two-running" + SCHEDULER, encoding="utf-8")
+    recorded = tmp_path / "recorded"
+    run = run_kvconform(
+        "run", scenario, "--vllm-src", tree, "--record-dir", recorded,
+        "--report-dir", tmp_path / "run", cwd=tmp_path,
+    )  # fmt: skip
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
+    judged = judge_without_vllm(recorded, "--report-dir", tmp_path / "judged", cwd=tmp_path)
+    assert judged.returncode == 1, judged.stdout[-3000:] + judged.stderr[-3000:]
+    entries = [
+        json.loads((tmp_path / d / "report.json").read_text())["scenarios"][0]
+        for d in ("run", "judged")
+    ]
+    shown = ("verdict", "error_kind", "error", "partial", "steps", "failures")
+    assert [{k: e[k] for k in shown} for e in entries] == [
+        {
+            "verdict": "error",
+            "error_kind": "crash",
+            "error": entries[0]["error"],
+            "partial": True,
+            "steps": 2,
+            "failures": [],
+        }
+    ] * 2
+    assert (
+        "AssertionError: injected: two requests running at vllm/v1/core/sched/"
+        in (entries[0]["error"])
+    )
+    (recording,) = recorded.glob("*.json")
+    steps = _steps(loads(recording.read_text(encoding="utf-8")))
+    assert steps == [0, 1]
+    html = (tmp_path / "judged" / "report.html").read_text(encoding="utf-8")
+    assert "Step by step" in html
