@@ -132,7 +132,8 @@ def keep_partial(trajectory: Trajectory | None) -> Trajectory | None:
         return None
     trajectory.partial = True
     steps = {o.step for o in trajectory.observations}
-    upto = f"{len(steps)} steps recorded, the last step {max(steps)}" if steps else "no step"
+    count = f"{len(steps)} step{'s' if len(steps) > 1 else ''}"
+    upto = f"{count} recorded, the last step {max(steps)}" if steps else "no step recorded"
     trajectory.notes.append(
         f"partial: recorded until the exception stopped the run ({upto}); judged by no "
         "check, the verdict is the exception"
