@@ -125,6 +125,35 @@ def test_a_crash_in_the_allocator_keeps_the_steps_before_it(vllm, scenario_from,
     assert judged.failures == [] and _steps(judged) == [0, 1]
 
 
+WARMUP = """
+kind: warmup
+model: {block_size: 16, max_model_len: 2048, num_blocks: 512}
+speculative: {method: eagle, num_speculative_tokens: 3}
+warmup: {max_num_seqs: 4, max_num_batched_tokens: 512, mixed_num_tokens: 64}
+"""
+
+
+def test_a_crash_replaying_the_warmup_keeps_the_calls_before_it(vllm, scenario_from, monkeypatch):
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+
+    # The live replay of the recorded warmup makes one allocate_slots call per row (one
+    # group): the 10th raises, the 9 before it are kept.
+    corrupt_nth_call(
+        monkeypatch,
+        KVCacheManager,
+        "allocate_slots",
+        10,
+        lambda args, kwargs: (args, {**kwargs, "num_new_tokens": None}),
+    )
+    result, recording = _run(scenario_from(WARMUP), vllm)
+    assert (result.verdict, result.error_kind) == (Verdict.ERROR, ErrorKind.CRASH)
+    assert result.trajectory is not None and result.trajectory.partial
+    assert len(result.trajectory.observations) == 9 and result.failures == []
+    assert recording.trajectory is not None and len(recording.trajectory.observations) == 9
+    judged, status = _judged(recording)
+    assert (judged.error_kind, judged.error, status) == (ErrorKind.CRASH, result.error, 1)
+
+
 def test_a_crash_in_the_scheduler_keeps_the_scheduled_steps(vllm, scenario_from, monkeypatch):
     from vllm.v1.core.sched.scheduler import Scheduler
 
