@@ -80,7 +80,11 @@ def judge_recordings(
     for recording in recordings:
         assert recording.outcome is not None, "a recording written by run --record-dir"
         result = replace(recording.outcome)
-        if recording.trajectory is not None:
+        if recording.trajectory is not None and recording.trajectory.partial:
+            # Cut short by a crash: shown as run showed it, never judged (the verdict
+            # stays the crash the outcome holds).
+            result.trajectory = recording.trajectory
+        elif recording.trajectory is not None:
             selected = checks or recording.checks
             runner.conclude(
                 result, recording.trajectory, selected, recording.cannot_run, recording.crash

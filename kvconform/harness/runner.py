@@ -15,8 +15,10 @@ type, a method, a runner or scheduler option: :class:`NotOffered`) is
 ``unsupported``, its own verdict, which leaves the exit status alone; a vLLM
 lacking an API kvconform needs is an error of kind ``unsupported``; and an
 exception raised by vLLM on a valid scenario is a ``crash``, reported with the
-vLLM frame it came from. A check whose party cannot set up is skipped with the
-reason while the other checks decide. The run goes on with the next scenario.
+vLLM frame it came from and with what the driver recorded up to it (a partial
+trajectory, shown by the reports and kept by ``--record-dir``, judged by no check). A
+check whose party cannot set up is skipped with the reason while the other checks decide.
+The run goes on with the next scenario.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from kvconform.errors import (
 )
 from kvconform.harness.checks import CHECKS, DEFAULT_CHECKS, judge
 from kvconform.harness.drivers import DRIVERS
+from kvconform.harness.drivers.common import InProgress, recording_in_progress
 from kvconform.harness.expectations import Expectation, apply_expectations
 from kvconform.harness.hit_settings import name_deciding_settings
 from kvconform.model.observations import Trajectory
@@ -67,6 +70,7 @@ def run_scenario(
         description=scenario.description,
     )
     started = time.perf_counter()
+    progress = InProgress()
     try:
         vllm.require_release(scenario.vllm_releases, "the scenario")
         driver = DRIVERS.get(scenario.kind)
@@ -74,7 +78,8 @@ def run_scenario(
             raise ScenarioError(scenario.where.at("kind"), f"no driver for kind {scenario.kind!r}")
         # Every setting the file leaves out takes vLLM's default for this release.
         scenario, result.settings = resolve_settings(scenario, vllm)
-        trajectory = driver(scenario, vllm)
+        with recording_in_progress() as progress:
+            trajectory = driver(scenario, vllm)
         # A stated hit vLLM did not give: which setting decided it, asked of vLLM.
         name_deciding_settings(scenario, trajectory, vllm, result.settings, driver)
     except ScenarioSkipped as exc:
@@ -102,6 +107,7 @@ def run_scenario(
     except Exception as exc:  # noqa: BLE001 - vLLM raising on a valid scenario is a finding
         result.error = describe_crash(exc, vllm)
         result.verdict, result.error_kind = Verdict.ERROR, crash_kind(result.error)
+        result.trajectory = keep_partial(progress.trajectory)
     else:
         cannot_run, crash = run_parties(trajectory, vllm, checks)
         if record is not None:
@@ -112,8 +118,27 @@ def run_scenario(
         return apply_expectations(result, list(expectations), vllm.version)
     result.duration = time.perf_counter() - started
     if record is not None:
-        record(recording_of(scenario, replace(result), checks, vllm))
+        # A crash's partial trajectory goes beside the outcome, as a whole run's does.
+        outcome = replace(result, trajectory=None)
+        record(recording_of(scenario, outcome, checks, vllm, result.trajectory))
     return apply_expectations(result, list(expectations), vllm.version)
+
+
+def keep_partial(trajectory: Trajectory | None) -> Trajectory | None:
+    """What the driver recorded before an exception stopped it, marked partial, for the
+    reports: the steps that led to the crash. No check judges it (a run cut short breaks
+    end-of-run invariants that a whole run keeps); the verdict is the crash."""
+    if trajectory is None:
+        return None
+    trajectory.partial = True
+    steps = {o.step for o in trajectory.observations}
+    count = f"{len(steps)} step{'s' if len(steps) > 1 else ''}"
+    upto = f"{count} recorded, the last step {max(steps)}" if steps else "no step recorded"
+    trajectory.notes.append(
+        f"partial: recorded until the exception stopped the run ({upto}); judged by no "
+        "check, the verdict is the exception"
+    )
+    return trajectory
 
 
 def recording_of(

@@ -373,6 +373,10 @@ class Trajectory:
     exclusive_blocks: bool = True
     all_finished: bool = False
     final_free_blocks: int | None = None
+    # Recorded up to an exception that stopped the driver (vLLM crashed, or kvconform's
+    # own code): the steps before it, for the reports; no check judges it, for the
+    # end-of-run invariants would misfire on a run cut short (kvconform/harness/runner.py).
+    partial: bool = False
     parties: tuple[str, ...] = (Party.LIVE, Party.PREDICTED)
     notes: list[str] = field(default_factory=list)
     # Per step, what a driver that does not decide the steps saw decided (scheduler

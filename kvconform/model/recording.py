@@ -44,7 +44,7 @@ from kvconform.model.settings import SettingsRecord
 
 # Raised by one more with every change of what a recording holds or how it is written;
 # a recording of another version is refused, never half read.
-RECORDING_VERSION = 3
+RECORDING_VERSION = 4  # 4: Trajectory.partial (a crash's steps, never judged)
 
 
 @dataclass
@@ -53,7 +53,9 @@ class Recording:
 
     ``outcome`` is the scenario's result before any check judged it (``kvconform run
     --record-dir``): its id, tags, settings and duration, and, where the driver did not
-    get through (skipped, bad input, unsupported, vLLM crashed), that verdict and error.
+    get through (skipped, bad input, unsupported, vLLM crashed), that verdict and error;
+    after a crash ``trajectory`` holds the steps recorded before it, marked
+    ``Trajectory.partial``, which ``judge`` shows and never judges.
     ``checks`` were selected; ``cannot_run``: the checks whose own party could not run
     (why); ``crash``: a check's party that crashed inside vLLM. The vLLM it ran against
     goes with it, for the reports and the expectations (which name versions).

@@ -62,6 +62,7 @@ def scenario_json(result: ScenarioResult, report: RunReport) -> dict[str, Any]:
             ],
             notes=list(trajectory.notes),
             steps=len({o.step for o in trajectory.observations}),
+            partial=trajectory.partial,
         )
         if trajectory.slots is not None:
             slots = trajectory.slots

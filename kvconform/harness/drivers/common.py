@@ -1,6 +1,12 @@
-"""What every driver does around its parties: the predictor and the pool facts."""
+"""What every driver does around its parties: the predictor, the pool facts, and the
+recording in progress that the runner keeps when a party raises."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 
 from kvconform.errors import StepDenied
 from kvconform.model.observations import Denial, Trajectory
@@ -35,3 +41,37 @@ def denial(denied: StepDenied, step: int, line: int | None) -> Denial:
         step, line, call.request, call.label, denied.who, denied.need, denied.available,
         denied.free, denied.detail,
     )  # fmt: skip
+
+
+@dataclass
+class InProgress:
+    """What a driver has recorded so far, for the runner to keep if a party raises.
+
+    A driver hands its :class:`Trajectory` over (:func:`keep_in_progress`) as soon as it
+    has one and fills it as it goes (trajectory, warmup), or hands over what it built
+    from its oracle's records up to the exception (scheduler mode).
+    """
+
+    trajectory: Trajectory | None = None
+
+
+_IN_PROGRESS: ContextVar[InProgress | None] = ContextVar("kvconform_in_progress", default=None)
+
+
+@contextmanager
+def recording_in_progress() -> Iterator[InProgress]:
+    """The runner's side: what the driver run inside records, kept past an exception."""
+    holder = InProgress()
+    token = _IN_PROGRESS.set(holder)
+    try:
+        yield holder
+    finally:
+        _IN_PROGRESS.reset(token)
+
+
+def keep_in_progress(trajectory: Trajectory) -> None:
+    """The driver's side: ``trajectory`` is what it recorded so far (a no-op where no
+    runner asked, as when a test calls a driver itself)."""
+    holder = _IN_PROGRESS.get()
+    if holder is not None:
+        holder.trajectory = trajectory

@@ -43,7 +43,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 
-from kvconform.harness.drivers.common import attach_predictor
+from kvconform.errors import KvconformError
+from kvconform.harness.drivers.common import attach_predictor, keep_in_progress
 from kvconform.model.facts import Fact, PrefillChunks, SchedulerReset, StatedAdmission
 from kvconform.model.floors import FloorInput
 from kvconform.model.observations import (
@@ -92,18 +93,47 @@ def decision_label(row: ScheduledRequest) -> str:
 
 
 def drive_scheduler(scenario: Scenario, vllm: Vllm) -> Trajectory:
-    """Run a ``kind: scheduler`` scenario through vLLM's scheduler and record every step."""
-    model = scenario.model
+    """Run a ``kind: scheduler`` scenario through vLLM's scheduler and record every step.
+
+    Where vLLM (or kvconform's oracle) raises in a step, the steps recorded before it
+    become the trajectory the runner keeps with the crash (:func:`keep_in_progress`).
+    """
     trajectory = new_trajectory(scenario, vllm)
     contract_lookahead = trajectory.expected_lookahead if trajectory.method is not None else 0
-    record = run_scheduler(
-        vllm,
-        scenario,
-        trajectory.num_speculative_tokens,
-        trajectory.groups,
-        trajectory.lookahead if contract_lookahead is None else contract_lookahead,
-    )
+    started: list[SchedulerRun] = []
+    try:
+        record = run_scheduler(
+            vllm,
+            scenario,
+            trajectory.num_speculative_tokens,
+            trajectory.groups,
+            trajectory.lookahead if contract_lookahead is None else contract_lookahead,
+            started=started.append,
+        )
+    except KvconformError:
+        raise  # bad input, or what the release lacks: no crash, nothing to keep
+    except Exception:
+        if started:
+            _keep_partial(trajectory, started[0], scenario, vllm)
+        raise
+    return _trajectory_of(trajectory, record, scenario, vllm)
 
+
+def _keep_partial(
+    trajectory: Trajectory, record: SchedulerRun, scenario: Scenario, vllm: Vllm
+) -> None:
+    """Hand the runner the steps recorded up to an exception, as rows like a whole run's."""
+    try:
+        keep_in_progress(_trajectory_of(trajectory, record, scenario, vllm))
+    except Exception:  # noqa: BLE001 - the exception on its way up is the one to report
+        pass
+
+
+def _trajectory_of(
+    trajectory: Trajectory, record: SchedulerRun, scenario: Scenario, vllm: Vllm
+) -> Trajectory:
+    """``trajectory`` filled with the rows and facts of what the scheduler did."""
+    model = scenario.model
     # Async scheduling schedules a step before the previous ones' outputs are processed.
     trajectory.steps_in_flight = {"sync": 0, "async": 1}.get(
         record.mode, record.max_concurrent_batches

@@ -12,7 +12,7 @@ loop keeps the loop close to the cost of the allocator calls it makes.
 from __future__ import annotations
 
 from kvconform.errors import Location, ScenarioError, StepDenied
-from kvconform.harness.drivers.common import attach_predictor, denial
+from kvconform.harness.drivers.common import attach_predictor, denial, keep_in_progress
 from kvconform.model.facts import Fact
 from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.observations import FreeEvent, Observation, RefusedCall, Trajectory
@@ -26,6 +26,7 @@ def drive(scenario: Scenario, vllm: Vllm) -> Trajectory:
     """Run a ``kind: trajectory`` scenario through the live allocator and the predictor."""
     model = scenario.model
     trajectory = new_trajectory(scenario, vllm)
+    keep_in_progress(trajectory)  # filled as it goes: kept if a party raises
     lookahead = trajectory.lookahead
     floor_lookahead = (
         lookahead if trajectory.floor_lookahead is None else trajectory.floor_lookahead

@@ -23,7 +23,7 @@ release without a predictor, of warmup with live), and allocator sanity.
 from __future__ import annotations
 
 from kvconform.errors import Location, StepDenied
-from kvconform.harness.drivers.common import attach_predictor, denial
+from kvconform.harness.drivers.common import attach_predictor, denial, keep_in_progress
 from kvconform.model.kind_specs import WarmupSpec
 from kvconform.model.kinds import KINDS, Kind
 from kvconform.model.observations import FreeEvent, Observation, Trajectory
@@ -39,6 +39,7 @@ def drive_warmup(scenario: Scenario, vllm: Vllm) -> Trajectory:
     model = scenario.model
     warmup = scenario.warmup or WarmupSpec()
     trajectory = new_trajectory(scenario, vllm)
+    keep_in_progress(trajectory)  # filled as it goes: kept if a party raises
     lookahead = trajectory.lookahead
     floor_lookahead = (
         lookahead if trajectory.floor_lookahead is None else trajectory.floor_lookahead

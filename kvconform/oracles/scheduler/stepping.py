@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvconform.errors import NotOffered, PoolExhausted, ScenarioError
@@ -533,12 +533,17 @@ def run_scheduler(
     num_speculative_tokens: int,
     floors: Sequence[GroupInfo] | None = None,
     floor_lookahead: int = 0,
+    started: Callable[[SchedulerRun], None] | None = None,
 ) -> SchedulerRun:
     """Build vLLM's scheduler for a ``kind: scheduler`` scenario and step it to the end.
 
     ``floors``: the groups (their floor rules), with ``floor_lookahead``, to tell a stall that is
     the scenario's (its pool too small) from one that is vLLM's (:class:`StallRecord`).
+    ``started``: given the run being recorded before the first step, so that what it holds
+    survives an exception out of a step (the driver reports the steps up to a crash).
     """
     oracle = SchedulerOracle(vllm, scenario, num_speculative_tokens)
     oracle.floors, oracle.floor_lookahead = floors, floor_lookahead
+    if started is not None:
+        started(oracle.run)
     return oracle.step_to_end()
