@@ -188,3 +188,24 @@ def test_drawn_bounded_replay_groups_share_one_window(data: st.DataObject) -> No
     assert len(set(windows)) <= 1, (windows, doc)
     (scenario,) = load_text(render(doc), "<explore>")
     assert scenario.kind == "scheduler"
+
+
+# Every group a Mamba one (prefix caching on, as the explorer draws it) and chunked prefill
+# asked off: vLLM requires chunked prefill for Mamba prefix caching (MambaModelConfig).
+MAMBA_SPACE = ExploreSpace(group_types=("mamba", "full_attention"), methods=())
+
+
+@QUICK
+@given(st.data())
+def test_a_mamba_workload_keeps_chunked_prefill_on(data: st.DataObject) -> None:
+    # The explorer drew a Mamba model with prefix caching and chunked prefill off, which
+    # vLLM refuses to build; its "align" split then stalled a multimodal request forever.
+    on = {name: name in ("no_chunked_prefill", "multimodal") for name in FEATURES}
+    doc = workload(data.draw, MAMBA_SPACE, on, "explore")
+    recurrent = not all(runs_without_caching(g) for g in doc["model"]["groups"])
+    if recurrent:
+        assert doc["scheduler"].get("enable_chunked_prefill", True), doc
+    else:
+        assert doc["scheduler"]["enable_chunked_prefill"] is False, doc
+    (scenario,) = load_text(render(doc), "<explore>")
+    assert scenario.kind == "scheduler"

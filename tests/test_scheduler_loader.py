@@ -717,3 +717,36 @@ def test_one_bounded_replay_window_loads(scenario_from, second, replays):
     scenario = scenario_from(REPLAY_GROUPS.replace("SECOND", second).replace("REPLAYS", replays))
     windows = [g.options["sliding_window"] for g in scenario.model.groups]
     assert windows == [1, int(second)]
+
+
+# -- a Mamba group with prefix caching needs chunked prefill (vLLM's MambaModelConfig) -------
+
+MAMBA_CACHING = """
+kind: scheduler
+model:
+  enable_caching: CACHING
+  groups: [full_attention, mamba]
+scheduler:
+  enable_chunked_prefill: false
+  max_num_batched_tokens: 2048
+requests: {a: {prompt_len: 17}}
+"""
+
+
+def test_mamba_prefix_caching_without_chunked_prefill_is_refused(write_scenario):
+    # vLLM asserts "Chunked prefill is required for Mamba prefix caching." when it builds a
+    # model with Mamba layers; the explorer's reproducer of the combination stalled a
+    # multimodal request forever (the align split cuts a prompt that may not be cut).
+    path = write_scenario(MAMBA_CACHING.replace("CACHING", "true"))
+    with pytest.raises(ScenarioError) as info:
+        load_file(path)
+    error = info.value
+    assert (error.where.line, error.where.field) == (6, "scheduler.enable_chunked_prefill"), str(
+        error
+    )
+    assert "requires chunked prefill for Mamba prefix caching" in error.message, str(error)
+
+
+def test_mamba_without_prefix_caching_may_turn_chunked_prefill_off(scenario_from):
+    scenario = scenario_from(MAMBA_CACHING.replace("CACHING", "false"))
+    assert scenario.scheduler is not None and not scenario.scheduler.enable_chunked_prefill

@@ -125,7 +125,10 @@ def workload(draw: DrawFn, space: ExploreSpace, on: dict[str, bool], name: str) 
     scheduler: dict[str, Any] = {"mode": "sync" if sync else draw(_one_of(("overlapped", "async")))}
     max_num_seqs = draw(_ints(1, 2)) if on["few_seqs"] else draw(_ints(3, 6))
     scheduler["max_num_seqs"] = max_num_seqs
-    if on["no_chunked_prefill"]:
+    # A Mamba group runs with prefix caching (below), and vLLM requires chunked prefill
+    # for Mamba prefix caching (MambaModelConfig; the loader refuses it off).
+    recurrent = not all(runs_without_caching(group) for group in groups)
+    if on["no_chunked_prefill"] and not recurrent:
         scheduler["enable_chunked_prefill"] = False
         budget = max_model_len + draw(_ints(0, 2 * block_size))
     elif on["small_budget"]:
@@ -155,7 +158,6 @@ def workload(draw: DrawFn, space: ExploreSpace, on: dict[str, bool], name: str) 
         begin = draw(_ints(1, 6))
         scheduler["pause"] = [{"at": begin, "resume_at": begin + draw(_ints(1, 6))}]
 
-    recurrent = not all(runs_without_caching(group) for group in groups)
     if on["prefix_caching"] or recurrent:
         # vLLM sets a Mamba group's block size only with prefix caching on
         # (--mamba-block-size needs --enable-prefix-caching), so a hybrid Mamba model

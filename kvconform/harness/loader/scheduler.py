@@ -177,10 +177,34 @@ def parse_scheduler(
     )
     fields.done()
     _check_scheduler_limits(spec, model, fields)
+    _check_mamba_caching_chunks(spec, model, fields)
     _check_log_stats(spec, fields)
     _check_log_iteration_details(spec, fields)
     _check_adaptive_threshold(spec, fields)
     return spec
+
+
+def _check_mamba_caching_chunks(spec: SchedulerSpec, model: ModelSpec, fields: Fields) -> None:
+    """A Mamba group with prefix caching needs chunked prefill, as vLLM requires.
+
+    vLLM refuses the configuration when it builds any model with Mamba layers
+    (``MambaModelConfig.verify_and_update_config`` in
+    ``vllm/model_executor/models/config.py``: "Chunked prefill is required for Mamba
+    prefix caching."); kvconform's scheduler is built without a model, so the rule is kept
+    here. Without it the "align" chunk split (``Scheduler._mamba_block_aligned_split``)
+    cuts a prompt that chunked prefill off may not cut, and a request with encoder inputs
+    is then never scheduled: a stall no vLLM deployment can reach.
+    """
+    if spec.enable_chunked_prefill or not model.enable_caching:
+        return
+    recurrent = [g.type for g in model.groups if not GROUP_TYPES[g.type].attention]
+    if recurrent:
+        raise ScenarioError(
+            fields.at("enable_chunked_prefill"),
+            f"is false, but the model has a {recurrent[0]} group and enable_caching: true: vLLM "
+            "requires chunked prefill for Mamba prefix caching (MambaModelConfig); drop the "
+            "field, or set model.enable_caching: false",
+        )
 
 
 def _parse_spec_decode_metrics(fields: Fields, speculative: SpeculativeSpec | None) -> str:
