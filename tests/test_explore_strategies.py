@@ -205,6 +205,7 @@ def test_a_mamba_workload_keeps_chunked_prefill_on(data: st.DataObject) -> None:
     recurrent = not all(runs_without_caching(g) for g in doc["model"]["groups"])
     if recurrent:
         assert doc["scheduler"].get("enable_chunked_prefill", True), doc
+        assert not doc["scheduler"].get("disable_chunked_mm_input"), doc
     else:
         assert doc["scheduler"]["enable_chunked_prefill"] is False, doc
     (scenario,) = load_text(render(doc), "<explore>")

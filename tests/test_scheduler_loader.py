@@ -750,3 +750,19 @@ def test_mamba_prefix_caching_without_chunked_prefill_is_refused(write_scenario)
 def test_mamba_without_prefix_caching_may_turn_chunked_prefill_off(scenario_from):
     scenario = scenario_from(MAMBA_CACHING.replace("CACHING", "false"))
     assert scenario.scheduler is not None and not scenario.scheduler.enable_chunked_prefill
+
+
+def test_mamba_prefix_caching_with_whole_mm_inputs_is_refused(write_scenario):
+    # VllmConfig asserts "Chunked MM input is required" for Mamba "align": its chunk split
+    # must be free to cut a chunk inside a multimodal input.
+    text = MAMBA_CACHING.replace("CACHING", "true").replace(
+        "  enable_chunked_prefill: false\n  max_num_batched_tokens: 2048\n",
+        "  disable_chunked_mm_input: true\n",
+    )
+    with pytest.raises(ScenarioError) as info:
+        load_file(write_scenario(text))
+    error = info.value
+    assert (error.where.line, error.where.field) == (6, "scheduler.disable_chunked_mm_input"), str(
+        error
+    )
+    assert "Chunked MM input is required" in error.message, str(error)

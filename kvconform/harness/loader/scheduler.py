@@ -185,7 +185,8 @@ def parse_scheduler(
 
 
 def _check_mamba_caching_chunks(spec: SchedulerSpec, model: ModelSpec, fields: Fields) -> None:
-    """A Mamba group with prefix caching needs chunked prefill, as vLLM requires.
+    """A Mamba group with prefix caching needs chunked prefill and chunked multimodal input,
+    as vLLM requires.
 
     vLLM refuses the configuration when it builds any model with Mamba layers
     (``MambaModelConfig.verify_and_update_config`` in
@@ -195,15 +196,24 @@ def _check_mamba_caching_chunks(spec: SchedulerSpec, model: ModelSpec, fields: F
     cuts a prompt that chunked prefill off may not cut, and a request with encoder inputs
     is then never scheduled: a stall no vLLM deployment can reach.
     """
-    if spec.enable_chunked_prefill or not model.enable_caching:
-        return
     recurrent = [g.type for g in model.groups if not GROUP_TYPES[g.type].attention]
-    if recurrent:
+    if not recurrent or not model.enable_caching:
+        return
+    if not spec.enable_chunked_prefill:
         raise ScenarioError(
             fields.at("enable_chunked_prefill"),
             f"is false, but the model has a {recurrent[0]} group and enable_caching: true: vLLM "
             "requires chunked prefill for Mamba prefix caching (MambaModelConfig); drop the "
             "field, or set model.enable_caching: false",
+        )
+    # VllmConfig's "Mamba cache align-mode constraints" (vllm/config/vllm.py): the align split
+    # must be free to cut a chunk at a block boundary inside a multimodal input.
+    if spec.disable_chunked_mm_input:
+        raise ScenarioError(
+            fields.at("disable_chunked_mm_input"),
+            f"is true, but the model has a {recurrent[0]} group and enable_caching: true "
+            "(Mamba 'align'): vLLM requires chunked multimodal input there (VllmConfig: 'Chunked "
+            "MM input is required'); drop the field, or set model.enable_caching: false",
         )
 
 
