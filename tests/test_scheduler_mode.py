@@ -321,6 +321,31 @@ def test_a_cold_vllm_cache_inspects_models_in_this_process(vllm, tmp_path, monke
     assert json.loads(cached[0].read_text())["hash"]
 
 
+def test_a_failed_block_past_what_the_connector_loads_is_an_input_error(scenario_from, vllm):
+    # Bounded replay makes vLLM's connector load one token short (_prefill_backoff): 48 of
+    # 49 tokens, 6 blocks of 8. The loader bounds remote_load_fails by the prompt's 7
+    # blocks; block 6 is not in the load. The explorer drew it and kvconform's oracle
+    # raised IndexError (an internal error); it is the scenario's error, with its field.
+    text = """
+    kind: scheduler
+    model:
+      block_size: 8
+      max_model_len: 56
+      num_blocks: 19
+      groups: [{type: sliding_window_mla, sliding_window: 1, bounded_replay: true}]
+    scheduler: {mode: sync, max_num_batched_tokens: 32}
+    requests:
+      a: {prompt_len: 49, max_tokens: 1, remote_prefill: true, remote_load_fails: FAILS}
+    """
+    _, result = _run(scenario_from, vllm, text.replace("FAILS", "6"))
+    assert result.verdict is Verdict.ERROR and result.error_kind is ErrorKind.INPUT, (
+        result.headline()
+    )
+    assert "requests.a.remote_load_fails: block 6 is past the 6 blocks" in str(result.error)
+    _, result = _run(scenario_from, vllm, text.replace("FAILS", "5"))
+    assert result.verdict is Verdict.PASSED, result.headline()
+
+
 def test_a_remote_prefill_loads_its_kv_asynchronously_without_lookahead(scenario_from, vllm):
     text = """
     kind: scheduler
