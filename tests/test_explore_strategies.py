@@ -210,3 +210,22 @@ def test_a_mamba_workload_keeps_chunked_prefill_on(data: st.DataObject) -> None:
         assert doc["scheduler"]["enable_chunked_prefill"] is False, doc
     (scenario,) = load_text(render(doc), "<explore>")
     assert scenario.kind == "scheduler"
+
+
+CHUNK_REPLAY_SPACE = ExploreSpace(
+    group_types=("sliding_window_mla", "chunked_local"),
+    methods=(),
+    flag_options=(("sliding_window_mla", "bounded_replay"),),
+)
+
+
+@QUICK
+@given(st.data())
+def test_bounded_replay_is_never_drawn_beside_chunked_local(data: st.DataObject) -> None:
+    on = {name: name == "hybrid" for name in FEATURES}
+    doc = workload(data.draw, CHUNK_REPLAY_SPACE, on, "explore")
+    groups = [g for g in doc["model"]["groups"] if isinstance(g, dict)]
+    replays = any(g.get("bounded_replay") for g in groups)
+    assert not (replays and any(g["type"] == "chunked_local" for g in groups)), doc
+    (scenario,) = load_text(render(doc), "<explore>")
+    assert scenario.kind == "scheduler"

@@ -766,3 +766,24 @@ def test_mamba_prefix_caching_with_whole_mm_inputs_is_refused(write_scenario):
         error
     )
     assert "Chunked MM input is required" in error.message, str(error)
+
+
+def test_bounded_replay_beside_chunked_local_attention_is_refused(write_scenario):
+    # No vLLM model has both (bounded replay is DeepSeek V4.1's); the explorer's reproducer
+    # (seed 1) rewound an admission by the replay into a chunk already made null.
+    path = write_scenario(
+        """
+        kind: scheduler
+        model:
+          groups:
+            - {type: sliding_window_mla, sliding_window: 1, bounded_replay: true}
+            - {type: chunked_local, attention_chunk_size: 16}
+        requests: {a: {prompt_len: 17}}
+        """
+    )
+    with pytest.raises(ScenarioError) as info:
+        load_file(path)
+    error = info.value
+    assert error.where.line == 5 and "cannot go with a bounded_replay group" in error.message, (
+        str(error)
+    )

@@ -215,7 +215,18 @@ def _one_replay_window(groups: list[Any]) -> list[Any]:
 
     for group in replaying[1:]:
         group[window_option(group)] = replaying[0][window_option(replaying[0])]
+    if replaying and any(_reads_chunk(g) for g in groups):
+        # No vLLM model has both (the loader refuses it): the chunk wins, replay goes.
+        for group in replaying:
+            del group["bounded_replay"]
     return groups
+
+
+def _reads_chunk(group: Any) -> bool:
+    """Whether a drawn group is chunked local attention (it reads its token's chunk)."""
+    type_name = group if isinstance(group, str) else str(group["type"])
+    reads = GROUP_TYPES[type_name].reads
+    return reads is not None and reads[0] == "chunk"
 
 
 def _pool(

@@ -64,6 +64,7 @@ def check_scheduler_model(
             "vLLM's scheduler; remove the override",
         )
     _check_one_replay_window(model, top)
+    _check_no_chunk_beside_replay(model, top)
 
 
 def _check_one_replay_window(model: ModelSpec, top: Fields) -> None:
@@ -89,6 +90,26 @@ def _check_one_replay_window(model: ModelSpec, top: Fields) -> None:
                 "share one window (vLLM builds them only for DeepSeek V4.1, from its config's "
                 "one sliding_window, and its scheduler keeps one replay window)",
             )
+
+
+def _check_no_chunk_beside_replay(model: ModelSpec, top: Fields) -> None:
+    """Bounded replay and chunked local attention are never in one model.
+
+    vLLM builds bounded-replay groups only for DeepSeek V4.1 (``_check_one_replay_window``),
+    whose KV cache has no chunked local attention. Together, the scheduler rewinds an
+    admission by the replay window into a chunk whose columns the chunked group has already
+    made null: a model no vLLM config produces (the explorer's reproducer read a null column).
+    """
+    if not any(g.options.get("bounded_replay") for g in model.groups):
+        return
+    chunked = [g for g in model.groups if (GROUP_TYPES[g.type].reads or ("",))[0] == "chunk"]
+    if chunked:
+        where = chunked[0].where or top.at("model.groups")
+        raise ScenarioError(
+            where,
+            f"a {chunked[0].type} group cannot go with a bounded_replay group: vLLM builds "
+            "bounded replay only for DeepSeek V4.1, which has no chunked local attention",
+        )
 
 
 def _window_option(type_name: str) -> str:
