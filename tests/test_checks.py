@@ -532,6 +532,24 @@ def test_sanity_one_block_is_in_one_groups_table_at_a_time():
         group_obs(1, 0, [1, 2, 5]), group_obs(1, 1, [0, 6, 7]),
     )  # fmt: skip
     assert list(CHECKS["sanity"].find(moved)) == []
+    # One step: b's window frees block 3 (b runs, so vLLM allocates for it first) and d,
+    # admitted after it, takes it for full attention; the scheduler oracle records the
+    # admission's rows first (kvconform explore --seed 1 on 0.34.0 reported it as shared).
+    handed = two_group_trajectory(
+        group_obs(1, 0, [1, 2]), group_obs(1, 1, [3, 4]),
+        group_obs(2, 0, [3], "d"), group_obs(2, 1, [5], "d"),
+        group_obs(2, 0, [1, 2]), group_obs(2, 1, [0, 4]),
+    )  # fmt: skip
+    assert list(CHECKS["sanity"].find(handed)) == []
+    # Still shared at the step's end: caught.
+    kept = two_group_trajectory(
+        group_obs(1, 0, [1, 2]), group_obs(1, 1, [3, 4]),
+        group_obs(2, 0, [3], "d"), group_obs(2, 1, [5], "d"),
+        group_obs(2, 0, [1, 2]), group_obs(2, 1, [3, 4]),
+    )  # fmt: skip
+    assert [f.detail for f in CHECKS["sanity"].find(kept)] == [
+        {"invariant": "puts one block in two groups' tables", "block": 3}
+    ]
     # A finished request's blocks may go to another group.
     freed = two_group_trajectory(group_obs(0, 1, [0, 8], "a"), group_obs(1, 0, [1, 8]))
     freed.events.append(FreeEvent(1, 0, 10, "a", "finish", ([], [8]), 90, 91, ([], [])))

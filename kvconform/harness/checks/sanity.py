@@ -246,9 +246,12 @@ def _blocks_in_one_group(trajectory: Trajectory) -> Iterator[Failure]:
     or not, is KV two layers' kernels overwrite (and, freed twice, a ref-count drift).
 
     One allocation frees and allocates in every group of the request (a sliding
-    window's block may go to full attention in the same call), so the rows of one
-    call are applied together before they are judged. Only the live party's tables
-    are read; a request's tables go at its ``finish`` / ``preempt``.
+    window's block may go to full attention in the same call), and one step's
+    allocations may hand a block one request freed to another (a running request's
+    window frees it, a waiting one admitted after it takes it), so the rows of one step
+    are applied together before they are judged: the tables "at once" are those after
+    the step. Only the live party's tables are read; a request's tables go at its
+    ``finish`` / ``preempt``.
     """
     if len(trajectory.groups) < 2:
         return
@@ -284,12 +287,13 @@ def _blocks_in_one_group(trajectory: Trajectory) -> Iterator[Failure]:
         first = observations[index]
         call = [first]
         index += 1
-        # The rows of one call: the same step and request, the next groups in order.
+        # The rows of one step, every request's: within one schedule() vLLM allocates for
+        # the running requests before it admits waiting ones, so a block a running
+        # request's window frees may go to a new request in the same step, while the
+        # scheduler oracle records the new requests' rows first.
         while (
             index < len(observations)
             and observations[index].step == first.step
-            and observations[index].request == first.request
-            and observations[index].group > call[-1].group
             and not (next_event < len(events) and events[next_event].seq <= index)
         ):
             call.append(observations[index])
