@@ -131,6 +131,29 @@ def test_sanity_catches_a_block_in_two_tables():
     assert "block 2 is also in the table of live request a" in failure.message
 
 
+def test_sanity_judges_a_steps_sharing_once_its_rows_are_applied():
+    # One schedule(): b runs, so vLLM allocates for it first and its window frees block 2;
+    # d, admitted after it, takes block 2. The scheduler oracle records d's row first
+    # (kvconform explore --seed 1 on 0.34.0 reported the block as shared).
+    handed = trajectory(
+        obs(1, ids=[1, 2], request="b"),
+        obs(2, ids=[2], request="d"),
+        obs(2, ids=[0, 3], request="b"),
+        group_type="sliding_window",
+    )
+    assert list(CHECKS["sanity"].find(handed)) == []
+    kept = trajectory(
+        obs(1, ids=[1, 2], request="b"),
+        obs(2, ids=[2], request="d"),
+        obs(2, ids=[1, 2, 3], request="b"),
+        group_type="sliding_window",
+    )
+    (shared,) = CHECKS["sanity"].find(kept)
+    assert shared.request == "d" and "block 2 is also in the table of live request b" in (
+        shared.message
+    )
+
+
 def test_sanity_allows_reuse_after_a_free_and_sharing_with_prefix_caching():
     first, second = obs(0, ids=[1, 2], request="a"), obs(1, ids=[1, 2], request="b")
     run = trajectory(first, second)
