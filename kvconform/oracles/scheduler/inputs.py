@@ -142,5 +142,17 @@ def received_loads(oracle: OracleState) -> tuple[set[str], set[str], set[int]]:
                         f"gave the load of {rid} ({begun.tokens} tokens: it stops short of the "
                         "tokens the decoder recomputes); name a block below it",
                     )
+                if given[failure] == oracle.run.null_block:
+                    # A column the table holds as the null block (before a window or a
+                    # chunk) is not loaded: the worker reports no block it did not write,
+                    # and vLLM would fail every request whose table holds the null block.
+                    request = oracle.scenario.requests[rid]
+                    where = request.where or oracle.scenario.where.at(f"requests.{rid}")
+                    raise ScenarioError(
+                        where.at(f"{where.field}.remote_load_fails"),
+                        f"block {failure} of the load of {rid} is the null block (a column "
+                        "before its window or chunk, which no KV is loaded into); name a "
+                        "block the load writes",
+                    )
                 invalid.add(given[failure])
     return received, failed, invalid
