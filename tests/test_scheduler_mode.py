@@ -369,6 +369,25 @@ def test_a_failed_block_that_is_the_null_block_is_an_input_error(scenario_from, 
     assert result.error_kind is not ErrorKind.INPUT, result.headline()
 
 
+def test_chunked_local_attention_with_an_eagle_drafter_is_not_offered(scenario_from, vllm):
+    # vLLM turns the hybrid KV-cache manager off for chunked local attention with a drafter
+    # that reads the target's hidden states; built anyway, find_longest_cache_hit asserts
+    # (kvconform explore --seed 1 reported the AssertionError as a crash).
+    text = """
+    kind: scheduler
+    model: {block_size: 16, max_model_len: 48, num_blocks: 11, groups: [{type: chunked_local, attention_chunk_size: 16}]}
+    speculative: {method: METHOD, num_speculative_tokens: 1}
+    scheduler: {mode: sync}
+    requests:
+      a: {prompt_len: 20, max_tokens: 2}
+    """
+    _, result = _run(scenario_from, vllm, text.replace("METHOD", "eagle"))
+    assert result.error_kind is ErrorKind.UNSUPPORTED, result.headline()
+    assert "chunked local attention with eagle" in str(result.error)
+    _, result = _run(scenario_from, vllm, text.replace("METHOD", "ngram"))
+    assert result.verdict is Verdict.PASSED, result.headline()
+
+
 def test_a_remote_prefill_loads_its_kv_asynchronously_without_lookahead(scenario_from, vllm):
     text = """
     kind: scheduler
