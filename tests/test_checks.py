@@ -131,6 +131,29 @@ def test_sanity_catches_a_block_in_two_tables():
     assert "block 2 is also in the table of live request a" in failure.message
 
 
+def test_sanity_judges_a_steps_sharing_once_its_rows_are_applied():
+    # One schedule(): b runs, so vLLM allocates for it first and its window frees block 2;
+    # d, admitted after it, takes block 2. The scheduler oracle records d's row first
+    # (kvconform explore --seed 1 on 0.34.0 reported the block as shared).
+    handed = trajectory(
+        obs(1, ids=[1, 2], request="b"),
+        obs(2, ids=[2], request="d"),
+        obs(2, ids=[0, 3], request="b"),
+        group_type="sliding_window",
+    )
+    assert list(CHECKS["sanity"].find(handed)) == []
+    kept = trajectory(
+        obs(1, ids=[1, 2], request="b"),
+        obs(2, ids=[2], request="d"),
+        obs(2, ids=[1, 2, 3], request="b"),
+        group_type="sliding_window",
+    )
+    (shared,) = CHECKS["sanity"].find(kept)
+    assert shared.request == "d" and "block 2 is also in the table of live request b" in (
+        shared.message
+    )
+
+
 def test_sanity_allows_reuse_after_a_free_and_sharing_with_prefix_caching():
     first, second = obs(0, ids=[1, 2], request="a"), obs(1, ids=[1, 2], request="b")
     run = trajectory(first, second)
@@ -532,6 +555,24 @@ def test_sanity_one_block_is_in_one_groups_table_at_a_time():
         group_obs(1, 0, [1, 2, 5]), group_obs(1, 1, [0, 6, 7]),
     )  # fmt: skip
     assert list(CHECKS["sanity"].find(moved)) == []
+    # One step: b's window frees block 3 (b runs, so vLLM allocates for it first) and d,
+    # admitted after it, takes it for full attention; the scheduler oracle records the
+    # admission's rows first (kvconform explore --seed 1 on 0.34.0 reported it as shared).
+    handed = two_group_trajectory(
+        group_obs(1, 0, [1, 2]), group_obs(1, 1, [3, 4]),
+        group_obs(2, 0, [3], "d"), group_obs(2, 1, [5], "d"),
+        group_obs(2, 0, [1, 2]), group_obs(2, 1, [0, 4]),
+    )  # fmt: skip
+    assert list(CHECKS["sanity"].find(handed)) == []
+    # Still shared at the step's end: caught.
+    kept = two_group_trajectory(
+        group_obs(1, 0, [1, 2]), group_obs(1, 1, [3, 4]),
+        group_obs(2, 0, [3], "d"), group_obs(2, 1, [5], "d"),
+        group_obs(2, 0, [1, 2]), group_obs(2, 1, [3, 4]),
+    )  # fmt: skip
+    assert [f.detail for f in CHECKS["sanity"].find(kept)] == [
+        {"invariant": "puts one block in two groups' tables", "block": 3}
+    ]
     # A finished request's blocks may go to another group.
     freed = two_group_trajectory(group_obs(0, 1, [0, 8], "a"), group_obs(1, 0, [1, 8]))
     freed.events.append(FreeEvent(1, 0, 10, "a", "finish", ([], [8]), 90, 91, ([], [])))

@@ -172,6 +172,25 @@ def test_mamba_align_holds_at_most_two_states_checkpoint_and_speculative():
     assert failure.detail["invariant"] == OVER_REAL
 
 
+def test_mamba_align_keeps_the_states_of_the_steps_in_flight():
+    # scenarios/scheduler/sched-mamba-align-state-in-flight.yaml, overlapped: prefill chunks
+    # of 16 each end in a new column; vLLM frees the state a step read only once the step
+    # after it is processed (remove_skipped_blocks on processed_computed_tokens), so with
+    # the previous chunk in flight three states are real, one more than a synchronous step.
+    info = group("mamba", mamba_cache_mode="align")
+    steps = (row(0, 0, 16, 1, ids=[1]), row(1, 16, 16, 2, ids=[1, 2]),
+             row(2, 32, 15, 3, ids=[1, 2, 3]))  # fmt: skip
+    assert ceiling(run(info, *steps, steps_in_flight=1)) == []
+    (failure,) = ceiling(run(info, *steps))
+    assert failure.detail["invariant"] == OVER_REAL and failure.detail["allowed"] == 2
+    # The steps in flight add the states in the columns their positions may span, no more:
+    # one token one column, 16 tokens two (unaligned), 17 tokens two, 18 three.
+    assert allowance(info, 47, 0, scheduled=15).real == 2
+    assert [allowance(info, 47, 0, scheduled=15, in_flight=n).real for n in (1, 16, 17, 18)] == [
+        3, 4, 4, 5,
+    ]  # fmt: skip
+
+
 def test_a_bounded_replay_may_hold_the_whole_hit():
     # b's hit is 112 tokens; the scheduler counts 48 computed and replays the window (64).
     info = group("sliding_window", span=("window", 64))

@@ -188,3 +188,44 @@ def test_drawn_bounded_replay_groups_share_one_window(data: st.DataObject) -> No
     assert len(set(windows)) <= 1, (windows, doc)
     (scenario,) = load_text(render(doc), "<explore>")
     assert scenario.kind == "scheduler"
+
+
+# Every group a Mamba one (prefix caching on, as the explorer draws it) and chunked prefill
+# asked off: vLLM requires chunked prefill for Mamba prefix caching (MambaModelConfig).
+MAMBA_SPACE = ExploreSpace(group_types=("mamba", "full_attention"), methods=())
+
+
+@QUICK
+@given(st.data())
+def test_a_mamba_workload_keeps_chunked_prefill_on(data: st.DataObject) -> None:
+    # The explorer drew a Mamba model with prefix caching and chunked prefill off, which
+    # vLLM refuses to build; its "align" split then stalled a multimodal request forever.
+    on = {name: name in ("no_chunked_prefill", "multimodal") for name in FEATURES}
+    doc = workload(data.draw, MAMBA_SPACE, on, "explore")
+    recurrent = not all(runs_without_caching(g) for g in doc["model"]["groups"])
+    if recurrent:
+        assert doc["scheduler"].get("enable_chunked_prefill", True), doc
+        assert not doc["scheduler"].get("disable_chunked_mm_input"), doc
+    else:
+        assert doc["scheduler"]["enable_chunked_prefill"] is False, doc
+    (scenario,) = load_text(render(doc), "<explore>")
+    assert scenario.kind == "scheduler"
+
+
+CHUNK_REPLAY_SPACE = ExploreSpace(
+    group_types=("sliding_window_mla", "chunked_local"),
+    methods=(),
+    flag_options=(("sliding_window_mla", "bounded_replay"),),
+)
+
+
+@QUICK
+@given(st.data())
+def test_bounded_replay_is_never_drawn_beside_chunked_local(data: st.DataObject) -> None:
+    on = {name: name == "hybrid" for name in FEATURES}
+    doc = workload(data.draw, CHUNK_REPLAY_SPACE, on, "explore")
+    groups = [g for g in doc["model"]["groups"] if isinstance(g, dict)]
+    replays = any(g.get("bounded_replay") for g in groups)
+    assert not (replays and any(g["type"] == "chunked_local" for g in groups)), doc
+    (scenario,) = load_text(render(doc), "<explore>")
+    assert scenario.kind == "scheduler"

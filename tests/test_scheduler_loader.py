@@ -717,3 +717,73 @@ def test_one_bounded_replay_window_loads(scenario_from, second, replays):
     scenario = scenario_from(REPLAY_GROUPS.replace("SECOND", second).replace("REPLAYS", replays))
     windows = [g.options["sliding_window"] for g in scenario.model.groups]
     assert windows == [1, int(second)]
+
+
+# -- a Mamba group with prefix caching needs chunked prefill (vLLM's MambaModelConfig) -------
+
+MAMBA_CACHING = """
+kind: scheduler
+model:
+  enable_caching: CACHING
+  groups: [full_attention, mamba]
+scheduler:
+  enable_chunked_prefill: false
+  max_num_batched_tokens: 2048
+requests: {a: {prompt_len: 17}}
+"""
+
+
+def test_mamba_prefix_caching_without_chunked_prefill_is_refused(write_scenario):
+    # vLLM asserts "Chunked prefill is required for Mamba prefix caching." when it builds a
+    # model with Mamba layers; the explorer's reproducer of the combination stalled a
+    # multimodal request forever (the align split cuts a prompt that may not be cut).
+    path = write_scenario(MAMBA_CACHING.replace("CACHING", "true"))
+    with pytest.raises(ScenarioError) as info:
+        load_file(path)
+    error = info.value
+    assert (error.where.line, error.where.field) == (6, "scheduler.enable_chunked_prefill"), str(
+        error
+    )
+    assert "requires chunked prefill for Mamba prefix caching" in error.message, str(error)
+
+
+def test_mamba_without_prefix_caching_may_turn_chunked_prefill_off(scenario_from):
+    scenario = scenario_from(MAMBA_CACHING.replace("CACHING", "false"))
+    assert scenario.scheduler is not None and not scenario.scheduler.enable_chunked_prefill
+
+
+def test_mamba_prefix_caching_with_whole_mm_inputs_is_refused(write_scenario):
+    # VllmConfig asserts "Chunked MM input is required" for Mamba "align": its chunk split
+    # must be free to cut a chunk inside a multimodal input.
+    text = MAMBA_CACHING.replace("CACHING", "true").replace(
+        "  enable_chunked_prefill: false\n  max_num_batched_tokens: 2048\n",
+        "  disable_chunked_mm_input: true\n",
+    )
+    with pytest.raises(ScenarioError) as info:
+        load_file(write_scenario(text))
+    error = info.value
+    assert (error.where.line, error.where.field) == (6, "scheduler.disable_chunked_mm_input"), str(
+        error
+    )
+    assert "Chunked MM input is required" in error.message, str(error)
+
+
+def test_bounded_replay_beside_chunked_local_attention_is_refused(write_scenario):
+    # No vLLM model has both (bounded replay is DeepSeek V4.1's); the explorer's reproducer
+    # (seed 1) rewound an admission by the replay into a chunk already made null.
+    path = write_scenario(
+        """
+        kind: scheduler
+        model:
+          groups:
+            - {type: sliding_window_mla, sliding_window: 1, bounded_replay: true}
+            - {type: chunked_local, attention_chunk_size: 16}
+        requests: {a: {prompt_len: 17}}
+        """
+    )
+    with pytest.raises(ScenarioError) as info:
+        load_file(path)
+    error = info.value
+    assert error.where.line == 5 and "cannot go with a bounded_replay group" in error.message, (
+        str(error)
+    )

@@ -321,6 +321,73 @@ def test_a_cold_vllm_cache_inspects_models_in_this_process(vllm, tmp_path, monke
     assert json.loads(cached[0].read_text())["hash"]
 
 
+def test_a_failed_block_past_what_the_connector_loads_is_an_input_error(scenario_from, vllm):
+    # Bounded replay makes vLLM's connector load one token short (_prefill_backoff): 48 of
+    # 49 tokens, 6 blocks of 8 (the window's last two real). The loader bounds
+    # remote_load_fails by the prompt's 7 blocks; block 6 is not in the load. The explorer drew it and kvconform's oracle
+    # raised IndexError (an internal error); it is the scenario's error, with its field.
+    text = """
+    kind: scheduler
+    model:
+      block_size: 8
+      max_model_len: 56
+      num_blocks: 19
+      groups: [{type: sliding_window_mla, sliding_window: 16, bounded_replay: true}]
+    scheduler: {mode: sync, max_num_batched_tokens: 32}
+    requests:
+      a: {prompt_len: 49, max_tokens: 1, remote_prefill: true, remote_load_fails: FAILS}
+    """
+    _, result = _run(scenario_from, vllm, text.replace("FAILS", "6"))
+    assert result.verdict is Verdict.ERROR and result.error_kind is ErrorKind.INPUT, (
+        result.headline()
+    )
+    assert "requests.a.remote_load_fails: block 6 is past the 6 blocks" in str(result.error)
+    _, result = _run(scenario_from, vllm, text.replace("FAILS", "5"))
+    assert result.verdict is Verdict.PASSED, result.headline()
+
+
+def test_a_failed_block_that_is_the_null_block_is_an_input_error(scenario_from, vllm):
+    # A chunked group lays a whole-prompt load out for its end: the chunk before it is null,
+    # and no KV is loaded there. Reporting the null block invalid made vLLM fail every
+    # request whose table holds it (kvconform explore --seed 1: another request finished
+    # with FINISHED_ERROR).
+    text = """
+    kind: scheduler
+    model: {block_size: 16, max_model_len: 48, num_blocks: 9, groups: [{type: chunked_local, attention_chunk_size: 16}]}
+    scheduler: {mode: sync}
+    requests:
+      c: {prompt_len: 20, max_tokens: 1, remote_prefill: true, remote_load_fails: FAILS}
+    """
+    _, result = _run(scenario_from, vllm, text.replace("FAILS", "0"))
+    assert result.verdict is Verdict.ERROR and result.error_kind is ErrorKind.INPUT, (
+        result.headline()
+    )
+    assert "requests.c.remote_load_fails: block 0 of the load of c is the null block" in str(
+        result.error
+    )
+    _, result = _run(scenario_from, vllm, text.replace("FAILS", "1"))
+    assert result.error_kind is not ErrorKind.INPUT, result.headline()
+
+
+def test_chunked_local_attention_with_an_eagle_drafter_is_not_offered(scenario_from, vllm):
+    # vLLM turns the hybrid KV-cache manager off for chunked local attention with a drafter
+    # that reads the target's hidden states; built anyway, find_longest_cache_hit asserts
+    # (kvconform explore --seed 1 reported the AssertionError as a crash).
+    text = """
+    kind: scheduler
+    model: {block_size: 16, max_model_len: 48, num_blocks: 11, groups: [{type: chunked_local, attention_chunk_size: 16}]}
+    speculative: {method: METHOD, num_speculative_tokens: 1}
+    scheduler: {mode: sync}
+    requests:
+      a: {prompt_len: 20, max_tokens: 2}
+    """
+    _, result = _run(scenario_from, vllm, text.replace("METHOD", "eagle"))
+    assert result.error_kind is ErrorKind.UNSUPPORTED, result.headline()
+    assert "chunked local attention with eagle" in str(result.error)
+    _, result = _run(scenario_from, vllm, text.replace("METHOD", "ngram"))
+    assert result.verdict is Verdict.PASSED, result.headline()
+
+
 def test_a_remote_prefill_loads_its_kv_asynchronously_without_lookahead(scenario_from, vllm):
     text = """
     kind: scheduler

@@ -125,7 +125,10 @@ def workload(draw: DrawFn, space: ExploreSpace, on: dict[str, bool], name: str) 
     scheduler: dict[str, Any] = {"mode": "sync" if sync else draw(_one_of(("overlapped", "async")))}
     max_num_seqs = draw(_ints(1, 2)) if on["few_seqs"] else draw(_ints(3, 6))
     scheduler["max_num_seqs"] = max_num_seqs
-    if on["no_chunked_prefill"]:
+    # A Mamba group runs with prefix caching (below), and vLLM requires chunked prefill
+    # for Mamba prefix caching (MambaModelConfig; the loader refuses it off).
+    recurrent = not all(runs_without_caching(group) for group in groups)
+    if on["no_chunked_prefill"] and not recurrent:
         scheduler["enable_chunked_prefill"] = False
         budget = max_model_len + draw(_ints(0, 2 * block_size))
     elif on["small_budget"]:
@@ -143,7 +146,8 @@ def workload(draw: DrawFn, space: ExploreSpace, on: dict[str, bool], name: str) 
     remote = on["remote_kv"]
     if on["sync_connector"] and not remote:
         scheduler["kv_connector"] = "decode_bench"
-    if on["multimodal"] and draw(_BOOLS):
+    if on["multimodal"] and draw(_BOOLS) and not recurrent:
+        # Not with Mamba "align" (prefix caching), which vLLM refuses it for (VllmConfig).
         scheduler["disable_chunked_mm_input"] = True
     if on["stats"]:
         if "kv_connector" not in scheduler:
@@ -155,7 +159,6 @@ def workload(draw: DrawFn, space: ExploreSpace, on: dict[str, bool], name: str) 
         begin = draw(_ints(1, 6))
         scheduler["pause"] = [{"at": begin, "resume_at": begin + draw(_ints(1, 6))}]
 
-    recurrent = not all(runs_without_caching(group) for group in groups)
     if on["prefix_caching"] or recurrent:
         # vLLM sets a Mamba group's block size only with prefix caching on
         # (--mamba-block-size needs --enable-prefix-caching), so a hybrid Mamba model
@@ -212,7 +215,18 @@ def _one_replay_window(groups: list[Any]) -> list[Any]:
 
     for group in replaying[1:]:
         group[window_option(group)] = replaying[0][window_option(replaying[0])]
+    if replaying and any(_reads_chunk(g) for g in groups):
+        # No vLLM model has both (the loader refuses it): the chunk wins, replay goes.
+        for group in replaying:
+            del group["bounded_replay"]
     return groups
+
+
+def _reads_chunk(group: Any) -> bool:
+    """Whether a drawn group is chunked local attention (it reads its token's chunk)."""
+    type_name = group if isinstance(group, str) else str(group["type"])
+    reads = GROUP_TYPES[type_name].reads
+    return reads is not None and reads[0] == "chunk"
 
 
 def _pool(

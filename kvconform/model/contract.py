@@ -41,7 +41,9 @@ The families, by the floor rule's family and the type's flags:
   ``cdiv(min(max reach, max_model_len), block_size) + num_speculative_blocks`` at most;
 * Mamba "align": at most the previous and the running state, the prefill
   checkpoint column and the speculative blocks hold a real block
-  (``2 + num_prefill_checkpoint_blocks + num_speculative_blocks``);
+  (``2 + num_prefill_checkpoint_blocks + num_speculative_blocks``), and under
+  asynchronous scheduling the states the steps in flight wrote
+  (:func:`align_states_in_flight`);
 * the others (HiSparse's source, resident pages and hot region, the K-pool tail):
   not modelled here; their registry entry says why (``GroupType.no_ceiling``).
 """
@@ -88,7 +90,8 @@ _MAMBA_REASON = (
 _ALIGN_REASON = (
     "Mamba 'align' keeps the previous state until the step that replaces it is "
     "processed, the running state, a prefill checkpoint column and the speculative "
-    "states; the other columns are null"
+    "states, and under asynchronous scheduling the states the steps in flight write; the "
+    "other columns are null"
 )
 
 
@@ -127,6 +130,21 @@ def windowed_real_bound(
     return cdiv(span, token_span(group)) + 1
 
 
+def align_states_in_flight(in_flight: int, block_size: int) -> int:
+    """The most blocks Mamba "align" states written by steps still in flight may hold.
+
+    A step writes its running state (and, in a checkpoint step, its checkpoint) into the
+    column of its last scheduled token's block (and the one before); the state it read,
+    written by the step before, is freed (``MambaManager.remove_skipped_blocks``,
+    ``last_state_block_idx``) only once the tokens past it are *processed*
+    (``processed_computed_tokens``, computed less in flight), as for a window. So every
+    step in flight may still hold the states it wrote besides the two a synchronous step
+    holds; they lie in the columns of the ``in_flight`` positions, at most
+    ``cdiv(in_flight - 1, block_size) + 1`` (0 with nothing in flight).
+    """
+    return cdiv(in_flight - 1, block_size) + 1 if in_flight > 0 else 0
+
+
 # A group's ceiling with its fixed inputs bound: (largest reach, encoder_len, scheduled,
 # lookahead, tokens in flight) -> (the most columns, the most real blocks or None). The
 # check evaluates one per observation, so it is built once per group and does no more
@@ -156,7 +174,7 @@ def ceiling_bound(group: GroupInfo) -> CeilingBound | None:
         real = 2 + checkpoint + speculative
         return lambda most, encoder_len, scheduled, lookahead, in_flight: (
             cdiv(most, block_size) + speculative + checkpoint,
-            real,
+            real + align_states_in_flight(in_flight, block_size),
         )
     if family == "mamba-state":
         max_model_len = int(args.get("max_model_len", 0))
@@ -209,11 +227,13 @@ def allowance(
         return Allowance(columns, True, real, "1", _RING_REASON)
     if family == "mamba-align":
         checkpoint = int(args.get("num_prefill_checkpoint_blocks", 0))
+        pending = align_states_in_flight(in_flight, group.block_size)
         return Allowance(
             columns,
             False,
             real,
-            f"2 states + {checkpoint} checkpoint + {speculative} speculative",
+            f"2 states + {checkpoint} checkpoint + {speculative} speculative"
+            + (f" + {pending} of the steps in flight" if pending else ""),
             "the columns follow the tokens; their real blocks are bounded",
             _ALIGN_REASON,
         )

@@ -67,7 +67,7 @@ from kvconform.harness.checks.records import failure_at, named
 from kvconform.model.checks import Check, always
 from kvconform.model.floors import READ_SPAN_REASONS, first_position_read
 from kvconform.model.group_types import GROUP_TYPES
-from kvconform.model.observations import HIT_MISSED, FreeEvent, Trajectory
+from kvconform.model.observations import HIT_MISSED, FreeEvent, Observation, Trajectory
 from kvconform.model.parties import Party
 from kvconform.model.results import Failure, ScenarioResult
 from kvconform.model.root_causes import Blame
@@ -252,9 +252,12 @@ def _blocks_in_one_group(trajectory: Trajectory) -> Iterator[Failure]:
     or not, is KV two layers' kernels overwrite (and, freed twice, a ref-count drift).
 
     One allocation frees and allocates in every group of the request (a sliding
-    window's block may go to full attention in the same call), so the rows of one
-    call are applied together before they are judged. Only the live party's tables
-    are read; a request's tables go at its ``finish`` / ``preempt``.
+    window's block may go to full attention in the same call), and one step's
+    allocations may hand a block one request freed to another (a running request's
+    window frees it, a waiting one admitted after it takes it), so the rows of one step
+    are applied together before they are judged: the tables "at once" are those after
+    the step. Only the live party's tables are read; a request's tables go at its
+    ``finish`` / ``preempt``.
     """
     if len(trajectory.groups) < 2:
         return
@@ -290,12 +293,13 @@ def _blocks_in_one_group(trajectory: Trajectory) -> Iterator[Failure]:
         first = observations[index]
         call = [first]
         index += 1
-        # The rows of one call: the same step and request, the next groups in order.
+        # The rows of one step, every request's: within one schedule() vLLM allocates for
+        # the running requests before it admits waiting ones, so a block a running
+        # request's window frees may go to a new request in the same step, while the
+        # scheduler oracle records the new requests' rows first.
         while (
             index < len(observations)
             and observations[index].step == first.step
-            and observations[index].request == first.request
-            and observations[index].group > call[-1].group
             and not (next_event < len(events) and events[next_event].seq <= index)
         ):
             call.append(observations[index])
@@ -367,8 +371,33 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
 
     groups, exclusive = trajectory.groups, trajectory.exclusive_blocks
     own_pool = {g.index for g in groups if GROUP_TYPES[g.type].own_pool}
+    # The new blocks of the current step's rows, judged once all its rows are applied:
+    # within one schedule() vLLM allocates for the running requests (whose windows free
+    # blocks) before it admits waiting ones, which may take those blocks, while the
+    # scheduler oracle records the admissions' rows first.
+    claims: list[tuple[Observation, int]] = []
+    claims_step: int | None = None
+
+    def settle() -> Iterator[Failure]:
+        for claim, block in claims:
+            other = owner.get(block)
+            if other is not None and other != claim.request:
+                yield failure_at(
+                    "sanity",
+                    trajectory,
+                    claim,
+                    f"block {block} is also in the table of live request {other}, without "
+                    "prefix caching to share it",
+                    {"invariant": "shares a block between live requests"},
+                    party=Party.LIVE,
+                )
+            owner[block] = claim.request
+        claims.clear()
+
     next_event = pending.seq if pending is not None else -1
     for seq, obs in enumerate(trajectory.observations):
+        if claims and (seq == next_event or obs.step != claims_step):
+            yield from settle()
         if seq == next_event:
             while pending is not None and pending.seq <= seq:
                 yield from _free_event(trajectory, pending, null)
@@ -416,21 +445,9 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
             for block in prev:
                 if owner.get(block) == request:
                     del owner[block]
-        for block in new:
-            if block == null:
-                continue
-            other = owner.get(block)
-            if other is not None and other != request:
-                yield failure_at(
-                    "sanity",
-                    trajectory,
-                    obs,
-                    f"block {block} is also in the table of live request {other}, without "
-                    "prefix caching to share it",
-                    {"invariant": "shares a block between live requests"},
-                    party=Party.LIVE,
-                )
-            owner[block] = request
+        claims.extend((obs, block) for block in new if block != null)
+        claims_step = obs.step
+    yield from settle()
     while pending is not None:
         yield from _free_event(trajectory, pending, null)
         pending = next(events, None)

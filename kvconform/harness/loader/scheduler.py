@@ -64,6 +64,7 @@ def check_scheduler_model(
             "vLLM's scheduler; remove the override",
         )
     _check_one_replay_window(model, top)
+    _check_no_chunk_beside_replay(model, top)
 
 
 def _check_one_replay_window(model: ModelSpec, top: Fields) -> None:
@@ -89,6 +90,26 @@ def _check_one_replay_window(model: ModelSpec, top: Fields) -> None:
                 "share one window (vLLM builds them only for DeepSeek V4.1, from its config's "
                 "one sliding_window, and its scheduler keeps one replay window)",
             )
+
+
+def _check_no_chunk_beside_replay(model: ModelSpec, top: Fields) -> None:
+    """Bounded replay and chunked local attention are never in one model.
+
+    vLLM builds bounded-replay groups only for DeepSeek V4.1 (``_check_one_replay_window``),
+    whose KV cache has no chunked local attention. Together, the scheduler rewinds an
+    admission by the replay window into a chunk whose columns the chunked group has already
+    made null: a model no vLLM config produces (the explorer's reproducer read a null column).
+    """
+    if not any(g.options.get("bounded_replay") for g in model.groups):
+        return
+    chunked = [g for g in model.groups if (GROUP_TYPES[g.type].reads or ("",))[0] == "chunk"]
+    if chunked:
+        where = chunked[0].where or top.at("model.groups")
+        raise ScenarioError(
+            where,
+            f"a {chunked[0].type} group cannot go with a bounded_replay group: vLLM builds "
+            "bounded replay only for DeepSeek V4.1, which has no chunked local attention",
+        )
 
 
 def _window_option(type_name: str) -> str:
@@ -177,10 +198,44 @@ def parse_scheduler(
     )
     fields.done()
     _check_scheduler_limits(spec, model, fields)
+    _check_mamba_caching_chunks(spec, model, fields)
     _check_log_stats(spec, fields)
     _check_log_iteration_details(spec, fields)
     _check_adaptive_threshold(spec, fields)
     return spec
+
+
+def _check_mamba_caching_chunks(spec: SchedulerSpec, model: ModelSpec, fields: Fields) -> None:
+    """A Mamba group with prefix caching needs chunked prefill and chunked multimodal input,
+    as vLLM requires.
+
+    vLLM refuses the configuration when it builds any model with Mamba layers
+    (``MambaModelConfig.verify_and_update_config`` in
+    ``vllm/model_executor/models/config.py``: "Chunked prefill is required for Mamba
+    prefix caching."); kvconform's scheduler is built without a model, so the rule is kept
+    here. Without it the "align" chunk split (``Scheduler._mamba_block_aligned_split``)
+    cuts a prompt that chunked prefill off may not cut, and a request with encoder inputs
+    is then never scheduled: a stall no vLLM deployment can reach.
+    """
+    recurrent = [g.type for g in model.groups if not GROUP_TYPES[g.type].attention]
+    if not recurrent or not model.enable_caching:
+        return
+    if not spec.enable_chunked_prefill:
+        raise ScenarioError(
+            fields.at("enable_chunked_prefill"),
+            f"is false, but the model has a {recurrent[0]} group and enable_caching: true: vLLM "
+            "requires chunked prefill for Mamba prefix caching (MambaModelConfig); drop the "
+            "field, or set model.enable_caching: false",
+        )
+    # VllmConfig's "Mamba cache align-mode constraints" (vllm/config/vllm.py): the align split
+    # must be free to cut a chunk at a block boundary inside a multimodal input.
+    if spec.disable_chunked_mm_input:
+        raise ScenarioError(
+            fields.at("disable_chunked_mm_input"),
+            f"is true, but the model has a {recurrent[0]} group and enable_caching: true "
+            "(Mamba 'align'): vLLM requires chunked multimodal input there (VllmConfig: 'Chunked "
+            "MM input is required'); drop the field, or set model.enable_caching: false",
+        )
 
 
 def _parse_spec_decode_metrics(fields: Fields, speculative: SpeculativeSpec | None) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvconform.errors import ScenarioError
 from kvconform.model.scenario import RequestSpec, Scenario
 from kvconform.oracles.live import prompt_tokens
 from kvconform.oracles.scheduler.records import LoadDoneRecord, LoadRecord
@@ -128,5 +129,30 @@ def received_loads(oracle: OracleState) -> tuple[set[str], set[str], set[int]]:
                     for e in reversed(oracle.run.events)
                     if isinstance(e, LoadRecord) and e.request == rid
                 )
-                invalid.add(begun.block_ids[0][failure])
+                given = begun.block_ids[0]
+                if failure >= len(given):
+                    # The loader bounds the index by the prompt's blocks; vLLM's connector may
+                    # load fewer tokens (its _prefill_backoff: Mamba, bounded replay,
+                    # multi-module MTP recompute the last ones), hence fewer blocks.
+                    request = oracle.scenario.requests[rid]
+                    where = request.where or oracle.scenario.where.at(f"requests.{rid}")
+                    raise ScenarioError(
+                        where.at(f"{where.field}.remote_load_fails"),
+                        f"block {failure} is past the {len(given)} blocks vLLM's connector "
+                        f"gave the load of {rid} ({begun.tokens} tokens: it stops short of the "
+                        "tokens the decoder recomputes); name a block below it",
+                    )
+                if given[failure] == oracle.run.null_block:
+                    # A column the table holds as the null block (before a window or a
+                    # chunk) is not loaded: the worker reports no block it did not write,
+                    # and vLLM would fail every request whose table holds the null block.
+                    request = oracle.scenario.requests[rid]
+                    where = request.where or oracle.scenario.where.at(f"requests.{rid}")
+                    raise ScenarioError(
+                        where.at(f"{where.field}.remote_load_fails"),
+                        f"block {failure} of the load of {rid} is the null block (a column "
+                        "before its window or chunk, which no KV is loaded into); name a "
+                        "block the load writes",
+                    )
+                invalid.add(given[failure])
     return received, failed, invalid

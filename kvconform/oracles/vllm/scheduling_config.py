@@ -258,7 +258,33 @@ class SchedulingConfigs:
         if num_blocks is not None:
             # What the engine sets once it has planned the KV cache: the pool size.
             config.cache_config.num_gpu_blocks = num_blocks
+        if self._chunked_local_without_hybrid_manager(model, config.speculative_config):
+            raise self._vllm.not_offered(
+                "the hybrid KV-cache manager for chunked local attention with "
+                f"{config.speculative_config.method}",
+                "VllmConfig turns it off for chunked local attention with a drafter that "
+                "reads the target's hidden states (the scheduler would then run the "
+                "chunked layers as full attention)",
+            )
         return config
+
+    @staticmethod
+    def _chunked_local_without_hybrid_manager(model: ModelSpec, speculative: Any) -> bool:
+        """Whether vLLM would run this model's chunked local attention without the hybrid
+        KV-cache manager: ``VllmConfig`` disables it for a model with an
+        ``attention_chunk_size`` when the drafter uses the target's hidden states (EAGLE and
+        its kin; ``ChunkedLocalAttentionManager.find_longest_cache_hit`` asserts the pair
+        away). kvconform's scheduler model states no chunk size, so vLLM does not apply
+        the rule itself."""
+        if speculative is None:
+            return False
+        if not any(group.type == "chunked_local" for group in model.groups):
+            return False
+        uses = getattr(speculative, "uses_target_hidden_states", None)
+        if uses is None:
+            use_eagle = getattr(speculative, "use_eagle", None)
+            uses = use_eagle() if callable(use_eagle) else False
+        return bool(uses)
 
     def _kv_events(self, kv_cache_events: bool) -> dict[str, Any]:
         """``VllmConfig``'s ``kv_events_config`` with the events on (none otherwise: vLLM's
