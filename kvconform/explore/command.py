@@ -67,6 +67,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "searched for again (kvconform realbugs --explorer-only passes the unpatched release's)",
     )
     parser.add_argument(
+        "--baseline-src",
+        metavar="TREE",
+        help="a vLLM Python tree (the folder holding vllm/) to compare with, differential "
+        "testing: each new failure is run there first, and a signature it shows there too is "
+        "the baseline's (listed, not shrunk, not searched for again); a candidate shrinks only "
+        "while the baseline does not show it (kvconform realbugs --explorer-only passes the "
+        "unpatched release)",
+    )
+    parser.add_argument(
         "--known-findings",
         metavar="FILE",
         help="triaged findings, reported as 'known (finding #N)' without making the exit 1 "
@@ -91,6 +100,10 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise UsageError(f"--seed must be at least 0, not {args.seed}")
     if args.known is not None and not Path(args.known).is_file():
         raise UsageError(f"--known: no such file {args.known}")
+    if args.baseline_src is not None and not (Path(args.baseline_src) / "vllm").is_dir():
+        raise UsageError(
+            f"--baseline-src: {args.baseline_src} is not a vLLM Python tree (no vllm/ folder in it)"
+        )
     if args.known_findings is not None:
         if args.no_known_findings:
             raise UsageError("--known-findings and --no-known-findings exclude each other")
@@ -143,6 +156,8 @@ def explore(
         command += ["--known-findings", args.known_findings]
     if args.no_known_findings:
         command += ["--no-known-findings"]
+    if args.baseline_src:
+        command += ["--baseline-src", args.baseline_src]
     if args.vllm_src:
         command += ["--vllm-src", args.vllm_src]
     if release:
@@ -162,6 +177,7 @@ def explore(
         max_findings=args.max_findings,
         known=known,
         known_findings=triaged_findings,
+        baseline_src=args.baseline_src,
     )
     stats = run.stats
     say("")
