@@ -146,8 +146,20 @@ def explore(
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"--known {args.known}: not an explore-summary.json ({exc})") from None
     release = getattr(args, "vllm_release", None)
+    baseline = None
+    if args.baseline_src is not None and args.jobs == 1:
+        from kvconform.explore.runner import baseline_log
+        from kvconform.fuzz.baseline import BaselineProcess
+
+        # Started first: its vLLM imports while this process imports its own.
+        baseline = BaselineProcess(args.baseline_src, baseline_log(Path(args.out), args.seed))
     say(f"kvconform {__version__}: loading {vllm_to_load(args.vllm_src, release)}")
-    vllm = load_vllm(args.vllm_src, release)
+    try:
+        vllm = load_vllm(args.vllm_src, release)
+    except BaseException:
+        if baseline is not None:
+            baseline.close()
+        raise
     command = ["kvconform", "explore", "--budget", f"{args.budget:g}", "--seed", str(args.seed)]
     command += ["--jobs", str(args.jobs), "--out", args.out]
     if args.known:
@@ -178,6 +190,7 @@ def explore(
         known=known,
         known_findings=triaged_findings,
         baseline_src=args.baseline_src,
+        baseline=baseline,
     )
     stats = run.stats
     say("")

@@ -209,6 +209,7 @@ def run_explore(
     known: tuple[Signature, ...] = (),
     known_findings: Sequence[KnownFinding] = (),
     baseline_src: str | Path | None = None,
+    baseline: BaselineProcess | None = None,
 ) -> ExploreRun:
     """Explore ``vllm`` for ``budget_seconds`` of search (or ``examples`` workloads).
 
@@ -218,7 +219,9 @@ def run_explore(
     its findings.md number (``"known"``, null for a new finding); ``baseline_src``: a vLLM
     tree each new failure is run on first (:mod:`kvconform.fuzz.baseline`, one process per
     job): a signature it shows there too is the baseline's, listed in the summary's
-    ``baseline`` and not searched for again. ``progress`` gets a line
+    ``baseline`` and not searched for again; ``baseline``: that process, started by the
+    caller before it loaded ``vllm`` so that the two imports overlap (one job only).
+    ``progress`` gets a line
     per finding, ``on_example`` each searched example's outcome ("passed", "rejected",
     "failed"; single-process runs only).
     """
@@ -240,7 +243,7 @@ def run_explore(
     if jobs == 1:
         worker = _search_one(vllm, space, budget_seconds, seed, out_dir, command, say,
                              on_example, max_findings, examples, known,
-                             baseline_src)  # fmt: skip
+                             baseline_src, baseline)  # fmt: skip
         stats.add(worker.to_json())
         files = [(f.path, f.signature, f.text) for f in worker.findings]
     else:
@@ -297,13 +300,14 @@ def _search_one(
     examples: int | None,
     known: tuple[Signature, ...] = (),
     baseline_src: str | Path | None = None,
+    baseline: BaselineProcess | None = None,
 ) -> ExploreStats:
     stats = ExploreStats(seed=seed, budget=int(budget_seconds), vllm_version=vllm.version)
-    baseline = None
-    if baseline_src is not None:
-        # Started before the deadline is set: its vLLM import is set-up, not search.
-        log = out_dir / f"baseline-s{seed}.log" if out_dir is not None else None
-        baseline = BaselineProcess(baseline_src, log)
+    if baseline is None and baseline_src is not None:
+        baseline = BaselineProcess(baseline_src, baseline_log(out_dir, seed))
+    if baseline is not None:
+        # Ready before the deadline is set: its vLLM import is set-up, not search.
+        baseline.wait_ready()
         stats.baseline = BaselineStats(baseline.describe(), baseline.setup_seconds)
     budget = Budget(
         deadline=time.perf_counter() + budget_seconds,
@@ -329,6 +333,11 @@ def _search_one(
         if baseline is not None:
             baseline.close()
     return stats
+
+
+def baseline_log(out_dir: Path | None, seed: int) -> Path | None:
+    """Where a baseline process' output goes (what its vLLM printed): beside the reproducers."""
+    return out_dir / f"baseline-s{seed}.log" if out_dir is not None else None
 
 
 def known_signatures(summary_file: Path) -> tuple[Signature, ...]:

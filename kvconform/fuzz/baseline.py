@@ -147,12 +147,16 @@ class BaselineProcess:
     """The baseline vLLM in a process of its own, kept up for a whole search."""
 
     def __init__(self, src: str | Path, log: Path | None = None) -> None:
+        """Start the process; it imports vLLM while the caller does other work (its own
+        vLLM's import): :meth:`wait_ready` waits for it, :meth:`judge` does too."""
         self.src = str(src)
+        self.version = ""
+        self.setup_seconds = 0.0
         self._log: IO[bytes] | None = None
         if log is not None:
             log.parent.mkdir(parents=True, exist_ok=True)
             self._log = log.open("ab")
-        started = time.perf_counter()
+        self._started = time.perf_counter()
         self._process = subprocess.Popen(
             [sys.executable, "-m", "kvconform.fuzz.baseline", "--vllm-src", self.src],
             stdin=subprocess.PIPE,
@@ -162,19 +166,26 @@ class BaselineProcess:
             encoding="utf-8",
             bufsize=1,
         )
+
+    def wait_ready(self) -> BaselineProcess:
+        """Wait until the baseline's vLLM is imported; ``setup_seconds`` since the start."""
+        if self.version:
+            return self
         hello = self._receive()
-        self.setup_seconds = time.perf_counter() - started
+        self.setup_seconds = time.perf_counter() - self._started
         if not hello.get("ready"):
             self.close()
             raise VllmUnavailable(
                 "(baseline)", f"a baseline vLLM at {self.src}", str(hello.get("error", "?"))
             )
         self.version = str(hello["version"])
+        return self
 
     def describe(self) -> str:
         return f"vLLM {self.version} ({self.src})"
 
     def judge(self, text: str) -> BaselineAnswer:
+        self.wait_ready()
         assert self._process.stdin is not None
         try:
             self._process.stdin.write(json.dumps({"text": text}) + "\n")
