@@ -209,3 +209,22 @@ def test_the_search_is_the_same_with_a_baseline_that_never_fails(vllm: Any) -> N
            baseline=StandIn(lambda extra: False))  # fmt: skip
     assert [f.text for f in compared.findings] == [f.text for f in plain.findings]
     assert compared.examples == plain.examples
+
+
+def test_a_crash_is_the_baselines_at_another_line_of_the_same_function() -> None:
+    # A patch moves the lines below what it changes: the same assertion of the same function
+    # raises at another line in the patched tree (found by realbugs --explorer-only: a crash
+    # "new" to the patched tree that its release's `kvconform run` failed as well).
+    frame = "vllm/v1/core/single_type_kv_cache_manager.py:{} find_longest_cache_hit"
+    patched = Signature("crash", "AssertionError", frame.format(1340))
+    answer = BaselineAnswer(
+        (Signature("crash", "AssertionError", frame.format(1333)),), "crash", ("raised",)
+    )
+    assert answer.shows(patched) and answer.message(patched) == "raised"
+    elsewhere = Signature("crash", "AssertionError", "vllm/v1/core/block_pool.py:1333 f")
+    assert not answer.shows(elsewhere)
+    assert not answer.shows(Signature("crash", "IndexError", frame.format(1333)))
+    # Other checks' signatures hold no line: compared as they are.
+    assert not BaselineAnswer((FINDING_14,), "failed").shows(
+        Signature("sanity", "SlidingWindowSpec", "shares a block between live requests")
+    )

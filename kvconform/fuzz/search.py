@@ -277,7 +277,7 @@ def search(
             if state.target in found:
                 if not searching and baseline is not None:
                     answer = _ask(baseline, doc, stats, shrinking=True)
-                    if state.target in answer.signatures:
+                    if answer.shows(state.target):
                         return False  # the baseline fails this candidate the same way
                 state.last = result
                 size = len(render(doc))
@@ -349,7 +349,7 @@ def _not_the_baselines(
     answer = _ask(baseline, doc, stats, shrinking=False)
     assert stats.baseline is not None
     for signature in new:
-        if signature in answer.signatures:
+        if answer.shows(signature):
             known.add(signature)
             stats.baseline.failures.append(
                 BaselineFailure(signature, stats.examples, answer.message(signature))
@@ -358,7 +358,7 @@ def _not_the_baselines(
                 f"{name}: after {stats.examples} examples: {signature}, which the baseline "
                 "fails too on the same workload; searching on"
             )
-    return [signature for signature in new if signature not in answer.signatures]
+    return [signature for signature in new if not answer.shows(signature)]
 
 
 def run_document(doc: dict[str, Any], vllm: Vllm, file: str = "<fuzz>") -> ScenarioResult:
