@@ -5,7 +5,9 @@ reproducers on the unpatched one) are stood in for by writing what they would wr
 so that each outcome is decided by kvconform's own reading of those files:
 
 * a reproducer that passes on the unpatched release: the bug is *detected*, caught by it;
-* every reproducer failing there too: *missed*, and ``why`` names them;
+* every reproducer failing there too with its own signature (asked of a stand-in for the
+  baseline process): *missed*, and ``why`` names them; failing there only otherwise (a
+  standing failure of the release): *detected*, and ``why`` says so;
 * no finding: *missed*, and ``why`` names what the run found the unpatched release to
   fail too (the differential baseline, ``--baseline-src``); an explore run that died: *broken*.
 """
@@ -20,7 +22,31 @@ from typing import Any
 import pytest
 
 from kvconform.fronts.cli import main
+from kvconform.fuzz.baseline import BaselineAnswer
+from kvconform.fuzz.findings import Signature
 from kvconform.realbugs import explorer
+
+
+class Unpatched:
+    """Stands in for the baseline process on the unpatched tree: fails every document with
+    the signatures ``shows``."""
+
+    def __init__(self, shows: tuple[Signature, ...]) -> None:
+        self.shows = shows
+        self.judged: list[str] = []
+
+    def __call__(self, src: Path, log: Path) -> Unpatched:
+        return self
+
+    def __enter__(self) -> Unpatched:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def judge(self, text: str) -> BaselineAnswer:
+        self.judged.append(text)
+        return BaselineAnswer(self.shows, "failed" if self.shows else "passed")
 
 
 def _stand_in(
@@ -86,9 +112,26 @@ def test_findings_the_unpatched_release_shares_are_a_miss(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     _stand_in(monkeypatch, ["sanity"], set(), 1)
+    unpatched = Unpatched((Signature("sanity", "live"),))  # the stand-in's finding's parts
+    monkeypatch.setattr(explorer, "BaselineProcess", unpatched)
     result = explorer.explore_replay(Path("/patched"), Path("/pristine"), tmp_path, 45, None)
     assert result.outcome == "missed" and not result.caught_by
     assert "fails on the unpatched release too: explore-s0-1 (sanity)" in result.why
+    assert unpatched.judged == ["name: x\n"]  # the reproducer's text, asked by signature
+
+
+def test_a_reproducer_the_unpatched_release_fails_only_otherwise_detects_the_bug(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The patched tree hands out a block a load still writes into; the unpatched one fails
+    # the same workload only with a standing failure of its own (another invariant).
+    _stand_in(monkeypatch, ["sanity"], set(), 1)
+    standing = Signature("sanity", "-", "rejects a request otherwise than its multimodal ids")
+    monkeypatch.setattr(explorer, "BaselineProcess", Unpatched((standing,)))
+    result = explorer.explore_replay(Path("/patched"), Path("/pristine"), tmp_path, 45, None)
+    assert result.outcome == "detected"
+    assert result.caught_by == {"explore-s0-1": ["sanity"]}
+    assert result.why.startswith("the unpatched release fails these reproducers only with other")
 
 
 def test_a_miss_names_what_the_unpatched_release_fails_too(

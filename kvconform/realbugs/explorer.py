@@ -19,8 +19,12 @@ tree). So:
 3. every reproducer the patched run writes is then run with ``kvconform run``
    against the unpatched release, all in one process. A reproducer that passes
    there and fails on the patched tree is the bug: the bug is *detected*, caught
-   by those reproducers. A run with no finding, or whose every finding fails on the
-   unpatched release too, *missed* it (``why`` says which, and what the patched
+   by those reproducers. Where none passes, each reproducer is run once more on the
+   unpatched tree as the differential baseline runs it (:func:`signature_only`): one
+   whose signature the unpatched tree does not show -- it fails there only otherwise,
+   with a standing failure of the release -- detects the bug too, said in ``why``.
+   A run with no finding, or whose every finding fails on the unpatched release
+   with its own signature too, *missed* it (``why`` says which, and what the patched
    run met that the baseline shows too). A run that did not complete (exit 2 or 3,
    no summary) is *broken*.
 
@@ -39,6 +43,8 @@ import time
 from pathlib import Path
 
 from kvconform.bisect.probe import log_tail, run_logged
+from kvconform.fuzz.baseline import UNJUDGED, BaselineProcess
+from kvconform.fuzz.findings import Signature
 from kvconform.realbugs.replay import Replay
 
 EXPLORE_LOG = "explore.log"
@@ -91,12 +97,45 @@ def explore_replay(tree: Path, pristine: Path, folder: Path, seconds: float,
     if bug:
         found.caught_by = bug
         return found
+    bug = signature_only(found, folder, pristine)
+    if bug:
+        found.why = (
+            "the unpatched release fails these reproducers only with other signatures: "
+            + ", ".join(bug)
+        )
+        found.caught_by = bug
+        return found
     found.outcome = "missed"
     found.why = "every finding fails on the unpatched release too: " + ", ".join(
         f"{sid} ({', '.join(checks)})" for sid, checks in found.caught_by.items()
     ) + _shared(found)
     found.caught_by = {}
     return found
+
+
+def signature_only(found: Replay, folder: Path, pristine: Path) -> dict[str, list[str]]:
+    """The reproducers whose finding's signature the unpatched tree does not show on them.
+
+    Each is run in a baseline process (:mod:`kvconform.fuzz.baseline`) on ``pristine``,
+    signed as the explorer signs a failure: a reproducer the unpatched release fails only
+    with another signature (a standing failure of its own) still shows what the patch changed.
+    """
+    summary = json.loads((folder / "explore" / "explore-summary.json").read_text("utf-8"))
+    findings = {
+        _SCENARIO_ID.match(Path(f["file"]).stem)[0]: (Path(f["file"]), Signature(*f["parts"]))  # type: ignore[index]
+        for f in summary.get("findings", [])
+        if f["file"]
+    }
+    kept: dict[str, list[str]] = {}
+    started = time.perf_counter()
+    with BaselineProcess(pristine, folder / "unpatched" / "signatures.log") as unpatched:
+        for sid, checks in found.caught_by.items():
+            path, signature = findings[sid]
+            answer = unpatched.judge(path.read_text(encoding="utf-8"))
+            if answer.outcome not in UNJUDGED and not answer.shows(signature):
+                kept[sid] = checks
+    found.seconds += time.perf_counter() - started
+    return kept
 
 
 def _explore(
