@@ -7,6 +7,10 @@
 * On the pinned vLLM, a seed-0 run of 120 s exits 0: whatever it finds is triaged
   (scenarios/explore-known.yaml: vLLM bugs written up in docs/findings.md, reported as
   "known (finding #N)"; docs/explore.md, "Findings on the pinned vLLM").
+* With a differential baseline (``--baseline-src``, the unmodified copy): on the
+  injected bug's tree every reproducer written is one the unmodified vLLM does not fail
+  the same way, and the unmodified tree compared with itself finds nothing, the pinned
+  vLLM's own failures all passed over as the baseline's.
 * ``--jobs 2`` forks two workers whose counts add up in one summary, and the same
   seed and example budget repeat a single-process run's statistics exactly.
 """
@@ -69,6 +73,44 @@ def test_explore_finds_an_injected_bug_and_its_reproducer_reproduces(
         main(["run", str(repro), "--report-dir", str(tmp_path / f"r2-{n}")]) == 0
         for n, repro in enumerate(candidates)
     )
+
+
+@pytest.mark.slow
+def test_a_differential_baseline_keeps_only_what_the_bug_changed(
+    tmp_path: Path, vllm: Vllm, pristine_tree: Path
+) -> None:
+    from kvconform.fuzz.findings import Signature, signatures
+    from kvconform.harness.loader import load_text
+    from kvconform.harness.runner import run_scenario
+
+    replacement, _ = BUGS["allocator-off-by-one"]
+    tree = tree_with_replacement(pristine_tree, tmp_path / "tree", *replacement)
+    out = tmp_path / "found"
+    explore = run_kvconform(
+        "explore", "--vllm-src", tree, "--baseline-src", pristine_tree, "--budget", 30,
+        "--seed", 0, "--out", out, "--no-known-findings", cwd=tmp_path,
+    )  # fmt: skip
+    assert explore.returncode == 1, explore.stdout + explore.stderr
+    summary = json.loads((out / "explore-summary.json").read_text())
+    compared = summary["baseline"]
+    assert compared["search_runs"] >= 1 and compared["vllm"].endswith(f"({pristine_tree})")
+    assert any(f["parts"][:2] == ["floor", "live"] for f in summary["findings"]), explore.stdout
+    for finding in summary["findings"]:
+        (scenario,) = load_text(Path(finding["file"]).read_text(), finding["file"])
+        result = run_scenario(scenario, vllm)  # the unmodified vLLM, this process's
+        assert Signature(*finding["parts"]) not in signatures(result), finding
+
+    itself = tmp_path / "itself"
+    explore = run_kvconform(
+        "explore", "--vllm-src", pristine_tree, "--baseline-src", pristine_tree, "--budget", 60,
+        "--seed", 0, "--out", itself, "--no-known-findings", cwd=tmp_path,
+    )  # fmt: skip
+    assert explore.returncode == 0, explore.stdout + explore.stderr
+    summary = json.loads((itself / "explore-summary.json").read_text())
+    assert summary["findings"] == []
+    # The pinned vLLM's untriaged failures (docs/explore.md) were met, and passed over.
+    assert summary["baseline"]["failures"], explore.stdout
+    assert "the baseline's own failures: " in explore.stdout
 
 
 @pytest.mark.slow

@@ -122,3 +122,45 @@ def test_who_catches_counts_each_bug_once_in_its_cell():
     assert "vLLM's own tests" not in render_markdown(
         RealBugsReport([BugResult(r.bug, r.replay) for r in results])
     )
+
+
+def test_trees_are_byte_compiled_once_and_a_patched_tree_never_writes_through_its_links(
+    tmp_path,
+):
+    # Fresh processes import these trees where no bytecode is written
+    # (PYTHONDONTWRITEBYTECODE): each import compiled the whole of vLLM anew.
+    import os
+    import sys
+    import time
+
+    from kvconform.harness.releases import link_tree
+    from kvconform.realbugs.trees import with_bytecode
+
+    tag = sys.implementation.cache_tag
+    pristine = tmp_path / "pristine"
+    (pristine / "vllm" / "core").mkdir(parents=True)
+    (pristine / "vllm" / "__init__.py").write_text("")
+    (pristine / "vllm" / "core" / "__init__.py").write_text("")
+    (pristine / "vllm" / "core" / "blocks.py").write_text("NEED = 1\n")
+    assert with_bytecode(pristine) == pristine
+    original = pristine / "vllm" / "core" / "__pycache__" / f"blocks.{tag}.pyc"
+    assert original.is_file() and (pristine / f".bytecode-{tag}").is_file()
+    before = original.read_bytes()
+
+    patched = link_tree(pristine / "vllm", tmp_path / "patched")
+    linked = patched / "vllm" / "core" / "__pycache__" / f"blocks.{tag}.pyc"
+    assert linked.stat().st_ino == original.stat().st_ino  # link_tree links the bytecode
+    unchanged = patched / "vllm" / "core" / "__pycache__" / f"__init__.{tag}.pyc"
+    unchanged.unlink()  # as a tree cached before its pristine tree had bytecode
+    source = patched / "vllm" / "core" / "blocks.py"
+    source.unlink()  # as patched_tree breaks the link of a file the patch changes
+    source.write_text("NEED = 0\n")
+    later = time.time() + 5
+    os.utime(source, (later, later))
+    with_bytecode(patched, like=pristine)
+    assert original.read_bytes() == before  # the pristine bytecode is untouched
+    assert linked.read_bytes() != before  # the patched file's is its own
+    assert unchanged.stat().st_ino == (original.parent / f"__init__.{tag}.pyc").stat().st_ino
+    stamp = (patched / f".bytecode-{tag}").stat().st_mtime_ns
+    with_bytecode(patched, like=pristine)  # once: the marker says it is done
+    assert (patched / f".bytecode-{tag}").stat().st_mtime_ns == stamp

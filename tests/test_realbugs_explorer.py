@@ -5,8 +5,11 @@ reproducers on the unpatched one) are stood in for by writing what they would wr
 so that each outcome is decided by kvconform's own reading of those files:
 
 * a reproducer that passes on the unpatched release: the bug is *detected*, caught by it;
-* every reproducer failing there too: *missed*, and ``why`` names them;
-* no finding: *missed*; an explore run that died: *broken*.
+* every reproducer failing there too with its own signature (asked of a stand-in for the
+  baseline process): *missed*, and ``why`` names them; failing there only otherwise (a
+  standing failure of the release): *detected*, and ``why`` says so;
+* no finding: *missed*, and ``why`` names what the run found the unpatched release to
+  fail too (the differential baseline, ``--baseline-src``); an explore run that died: *broken*.
 """
 
 from __future__ import annotations
@@ -19,11 +22,39 @@ from typing import Any
 import pytest
 
 from kvconform.fronts.cli import main
+from kvconform.fuzz.baseline import BaselineAnswer
+from kvconform.fuzz.findings import Signature
 from kvconform.realbugs import explorer
 
 
+class Unpatched:
+    """Stands in for the baseline process on the unpatched tree: fails every document with
+    the signatures ``shows``."""
+
+    def __init__(self, shows: tuple[Signature, ...]) -> None:
+        self.shows = shows
+        self.judged: list[str] = []
+
+    def __call__(self, src: Path, log: Path) -> Unpatched:
+        return self
+
+    def __enter__(self) -> Unpatched:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def judge(self, text: str) -> BaselineAnswer:
+        self.judged.append(text)
+        return BaselineAnswer(self.shows, "failed" if self.shows else "passed")
+
+
 def _stand_in(
-    monkeypatch: pytest.MonkeyPatch, findings: list[str], passes_unpatched: set[str], status: int
+    monkeypatch: pytest.MonkeyPatch,
+    findings: list[str],
+    passes_unpatched: set[str],
+    status: int,
+    baseline_shows: tuple[str, ...] = (),
 ) -> list[list[str]]:
     calls: list[list[str]] = []
 
@@ -39,7 +70,11 @@ def _stand_in(
                 file.write_text("name: x\n")
                 entries.append({"file": str(file), "parts": [check, "live", ""], "message": "m"})
             if status in (0, 1):
-                summary = {"examples": 50, "findings": entries}
+                summary: dict[str, Any] = {"examples": 50, "findings": entries}
+                if "--baseline-src" in command:
+                    shown = [{"signature": f"{check} / live", "parts": [check, "live", ""]}
+                             for check in baseline_shows]  # fmt: skip
+                    summary["baseline"] = {"search_runs": 4, "shrink_runs": 9, "failures": shown}
                 (out / "explore-summary.json").write_text(json.dumps(summary))
             return subprocess.CompletedProcess(command, status)
         scenarios = [
@@ -66,6 +101,9 @@ def test_a_reproducer_that_passes_unpatched_detects_the_bug(
     assert explore[explore.index("--known") + 1] == str(known)
     assert "--no-known-findings" in explore  # any finding is a catch; triage is not its job
     assert explore[explore.index("--vllm-src") + 1] == "/patched"
+    # Differential: each new failure is run on the unpatched tree before it is shrunk.
+    assert explore[explore.index("--baseline-src") + 1] == "/pristine"
+    assert result.counts["baseline_runs"] == 13
     assert run[run.index("--vllm-src") + 1] == "/pristine"
     assert sum(arg.endswith(".yaml") for arg in run) == 2  # every reproducer, one process
 
@@ -74,9 +112,39 @@ def test_findings_the_unpatched_release_shares_are_a_miss(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     _stand_in(monkeypatch, ["sanity"], set(), 1)
+    unpatched = Unpatched((Signature("sanity", "live"),))  # the stand-in's finding's parts
+    monkeypatch.setattr(explorer, "BaselineProcess", unpatched)
     result = explorer.explore_replay(Path("/patched"), Path("/pristine"), tmp_path, 45, None)
     assert result.outcome == "missed" and not result.caught_by
     assert "fails on the unpatched release too: explore-s0-1 (sanity)" in result.why
+    assert unpatched.judged == ["name: x\n"]  # the reproducer's text, asked by signature
+
+
+def test_a_reproducer_the_unpatched_release_fails_only_otherwise_detects_the_bug(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The patched tree hands out a block a load still writes into; the unpatched one fails
+    # the same workload only with a standing failure of its own (another invariant).
+    _stand_in(monkeypatch, ["sanity"], set(), 1)
+    standing = Signature("sanity", "-", "rejects a request otherwise than its multimodal ids")
+    monkeypatch.setattr(explorer, "BaselineProcess", Unpatched((standing,)))
+    result = explorer.explore_replay(Path("/patched"), Path("/pristine"), tmp_path, 45, None)
+    assert result.outcome == "detected"
+    assert result.caught_by == {"explore-s0-1": ["sanity"]}
+    assert result.why.startswith("the unpatched release fails these reproducers only with other")
+
+
+def test_a_miss_names_what_the_unpatched_release_fails_too(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _stand_in(monkeypatch, [], set(), 0, baseline_shows=("sanity", "crash"))
+    result = explorer.explore_replay(Path("/p"), Path("/u"), tmp_path, 45, None)
+    assert result.outcome == "missed"
+    assert result.why == (
+        "no finding in 50 workloads; failures the unpatched release shows too, passed over: "
+        "sanity / live, crash / live"
+    )
+    assert result.counts["baseline_failures"] == 2
 
 
 def test_no_finding_is_a_miss_and_a_dead_run_is_broken(
@@ -94,8 +162,9 @@ def test_no_finding_is_a_miss_and_a_dead_run_is_broken(
 def test_a_baseline_is_green_or_red_by_its_findings(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    _stand_in(monkeypatch, ["sanity"], set(), 1)
+    calls = _stand_in(monkeypatch, ["sanity"], set(), 1)
     assert explorer.explore_baseline(Path("/u"), tmp_path / "a", 45).outcome == "red"
+    assert "--baseline-src" not in calls[0]  # the unpatched release itself: nothing to compare
     _stand_in(monkeypatch, [], set(), 0)
     assert explorer.explore_baseline(Path("/u"), tmp_path / "b", 45).outcome == "green"
 

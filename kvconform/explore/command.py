@@ -67,6 +67,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "searched for again (kvconform realbugs --explorer-only passes the unpatched release's)",
     )
     parser.add_argument(
+        "--baseline-src",
+        metavar="TREE",
+        help="a vLLM Python tree (the folder holding vllm/) to compare with, differential "
+        "testing: each new failure is run there first, and a signature it shows there too is "
+        "the baseline's (listed, not shrunk, not searched for again); a candidate shrinks only "
+        "while the baseline does not show it (kvconform realbugs --explorer-only passes the "
+        "unpatched release)",
+    )
+    parser.add_argument(
         "--known-findings",
         metavar="FILE",
         help="triaged findings, reported as 'known (finding #N)' without making the exit 1 "
@@ -91,6 +100,10 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise UsageError(f"--seed must be at least 0, not {args.seed}")
     if args.known is not None and not Path(args.known).is_file():
         raise UsageError(f"--known: no such file {args.known}")
+    if args.baseline_src is not None and not (Path(args.baseline_src) / "vllm").is_dir():
+        raise UsageError(
+            f"--baseline-src: {args.baseline_src} is not a vLLM Python tree (no vllm/ folder in it)"
+        )
     if args.known_findings is not None:
         if args.no_known_findings:
             raise UsageError("--known-findings and --no-known-findings exclude each other")
@@ -133,8 +146,20 @@ def explore(
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"--known {args.known}: not an explore-summary.json ({exc})") from None
     release = getattr(args, "vllm_release", None)
+    baseline = None
+    if args.baseline_src is not None and args.jobs == 1:
+        from kvconform.explore.runner import baseline_log
+        from kvconform.fuzz.baseline import BaselineProcess
+
+        # Started first: its vLLM imports while this process imports its own.
+        baseline = BaselineProcess(args.baseline_src, baseline_log(Path(args.out), args.seed))
     say(f"kvconform {__version__}: loading {vllm_to_load(args.vllm_src, release)}")
-    vllm = load_vllm(args.vllm_src, release)
+    try:
+        vllm = load_vllm(args.vllm_src, release)
+    except BaseException:
+        if baseline is not None:
+            baseline.close()
+        raise
     command = ["kvconform", "explore", "--budget", f"{args.budget:g}", "--seed", str(args.seed)]
     command += ["--jobs", str(args.jobs), "--out", args.out]
     if args.known:
@@ -143,6 +168,8 @@ def explore(
         command += ["--known-findings", args.known_findings]
     if args.no_known_findings:
         command += ["--no-known-findings"]
+    if args.baseline_src:
+        command += ["--baseline-src", args.baseline_src]
     if args.vllm_src:
         command += ["--vllm-src", args.vllm_src]
     if release:
@@ -162,6 +189,8 @@ def explore(
         max_findings=args.max_findings,
         known=known,
         known_findings=triaged_findings,
+        baseline_src=args.baseline_src,
+        baseline=baseline,
     )
     stats = run.stats
     say("")

@@ -35,6 +35,7 @@ from kvconform.explore import DEFAULT_MAX_FINDINGS
 from kvconform.explore.known import KnownFinding, triaged
 from kvconform.explore.space import ExploreSpace, build_explore_space
 from kvconform.explore.strategies import FEATURES, workloads
+from kvconform.fuzz.baseline import BaselineProcess, BaselineStats
 from kvconform.fuzz.findings import Signature, first_message
 from kvconform.fuzz.runner import peak_blocks_held
 from kvconform.fuzz.search import Budget, SearchStats, search, write_summary
@@ -72,6 +73,7 @@ class ExploreStats(SearchStats):
             f"{self.scheduler_steps} scheduler steps ({self.steps_per_second:.0f}/s); "
             f"shrinking {self.shrink_runs} runs in {self.shrink_seconds:.1f} s, "
             f"set-up {self.setup_seconds:.1f} s",
+            *([self.baseline.summary_line()] if self.baseline is not None else []),
             f"  rejected: {self.share(self.rejected_pool)} pool ran dry, "
             f"{self.share(self.rejected_unsupported)} not buildable, "
             f"{self.share(self.rejected_input)} unfinished at max_steps; of {searched} run: "
@@ -113,6 +115,10 @@ class ExploreStats(SearchStats):
         self.search_cpu_seconds += float(other["search_cpu_seconds"])
         self.features.update(other["features"])
         self.modes.update(other["modes"])
+        if "baseline" in other:
+            if self.baseline is None:
+                self.baseline = BaselineStats()
+            self.baseline.add(other["baseline"])
 
 
 @dataclass
@@ -202,13 +208,20 @@ def run_explore(
     examples: int | None = None,
     known: tuple[Signature, ...] = (),
     known_findings: Sequence[KnownFinding] = (),
+    baseline_src: str | Path | None = None,
+    baseline: BaselineProcess | None = None,
 ) -> ExploreRun:
     """Explore ``vllm`` for ``budget_seconds`` of search (or ``examples`` workloads).
 
     ``out=None`` writes nothing; ``known``: signatures another run reported, not searched for
     again (``kvconform explore --known``); ``known_findings``: triaged findings
     (:mod:`.known`), still searched for and reported, each marked in the summary with
-    its findings.md number (``"known"``, null for a new finding). ``progress`` gets a line
+    its findings.md number (``"known"``, null for a new finding); ``baseline_src``: a vLLM
+    tree each new failure is run on first (:mod:`kvconform.fuzz.baseline`, one process per
+    job): a signature it shows there too is the baseline's, listed in the summary's
+    ``baseline`` and not searched for again; ``baseline``: that process, started by the
+    caller before it loaded ``vllm`` so that the two imports overlap (one job only).
+    ``progress`` gets a line
     per finding, ``on_example`` each searched example's outcome ("passed", "rejected",
     "failed"; single-process runs only).
     """
@@ -229,7 +242,8 @@ def run_explore(
     say = progress or (lambda line: None)
     if jobs == 1:
         worker = _search_one(vllm, space, budget_seconds, seed, out_dir, command, say,
-                             on_example, max_findings, examples, known)  # fmt: skip
+                             on_example, max_findings, examples, known,
+                             baseline_src, baseline)  # fmt: skip
         stats.add(worker.to_json())
         files = [(f.path, f.signature, f.text) for f in worker.findings]
     else:
@@ -246,6 +260,7 @@ def run_explore(
                 max_findings,
                 examples,
                 known,
+                baseline_src,
             )  # fmt: skip
             for index in range(jobs)
         ]
@@ -284,41 +299,63 @@ def _search_one(
     max_findings: int,
     examples: int | None,
     known: tuple[Signature, ...] = (),
+    baseline_src: str | Path | None = None,
+    baseline: BaselineProcess | None = None,
 ) -> ExploreStats:
     stats = ExploreStats(seed=seed, budget=int(budget_seconds), vllm_version=vllm.version)
+    if baseline is None and baseline_src is not None:
+        baseline = BaselineProcess(baseline_src, baseline_log(out_dir, seed))
+    if baseline is not None:
+        # Ready before the deadline is set: its vLLM import is set-up, not search.
+        baseline.wait_ready()
+        stats.baseline = BaselineStats(baseline.describe(), baseline.setup_seconds)
     budget = Budget(
         deadline=time.perf_counter() + budget_seconds,
         shrink_seconds=max(30.0, budget_seconds / 2),
     )
     if examples is not None:
         budget.examples = examples
-    search(
-        Workloads(space, stats),
-        vllm,
-        stats,
-        budget,
-        out_dir=out_dir,
-        command=command,
-        say=say,
-        tick=on_example or (lambda outcome: None),
-        max_findings=max_findings,
-        known=known,
-    )
+    try:
+        search(
+            Workloads(space, stats),
+            vllm,
+            stats,
+            budget,
+            out_dir=out_dir,
+            command=command,
+            say=say,
+            tick=on_example or (lambda outcome: None),
+            max_findings=max_findings,
+            known=known,
+            baseline=baseline,
+        )
+    finally:
+        if baseline is not None:
+            baseline.close()
     return stats
 
 
+def baseline_log(out_dir: Path | None, seed: int) -> Path | None:
+    """Where a baseline process' output goes (what its vLLM printed): beside the reproducers."""
+    return out_dir / f"baseline-s{seed}.log" if out_dir is not None else None
+
+
 def known_signatures(summary_file: Path) -> tuple[Signature, ...]:
-    """The signatures of the findings an ``explore-summary.json`` lists."""
+    """The signatures of the findings an ``explore-summary.json`` lists, and of the failures
+    it found its baseline to show (``baseline``, a run with ``--baseline-src``)."""
     summary = json.loads(summary_file.read_text(encoding="utf-8"))
-    return tuple(Signature(*finding["parts"]) for finding in summary.get("findings", []))
+    shown = summary.get("baseline", {}).get("failures", [])
+    return tuple(
+        dict.fromkeys(Signature(*entry["parts"]) for entry in [*summary.get("findings", []), *shown])
+    )
 
 
 def _worker(call: tuple[Any, ...]) -> tuple[dict[str, Any], list[tuple[str | None, Any, str]]]:
-    space, budget_seconds, seed, out_dir, command, max_findings, examples, known = call
+    space, budget_seconds, seed, out_dir, command, max_findings, examples, known, base = call
     assert _WORKER_VLLM is not None
     lines: list[str] = []
     stats = _search_one(_WORKER_VLLM, space, budget_seconds, seed, out_dir, command,
-                        lines.append, None, max_findings, examples, known)  # fmt: skip
+                        lines.append, None, max_findings, examples, known, base)  # fmt: skip
     summary = stats.to_json()
     summary["lines"] = [f"[seed {seed}] {line}" for line in lines]
     found = [

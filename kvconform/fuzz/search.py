@@ -50,6 +50,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample, Unsatisfiable
 
 from kvconform.errors import DeadlinePassed, GeneratorBug, ScenarioError
+from kvconform.fuzz.baseline import Baseline, BaselineAnswer, BaselineFailure, BaselineStats
 from kvconform.fuzz.document import render, with_header
 from kvconform.fuzz.findings import Signature, first_message, signatures
 from kvconform.harness.loader import load_text
@@ -122,6 +123,8 @@ class SearchStats:
     shrink_seconds: float = 0.0
     setup_seconds: float = 0.0
     findings: list[Finding] = field(default_factory=list)
+    # Set when the search compares its failures with a baseline vLLM (kvconform.fuzz.baseline).
+    baseline: BaselineStats | None = None
 
     @property
     def examples_per_second(self) -> float:
@@ -154,6 +157,7 @@ class SearchStats:
             "search_seconds": round(self.search_seconds, 2),
             "shrink_seconds": round(self.shrink_seconds, 2),
             "setup_seconds": round(self.setup_seconds, 2),
+            **({"baseline": self.baseline.to_json()} if self.baseline is not None else {}),
         }
 
 
@@ -198,12 +202,19 @@ def search(
     tick: Callable[[str], None] = lambda outcome: None,
     max_findings: int = 10,
     known: Iterable[Signature] = (),
+    baseline: Baseline | None = None,
 ) -> None:
     """Search ``source`` on ``vllm`` until ``budget`` is spent; fill ``stats``, write reproducers.
 
     ``known``: signatures reported before (another run's), not searched for again.
+    ``baseline``: the vLLM the one under test is compared with (:mod:`.baseline`): a new
+    signature is run there first and, if the baseline shows it on the same document, recorded
+    in ``stats.baseline`` instead of shrunk; a shrink candidate counts only where the baseline
+    does not show the target.
     """
     known = set(known)
+    if baseline is not None and stats.baseline is None:
+        stats.baseline = BaselineStats(vllm=baseline.describe())
     round_no = 0
     name = source.name
     strategy = source.documents()
@@ -252,6 +263,8 @@ def search(
                 source.measure(result, doc)
                 tick("failed" if found else "passed")
                 new = [s for s in found if s not in known]
+                if new and baseline is not None:
+                    new = _not_the_baselines(baseline, doc, new, stats, known, name, say)
                 if not new:
                     return False
                 state.target = new[0]
@@ -262,6 +275,10 @@ def search(
                     f"examples: {state.target}; shrinking"
                 )
             if state.target in found:
+                if not searching and baseline is not None:
+                    answer = _ask(baseline, doc, stats, shrinking=True)
+                    if answer.shows(state.target):
+                        return False  # the baseline fails this candidate the same way
                 state.last = result
                 size = len(render(doc))
                 if state.smallest is None or size <= state.smallest_size:
@@ -305,6 +322,43 @@ def search(
             f"step{'s' if finding.steps != 1 else ''} in {state.shrink_runs} runs"
             + (f": {finding.path}" if finding.path else "")
         )
+
+
+def _ask(
+    baseline: Baseline, doc: dict[str, Any], stats: SearchStats, *, shrinking: bool
+) -> BaselineAnswer:
+    """The baseline's run of ``doc`` (the text the search runs), counted in ``stats``."""
+    assert stats.baseline is not None
+    started = time.perf_counter()
+    answer = baseline.judge(render(doc))
+    stats.baseline.count(answer, time.perf_counter() - started, shrinking)
+    return answer
+
+
+def _not_the_baselines(
+    baseline: Baseline,
+    doc: dict[str, Any],
+    new: list[Signature],
+    stats: SearchStats,
+    known: set[Signature],
+    name: str,
+    say: Callable[[str], None],
+) -> list[Signature]:
+    """The signatures of ``new`` the baseline does not show on ``doc``; those it shows are
+    recorded as the baseline's and become known (not searched for again)."""
+    answer = _ask(baseline, doc, stats, shrinking=False)
+    assert stats.baseline is not None
+    for signature in new:
+        if answer.shows(signature):
+            known.add(signature)
+            stats.baseline.failures.append(
+                BaselineFailure(signature, stats.examples, answer.message(signature))
+            )
+            say(
+                f"{name}: after {stats.examples} examples: {signature}, which the baseline "
+                "fails too on the same workload; searching on"
+            )
+    return [signature for signature in new if not answer.shows(signature)]
 
 
 def run_document(doc: dict[str, Any], vllm: Vllm, file: str = "<fuzz>") -> ScenarioResult:
