@@ -205,6 +205,12 @@ class DeadlinePassed(BaseException):
     the round."""
 
 
+class KeptAsMet(BaseException):  # noqa: N818 - a signal to the round, as DeadlinePassed
+    """A search round met a signature it records as first met, without shrinking (a
+    triaged finding): raised through Hypothesis, as :class:`DeadlinePassed`, to end the
+    round at that example."""
+
+
 class PatchFailed(Exception):
     """A real bug's patch does not apply to its release's tree: the catalogue is wrong
     (``kvconform.realbugs.trees``)."""

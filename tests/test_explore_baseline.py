@@ -228,3 +228,22 @@ def test_a_crash_is_the_baselines_at_another_line_of_the_same_function() -> None
     assert not BaselineAnswer((FINDING_14,), "failed").shows(
         Signature("sanity", "SlidingWindowSpec", "shares a block between live requests")
     )
+
+
+def test_a_triaged_failure_is_kept_as_met_not_shrunk(vllm: Any) -> None:
+    # #14 is triaged (scenarios/explore-known.yaml): its first failing workload is recorded
+    # as it was drawn, the round ends there, and no shrink run is spent on it.
+    shrunk = SearchStats(seed=0, budget=20)
+    search(Workloads(), vllm, shrunk, Budget(examples=20), max_findings=1)
+    assert shrunk.shrink_runs > 0 and [extra_of(f.text) for f in shrunk.findings] == [1]
+
+    kept = SearchStats(seed=0, budget=20)
+    lines: list[str] = []
+    search(Workloads(), vllm, kept, Budget(examples=20), max_findings=1, say=lines.append,
+           unshrunk=lambda signature: signature == FINDING_14)  # fmt: skip
+    (finding,) = kept.findings
+    assert finding.signature == FINDING_14 and kept.shrink_runs == finding.shrink_runs == 0
+    # The example that first failed, as drawn: the same seed's first failure.
+    assert extra_of(finding.text) >= 1 and finding.examples_before == kept.examples
+    assert any("triaged, kept as met" in line for line in lines), lines
+    assert any("kept as met, " in line and "shrunk to" not in line for line in lines), lines

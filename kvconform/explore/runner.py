@@ -216,7 +216,8 @@ def run_explore(
     ``out=None`` writes nothing; ``known``: signatures another run reported, not searched for
     again (``kvconform explore --known``); ``known_findings``: triaged findings
     (:mod:`.known`), still searched for and reported, each marked in the summary with
-    its findings.md number (``"known"``, null for a new finding); ``baseline_src``: a vLLM
+    its findings.md number (``"known"``, null for a new finding), and kept as first met,
+    not shrunk; ``baseline_src``: a vLLM
     tree each new failure is run on first (:mod:`kvconform.fuzz.baseline`, one process per
     job): a signature it shows there too is the baseline's, listed in the summary's
     ``baseline`` and not searched for again; ``baseline``: that process, started by the
@@ -243,7 +244,7 @@ def run_explore(
     if jobs == 1:
         worker = _search_one(vllm, space, budget_seconds, seed, out_dir, command, say,
                              on_example, max_findings, examples, known,
-                             baseline_src, baseline)  # fmt: skip
+                             baseline_src, baseline, known_findings)  # fmt: skip
         stats.add(worker.to_json())
         files = [(f.path, f.signature, f.text) for f in worker.findings]
     else:
@@ -261,6 +262,7 @@ def run_explore(
                 examples,
                 known,
                 baseline_src,
+                tuple(known_findings),
             )  # fmt: skip
             for index in range(jobs)
         ]
@@ -301,6 +303,7 @@ def _search_one(
     known: tuple[Signature, ...] = (),
     baseline_src: str | Path | None = None,
     baseline: BaselineProcess | None = None,
+    known_findings: Sequence[KnownFinding] = (),
 ) -> ExploreStats:
     stats = ExploreStats(seed=seed, budget=int(budget_seconds), vllm_version=vllm.version)
     if baseline is None and baseline_src is not None:
@@ -328,6 +331,9 @@ def _search_one(
             max_findings=max_findings,
             known=known,
             baseline=baseline,
+            # A triaged finding is reported as met: its reproducer is written up already.
+            unshrunk=lambda signature: triaged(signature, vllm.version, known_findings)
+            is not None,
         )
     finally:
         if baseline is not None:
@@ -351,11 +357,13 @@ def known_signatures(summary_file: Path) -> tuple[Signature, ...]:
 
 
 def _worker(call: tuple[Any, ...]) -> tuple[dict[str, Any], list[tuple[str | None, Any, str]]]:
-    space, budget_seconds, seed, out_dir, command, max_findings, examples, known, base = call
+    (space, budget_seconds, seed, out_dir, command, max_findings, examples, known, base,
+     triaged_findings) = call  # fmt: skip
     assert _WORKER_VLLM is not None
     lines: list[str] = []
     stats = _search_one(_WORKER_VLLM, space, budget_seconds, seed, out_dir, command,
-                        lines.append, None, max_findings, examples, known, base)  # fmt: skip
+                        lines.append, None, max_findings, examples, known, base,
+                        None, triaged_findings)  # fmt: skip
     summary = stats.to_json()
     summary["lines"] = [f"[seed {seed}] {line}" for line in lines]
     found = [

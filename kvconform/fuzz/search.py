@@ -49,7 +49,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, find, reject, settings
 from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample, Unsatisfiable
 
-from kvconform.errors import DeadlinePassed, GeneratorBug, ScenarioError
+from kvconform.errors import DeadlinePassed, GeneratorBug, KeptAsMet, ScenarioError
 from kvconform.fuzz.baseline import Baseline, BaselineAnswer, BaselineFailure, BaselineStats
 from kvconform.fuzz.document import render, with_header
 from kvconform.fuzz.findings import Signature, first_message, signatures
@@ -203,10 +203,14 @@ def search(
     max_findings: int = 10,
     known: Iterable[Signature] = (),
     baseline: Baseline | None = None,
+    unshrunk: Callable[[Signature], bool] = lambda signature: False,
 ) -> None:
     """Search ``source`` on ``vllm`` until ``budget`` is spent; fill ``stats``, write reproducers.
 
     ``known``: signatures reported before (another run's), not searched for again.
+    ``unshrunk``: signatures recorded as first met, without shrinking (triaged findings,
+    whose small reproducer is already written up: shrinking them again spent most of a
+    120 s budget).
     ``baseline``: the vLLM the one under test is compared with (:mod:`.baseline`): a new
     signature is run there first and, if the baseline shows it on the same document, recorded
     in ``stats.baseline`` instead of shrunk; a shrink candidate counts only where the baseline
@@ -270,6 +274,13 @@ def search(
                 state.target = new[0]
                 state.found_at = time.perf_counter()
                 state.found_at_cpu = time.process_time()
+                if unshrunk(state.target):
+                    say(
+                        f"{name}: finding {len(stats.findings) + 1} after {stats.examples} "
+                        f"examples: {state.target}; triaged, kept as met"
+                    )
+                    state.last, state.smallest = result, doc
+                    raise KeptAsMet
                 say(
                     f"{name}: finding {len(stats.findings) + 1} after {stats.examples} "
                     f"examples: {state.target}; shrinking"
@@ -302,7 +313,7 @@ def search(
                 settings=hypothesis_settings,
                 random=Random(stats.seed * 7919 + round_no),
             )
-        except (NoSuchExample, Unsatisfiable, DeadlinePassed):
+        except (NoSuchExample, Unsatisfiable, DeadlinePassed, KeptAsMet):
             if state.target is None:  # the budget is spent (or every example rejected)
                 stats.search_seconds += time.perf_counter() - state.began
                 stats.search_cpu_seconds += time.process_time() - state.began_cpu
@@ -317,9 +328,14 @@ def search(
         assert state.target is not None
         finding = _record(name, doc, state, stats, vllm, out_dir, command)
         known.add(state.target)
+        steps = f"{finding.steps} step{'s' if finding.steps != 1 else ''}"
+        how = (
+            f"kept as met, {steps}"
+            if unshrunk(state.target)
+            else f"shrunk to {steps} in {state.shrink_runs} runs"
+        )
         say(
-            f"{name}: finding {finding.number}: {finding.signature}, shrunk to {finding.steps} "
-            f"step{'s' if finding.steps != 1 else ''} in {state.shrink_runs} runs"
+            f"{name}: finding {finding.number}: {finding.signature}, {how}"
             + (f": {finding.path}" if finding.path else "")
         )
 
