@@ -141,5 +141,7 @@ def test_jobs_add_up_and_a_seed_repeats(vllm: Vllm, tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "explore-summary.json").read_text())
     assert summary["jobs"] == 2
     assert summary["examples"] == both.stats.examples > 0
-    rejected = summary["rejected_pool"] + summary["rejected_unsupported"]
+    rejected = (
+        summary["rejected_pool"] + summary["rejected_unsupported"] + summary["rejected_input"]
+    )
     assert sum(summary["modes"].values()) == summary["examples"] - rejected
