@@ -442,6 +442,30 @@ def test_bookkeeping_holds_live_requests_only_and_says_so_once():
     assert f"{ids} still holds ended request(s) a" in failure.message
 
 
+def test_bookkeeping_judges_the_schedulers_own_maps():
+    ids = "Scheduler._pending_encoder_input_ids"
+    both = frozenset({"a", "b"})
+    assert _bookkeeping((both, {ids: both})) == []
+    (failure,) = _bookkeeping((both, {}), (frozenset({"b"}), {ids: both}))
+    assert failure.detail["invariant"] == STALE_ENTRY and failure.step == 1
+    assert f"{ids} still holds ended request(s) a" in failure.message
+
+
+def test_finished_ids_may_stay_one_step_and_no_longer():
+    finished = "Scheduler.finished_req_ids"
+    both, b = frozenset({"a", "b"}), frozenset({"b"})
+    # a ended since the previous census: vLLM hands it on at the next schedule().
+    assert _bookkeeping((both, {}), (b, {finished: frozenset({"a"})})) == []
+    # Still there a census later: a list that only grows.
+    (failure,) = _bookkeeping(
+        (both, {}), (b, {finished: frozenset({"a"})}), (b, {finished: frozenset({"a"})})
+    )
+    assert failure.step == 2 and f"{finished} still holds ended request(s) a" in failure.message
+    # Any other structure gets no such step.
+    (failure,) = _bookkeeping((both, {}), (b, {"Scheduler.requests": frozenset({"a"})}))
+    assert failure.step == 1
+
+
 # vLLM's pop_blocks_for_free forgets one of the request's entries (num_cached_block):
 # nothing else notices, since request ids are not reused.
 KEEPS_CACHED_COUNT = (
@@ -464,3 +488,31 @@ def test_bookkeeping_alone_catches_an_entry_never_dropped(pristine_tree, tmp_pat
     assert {f["detail"]["invariant"] for f in entry["failures"]} == {STALE_ENTRY}, entry
     first = entry["failures"][0]["message"]
     assert "FullAttentionManager.num_cached_block still holds ended request(s) c" in first
+
+
+# vLLM's Scheduler._free_request forgets a finished request's pending encoder inputs
+# (``_pending_encoder_input_ids``): the worker is told nothing wrong, and the dict grows
+# by one entry per multimodal request served.
+KEEPS_PENDING_ENCODER_INPUTS = (
+    "v1/core/sched/scheduler.py",
+    "        self._pending_encoder_input_ids.pop(request.request_id, None)\n"
+    "        request_id = request.request_id\n",
+    "        request_id = request.request_id\n",
+)
+
+
+@pytest.mark.slow
+def test_bookkeeping_alone_catches_a_scheduler_map_never_dropped(pristine_tree, tmp_path):
+    from vllm_copy import tree_with_replacement
+
+    tree = tree_with_replacement(
+        pristine_tree, tmp_path / "tree", *KEEPS_PENDING_ENCODER_INPUTS
+    )
+    scenario = "scenarios/scheduler/sched-encoder-budget.yaml"
+    done, entries = _run(tree, tmp_path, scenario)
+    assert done.returncode == ExitStatus.NONCONFORMANCE, done.stdout + done.stderr
+    for entry in entries:
+        assert {f["detail"]["invariant"] for f in entry["failures"]} == {STALE_ENTRY}, entry
+        assert "Scheduler._pending_encoder_input_ids still holds ended request(s)" in (
+            entry["failures"][0]["message"]
+        )
