@@ -18,7 +18,7 @@ from kvconform.harness.checks.bookkeeping import STALE_ENTRY
 from kvconform.harness.checks.ceiling import OVER_COLUMNS, OVER_REAL
 from kvconform.harness.checks.conservation import NOT_CONSERVED, REFS_DIFFER, SHARED_WRITABLE
 from kvconform.model.contract import allowance, reach, zeroing_groups
-from kvconform.model.facts import Fact, PoolCensus, ZeroingGroups
+from kvconform.model.facts import Fact, PoolCensus, StepStats, ZeroingGroups
 from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.observations import (
     NOT_ZEROED,
@@ -464,6 +464,38 @@ def test_finished_ids_may_stay_one_step_and_no_longer():
     # Any other structure gets no such step.
     (failure,) = _bookkeeping((both, {}), (b, {"Scheduler.requests": frozenset({"a"})}))
     assert failure.step == 1
+
+
+def _stats_reset(resets, reset) -> list[str]:
+    """The sanity failures of one output's stats: no admission, ``resets`` since the last
+    output, and ``reset`` the flags the output reports (per kind)."""
+    zeros = dict.fromkeys(
+        ("requests", "queries", "hits", "preempted_requests", "preempted_queries",
+         "preempted_hits"), 0,
+    )  # fmt: skip
+    stats = StepStats(
+        True, 0.0, 0, 9, True, (), (), {kind: zeros for kind in reset}, (), None,
+        tuple(resets), reset,
+    )  # fmt: skip
+    trajectory = Trajectory((), lookahead=0, lookahead_source="test")
+    trajectory.facts.append(Fact(0, None, "-", "output", stats))
+    return [f.message for f in CHECKS["sanity"].find(trajectory)]
+
+
+def test_stats_say_reset_after_a_reset_that_succeeded_and_only_then():
+    local, both = "prefix_cache_stats", "connector_prefix_cache_stats"
+    assert _stats_reset([], {local: False}) == []
+    assert _stats_reset([(True, False)], {local: True, both: False}) == []
+    assert _stats_reset([(True, True)], {local: True, both: True}) == []
+    (missed,) = _stats_reset([(True, False)], {local: False})
+    assert "prefix_cache_stats.reset is False, but a reset_prefix_cache" in missed
+    (stale,) = _stats_reset([(False, False)], {local: True})
+    assert "prefix_cache_stats.reset is True, but no reset_prefix_cache" in stale
+    # A call without reset_connector leaves the connector's cache (and its flag) alone.
+    (connector,) = _stats_reset([(True, False)], {local: True, both: True})
+    assert "output: connector_prefix_cache_stats.reset is True, but no" in connector
+    # A refused call that reset the connector's too: which of the two refused is unknown.
+    assert _stats_reset([(False, True)], {local: True, both: False}) == []
 
 
 # vLLM's pop_blocks_for_free forgets one of the request's entries (num_cached_block):
