@@ -688,7 +688,7 @@ def test_prefix_cache_stats_that_miss_a_reset_fail_sanity(pristine_tree, tmp_pat
     assert "prefix_cache_stats.reset is False, but a reset_prefix_cache" in (
         failures[0]["message"]
     ), failures[0]
-    assert [f["check"] for f in entry["failures"]] == ["sanity"], entry
+    assert len(entry["failures"]) == 1, entry  # nothing else notices
 
 
 SCHEDULER_SESSION = REPO / "scenarios" / "scheduler" / "sched-streaming-session.yaml"
