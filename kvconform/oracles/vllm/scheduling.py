@@ -231,6 +231,10 @@ class Scheduling(SchedulingConfigs):
             part = getattr(scheduler, attribute, None)
             if part is not None and hasattr(part, "__dict__"):
                 owners.append((type(part).__name__, part))
+                # A connector's scheduler side (KVConnectorBase_V1's convention).
+                inner = getattr(part, "connector_scheduler", None)
+                if inner is not None and hasattr(inner, "__dict__"):
+                    owners.append((type(inner).__name__, inner))
         found: dict[str, frozenset[str]] = {}
         for label, owner in owners:
             for attribute, value in vars(owner).items():
