@@ -451,6 +451,45 @@ def test_bookkeeping_judges_the_schedulers_own_maps():
     assert f"{ids} still holds ended request(s) a" in failure.message
 
 
+def test_the_scheduler_scan_finds_request_state_by_its_contents():
+    # Plain objects in the shape of vLLM's (no vLLM needed): what the scan reads of a
+    # scheduler, its parts and a connector's scheduler side, whatever the names.
+    from collections import deque
+    from types import SimpleNamespace
+
+    from kvconform.oracles.vllm.scheduling import Scheduling
+
+    class Request:  # hashable by identity, as vLLM's Request
+        def __init__(self, request_id: str) -> None:
+            self.request_id = request_id
+
+    a, b = Request("a"), Request("b")
+    encoder = SimpleNamespace(cached={"hash": {"a"}}, num_free_slots=3, freed=["hash"])
+    connector = SimpleNamespace(
+        connector_scheduler=SimpleNamespace(_reqs_need_send={"b": 1.0}, _other={"x": 1})
+    )
+    scheduler = SimpleNamespace(
+        requests={"a": a, "b": b},
+        running=[a],
+        waiting=deque([b]),
+        _inflight_prefills={a},
+        finished_req_ids=set(),
+        _kv_fetch_counts={"queued": 0},
+        kv_cache_manager=SimpleNamespace(req_to_blocks={"a": []}),
+        encoder_cache_manager=encoder,
+        connector=connector,
+    )
+    found = Scheduling.scheduler_request_state(None, scheduler, {"a", "b"})
+    assert found == {
+        "Scheduler.requests": {"a", "b"},
+        "Scheduler.running": {"a"},
+        "Scheduler.waiting": {"b"},
+        "Scheduler._inflight_prefills": {"a"},
+        "SimpleNamespace.cached": {"a"},
+        "SimpleNamespace._reqs_need_send": {"b"},
+    }
+
+
 def test_finished_ids_may_stay_one_step_and_no_longer():
     finished = "Scheduler.finished_req_ids"
     both, b = frozenset({"a", "b"}), frozenset({"b"})
