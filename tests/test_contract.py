@@ -18,7 +18,7 @@ from kvconform.harness.checks.bookkeeping import STALE_ENTRY
 from kvconform.harness.checks.ceiling import OVER_COLUMNS, OVER_REAL
 from kvconform.harness.checks.conservation import NOT_CONSERVED, REFS_DIFFER, SHARED_WRITABLE
 from kvconform.model.contract import allowance, reach, zeroing_groups
-from kvconform.model.facts import Fact, PoolCensus, ZeroingGroups
+from kvconform.model.facts import Fact, PoolCensus, StepStats, ZeroingGroups
 from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.observations import (
     NOT_ZEROED,
@@ -442,6 +442,101 @@ def test_bookkeeping_holds_live_requests_only_and_says_so_once():
     assert f"{ids} still holds ended request(s) a" in failure.message
 
 
+def test_bookkeeping_judges_the_schedulers_own_maps():
+    ids = "Scheduler._pending_encoder_input_ids"
+    both = frozenset({"a", "b"})
+    assert _bookkeeping((both, {ids: both})) == []
+    (failure,) = _bookkeeping((both, {}), (frozenset({"b"}), {ids: both}))
+    assert failure.detail["invariant"] == STALE_ENTRY and failure.step == 1
+    assert f"{ids} still holds ended request(s) a" in failure.message
+
+
+def test_the_scheduler_scan_finds_request_state_by_its_contents():
+    # Plain objects in the shape of vLLM's (no vLLM needed): what the scan reads of a
+    # scheduler, its parts and a connector's scheduler side, whatever the names.
+    from collections import deque
+    from types import SimpleNamespace
+
+    from kvconform.oracles.vllm.scheduling import Scheduling
+
+    class Request:  # hashable by identity, as vLLM's Request
+        def __init__(self, request_id: str) -> None:
+            self.request_id = request_id
+
+    a, b = Request("a"), Request("b")
+    encoder = SimpleNamespace(cached={"hash": {"a"}}, num_free_slots=3, freed=["hash"])
+    connector = SimpleNamespace(
+        connector_scheduler=SimpleNamespace(_reqs_need_send={"b": 1.0}, _other={"x": 1})
+    )
+    scheduler = SimpleNamespace(
+        requests={"a": a, "b": b},
+        running=[a],
+        waiting=deque([b]),
+        _inflight_prefills={a},
+        finished_req_ids=set(),
+        _kv_fetch_counts={"queued": 0},
+        kv_cache_manager=SimpleNamespace(req_to_blocks={"a": []}),
+        encoder_cache_manager=encoder,
+        connector=connector,
+    )
+    found = Scheduling.scheduler_request_state(None, scheduler, {"a", "b"})
+    assert found == {
+        "Scheduler.requests": {"a", "b"},
+        "Scheduler.running": {"a"},
+        "Scheduler.waiting": {"b"},
+        "Scheduler._inflight_prefills": {"a"},
+        "SimpleNamespace.cached": {"a"},
+        "SimpleNamespace._reqs_need_send": {"b"},
+    }
+
+
+def test_finished_ids_may_stay_one_step_and_no_longer():
+    finished = "Scheduler.finished_req_ids"
+    both, b = frozenset({"a", "b"}), frozenset({"b"})
+    # a ended since the previous census: vLLM hands it on at the next schedule().
+    assert _bookkeeping((both, {}), (b, {finished: frozenset({"a"})})) == []
+    # Still there a census later: a list that only grows.
+    (failure,) = _bookkeeping(
+        (both, {}), (b, {finished: frozenset({"a"})}), (b, {finished: frozenset({"a"})})
+    )
+    assert failure.step == 2 and f"{finished} still holds ended request(s) a" in failure.message
+    # Any other structure gets no such step.
+    (failure,) = _bookkeeping((both, {}), (b, {"Scheduler.requests": frozenset({"a"})}))
+    assert failure.step == 1
+
+
+def _stats_reset(resets, reset) -> list[str]:
+    """The sanity failures of one output's stats: no admission, ``resets`` since the last
+    output, and ``reset`` the flags the output reports (per kind)."""
+    zeros = dict.fromkeys(
+        ("requests", "queries", "hits", "preempted_requests", "preempted_queries",
+         "preempted_hits"), 0,
+    )  # fmt: skip
+    stats = StepStats(
+        True, 0.0, 0, 9, True, (), (), {kind: zeros for kind in reset}, (), None,
+        tuple(resets), reset,
+    )  # fmt: skip
+    trajectory = Trajectory((), lookahead=0, lookahead_source="test")
+    trajectory.facts.append(Fact(0, None, "-", "output", stats))
+    return [f.message for f in CHECKS["sanity"].find(trajectory)]
+
+
+def test_stats_say_reset_after_a_reset_that_succeeded_and_only_then():
+    local, both = "prefix_cache_stats", "connector_prefix_cache_stats"
+    assert _stats_reset([], {local: False}) == []
+    assert _stats_reset([(True, False)], {local: True, both: False}) == []
+    assert _stats_reset([(True, True)], {local: True, both: True}) == []
+    (missed,) = _stats_reset([(True, False)], {local: False})
+    assert "prefix_cache_stats.reset is False, but a reset_prefix_cache" in missed
+    (stale,) = _stats_reset([(False, False)], {local: True})
+    assert "prefix_cache_stats.reset is True, but no reset_prefix_cache" in stale
+    # A call without reset_connector leaves the connector's cache (and its flag) alone.
+    (connector,) = _stats_reset([(True, False)], {local: True, both: True})
+    assert "output: connector_prefix_cache_stats.reset is True, but no" in connector
+    # A refused call that reset the connector's too: which of the two refused is unknown.
+    assert _stats_reset([(False, True)], {local: True, both: False}) == []
+
+
 # vLLM's pop_blocks_for_free forgets one of the request's entries (num_cached_block):
 # nothing else notices, since request ids are not reused.
 KEEPS_CACHED_COUNT = (
@@ -464,3 +559,31 @@ def test_bookkeeping_alone_catches_an_entry_never_dropped(pristine_tree, tmp_pat
     assert {f["detail"]["invariant"] for f in entry["failures"]} == {STALE_ENTRY}, entry
     first = entry["failures"][0]["message"]
     assert "FullAttentionManager.num_cached_block still holds ended request(s) c" in first
+
+
+# vLLM's Scheduler._free_request forgets a finished request's pending encoder inputs
+# (``_pending_encoder_input_ids``): the worker is told nothing wrong, and the dict grows
+# by one entry per multimodal request served.
+KEEPS_PENDING_ENCODER_INPUTS = (
+    "v1/core/sched/scheduler.py",
+    "        self._pending_encoder_input_ids.pop(request.request_id, None)\n"
+    "        request_id = request.request_id\n",
+    "        request_id = request.request_id\n",
+)
+
+
+@pytest.mark.slow
+def test_bookkeeping_alone_catches_a_scheduler_map_never_dropped(pristine_tree, tmp_path):
+    from vllm_copy import tree_with_replacement
+
+    tree = tree_with_replacement(
+        pristine_tree, tmp_path / "tree", *KEEPS_PENDING_ENCODER_INPUTS
+    )
+    scenario = "scenarios/scheduler/sched-encoder-budget.yaml"
+    done, entries = _run(tree, tmp_path, scenario)
+    assert done.returncode == ExitStatus.NONCONFORMANCE, done.stdout + done.stderr
+    for entry in entries:
+        assert {f["detail"]["invariant"] for f in entry["failures"]} == {STALE_ENTRY}, entry
+        assert "Scheduler._pending_encoder_input_ids still holds ended request(s)" in (
+            entry["failures"][0]["message"]
+        )

@@ -671,6 +671,26 @@ def test_prefix_cache_stats_that_miss_a_resumption_fail_sanity(pristine_tree, tm
     assert "d (resumed" in failures[0]["message"], failures[0]
 
 
+@pytest.mark.slow
+def test_prefix_cache_stats_that_miss_a_reset_fail_sanity(pristine_tree, tmp_path):
+    # KVCacheManager.reset_prefix_cache no longer marks its stats reset: the hit-rate
+    # metric keeps the window of the cache the reset emptied.
+    failures, entry = _sanity_failures(
+        pristine_tree,
+        tmp_path,
+        "v1/core/kv_cache_manager.py",
+        "            self.prefix_cache_stats.reset = True\n",
+        "            pass\n",
+        REPO / "scenarios" / "scheduler" / "sched-remote-prefill-connector-reset.yaml",
+        "reset",
+    )
+    assert len(failures) == 1, entry
+    assert "prefix_cache_stats.reset is False, but a reset_prefix_cache" in (
+        failures[0]["message"]
+    ), failures[0]
+    assert len(entry["failures"]) == 1, entry  # nothing else notices
+
+
 SCHEDULER_SESSION = REPO / "scenarios" / "scheduler" / "sched-streaming-session.yaml"
 
 

@@ -410,7 +410,8 @@ class StepStats(NamedTuple):
     finished ones while a step that may write them is in flight), the admissions since the last
     output (request, phase, tokens, hit) and the asynchronous loads (request, prompt, local
     hit, tokens with the loaded ones), the prefix-cache stats it reports (per kind), the
-    step's verifications (request, drafts, accepted) and its ``spec_decoding_stats``."""
+    step's verifications (request, drafts, accepted) and its ``spec_decoding_stats``; the
+    prefix-cache resets since the last output and the ``reset`` flags it reports."""
 
     present: bool
     kv_cache_usage: float
@@ -422,6 +423,11 @@ class StepStats(NamedTuple):
     prefix: Mapping[str, Mapping[str, int]]
     verified: tuple[tuple[str, int, int | None], ...]
     spec: Mapping[str, int] | None
+    # The ``reset_prefix_cache`` calls since the last output, each (its answer, whether it
+    # reset the connector's cache too), and the ``reset`` flag of each prefix-cache stats
+    # kind the output reports.
+    resets: tuple[tuple[bool, bool], ...] = ()
+    reset: Mapping[str, bool] = {}
 
 
 class SessionReleased(NamedTuple):

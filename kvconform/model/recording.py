@@ -44,7 +44,9 @@ from kvconform.model.settings import SettingsRecord
 
 # Raised by one more with every change of what a recording holds or how it is written;
 # a recording of another version is refused, never half read.
-RECORDING_VERSION = 4  # 4: Trajectory.partial (a crash's steps, never judged)
+# 4: Trajectory.partial (a crash's steps, never judged); 5: StepStats.resets and .reset
+# (the prefix-cache stats' reset flags).
+RECORDING_VERSION = 5
 
 
 @dataclass

@@ -27,7 +27,8 @@ In scheduler mode, what ``schedule()`` and ``update_from_output`` make of each s
   tokens as queries and its hit as hits (a resumed one apart; a connector's lookups in
   ``connector_prefix_cache_stats``; the first schedule after a KV load that left the request
   nothing computed is a lookup again, as vLLM's ``schedule()`` makes it);
-  ``spec_decoding_stats`` the step's verifications;
+  ``spec_decoding_stats`` the step's verifications; each kind's ``reset`` flag whether a
+  ``reset_prefix_cache`` since the last output reset that cache;
 * a streaming session keeps its KV between turns and until its input stream closes.
 
 In engine mode, every request ends with its ``max_tokens`` generated
@@ -120,6 +121,17 @@ def _stats(what: StepStats) -> list[str]:
                 f"{kind} {dict(got)}, but the admissions since the last output "
                 f"({', '.join(described) or 'none'}) give {want}"
             )
+    for kind, got_reset in sorted(what.reset.items()):
+        wanted_reset = _reset_wanted(kind, what.resets)
+        if wanted_reset is not None and got_reset != wanted_reset:
+            problems.append(
+                f"{kind}.reset is {got_reset}, but "
+                + (
+                    "a reset_prefix_cache since the last output succeeded"
+                    if wanted_reset
+                    else "no reset_prefix_cache since the last output reset it"
+                )
+            )
     verified, spec = what.verified, what.spec
     if not verified:
         if spec is not None and spec["num_drafts"]:
@@ -144,6 +156,19 @@ def _stats(what: StepStats) -> list[str]:
                 + f": {expected}"
             )
     return problems
+
+
+def _reset_wanted(kind: str, resets: tuple[tuple[bool, bool], ...]) -> bool | None:
+    """Whether an output's ``kind`` of prefix-cache stats must say ``reset``: a
+    ``reset_prefix_cache`` since the last output reset that cache (the flag makes the
+    hit-rate metric drop its window, ``CachingMetrics.observe``). The local cache is reset
+    when the call succeeds, and not when it fails without the connector's; the connector's
+    when a call with ``reset_connector`` succeeds, never by a call without it. None: a
+    failed call with the connector's leaves unknown which of the two refused."""
+    connector = kind != "prefix_cache_stats"
+    if any(with_connector and not done for done, with_connector in resets):
+        return None
+    return any(done and (with_connector or not connector) for done, with_connector in resets)
 
 
 def _spec_decode_metrics(what: SpecDecodeMetrics) -> str | None:

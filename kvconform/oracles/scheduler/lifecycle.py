@@ -68,6 +68,8 @@ class Lifecycle:
         # local hit + loaded tokens).
         self._loads: list[tuple[str, int, int, int]] = []
         self._received: set[str] = set()  # KV loads the next output reports done
+        # reset_prefix_cache calls since the last output: (answer, with the connector's).
+        self._resets: list[tuple[bool, bool]] = []
         # Requests whose KV load left them nothing computed: their first schedule after the
         # load is a fresh lookup (see the class's docstring).
         self._looked_up_again: set[str] = set()
@@ -88,6 +90,11 @@ class Lifecycle:
                     self._fact(self.oracle._current, row.request, PausedAdmission(row.phase))
         # A session's next turn looks nothing up: it resumes on the KV it kept.
         self._admissions += [row for row in rows if row.phase not in ("running", "turn")]
+
+    def reset(self, succeeded: bool, connector: bool) -> None:
+        """``Scheduler.reset_prefix_cache`` answered ``succeeded`` (``connector``: it reset
+        the KV connector's cache too); the next output's stats say whether a reset ran."""
+        self._resets.append((succeeded, connector))
 
     def loaded(self, record: LoadRecord) -> None:
         """An admission that parks a request for its asynchronous KV load: its local hit is
@@ -148,7 +155,8 @@ class Lifecycle:
             # applied (with batches overlapped, the next step's admissions too).
             admissions, self._admissions = tuple(self._admissions), []
             loads, self._loads = tuple(self._loads), []
-            self._record_stats(applied, result, gone, admissions, loads)
+            resets, self._resets = tuple(self._resets), []
+            self._record_stats(applied, result, gone, admissions, loads, resets)
         self.updates += 1
 
     def _note_loads_left_empty(self, received: frozenset[str]) -> None:
@@ -212,6 +220,7 @@ class Lifecycle:
         gone: set[str],
         admissions: Sequence[ScheduledRequest],
         loads: Sequence[tuple[str, int, int, int]],
+        resets: Sequence[tuple[bool, bool]],
     ) -> None:
         """The output's ``SchedulerStats`` and what they are held to (judged by
         ``checks.lifecycle``)."""
@@ -237,6 +246,7 @@ class Lifecycle:
             if block != null
         )
         prefix: dict[str, dict[str, int]] = {}
+        reset: dict[str, bool] = {}
         spec: dict[str, int] | None = None
         usage = 0.0
         if stats is not None:
@@ -246,6 +256,7 @@ class Lifecycle:
                 if kind == "connector_prefix_cache_stats" and found is None:
                     continue  # no KV connector
                 prefix[kind] = {name: int(getattr(found, name, 0)) for name in _PREFIX_STATS}
+                reset[kind] = bool(getattr(found, "reset", False))
             found_spec = stats.spec_decoding_stats
             if found_spec is not None:
                 spec = {
@@ -276,6 +287,8 @@ class Lifecycle:
                     if row.drafts and row.accepted is not None and row.request not in gone
                 ),
                 spec,
+                tuple(resets),
+                reset,
             ),
         )
 

@@ -104,9 +104,10 @@ def _bookkeeping(oracle: OracleState) -> dict[str, frozenset[str]]:
     if ended == oracle.run.finished_at_census:
         return {}
     oracle.run.finished_at_census = ended
-    return oracle.vllm.request_keyed_state(
-        oracle.manager, oracle.scheduler.requests.keys() | oracle.run.finished
-    )
+    ids = oracle.scheduler.requests.keys() | oracle.run.finished
+    found = oracle.vllm.request_keyed_state(oracle.manager, ids)
+    found.update(oracle.api.scheduler_request_state(oracle.scheduler, ids))
+    return found
 
 
 def record_encoder_step(

@@ -338,6 +338,7 @@ class SchedulerOracle:
             reset = self._resets.pop(0)
             self._current = self._step
             done = self.api.reset_prefix_cache(self.scheduler, reset.running, reset.connector)
+            self._lifecycle.reset(done, reset.connector)
             self.run.resets.append(
                 ResetRecord(
                     self._step, reset.running, done, reset.succeeds, reset.line, reset.connector

@@ -22,7 +22,8 @@ new request's prompt synchronously and tells the worker so in the output's
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Collection
 from typing import Any
 
 from kvconform.oracles.vllm.calls import call, quiet_logs
@@ -207,6 +208,42 @@ class Scheduling(SchedulingConfigs):
         manager.pop_blocks_for_free = recording_pop
         scheduler._drain_deferred_frees = recording_drain
         return True
+
+    def scheduler_request_state(
+        self, scheduler: Any, request_ids: Collection[str]
+    ) -> dict[str, frozenset[str]]:
+        """The request ids each per-request structure of the ``Scheduler`` and of the parts
+        it owns holds: every dict, set, list or deque attribute of the scheduler, its
+        encoder cache manager, its structured-output manager and its KV and encoder-cache
+        connectors (scheduler side), keyed by request ids or ``Request`` objects
+        (``requests``, ``finished_req_ids``, ``_pending_encoder_input_ids``,
+        ``_inflight_prefills``, ...) or, for a dict of sets, holding request ids as values
+        (the encoder cache's ``cached``: mm hash -> its requests). Found by their contents,
+        so that a structure a release adds is seen too; the KV-cache manager is left out
+        (:meth:`Managers.request_keyed_state` reads it)."""
+        owners: list[tuple[str, Any]] = [("Scheduler", scheduler)]
+        for attribute in (
+            "encoder_cache_manager",
+            "structured_output_manager",
+            "connector",
+            "ec_connector",
+        ):
+            part = getattr(scheduler, attribute, None)
+            if part is not None and hasattr(part, "__dict__"):
+                owners.append((type(part).__name__, part))
+                # A connector's scheduler side (KVConnectorBase_V1's convention).
+                inner = getattr(part, "connector_scheduler", None)
+                if inner is not None and hasattr(inner, "__dict__"):
+                    owners.append((type(inner).__name__, inner))
+        found: dict[str, frozenset[str]] = {}
+        for label, owner in owners:
+            for attribute, value in vars(owner).items():
+                if attribute == "kv_cache_manager":
+                    continue
+                held = _request_ids_in(value, request_ids)
+                if held:
+                    found[f"{label}.{attribute}"] = held
+        return found
 
     def is_aborted(self, request: Any) -> bool:
         return bool(request.status == self._scheduling.RequestStatus.FINISHED_ABORTED)
@@ -439,3 +476,26 @@ def _encoder_ahead(scheduler: Any, request: Any) -> bool:
         if int(position.offset) + int(position.length) + shift > computed:
             return True
     return False
+
+
+def _request_id(item: Any, request_ids: Collection[str]) -> str | None:
+    """``item``'s request id where it is one of ``request_ids`` or a ``Request`` of one."""
+    if isinstance(item, str):
+        return item if item in request_ids else None
+    rid = getattr(item, "request_id", None)
+    return rid if isinstance(rid, str) and rid in request_ids else None
+
+
+def _request_ids_in(value: Any, request_ids: Collection[str]) -> frozenset[str]:
+    """The request ids a structure holds: its keys or items (ids or ``Request`` objects),
+    and for a dict whose values are sets, the ids in those sets."""
+    if not isinstance(value, dict | set | frozenset | list | deque) or not value:
+        return frozenset()
+    held = {rid for item in value if (rid := _request_id(item, request_ids)) is not None}
+    if isinstance(value, dict):
+        for inner in value.values():
+            if isinstance(inner, set | frozenset):
+                held.update(
+                    rid for item in inner if (rid := _request_id(item, request_ids)) is not None
+                )
+    return frozenset(held)
