@@ -13,32 +13,22 @@ from kvconform.fuzz.search import Budget, SearchStats, run_document, search
 from kvconform.harness.yamlio import load_yaml
 from kvconform.model.results import ErrorKind
 
-# Found by `kvconform explore --seed 0` while shrinking (vLLM 0.34.0: unfinished after
-# max_steps): a Mamba-only model, chunked prefill off, a long-prefill threshold of 1 token.
+# A workload vLLM's scheduler cannot finish within its stated max_steps: 20 tokens to decode
+# in 3 steps. (The explorer met the first such workload while shrinking on vLLM 0.34.0, a
+# configuration vLLM refuses and the loader now refuses too: Mamba prefix caching without
+# chunked prefill.)
 UNFINISHED = """\
 kind: scheduler
 model:
   block_size: 16
-  max_model_len: 48
-  kv_cache_events: true
-  enable_caching: true
+  max_model_len: 64
   num_blocks: 11
-  groups:
-    - mamba
-speculative: {method: dflash, num_speculative_tokens: 1}
+  groups: [full_attention]
 scheduler:
-  mode: overlapped
-  max_num_seqs: 3
-  enable_chunked_prefill: false
-  max_num_batched_tokens: 48
-  long_prefill_token_threshold: 1
-  log_stats: true
-  spec_decode_metrics: none
+  mode: sync
+  max_steps: 3
 requests:
-  a: {prompt_len: 1, max_tokens: 1, accept: none}
-  b: {prompt_len: 1, max_tokens: 1, accept: none}
-  c: {prompt_len: 17, max_tokens: 1, accept: none, mm_inputs: [{offset: 0, length: 1, id: c-0}]}
-
+  a: {prompt_len: 16, max_tokens: 20}
 """
 
 

@@ -82,7 +82,8 @@ def workload(scenarios: Sequence[Scenario], vllm: Vllm) -> Workload:
             )
             continue
         result = run_scenario(scenario, vllm, checks=())
-        if result.trajectory is None:
+        # A crash keeps its partial trajectory (Trajectory.partial): not a whole walk either.
+        if result.trajectory is None or result.trajectory.partial:
             excluded[scenario.id] = f"ends in an error: {result.error}"
             continue
         chosen.append(scenario)

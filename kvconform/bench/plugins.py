@@ -85,7 +85,7 @@ def kinds(scenarios: Sequence[Scenario], vllm: Vllm, rounds: int) -> dict[str, F
     for kind in passes:
         steps = _steps(results[kind])
         seconds = timings.median_wall(kind)
-        errors = sum(1 for r in results[kind] if r.trajectory is None)
+        errors = sum(1 for r in results[kind] if r.trajectory is None or r.trajectory.partial)
         # A kind without steps (startup: vLLM's planning, judged once) is timed per scenario.
         value, unit = (
             (1e6 * seconds / steps, "us/step")

@@ -21,6 +21,7 @@ from functools import cached_property
 from types import SimpleNamespace
 from typing import Any
 
+from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.scenario import ModelSpec, SchedulerSpec
 from kvconform.oracles.vllm.base import environment_variable
 from kvconform.oracles.vllm.calls import accepts_keyword, call, quiet_logs
@@ -278,7 +279,10 @@ class SchedulingConfigs:
         the rule itself."""
         if speculative is None:
             return False
-        if not any(group.type == "chunked_local" for group in model.groups):
+        if not any(
+            GROUP_TYPES[group.type].vllm_class == "ChunkedLocalAttentionSpec"
+            for group in model.groups
+        ):
             return False
         uses = getattr(speculative, "uses_target_hidden_states", None)
         if uses is None:
