@@ -552,3 +552,46 @@ def test_a_block_back_from_the_pool_at_another_column_is_zeroed(vllm):
     # Step 1 nulls column 0 and holds its old block at a later column, on the list.
     assert second[0] == null and first[0] in second[1:]
     assert first[0] in lists[1].listed
+
+
+def test_a_loads_block_outside_the_window_is_zeroed(vllm):
+    """An asynchronous load's block that holds only positions the next token does not read
+    (a 1-token sliding window) is not the load's to write: vLLM's
+    ``allocate_external_computed_blocks`` counts those tokens out and the block comes from
+    ``allocate_new_blocks``, on the zeroing list, rightly. Sanity held every new block of a
+    loading request valid and blamed vLLM (explore seed 0 on 0.34.0). The full-attention
+    group's blocks under the loaded tokens stay off the list, and sanity still holds them
+    valid."""
+    from kvconform.harness.checks.records import facts_of
+    from kvconform.model.facts import StepZeroingList
+    from kvconform.model.zeroing import load_keeps_valid_kv
+
+    (scenario,) = load_file(SCENARIOS / "sched-remote-load-window-skipped-block-zeroed.yaml")
+    result = runner.run_scenario(scenario, vllm)
+    assert result.verdict is Verdict.PASSED, result.headline()
+    assert result.trajectory is not None
+    first = next(fact.what for _, fact in facts_of(result.trajectory, StepZeroingList))
+    assert first.loading == {"a", "b"}
+    full, window, _ = first.tables["b"]
+    # b (1 token loaded): its window block is on the list, its full-attention block is not.
+    assert window[0] in first.listed and full[0] not in first.listed
+    assert first.valid_end == {"a": 16, "b": 1}
+    assert not load_keeps_valid_kv(0, 16, 1, ("window", 1))
+    assert load_keeps_valid_kv(0, 16, 1, None)
+
+
+@pytest.mark.slow
+def test_zeroing_a_loads_state_block_still_fails(tmp_path, pristine_tree):
+    """The narrower rule still catches a vLLM that zeroes what a load writes: with
+    ``skip_zeroing_group_ids`` ignored, the loads' full-attention blocks go on the list."""
+    from vllm_copy import run_kvconform, tree_with_replacement
+
+    tree = tree_with_replacement(
+        pristine_tree, tmp_path / "tree", "v1/core/kv_cache_coordinator.py",
+        "record_for_zeroing=i not in skip_zeroing_group_ids,", "record_for_zeroing=True,",
+    )  # fmt: skip
+    path = SCENARIOS / "sched-remote-load-window-skipped-block-zeroed.yaml"
+    done = run_kvconform("run", path, "--vllm-src", tree, "--report-dir", tmp_path / "r",
+                         cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "hold KV that is valid before the step" in done.stdout, done.stdout

@@ -9,7 +9,9 @@ records (:class:`~kvconform.model.facts.ZeroingList`), and in scheduler mode to 
 :class:`~kvconform.model.facts.StepZeroingList`): there a block a request held at the
 last ``schedule()`` and holds still at the same column has its KV written (one that moved
 column was freed and handed out again: new), and a new block is valid only
-under the tokens computed before the step or an asynchronous load it begins.
+under the tokens computed before the step or, for an asynchronous load it begins, under the
+loaded tokens the model reads again (:func:`kvconform.model.zeroing.load_keeps_valid_kv`: a
+windowed group never reads what lies before the next token's window).
 
 Which groups must zero is derived from the specs, not taken from vLLM's
 ``records_new_block_ids`` (:func:`kvconform.model.contract.zeroing_groups`): a group that
@@ -26,7 +28,7 @@ from kvconform.model.contract import ZEROING_REASON, zeroing_groups
 from kvconform.model.facts import Fact, StepZeroingList, ZeroingGroups, ZeroingList
 from kvconform.model.observations import NOT_ZEROED, ZEROES_VALID_KV, Trajectory
 from kvconform.model.results import Failure
-from kvconform.model.zeroing import judge_zeroing
+from kvconform.model.zeroing import judge_zeroing, load_keeps_valid_kv
 
 
 def _step_list(
@@ -70,13 +72,19 @@ def _step_list(
         for group in what.groups:
             size = what.block_sizes[group]
 
+            span = trajectory.groups[group].read_span
+
             def holds_valid_kv(column: int, block: int, size: int = size) -> bool:
-                return loading or column * size < valid_end  # noqa: B023 - called at once
+                if loading:  # noqa: B023 - called at once
+                    return load_keeps_valid_kv(column, size, valid_end, span)  # noqa: B023
+                return column * size < valid_end  # noqa: B023 - called at once
 
             missing, wrong = judge_zeroing(
                 table[group], before[group], listed, null, holds_valid_kv
             )
-            unzeroed += missing
+            # A load's block outside what it keeps valid (a windowed group's skipped
+            # positions, lookahead) may be zeroed; whether it must is not judged here.
+            unzeroed += [] if loading else missing
             wiped += wrong
         if unzeroed:
             yield fact_failure(

@@ -42,6 +42,10 @@ def record_zeroing(
         for row in rows
         if row.phase != "running"
     }
+    # A request beginning an asynchronous load counts its loaded tokens as computed: they
+    # are valid once the load lands, which the worker's zeroing must not race.
+    for rid in loading_now:
+        valid_end[rid] = int(oracle.scheduler.requests[rid].num_computed_tokens)
     groups = oracle.scenario.model.groups
     oracle.run.zeroing.append(
         StepFact(
