@@ -595,3 +595,24 @@ def test_zeroing_a_loads_state_block_still_fails(tmp_path, pristine_tree):
                          cwd=tmp_path)  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
     assert "hold KV that is valid before the step" in done.stdout, done.stdout
+
+
+def test_a_loads_local_hit_is_the_one_shown_the_connector(vllm):
+    """On a model of chunked local attention only, a remote prefill's local hit is null
+    columns (``find_longest_cache_hit`` returns the chunks before the token's as null,
+    cached or not), which vLLM's prefix-cache stats count as hits. The recording took a
+    load's local hit from the cached blocks of group 0 and expected none (explore seed 0
+    on 0.34.0); it now takes the hit the scheduler shows the connector."""
+    from kvconform.harness.checks.records import facts_of
+    from kvconform.model.facts import StepStats
+
+    (scenario,) = load_file(SCENARIOS / "sched-remote-prefill-chunked-local-stats-null-hit.yaml")
+    result = runner.run_scenario(scenario, vllm)
+    assert result.verdict is Verdict.PASSED, result.headline()
+    assert result.trajectory is not None
+    loads = [load for _, fact in facts_of(result.trajectory, StepStats) for load in fact.what.loads]
+    # f: 17 prompt tokens, a local hit of 16 (one chunk of null columns), 17 once loaded.
+    assert loads == [("f", 17, 16, 17)]
+    (stats,) = [fact.what for _, fact in facts_of(result.trajectory, StepStats) if fact.what.loads]
+    assert stats.prefix["prefix_cache_stats"]["hits"] == 16
+    assert stats.prefix["connector_prefix_cache_stats"]["hits"] == 1

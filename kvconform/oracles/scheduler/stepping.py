@@ -81,6 +81,7 @@ class SchedulerOracle:
         self.config, self.scheduler = built.config, built.scheduler
         block_size, hash_block_size = built.block_size, built.hash_block_size
         self.manager = self.scheduler.kv_cache_manager
+        self.connector_hits = api.watch_connector_lookups(self.scheduler)
         self.run = SchedulerRun(
             scheduler_class=type(self.scheduler).__name__,
             mode=self.limits.mode,
