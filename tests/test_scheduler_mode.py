@@ -616,3 +616,28 @@ def test_a_loads_local_hit_is_the_one_shown_the_connector(vllm):
     (stats,) = [fact.what for _, fact in facts_of(result.trajectory, StepStats) if fact.what.loads]
     assert stats.prefix["prefix_cache_stats"]["hits"] == 16
     assert stats.prefix["connector_prefix_cache_stats"]["hits"] == 1
+
+
+def test_a_block_back_at_its_column_after_a_failed_load_is_zeroed(vllm):
+    """A load that fails as a whole (``kv_load_failure_policy: recompute``) frees the
+    request's blocks and allocates anew; a block landing at the column it held is new
+    there, on the zeroing list, rightly. Sanity took it for one whose KV is kept (explore
+    seed 0 on 0.34.0); the oracle now records the requests freed since the last list."""
+    from kvconform.harness.checks.records import facts_of
+    from kvconform.model.facts import StepZeroingList
+
+    (scenario,) = load_file(SCENARIOS / "sched-remote-load-failed-same-block-zeroed.yaml")
+    result = runner.run_scenario(scenario, vllm)
+    assert result.verdict is Verdict.PASSED, result.headline()
+    assert result.trajectory is not None
+    lists = [fact.what for _, fact in facts_of(result.trajectory, StepZeroingList)]
+    first = lists[0]
+    # The list of the step that allocates c again (its finish later frees it once more).
+    (again,) = [what for what in lists if "c" in what.freed and "c" in what.tables]
+    same = [
+        block
+        for group in again.groups
+        for block, was in zip(again.tables["c"][group], first.tables["c"][group], strict=False)
+        if block == was
+    ]
+    assert same and set(same) <= again.listed

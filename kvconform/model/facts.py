@@ -243,6 +243,9 @@ class StepZeroingList(NamedTuple):
     loading: frozenset[str]
     valid_end: Mapping[str, int]
     listed: frozenset[int]
+    # Requests whose blocks vLLM freed since the last list (a preemption, a KV load failed
+    # as a whole): a block at the same column as then was handed out again, not kept.
+    freed: frozenset[str] = frozenset()
 
 
 class MmInput(NamedTuple):

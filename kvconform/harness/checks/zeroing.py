@@ -41,6 +41,9 @@ def _step_list(
     what = fact.what
     assert isinstance(what, StepZeroingList)
     null = trajectory.null_block
+    # A request freed since the last list (preempted, its load failed as a whole) holds
+    # what it holds anew, even a block that lands at the column it had.
+    previous = {rid: tables for rid, tables in previous.items() if rid not in what.freed}
     listed = set(what.listed)
     # A block a request held at the last step and holds still, at the same column, has KV
     # written by then: on the list, the worker wipes it (a load that completed, a computed

@@ -27,6 +27,7 @@ def record_zeroing(
     precision; #35219), with every request's tables and the tokens valid before the
     step (judged by ``checks.zeroing``)."""
     recording = oracle._zeroed_groups
+    freed, oracle.freed_since_zeroing = frozenset(oracle.freed_since_zeroing), set()
     if recording is None:
         return
     held = {
@@ -59,6 +60,7 @@ def record_zeroing(
                 frozenset(loading_now),
                 valid_end,
                 frozenset(oracle.vllm.step_blocks_to_zero(output)),
+                freed,
             ),
         )
     )

@@ -141,6 +141,8 @@ class SchedulerOracle:
         }
         self._started: set[str] = set()  # scheduled at least once
         self._restart: set[str] = set()  # preempted, not scheduled since
+        # Requests whose blocks vLLM freed since the last schedule()'s zeroing list.
+        self.freed_since_zeroing: set[str] = set()
         self._remote = {name for name, req in scenario.requests.items() if req.remote_prefill}
         self._loading: dict[str, int] = {}  # KV loads in flight: steps until received
         self._loaded: set[str] = set()  # began loading remote KV, not scheduled since
@@ -195,6 +197,7 @@ class SchedulerOracle:
                 self._lifecycle.ended(request)
             else:
                 self._restart.add(rid)
+            self.freed_since_zeroing.add(rid)
             self._record_release(rid, kind, before, vllm.free_block_count(manager))
             self._sessions.released(rid, self._current, kind)
             run.events.append(
