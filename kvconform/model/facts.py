@@ -244,7 +244,7 @@ class StepZeroingList(NamedTuple):
     valid_end: Mapping[str, int]
     listed: frozenset[int]
     # Requests whose blocks vLLM freed since the last list (a preemption, a KV load failed
-    # as a whole): a block at the same column as then was handed out again, not kept.
+    # as a whole): a block at the same column as then is not known to be kept.
     freed: frozenset[str] = frozenset()
 
 

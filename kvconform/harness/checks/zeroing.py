@@ -35,22 +35,24 @@ def _step_list(
     trajectory: Trajectory,
     fact: Fact,
     previous: dict[str, tuple[tuple[int, ...], ...]],
+    refilled: dict[str, tuple[tuple[int, ...], ...]],
 ) -> Iterator[Failure]:
     """A ``schedule()`` call's zeroing list against every request's tables then and at
     the last call (``previous``)."""
     what = fact.what
     assert isinstance(what, StepZeroingList)
     null = trajectory.null_block
-    # A request freed since the last list (preempted, its load failed as a whole) holds
-    # what it holds anew, even a block that lands at the column it had.
-    previous = {rid: tables for rid, tables in previous.items() if rid not in what.freed}
     listed = set(what.listed)
     # A block a request held at the last step and holds still, at the same column, has KV
     # written by then: on the list, the worker wipes it (a load that completed, a computed
     # prefix). At another column it is new: vLLM freed it (a sliding window's block that
     # left the window, remove_skipped_blocks, nulls its column) and handed it out again.
     for rid, table in sorted(what.tables.items()):
-        if rid not in previous:
+        # A request freed since the last list (preempted, its load failed as a whole) may
+        # get a block back at the column it had: its own KV adopted as a prefix hit (a
+        # bounded replay's range included), or one handed out anew, which vLLM zeroes.
+        # Which, the tables do not tell: such a block is not judged either way.
+        if rid not in previous or rid in refilled:
             continue
         kept = sorted(
             block
@@ -71,7 +73,7 @@ def _step_list(
         wiped: list[int] = []
         loading = rid in what.loading
         valid_end = what.valid_end.get(rid, 0)
-        before = previous.get(rid, ((),) * len(table))
+        before = refilled.get(rid) or previous.get(rid, ((),) * len(table))
         for group in what.groups:
             size = what.block_sizes[group]
 
@@ -129,6 +131,10 @@ def judge(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
     null = trajectory.null_block
     # Scheduler mode: each request's tables at the last schedule() call.
     previous: dict[str, tuple[tuple[int, ...], ...]] = {}
+    # Requests freed since they last held blocks, with the tables they held then: their
+    # next allocation's blocks at those columns are not judged (see _step_list).
+    held: dict[str, tuple[tuple[int, ...], ...]] = {}
+    refilled: dict[str, tuple[tuple[int, ...], ...]] = {}
     for index, fact in facts_of(trajectory, ZeroingList, StepZeroingList, ZeroingGroups):
         what = fact.what
         if isinstance(what, ZeroingGroups):
@@ -136,9 +142,16 @@ def judge(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
                 yield index, failure
             continue
         if isinstance(what, StepZeroingList):
-            for failure in _step_list(trajectory, fact, previous):
+            for rid in what.freed:
+                if rid in held:
+                    refilled[rid] = held.pop(rid)
+            for failure in _step_list(trajectory, fact, previous, refilled):
                 yield index, failure
             previous = dict(what.tables)
+            for rid, tables in what.tables.items():
+                if any(tables):
+                    held[rid] = tables
+                    refilled.pop(rid, None)
             continue
         assert isinstance(what, ZeroingList)
         cached, listed = set(what.hit), set(what.listed)
