@@ -472,7 +472,9 @@ def test_sanity_mamba_align_state_blocks_are_never_shared_even_with_prefix_cachi
     # b reads a's cached state 3 (shared, fine) but writes into a's state block 5.
     reads = mamba_align_trajectory(obs(ids=[0, 3, 4, 5, 6]), obs(ids=[0, 3, 7, 8, 9], request="b"))
     assert list(CHECKS["sanity"].find(reads)) == []
-    writes = mamba_align_trajectory(obs(ids=[0, 3, 4, 5, 6]), obs(ids=[0, 0, 7, 8, 5], request="b"))
+    writes = mamba_align_trajectory(
+        obs(ids=[0, 3, 4, 5, 6]), obs(1, ids=[0, 0, 7, 8, 5], request="b")
+    )
     (failure,) = CHECKS["sanity"].find(writes)
     assert failure.request == "b"
     assert "state block 5" in failure.message and "live request a" in failure.message
@@ -482,6 +484,26 @@ def test_sanity_mamba_align_state_blocks_are_never_shared_even_with_prefix_cachi
     )
     freed.events.append(FreeEvent(1, 1, 11, "a", "finish", ([3, 4, 5, 6],), 90, 94, ([],)))
     assert list(CHECKS["sanity"].find(freed)) == []
+
+
+def test_sanity_mamba_align_state_freed_and_taken_in_one_step_is_not_shared():
+    # Within one schedule() vLLM allocates for running a (nulling column 1, block 3) before
+    # it admits b, which may take block 3; the scheduler oracle records b's row first.
+    handed = mamba_align_trajectory(
+        obs(ids=[0, 3, 4, 5, 6]),
+        obs(1, ids=[9, 10, 3], request="b"),
+        obs(1, ids=[0, 0, 4, 5, 6, 7]),
+    )
+    assert list(CHECKS["sanity"].find(handed)) == []
+    # a still holding block 3 after the step: shared, whatever the order of the rows.
+    kept = mamba_align_trajectory(
+        obs(ids=[0, 3, 4, 5, 6]),
+        obs(1, ids=[9, 10, 3], request="b"),
+        obs(1, ids=[0, 3, 4, 5, 6]),
+    )
+    (failure,) = CHECKS["sanity"].find(kept)
+    assert failure.detail == {"invariant": "mamba align shared state"}
+    assert failure.request == "b" and "state block 3" in failure.message
 
 
 def test_sanity_mamba_align_holds_at_most_its_states_checkpoint_and_one_copy():

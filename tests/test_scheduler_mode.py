@@ -552,3 +552,92 @@ def test_a_block_back_from_the_pool_at_another_column_is_zeroed(vllm):
     # Step 1 nulls column 0 and holds its old block at a later column, on the list.
     assert second[0] == null and first[0] in second[1:]
     assert first[0] in lists[1].listed
+
+
+def test_a_loads_block_outside_the_window_is_zeroed(vllm):
+    """An asynchronous load's block that holds only positions the next token does not read
+    (a 1-token sliding window) is not the load's to write: vLLM's
+    ``allocate_external_computed_blocks`` counts those tokens out and the block comes from
+    ``allocate_new_blocks``, on the zeroing list, rightly. Sanity held every new block of a
+    loading request valid and blamed vLLM (explore seed 0 on 0.34.0). The full-attention
+    group's blocks under the loaded tokens stay off the list, and sanity still holds them
+    valid."""
+    from kvconform.harness.checks.records import facts_of
+    from kvconform.model.facts import StepZeroingList
+    from kvconform.model.zeroing import load_keeps_valid_kv
+
+    (scenario,) = load_file(SCENARIOS / "sched-remote-load-window-skipped-block-zeroed.yaml")
+    result = runner.run_scenario(scenario, vllm)
+    assert result.verdict is Verdict.PASSED, result.headline()
+    assert result.trajectory is not None
+    first = next(fact.what for _, fact in facts_of(result.trajectory, StepZeroingList))
+    assert first.loading == {"a", "b"}
+    full, window, _ = first.tables["b"]
+    # b (1 token loaded): its window block is on the list, its full-attention block is not.
+    assert window[0] in first.listed and full[0] not in first.listed
+    assert first.valid_end == {"a": 16, "b": 1}
+    assert not load_keeps_valid_kv(0, 16, 1, ("window", 1))
+    assert load_keeps_valid_kv(0, 16, 1, None)
+
+
+@pytest.mark.slow
+def test_zeroing_a_loads_state_block_still_fails(tmp_path, pristine_tree):
+    """The narrower rule still catches a vLLM that zeroes what a load writes: with
+    ``skip_zeroing_group_ids`` ignored, the loads' full-attention blocks go on the list."""
+    from vllm_copy import run_kvconform, tree_with_replacement
+
+    tree = tree_with_replacement(
+        pristine_tree, tmp_path / "tree", "v1/core/kv_cache_coordinator.py",
+        "record_for_zeroing=i not in skip_zeroing_group_ids,", "record_for_zeroing=True,",
+    )  # fmt: skip
+    path = SCENARIOS / "sched-remote-load-window-skipped-block-zeroed.yaml"
+    done = run_kvconform("run", path, "--vllm-src", tree, "--report-dir", tmp_path / "r",
+                         cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "hold KV that is valid before the step" in done.stdout, done.stdout
+
+
+def test_a_loads_local_hit_is_the_one_shown_the_connector(vllm):
+    """On a model of chunked local attention only, a remote prefill's local hit is null
+    columns (``find_longest_cache_hit`` returns the chunks before the token's as null,
+    cached or not), which vLLM's prefix-cache stats count as hits. The recording took a
+    load's local hit from the cached blocks of group 0 and expected none (explore seed 0
+    on 0.34.0); it now takes the hit the scheduler shows the connector."""
+    from kvconform.harness.checks.records import facts_of
+    from kvconform.model.facts import StepStats
+
+    (scenario,) = load_file(SCENARIOS / "sched-remote-prefill-chunked-local-stats-null-hit.yaml")
+    result = runner.run_scenario(scenario, vllm)
+    assert result.verdict is Verdict.PASSED, result.headline()
+    assert result.trajectory is not None
+    loads = [load for _, fact in facts_of(result.trajectory, StepStats) for load in fact.what.loads]
+    # f: 17 prompt tokens, a local hit of 16 (one chunk of null columns), 17 once loaded.
+    assert loads == [("f", 17, 16, 17)]
+    (stats,) = [fact.what for _, fact in facts_of(result.trajectory, StepStats) if fact.what.loads]
+    assert stats.prefix["prefix_cache_stats"]["hits"] == 16
+    assert stats.prefix["connector_prefix_cache_stats"]["hits"] == 1
+
+
+def test_a_block_back_at_its_column_after_a_failed_load_is_zeroed(vllm):
+    """A load that fails as a whole (``kv_load_failure_policy: recompute``) frees the
+    request's blocks and allocates anew; a block landing at the column it held is new
+    there, on the zeroing list, rightly. Sanity took it for one whose KV is kept (explore
+    seed 0 on 0.34.0); the oracle now records the requests freed since the last list."""
+    from kvconform.harness.checks.records import facts_of
+    from kvconform.model.facts import StepZeroingList
+
+    (scenario,) = load_file(SCENARIOS / "sched-remote-load-failed-same-block-zeroed.yaml")
+    result = runner.run_scenario(scenario, vllm)
+    assert result.verdict is Verdict.PASSED, result.headline()
+    assert result.trajectory is not None
+    lists = [fact.what for _, fact in facts_of(result.trajectory, StepZeroingList)]
+    first = lists[0]
+    # The list of the step that allocates c again (its finish later frees it once more).
+    (again,) = [what for what in lists if "c" in what.freed and "c" in what.tables]
+    same = [
+        block
+        for group in again.groups
+        for block, was in zip(again.tables["c"][group], first.tables["c"][group], strict=False)
+        if block == was
+    ]
+    assert same and set(same) <= again.listed

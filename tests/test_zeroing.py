@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvconform.model.zeroing import judge_zeroing
+from kvconform.model.zeroing import judge_zeroing, load_keeps_valid_kv
 
 NULL = 0
 
@@ -49,3 +49,25 @@ def test_a_block_that_moved_column_is_new() -> None:
     assert judge_zeroing(
         table, before=[1, 2], listed=set(), null_block=NULL, holds_valid_kv=lambda i, b: False
     ) == ([1], [])
+
+
+def test_a_load_keeps_valid_only_what_the_model_reads() -> None:
+    # Full attention: every column under the loaded tokens (17: columns 0-1) is the load's.
+    assert [load_keeps_valid_kv(c, 16, 17, None) for c in range(3)] == [True, True, False]
+    # A 1-token window: the next token (position 17) reads only itself, so nothing loaded is
+    # read, and vLLM zeroes the block under the loaded tokens (allocate_new_blocks).
+    assert [load_keeps_valid_kv(c, 16, 17, ("window", 1)) for c in range(3)] == [False] * 3
+    # A 4-token window reads positions 14-16: columns 0 (14, 15) and 1 (16).
+    assert [load_keeps_valid_kv(c, 16, 17, ("window", 4)) for c in range(3)] == [
+        True,
+        True,
+        False,
+    ]
+    assert [load_keeps_valid_kv(c, 16, 16, ("window", 4)) for c in range(2)] == [True, False]
+    # A local chunk of 16: position 17 reads from 16 on (column 1); at 16, nothing loaded.
+    assert [load_keeps_valid_kv(c, 16, 17, ("chunk", 16)) for c in range(3)] == [
+        False,
+        True,
+        False,
+    ]
+    assert [load_keeps_valid_kv(c, 16, 16, ("chunk", 16)) for c in range(2)] == [False, False]

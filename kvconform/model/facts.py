@@ -233,7 +233,8 @@ class StepZeroingList(NamedTuple):
     """A ``schedule()`` call's zeroing list (``new_block_ids_to_zero``) with every
     request's tables after it, the requests it judges (scheduled or beginning a load),
     those beginning an asynchronous load, and per admitted request the tokens valid before
-    the step (computed, less what a synchronous load writes in it)."""
+    the step (computed, less what a synchronous load writes in it; for a request beginning
+    an asynchronous load, computed with what the load writes)."""
 
     groups: tuple[int, ...]
     block_sizes: tuple[int, ...]
@@ -242,6 +243,9 @@ class StepZeroingList(NamedTuple):
     loading: frozenset[str]
     valid_end: Mapping[str, int]
     listed: frozenset[int]
+    # Requests whose blocks vLLM freed since the last list (a preemption, a KV load failed
+    # as a whole): a block at the same column as then is not known to be kept.
+    freed: frozenset[str] = frozenset()
 
 
 class MmInput(NamedTuple):

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 
+from kvconform.model.floors import first_position_read
+
 
 def judge_zeroing(
     table: Sequence[int],
@@ -41,3 +43,23 @@ def judge_zeroing(
         elif not valid and block not in listed:
             unzeroed.append(block)
     return unzeroed, wiped
+
+
+def load_keeps_valid_kv(
+    column: int, block_size: int, loaded_end: int, read_span: tuple[str, int] | None
+) -> bool:
+    """Whether the block at ``column`` holds KV an asynchronous load writes that the model
+    then reads, for a request whose tokens up to ``loaded_end`` are computed or loaded.
+
+    A windowed group (``read_span``: a sliding window, a local chunk) reads from the first
+    position the next token (``loaded_end``) attends to; KV before it is never read, and
+    vLLM loads none of it: ``allocate_external_computed_blocks`` counts the skipped tokens
+    out (``get_num_skipped_tokens``), and the block a column of only skipped or future
+    positions gets comes from ``allocate_new_blocks``, which hands it to the worker to zero.
+    """
+    start = 0 if read_span is None else first_position_read(*read_span, loaded_end)
+    return (
+        start < loaded_end
+        and column * block_size < loaded_end
+        and ((column + 1) * block_size > start)
+    )

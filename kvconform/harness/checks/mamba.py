@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from kvconform.harness.checks.records import failure_at
 from kvconform.model.floors import MAMBA_ALIGNED_STATE
-from kvconform.model.observations import Trajectory
+from kvconform.model.observations import Observation, Trajectory
 from kvconform.model.parties import Party
 from kvconform.model.results import Failure
 
@@ -61,6 +61,61 @@ def _mamba_align_rewritten_column(
     return None
 
 
+def _state_problem(
+    obs: Observation,
+    before: list[int] | None,
+    tables: dict[str, dict[int, list[int]]],
+    align: dict[int, tuple[int, int]],
+    null: int,
+    shared_reported: set[int],
+) -> tuple[str, str] | None:
+    """What is wrong with where one row's Mamba "align" state lives (:func:`state_blocks`),
+    given every live request's tables after the row's step. A shared block is reported
+    once (``shared_reported``), by the first row of the two that holds it."""
+    shape = align.get(obs.group)
+    if shape is None or obs.block_ids is None:
+        return None
+    ids = list(obs.block_ids)
+    speculative, checkpoint = shape
+    state_columns = 1 + speculative
+    tail = ids[-state_columns:] if len(ids) >= state_columns else ids
+    problem = _mamba_align_rewritten_column(before, ids, null)
+    if problem is None and (len(ids) < state_columns or null in tail):
+        column = len(ids) - state_columns + (tail.index(null) if null in tail else 0)
+        problem = (
+            "null state",
+            f"column {column} of the last {state_columns} (the running state and "
+            f"{speculative} speculative state blocks the kernel writes) is the null block "
+            f"(table {ids})",
+        )
+    elif problem is None:
+        for other, other_tables in tables.items():
+            if other == obs.request:
+                continue
+            shared = sorted(
+                ({b for t in other_tables.values() for b in t} & set(tail)) - shared_reported
+            )
+            if shared:
+                shared_reported.add(shared[0])
+                problem = (
+                    "shared state",
+                    f"the state block {shared[0]} it writes is also in the table of "
+                    f"live request {other}",
+                )
+                break
+    if problem is None:
+        real = len({b for b in ids if b != null})
+        bound = 2 + speculative + checkpoint + 1
+        if real > bound:
+            problem = (
+                "state blocks held",
+                f"holds {real} real blocks, more than the {bound} a Mamba align request "
+                f"ever needs (2 states + {speculative} speculative + {checkpoint} checkpoint "
+                "+ 1 copy-on-write tail): an older state was not nulled",
+            )
+    return problem
+
+
 def state_blocks(trajectory: Trajectory) -> Iterator[Failure]:
     """Where a Mamba "align" request's state lives, after every allocation.
 
@@ -76,7 +131,8 @@ def state_blocks(trajectory: Trajectory) -> Iterator[Failure]:
     ones, the checkpoint column): what ``MambaSpec.max_memory_usage_bytes`` sizes
     the pool for in align mode. Between two allocations a live request's table only
     grows or nulls columns (``_mamba_align_rewritten_column``). Only the live party's
-    tables are read.
+    tables are read; the rows of one step are applied together before they are judged
+    (a state block a running request nulls may go to a request admitted in that step).
     """
     align = _mamba_align_groups(trajectory)
     if not align:
@@ -84,66 +140,49 @@ def state_blocks(trajectory: Trajectory) -> Iterator[Failure]:
     null = trajectory.null_block
     tables: dict[str, dict[int, list[int]]] = {}
     reported: set[tuple[str, int, str]] = set()
+    shared_reported: set[int] = set()
+    observations = trajectory.observations
     events = list(trajectory.events)
     next_event = 0
-    for seq, obs in enumerate(trajectory.observations):
-        while next_event < len(events) and events[next_event].seq <= seq:
+    index = 0
+    while index < len(observations):
+        while next_event < len(events) and events[next_event].seq <= index:
             tables.pop(events[next_event].request, None)
             next_event += 1
-        ids = list(obs.block_ids or ())
-        before = tables.get(obs.request, {}).get(obs.group)
-        tables.setdefault(obs.request, {})[obs.group] = ids
-        shape = align.get(obs.group)
-        if shape is None or obs.block_ids is None:
-            continue
-        speculative, checkpoint = shape
-        state_columns = 1 + speculative
-        tail = ids[-state_columns:] if len(ids) >= state_columns else ids
-        problem = _mamba_align_rewritten_column(before, ids, null)
-        if problem is None and (len(ids) < state_columns or null in tail):
-            column = len(ids) - state_columns + (tail.index(null) if null in tail else 0)
-            problem = (
-                "null state",
-                f"column {column} of the last {state_columns} (the running state and "
-                f"{speculative} speculative state blocks the kernel writes) is the null block "
-                f"(table {ids})",
+        # The rows of one step, applied together before they are judged: within one
+        # schedule() vLLM allocates for the running requests before it admits waiting
+        # ones, so a state block a running request nulls may go to a new request in the
+        # same step, while the scheduler oracle records the new requests' rows first
+        # (as for "puts one block in two groups' tables", checks/sanity.py).
+        call = [observations[index]]
+        index += 1
+        while (
+            index < len(observations)
+            and observations[index].step == call[0].step
+            and not (next_event < len(events) and events[next_event].seq <= index)
+        ):
+            call.append(observations[index])
+            index += 1
+        befores = []
+        for obs in call:
+            befores.append(tables.get(obs.request, {}).get(obs.group))
+            tables.setdefault(obs.request, {})[obs.group] = list(obs.block_ids or ())
+        for obs, before in zip(call, befores, strict=True):
+            problem = _state_problem(obs, before, tables, align, null, shared_reported)
+            if problem is None:
+                continue
+            key = (obs.request, obs.group, problem[0])
+            if key in reported:
+                continue
+            reported.add(key)
+            yield failure_at(
+                "sanity",
+                trajectory,
+                obs,
+                problem[1],
+                {"invariant": f"mamba align {problem[0]}"},
+                Party.LIVE,
             )
-        elif problem is None:
-            for other, other_tables in tables.items():
-                if other == obs.request:
-                    continue
-                shared = sorted({b for t in other_tables.values() for b in t} & set(tail))
-                if shared:
-                    problem = (
-                        "shared state",
-                        f"the state block {shared[0]} it writes is also in the table of "
-                        f"live request {other}",
-                    )
-                    break
-        if problem is None:
-            real = len({b for b in ids if b != null})
-            bound = 2 + speculative + checkpoint + 1
-            if real > bound:
-                problem = (
-                    "state blocks held",
-                    f"holds {real} real blocks, more than the {bound} a Mamba align request "
-                    f"ever needs (2 states + {speculative} speculative + {checkpoint} checkpoint "
-                    "+ 1 copy-on-write tail): an older state was not nulled",
-                )
-        if problem is None:
-            continue
-        key = (obs.request, obs.group, problem[0])
-        if key in reported:
-            continue
-        reported.add(key)
-        yield failure_at(
-            "sanity",
-            trajectory,
-            obs,
-            problem[1],
-            {"invariant": f"mamba align {problem[0]}"},
-            Party.LIVE,
-        )
 
 
 def chunk_columns(trajectory: Trajectory) -> Iterator[Failure]:

@@ -9,7 +9,9 @@ records (:class:`~kvconform.model.facts.ZeroingList`), and in scheduler mode to 
 :class:`~kvconform.model.facts.StepZeroingList`): there a block a request held at the
 last ``schedule()`` and holds still at the same column has its KV written (one that moved
 column was freed and handed out again: new), and a new block is valid only
-under the tokens computed before the step or an asynchronous load it begins.
+under the tokens computed before the step or, for an asynchronous load it begins, under the
+loaded tokens the model reads again (:func:`kvconform.model.zeroing.load_keeps_valid_kv`: a
+windowed group never reads what lies before the next token's window).
 
 Which groups must zero is derived from the specs, not taken from vLLM's
 ``records_new_block_ids`` (:func:`kvconform.model.contract.zeroing_groups`): a group that
@@ -26,13 +28,14 @@ from kvconform.model.contract import ZEROING_REASON, zeroing_groups
 from kvconform.model.facts import Fact, StepZeroingList, ZeroingGroups, ZeroingList
 from kvconform.model.observations import NOT_ZEROED, ZEROES_VALID_KV, Trajectory
 from kvconform.model.results import Failure
-from kvconform.model.zeroing import judge_zeroing
+from kvconform.model.zeroing import judge_zeroing, load_keeps_valid_kv
 
 
 def _step_list(
     trajectory: Trajectory,
     fact: Fact,
     previous: dict[str, tuple[tuple[int, ...], ...]],
+    refilled: dict[str, tuple[tuple[int, ...], ...]],
 ) -> Iterator[Failure]:
     """A ``schedule()`` call's zeroing list against every request's tables then and at
     the last call (``previous``)."""
@@ -45,7 +48,11 @@ def _step_list(
     # prefix). At another column it is new: vLLM freed it (a sliding window's block that
     # left the window, remove_skipped_blocks, nulls its column) and handed it out again.
     for rid, table in sorted(what.tables.items()):
-        if rid not in previous:
+        # A request freed since the last list (preempted, its load failed as a whole) may
+        # get a block back at the column it had: its own KV adopted as a prefix hit (a
+        # bounded replay's range included), or one handed out anew, which vLLM zeroes.
+        # Which, the tables do not tell: such a block is not judged either way.
+        if rid not in previous or rid in refilled:
             continue
         kept = sorted(
             block
@@ -66,17 +73,23 @@ def _step_list(
         wiped: list[int] = []
         loading = rid in what.loading
         valid_end = what.valid_end.get(rid, 0)
-        before = previous.get(rid, ((),) * len(table))
+        before = refilled.get(rid) or previous.get(rid, ((),) * len(table))
         for group in what.groups:
             size = what.block_sizes[group]
 
+            span = trajectory.groups[group].read_span
+
             def holds_valid_kv(column: int, block: int, size: int = size) -> bool:
-                return loading or column * size < valid_end  # noqa: B023 - called at once
+                if loading:  # noqa: B023 - called at once
+                    return load_keeps_valid_kv(column, size, valid_end, span)  # noqa: B023
+                return column * size < valid_end  # noqa: B023 - called at once
 
             missing, wrong = judge_zeroing(
                 table[group], before[group], listed, null, holds_valid_kv
             )
-            unzeroed += missing
+            # A load's block outside what it keeps valid (a windowed group's skipped
+            # positions, lookahead) may be zeroed; whether it must is not judged here.
+            unzeroed += [] if loading else missing
             wiped += wrong
         if unzeroed:
             yield fact_failure(
@@ -118,6 +131,10 @@ def judge(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
     null = trajectory.null_block
     # Scheduler mode: each request's tables at the last schedule() call.
     previous: dict[str, tuple[tuple[int, ...], ...]] = {}
+    # Requests freed since they last held blocks, with the tables they held then: their
+    # next allocation's blocks at those columns are not judged (see _step_list).
+    held: dict[str, tuple[tuple[int, ...], ...]] = {}
+    refilled: dict[str, tuple[tuple[int, ...], ...]] = {}
     for index, fact in facts_of(trajectory, ZeroingList, StepZeroingList, ZeroingGroups):
         what = fact.what
         if isinstance(what, ZeroingGroups):
@@ -125,9 +142,16 @@ def judge(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
                 yield index, failure
             continue
         if isinstance(what, StepZeroingList):
-            for failure in _step_list(trajectory, fact, previous):
+            for rid in what.freed:
+                if rid in held:
+                    refilled[rid] = held.pop(rid)
+            for failure in _step_list(trajectory, fact, previous, refilled):
                 yield index, failure
             previous = dict(what.tables)
+            for rid, tables in what.tables.items():
+                if any(tables):
+                    held[rid] = tables
+                    refilled.pop(rid, None)
             continue
         assert isinstance(what, ZeroingList)
         cached, listed = set(what.hit), set(what.listed)

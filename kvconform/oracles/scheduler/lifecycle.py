@@ -98,12 +98,17 @@ class Lifecycle:
 
     def loaded(self, record: LoadRecord) -> None:
         """An admission that parks a request for its asynchronous KV load: its local hit is
-        the blocks of group 0 that hold cached KV (the loaded ones are cached only once the
-        load is done)."""
-        model = self.oracle.scenario.model
-        null = self.oracle.run.null_block
-        cached = [b for b in record.block_ids[0] if b != null and b not in record.loading[0]]
-        local = len(cached) * model.groups[0].block_size
+        the one the scheduler showed the connector (``Scheduling.watch_connector_lookups``).
+        Not the cached blocks of group 0: a chunked-local group's hit holds null columns
+        whether or not anything is cached (their KV is never read again), which vLLM counts
+        as hit tokens. Where no lookup was seen (a release that asks the connector
+        otherwise), the cached blocks of group 0 stand in."""
+        local = self.oracle.connector_hits.get(record.request)
+        if local is None:
+            null = self.oracle.run.null_block
+            loading = record.loading[0]
+            cached = [b for b in record.block_ids[0] if b != null and b not in loading]
+            local = len(cached) * self.oracle.scenario.model.groups[0].block_size
         prompt = self.requests[record.request].prompt_len
         self._loads.append((record.request, prompt, local, record.tokens))
 

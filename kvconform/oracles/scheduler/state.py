@@ -24,6 +24,8 @@ class OracleState(Protocol):
     limits: SchedulerSpec  # the scenario's scheduler section
     scheduler: Any  # vLLM's Scheduler / AsyncScheduler
     manager: Any  # its KVCacheManager
+    connector_hits: dict[str, int]  # the local hit last shown the KV connector, per request
+    freed_since_zeroing: set[str]  # requests whose blocks were freed since the last list
     run: SchedulerRun
     num_spec: int  # speculative tokens per step (0: none)
     _step: int  # schedule() calls made

@@ -27,6 +27,7 @@ def record_zeroing(
     precision; #35219), with every request's tables and the tokens valid before the
     step (judged by ``checks.zeroing``)."""
     recording = oracle._zeroed_groups
+    freed, oracle.freed_since_zeroing = frozenset(oracle.freed_since_zeroing), set()
     if recording is None:
         return
     held = {
@@ -42,6 +43,10 @@ def record_zeroing(
         for row in rows
         if row.phase != "running"
     }
+    # A request beginning an asynchronous load counts its loaded tokens as computed: they
+    # are valid once the load lands, which the worker's zeroing must not race.
+    for rid in loading_now:
+        valid_end[rid] = int(oracle.scheduler.requests[rid].num_computed_tokens)
     groups = oracle.scenario.model.groups
     oracle.run.zeroing.append(
         StepFact(
@@ -55,6 +60,7 @@ def record_zeroing(
                 frozenset(loading_now),
                 valid_end,
                 frozenset(oracle.vllm.step_blocks_to_zero(output)),
+                freed,
             ),
         )
     )

@@ -81,6 +81,7 @@ class SchedulerOracle:
         self.config, self.scheduler = built.config, built.scheduler
         block_size, hash_block_size = built.block_size, built.hash_block_size
         self.manager = self.scheduler.kv_cache_manager
+        self.connector_hits = api.watch_connector_lookups(self.scheduler)
         self.run = SchedulerRun(
             scheduler_class=type(self.scheduler).__name__,
             mode=self.limits.mode,
@@ -140,6 +141,8 @@ class SchedulerOracle:
         }
         self._started: set[str] = set()  # scheduled at least once
         self._restart: set[str] = set()  # preempted, not scheduled since
+        # Requests whose blocks vLLM freed since the last schedule()'s zeroing list.
+        self.freed_since_zeroing: set[str] = set()
         self._remote = {name for name, req in scenario.requests.items() if req.remote_prefill}
         self._loading: dict[str, int] = {}  # KV loads in flight: steps until received
         self._loaded: set[str] = set()  # began loading remote KV, not scheduled since
@@ -194,6 +197,7 @@ class SchedulerOracle:
                 self._lifecycle.ended(request)
             else:
                 self._restart.add(rid)
+            self.freed_since_zeroing.add(rid)
             self._record_release(rid, kind, before, vllm.free_block_count(manager))
             self._sessions.released(rid, self._current, kind)
             run.events.append(

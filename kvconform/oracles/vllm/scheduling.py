@@ -144,6 +144,31 @@ class Scheduling(SchedulingConfigs):
         extra = {"reset_connector": True} if connector else {}
         return bool(scheduler.reset_prefix_cache(reset_running_requests=running, **extra))
 
+    def watch_connector_lookups(self, scheduler: Any) -> dict[str, int]:
+        """Per request, the local hit ``Scheduler.schedule`` last showed its KV connector
+        (``get_num_new_matched_tokens(request, num_computed_tokens)``), kept up to date in
+        the dict returned; empty for a scheduler with no connector.
+
+        For an admission that begins a load it is the local hit the scheduler adopts: the
+        hit cut to its block grid, whose sub-block tail a load supersedes (a load past a
+        tail would need no copy-on-write); replay trimming and caps change the loaded
+        tokens, not the hit. The blocks do not tell it: a chunked-local or sliding-window
+        hit holds null columns whether or not anything is cached, and a load's skipped
+        positions leave null columns too.
+        """
+        seen: dict[str, int] = {}
+        connector = getattr(scheduler, "connector", None)
+        if connector is None:
+            return seen
+        ask = connector.get_num_new_matched_tokens
+
+        def recorded(request: Any, num_computed_tokens: int) -> Any:
+            seen[request.request_id] = int(num_computed_tokens)
+            return ask(request, num_computed_tokens)
+
+        connector.get_num_new_matched_tokens = recorded
+        return seen
+
     def is_loading_remote_kv(self, request: Any) -> bool:
         """Whether a request waits for its asynchronous KV load (``WAITING_FOR_REMOTE_KVS``)."""
         return bool(request.status == self._scheduling.RequestStatus.WAITING_FOR_REMOTE_KVS)
