@@ -11,7 +11,9 @@ that may not fit); docs/contract.md ("Liveness and fairness") states the model:
   schedules something: ``schedule()`` serves its
   running requests first and preempts the last of them until the first fits, so such a
   call cannot come back empty. (A call with only waiting requests that fit is check
-  ``capacity``'s stall.)
+  ``capacity``'s stall.) Except where the free blocks may not do and a running request's
+  blocks may not be freed in this call (``QueuedRequest.frees_deferred``: an asynchronous KV
+  consumer with steps in flight): the preemption loop gives up the call at such a request.
 * **no preemption cycle.** A request preempted again with no progress in the run since
   its last preemption (no request's computed position past its high-water mark, none
   finished) is a fruitless preemption; more than
@@ -89,8 +91,15 @@ def _progress(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
             continue
         if all(r.held_back for r in queues.running):
             continue
-        need = sum(blocks_for(trajectory, r, r.computed, 1) for r in queues.running)
+        needs = [blocks_for(trajectory, r, r.computed, 1) for r in queues.running]
+        need = sum(needs)
         if need > queues.pool - 1:
+            continue
+        extra = sum(max(0, n - r.held) for n, r in zip(needs, queues.running, strict=True))
+        if extra > queues.free_before and any(r.frees_deferred for r in queues.running):
+            # The free blocks may not do and a preemption may come to a request whose step
+            # is in flight: vLLM gives up the call rather than preempt it (its blocks are
+            # freed once that step is processed), and the next call goes on.
             continue
         idle = True
         names = ", ".join(r.request for r in queues.running)
