@@ -104,6 +104,16 @@ def test_an_empty_call_that_would_preempt_a_request_whose_frees_are_deferred_is_
     assert invariants(judged(step(plain, free=0, in_flight=1), in_flight=1)) == [NO_PROGRESS]
 
 
+def test_blocks_a_waiting_request_holds_are_not_the_running_requests_to_take():
+    # A KV load in flight holds its blocks while its request waits; vLLM preempts only running
+    # requests, so a running request that fits the pool only with them may wait (the
+    # explorer's seed-0 reproducer: three loads of 2 blocks each, a decode crossing a block).
+    running = [req("a", 0, computed=32, tokens=33, held=2)]  # 3 blocks for one more token
+    loading = req("b", 1, tokens=1, held=7, why="its KV load is in flight")  # 2 + 7: pool full
+    assert NO_PROGRESS not in invariants(judged(step(running, [loading], free=0)))
+    assert invariants(judged(step(running, [loading._replace(held=0)], free=0))) == [NO_PROGRESS]
+
+
 # -- liveness: preemption cycles ----------------------------------------------------------
 
 

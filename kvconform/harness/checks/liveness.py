@@ -7,7 +7,8 @@ that may not fit); docs/contract.md ("Liveness and fairness") states the model:
 
 * **progress.** A call with running requests one of which is not held back for a listed
   reason (one whose next token comes with a step still in flight is), and the running
-  requests' blocks for one more token each within the pool (less the null block),
+  requests' blocks for one more token each within the pool (less the null block and the
+  blocks waiting requests hold, which no preemption frees),
   schedules something: ``schedule()`` serves its
   running requests first and preempts the last of them until the first fits, so such a
   call cannot come back empty. (A call with only waiting requests that fit is check
@@ -93,7 +94,10 @@ def _progress(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
         if all(r.held_back for r in queues.running):
             continue
         need = sum(blocks_for(trajectory, r, r.computed, 1) for r in queues.running)
-        if need > queues.pool - 1:
+        # Blocks a waiting request holds (a KV load in flight, a finished one) are not the
+        # running requests' to take: vLLM preempts only running requests.
+        kept = sum(r.held for r in queues.waiting)
+        if need > queues.pool - 1 - kept:
             continue
         if any(r.frees_deferred for r in queues.running):
             # vLLM schedules a running request's whole speculative row (at most 1 + the
