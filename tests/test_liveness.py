@@ -85,6 +85,35 @@ def test_running_requests_the_pool_cannot_hold_do_not_demand_progress():
     assert NO_PROGRESS not in invariants(judged(step(running)))
 
 
+def test_an_empty_call_that_would_preempt_a_request_whose_frees_are_deferred_is_not_no_progress():
+    # vLLM 0.34.0 with an asynchronous KV consumer and steps in flight (defer_block_free):
+    # the preemption loop gives up the call at a request whose step is in flight rather than
+    # preempt it (the explorer's seed-0 reproducer, sched-deferred-free-no-preemption.yaml).
+    # a needs a third block for one more token, none is free, and b's blocks may not be
+    # freed in this call.
+    running = [
+        req("a", 0, computed=32, tokens=33, held=2),
+        req("b", 1, computed=20, tokens=21, held=2)._replace(frees_deferred=True),
+    ]
+    assert NO_PROGRESS not in invariants(judged(step(running, free=0, in_flight=1), in_flight=1))
+    # With a free block for a (no preemption needed), or no deferred free, the call owes
+    # progress.
+    deferred = judged(step(running, free=1, in_flight=1), in_flight=1)
+    assert invariants(deferred) == [NO_PROGRESS]
+    plain = [r._replace(frees_deferred=False) for r in running]
+    assert invariants(judged(step(plain, free=0, in_flight=1), in_flight=1)) == [NO_PROGRESS]
+
+
+def test_blocks_a_waiting_request_holds_are_not_the_running_requests_to_take():
+    # A KV load in flight holds its blocks while its request waits; vLLM preempts only running
+    # requests, so a running request that fits the pool only with them may wait (the
+    # explorer's seed-0 reproducer: three loads of 2 blocks each, a decode crossing a block).
+    running = [req("a", 0, computed=32, tokens=33, held=2)]  # 3 blocks for one more token
+    loading = req("b", 1, tokens=1, held=7, why="its KV load is in flight")  # 2 + 7: pool full
+    assert NO_PROGRESS not in invariants(judged(step(running, [loading], free=0)))
+    assert invariants(judged(step(running, [loading._replace(held=0)], free=0))) == [NO_PROGRESS]
+
+
 # -- liveness: preemption cycles ----------------------------------------------------------
 
 

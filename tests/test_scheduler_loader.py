@@ -712,11 +712,42 @@ def test_two_bounded_replay_windows_are_refused_with_file_line_and_field(write_s
 
 @pytest.mark.parametrize(("second", "replays"), [("1", "true"), ("2", "false")])
 def test_one_bounded_replay_window_loads(scenario_from, second, replays):
-    # The same window twice, or a second window without bounded replay (a plain DeepSeek-style
-    # sliding window beside it), is a model vLLM can be configured with.
-    scenario = scenario_from(REPLAY_GROUPS.replace("SECOND", second).replace("REPLAYS", replays))
-    windows = [g.options["sliding_window"] for g in scenario.model.groups]
-    assert windows == [1, int(second)]
+    # The same window twice beside a cacheable MLA group (DeepSeek V4.1's compressed layers),
+    # or a second window without bounded replay (a plain DeepSeek-style sliding window beside
+    # it), is a model vLLM can be configured with.
+    text = REPLAY_GROUPS.replace("SECOND", second).replace("REPLAYS", replays)
+    if replays == "true":
+        text = text.replace("  groups:\n", "  groups:\n    - mla\n")
+    scenario = scenario_from(text)
+    windows = [g.options.get("sliding_window") for g in scenario.model.groups]
+    assert windows[-2:] == [1, int(second)]
+
+
+def test_only_bounded_replay_groups_are_refused_with_file_line_and_field(write_scenario):
+    # Several groups, none prefix-cacheable: DeepSeek V4.1's SWA layers share one spec (one
+    # group) and its other layers are a cacheable MLA group, so no vLLM model has it; the
+    # explorer's reproducer (seed 0) crashed in HybridKVCacheCoordinator's "requires at
+    # least one cacheable group" assert.
+    path = write_scenario(REPLAY_GROUPS.replace("SECOND", "1").replace("REPLAYS", "true"))
+    with pytest.raises(ScenarioError) as info:
+        load_file(path)
+    error = info.value
+    assert (error.where.line, error.where.field) == (
+        5,
+        "model.groups[1].bounded_replay",
+    ), str(error)
+    assert "all 2 groups are bounded_replay groups" in error.message, str(error)
+
+
+def test_one_bounded_replay_group_alone_loads(scenario_from):
+    # One group (a model of SWA layers only) is what vLLM builds for such a config: its
+    # UnitaryKVCacheCoordinator takes a group left out of prefix caching.
+    scenario = scenario_from(
+        "kind: scheduler\nmodel:\n  groups:\n"
+        "    - {type: sliding_window_mla, sliding_window: 1, bounded_replay: true}\n"
+        "requests: {a: {prompt_len: 1}}\n"
+    )
+    assert scenario.model.groups[0].options["bounded_replay"] is True
 
 
 # -- a Mamba group with prefix caching needs chunked prefill (vLLM's MambaModelConfig) -------

@@ -205,7 +205,8 @@ def _draw_groups(
 def _one_replay_window(groups: list[Any]) -> list[Any]:
     """Bounded-replay groups take the first one's window: vLLM builds them only for DeepSeek
     V4.1, from its config's one ``sliding_window``, and the loader refuses two windows
-    (``kvconform/harness/loader/scheduler.py``, ``_check_one_replay_window``)."""
+    (``kvconform/harness/loader/scheduler.py``, ``_check_one_replay_window``), a replay beside
+    chunked local attention, and several groups that are all bounded-replay ones."""
     replaying = [g for g in groups if isinstance(g, dict) and g.get("bounded_replay")]
 
     def window_option(group: dict[str, Any]) -> str:
@@ -218,6 +219,11 @@ def _one_replay_window(groups: list[Any]) -> list[Any]:
     if replaying and any(_reads_chunk(g) for g in groups):
         # No vLLM model has both (the loader refuses it): the chunk wins, replay goes.
         for group in replaying:
+            del group["bounded_replay"]
+    elif len(groups) > 1 and len(replaying) == len(groups):
+        # Several groups, none prefix-cacheable: no vLLM model (the loader refuses it,
+        # ``_check_not_only_replay_groups``); the first keeps its replay, the rest go plain.
+        for group in replaying[1:]:
             del group["bounded_replay"]
     return groups
 

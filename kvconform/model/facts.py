@@ -320,7 +320,10 @@ class QueuedRequest(NamedTuple):
     FCFS's arrival); ``priority`` and ``stamp``, the rank of its ``Request.arrival_time``
     (the priority policy's order, ``(priority, arrival_time)``); its computed and known
     tokens, prompt, ``max_tokens``, the device blocks it holds; ``held_back``: why vLLM may
-    pass it over in this step ("" none; the reasons are listed in docs/contract.md)."""
+    pass it over in this step ("" none; the reasons are listed in docs/contract.md);
+    ``frees_deferred``: a running request whose blocks vLLM may not free in this call (a step
+    in flight may still write them), so that a preemption that comes to it gives up the call
+    (docs/contract.md, "Liveness and fairness")."""
 
     request: str
     added: int
@@ -332,6 +335,7 @@ class QueuedRequest(NamedTuple):
     max_tokens: int
     held: int
     held_back: str = ""
+    frees_deferred: bool = False
 
 
 class StepQueues(NamedTuple):

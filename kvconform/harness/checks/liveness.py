@@ -7,11 +7,15 @@ that may not fit); docs/contract.md ("Liveness and fairness") states the model:
 
 * **progress.** A call with running requests one of which is not held back for a listed
   reason (one whose next token comes with a step still in flight is), and the running
-  requests' blocks for one more token each within the pool (less the null block),
+  requests' blocks for one more token each within the pool (less the null block and the
+  blocks waiting requests hold, which no preemption frees),
   schedules something: ``schedule()`` serves its
   running requests first and preempts the last of them until the first fits, so such a
   call cannot come back empty. (A call with only waiting requests that fit is check
-  ``capacity``'s stall.)
+  ``capacity``'s stall.) Except where the free blocks may not do for the running requests'
+  whole speculative rows and a running request's blocks may not be freed in this call
+  (``QueuedRequest.frees_deferred``: an asynchronous KV consumer with steps in flight): the
+  preemption loop gives up the call at such a request.
 * **no preemption cycle.** A request preempted again with no progress in the run since
   its last preemption (no request's computed position past its high-water mark, none
   finished) is a fruitless preemption; more than
@@ -90,8 +94,24 @@ def _progress(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
         if all(r.held_back for r in queues.running):
             continue
         need = sum(blocks_for(trajectory, r, r.computed, 1) for r in queues.running)
-        if need > queues.pool - 1:
+        # Blocks a waiting request holds (a KV load in flight, a finished one) are not the
+        # running requests' to take: vLLM preempts only running requests.
+        kept = sum(r.held for r in queues.waiting)
+        if need > queues.pool - 1 - kept:
             continue
+        if any(r.frees_deferred for r in queues.running):
+            # vLLM schedules a running request's whole speculative row (at most 1 + the
+            # lookahead tokens), not one token: the extra blocks that may take, against the
+            # free ones.
+            row = 1 + lookahead_of(trajectory)
+            extra = sum(
+                max(0, blocks_for(trajectory, r, r.computed, row) - r.held) for r in queues.running
+            )
+            if extra > queues.free_before:
+                # The free blocks may not do and a preemption may come to a request whose
+                # step is in flight: vLLM gives up the call rather than preempt it (its
+                # blocks are freed once that step is processed); the next call goes on.
+                continue
         idle = True
         names = ", ".join(r.request for r in queues.running)
         yield (

@@ -65,6 +65,7 @@ def check_scheduler_model(
         )
     _check_one_replay_window(model, top)
     _check_no_chunk_beside_replay(model, top)
+    _check_not_only_replay_groups(model, top)
 
 
 def _check_one_replay_window(model: ModelSpec, top: Fields) -> None:
@@ -110,6 +111,32 @@ def _check_no_chunk_beside_replay(model: ModelSpec, top: Fields) -> None:
             f"a {chunked[0].type} group cannot go with a bounded_replay group: vLLM builds "
             "bounded replay only for DeepSeek V4.1, which has no chunked local attention",
         )
+
+
+def _check_not_only_replay_groups(model: ModelSpec, top: Fields) -> None:
+    """Two or more groups are never all bounded-replay ones.
+
+    DeepSeek V4.1, vLLM's only source of bounded-replay groups (``_check_one_replay_window``),
+    builds them from its SWA caches, all of one spec (one window); every other layer it has
+    (compress ratio 1 or 2) owns an ``MLAAttentionSpec`` cache, which is prefix-cacheable.
+    vLLM puts layers of one spec in one group (``get_kv_cache_groups``,
+    ``vllm/v1/core/kv_cache_utils.py``), so a model of SWA layers only has one group, and a
+    model of several groups has a cacheable one. Several groups all left out of prefix
+    caching is a model no vLLM config produces: with caching on,
+    ``HybridKVCacheCoordinator.verify_and_split_kv_cache_groups`` asserts "requires at least
+    one cacheable group" (the explorer's reproducer, seed 0). One such group alone loads.
+    """
+    groups = model.groups
+    if len(groups) < 2 or not all(g.options.get("bounded_replay") for g in groups):
+        return
+    where = groups[-1].where or top.at("model.groups")
+    raise ScenarioError(
+        where.at(f"{where.field}.bounded_replay"),
+        f"all {len(groups)} groups are bounded_replay groups: vLLM builds bounded replay only "
+        "for DeepSeek V4.1, whose SWA layers share one spec (one group) and whose other "
+        "layers are a prefix-cacheable MLA group; make one group cacheable (e.g. a plain mla "
+        "group) or keep a single group",
+    )
 
 
 def _window_option(type_name: str) -> str:

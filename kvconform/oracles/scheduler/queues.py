@@ -29,6 +29,7 @@ def _queued(oracle: OracleState, request: Any, running: bool) -> QueuedRequest:
         int(getattr(request, "max_tokens", 0) or 0),
         _held(oracle, rid),
         oracle.api.held_back(oracle.scheduler, request, running),
+        running and oracle.api.frees_deferred(oracle.scheduler, request),
     )
 
 

@@ -477,6 +477,19 @@ class Scheduling(SchedulingConfigs):
             return "max_model_len"
         return ""
 
+    def frees_deferred(self, scheduler: Any, request: Any) -> bool:
+        """Whether ``Scheduler.schedule`` may not preempt this running request in the coming
+        call: with an asynchronous KV consumer and more than one batch in flight
+        (``Scheduler.defer_block_free``), the blocks of a request whose last step is still
+        in flight are freed only once that step is processed, and the preemption loop gives
+        up the call rather than preempt it ("A deferred free will not help with immediate
+        allocation", ``_request_blocks_can_be_freed``). Releases without deferred frees:
+        False."""
+        can_be_freed = getattr(scheduler, "_request_blocks_can_be_freed", None)
+        if can_be_freed is None or not getattr(scheduler, "defer_block_free", False):
+            return False
+        return not can_be_freed(request)
+
 
 def _decode_deferred(scheduler: Any, request: Any) -> bool:
     """The request may not decode in the coming step (pipeline parallelism with async
