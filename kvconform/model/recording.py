@@ -45,8 +45,9 @@ from kvconform.model.settings import SettingsRecord
 # Raised by one more with every change of what a recording holds or how it is written;
 # a recording of another version is refused, never half read.
 # 4: Trajectory.partial (a crash's steps, never judged); 5: StepStats.resets and .reset
-# (the prefix-cache stats' reset flags).
-RECORDING_VERSION = 5
+# (the prefix-cache stats' reset flags); 6: QueuedRequest.frees_deferred and
+# StepZeroingList.freed (the seed-0 triage's liveness and zeroing corrections).
+RECORDING_VERSION = 6
 
 
 @dataclass
