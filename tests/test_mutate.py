@@ -278,7 +278,18 @@ def test_small_campaign_scores_one_target_function(tmp_path: Path):
         r["id"] for r in report["results"] if r["verdict"] in ("survived", "timeout")
     ]
     assert report["score"] == 1.0
-    assert report["equivalent"] >= 1 and report["incompetent"] >= 1
+    assert report["equivalent"] >= 1
+    # A mutant that breaks the predictor for every spec (AddNot: `not spec` has no
+    # first_spec) crashes where it runs: incompetent when every scenario that reaches it
+    # crashes, killed by its crashes alone when one that reaches it does not change (since
+    # issue 35's third stop one does; which one is not yet read: the closing note says so).
+    crash_only = [
+        r
+        for r in report["results"]
+        if r["verdict"] == "incompetent"
+        or (r["verdict"] == "killed" and all(k["checks"] == ["crash"] for k in r["killed_by"]))
+    ]
+    assert crash_only, [r["id"] for r in report["results"]]
     for result in report["results"]:
         assert result["diff"].startswith("--- a/vllm/v1/worker/gpu/warmup.py")
         if result["verdict"] == "killed":
