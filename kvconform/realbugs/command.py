@@ -191,12 +191,18 @@ def _explorer_only(
     from kvconform.realbugs.explorer import explore_baseline, explore_replay
 
     seconds = float(args.explorer_only)
-    baselines: dict[str, Replay] = {}
-    for release in sorted({b.patch_target for b in bugs}):
+    releases = sorted({b.patch_target for b in bugs})
+
+    def explore_release(release: str) -> Replay:
         base = explore_baseline(pristine_tree(release), directory / "baseline" / release, seconds)
-        baselines[release] = base
         found = ", ".join(base.caught_by) if base.caught_by else base.why
         say(f"  baseline vLLM {release} (explorer): {base.outcome} ({base.seconds:.0f} s) {found}")
+        return base
+
+    # The releases' baselines are independent explorations: with --jobs they run side by
+    # side, as the bugs after them do, instead of one release's budget after the other's.
+    with ThreadPoolExecutor(max_workers=min(args.jobs, len(releases))) as pool:
+        baselines = dict(zip(releases, pool.map(explore_release, releases), strict=True))
 
     def one(bug: RealBug) -> BugResult:
         base = baselines[bug.patch_target]
