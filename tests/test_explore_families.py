@@ -31,7 +31,9 @@ a copy of kvconform whose ``judge()`` drops the failures of the family's invaria
 ``signed_failures`` does not sign vLLM's raise as a ``crash`` for the crash family, each
 family's test fails: the explorer reports another signature first (``agree`` for
 ``ceiling``, ``sanity / - / leaks blocks`` for ``conservation``, the pinned vLLM's own
-``capacity / schedule`` at example 33 for the seven others).
+``capacity / schedule`` at example 33 for the seven others). The four families added at
+the fifth stop (the encoder's budget and cache, liveness, fairness) were not shown so by
+hand: each asserts its own invariant's message, which no other family writes.
 """
 
 from __future__ import annotations
@@ -48,9 +50,13 @@ from kvconform.fuzz.findings import signatures
 from kvconform.harness.checks.bookkeeping import STALE_ENTRY
 from kvconform.harness.checks.ceiling import OVER_COLUMNS
 from kvconform.harness.checks.conservation import NOT_CONSERVED
+from kvconform.harness.checks.fairness import PASSED
+from kvconform.harness.checks.liveness import NO_PROGRESS
 from kvconform.harness.loader import load_text
 from kvconform.harness.runner import run_scenario
 from kvconform.model.observations import (
+    ENCODER_BUDGET_EXCEEDED,
+    ENCODER_CACHE_OVERFLOW,
     EVENTS_DIVERGE,
     FREED_IN_FLIGHT,
     NOT_ZEROED,
@@ -167,6 +173,50 @@ FAMILIES: dict[str, Family] = {
         "        assert len(self.running) < self.max_num_running_reqs\n",
         "crash / AssertionError / vllm/v1/core/sched/scheduler.py:{line} schedule",
         "explore-s0-*-crash-assertionerror-vllm-v1-core-sched-scheduler-py-*.yaml",
+    ),
+    # Encoder budget: a step's encoder budget is no longer charged for an input it
+    # schedules, so one step runs the encoder on more embeddings than the budget allows.
+    "encoder-budget": Family(
+        "v1/core/sched/scheduler.py",
+        "            num_embeds_to_schedule += num_encoder_embeds\n"
+        "            encoder_compute_budget -= num_encoder_embeds\n",
+        "            num_embeds_to_schedule += num_encoder_embeds\n",
+        f"sanity / - / {ENCODER_BUDGET_EXCEEDED}",
+        "explore-s0-*-sanity-runs-more-encoder-embeddings-*.yaml",
+    ),
+    # Encoder cache: an input evicted to make room is not announced to the worker
+    # (free_encoder_mm_hashes), which keeps its output and outgrows the cache.
+    "encoder-eviction": Family(
+        "v1/core/encoder_cache_manager.py",
+        "            self.freed.append(mm_hash)\n            self.num_free_slots += num_free_embeds\n",
+        "            self.num_free_slots += num_free_embeds\n",
+        f"sanity / - / {ENCODER_CACHE_OVERFLOW}",
+        "explore-s0-*-sanity-keeps-more-encoder-embeddings-*.yaml",
+    ),
+    # Liveness: every fourth schedule() serves no running request although they fit the
+    # pool (tests/test_liveness.py's STARVES_RUNNING).
+    "liveness": Family(
+        "v1/core/sched/scheduler.py",
+        "        while req_index < len(self.running) and token_budget > 0:",
+        "        while (\n"
+        "            req_index < len(self.running) and token_budget > 0\n"
+        "            and self.current_step % 4 != 0\n"
+        "        ):",
+        f"sanity / - / {NO_PROGRESS}",
+        "explore-s0-*-sanity-schedules-nothing-*.yaml",
+    ),
+    # Fairness: the head of the waiting queue is deferred while another request waits
+    # behind it, so a later arrival is admitted first (tests/test_liveness.py's
+    # PASSES_THE_HEAD). Its running-queue twin (SKIPS_RUNNING) shows first as a step that
+    # schedules nothing, the liveness family's.
+    "fairness": Family(
+        "v1/core/sched/scheduler.py",
+        "                ready_to_schedule = self._handle_blocked_waiting_request(request)",
+        "                ready_to_schedule = self._handle_blocked_waiting_request(request) and (\n"
+        "                    len(request_queue) < 2\n"
+        "                )",
+        f"sanity / - / {PASSED}",
+        "explore-s0-*-sanity-admits-a-later-request-*.yaml",
     ),
 }
 

@@ -232,3 +232,34 @@ def test_bounded_replay_is_never_drawn_beside_chunked_local(data: st.DataObject)
     assert not (replays and any(g["type"] == "chunked_local" for g in groups)), doc
     (scenario,) = load_text(render(doc), "<explore>")
     assert scenario.kind == "scheduler"
+
+
+def test_multimodal_workloads_draw_encoder_pressure_down_to_one_item() -> None:
+    # The encoder invariants fail only under pressure (an eviction, a full cache, a step
+    # past its encoder budget): vLLM sizes both to max(token budget, largest item) unless
+    # told, so the explorer states them, down to exactly one item's worth, on some
+    # multimodal workloads and never on a workload without an item.
+    on = {name: name == "multimodal" for name in FEATURES}
+    seen: list[tuple[int, int, int]] = []
+    stated = 0
+
+    @settings(max_examples=200, derandomize=True, database=None, deadline=None)
+    @given(st.data())
+    def draw(data: st.DataObject) -> None:
+        nonlocal stated
+        doc = workload(data.draw, SPACE, on, "explore")
+        items = [i["length"] for r in doc["requests"].values() for i in r.get("mm_inputs", ())]
+        scheduler = doc["scheduler"]
+        if "encoder_cache_size" not in scheduler:
+            assert "max_num_encoder_input_tokens" not in scheduler, doc
+            return
+        assert items, doc
+        stated += 1
+        budget, cache = scheduler["max_num_encoder_input_tokens"], scheduler["encoder_cache_size"]
+        assert 1 <= budget <= 2 * max(items) and 1 <= cache <= 3 * max(items), doc
+        seen.append((budget, cache, max(items)))
+        load_text(render(doc), "<explore>")
+
+    draw()
+    assert stated, "no multimodal workload stated its encoder sizes"
+    assert any(cache <= largest for _, cache, largest in seen), seen

@@ -69,7 +69,7 @@ FEATURES = (
     "long_prefill",  # long_prefill_token_threshold (and its adaptive floor)
     "remote_kv",  # requests whose KV loads asynchronously (NixlConnector), some failing
     "sync_connector",  # a connector loading every prompt synchronously (DecodeBenchConnector)
-    "multimodal",  # multimodal inputs, repeated items, disable_chunked_mm_input
+    "multimodal",  # multimodal inputs, repeated items, disable_chunked_mm_input, encoder sizes
     "stops",  # stop tokens and EOS before max_tokens
     "aborts",  # client aborts (synchronous scheduling only)
     "pauses",  # the engine pausing new requests (synchronous scheduling only)
@@ -170,6 +170,14 @@ def workload(draw: DrawFn, space: ExploreSpace, on: dict[str, bool], name: str) 
     model["groups"] = groups
 
     requests = _draw_requests(draw, on, scheduler, max_model_len, block_size, k, len(groups))
+    items = [i["length"] for r in requests.values() for i in r.get("mm_inputs", ())]
+    if items and draw(_BOOLS):
+        # Encoder pressure: a step's encoder budget and the encoder cache from a token up to
+        # a few items' worth. vLLM raises both to the largest item (compute_mm_encoder_budget),
+        # so the smallest draws are exactly one item: every schedule of an item then competes
+        # for the budget, and every item a live request still needs for the cache.
+        scheduler["max_num_encoder_input_tokens"] = draw(_ints(1, 2 * max(items)))
+        scheduler["encoder_cache_size"] = draw(_ints(1, 3 * max(items)))
     if remote and any("remote_prefill" in r for r in requests.values()) and draw(_BOOLS):
         scheduler["kv_load_failure_policy"] = draw(_one_of(("fail", "recompute")))
 
