@@ -303,9 +303,11 @@ class LiveAllocator(LiveFacts, LiveRefusals):
         free = self.vllm.free_block_count(self.manager)
         # What the request's last call left (its table changes by its own calls only).
         before = self._tables_after.get(call.request) or self._no_tables()
-        held = [len(ids) for ids in before]
         new_blocks, hit, hit_blocks, external = self._allocate(call, encoder_len, where)
         if new_blocks is None:
+            # ``before`` holds lists get_block_ids built for this oracle: the call left
+            # them as they were, so what the request held is counted only here.
+            held = [len(ids) for ids in before]
             raise self._refusal(call, encoder_len, where, free, held, hit, hit_blocks)
         # The request's tables after the call, read once: the zeroing and retained-hit
         # records and the driver's observations all read this one answer.

@@ -120,24 +120,15 @@ class LiveFacts(LiveState):
         deferred, their references, the live requests and vLLM's per-request state."""
         own_pool = self._own_pool_groups
         null = self.null_block
-        live = self._running_names | self._loaded
-        # A table changes only by its own request's calls: the requests called in the step
-        # are read again, the others keep what the last census read (a table changed by
-        # another request's call still shows: the reference counts below are read anew).
-        known = self._census_tables
-        for name in [name for name in known if name not in live or name in self._touched]:
-            del known[name]
-        self._touched.clear()
-        read = self._read_table
-        for name in live:
-            if name not in known:
-                table = read(name)
-                known[name] = (
-                    tuple(() if group in own_pool else ids for group, ids in enumerate(table))
-                    if own_pool
-                    else table
-                )
-        tables = {name: known[name] for name in sorted(known)}
+        now = self._step_tables()
+        tables = (
+            {
+                name: tuple(() if group in own_pool else ids for group, ids in enumerate(table))
+                for name, table in sorted(now.items())
+            }
+            if own_pool
+            else dict(sorted(now.items()))
+        )
         deferred = tuple(
             b.block_id for _, blocks, _ in self._deferred for b in blocks if b.block_id != null
         )
@@ -158,6 +149,37 @@ class LiveFacts(LiveState):
                 ),
             )
         )
+
+    def _step_tables(self) -> dict[str, tuple[tuple[int, ...], ...]]:
+        """Each live request's tables at the end of the step, for the step's records (the
+        hand-offs, the census), read from vLLM once per call: a table changes only by its
+        own request's calls, so a request the step called holds what its last call left
+        (``schedule`` reads it right after the call, ``table_after_call``), and one it did
+        not call what was last read. A table changed by another request's call, or after
+        the call, still shows: the census reads the free count and the reference count of
+        every held block anew, and a block taken or dropped behind a table's back moves
+        them (docs/contract.md, "Conservation")."""
+        live = self._running_names | self._loaded
+        known = self._census_tables
+        touched = self._touched
+        if touched:
+            after = self._tables_after
+            for name in touched:
+                table = after.get(name)
+                if table is None:  # granted where refused, or gone since: read below
+                    known.pop(name, None)
+                else:
+                    known[name] = tuple(map(tuple, table))
+            touched.clear()
+        if not live.issuperset(known):
+            for name in [name for name in known if name not in live]:
+                del known[name]
+        if len(known) != len(live):
+            read = self._read_table
+            for name in live:
+                if name not in known:
+                    known[name] = read(name)
+        return known
 
     def _bookkeeping(self) -> dict[str, frozenset[str]]:
         """vLLM's per-request state, read only after a request ended since the last census
@@ -219,10 +241,7 @@ class LiveFacts(LiveState):
             for _, block, _ in states
         )
         after = self.vllm.boundary_states_cached(self.manager, self._handoff_groups)
-        tables = {
-            name: self._read_table(name)
-            for name in self._running_names | self._loaded
-        }
+        tables = dict(self._step_tables())
         self.step_facts.append(
             (
                 "-",

@@ -64,8 +64,9 @@ class LiveState:
         stated = call.options.full_sequence_must_fit
         return self.model.scheduler_reserve_full_isl if stated is None else stated
 
-    # The pool census's tables (the device pool's groups) by request, as last read, and
-    # the requests called since the last census, whose tables it reads again.
+    # Each live request's tables (every group) as last taken for the step's records
+    # (LiveFacts._step_tables), and the requests called since, whose tables are taken
+    # again from what their last call left (_tables_after).
     _census_tables: dict[str, tuple[tuple[int, ...], ...]]
     _touched: set[str]
     _read_table: Callable[[str], tuple[tuple[int, ...], ...]]

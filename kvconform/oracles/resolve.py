@@ -77,17 +77,24 @@ def resolve_settings(scenario: Scenario, vllm: Vllm) -> tuple[Scenario, Settings
             values[setting.name] = _stated_value(scenario, setting.name)
         elif setting.name in defaults:
             values[setting.name] = defaults[setting.name]
-    model = replace(
-        scenario.model,
-        **{
-            name: values[name]
-            for name in ("enable_caching", "prefix_cache_retention_interval",
-                         "scheduler_reserve_full_isl")
-            if name in values and name not in scenario.model.stated
-        },
-    )  # fmt: skip
-    model = replace(model, groups=_groups_following_caching(model))
-    resolved = replace(scenario, model=model)
+    # dataclasses.replace only where something changes: each builds and validates a whole
+    # spec again, and this runs once per scenario run.
+    model = scenario.model
+    taken = {
+        name: values[name]
+        for name in ("enable_caching", "prefix_cache_retention_interval",
+                     "scheduler_reserve_full_isl")
+        if name in values and name not in model.stated
+    }  # fmt: skip
+    if any(
+        type(getattr(model, name)) is not type(value) or getattr(model, name) != value
+        for name, value in taken.items()
+    ):
+        model = replace(model, **taken)
+    groups = _groups_following_caching(model)
+    if any(new is not old for new, old in zip(groups, model.groups, strict=True)):
+        model = replace(model, groups=groups)
+    resolved = scenario if model is scenario.model else replace(scenario, model=model)
     if scenario.scheduler is not None:
         resolved = replace(
             resolved,

@@ -66,8 +66,13 @@ def judge(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
         if listed == len(held) and len(deferred) == len(set(deferred)) and held.isdisjoint(
             deferred
         ):
-            # The common case: every block has one holder.
-            wrong = sorted((b, refs[b], 1) for b in taken if b in refs and refs[b] != 1)
+            # The common case: every block has one holder (and, most often, every count
+            # read is 1: nothing to list, found without a look per block).
+            wrong = (
+                []
+                if set(refs.values()) <= {1}
+                else sorted((b, refs[b], 1) for b in taken if b in refs and refs[b] != 1)
+            )
             shared: list[int] = []
         else:
             holders: Counter[int] = Counter(deferred)
