@@ -524,15 +524,21 @@ def _request_id(item: Any, request_ids: Collection[str]) -> str | None:
     return rid if isinstance(rid, str) and rid in request_ids else None
 
 
+# Tuples of types, not unions: ``isinstance(x, A | B)`` builds the union on every call,
+# and the bookkeeping scan tests every attribute of the scheduler after every step.
+_CONTAINERS = (dict, set, frozenset, list, deque)
+_SETS = (set, frozenset)
+
+
 def _request_ids_in(value: Any, request_ids: Collection[str]) -> frozenset[str]:
     """The request ids a structure holds: its keys or items (ids or ``Request`` objects),
     and for a dict whose values are sets, the ids in those sets."""
-    if not isinstance(value, dict | set | frozenset | list | deque) or not value:
+    if not isinstance(value, _CONTAINERS) or not value:
         return frozenset()
     held = {rid for item in value if (rid := _request_id(item, request_ids)) is not None}
     if isinstance(value, dict):
         for inner in value.values():
-            if isinstance(inner, set | frozenset):
+            if isinstance(inner, _SETS):
                 held.update(
                     rid for item in inner if (rid := _request_id(item, request_ids)) is not None
                 )
