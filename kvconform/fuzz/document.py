@@ -52,8 +52,8 @@ def render(doc: Mapping[str, Any]) -> str:
                     lines += [f"    - {flow(group)}" for group in item]
                 else:
                     lines.append(f"  {field}: {flow(item)}")
-        elif key == "scheduler":  # a scheduler scenario's settings, one per line
-            lines.append("scheduler:")
+        elif key in ("scheduler", "startup", "warmup"):  # a kind's settings, one per line
+            lines.append(f"{key}:")
             lines += [f"  {field}: {flow(item)}" for field, item in value.items()]
         elif key == "requests":
             lines.append("requests:")
