@@ -68,6 +68,12 @@ class Family:
     new: str  # its replacement: the bug
     signature: str  # the start of the finding's signature
     pattern: str  # the reproducer's file name
+    kind: str = "scheduler"  # the kind of the reproducer (a startup or warmup document)
+    # Compared with the unmodified tree as it goes (--baseline-src): the pinned vLLM's own
+    # findings of seed 0 (#14 at example 85, ...) are passed over instead of ending the run.
+    # A startup or warmup document is one example in ten, so its bug does not come before
+    # them in seed 0's sequence.
+    baseline: bool = False
 
 
 # --budget: only a bound for a slow machine; each run stops at its first finding.
@@ -168,6 +174,31 @@ FAMILIES: dict[str, Family] = {
         "crash / AssertionError / vllm/v1/core/sched/scheduler.py:{line} schedule",
         "explore-s0-*-crash-assertionerror-vllm-v1-core-sched-scheduler-py-*.yaml",
     ),
+    # Startup planning: get_kv_cache_configs checks the pool (and auto-fits max_model_len)
+    # against the whole memory again, the null block BlockPool keeps back counted as usable
+    # (the second half of realbugs/patches/capacity-check-counts-null-block.patch). A
+    # startup document at the edge (a pool of exactly one max_model_len request) shows it.
+    "startup": Family(
+        "v1/core/kv_cache_planning.py",
+        "            avail_mem - _pool_bytes_per_block_from_builder(builder, vllm_config, groups)\n",
+        "            avail_mem\n",
+        "startup / accepts a pool ",
+        "explore-s0-*-startup-accepts-*.yaml",
+        kind="startup",
+        baseline=True,
+    ),
+    # Warmup: the model runner's warmup reserves blocks without the speculative lookahead
+    # (realbugs/patches/warmup-ignores-spec-lookahead.patch's lookahead half), so the
+    # recorded warmup holds fewer blocks than the floor of what its drafter writes.
+    "warmup": Family(
+        "v1/worker/gpu/warmup.py",
+        "    num_lookahead_tokens = vllm_config.num_lookahead_tokens\n",
+        "    num_lookahead_tokens = 0\n",
+        "floor / warmup / ",
+        "explore-s0-*-floor-warmup-*.yaml",
+        kind="warmup",
+        baseline=True,
+    ),
 }
 
 
@@ -188,9 +219,10 @@ def test_explore_finds_the_injected_bug_of_each_invariant_family(
         pristine_tree, tmp_path / "tree", family.module, family.old, family.new
     )
     out = tmp_path / "found"
+    compared = ("--baseline-src", pristine_tree) if family.baseline else ()
     explore = run_kvconform(
         "explore", "--vllm-src", tree, "--budget", BUDGET, "--seed", 0,
-        "--max-findings", 1, "--out", out, cwd=tmp_path,
+        "--max-findings", 1, "--out", out, *compared, cwd=tmp_path,
     )  # fmt: skip
     assert explore.returncode == 1, explore.stdout + explore.stderr
     summary = json.loads((out / "explore-summary.json").read_text())
@@ -201,7 +233,7 @@ def test_explore_finds_the_injected_bug_of_each_invariant_family(
         repro = Path(finding["file"])
         assert repro.parent == out and fnmatch(repro.name, family.pattern), repro.name
         text = repro.read_text()
-        assert "kind: scheduler" in text and f"--vllm-src {tree}" in text
+        assert f"kind: {family.kind}" in text and f"--vllm-src {tree}" in text
         # kvconform run reproduces it on the copy: the same failure, or vLLM's same raise.
         report_dir = tmp_path / f"copy-{n}"
         again = run_kvconform("run", repro, "--vllm-src", tree, "--report-dir", report_dir,
