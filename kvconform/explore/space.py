@@ -1,4 +1,4 @@
-"""The explorer's space: what a scheduler workload may draw on the vLLM in use.
+"""The explorer's space: what an explored document may draw on the vLLM in use.
 
 Read once from the loaded :class:`~kvconform.oracles.vllm.Vllm`, never while drawing:
 
@@ -14,7 +14,10 @@ Read once from the loaded :class:`~kvconform.oracles.vllm.Vllm`, never while dra
   and reports it like any other failure;
 * the release's optional settings (the adaptive long-prefill threshold, per-request
   spec-decode metrics, on/off group options such as bounded replay): drawn only where a
-  probe builds them.
+  probe builds them;
+* the other kinds of document: the group types vLLM's startup planning builds (a
+  startup probe of each), and whether its warmup runs (one warmup probe); a kind
+  this vLLM does not offer is not drawn.
 """
 
 from __future__ import annotations

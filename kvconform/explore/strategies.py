@@ -1,8 +1,11 @@
-"""Hypothesis strategies of scheduler workloads, drawn by swarm testing.
+"""Hypothesis strategies of explored documents: scheduler workloads drawn by swarm
+testing, startup and warmup documents.
 
-:func:`workloads` draws one ``kind: scheduler`` scenario document (a plain dict
-in the v1 format, as a file would load into) in two stages, as swarm testing
-does (Groce et al., ISSTA 2012):
+:func:`workloads` first draws the example's kind (:data:`KIND_SHARES`, among those
+the space offers): a startup document (:func:`startup_document`) or a warmup
+document (:func:`warmup_document`) is drawn whole; a ``kind: scheduler`` scenario
+document (a plain dict in the v1 format, as a file would load into) is drawn in
+two stages, as swarm testing does (Groce et al., ISSTA 2012):
 
 1. **The features.** Each of :data:`FEATURES` is drawn on or off, independently,
    with even odds. A feature that is off is absent from the whole example, so
