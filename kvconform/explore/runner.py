@@ -79,7 +79,8 @@ class ExploreStats(SearchStats):
             *([self.baseline.summary_line()] if self.baseline is not None else []),
             f"  rejected: {self.share(self.rejected_pool)} pool ran dry, "
             f"{self.share(self.rejected_unsupported)} not buildable, "
-            f"{self.share(self.rejected_input)} unfinished at max_steps; of {searched} run: "
+            f"{self.share(self.rejected_input)} refused as input (unfinished at max_steps, a "
+            f"warmup pool below its first prefill); of {searched} run: "
             f"preempted: {self.share(self.preempting)}, pool left with <= 1 free block: "
             f"{self.share(self.under_pressure)}",
             "  kinds: " + ", ".join(f"{k} {self.share(n)}" for k, n in sorted(self.kinds.items()))
