@@ -64,7 +64,9 @@ def test_explore_finds_an_injected_bug_and_its_reproducer_reproduces(
     assert candidates, explore.stdout
     for repro in candidates:
         text = repro.read_text()
-        assert "kind: scheduler" in text and f"--vllm-src {tree}" in text
+        # The live side: a scheduler workload's, or a warmup document's replay of the warmup.
+        assert ("kind: scheduler" in text or "kind: warmup" in text), text
+        assert f"--vllm-src {tree}" in text
         again = run_kvconform(
             "run", repro, "--vllm-src", tree, "--report-dir", tmp_path / "r1", cwd=tmp_path
         )
@@ -157,4 +159,5 @@ def test_jobs_add_up_and_a_seed_repeats(vllm: Vllm, tmp_path: Path) -> None:
     rejected = (
         summary["rejected_pool"] + summary["rejected_unsupported"] + summary["rejected_input"]
     )
-    assert sum(summary["modes"].values()) == summary["examples"] - rejected
+    assert sum(summary["kinds"].values()) == summary["examples"] - rejected
+    assert sum(summary["modes"].values()) == summary["kinds"].get("scheduler", 0)

@@ -85,8 +85,9 @@ class ExploreStats(SearchStats):
             f"{self.share(self.under_pressure)}",
             "  kinds: " + ", ".join(f"{k} {self.share(n)}" for k, n in sorted(self.kinds.items()))
             + (
-                f" (startup pools accepted: {self.startup_accepted} of {self.kinds['startup']})"
-                if self.kinds["startup"]
+                f" (startup pools accepted: {self.startup_accepted} of "
+                f"{self.kinds[Kind.STARTUP]})"
+                if self.kinds[Kind.STARTUP]
                 else ""
             ),
             "  modes: " + ", ".join(f"{m} {self.share(n)}" for m, n in sorted(self.modes.items())),
@@ -147,7 +148,7 @@ class Workloads:
 
     def measure(self, result: ScenarioResult, doc: dict[str, Any]) -> None:
         stats = self.stats
-        kind = doc.get("kind", "trajectory")
+        kind = doc.get("kind", Kind.TRAJECTORY)
         stats.kinds[kind] += 1
         if kind != Kind.SCHEDULER:
             # Startup and warmup documents have no scheduler, no features and no steps;

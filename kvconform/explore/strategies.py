@@ -52,7 +52,7 @@ from hypothesis import strategies as st
 from kvconform.explore.space import ExploreSpace, runs_without_caching
 from kvconform.model.floors import FloorInput
 from kvconform.model.group_types import GROUP_TYPES
-from kvconform.model.kinds import Kind
+from kvconform.model.kinds import KINDS, Kind
 from kvconform.model.methods import method_for
 
 DrawFn = Callable[[st.SearchStrategy[Any]], Any]
@@ -235,7 +235,7 @@ def method_options(
     if entry is None:
         return {}
     k = int(speculative["num_speculative_tokens"])
-    sections = {"speculative", *(s for s in ("scheduler", "warmup", "startup") if s == kind)}
+    sections = {"speculative", *KINDS[kind].sections}
     stated: dict[str, dict[str, Any]] = {}
     for option in entry.options:
         if option.section not in sections:
