@@ -224,3 +224,43 @@ def test_statistics_count_kinds_and_tolerate_documents_without_steps() -> None:
     lines = "\n".join(stats.summary_lines())
     assert "kinds: startup 50.0%, warmup 50.0% (startup pools accepted: 0 of 1)" in lines
     assert stats.to_json()["kinds"] == {"startup": 1, "warmup": 1}
+
+
+def test_a_failure_shrinks_within_its_kind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The search loop counts a shrink candidate only where it is of the kind of the example
+    that first failed. A stand-in run fails only scheduler documents (n >= 3) until the first
+    failure, then every document the same way: without the guard the shrinker would go on
+    to the smaller startup documents (n < 3); with it, the finding is the smallest scheduler
+    document."""
+    from kvconform.fuzz import search as search_module
+    from kvconform.fuzz.search import Budget, SearchStats, search
+    from kvconform.model.results import ErrorKind
+
+    failing = {"on": False}
+
+    def doc_of(n: int) -> dict[str, Any]:
+        return {"name": "explore", "kind": "scheduler" if n >= 3 else "startup", "n": n}
+
+    def run(doc: dict[str, Any], vllm: Any, file: str = "") -> ScenarioResult:
+        if doc["n"] >= 3 or failing["on"]:
+            failing["on"] = True
+            return ScenarioResult(
+                "x", file, Verdict.ERROR, error_kind=ErrorKind.CRASH,
+                error="vLLM raised AssertionError at vllm/x.py:1 in f",
+            )  # fmt: skip
+        return ScenarioResult("x", file, Verdict.PASSED)
+
+    class Source:
+        name = "explore"
+
+        def documents(self) -> st.SearchStrategy[dict[str, Any]]:
+            return st.integers(0, 9).map(doc_of)
+
+        def measure(self, result: Any, doc: dict[str, Any]) -> None:
+            pass
+
+    monkeypatch.setattr(search_module, "run_document", run)
+    stats = SearchStats(seed=0, budget=50)
+    search(Source(), None, stats, Budget(examples=50), max_findings=1)  # type: ignore[arg-type]
+    (finding,) = stats.findings
+    assert "kind: scheduler" in finding.text and "n: 3" in finding.text, finding.text
