@@ -8,7 +8,8 @@ on it with seed 0, and then
 
 * it exits 1, with a finding of the family's signature in ``explore-summary.json`` (its
   check, and for ``sanity`` the invariant; vLLM's frame for a crash), written as a
-  reproducer whose name the family's glob matches;
+  reproducer of the family's kind (a scheduler workload; a startup or warmup document for
+  those families) whose name the family's glob matches;
 * that reproducer fails with ``kvconform run`` on the copy (the same message, or vLLM's
   same raise), and the unmodified vLLM (this process's) does not fail it with that
   signature: it is the bug, not the workload. (It need not exit 0 there: a shrunk workload
@@ -22,7 +23,9 @@ differential baseline of docs/explore.md): a failure the pinned vLLM shows on th
 workload is passed over, not counted. So each run stops at its first finding that the bug
 makes (``--max-findings 1``), wherever seed 0 meets the pinned vLLM's own findings (#20's
 sliding-window finding came first for the KV-events bug once the encoder sizes were drawn),
-and the budget is only a bound for a slow machine.
+and the budget is only a bound for a slow machine. Drawing each example's kind first (startup
+and warmup documents, one example in ten each) changed seed 0's sequence again; each entry's
+comment says at which example its finding came before kinds and encoder sizes were drawn.
 
 **Each fails when its invariant is removed.** Shown by hand once per family, not in CI: in
 a copy of kvconform whose ``judge()`` drops the failures of the family's invariant (its
@@ -31,8 +34,8 @@ a copy of kvconform whose ``judge()`` drops the failures of the family's invaria
 family's test fails: the explorer reports another signature first (``agree`` for
 ``ceiling``, ``sanity / - / leaks blocks`` for ``conservation``, the pinned vLLM's own
 ``capacity / schedule`` at example 33 for the seven others). The four families added at
-the fifth stop (the encoder's budget and cache, liveness, fairness) were not shown so by
-hand: each asserts its own invariant's message, which no other family writes.
+the fifth stop (the encoder's budget and cache, liveness, fairness, startup, warmup) were not
+shown so by hand: each asserts its own invariant's message, which no other family writes.
 """
 
 from __future__ import annotations
@@ -73,6 +76,7 @@ class Family:
     new: str  # its replacement: the bug
     signature: str  # the start of the finding's signature
     pattern: str  # the reproducer's file name
+    kind: str = "scheduler"  # the kind of the reproducer (a startup or warmup document)
 
 
 # --budget: only a bound for a slow machine; each run stops at its first finding.
@@ -145,7 +149,8 @@ FAMILIES: dict[str, Family] = {
     ),
     # KV-cache events: evicting a cached block no longer announces BlockRemoved, so a
     # router following the events believes the prefix cache still holds it. Found at
-    # example 9.
+    # example 9 before kinds were drawn; now after #14 (example 85), passed over as the
+    # unmodified tree's.
     "kv-events": Family(
         "v1/core/block_pool.py",
         "        self._emit_block_removed_events(evicted_hashes)\n        return True\n",
@@ -217,6 +222,29 @@ FAMILIES: dict[str, Family] = {
         f"sanity / - / {PASSED}",
         "explore-s0-*-sanity-admits-a-later-request-*.yaml",
     ),
+    # Startup planning: get_kv_cache_configs checks the pool (and auto-fits max_model_len)
+    # against the whole memory again, the null block BlockPool keeps back counted as usable
+    # (the second half of realbugs/patches/capacity-check-counts-null-block.patch). A
+    # startup document at the edge (a pool of exactly one max_model_len request) shows it.
+    "startup": Family(
+        "v1/core/kv_cache_planning.py",
+        "            avail_mem - _pool_bytes_per_block_from_builder(builder, vllm_config, groups)\n",
+        "            avail_mem\n",
+        "startup / accepts a pool ",
+        "explore-s0-*-startup-accepts-*.yaml",
+        kind="startup",
+    ),
+    # Warmup: the model runner's warmup reserves blocks without the speculative lookahead
+    # (realbugs/patches/warmup-ignores-spec-lookahead.patch's lookahead half), so the
+    # recorded warmup holds fewer blocks than the floor of what its drafter writes.
+    "warmup": Family(
+        "v1/worker/gpu/warmup.py",
+        "    num_lookahead_tokens = vllm_config.num_lookahead_tokens\n",
+        "    num_lookahead_tokens = 0\n",
+        "floor / warmup / ",
+        "explore-s0-*-floor-warmup-*.yaml",
+        kind="warmup",
+    ),
 }
 
 
@@ -250,7 +278,7 @@ def test_explore_finds_the_injected_bug_of_each_invariant_family(
         repro = Path(finding["file"])
         assert repro.parent == out and fnmatch(repro.name, family.pattern), repro.name
         text = repro.read_text()
-        assert "kind: scheduler" in text and f"--vllm-src {tree}" in text
+        assert f"kind: {family.kind}" in text and f"--vllm-src {tree}" in text
         # kvconform run reproduces it on the copy: the same failure, or vLLM's same raise.
         report_dir = tmp_path / f"copy-{n}"
         again = run_kvconform("run", repro, "--vllm-src", tree, "--report-dir", report_dir,

@@ -264,7 +264,7 @@ def test_every_stub_says_what_it_stands_in_for():
         assert "Stands in for the ``GPUModelRunner`` attributes" in (stub.__doc__ or "")
 
 
-def test_warmup_corpus_conforms_with_one_known_divergence(vllm):
+def test_warmup_corpus_conforms_with_its_known_divergences(vllm):
     loaded = load_paths([CORPUS])
     assert not loaded.errors
     assert {s.kind for s in loaded.scenarios} == {"warmup"}
@@ -275,7 +275,9 @@ def test_warmup_corpus_conforms_with_one_known_divergence(vllm):
     }
     assert not bad
     xfailed = [i for i, r in results.items() if r.verdict is Verdict.XFAILED]
-    assert xfailed == ["warmup-encoder-decoder-mixed"]
+    # The mixed warmup's cross-attention over-reservation (#3) and warmup_kernels' crash
+    # under a budget that fits no request (#21).
+    assert sorted(xfailed) == ["warmup-budget-below-one-request", "warmup-encoder-decoder-mixed"]
 
 
 def test_mixed_warmup_over_reserves_cross_attention(vllm):

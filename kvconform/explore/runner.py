@@ -41,6 +41,7 @@ from kvconform.fuzz.runner import peak_blocks_held
 from kvconform.fuzz.search import Budget, SearchStats, search, write_summary
 from kvconform.harness.loader import load_text
 from kvconform.harness.runner import run_scenario
+from kvconform.model.kinds import Kind
 from kvconform.model.results import ScenarioResult
 from kvconform.oracles.vllm import Vllm
 
@@ -57,6 +58,8 @@ class ExploreStats(SearchStats):
     under_pressure: int = 0  # examples whose pool was left with at most one free block
     features: Counter[str] = field(default_factory=Counter)  # examples with the feature on
     modes: Counter[str] = field(default_factory=Counter)  # examples per scheduler.mode
+    kinds: Counter[str] = field(default_factory=Counter)  # searched examples per kind
+    startup_accepted: int = 0  # startup documents whose pool vLLM's planning accepted
     excluded: dict[str, str] = field(default_factory=dict)
     space: str = ""
 
@@ -76,9 +79,17 @@ class ExploreStats(SearchStats):
             *([self.baseline.summary_line()] if self.baseline is not None else []),
             f"  rejected: {self.share(self.rejected_pool)} pool ran dry, "
             f"{self.share(self.rejected_unsupported)} not buildable, "
-            f"{self.share(self.rejected_input)} unfinished at max_steps; of {searched} run: "
+            f"{self.share(self.rejected_input)} refused as input (unfinished at max_steps, a "
+            f"warmup pool below its first prefill); of {searched} run: "
             f"preempted: {self.share(self.preempting)}, pool left with <= 1 free block: "
             f"{self.share(self.under_pressure)}",
+            "  kinds: " + ", ".join(f"{k} {self.share(n)}" for k, n in sorted(self.kinds.items()))
+            + (
+                f" (startup pools accepted: {self.startup_accepted} of "
+                f"{self.kinds[Kind.STARTUP]})"
+                if self.kinds[Kind.STARTUP]
+                else ""
+            ),
             "  modes: " + ", ".join(f"{m} {self.share(n)}" for m, n in sorted(self.modes.items())),
             "  features on: "
             + ", ".join(f"{name} {self.share(self.features[name])}" for name in FEATURES),
@@ -96,6 +107,8 @@ class ExploreStats(SearchStats):
             "under_pressure": self.under_pressure,
             "features": {name: self.features[name] for name in FEATURES},
             "modes": dict(sorted(self.modes.items())),
+            "kinds": dict(sorted(self.kinds.items())),
+            "startup_accepted": self.startup_accepted,
             "space": self.space,
             "excluded": self.excluded,
             "findings": [f.to_json() for f in self.findings],
@@ -107,14 +120,15 @@ class ExploreStats(SearchStats):
             "examples", "rejected_pool", "rejected_unsupported", "rejected_input", "shrink_runs"
         ):
             setattr(self, name, getattr(self, name) + int(other[name]))
-        for name in ("scheduler_steps", "preempting", "under_pressure"):
-            setattr(self, name, getattr(self, name) + int(other[name]))
+        for name in ("scheduler_steps", "preempting", "under_pressure", "startup_accepted"):
+            setattr(self, name, getattr(self, name) + int(other.get(name, 0)))
         # The workers ran side by side: the run's seconds are the longest worker's.
         self.search_seconds = max(self.search_seconds, float(other["search_seconds"]))
         self.shrink_seconds = max(self.shrink_seconds, float(other["shrink_seconds"]))
         self.search_cpu_seconds += float(other["search_cpu_seconds"])
         self.features.update(other["features"])
         self.modes.update(other["modes"])
+        self.kinds.update(other.get("kinds", {}))
         if "baseline" in other:
             if self.baseline is None:
                 self.baseline = BaselineStats()
@@ -134,6 +148,13 @@ class Workloads:
 
     def measure(self, result: ScenarioResult, doc: dict[str, Any]) -> None:
         stats = self.stats
+        kind = doc.get("kind", Kind.TRAJECTORY)
+        stats.kinds[kind] += 1
+        if kind != Kind.SCHEDULER:
+            # Startup and warmup documents have no scheduler, no features and no steps;
+            # what they measure is what they decided (the kinds' own lines).
+            self._measure_other_kind(result, kind)
+            return
         stats.modes[doc["scheduler"]["mode"]] += 1
         for feature in _features_of(doc):
             stats.features[feature] += 1
@@ -146,6 +167,13 @@ class Workloads:
             stats.preempting += 1
         if trajectory.num_blocks and trajectory.num_blocks - 1 - peak_blocks_held(trajectory) <= 1:
             stats.under_pressure += 1
+
+
+    def _measure_other_kind(self, result: ScenarioResult, kind: str) -> None:
+        trajectory = result.trajectory
+        record = trajectory.startup if trajectory is not None else None
+        if kind == Kind.STARTUP and record is not None:
+            self.stats.startup_accepted += int(record.accepted)
 
 
 def _features_of(doc: dict[str, Any]) -> list[str]:

@@ -1,4 +1,4 @@
-"""The explorer's space: what a scheduler workload may draw on the vLLM in use.
+"""The explorer's space: what an explored document may draw on the vLLM in use.
 
 Read once from the loaded :class:`~kvconform.oracles.vllm.Vllm`, never while drawing:
 
@@ -14,7 +14,10 @@ Read once from the loaded :class:`~kvconform.oracles.vllm.Vllm`, never while dra
   and reports it like any other failure;
 * the release's optional settings (the adaptive long-prefill threshold, per-request
   spec-decode metrics, on/off group options such as bounded replay): drawn only where a
-  probe builds them.
+  probe builds them;
+* the other kinds of document: the group types vLLM's startup planning builds (a
+  startup probe of each), and whether its warmup runs (one warmup probe); a kind
+  this vLLM does not offer is not drawn.
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ from typing import Any
 from kvconform.fuzz.document import render
 from kvconform.harness.loader import load_text
 from kvconform.harness.loader.scheduler import SCHEDULER_GROUP_TYPES
+from kvconform.harness.loader.startup import STARTUP_GROUP_TYPES
 from kvconform.harness.runner import run_scenario
 from kvconform.model.group_types import GROUP_TYPES
+from kvconform.model.kinds import Kind
 from kvconform.model.results import ScenarioResult, Verdict
 from kvconform.oracles.vllm import Vllm
 
@@ -43,6 +48,11 @@ class ExploreSpace:
     # built with the option on; drawn both ways (sliding-window MLA's bounded replay).
     flag_options: tuple[tuple[str, str], ...] = ()
     excluded: dict[str, str] = field(default_factory=dict)  # type or method -> why not drawn
+    # Startup documents: the group types vLLM's startup planning builds here (empty: no
+    # startup documents are drawn). Warmup documents: whether vLLM's warmup runs here
+    # (their groups are the scheduler's types).
+    startup_types: tuple[str, ...] = ()
+    warmup: bool = False
     block_sizes: tuple[int, ...] = (16, 32, 8)
     max_groups: int = 3
     max_speculative_tokens: int = 4
@@ -51,10 +61,21 @@ class ExploreSpace:
     def __repr__(self) -> str:  # Hypothesis shows it in every strategy's repr
         return f"ExploreSpace({self.describe()})"
 
+    def kinds(self) -> tuple[Kind, ...]:
+        """The kinds of document drawn: the scheduler's workloads, and startup and warmup
+        documents where this vLLM runs them."""
+        return (
+            Kind.SCHEDULER,
+            *((Kind.STARTUP,) if self.startup_types else ()),
+            *((Kind.WARMUP,) if self.warmup else ()),
+        )
+
     def describe(self) -> str:
         return (
             f"{len(self.group_types)} group types ({', '.join(self.group_types)}); "
-            f"{len(self.methods)} speculative methods ({', '.join(self.methods)})"
+            f"{len(self.methods)} speculative methods ({', '.join(self.methods)}); "
+            f"kinds {', '.join(self.kinds())}"
+            + (f" (startup: {', '.join(self.startup_types)})" if self.startup_types else "")
         )
 
 
@@ -111,7 +132,21 @@ def build_explore_space(vllm: Vllm, **limits: Any) -> ExploreSpace:
             result = probe(vllm, _probe_document(f"{name}-{option_name}", group))
             if result.verdict is not Verdict.UNSUPPORTED:
                 flags.append((name, option_name))
+    startup_types = []
+    for name in STARTUP_GROUP_TYPES:
+        if GROUP_TYPES[name].vllm_class not in offered:
+            continue
+        result = probe(vllm, _startup_probe(name))
+        if result.verdict is Verdict.UNSUPPORTED:
+            excluded[f"startup {name}"] = f"not offered: {result.error}"
+            continue
+        startup_types.append(name)
+    warmup = probe(vllm, _warmup_probe(plain))
+    if warmup.verdict is Verdict.UNSUPPORTED:
+        excluded["warmup"] = f"not offered: {warmup.error}"
     return ExploreSpace(
+        startup_types=tuple(startup_types),
+        warmup=warmup.verdict is not Verdict.UNSUPPORTED,
         group_types=tuple(types),
         methods=tuple(methods),
         adaptive_threshold=offered_options["adaptive_threshold"],
@@ -149,6 +184,30 @@ def _probe_document(label: str, group: Any) -> dict[str, Any]:
         "model": {**model, "groups": [group]},
         "scheduler": {"mode": "sync"},
         "requests": {"a": {"prompt_len": 40, "max_tokens": 4}},
+    }
+
+
+def _startup_probe(type_name: str) -> dict[str, Any]:
+    """One group of ``type_name`` handed to vLLM's startup planning, with room to spare."""
+    group: Any = type_name
+    mode = GROUP_TYPES[type_name].options.get("mamba_cache_mode")
+    if mode is not None:  # the loader asks for the mode stated (its startup floor)
+        group = {"type": type_name, "mamba_cache_mode": mode.default}
+    return {
+        "name": f"explore-probe-startup-{type_name}",
+        "kind": Kind.STARTUP.value,
+        "model": {"block_size": 16, "max_model_len": 128, "groups": [group]},
+        "startup": {"available_blocks": 64},
+    }
+
+
+def _warmup_probe(group: Any) -> dict[str, Any]:
+    """vLLM's warmup over one group, no speculation, a roomy pool."""
+    return {
+        "name": "explore-probe-warmup",
+        "kind": Kind.WARMUP.value,
+        "model": {"block_size": 16, "max_model_len": 128, "num_blocks": 64, "groups": [group]},
+        "warmup": {"max_num_seqs": 2, "max_num_batched_tokens": 64},
     }
 
 

@@ -1,8 +1,11 @@
-"""Hypothesis strategies of scheduler workloads, drawn by swarm testing.
+"""Hypothesis strategies of explored documents: scheduler workloads drawn by swarm
+testing, startup and warmup documents.
 
-:func:`workloads` draws one ``kind: scheduler`` scenario document (a plain dict
-in the v1 format, as a file would load into) in two stages, as swarm testing
-does (Groce et al., ISSTA 2012):
+:func:`workloads` first draws the example's kind (:data:`KIND_SHARES`, among those
+the space offers): a startup document (:func:`startup_document`) or a warmup
+document (:func:`warmup_document`) is drawn whole; a ``kind: scheduler`` scenario
+document (a plain dict in the v1 format, as a file would load into) is drawn in
+two stages, as swarm testing does (Groce et al., ISSTA 2012):
 
 1. **The features.** Each of :data:`FEATURES` is drawn on or off, independently,
    with even odds. A feature that is off is absent from the whole example, so
@@ -47,7 +50,10 @@ from typing import Any
 from hypothesis import strategies as st
 
 from kvconform.explore.space import ExploreSpace, runs_without_caching
+from kvconform.model.floors import FloorInput
 from kvconform.model.group_types import GROUP_TYPES
+from kvconform.model.kinds import KINDS, Kind
+from kvconform.model.methods import method_for
 
 DrawFn = Callable[[st.SearchStrategy[Any]], Any]
 
@@ -77,6 +83,10 @@ FEATURES = (
     "stats",  # log_stats, KV-cache events, per-request spec-decode metrics
 )
 
+# The kinds of document drawn, with their shares of the examples (out of the sum): the
+# scheduler's workloads most of the time, then vLLM's startup planning and its warmup.
+KIND_SHARES: tuple[tuple[Kind, int], ...] = ((Kind.SCHEDULER, 8), (Kind.STARTUP, 1), (Kind.WARMUP, 1))
+
 _BOOLS = st.booleans()
 
 
@@ -102,9 +112,37 @@ def feature_sets(draw: DrawFn) -> dict[str, bool]:
 
 @st.composite
 def workloads(draw: DrawFn, space: ExploreSpace, name: str = "explore") -> dict[str, Any]:
-    """One scheduler scenario document: its features first, then the workload."""
+    """One scenario document: its kind first (where the space offers more than the
+    scheduler's), then, for a scheduler workload, its features and the workload within
+    them; a startup or a warmup document is drawn whole."""
+    kind = draw_kind(draw, space)
+    if kind == Kind.STARTUP:
+        return startup_document(draw, space, name)
+    if kind == Kind.WARMUP:
+        return warmup_document(draw, space, name)
     on = draw(feature_sets())
     return workload(draw, space, on, name)
+
+
+def draw_kind(draw: DrawFn, space: ExploreSpace) -> Kind:
+    """The kind of the example, by :data:`KIND_SHARES` among those the space offers.
+
+    A kind the space does not offer falls to the scheduler's; a space of scheduler workloads
+    only draws nothing here (its examples are what they were before kinds were drawn).
+    Hypothesis shrinks the draw towards the scheduler, but a candidate of another kind
+    than the failure first met never counts as reproducing it (the search loop compares
+    the documents' kinds, :func:`kvconform.fuzz.search.search`): an example shrinks within
+    its kind.
+    """
+    offered = space.kinds()
+    if offered == (Kind.SCHEDULER,):
+        return Kind.SCHEDULER
+    ticket = draw(_ints(0, sum(share for _, share in KIND_SHARES) - 1))
+    for kind, share in KIND_SHARES:
+        if ticket < share:
+            return kind if kind in offered else Kind.SCHEDULER
+        ticket -= share
+    raise AssertionError("KIND_SHARES covers every ticket")
 
 
 def workload(draw: DrawFn, space: ExploreSpace, on: dict[str, bool], name: str) -> dict[str, Any]:
@@ -120,9 +158,11 @@ def workload(draw: DrawFn, space: ExploreSpace, on: dict[str, bool], name: str) 
         method = draw(_one_of(space.methods))
         k = draw(_ints(1, space.max_speculative_tokens))
         speculative = {"method": method, "num_speculative_tokens": k}
+    stated = method_options(draw, speculative, Kind.SCHEDULER)
 
     sync = not on["async_scheduling"]
     scheduler: dict[str, Any] = {"mode": "sync" if sync else draw(_one_of(("overlapped", "async")))}
+    scheduler.update(stated.get("scheduler", {}))
     max_num_seqs = draw(_ints(1, 2)) if on["few_seqs"] else draw(_ints(3, 6))
     scheduler["max_num_seqs"] = max_num_seqs
     # A Mamba group runs with prefix caching (below), and vLLM requires chunked prefill
@@ -186,6 +226,131 @@ def workload(draw: DrawFn, space: ExploreSpace, on: dict[str, bool], name: str) 
         doc["speculative"] = speculative
     doc["scheduler"] = scheduler
     doc["requests"] = requests
+    return doc
+
+
+def method_options(
+    draw: DrawFn, speculative: dict[str, Any] | None, kind: Kind
+) -> dict[str, dict[str, Any]]:
+    """Draw the settings the method's registry entry declares (``Method.options``: DSpark's
+    layout, MTP's modules), each from its legal values for k, the default first; a value
+    of the ``speculative`` section goes into ``speculative``, the others are returned by
+    section. A setting of a section the ``kind`` has not (MTP's modules outside scheduler
+    scenarios) is not drawn; a default is not stated."""
+    if speculative is None:
+        return {}
+    entry = method_for(speculative["method"])
+    if entry is None:
+        return {}
+    k = int(speculative["num_speculative_tokens"])
+    sections = {"speculative", *KINDS[kind].sections}
+    stated: dict[str, dict[str, Any]] = {}
+    for option in entry.options:
+        if option.section not in sections:
+            continue
+        values = option.values(k)
+        value = draw(_one_of(tuple(values))) if len(values) > 1 else values[0]
+        if value == values[0]:
+            continue
+        if option.section == "speculative":
+            speculative[option.name] = value
+        else:
+            stated.setdefault(option.section, {})[option.name] = value
+    return stated
+
+
+def startup_document(draw: DrawFn, space: ExploreSpace, name: str) -> dict[str, Any]:
+    """A ``kind: startup`` document: a model's groups handed to vLLM's startup planning
+    with the memory profiled near the edge of one ``max_model_len`` request.
+
+    The groups: one of the types startup scenarios take on this vLLM, or (half the time)
+    an attention type beside a recurrent state, in either order (vLLM's planning merges
+    attention layers of one page size into one group, so no other mix stays a hybrid);
+    Mamba in its cache mode ``none`` (stated, as the loader asks) with 0-2 speculative
+    state blocks. The edge is the smallest pool that serves one
+    request of ``max_model_len`` tokens: the null block plus every group's floor for it
+    (``kvconform/model/floors.py``, the floor the ``startup`` check holds vLLM to). The
+    memory is that edge +-2 blocks; half the time ``num_gpu_blocks_override`` is stated
+    instead at the edge +-2, the memory then at the edge +-2 too or 2-8 times it; auto-fit
+    half the time. No ``expect``: the ``startup`` check judges vLLM's decision by itself.
+    """
+    block_size = draw(_one_of(space.block_sizes))
+    groups: list[Any] = []
+    floors = 0
+    max_model_len = block_size * draw(_ints(3, space.max_blocks_per_len)) - draw(_ints(0, 2))
+    attention = tuple(t for t in space.startup_types if GROUP_TYPES[t].attention)
+    recurrent = tuple(t for t in space.startup_types if not GROUP_TYPES[t].attention)
+    if attention and recurrent and draw(_BOOLS):
+        # vLLM's planning puts layers of one spec, and attention layers of one page size,
+        # in one group: a hybrid it keeps apart is attention beside a recurrent state.
+        kinds = [draw(_one_of(attention)), draw(_one_of(recurrent))]
+        if draw(_BOOLS):
+            kinds.reverse()
+    else:
+        kinds = [draw(_one_of(space.startup_types))]
+    for type_name in kinds:
+        group_type = GROUP_TYPES[type_name]
+        options: dict[str, Any] = {}
+        mode = group_type.options.get("mamba_cache_mode")
+        if mode is not None:
+            options["mamba_cache_mode"] = mode.default
+        extra = 0
+        if group_type.speculative_blocks is not None and draw(_BOOLS):
+            extra = draw(_ints(1, 2))
+            options[group_type.speculative_blocks] = extra
+        rule = group_type.floor_for(options)
+        fixed = FloorInput(0, 0, 0, block_size, max_model_len, num_speculative_blocks=extra)
+        floors += rule.for_group(fixed)(0, max_model_len, 0, 0)
+        groups.append({"type": type_name, **options} if options else type_name)
+    edge = 1 + floors  # the null block and one max_model_len request
+    startup: dict[str, Any] = {}
+    if draw(_BOOLS):
+        startup["num_gpu_blocks_override"] = max(1, edge + draw(_ints(-2, 2)))
+        if draw(_BOOLS):
+            startup["available_blocks"] = edge * draw(_ints(2, 8))
+        else:
+            startup["available_blocks"] = max(1, edge + draw(_ints(-2, 2)))
+    else:
+        startup["available_blocks"] = max(1, edge + draw(_ints(-2, 2)))
+    if draw(_BOOLS):
+        startup["auto_fit"] = True
+    model = {"block_size": block_size, "max_model_len": max_model_len, "groups": groups}
+    return {"name": name, "kind": Kind.STARTUP.value, "model": model, "startup": startup}
+
+
+def warmup_document(draw: DrawFn, space: ExploreSpace, name: str) -> dict[str, Any]:
+    """A ``kind: warmup`` document: vLLM's real ``warmup_kernels`` (and the mixed
+    prefill/decode warmup) over a model's groups, with a speculative method and k or none.
+
+    The groups are drawn as a scheduler workload's (one, or 2-3 of any type the
+    scheduler takes on this vLLM, with their windows and chunks); the method any the
+    space offers, k 1..4, its declared settings drawn (``Method.options``); ``max_num_seqs``
+    1-8; ``max_num_batched_tokens`` from ``max_num_seqs`` to 16 blocks; the pool from 2
+    blocks (the warmup skips or caps what does not fit) to 8 times one ``max_model_len``
+    request in every group.
+    """
+    block_size = draw(_one_of(space.block_sizes))
+    on = {"hybrid": draw(_BOOLS)}
+    groups = _draw_groups(draw, space, on, block_size)
+    max_model_len = block_size * draw(_ints(3, space.max_blocks_per_len)) - draw(_ints(0, 2))
+    speculative: dict[str, Any] | None = None
+    k = 0
+    if space.methods and draw(_BOOLS):
+        k = draw(_ints(1, space.max_speculative_tokens))
+        speculative = {"method": draw(_one_of(space.methods)), "num_speculative_tokens": k}
+        method_options(draw, speculative, Kind.WARMUP)
+    max_num_seqs = draw(_ints(1, 8))
+    budget = max(max_num_seqs, draw(_ints(1, 16 * block_size)))
+    alone = len(groups) * (_cdiv(max_model_len, block_size) + k + 1)
+    model: dict[str, Any] = {"block_size": block_size, "max_model_len": max_model_len}
+    if not all(runs_without_caching(group) for group in groups):
+        model["enable_caching"] = True  # a Mamba group: as in a scheduler workload
+    model["num_blocks"] = draw(_ints(2, 1 + 8 * alone))
+    model["groups"] = groups
+    doc: dict[str, Any] = {"name": name, "kind": Kind.WARMUP.value, "model": model}
+    if speculative is not None:
+        doc["speculative"] = speculative
+    doc["warmup"] = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": budget}
     return doc
 
 

@@ -15,8 +15,17 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from kvconform.model.kinds import KINDS
+
 _PLAIN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 _YAML_WORDS = {"true", "false", "yes", "no", "on", "off", "null", "y", "n", "~"}
+# The kinds' own sections of settings (a mapping each), rendered one setting a line.
+_SETTINGS_SECTIONS = frozenset(
+    section
+    for kind in KINDS.values()
+    for section in kind.sections
+    if section not in ("requests", "steps")
+)
 
 
 def flow(value: Any) -> str:
@@ -52,8 +61,8 @@ def render(doc: Mapping[str, Any]) -> str:
                     lines += [f"    - {flow(group)}" for group in item]
                 else:
                     lines.append(f"  {field}: {flow(item)}")
-        elif key == "scheduler":  # a scheduler scenario's settings, one per line
-            lines.append("scheduler:")
+        elif key in _SETTINGS_SECTIONS:  # a kind's settings (scheduler, ...), one per line
+            lines.append(f"{key}:")
             lines += [f"  {field}: {flow(item)}" for field, item in value.items()]
         elif key == "requests":
             lines.append("requests:")

@@ -188,6 +188,7 @@ class _Round:
     last: ScenarioResult | None = None
     smallest: dict[str, Any] | None = None  # the smallest example that showed the target
     smallest_size: int = 0
+    kind: str | None = None  # the kind of the example that first showed the target
 
 
 def search(
@@ -239,6 +240,10 @@ def search(
                     and time.perf_counter() > budget.deadline + budget.shrink_seconds
                 ):
                     raise DeadlinePassed
+                if doc.get("kind") != state.kind:
+                    # A source drawing several kinds: a failure shrinks within its kind
+                    # (its reproducer is a document of the kind that failed), not run.
+                    return False
                 state.shrink_runs += 1
             result = run_document(doc, vllm, f"<{name}>")
             if result.pool_exhausted or result.error_kind is ErrorKind.UNSUPPORTED:
@@ -272,6 +277,7 @@ def search(
                 if not new:
                     return False
                 state.target = new[0]
+                state.kind = doc.get("kind")
                 state.found_at = time.perf_counter()
                 state.found_at_cpu = time.process_time()
                 if unshrunk(state.target):

@@ -48,6 +48,7 @@ __all__ = [
     "EngineDraft",
     "LookaheadRule",
     "ADDING_A_METHOD",
+    "MethodOption",
     "METHODS",
     "METHODS_FILE",
     "Method",
@@ -169,6 +170,27 @@ class EngineDraft:
 
 
 @dataclass(frozen=True)
+class MethodOption:
+    """A setting a scenario may state for a method besides its name and k, and the values
+    it may take: what a generator of scenarios (``kvconform explore``) draws for the method.
+
+    ``section``: the scenario section that holds it (``speculative``, or a kind's settings
+    section such as ``scheduler``); ``values``: k -> the legal values, the default first
+    (a generator shrinks towards it and leaves it unstated there).
+    """
+
+    section: str
+    name: str
+    values: Callable[[int], tuple[object, ...]]
+    doc: str = ""
+
+
+def _mtp_module_counts(k: int) -> tuple[object, ...]:
+    """Module counts vLLM takes for k drafts: the divisors of k (k a multiple of them)."""
+    return tuple(n for n in range(1, k + 1) if k % n == 0)
+
+
+@dataclass(frozen=True)
 class Method:
     name: str  # vLLM's canonical method name
     rule: LookaheadRule
@@ -205,6 +227,33 @@ class Method:
 
     def lookahead(self, k: int, sample_from_anchor: bool = True) -> int:
         return self.rule.lookahead(k, sample_from_anchor)
+
+    @property
+    def options(self) -> tuple[MethodOption, ...]:
+        """The settings the entry declares for the method, besides its name and k:
+        DSpark's two layouts (``anchor_layouts``: ``speculative.sample_from_anchor``),
+        MTP's stacked modules (``mtp_modules``: ``scheduler.num_nextn_predict_layers``,
+        read by scheduler scenarios only)."""
+        declared: list[MethodOption] = []
+        if self.anchor_layouts:
+            declared.append(
+                MethodOption(
+                    "speculative",
+                    "sample_from_anchor",
+                    lambda k: (True, False),
+                    "the anchor layout (true) or the fill-in layout (false)",
+                )
+            )
+        if self.mtp_modules:
+            declared.append(
+                MethodOption(
+                    "scheduler",
+                    "num_nextn_predict_layers",
+                    _mtp_module_counts,
+                    "the target's MTP modules (more than one: multi-module MTP)",
+                )
+            )
+        return tuple(declared)
 
     @property
     def has_draft_model(self) -> bool:

@@ -129,7 +129,12 @@ class LiveAllocator(LiveFacts, LiveRefusals):
         ``as_scheduler``: built with what vLLM's scheduler passes for its
         speculative config (``Vllm.manager_options``: EAGLE block drop, prefill
         lookahead, lookahead block hashes); off for a warmup replay, whose
-        requests never came through a scheduler.
+        requests never came through a scheduler. Such a replay makes no prefix-cache
+        lookup either: the warmup hands each request blocks for every token it computes
+        (its hand-built ``SchedulerOutput`` has no hit), so a hit the replay took -- the
+        null columns ``ChunkedLocalAttentionManager.find_longest_cache_hit`` returns before
+        the last token's chunk, another warmup request's cached blocks of the same token
+        ids -- would hold tokens the warmup's step computes as cached.
         """
         options = (
             vllm.manager_options(
@@ -150,6 +155,7 @@ class LiveAllocator(LiveFacts, LiveRefusals):
             options["num_prefill_lookahead"] = extra + 1
         self.vllm = vllm
         self.model = model
+        self._looks_up_prefix_cache = as_scheduler
         self.lookahead = trajectory.lookahead
         # The groups (their floor rules and fixed inputs) and the floor's lookahead (what
         # the drafter writes): the arithmetic a refusal is judged by.
@@ -382,7 +388,7 @@ class LiveAllocator(LiveFacts, LiveRefusals):
             external = call.options.external
             if call.options.connector is not None:
                 blocks, hit, external = self._connector_lookup(call, request)
-            elif self.model.enable_caching:
+            elif self.model.enable_caching and self._looks_up_prefix_cache:
                 queued = len(self.vllm.queued_kv_events(self.manager))
                 blocks, hit = self.vllm.computed_blocks(
                     self.manager, request, call.computed + call.scheduled - 1

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvconform.errors import NotOffered
 from kvconform.model.kind_specs import WarmupPass, WarmupSpec
 from kvconform.model.observations import Trajectory
 from kvconform.model.scenario import Scenario
@@ -237,6 +238,15 @@ def scenario_settings(vllm: Vllm, scenario: Scenario, trajectory: Trajectory) ->
     spec = scenario.speculative
     speculative_config = None
     if spec is not None:
+        refusal = vllm.budget_refusal(
+            trajectory.method or spec.method,
+            spec.num_speculative_tokens,
+            spec.sample_from_anchor,
+            warmup.max_num_batched_tokens,
+        )
+        if refusal is not None:
+            # The stub runner has no VllmConfig to refuse it: the engine would not start.
+            raise NotOffered(vllm.version, "a warmup of this token budget", refusal)
         speculative_config = vllm.speculative_config(
             spec.method, spec.num_speculative_tokens, spec.sample_from_anchor
         )

@@ -5,6 +5,7 @@ passes to ``KVCacheManager``, read from vLLM's config without a model."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import typing
 from functools import cached_property
 from types import SimpleNamespace
@@ -112,6 +113,37 @@ class MethodsPart(VllmBase):
                 key, lambda: self._lookahead(method, num_speculative_tokens, sample_from_anchor)
             ),
         )
+
+    def budget_refusal(
+        self, method: str, k: int, sample_from_anchor: bool, max_num_batched_tokens: int
+    ) -> str | None:
+        """Why this vLLM's ``VllmConfig`` refuses ``max_num_batched_tokens`` under speculative
+        decoding, or None where it takes it. 0.34.0's ``_set_max_num_scheduled_tokens``
+        refuses a budget of at most ``num_lookahead_tokens`` ("does not have enough slots
+        to schedule a token"); a release whose validator does not compare the two takes it.
+        Drivers that run vLLM's code without its ``VllmConfig`` (the warmup's stub runner)
+        ask this first, so that they do not run what vLLM would never start."""
+        if not self._budget_checked_against_lookahead:
+            return None
+        lookahead = self.lookahead(method, k, sample_from_anchor)
+        if lookahead is None or max_num_batched_tokens > lookahead:
+            return None
+        return (
+            f"VllmConfig refuses max_num_batched_tokens={max_num_batched_tokens} with "
+            f"num_lookahead_tokens={lookahead} ({method}, k {k}): not enough slots to "
+            "schedule a token (VllmConfig._set_max_num_scheduled_tokens)"
+        )
+
+    @cached_property
+    def _budget_checked_against_lookahead(self) -> bool:
+        config = getattr(importlib.import_module("vllm.config.vllm"), "VllmConfig", None)
+        check = getattr(config, "_set_max_num_scheduled_tokens", None)
+        if check is None:
+            return False
+        try:
+            return "num_lookahead_tokens" in inspect.getsource(check)
+        except (OSError, TypeError):
+            return False
 
     def _lookahead(
         self, method: str | None, num_speculative_tokens: int, sample_from_anchor: bool
