@@ -129,6 +129,11 @@ class GroupType:
     # Why kvconform's contract states no ceiling for the type (kvconform.model.contract,
     # check ``ceiling``); empty: it states one.
     no_ceiling: str = ""
+    # How kvconform.model.prefix_hits bounds a prefix-cache hit of this type from below:
+    # "dense" (every full block of computed tokens is cached, and any prefix of them
+    # hits), "window" (a hit needs the blocks of the window before it, cached densely or
+    # at the boundaries retention keeps); empty: no rule, and no bound for a model with it.
+    hit_rule: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
@@ -184,6 +189,7 @@ GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
                 # The engine builds its groups from the model: a plain decoder's one group.
                 modes=_PLAIN_DECODER | {Kind.ENGINE} | _STARTUP,
                 fuzz_rank=0,
+                hit_rule="dense",
             ),
             GroupType(
                 "mla",
@@ -192,6 +198,7 @@ GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
                 TOKEN_COLUMNS,
                 modes=_PLAIN_DECODER | _STARTUP,
                 fuzz_rank=3,
+                hit_rule="dense",
             ),  # fmt: skip
             GroupType(
                 "sliding_window",
@@ -204,6 +211,7 @@ GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
                 modes=_PLAIN_DECODER,
                 retention=True,
                 fuzz_rank=1,
+                hit_rule="window",
             ),
             GroupType(
                 "sliding_window_mla",
@@ -224,6 +232,7 @@ GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
                 reads=("window", "sliding_window"),
                 modes=_PLAIN_DECODER,
                 retention=True,
+                hit_rule="window",
             ),
             GroupType(
                 "chunked_local",
