@@ -315,3 +315,42 @@ def test_the_injected_texts_are_in_the_installed_vllm() -> None:
 
     text = (installed_vllm_dir() / SPIRAL[0]).read_text(encoding="utf-8")
     assert text.count(SPIRAL[1]) == 1 and text.count(NO_MARGIN) == 1
+
+
+RETAINED = """
+name: retained
+kind: scheduler
+model:
+  block_size: 16
+  max_model_len: 512
+  num_blocks: 200
+  enable_caching: true
+  {retention}
+  groups: [full_attention, {{type: sliding_window, sliding_window: 32}}]
+scheduler: {{max_num_seqs: 4, max_num_batched_tokens: 512}}
+requests:
+  a: {{prompt_len: 200, max_tokens: 4}}
+  b: {{prompt_len: 150, prefix_from: a, prefix_len: 100, arrival: 8}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("retention", "expected"),
+    [
+        ("", 0),
+        ("prefix_cache_retention_interval: 64", 64),
+        ("prefix_cache_retention_interval: 32", 96),
+    ],
+)
+def test_a_scheduler_scenarios_retention_interval_reaches_vllm(
+    scenario_from, vllm, retention, expected
+) -> None:
+    # b shares 100 of a's tokens (6 full blocks, 96). Under vLLM's default sparse retention
+    # (0) the window is kept only at a's replay boundary (192): no hit; every 64 tokens: 64;
+    # every 32: 96. The bound derives each, and vLLM 0.34.0 gives it.
+    result = runner.run_scenario(scenario_from(RETAINED.format(retention=retention)), vllm)
+    assert result.verdict is Verdict.PASSED, result.headline()
+    assert result.trajectory is not None
+    (b,) = [f.what for f in result.trajectory.facts if isinstance(f.what, PrefixLookup)][1:]
+    assert b.hit == expected
+    assert max(least_hit(b, s).tokens for s in b.sources) == expected
