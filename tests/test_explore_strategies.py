@@ -113,14 +113,17 @@ def test_late_features_are_legal_and_follow_their_rules(doc: dict[str, Any]) -> 
     model = doc["model"]
     sized = [g for g in model["groups"] if isinstance(g, dict) and "block_size" in g]
     assert all(g["block_size"] in (2 * model["block_size"], 4 * model["block_size"]) for g in sized)
+    types = [g if isinstance(g, str) else g["type"] for g in model["groups"]]
     if sized:
         assert len(model["groups"]) > 1
-        assert all(g["type"] not in ("mamba", "chunked_local") for g in sized)
+        assert not {"mamba", "chunked_local"} & set(types)
+    if doc.get("speculative", {}).get("disable_lookahead_block_hashes"):
+        assert model.get("enable_caching") is False or "chunked_local" not in types
     (scenario,) = load_text(render(doc), "<explore>")
     interval = model.get("prefix_cache_retention_interval")
     if interval is not None:
         assert interval > 0 and interval % scenario.model.scheduler_block_size == 0
-        assert model.get("enable_caching") is True
+        assert model.get("enable_caching") is not False
     if doc.get("speculative", {}).get("disable_lookahead_block_hashes"):
         assert (
             scenario.speculative is not None and scenario.speculative.disable_lookahead_block_hashes

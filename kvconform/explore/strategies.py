@@ -214,11 +214,14 @@ def _late_features(
       block sizes takes 1, 2 or 4 times the model's block size (vLLM gives full and sliding
       layers different block sizes where their pages unify; hits then align to the least
       common multiple). Not with a recurrent (Mamba) group, whose block size vLLM sets to
-      the scheduler block size.
+      the scheduler block size, nor beside a type whose prefix caching needs one block size
+      (chunked local attention: vLLM asserts it).
     * ``retention``: with prefix caching on and a group retention applies to, a positive
       ``prefix_cache_retention_interval``: 1-4 times the scheduler block size.
     * ``no_lookahead_hashes``: with a speculative method, ``disable_lookahead_block_hashes``
-      (the EAGLE family drops the last matched block instead of hashing its lookahead).
+      (the EAGLE family drops the last matched block instead of hashing its lookahead); not
+      with prefix caching beside a type whose lookup refuses the drop (chunked local
+      attention: vLLM asserts it).
     """
     drawn = json.dumps([model, speculative, requests], sort_keys=True, default=str)
     pick = Random(zlib.crc32(drawn.encode()))
@@ -227,23 +230,24 @@ def _late_features(
         on.setdefault(feature, chosen)
     groups = model["groups"]
     types = [GROUP_TYPES[g if isinstance(g, str) else str(g["type"])] for g in groups]
-    if on["group_block_sizes"] and len(groups) > 1 and all(t.attention for t in types):
-        for index, group_type in enumerate(types):
-            if group_type.caching_needs_one_block_size:
-                continue
+    caching = model.get("enable_caching") is not False  # unstated: vLLM's default, on
+    mixable = all(t.attention and not t.caching_needs_one_block_size for t in types)
+    if on["group_block_sizes"] and len(groups) > 1 and mixable:
+        for index in range(len(groups)):
             factor = pick.choice((1, 2, 4))
             if factor > 1:
                 group = groups[index]
                 body = {"type": group} if isinstance(group, str) else group
                 body["block_size"] = model["block_size"] * factor
                 groups[index] = body
-    if on["retention"] and model.get("enable_caching") and any(t.retention for t in types):
+    if on["retention"] and caching and any(t.retention for t in types):
         sizes = [
             g["block_size"] if isinstance(g, dict) and "block_size" in g else model["block_size"]
             for g in groups
         ]
         model["prefix_cache_retention_interval"] = lcm(*sizes) * pick.randint(1, 4)
-    if on["no_lookahead_hashes"] and speculative is not None:
+    refused = caching and any(t.caching_refuses_block_drop for t in types)
+    if on["no_lookahead_hashes"] and speculative is not None and not refused:
         speculative["disable_lookahead_block_hashes"] = True
 
 

@@ -108,6 +108,11 @@ class GroupType:
     # (ChunkedLocalAttentionManager.find_longest_cache_hit asserts it): the fuzzer draws
     # such a model with prefix caching off.
     caching_needs_one_block_size: bool = False
+    # vLLM's manager asserts that no EAGLE block drop reaches its prefix-cache lookup
+    # (ChunkedLocalAttentionManager.find_longest_cache_hit: "Hybrid KV cache is not
+    # supported for eagle + chunked local attention"): the explorer draws no
+    # disable_lookahead_block_hashes beside it with prefix caching on.
+    caching_refuses_block_drop: bool = False
     # Attention (KV per token); False for a recurrent state (Mamba). vLLM's default for
     # prefix caching depends on the model's attention type (ModelConfig.attn_type).
     attention: bool = True
@@ -252,6 +257,7 @@ GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
                 reads=("chunk", "attention_chunk_size"),
                 modes=_PLAIN_DECODER,
                 caching_needs_one_block_size=True,
+                caching_refuses_block_drop=True,
             ),
             GroupType(
                 "rswa",
