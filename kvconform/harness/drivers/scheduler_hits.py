@@ -24,7 +24,10 @@ def lookup_facts(
         return
     requests = scenario.requests
     limits = scenario.scheduler
-    connector = limits is not None and limits.kv_connector is not None
+    # A connector every request goes through, or vLLM's NixlConnector for remote prefills.
+    connector = (limits is not None and limits.kv_connector is not None) or any(
+        r.remote_prefill for r in requests.values()
+    )
     groups, no_bound = hit_rules(model, connector)
     speculative = scenario.speculative
     # A drafter reads at most k tokens past a block: its lookahead hashes cover them, or,
