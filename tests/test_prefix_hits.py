@@ -85,6 +85,12 @@ def test_lookahead_hashes_cover_the_tokens_a_drafter_reads_past_a_block() -> Non
     assert bound(look, source(95)) == 80  # 80 + 3 <= 95 < 96 + 3
     # A resend of 64 tokens: blocks end by 64 - 3 = 61: 3 blocks.
     assert bound(lookup(prompt=64, lookahead=3, reprefill=3), source(64, prompt=64)) == 48
+    # A release without lookahead hashes drops the last block instead (vLLM before 0.33):
+    # a 110-token resend of a 120-token prompt reaches 109 -> 96, less the drop, 80, below the
+    # hashed reach (107 -> 96): the bound takes the lesser.
+    assert bound(lookup(prompt=110, lookahead=3, reprefill=3), source(110, prompt=120)) == 96
+    both = lookup(prompt=110, lookahead=3, reprefill=3, drop=True)
+    assert bound(both, source(110, prompt=120)) == 80
 
 
 def test_per_group_block_sizes_align_hits_to_their_least_common_multiple() -> None:

@@ -18,14 +18,15 @@ shortening stays above the bound. The rules taken:
 * **A drafter's KV at a block's last position reads past the block** (the tokens a
   drafter reads ahead in a prefill: one for the drafters fed the target's hidden states,
   ``k`` for multi-module MTP; ``num_prefill_lookahead_tokens``), so a cached block is safe to
-  reuse only where the next request shares those tokens too. vLLM ensures it one of two ways,
-  and the bound follows the one the scenario selects: with lookahead block hashes (the
-  default) a block's hash covers those tokens, so a block is shared only if the prompts
-  share up to ``k`` tokens past it (``k`` bounds the lookahead from above); with
-  ``disable_lookahead_block_hashes`` the EAGLE family drops the last matched block instead,
-  so the bound is taken both as if one alignment unit were dropped and as if nothing were
-  (where the retention rules differ), the least of the two: whether a method drops is
-  vLLM's answer (``use_eagle_block_drop``), not taken here.
+  reuse only where the next request shares those tokens too. vLLM ensures it one of two ways:
+  lookahead block hashes (a block's hash covers those tokens, so a block is shared only if the
+  prompts share up to ``k`` tokens past it; ``k`` bounds the lookahead from above), or the
+  EAGLE family's drop of the last matched block (with ``disable_lookahead_block_hashes``, and
+  always before vLLM 0.33, which had no lookahead hashes). Which one a run takes, and whether
+  its method drops at all (``use_eagle_block_drop``), is vLLM's answer and its release's, not
+  taken here: with a speculative method the bound is the least of "hashed with ``k`` tokens
+  past the block" (unless the scenario disables lookahead hashes), "one alignment unit
+  dropped" and "nothing dropped" (where the retention rules differ).
 * **Full attention** ("dense" rule) caches every full block of the computed tokens and hits
   on any prefix of them.
 * **A sliding window** ("window" rule) needs the blocks of the window before the hit
@@ -135,8 +136,9 @@ def least_hit(lookup: PrefixLookup, source: HitSource) -> LeastHit:
     align = alignment(lookup.groups)
     ahead = lookup.lookahead
     cached = source.scheduled - lookup.reprefill
-    reach = min(source.shared - ahead, cached, lookup.prompt - max(ahead, 1))
     sparse = lookup.retention is not None and any(g.rule == WINDOW for g in lookup.groups)
+    # Blocks hashed with up to `ahead` tokens past them, nothing dropped.
+    reach = min(source.shared - ahead, cached, lookup.prompt - max(ahead, 1))
     dense = max(reach, 0) // align * align
     bounds = [
         (
@@ -145,8 +147,10 @@ def least_hit(lookup: PrefixLookup, source: HitSource) -> LeastHit:
         )
     ]
     if lookup.drop:
+        # The last matched block dropped instead, blocks hashed on their own tokens.
+        plain = max(min(source.shared, cached, lookup.prompt - 1), 0) // align * align
         drop = replay_boundaries(source.prompt, align, True)
-        bounds.append((_best(dense - align, sparse, lookup.retention, drop), True))
+        bounds.append((_best(plain - align, sparse, lookup.retention, drop), True))
     tokens, drop_used = min(bounds)
     reason = (
         f"{source.request} scheduled {source.scheduled} tokens of its {source.prompt}-token "

@@ -30,11 +30,12 @@ def lookup_facts(
     )
     groups, no_bound = hit_rules(model, connector)
     speculative = scenario.speculative
-    # A drafter reads at most k tokens past a block: its lookahead hashes cover them, or,
-    # where the scenario disables those, the EAGLE family drops the last matched block.
+    # A drafter reads at most k tokens past a block: its lookahead hashes cover them, or the
+    # EAGLE family drops the last matched block (with lookahead hashes disabled, and in
+    # releases before them): which, is the release's and the method's, so both are bounded.
     k = speculative.num_speculative_tokens if speculative is not None else 0
-    drop = speculative is not None and speculative.disable_lookahead_block_hashes
-    lookahead = 0 if drop else k
+    drop = speculative is not None
+    lookahead = 0 if speculative is None or speculative.disable_lookahead_block_hashes else k
     retention = model.prefix_cache_retention_interval
     scheduled: dict[str, int] = {}  # prompt tokens each request had scheduled so far
     columns: dict[str, list[list[int]]] = {}  # per group, the block each column held last
