@@ -19,7 +19,13 @@ from hypothesis import strategies as st
 
 from kvconform.explore.runner import _features_of
 from kvconform.explore.space import ExploreSpace, runs_without_caching
-from kvconform.explore.strategies import FEATURES, feature_sets, workload, workloads
+from kvconform.explore.strategies import (
+    FEATURES,
+    LATE_FEATURES,
+    feature_sets,
+    workload,
+    workloads,
+)
 from kvconform.fronts.cli import main
 from kvconform.fuzz.document import render
 from kvconform.harness.loader import load_text
@@ -86,13 +92,86 @@ def test_every_feature_is_drawn_both_ways() -> None:
     seen: dict[str, set[bool]] = {name: set() for name in FEATURES}
 
     @settings(max_examples=100, derandomize=True, database=None, deadline=None)
-    @given(feature_sets())
-    def draw(on: dict[str, bool]) -> None:
+    @given(st.data())
+    def draw(data: st.DataObject) -> None:
+        on = data.draw(feature_sets())
+        assert not set(on) & set(LATE_FEATURES), "the late features come after the workload"
+        workload(data.draw, SPACE, on, "explore")  # chooses the late ones into `on`
         for name, value in on.items():
             seen[name].add(value)
 
     draw()
     assert all(values == {True, False} for values in seen.values()), seen
+
+
+@QUICK
+@given(workloads(SPACE))
+def test_late_features_are_legal_and_follow_their_rules(doc: dict[str, Any]) -> None:
+    """Per-group block sizes are multiples of the model's, only on attention groups of a
+    hybrid; a retention interval is a multiple of the scheduler block size, with prefix
+    caching and a group it applies to; the block drop only with a speculative method."""
+    model = doc["model"]
+    sized = [g for g in model["groups"] if isinstance(g, dict) and "block_size" in g]
+    assert all(g["block_size"] in (2 * model["block_size"], 4 * model["block_size"]) for g in sized)
+    types = [g if isinstance(g, str) else g["type"] for g in model["groups"]]
+    if sized:
+        assert len(model["groups"]) > 1
+        assert not {"mamba", "chunked_local"} & set(types)
+    if doc.get("speculative", {}).get("disable_lookahead_block_hashes"):
+        assert model.get("enable_caching") is False or "chunked_local" not in types
+    (scenario,) = load_text(render(doc), "<explore>")
+    interval = model.get("prefix_cache_retention_interval")
+    if interval is not None:
+        assert interval > 0 and interval % scenario.model.scheduler_block_size == 0
+        assert model.get("enable_caching") is not False
+    if doc.get("speculative", {}).get("disable_lookahead_block_hashes"):
+        assert (
+            scenario.speculative is not None and scenario.speculative.disable_lookahead_block_hashes
+        )
+
+
+def test_late_features_leave_each_seeds_workloads_as_drawn() -> None:
+    """The late features are chosen from the drawn workload's checksum, not drawn: with them
+    all off, every example is the one the strategies drew before they existed, and with them
+    chosen, the same but for their fields."""
+
+    def drawn(chosen: bool) -> list[dict[str, Any]]:
+        docs: list[dict[str, Any]] = []
+
+        @settings(max_examples=60, derandomize=True, database=None, deadline=None)
+        @given(st.data())
+        def draw(data: st.DataObject) -> None:
+            on = data.draw(feature_sets())
+            if not chosen:
+                on.update(dict.fromkeys(LATE_FEATURES, False))
+            docs.append(workload(data.draw, SPACE, on, "explore"))
+
+        draw()
+        return docs
+
+    docs = {chosen: drawn(chosen) for chosen in (True, False)}
+
+    def without_late(doc: dict[str, Any]) -> dict[str, Any]:
+        model = dict(doc["model"])
+        model.pop("prefix_cache_retention_interval", None)
+        groups = []
+        for g in model["groups"]:
+            if isinstance(g, dict) and "block_size" in g:
+                g = {k: v for k, v in g.items() if k != "block_size"}
+                g = g["type"] if set(g) == {"type"} else g
+            groups.append(g)
+        model["groups"] = groups
+        bare = {**doc, "model": model}
+        if "speculative" in doc:
+            spec = {
+                k: v for k, v in doc["speculative"].items() if k != "disable_lookahead_block_hashes"
+            }
+            bare["speculative"] = spec
+        return bare
+
+    assert len(docs[True]) == len(docs[False])
+    assert [without_late(d) for d in docs[True]] == docs[False]
+    assert any(d != without_late(d) for d in docs[True]), "some example takes a late feature"
 
 
 def test_all_features_off_is_the_plainest_workload() -> None:

@@ -815,6 +815,47 @@ def test_bounded_replay_beside_chunked_local_attention_is_refused(write_scenario
     with pytest.raises(ScenarioError) as info:
         load_file(path)
     error = info.value
-    assert error.where.line == 5 and "cannot go with a bounded_replay group" in error.message, (
-        str(error)
+    assert error.where.line == 5 and "cannot go with a bounded_replay group" in error.message, str(
+        error
     )
+
+
+RETENTION = """
+name: r
+kind: {kind}
+model:
+  block_size: 16
+  max_model_len: 512
+  num_blocks: 64
+  prefix_cache_retention_interval: 64
+  groups: [{{type: full_attention, block_size: 32}}, {{type: sliding_window, sliding_window: 32}}]
+{limits}
+requests:
+  a: {{prompt_len: 40}}
+"""
+
+
+def test_a_scheduler_scenario_states_a_retention_interval_and_per_group_block_sizes(
+    scenario_from,
+):
+    scenario = scenario_from(
+        RETENTION.format(
+            kind="scheduler", limits="scheduler: {max_num_seqs: 2, max_num_batched_tokens: 64}"
+        )
+    )
+    assert scenario.model.prefix_cache_retention_interval == 64
+    assert "prefix_cache_retention_interval" in scenario.model.stated
+    assert [g.block_size for g in scenario.model.groups] == [32, 16]
+    assert scenario.model.scheduler_block_size == 32
+    # The interval must be a multiple of the scheduler block size (vLLM's rule).
+    with pytest.raises(ScenarioError, match="multiple"):
+        scenario_from(
+            RETENTION.replace("interval: 64", "interval: 48").format(
+                kind="scheduler", limits="scheduler: {max_num_seqs: 2, max_num_batched_tokens: 64}"
+            )
+        )
+
+
+def test_an_engine_scenario_refuses_a_retention_interval(scenario_from):
+    with pytest.raises(ScenarioError, match="trajectory and scheduler scenarios only"):
+        scenario_from(RETENTION.format(kind="engine", limits="engine: {}"))

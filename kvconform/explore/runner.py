@@ -117,7 +117,11 @@ class ExploreStats(SearchStats):
     def add(self, other: dict[str, Any]) -> None:
         """Fold a worker's ``to_json`` into this run's counts (findings apart)."""
         for name in (
-            "examples", "rejected_pool", "rejected_unsupported", "rejected_input", "shrink_runs"
+            "examples",
+            "rejected_pool",
+            "rejected_unsupported",
+            "rejected_input",
+            "shrink_runs",
         ):
             setattr(self, name, getattr(self, name) + int(other[name]))
         for name in ("scheduler_steps", "preempting", "under_pressure", "startup_accepted"):
@@ -199,6 +203,13 @@ def _features_of(doc: dict[str, Any]) -> list[str]:
         "pauses": "pause" in scheduler,
         "arrivals": any("arrival" in r for r in requests),
         "stats": model.get("kv_cache_events") is True,
+        "group_block_sizes": any(
+            isinstance(g, dict) and "block_size" in g for g in model["groups"]
+        ),
+        "retention": "prefix_cache_retention_interval" in model,
+        "no_lookahead_hashes": bool(
+            doc.get("speculative", {}).get("disable_lookahead_block_hashes")
+        ),
     }
     tight = model["num_blocks"]
     shows["tight_pool"] = tight <= 2 + len(model["groups"]) * (
@@ -360,8 +371,7 @@ def _search_one(
             known=known,
             baseline=baseline,
             # A triaged finding is reported as met: its reproducer is written up already.
-            unshrunk=lambda signature: triaged(signature, vllm.version, known_findings)
-            is not None,
+            unshrunk=lambda signature: triaged(signature, vllm.version, known_findings) is not None,
         )
     finally:
         if baseline is not None:
@@ -380,7 +390,9 @@ def known_signatures(summary_file: Path) -> tuple[Signature, ...]:
     summary = json.loads(summary_file.read_text(encoding="utf-8"))
     shown = summary.get("baseline", {}).get("failures", [])
     return tuple(
-        dict.fromkeys(Signature(*entry["parts"]) for entry in [*summary.get("findings", []), *shown])
+        dict.fromkeys(
+            Signature(*entry["parts"]) for entry in [*summary.get("findings", []), *shown]
+        )
     )
 
 

@@ -43,8 +43,12 @@ A shrunk reproducer names only what the failure needs.
 
 from __future__ import annotations
 
+import json
+import zlib
 from collections.abc import Callable
 from functools import cache
+from math import lcm
+from random import Random
 from typing import Any
 
 from hypothesis import strategies as st
@@ -81,7 +85,14 @@ FEATURES = (
     "pauses",  # the engine pausing new requests (synchronous scheduling only)
     "arrivals",  # requests arriving over time
     "stats",  # log_stats, KV-cache events, per-request spec-decode metrics
+    # Chosen after the workload from its checksum (LATE_FEATURES: seeds keep their workloads):
+    "group_block_sizes",  # attention groups of a hybrid take 1, 2 or 4 times the block size
+    "retention",  # a positive prefix-cache retention interval (with prefix caching)
+    "no_lookahead_hashes",  # disable_lookahead_block_hashes (with speculative): the block drop
 )
+# The features added after the first version: chosen after the workload is drawn, from its
+# checksum (_late_features), so that every seed keeps the workloads it drew before them.
+LATE_FEATURES = ("group_block_sizes", "retention", "no_lookahead_hashes")
 
 # The kinds of document drawn, with their shares of the examples (out of the sum): the
 # scheduler's workloads most of the time, then vLLM's startup planning and its warmup.
@@ -106,8 +117,9 @@ def _cdiv(a: int, b: int) -> int:
 
 @st.composite
 def feature_sets(draw: DrawFn) -> dict[str, bool]:
-    """Stage 1: which features this example has (each on with even odds)."""
-    return {name: draw(_BOOLS) for name in FEATURES}
+    """Stage 1: which features this example has (each on with even odds; the late ones are
+    chosen by :func:`workload` after the rest of the example)."""
+    return {name: draw(_BOOLS) for name in FEATURES if name not in LATE_FEATURES}
 
 
 @st.composite
@@ -220,6 +232,8 @@ def workload(draw: DrawFn, space: ExploreSpace, on: dict[str, bool], name: str) 
         scheduler["encoder_cache_size"] = draw(_ints(1, 3 * max(items)))
     if remote and any("remote_prefill" in r for r in requests.values()) and draw(_BOOLS):
         scheduler["kv_load_failure_policy"] = draw(_one_of(("fail", "recompute")))
+
+    _late_features(on, model, speculative, requests)
 
     doc: dict[str, Any] = {"name": name, "kind": "scheduler", "model": model}
     if speculative is not None:
@@ -352,6 +366,62 @@ def warmup_document(draw: DrawFn, space: ExploreSpace, name: str) -> dict[str, A
         doc["speculative"] = speculative
     doc["warmup"] = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": budget}
     return doc
+
+
+def _late_features(
+    on: dict[str, bool],
+    model: dict[str, Any],
+    speculative: dict[str, Any] | None,
+    requests: dict[str, Any],
+) -> None:
+    """The late features, applied to the drawn workload.
+
+    Where ``on`` lacks them they are chosen, with their values, by a generator seeded from
+    the workload drawn so far (its CRC-32), not drawn from Hypothesis: a draw would shift
+    every later example of a seed (Hypothesis draws them from one random stream), so each
+    seed's workloads stay those it drew before the features were added, less the ones a
+    late feature now changes. The price: shrinking does not aim at them (a shrink
+    candidate keeps or loses them by its own checksum, and is kept only if it still fails).
+
+    * ``group_block_sizes``: in a hybrid, each attention group whose type caches with mixed
+      block sizes takes 1, 2 or 4 times the model's block size (vLLM gives full and sliding
+      layers different block sizes where their pages unify; hits then align to the least
+      common multiple). Not with a recurrent (Mamba) group, whose block size vLLM sets to
+      the scheduler block size, nor beside a type whose prefix caching needs one block size
+      (chunked local attention: vLLM asserts it).
+    * ``retention``: with prefix caching on and a group retention applies to, a positive
+      ``prefix_cache_retention_interval``: 1-4 times the scheduler block size.
+    * ``no_lookahead_hashes``: with a speculative method, ``disable_lookahead_block_hashes``
+      (the EAGLE family drops the last matched block instead of hashing its lookahead); not
+      with prefix caching beside a type whose lookup refuses the drop (chunked local
+      attention: vLLM asserts it).
+    """
+    drawn = json.dumps([model, speculative, requests], sort_keys=True, default=str)
+    pick = Random(zlib.crc32(drawn.encode()))
+    for feature in LATE_FEATURES:
+        chosen = pick.random() < 0.5
+        on.setdefault(feature, chosen)
+    groups = model["groups"]
+    types = [GROUP_TYPES[g if isinstance(g, str) else str(g["type"])] for g in groups]
+    caching = model.get("enable_caching") is not False  # unstated: vLLM's default, on
+    mixable = all(t.attention and not t.caching_needs_one_block_size for t in types)
+    if on["group_block_sizes"] and len(groups) > 1 and mixable:
+        for index in range(len(groups)):
+            factor = pick.choice((1, 2, 4))
+            if factor > 1:
+                group = groups[index]
+                body = {"type": group} if isinstance(group, str) else group
+                body["block_size"] = model["block_size"] * factor
+                groups[index] = body
+    if on["retention"] and caching and any(t.retention for t in types):
+        sizes = [
+            g["block_size"] if isinstance(g, dict) and "block_size" in g else model["block_size"]
+            for g in groups
+        ]
+        model["prefix_cache_retention_interval"] = lcm(*sizes) * pick.randint(1, 4)
+    refused = caching and any(t.caching_refuses_block_drop for t in types)
+    if on["no_lookahead_hashes"] and speculative is not None and not refused:
+        speculative["disable_lookahead_block_hashes"] = True
 
 
 def _draw_groups(

@@ -42,6 +42,48 @@ class AdmissionHit(NamedTuple):
     decided_by: str = ""
 
 
+class HitGroup(NamedTuple):
+    """One KV-cache group as :mod:`kvconform.model.prefix_hits` bounds its hits: its rule
+    (``GroupType.hit_rule``: "dense", "window", or empty for none), block size and window."""
+
+    rule: str
+    block_size: int
+    window: int = 0
+
+
+class HitSource(NamedTuple):
+    """An earlier request whose prompt a first admission's prompt begins with, and what it
+    had scheduled before the admission's step: its prompt length, the tokens the two
+    prompts share, the prompt tokens it had scheduled (vLLM caches a chunk's full blocks
+    when it schedules it), and per group the block each column of its table held last."""
+
+    request: str
+    prompt: int
+    shared: int
+    scheduled: int
+    columns: tuple[tuple[int, ...], ...]
+
+
+class PrefixLookup(NamedTuple):
+    """A first admission's prefix-cache hit (``get_computed_blocks``) beside what the
+    workload had cached before it (check ``sanity``, hits family): the admitted prompt's
+    length, the groups' hit rules, the retention interval, whether a drafter may drop the
+    last matched block, the most tokens past a block its hash may cover (a drafter's
+    lookahead hashes), the most tokens a drafter may prefill again (never cached), why no
+    bound holds (empty: the rules apply), the sources and the pool's null block."""
+
+    hit: int
+    prompt: int
+    groups: tuple[HitGroup, ...]
+    retention: int | None
+    drop: bool
+    lookahead: int
+    reprefill: int
+    no_bound: str
+    sources: tuple[HitSource, ...]
+    null_block: int
+
+
 class LookupEvents(NamedTuple):
     """The KV-cache events a prefix-cache lookup queued: its ``BlockStored`` events as
     (group, hashes), and how many events it queued in all; ``reused``: per group, the
@@ -502,11 +544,12 @@ Payload = Union[  # noqa: UP007 (a runtime union: the recording's codec reads it
     SessionTurn,
     EngineOutput,
     StepQueues,
+    PrefixLookup,
 ]
 
 PAYLOADS: tuple[type, ...] = Payload.__args__  # type: ignore[attr-defined]
 # Records a payload holds (the recording's codec reads them back too).
-PARTS: tuple[type, ...] = (MmInput, RequestEnd, QueuedRequest)
+PARTS: tuple[type, ...] = (MmInput, RequestEnd, QueuedRequest, HitGroup, HitSource)
 
 
 class Fact(NamedTuple):

@@ -108,6 +108,11 @@ class GroupType:
     # (ChunkedLocalAttentionManager.find_longest_cache_hit asserts it): the fuzzer draws
     # such a model with prefix caching off.
     caching_needs_one_block_size: bool = False
+    # vLLM's manager asserts that no EAGLE block drop reaches its prefix-cache lookup
+    # (ChunkedLocalAttentionManager.find_longest_cache_hit: "Hybrid KV cache is not
+    # supported for eagle + chunked local attention"): the explorer draws no
+    # disable_lookahead_block_hashes beside it with prefix caching on.
+    caching_refuses_block_drop: bool = False
     # Attention (KV per token); False for a recurrent state (Mamba). vLLM's default for
     # prefix caching depends on the model's attention type (ModelConfig.attn_type).
     attention: bool = True
@@ -129,6 +134,11 @@ class GroupType:
     # Why kvconform's contract states no ceiling for the type (kvconform.model.contract,
     # check ``ceiling``); empty: it states one.
     no_ceiling: str = ""
+    # How kvconform.model.prefix_hits bounds a prefix-cache hit of this type from below:
+    # "dense" (every full block of computed tokens is cached, and any prefix of them
+    # hits), "window" (a hit needs the blocks of the window before it, cached densely or
+    # at the boundaries retention keeps); empty: no rule, and no bound for a model with it.
+    hit_rule: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
@@ -184,6 +194,7 @@ GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
                 # The engine builds its groups from the model: a plain decoder's one group.
                 modes=_PLAIN_DECODER | {Kind.ENGINE} | _STARTUP,
                 fuzz_rank=0,
+                hit_rule="dense",
             ),
             GroupType(
                 "mla",
@@ -192,6 +203,7 @@ GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
                 TOKEN_COLUMNS,
                 modes=_PLAIN_DECODER | _STARTUP,
                 fuzz_rank=3,
+                hit_rule="dense",
             ),  # fmt: skip
             GroupType(
                 "sliding_window",
@@ -204,6 +216,7 @@ GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
                 modes=_PLAIN_DECODER,
                 retention=True,
                 fuzz_rank=1,
+                hit_rule="window",
             ),
             GroupType(
                 "sliding_window_mla",
@@ -224,6 +237,7 @@ GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
                 reads=("window", "sliding_window"),
                 modes=_PLAIN_DECODER,
                 retention=True,
+                hit_rule="window",
             ),
             GroupType(
                 "chunked_local",
@@ -243,6 +257,7 @@ GROUP_TYPES: Mapping[str, GroupType] = MappingProxyType(
                 reads=("chunk", "attention_chunk_size"),
                 modes=_PLAIN_DECODER,
                 caching_needs_one_block_size=True,
+                caching_refuses_block_drop=True,
             ),
             GroupType(
                 "rswa",

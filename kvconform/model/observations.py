@@ -64,6 +64,7 @@ class Observation(NamedTuple):
 # The invariants of the facts' judgements (check `sanity` names each failure by one;
 # kvconform.model.facts, kvconform.harness.checks).
 HIT_MISSED = "gets a prefix-cache hit other than the one derived"
+HIT_LOST = "gets a shorter prefix-cache hit than the blocks cached before it guarantee"
 NOT_ZEROED = "leaves a new block off the worker's zeroing list"
 ZEROES_VALID_KV = "hands a block of valid KV to the worker to zero"
 HANDOFF_LOST = "caches a Mamba boundary state and does not hand it to the KV connector"

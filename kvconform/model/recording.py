@@ -46,8 +46,9 @@ from kvconform.model.settings import SettingsRecord
 # a recording of another version is refused, never half read.
 # 4: Trajectory.partial (a crash's steps, never judged); 5: StepStats.resets and .reset
 # (the prefix-cache stats' reset flags); 6: QueuedRequest.frees_deferred and
-# StepZeroingList.freed (the seed-0 triage's liveness and zeroing corrections).
-RECORDING_VERSION = 6
+# StepZeroingList.freed (the seed-0 triage's liveness and zeroing corrections); 7:
+# PrefixLookup (a first admission's hit beside what the workload had cached: hits family).
+RECORDING_VERSION = 7
 
 
 @dataclass

@@ -24,6 +24,9 @@
   grows or nulls columns; a prefill chunk vLLM's scheduler starts inside a block
   stops at its boundary or leaves that block's column null;
 * in engine mode, every request finished with its ``max_tokens``;
+* in scheduler mode, no first admission's prefix-cache hit is shorter than the least hit
+  the earlier requests its prompt begins with guarantee while their blocks are still
+  cached (:mod:`kvconform.model.prefix_hits`);
 * in scheduler mode, no block a KV connector's asynchronous load still writes into
   is in another request's table before the load reports done (an abort while the
   KV loads keeps the blocks until then).
@@ -37,7 +40,8 @@ dropped), ``zeroing``, ``handoffs``, ``kv_events``, ``encoder`` (scheduler mode'
 multimodal inputs), ``lifecycle`` (in-flight finishes, stops, rejections,
 ``SchedulerStats``, streaming sessions, pauses and aborts), ``liveness`` (progress, no
 preemption cycle, a bound on a finite workload) and ``fairness`` (the policy's order:
-no passing, no running request skipped); ``warmup`` and ``mamba``
+no passing, no running request skipped) and ``hits`` (no lookup below the least hit the
+blocks cached before it guarantee); ``warmup`` and ``mamba``
 read the recorded tables. This module runs them in a fixed order, the facts' failures
 in the order the run met them.
 
@@ -56,6 +60,7 @@ from kvconform.harness.checks import (
     encoder,
     fairness,
     handoffs,
+    hits,
     kv_events,
     lifecycle,
     liveness,
@@ -160,6 +165,7 @@ FACT_FAMILIES = (
     lifecycle,
     liveness,
     fairness,
+    hits,
 )
 
 

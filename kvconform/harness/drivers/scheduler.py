@@ -45,6 +45,7 @@ from collections.abc import Callable, Sequence
 
 from kvconform.errors import KvconformError
 from kvconform.harness.drivers.common import attach_predictor, keep_in_progress
+from kvconform.harness.drivers.scheduler_hits import lookup_facts
 from kvconform.model.facts import Fact, PrefillChunks, SchedulerReset, StatedAdmission
 from kvconform.model.floors import FloorInput
 from kvconform.model.observations import (
@@ -305,6 +306,7 @@ def _trajectory_of(
     for step, note in record.encoder_notes.items():
         notes[step].append(note)
     _chunk_facts(trajectory, record, scenario, lines)
+    lookup_facts(trajectory, record, scenario, lines)
     _step_facts(trajectory, record.lifecycle, "update_from_output", lines)
     trajectory.step_notes = {step: "; ".join(parts) for step, parts in sorted(notes.items())}
     trajectory.notes.append(summary(record, scenario))

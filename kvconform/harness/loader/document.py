@@ -69,10 +69,17 @@ def parse(
         ("max_in_flight_tokens", model.max_in_flight_tokens),
         ("log_stats", model.log_stats),
         ("mamba_shared_prefix_checkpoint", model.mamba_shared_prefix_checkpoint),
-        # 0 is a setting (sparse retention), not an absence.
+        # 0 is a setting (sparse retention), not an absence. The scheduler oracle builds
+        # its KVCacheConfig with it too, as vLLM's engine core does from the cache config.
         ("prefix_cache_retention_interval", model.prefix_cache_retention_interval is not None),
     ):
-        if value and not kind.builds_manager:
+        read_by_scheduler = key == "prefix_cache_retention_interval" and kind.kind == Kind.SCHEDULER
+        if value and not kind.builds_manager and not read_by_scheduler:
+            readers = (
+                "trajectory and scheduler"
+                if key == "prefix_cache_retention_interval"
+                else "trajectory"
+            )
             # Only the trajectory driver builds its KVCacheManager from the model
             # section; the other kinds' schedulers and warmups would run without it.
             raw_model = doc.get("model")
@@ -80,7 +87,7 @@ def parse(
             report(
                 ScenarioError(
                     where.at(f"model.{key}", line),
-                    f"is read by trajectory scenarios only, not by kind {kind.kind}",
+                    f"is read by {readers} scenarios only, not by kind {kind.kind}",
                 )
             )
     loaded: Loaded | None = None
