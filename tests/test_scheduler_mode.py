@@ -641,3 +641,68 @@ def test_a_block_back_at_its_column_after_a_failed_load_is_zeroed(vllm):
         if block == was
     ]
     assert same and set(same) <= again.listed
+
+
+def _admission_list(result, rid: str):
+    """The zeroing list of the step that admits ``rid`` (the one judging its valid KV)."""
+    from kvconform.harness.checks.records import facts_of
+    from kvconform.model.facts import StepZeroingList
+
+    assert result.trajectory is not None
+    lists = [fact.what for _, fact in facts_of(result.trajectory, StepZeroingList)]
+    return [what for what in lists if rid in what.valid_end][-1]
+
+
+def test_a_replayed_hit_is_valid_up_to_its_end_except_in_the_group_that_replays(vllm):
+    """SWA bounded replay: the scheduler counts a hit less its last window as computed
+    (``Request.replay_start``). The groups that adopt the hit hold its KV past that count;
+    the group that replays holds none below the replay start, so its new blocks are zeroed.
+    Sanity took the computed count as the end of valid KV in every group and blamed vLLM
+    both ways (explore seed 0 on 0.34.0, example 495: a preempted request resumed)."""
+    (scenario,) = load_file(SCENARIOS / "sched-bounded-replay-hit-zeroing.yaml")
+    result = runner.run_scenario(scenario, vllm)
+    assert result.verdict is Verdict.PASSED, result.headline()
+    assert result.trajectory is not None
+    assert [g.replay_tokens for g in result.trajectory.groups] == [0, 18, 0]
+    what = _admission_list(result, "b")
+    assert what.valid_end["b"] == 64 - 18  # the hit (4 blocks) less the window
+    full, window, _ = what.tables["b"]
+    null = result.trajectory.null_block
+    # The full-attention hit's column 3 (positions 48..63) lies past the computed count
+    # and is kept; the replaying group's column 2 (32..47) lies below it and is zeroed.
+    assert full[3] not in what.listed and full[4] in what.listed
+    assert window[:2] == (null, null) and set(window[2:]) <= what.listed
+
+    (scenario,) = load_file(SCENARIOS / "sched-preempted-replay-window-block-zeroed.yaml")
+    result = runner.run_scenario(scenario, vllm)
+    assert result.verdict is Verdict.PASSED, result.headline()
+    what = _admission_list(result, "c")
+    assert what.valid_end["c"] == 32 - 18
+    assert what.tables["c"][0][0] in what.listed
+
+
+@pytest.mark.slow
+def test_a_replaying_group_left_unzeroed_still_fails(tmp_path, pristine_tree):
+    """The replay rule still catches a vLLM that stops zeroing the new blocks of the group
+    that replays (its KV below the replay start is another request's)."""
+    from vllm_copy import run_kvconform, tree_with_replacement
+
+    tree = tree_with_replacement(
+        pristine_tree, tmp_path / "tree", "v1/core/single_type_kv_cache_manager.py",
+        "            if self._record_new_block_ids:\n"
+        "                self.new_block_ids.extend(b.block_id for b in new_blocks)",
+        "            if self._record_new_block_ids and not self.kv_cache_spec.prefix_replay_tokens:\n"
+        "                self.new_block_ids.extend(b.block_id for b in new_blocks)",
+    )  # fmt: skip
+    path = SCENARIOS / "sched-preempted-replay-window-block-zeroed.yaml"
+    done = run_kvconform("run", path, "--vllm-src", tree, "--report-dir", tmp_path / "r",
+                         cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    (result,) = json.loads((tmp_path / "r" / "report.json").read_text())["scenarios"]
+    messages = [failure["message"] for failure in result["failures"]]
+    # c's resumed admission: every new block of the group that replays, column 0 (below
+    # the replay start, 14) included, which the rule before it held valid.
+    assert any(
+        m.startswith("step 3 ") and "request c: new block(s) [2, 1, 6] are not on" in m
+        for m in messages
+    ), messages

@@ -269,6 +269,10 @@ class GroupInfo:
     # Windowed attention: (kind, size) for model.floors.first_position_read, the span
     # of positions a step reads whose blocks must be real; None for other groups.
     read_span: tuple[str, int] | None = None
+    # SWA bounded replay (DeepSeek V4.1): the tokens of a prefix-cache hit the scheduler
+    # recomputes into this group instead of adopting them (its window,
+    # SlidingWindowMLASpec.prefix_replay_tokens); 0 for a group that adopts a hit as is.
+    replay_tokens: int = 0
     # The SingleTypeKVCacheManager subclass vLLM dispatches this group's spec to, and its
     # file in the vLLM tree, asked of the loaded vLLM (Vllm.manager_class); the root
     # causes name it. None where the driver did not build the spec.
