@@ -706,3 +706,22 @@ def test_a_replaying_group_left_unzeroed_still_fails(tmp_path, pristine_tree):
         m.startswith("step 3 ") and "request c: new block(s) [2, 1, 6] are not on" in m
         for m in messages
     ), messages
+
+
+def test_a_replayed_hit_counts_whole_in_the_prefix_cache_stats(vllm):
+    """vLLM's prefix-cache stats count the hit a lookup found (``record_prefix_cache_stats``
+    at admission), the window that SWA bounded replay recomputes included. Sanity held
+    them to the computed count, the hit less that window (explore seed 0 on 0.34.0)."""
+    from kvconform.harness.checks.records import facts_of
+    from kvconform.model.facts import StepStats
+
+    (scenario,) = load_file(SCENARIOS / "sched-bounded-replay-hit-stats.yaml")
+    result = runner.run_scenario(scenario, vllm)
+    assert result.verdict is Verdict.PASSED, result.headline()
+    assert result.trajectory is not None
+    stats_facts = [fact.what for _, fact in facts_of(result.trajectory, StepStats)]
+    (stats,) = [what for what in stats_facts if what.admissions and what.admissions[0][0] == "b"]
+    assert stats.admissions == (("b", "new", 80, 64),)
+    assert stats.prefix["prefix_cache_stats"]["hits"] == 64
+    (b,) = [obs for obs in _rows(result)["b"] if obs.label.startswith("new")]
+    assert b.computed == 64 - 18

@@ -280,7 +280,7 @@ class Lifecycle:
                 tuple(
                     (row.request, _LOOKED_UP_AGAIN, row.known_tokens, row.cached)
                     if row.phase == "loaded"
-                    else (row.request, row.phase, row.known_tokens, row.cached)
+                    else (row.request, row.phase, row.known_tokens, self._looked_up_hit(row))
                     for row in admissions
                     if row.phase != "loaded" or row.request in self._looked_up_again
                 ),
@@ -295,6 +295,20 @@ class Lifecycle:
                 tuple(resets),
                 reset,
             ),
+        )
+
+    def _looked_up_hit(self, row: ScheduledRequest) -> int:
+        """The hit an admission's lookup found, which ``record_prefix_cache_stats``
+        counts: with SWA bounded replay (``Request.replay_start`` past 0) the scheduler
+        counts the hit less its last window (the window of the group that replays,
+        ``prefix_replay_tokens``) as computed and recomputes that window, which the other
+        groups adopted from the cache; a hit no longer than the window is dropped whole."""
+        if not row.replay_start:
+            return row.cached
+        return row.cached + max(
+            int(group.options["sliding_window"])  # type: ignore[call-overload]
+            for group in self.oracle.scenario.model.groups
+            if group.options.get("bounded_replay")
         )
 
 
