@@ -725,3 +725,19 @@ def test_a_replayed_hit_counts_whole_in_the_prefix_cache_stats(vllm):
     assert stats.prefix["prefix_cache_stats"]["hits"] == 64
     (b,) = [obs for obs in _rows(result)["b"] if obs.label.startswith("new")]
     assert b.computed == 64 - 18
+
+
+def test_a_load_failed_at_a_block_is_held_to_the_loads_prediction(vllm):
+    """A load that fails at a block under ``kv_load_failure_policy: recompute`` keeps the
+    blocks it was given while its computed count is cut to the valid prefix: the live
+    holdings are compared with the predictor's running maximum since the load began, as
+    after rejected drafts. Agree compared them with the step's prediction alone (explore
+    seed 0 on 0.34.0)."""
+    (scenario,) = load_file(SCENARIOS / "sched-remote-load-failed-block-keeps-load-blocks.yaml")
+    result = runner.run_scenario(scenario, vllm)
+    assert result.verdict is Verdict.PASSED, result.headline()
+    (load, recompute, decode) = _rows(result)["c"]
+    assert load.label.startswith("loading remote KV 81")
+    assert (recompute.computed, recompute.scheduled) == (16, 64)
+    assert (recompute.live, recompute.predicted, recompute.predicted_max) == (6, 5, 6)
+    assert decode.predicted_max == 6
