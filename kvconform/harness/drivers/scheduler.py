@@ -166,7 +166,7 @@ def _trajectory_of(
             Denial(
                 stall.step, where.line if where else None, stall.request,
                 f"waiting {stall.request}", "schedule", stall.floor_need, stall.available,
-                stall.free, stall.detail,
+                stall.free, stall.detail, stall.cause,
             )
         )  # fmt: skip
     trajectory.encoder_lens = {name: 0 for name in scenario.requests}

@@ -13,7 +13,11 @@ from kvconform.errors import NotOffered, PoolExhausted, ScenarioError
 from kvconform.model.acceptance import AcceptanceStream
 from kvconform.model.facts import DeferredRelease, HeldAfterAbortAll, ZeroingGroups
 from kvconform.model.floors import pool_columns
-from kvconform.model.observations import GroupInfo
+from kvconform.model.observations import (
+    MM_INPUT_PAST_THRESHOLD,
+    PADDED_ROW_PAST_BUDGET,
+    GroupInfo,
+)
 from kvconform.model.scenario import Scenario
 from kvconform.oracles.live import OUTPUT_OFFSET, first_output_token
 from kvconform.oracles.scheduler.config import build_scheduler
@@ -387,6 +391,60 @@ class SchedulerOracle:
         ]
         self.scheduler.update_draft_token_ids(self.api.draft_token_ids(req_ids, drafts))
 
+    def _stall_cause(self, request: Any, computed: int) -> str:
+        """What a stall of the waiting ``request`` shows of its cause, where kvconform
+        names one (``STALL_CAUSES``); "" otherwise.
+
+        :data:`PADDED_ROW_PAST_BUDGET`: speculative decoding is on, the request has one
+        token to compute past what it has computed or would adopt (its prefix-cache hit;
+        a synchronous connector's fill, which ``DecodeBenchConnector`` makes every token
+        but the last), the row of 1 + k tokens that ``Scheduler.schedule`` pads it to
+        fits under ``max_model_len`` with the sampled token, and passes the request's
+        token budget (``min(max_num_scheduled_tokens, max_num_batched_tokens - draft
+        slots)``) with nothing else scheduled.
+
+        :data:`MM_INPUT_PAST_THRESHOLD`: under ``disable_chunked_mm_input`` with chunked
+        prefill, a long-prefill threshold and more than one request running or waiting
+        (with one, vLLM lifts the cap), the request's next token begins a multimodal input
+        (or lies inside it) whose rest is longer than the threshold (the adaptive one
+        floored at ``max_num_batched_tokens`` over those requests).
+        """
+        if self._mm_input_past_threshold(request, computed):
+            return MM_INPUT_PAST_THRESHOLD
+        k = self.num_spec
+        tokens = int(request.num_tokens)
+        if not computed:
+            fills = tokens - 1 if self.limits.kv_connector == "decode_bench" else 0
+            computed = max(self.api.cached_tokens(self.manager, request), fills)
+        if not k or not computed or tokens - computed != 1:
+            return ""
+        if computed + 1 + k + 1 > self.scenario.model.max_model_len:
+            return ""
+        token_budget, input_budget, draft_slots, _ = self.api.scheduling_limits(
+            self.scheduler, self.config
+        )
+        if 1 + k <= min(token_budget, input_budget - draft_slots):
+            return ""
+        return PADDED_ROW_PAST_BUDGET
+
+    def _mm_input_past_threshold(self, request: Any, computed: int) -> bool:
+        """See :meth:`_stall_cause`."""
+        limits = self.limits
+        threshold = limits.long_prefill_token_threshold
+        if not (limits.disable_chunked_mm_input and limits.enable_chunked_prefill and threshold):
+            return False
+        eligible = self.api.eligible_requests(self.scheduler)
+        if eligible <= 1:
+            return False
+        if limits.long_prefill_token_threshold_adaptive:
+            threshold = max(threshold, limits.max_num_batched_tokens // eligible)
+        inputs = self.scenario.requests[request.request_id].mm_inputs
+        return any(
+            item.offset <= computed < item.offset + item.length
+            and item.offset + item.length - computed > threshold
+            for item in inputs
+        )
+
     def _stalled(self, since: int) -> PoolExhausted | StallRecord | None:
         """Whose a stall is: the scenario's when no waiting request fits the pool by the
         floor's arithmetic, vLLM's (a :class:`StallRecord`) when one does.
@@ -442,6 +500,7 @@ class SchedulerOracle:
                     + (f", its whole sequence {full_need}" if full else "")
                     + ("" if fits_free else f"; alone it takes at most {alone} blocks, which the "
                        "pool less the null block holds"),
+                    self._stall_cause(request, computed),
                 )  # fmt: skip
         if head is None and running and self.floors is not None:
             # Only running requests, stuck: when their blocks for one more token each fit
