@@ -46,8 +46,10 @@ from kvconform.model.settings import SettingsRecord
 # a recording of another version is refused, never half read.
 # 4: Trajectory.partial (a crash's steps, never judged); 5: StepStats.resets and .reset
 # (the prefix-cache stats' reset flags); 6: QueuedRequest.frees_deferred and
-# StepZeroingList.freed (the seed-0 triage's liveness and zeroing corrections).
-RECORDING_VERSION = 6
+# StepZeroingList.freed (the seed-0 triage's liveness and zeroing corrections); 7:
+# GroupInfo.replay_tokens (a bounded-replay hit's valid KV) and Denial.cause (a stall's
+# cause, in the capacity signature).
+RECORDING_VERSION = 7
 
 
 @dataclass

@@ -391,7 +391,7 @@ class SchedulerOracle:
         ]
         self.scheduler.update_draft_token_ids(self.api.draft_token_ids(req_ids, drafts))
 
-    def _stall_cause(self, request: Any, computed: int) -> str:
+    def _stall_cause(self, request: Any, computed: int, running: set[str]) -> str:
         """What a stall of the waiting ``request`` shows of its cause, where kvconform
         names one (``STALL_CAUSES``); "" otherwise.
 
@@ -405,11 +405,16 @@ class SchedulerOracle:
 
         :data:`MM_INPUT_PAST_THRESHOLD`: under ``disable_chunked_mm_input`` with chunked
         prefill, a long-prefill threshold and more than one request running or waiting
-        (with one, vLLM lifts the cap), the request's next token begins a multimodal input
-        (or lies inside it) whose rest is longer than the threshold (the adaptive one
-        floored at ``max_num_batched_tokens`` over those requests).
+        (with one, vLLM lifts the cap), the next token of the request, or of a running
+        request (which may hold the seat it waits for), begins a multimodal input (or lies
+        inside it) whose rest is longer than the threshold (the adaptive one floored at
+        ``max_num_batched_tokens`` over those requests).
         """
-        if self._mm_input_past_threshold(request, computed):
+        stuck = [(request, computed)] + [
+            (self.scheduler.requests[rid], int(self.scheduler.requests[rid].num_computed_tokens))
+            for rid in sorted(running)
+        ]
+        if any(self._mm_input_past_threshold(r, c) for r, c in stuck):
             return MM_INPUT_PAST_THRESHOLD
         k = self.num_spec
         tokens = int(request.num_tokens)
@@ -500,7 +505,7 @@ class SchedulerOracle:
                     + (f", its whole sequence {full_need}" if full else "")
                     + ("" if fits_free else f"; alone it takes at most {alone} blocks, which the "
                        "pool less the null block holds"),
-                    self._stall_cause(request, computed),
+                    self._stall_cause(request, computed, running),
                 )  # fmt: skip
         if head is None and running and self.floors is not None:
             # Only running requests, stuck: when their blocks for one more token each fit
