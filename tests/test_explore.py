@@ -115,13 +115,6 @@ def test_a_differential_baseline_keeps_only_what_the_bug_changed(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="seed 0's first 600 workloads on vLLM 0.34.0 meet an untriaged finding: 'sanity / - / "
-    "hands a block of valid KV to the worker to zero' at example 495 (a bounded-replay hit "
-    "after a preemption: docs/explore.md, 'Still untriaged'); past them #19's capacity stall "
-    "(no entry: a stall's signature is too coarse) and 'agree / token-indexed / live above'",
-)
 def test_explore_seed_0_conforms_on_the_pinned_vllm(vllm: Vllm, tmp_path: Path) -> None:
     # Seed 0's first 600 workloads, a count rather than issue 35's `--budget 120`: a time
     # budget ends where the machine's speed puts it (about 2,500 workloads on the 2-core
