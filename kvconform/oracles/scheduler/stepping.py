@@ -236,11 +236,19 @@ class SchedulerOracle:
         )
 
     def _deferred_pop(self, request: Any, held: tuple[list[int], ...]) -> None:
-        """vLLM took a finished request's blocks out of its table without returning them."""
+        """vLLM took a request's blocks out of its table without returning them: a finished
+        request's, or (releases before 0.30.0, which preempt a request whose step is in
+        flight rather than give up the call) a preempted one's, whose status is still
+        RUNNING when ``_preempt_request`` frees its blocks."""
         rid = request.request_id
-        kind = "abort" if self.api.is_aborted(request) else "finish"
-        self.run.finished.add(rid)
-        self._lifecycle.ended(request)
+        if request.is_finished():
+            kind = "abort" if self.api.is_aborted(request) else "finish"
+            self.run.finished.add(rid)
+            self._lifecycle.ended(request)
+        else:
+            kind = "preempt"
+            self._restart.add(rid)
+            self.freed_since_zeroing.add(rid)
         self._sessions.released(rid, self._current, kind)
         self.run.deferred_frees.append(
             DeferredFreeRecord(self._current, rid, kind, held, self._newest_busy)
