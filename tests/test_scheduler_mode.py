@@ -764,3 +764,26 @@ def test_a_deferred_free_of_a_preemption_is_no_finish(tmp_path):
     # the requests are taken up again as resumed ones, not as ended.
     shown = run_kvconform("explain", f"{path}::{path.stem}", "--vllm-release", "0.28.0", cwd=REPO)
     assert re.search(r"^ +7 +\d+ c +resumed", shown.stdout, re.M), shown.stdout[-3000:]
+
+
+def test_a_dropped_replay_hit_still_counts_in_the_connectors_queries(vllm):
+    """A hit no longer than the bounded-replay window is dropped after the KV connector was
+    asked past it: ``connector_prefix_cache_stats`` count the queries past the hit found,
+    ``prefix_cache_stats`` no hit. Sanity held the connector's queries to the adopted hit
+    (explore seed 0 on 0.34.0)."""
+    from kvconform.harness.checks.records import facts_of
+    from kvconform.model.facts import StepStats
+
+    (scenario,) = load_file(SCENARIOS / "sched-bounded-replay-dropped-hit-connector-stats.yaml")
+    result = runner.run_scenario(scenario, vllm)
+    assert result.verdict is Verdict.PASSED, result.headline()
+    assert result.trajectory is not None
+    (stats,) = [
+        fact.what
+        for _, fact in facts_of(result.trajectory, StepStats)
+        if any(request == "d" for request, *_ in fact.what.admissions)
+    ]
+    assert stats.admissions == (("d", "new", 9, 0),)
+    assert stats.connector_local == {"d": 8}
+    assert stats.prefix["connector_prefix_cache_stats"]["queries"] == 1
+    assert stats.prefix["prefix_cache_stats"]["queries"] == 9
