@@ -117,13 +117,6 @@ def test_a_differential_baseline_keeps_only_what_the_bug_changed(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="seed 0's first 600 examples on vLLM 0.34.0 meet an untriaged finding: since each "
-    "example draws its kind first, 'sanity / - / reports other scheduler stats than its steps "
-    "give' at example 92 (docs/explore.md, the fifth stop); before kinds, 'sanity / - / hands a "
-    "block of valid KV to the worker to zero' at example 495 ('Still untriaged')",
-)
 def test_explore_seed_0_conforms_on_the_pinned_vllm(vllm: Vllm, tmp_path: Path) -> None:
     # Seed 0's first 600 workloads, a count rather than issue 35's `--budget 120`: a time
     # budget ends where the machine's speed puts it (about 2,500 workloads on the 2-core

@@ -51,6 +51,38 @@ def test_finding_14_is_known_on_the_pinned_vllm_and_not_on_other_releases(vllm: 
     assert triaged(sibling, vllm.version, known) is None
 
 
+FINDING_19 = REPO / "scenarios/scheduler/sched-draft-model-pad-over-budget.yaml"
+FINDING_22 = REPO / "scenarios/scheduler/sched-mm-input-past-long-prefill-threshold.yaml"
+# #22 where the request stopped at the input runs and holds the seat of the one that waits.
+FINDING_22_SEAT = FINDING_22.with_name("sched-mm-input-past-long-prefill-threshold-seat.yaml")
+
+
+def test_a_stalls_signature_names_its_cause_and_excuses_no_other_stall(vllm: Vllm) -> None:
+    """A stall (``capacity / schedule``) is signed with the cause the scheduler oracle
+    reads from it, so #19's entry excuses #19's stall only: #22's, another cause, has an
+    entry of its own, and a stall of no named cause stays new."""
+    from kvconform.harness.checks import capacity
+    from kvconform.model.observations import MM_INPUT_PAST_THRESHOLD, PADDED_ROW_PAST_BUDGET
+    from kvconform.model.results import Failure
+
+    known = load_known_findings(REPO / DEFAULT_KNOWN_FINDINGS)
+    found = {}
+    for key, path in (("19", FINDING_19), ("22", FINDING_22), ("22 seat", FINDING_22_SEAT)):
+        (scenario,) = load_file(path)
+        result = run_scenario(scenario, vllm)  # no expectations: the raw failure
+        (found[key],) = signatures(result)
+    assert found["19"] == Signature("capacity", "schedule", PADDED_ROW_PAST_BUDGET)
+    assert found["22"] == found["22 seat"]
+    assert found["22"] == Signature("capacity", "schedule", MM_INPUT_PAST_THRESHOLD)
+    for key, signature in found.items():
+        entry = triaged(signature, vllm.version, known)
+        assert entry is not None and entry.finding == int(key.split()[0]), signature
+    # A stall whose cause the oracle does not name keeps the bare signature: no entry.
+    bare = Failure("capacity", "m", detail={"who": "schedule"})
+    assert capacity.signature(None, bare) == ("schedule", "")  # type: ignore[arg-type]
+    assert triaged(Signature("capacity", "schedule"), vllm.version, known) is None
+
+
 ENTRY = '- signature: "sanity / -"\n  vllm: ">=0.28.0"\n  finding: 14\n  evidence: x\n'
 
 

@@ -15,6 +15,8 @@ while a failure of another party or another code path is another:
   (``detail["invariant"]``), else (sanity, spec class); "-" for the spec class of a
   failure that concerns no group (a leak over the whole pool);
 * ``lookahead``: (lookahead, method);
+* ``capacity``: (capacity, the vLLM function that refused, the stall's cause where the
+  scheduler oracle names one: ``STALL_CAUSES`` in :mod:`kvconform.model.observations`);
 * a crash of vLLM on a legal scenario: (crash, exception type, vLLM frame).
 
 The *floor family* of a group is the family of its floor rule

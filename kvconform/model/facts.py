@@ -478,6 +478,10 @@ class StepStats(NamedTuple):
     # kind the output reports.
     resets: tuple[tuple[bool, bool], ...] = ()
     reset: Mapping[str, bool] = {}
+    # Per admission whose connector lookup saw another local hit than the one it adopted:
+    # that hit (SWA bounded replay drops a hit no longer than its window after the
+    # connector was asked past it; connector_prefix_cache_stats counts the queries then).
+    connector_local: Mapping[str, int] = {}
 
 
 class SessionReleased(NamedTuple):

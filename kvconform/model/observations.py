@@ -129,7 +129,10 @@ class Denial(NamedTuple):
     ``who`` is the vLLM function that refused (``allocate_slots``, or ``schedule`` for
     a request the scheduler never schedules); ``floor_need`` the blocks the floor's
     arithmetic needs for it, ``available`` the free blocks it could use (free minus
-    reserved and watermark blocks). The driver stops there.
+    reserved and watermark blocks). The driver stops there. ``cause``: for a request the
+    scheduler never schedules, what the stall shows of its cause where kvconform names
+    one (:data:`STALL_CAUSES`), which the ``capacity`` signature carries: a triaged stall
+    then excuses no other.
     """
 
     step: int
@@ -141,6 +144,21 @@ class Denial(NamedTuple):
     available: int
     free: int
     detail: str = ""
+    cause: str = ""
+
+
+# A stall whose head-of-line request has one token to compute while speculative decoding
+# is on: Scheduler.schedule pads such an admission to a uniform spec-decode row of 1 + k
+# tokens and, where the row passes the request's token budget, breaks out of the waiting
+# loop rather than schedule it unpadded, at every call (docs/findings.md #19).
+PADDED_ROW_PAST_BUDGET = "a one-token admission padded to 1 + k rows past its budget"
+# A stall whose head-of-line request's next tokens begin a multimodal input longer than
+# the long-prefill threshold, under disable_chunked_mm_input with more than one request
+# eligible: Scheduler.schedule caps the chunk at the threshold, and the roll-back that keeps
+# an input whole cuts it to nothing, at every call (docs/findings.md #22).
+MM_INPUT_PAST_THRESHOLD = "a multimodal input longer than the long-prefill threshold"
+
+STALL_CAUSES = (PADDED_ROW_PAST_BUDGET, MM_INPUT_PAST_THRESHOLD)
 
 
 class KvLoad(NamedTuple):
@@ -270,6 +288,10 @@ class GroupInfo:
     # Windowed attention: (kind, size) for model.floors.first_position_read, the span
     # of positions a step reads whose blocks must be real; None for other groups.
     read_span: tuple[str, int] | None = None
+    # SWA bounded replay (DeepSeek V4.1): the tokens of a prefix-cache hit the scheduler
+    # recomputes into this group instead of adopting them (its window,
+    # SlidingWindowMLASpec.prefix_replay_tokens); 0 for a group that adopts a hit as is.
+    replay_tokens: int = 0
     # The SingleTypeKVCacheManager subclass vLLM dispatches this group's spec to, and its
     # file in the vLLM tree, asked of the loaded vLLM (Vllm.manager_class); the root
     # causes name it. None where the driver did not build the spec.

@@ -47,8 +47,10 @@ from kvconform.model.settings import SettingsRecord
 # 4: Trajectory.partial (a crash's steps, never judged); 5: StepStats.resets and .reset
 # (the prefix-cache stats' reset flags); 6: QueuedRequest.frees_deferred and
 # StepZeroingList.freed (the seed-0 triage's liveness and zeroing corrections); 7:
-# PrefixLookup (a first admission's hit beside what the workload had cached: hits family).
-RECORDING_VERSION = 7
+# PrefixLookup (a first admission's hit beside what the workload had cached: hits family); 8:
+# GroupInfo.replay_tokens (a bounded-replay hit's valid KV) and Denial.cause (a stall's
+# cause, in the capacity signature).
+RECORDING_VERSION = 8
 
 
 @dataclass

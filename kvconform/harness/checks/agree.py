@@ -3,7 +3,10 @@
 vLLM's V2 warmup sizes its reservations with the predictor
 ``_reserved_block_count``, so the allocator must hold what it predicts. Blocks
 are not returned when drafts are rejected, so the comparison is with the running
-maximum of the prediction since the request last (re)started. Without a
+maximum of the prediction since the request last (re)started; in scheduler mode it starts,
+for a request that loads its KV asynchronously, at the prediction for the loaded tokens (a
+load that fails at a block under ``kv_load_failure_policy: recompute`` keeps the blocks it
+was given while its computed count is cut to the valid prefix). Without a
 predictor (a release before it existed) the recorded warmup and the live replay
 of its steps must agree with each other.
 """

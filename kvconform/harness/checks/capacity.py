@@ -38,8 +38,9 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
             "capacity",
             f"step {denial.step} ({where}{denial.label}) request {denial.request}: vLLM's "
             f"{function} refuses it, although by the floor's arithmetic it needs "
-            f"{blocks(denial.floor_need)} and the pool has {denial.detail}; the driver "
-            "stopped there",
+            f"{blocks(denial.floor_need)} and the pool has {denial.detail}"
+            + (f"; the stall shows {denial.cause}" if denial.cause else "")
+            + "; the driver stopped there",
             step=denial.step,
             line=denial.line,
             request=denial.request,
@@ -50,6 +51,7 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
                 "floor_need": denial.floor_need,
                 "available": denial.available,
                 "free": denial.free,
+                **({"cause": denial.cause} if denial.cause else {}),
             },
         )
 
@@ -62,7 +64,10 @@ def blame(result: ScenarioResult, failure: Failure) -> Blame:
 
 
 def signature(result: ScenarioResult, failure: Failure) -> tuple[str, str]:
-    return str((failure.detail or {}).get("who", "-")), ""
+    """(the vLLM function that refused, the stall's cause where the recording names one):
+    ``capacity / schedule`` alone would make a triaged stall excuse every other."""
+    detail = failure.detail or {}
+    return str(detail.get("who", "-")), str(detail.get("cause", ""))
 
 
 CHECK = Check(

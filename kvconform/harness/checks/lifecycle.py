@@ -93,9 +93,14 @@ def _stats(what: StepStats) -> list[str]:
         )
     # The admissions since the last output, each as (resumed, num_tokens, local hit,
     # tokens loaded); a KV load's own tokens in the connector's.
+    # (resumed, num_tokens, local hit, tokens loaded, the local hit the connector's lookup
+    # was asked past: connector_local, where an admission's differs).
     lookups = [
-        (phase == "resumed", tokens, hit, 0) for _, phase, tokens, hit in what.admissions
-    ] + [(False, prompt, local, tokens - local) for _, prompt, local, tokens in what.loads]
+        (phase == "resumed", tokens, hit, 0, what.connector_local.get(request, hit))
+        for request, phase, tokens, hit in what.admissions
+    ] + [
+        (False, prompt, local, tokens - local, local) for _, prompt, local, tokens in what.loads
+    ]
     described = [
         f"{request} ({phase}, {tokens} tokens, hit {hit})"
         for request, phase, tokens, hit in what.admissions
@@ -103,11 +108,11 @@ def _stats(what: StepStats) -> list[str]:
     for kind, got in what.prefix.items():
         wanted = what.enable_caching if kind == "prefix_cache_stats" else True
         want = dict.fromkeys(got, 0)
-        for resumed, tokens, local, external in lookups if wanted else ():
+        for resumed, tokens, local, external, asked in lookups if wanted else ():
             # The local lookup counts the whole sequence; the connector's what the
             # local hit leaves, and hits what it loads.
             queries, hits = (
-                (tokens, local) if kind == "prefix_cache_stats" else (tokens - local, external)
+                (tokens, local) if kind == "prefix_cache_stats" else (tokens - asked, external)
             )
             if kind != "prefix_cache_stats" and not queries:
                 continue  # vLLM records no connector lookup of nothing

@@ -31,14 +31,36 @@ from kvconform.model.results import Failure
 from kvconform.model.zeroing import judge_zeroing, load_keeps_valid_kv
 
 
+def replay_starts(trajectory: Trajectory) -> dict[tuple[int, str], dict[int, int]]:
+    """(step, request) -> {group: the position its KV starts at} for the groups that
+    replayed a prefix-cache hit (SWA bounded replay: ``Request.replay_start``, recorded
+    as the lowest position the step reads, ``Trajectory.read_bounds``)."""
+    starts: dict[tuple[int, str], dict[int, int]] = {}
+    observations = trajectory.observations
+    for index, start in trajectory.read_bounds.items():
+        obs = observations[index]
+        if trajectory.groups[obs.group].replay_tokens:
+            starts.setdefault((obs.step, obs.request), {})[obs.group] = start
+    return starts
+
+
+def replayed_tokens(trajectory: Trajectory, starts: dict[int, int]) -> int:
+    """The hit's tokens past the computed count, for a request whose groups ``starts``
+    replayed it: the replay window (vLLM's scheduler asserts one for every group), all
+    of it where the replay starts past 0 (a shorter hit is replayed whole from 0 or,
+    at admission, dropped)."""
+    return max((trajectory.groups[g].replay_tokens for g in starts), default=0)
+
+
 def _step_list(
     trajectory: Trajectory,
     fact: Fact,
     previous: dict[str, tuple[tuple[int, ...], ...]],
     refilled: dict[str, tuple[tuple[int, ...], ...]],
+    replays: dict[tuple[int, str], dict[int, int]],
 ) -> Iterator[Failure]:
     """A ``schedule()`` call's zeroing list against every request's tables then and at
-    the last call (``previous``)."""
+    the last call (``previous``); ``replays``: :func:`replay_starts`."""
     what = fact.what
     assert isinstance(what, StepZeroingList)
     null = trajectory.null_block
@@ -74,15 +96,25 @@ def _step_list(
         loading = rid in what.loading
         valid_end = what.valid_end.get(rid, 0)
         before = refilled.get(rid) or previous.get(rid, ((),) * len(table))
+        starts = replays.get((fact.step, rid), {})
         for group in what.groups:
             size = what.block_sizes[group]
-
             span = trajectory.groups[group].read_span
+            # A replayed hit (SWA bounded replay): the group that replays holds KV only
+            # from the replay's start, where its computed count stands before the step
+            # (nothing valid yet: the replay writes it); the other groups adopted the
+            # whole hit, the replayed tokens past the computed count included.
+            valid = (
+                (starts[group], valid_end)
+                if group in starts
+                else (0, valid_end + replayed_tokens(trajectory, starts))
+            )
 
             def holds_valid_kv(column: int, block: int, size: int = size) -> bool:
                 if loading:  # noqa: B023 - called at once
                     return load_keeps_valid_kv(column, size, valid_end, span)  # noqa: B023
-                return column * size < valid_end  # noqa: B023 - called at once
+                start, end = valid  # noqa: B023 - called at once
+                return start < end and column * size < end and (column + 1) * size > start
 
             missing, wrong = judge_zeroing(
                 table[group], before[group], listed, null, holds_valid_kv
@@ -135,6 +167,7 @@ def judge(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
     # next allocation's blocks at those columns are not judged (see _step_list).
     held: dict[str, tuple[tuple[int, ...], ...]] = {}
     refilled: dict[str, tuple[tuple[int, ...], ...]] = {}
+    replays = replay_starts(trajectory) if trajectory.read_bounds else {}
     for index, fact in facts_of(trajectory, ZeroingList, StepZeroingList, ZeroingGroups):
         what = fact.what
         if isinstance(what, ZeroingGroups):
@@ -145,7 +178,7 @@ def judge(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
             for rid in what.freed:
                 if rid in held:
                     refilled[rid] = held.pop(rid)
-            for failure in _step_list(trajectory, fact, previous, refilled):
+            for failure in _step_list(trajectory, fact, previous, refilled, replays):
                 yield index, failure
             previous = dict(what.tables)
             for rid, tables in what.tables.items():

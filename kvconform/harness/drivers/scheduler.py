@@ -167,7 +167,7 @@ def _trajectory_of(
             Denial(
                 stall.step, where.line if where else None, stall.request,
                 f"waiting {stall.request}", "schedule", stall.floor_need, stall.available,
-                stall.free, stall.detail,
+                stall.free, stall.detail, stall.cause,
             )
         )  # fmt: skip
     trajectory.encoder_lens = {name: 0 for name in scenario.requests}
@@ -204,6 +204,14 @@ def _trajectory_of(
         if isinstance(event, LoadRecord):
             notes[event.step].append(f"{event.request} loads {event.tokens} tokens of remote KV")
             _load_rows(trajectory, event, lines[event.request], floor_rules)
+            if predictor.available:
+                # The load's blocks stay in the table when it fails at a block under
+                # kv_load_failure_policy recompute (the computed count is cut to the valid
+                # prefix and the rest recomputed into them), as a rejected draft's do: the
+                # running maximum starts from what the predictor gives the loaded tokens.
+                maxima = predicted_max.setdefault(event.request, [0] * len(model.groups))
+                for g in range(len(model.groups)):
+                    maxima[g] = max(maxima[g], predict[g](event.tokens, 0))
             loads[event.request] = len(trajectory.kv_loads)
             trajectory.kv_loads.append(
                 KvLoad(

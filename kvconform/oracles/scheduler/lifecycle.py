@@ -280,7 +280,7 @@ class Lifecycle:
                 tuple(
                     (row.request, _LOOKED_UP_AGAIN, row.known_tokens, row.cached)
                     if row.phase == "loaded"
-                    else (row.request, row.phase, row.known_tokens, row.cached)
+                    else (row.request, row.phase, row.known_tokens, self._looked_up_hit(row))
                     for row in admissions
                     if row.phase != "loaded" or row.request in self._looked_up_again
                 ),
@@ -294,8 +294,50 @@ class Lifecycle:
                 spec,
                 tuple(resets),
                 reset,
+                {
+                    row.request: asked
+                    for row in admissions
+                    if row.phase != "loaded"
+                    and (asked := self._connector_asked_past(row)) != self._looked_up_hit(row)
+                },
             ),
         )
+
+    def _connector_asked_past(self, row: ScheduledRequest) -> int:
+        """The local hit the admission's KV-connector lookup was asked past
+        (``connector_prefix_cache_queries`` counts the tokens after it): the hit it
+        found, which SWA bounded replay drops afterwards when it is no longer than the
+        replayed window (``Scheduler.schedule``: "any other hit no longer than the
+        replayed window would be recomputed in full"); where nothing was dropped, the
+        hit the stats count."""
+        found = self._looked_up_hit(row)
+        asked = self.oracle.connector_hits.get(row.request)
+        window = self._replay_window()
+        if found or asked is None or not window or not 0 < asked <= window:
+            return found
+        return asked
+
+    def _replay_window(self) -> int:
+        """The window a bounded-replay group recomputes of a hit (its sliding window:
+        ``SlidingWindowMLASpec.prefix_replay_tokens``); 0 without one."""
+        return max(
+            (
+                int(group.options["sliding_window"])  # type: ignore[call-overload]
+                for group in self.oracle.scenario.model.groups
+                if group.options.get("bounded_replay")
+            ),
+            default=0,
+        )
+
+    def _looked_up_hit(self, row: ScheduledRequest) -> int:
+        """The hit an admission's lookup found, which ``record_prefix_cache_stats``
+        counts: with SWA bounded replay (``Request.replay_start`` past 0) the scheduler
+        counts the hit less its last window (the window of the group that replays,
+        ``prefix_replay_tokens``) as computed and recomputes that window, which the other
+        groups adopted from the cache; a hit no longer than the window is dropped whole."""
+        if not row.replay_start:
+            return row.cached
+        return row.cached + self._replay_window()
 
 
 # The phase StepStats gives a first schedule after a KV load that vLLM looks up afresh.

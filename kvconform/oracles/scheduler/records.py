@@ -103,6 +103,9 @@ class StallRecord(NamedTuple):
     available: int
     free: int
     detail: str
+    # What the stall shows of its cause, where kvconform names one (STALL_CAUSES in
+    # kvconform.model.observations); "" otherwise.
+    cause: str = ""
 
 
 class FreeRecord(NamedTuple):

@@ -13,7 +13,11 @@ from kvconform.errors import NotOffered, PoolExhausted, ScenarioError
 from kvconform.model.acceptance import AcceptanceStream
 from kvconform.model.facts import DeferredRelease, HeldAfterAbortAll, ZeroingGroups
 from kvconform.model.floors import pool_columns
-from kvconform.model.observations import GroupInfo
+from kvconform.model.observations import (
+    MM_INPUT_PAST_THRESHOLD,
+    PADDED_ROW_PAST_BUDGET,
+    GroupInfo,
+)
 from kvconform.model.scenario import Scenario
 from kvconform.oracles.live import OUTPUT_OFFSET, first_output_token
 from kvconform.oracles.scheduler.config import build_scheduler
@@ -232,11 +236,19 @@ class SchedulerOracle:
         )
 
     def _deferred_pop(self, request: Any, held: tuple[list[int], ...]) -> None:
-        """vLLM took a finished request's blocks out of its table without returning them."""
+        """vLLM took a request's blocks out of its table without returning them: a finished
+        request's, or (releases before 0.30.0, which preempt a request whose step is in
+        flight rather than give up the call) a preempted one's, whose status is still
+        RUNNING when ``_preempt_request`` frees its blocks."""
         rid = request.request_id
-        kind = "abort" if self.api.is_aborted(request) else "finish"
-        self.run.finished.add(rid)
-        self._lifecycle.ended(request)
+        if request.is_finished():
+            kind = "abort" if self.api.is_aborted(request) else "finish"
+            self.run.finished.add(rid)
+            self._lifecycle.ended(request)
+        else:
+            kind = "preempt"
+            self._restart.add(rid)
+            self.freed_since_zeroing.add(rid)
         self._sessions.released(rid, self._current, kind)
         self.run.deferred_frees.append(
             DeferredFreeRecord(self._current, rid, kind, held, self._newest_busy)
@@ -387,6 +399,65 @@ class SchedulerOracle:
         ]
         self.scheduler.update_draft_token_ids(self.api.draft_token_ids(req_ids, drafts))
 
+    def _stall_cause(self, request: Any, computed: int, running: set[str]) -> str:
+        """What a stall of the waiting ``request`` shows of its cause, where kvconform
+        names one (``STALL_CAUSES``); "" otherwise.
+
+        :data:`PADDED_ROW_PAST_BUDGET`: speculative decoding is on, the request has one
+        token to compute past what it has computed or would adopt (its prefix-cache hit;
+        a synchronous connector's fill, which ``DecodeBenchConnector`` makes every token
+        but the last), the row of 1 + k tokens that ``Scheduler.schedule`` pads it to
+        fits under ``max_model_len`` with the sampled token, and passes the request's
+        token budget (``min(max_num_scheduled_tokens, max_num_batched_tokens - draft
+        slots)``) with nothing else scheduled.
+
+        :data:`MM_INPUT_PAST_THRESHOLD`: under ``disable_chunked_mm_input`` with chunked
+        prefill, a long-prefill threshold and more than one request running or waiting
+        (with one, vLLM lifts the cap), the next token of the request, or of a running
+        request (which may hold the seat it waits for), begins a multimodal input (or lies
+        inside it) whose rest is longer than the threshold (the adaptive one floored at
+        ``max_num_batched_tokens`` over those requests).
+        """
+        stuck = [(request, computed)] + [
+            (self.scheduler.requests[rid], int(self.scheduler.requests[rid].num_computed_tokens))
+            for rid in sorted(running)
+        ]
+        if any(self._mm_input_past_threshold(r, c) for r, c in stuck):
+            return MM_INPUT_PAST_THRESHOLD
+        k = self.num_spec
+        tokens = int(request.num_tokens)
+        if not computed:
+            fills = tokens - 1 if self.limits.kv_connector == "decode_bench" else 0
+            computed = max(self.api.cached_tokens(self.manager, request), fills)
+        if not k or not computed or tokens - computed != 1:
+            return ""
+        if computed + 1 + k + 1 > self.scenario.model.max_model_len:
+            return ""
+        token_budget, input_budget, draft_slots, _ = self.api.scheduling_limits(
+            self.scheduler, self.config
+        )
+        if 1 + k <= min(token_budget, input_budget - draft_slots):
+            return ""
+        return PADDED_ROW_PAST_BUDGET
+
+    def _mm_input_past_threshold(self, request: Any, computed: int) -> bool:
+        """See :meth:`_stall_cause`."""
+        limits = self.limits
+        threshold = limits.long_prefill_token_threshold
+        if not (limits.disable_chunked_mm_input and limits.enable_chunked_prefill and threshold):
+            return False
+        eligible = self.api.eligible_requests(self.scheduler)
+        if eligible <= 1:
+            return False
+        if limits.long_prefill_token_threshold_adaptive:
+            threshold = max(threshold, limits.max_num_batched_tokens // eligible)
+        inputs = self.scenario.requests[request.request_id].mm_inputs
+        return any(
+            item.offset <= computed < item.offset + item.length
+            and item.offset + item.length - computed > threshold
+            for item in inputs
+        )
+
     def _stalled(self, since: int) -> PoolExhausted | StallRecord | None:
         """Whose a stall is: the scenario's when no waiting request fits the pool by the
         floor's arithmetic, vLLM's (a :class:`StallRecord`) when one does.
@@ -442,6 +513,7 @@ class SchedulerOracle:
                     + (f", its whole sequence {full_need}" if full else "")
                     + ("" if fits_free else f"; alone it takes at most {alone} blocks, which the "
                        "pool less the null block holds"),
+                    self._stall_cause(request, computed, running),
                 )  # fmt: skip
         if head is None and running and self.floors is not None:
             # Only running requests, stuck: when their blocks for one more token each fit

@@ -425,6 +425,23 @@ class Scheduling(SchedulingConfigs):
             seats = scheduler.max_num_running_reqs
         return token_budget, input_budget, draft_slots, int(seats)
 
+    def eligible_requests(self, scheduler: Any) -> int:
+        """The requests running or waiting, as ``Scheduler.schedule`` counts them for the
+        long-prefill cap (``get_request_counts``; releases without it: every request the
+        scheduler holds)."""
+        counts = getattr(scheduler, "get_request_counts", None)
+        if counts is None:
+            return len(scheduler.requests)
+        running, waiting = counts()
+        return int(running) + int(waiting)
+
+    def cached_tokens(self, manager: Any, request: Any) -> int:
+        """The request's tokens the prefix cache holds, the last one left out, as its
+        admission would find them (``KVCacheManager.get_num_cached_tokens``: a probe that
+        takes no references and emits nothing); 0 where the release has no such probe."""
+        probe = getattr(manager, "get_num_cached_tokens", None)
+        return int(probe(request)) if probe is not None else 0
+
     def held_back(self, scheduler: Any, request: Any, running: bool) -> str:
         """Why ``Scheduler.schedule`` may pass this request over in the coming step without
         breaking its policy ("" none), read from the request's and the scheduler's state
