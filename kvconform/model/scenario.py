@@ -51,6 +51,16 @@ class GroupSpec:
         return self.options[name]
 
     @property
+    def replay_tokens(self) -> int:
+        """The tokens of a hit this group recomputes instead of adopting: a bounded-replay
+        group's window (``SlidingWindowMLASpec.prefix_replay_tokens``, the option its type
+        reads its span from); 0 for every other group."""
+        reads = GROUP_TYPES[self.type].reads
+        if reads is None or not self.options.get("bounded_replay"):
+            return 0
+        return int(self.options[reads[1]])  # type: ignore[call-overload]
+
+    @property
     def label(self) -> str:
         extra = ",".join(f"{k}={v}" for k, v in self.options.items() if v is not None)
         return f"{self.type}[{extra}]" if extra else self.type

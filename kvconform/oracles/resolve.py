@@ -192,11 +192,7 @@ def new_trajectory(scenario: Scenario, vllm: Vllm) -> Trajectory:
                 ),
             ),
             read_span=_read_span(group),
-            replay_tokens=(
-                int(group.options["sliding_window"])  # type: ignore[call-overload]
-                if group.options.get("bounded_replay")
-                else 0
-            ),
+            replay_tokens=group.replay_tokens,
             manager=managed[0] if managed else None,
             manager_file=managed[1] if managed else None,
         )

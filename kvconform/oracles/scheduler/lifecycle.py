@@ -320,14 +320,7 @@ class Lifecycle:
     def _replay_window(self) -> int:
         """The window a bounded-replay group recomputes of a hit (its sliding window:
         ``SlidingWindowMLASpec.prefix_replay_tokens``); 0 without one."""
-        return max(
-            (
-                int(group.options["sliding_window"])  # type: ignore[call-overload]
-                for group in self.oracle.scenario.model.groups
-                if group.options.get("bounded_replay")
-            ),
-            default=0,
-        )
+        return max((group.replay_tokens for group in self.oracle.scenario.model.groups), default=0)
 
     def _looked_up_hit(self, row: ScheduledRequest) -> int:
         """The hit an admission's lookup found, which ``record_prefix_cache_stats``
