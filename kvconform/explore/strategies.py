@@ -223,11 +223,14 @@ def workload(draw: DrawFn, space: ExploreSpace, on: dict[str, bool], name: str) 
 
     requests = _draw_requests(draw, on, scheduler, max_model_len, block_size, k, len(groups))
     items = [i["length"] for r in requests.values() for i in r.get("mm_inputs", ())]
-    if items and draw(_BOOLS):
+    if items and scheduler.get("enable_chunked_prefill", True) and draw(_BOOLS):
         # Encoder pressure: a step's encoder budget and the encoder cache from a token up to
         # a few items' worth. vLLM raises both to the largest item (compute_mm_encoder_budget),
         # so the smallest draws are exactly one item: every schedule of an item then competes
-        # for the budget, and every item a live request still needs for the cache.
+        # for the budget, and every item a live request still needs for the cache. Not
+        # without chunked prefill: vLLM sizes both from the token budget, at least
+        # max_model_len there, so a whole prompt's items always fit one step; a smaller
+        # stated size would hold a prompt back forever, a configuration vLLM cannot have.
         scheduler["max_num_encoder_input_tokens"] = draw(_ints(1, 2 * max(items)))
         scheduler["encoder_cache_size"] = draw(_ints(1, 3 * max(items)))
     if remote and any("remote_prefill" in r for r in requests.values()) and draw(_BOOLS):
