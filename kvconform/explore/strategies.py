@@ -452,7 +452,8 @@ def _one_replay_window(groups: list[Any]) -> list[Any]:
     """Bounded-replay groups take the first one's window: vLLM builds them only for DeepSeek
     V4.1, from its config's one ``sliding_window``, and the loader refuses two windows
     (``kvconform/harness/loader/scheduler.py``, ``_check_one_replay_window``), a replay beside
-    chunked local attention, and several groups that are all bounded-replay ones."""
+    chunked local attention, and several groups that are all bounded-replay ones; nor is a
+    replay drawn beside a Mamba group, which that model has not."""
     replaying = [g for g in groups if isinstance(g, dict) and g.get("bounded_replay")]
 
     def window_option(group: dict[str, Any]) -> str:
@@ -462,8 +463,11 @@ def _one_replay_window(groups: list[Any]) -> list[Any]:
 
     for group in replaying[1:]:
         group[window_option(group)] = replaying[0][window_option(replaying[0])]
-    if replaying and any(_reads_chunk(g) for g in groups):
-        # No vLLM model has both (the loader refuses it): the chunk wins, replay goes.
+    if replaying and any(_reads_chunk(g) or not _attends(g) for g in groups):
+        # No vLLM model has both (the loader refuses it beside chunked local attention): the
+        # chunk wins, replay goes. Nor a replay beside a recurrent state: DeepSeek V4.1, the
+        # only model vLLM builds bounded-replay groups for, has no Mamba layers (the corpus
+        # still pairs them by hand, where Mamba is what makes vLLM zero new blocks).
         for group in replaying:
             del group["bounded_replay"]
     elif len(groups) > 1 and len(replaying) == len(groups):
@@ -472,6 +476,11 @@ def _one_replay_window(groups: list[Any]) -> list[Any]:
         for group in replaying[1:]:
             del group["bounded_replay"]
     return groups
+
+
+def _attends(group: Any) -> bool:
+    """Whether a drawn group is an attention type (not a recurrent state)."""
+    return GROUP_TYPES[group if isinstance(group, str) else str(group["type"])].attention
 
 
 def _reads_chunk(group: Any) -> bool:
