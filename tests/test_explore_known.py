@@ -55,6 +55,9 @@ FINDING_19 = REPO / "scenarios/scheduler/sched-draft-model-pad-over-budget.yaml"
 FINDING_22 = REPO / "scenarios/scheduler/sched-mm-input-past-long-prefill-threshold.yaml"
 # #22 where the request stopped at the input runs and holds the seat of the one that waits.
 FINDING_22_SEAT = FINDING_22.with_name("sched-mm-input-past-long-prefill-threshold-seat.yaml")
+# #22 through a drafter's prefill shift: the input fits the threshold, the input plus the
+# token before it that the roll-back leaves (EAGLE's shift) does not.
+FINDING_22_SHIFT = FINDING_22.with_name("sched-mm-input-past-long-prefill-threshold-shift.yaml")
 
 
 def test_a_stalls_signature_names_its_cause_and_excuses_no_other_stall(vllm: Vllm) -> None:
@@ -67,12 +70,18 @@ def test_a_stalls_signature_names_its_cause_and_excuses_no_other_stall(vllm: Vll
 
     known = load_known_findings(REPO / DEFAULT_KNOWN_FINDINGS)
     found = {}
-    for key, path in (("19", FINDING_19), ("22", FINDING_22), ("22 seat", FINDING_22_SEAT)):
+    cases = (
+        ("19", FINDING_19),
+        ("22", FINDING_22),
+        ("22 seat", FINDING_22_SEAT),
+        ("22 shift", FINDING_22_SHIFT),
+    )
+    for key, path in cases:
         (scenario,) = load_file(path)
         result = run_scenario(scenario, vllm)  # no expectations: the raw failure
         (found[key],) = signatures(result)
     assert found["19"] == Signature("capacity", "schedule", PADDED_ROW_PAST_BUDGET)
-    assert found["22"] == found["22 seat"]
+    assert found["22"] == found["22 seat"] == found["22 shift"]
     assert found["22"] == Signature("capacity", "schedule", MM_INPUT_PAST_THRESHOLD)
     for key, signature in found.items():
         entry = triaged(signature, vllm.version, known)
