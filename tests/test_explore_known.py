@@ -92,6 +92,25 @@ def test_a_stalls_signature_names_its_cause_and_excuses_no_other_stall(vllm: Vll
     assert triaged(Signature("capacity", "schedule"), vllm.version, known) is None
 
 
+FINDING_23 = REPO / "scenarios/scheduler/sched-connector-hybrid-hit-past-lookahead-hashes.yaml"
+
+
+def test_finding_23s_crash_is_signed_with_its_frame_and_known_on_the_pinned_vllm(
+    vllm: Vllm,
+) -> None:
+    """#23 (a per-group connector lookup past the block hashes, 0.34.0) crashes in
+    MambaManager.find_longest_cache_hit; the crash's signature names that frame, which
+    #23's entry lists, and no other entry matches it."""
+    known = load_known_findings(REPO / DEFAULT_KNOWN_FINDINGS)
+    (scenario,) = load_file(FINDING_23)
+    result = run_scenario(scenario, vllm)  # no expectations: the raw failure
+    (found,) = signatures(result)
+    assert found.check == "crash" and found.subject == "IndexError", found
+    assert found.detail.endswith(" find_longest_cache_hit"), found
+    entry = triaged(found, vllm.version, known)
+    assert entry is not None and entry.finding == 23, found
+
+
 ENTRY = '- signature: "sanity / -"\n  vllm: ">=0.28.0"\n  finding: 14\n  evidence: x\n'
 
 
