@@ -50,10 +50,12 @@ def judged(
     in_flight: int = 0,
     exclusive: bool = True,
     lookahead: int = 0,
+    num_speculative_tokens: int = 0,
 ) -> list:
     trajectory = Trajectory(
         (GROUP,), lookahead=lookahead, lookahead_source="test", max_model_len=max_model_len
     )
+    trajectory.num_speculative_tokens = num_speculative_tokens
     trajectory.exclusive_blocks = exclusive
     trajectory.steps_in_flight = in_flight
     trajectory.num_blocks = 10
@@ -106,6 +108,13 @@ def test_an_empty_call_that_would_preempt_a_request_whose_frees_are_deferred_is_
     assert invariants(deferred) == [NO_PROGRESS]
     plain = [r._replace(frees_deferred=False) for r in running]
     assert invariants(judged(step(plain, free=0, in_flight=1), in_flight=1)) == [NO_PROGRESS]
+    # A method without lookahead (extract_hidden_states, ngram) still verifies k drafts:
+    # with k = 3 a's row of 4 tokens from 30 crosses into a third block, one token does not
+    # (the explorer's seed-0 reproducer of the fifth stop, k = 3, lookahead 0).
+    a = req("a", 0, computed=30, tokens=31, held=2)._replace(frees_deferred=True)
+    at_row = step([a], free=0, in_flight=1)
+    assert NO_PROGRESS not in invariants(judged(at_row, in_flight=1, num_speculative_tokens=3))
+    assert invariants(judged(at_row, in_flight=1)) == [NO_PROGRESS]
 
 
 def test_blocks_a_waiting_request_holds_are_not_the_running_requests_to_take():

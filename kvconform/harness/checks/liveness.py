@@ -16,7 +16,7 @@ that may not fit); docs/contract.md ("Liveness and fairness") states the model:
   whole speculative rows and a running request's blocks may not be freed in this call
   (``QueuedRequest.frees_deferred``: an asynchronous KV consumer with steps in flight): the
   preemption loop gives up the call at such a request. And except a call that preempted,
-  where the running requests' whole speculative rows (1 + the lookahead tokens each) do
+  where the running requests' whole speculative rows (1 + k tokens each, ``row_of``) do
   not fit that pool: vLLM never shortens a row to fit, so it preempts the first running
   request too and schedules nothing in that call.
 * **no preemption cycle.** A request preempted again with no progress in the run since
@@ -71,6 +71,15 @@ def lookahead_of(trajectory: Trajectory) -> int:
     return max(trajectory.lookahead, trajectory.floor_lookahead or 0)
 
 
+def row_of(trajectory: Trajectory) -> int:
+    """The most tokens vLLM schedules a running request in one step: its speculative row,
+    1 + its drafts (``num_speculative_tokens``; never shortened to fit the blocks), counted
+    with at least 1 + the lookahead as before, an upper bound either way. Methods whose
+    lookahead is below k (ngram, suffix, ``extract_hidden_states``: 0) still verify k
+    drafts."""
+    return 1 + max(trajectory.num_speculative_tokens, lookahead_of(trajectory))
+
+
 def blocks_for(
     trajectory: Trajectory, request: QueuedRequest, computed: int, scheduled: int
 ) -> int:
@@ -102,7 +111,7 @@ def _progress(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
         kept = sum(r.held for r in queues.waiting)
         if need > queues.pool - 1 - kept:
             continue
-        row = 1 + lookahead_of(trajectory)
+        row = row_of(trajectory)
         if queues.preempted and row > 1:
             # vLLM asks for a running request's whole speculative row (1 + its drafts, at
             # most 1 + the lookahead tokens) and never shortens it to fit: where the rows
@@ -113,10 +122,8 @@ def _progress(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
             if rows > queues.pool - 1 - kept:
                 continue
         if any(r.frees_deferred for r in queues.running):
-            # vLLM schedules a running request's whole speculative row (at most 1 + the
-            # lookahead tokens), not one token: the extra blocks that may take, against the
-            # free ones.
-            row = 1 + lookahead_of(trajectory)
+            # vLLM schedules a running request's whole speculative row (row_of), not one
+            # token: the extra blocks that may take, against the free ones.
             extra = sum(
                 max(0, blocks_for(trajectory, r, r.computed, row) - r.held) for r in queues.running
             )
