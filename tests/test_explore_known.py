@@ -55,6 +55,9 @@ FINDING_19 = REPO / "scenarios/scheduler/sched-draft-model-pad-over-budget.yaml"
 FINDING_22 = REPO / "scenarios/scheduler/sched-mm-input-past-long-prefill-threshold.yaml"
 # #22 where the request stopped at the input runs and holds the seat of the one that waits.
 FINDING_22_SEAT = FINDING_22.with_name("sched-mm-input-past-long-prefill-threshold-seat.yaml")
+# #22 through a drafter's prefill shift: the input fits the threshold, the input plus the
+# token before it that the roll-back leaves (EAGLE's shift) does not.
+FINDING_22_SHIFT = FINDING_22.with_name("sched-mm-input-past-long-prefill-threshold-shift.yaml")
 
 
 def test_a_stalls_signature_names_its_cause_and_excuses_no_other_stall(vllm: Vllm) -> None:
@@ -67,12 +70,18 @@ def test_a_stalls_signature_names_its_cause_and_excuses_no_other_stall(vllm: Vll
 
     known = load_known_findings(REPO / DEFAULT_KNOWN_FINDINGS)
     found = {}
-    for key, path in (("19", FINDING_19), ("22", FINDING_22), ("22 seat", FINDING_22_SEAT)):
+    cases = (
+        ("19", FINDING_19),
+        ("22", FINDING_22),
+        ("22 seat", FINDING_22_SEAT),
+        ("22 shift", FINDING_22_SHIFT),
+    )
+    for key, path in cases:
         (scenario,) = load_file(path)
         result = run_scenario(scenario, vllm)  # no expectations: the raw failure
         (found[key],) = signatures(result)
     assert found["19"] == Signature("capacity", "schedule", PADDED_ROW_PAST_BUDGET)
-    assert found["22"] == found["22 seat"]
+    assert found["22"] == found["22 seat"] == found["22 shift"]
     assert found["22"] == Signature("capacity", "schedule", MM_INPUT_PAST_THRESHOLD)
     for key, signature in found.items():
         entry = triaged(signature, vllm.version, known)
@@ -81,6 +90,25 @@ def test_a_stalls_signature_names_its_cause_and_excuses_no_other_stall(vllm: Vll
     bare = Failure("capacity", "m", detail={"who": "schedule"})
     assert capacity.signature(None, bare) == ("schedule", "")  # type: ignore[arg-type]
     assert triaged(Signature("capacity", "schedule"), vllm.version, known) is None
+
+
+FINDING_23 = REPO / "scenarios/scheduler/sched-connector-hybrid-hit-past-lookahead-hashes.yaml"
+
+
+def test_finding_23s_crash_is_signed_with_its_frame_and_known_on_the_pinned_vllm(
+    vllm: Vllm,
+) -> None:
+    """#23 (a per-group connector lookup past the block hashes, 0.34.0) crashes in
+    MambaManager.find_longest_cache_hit; the crash's signature names that frame, which
+    #23's entry lists, and no other entry matches it."""
+    known = load_known_findings(REPO / DEFAULT_KNOWN_FINDINGS)
+    (scenario,) = load_file(FINDING_23)
+    result = run_scenario(scenario, vllm)  # no expectations: the raw failure
+    (found,) = signatures(result)
+    assert found.check == "crash" and found.subject == "IndexError", found
+    assert found.detail.endswith(" find_longest_cache_hit"), found
+    entry = triaged(found, vllm.version, known)
+    assert entry is not None and entry.finding == 23, found
 
 
 ENTRY = '- signature: "sanity / -"\n  vllm: ">=0.28.0"\n  finding: 14\n  evidence: x\n'

@@ -45,11 +45,17 @@ def step(
 
 
 def judged(
-    *steps: StepQueues, max_model_len: int = 64, in_flight: int = 0, exclusive: bool = True
+    *steps: StepQueues,
+    max_model_len: int = 64,
+    in_flight: int = 0,
+    exclusive: bool = True,
+    lookahead: int = 0,
+    num_speculative_tokens: int = 0,
 ) -> list:
     trajectory = Trajectory(
-        (GROUP,), lookahead=0, lookahead_source="test", max_model_len=max_model_len
+        (GROUP,), lookahead=lookahead, lookahead_source="test", max_model_len=max_model_len
     )
+    trajectory.num_speculative_tokens = num_speculative_tokens
     trajectory.exclusive_blocks = exclusive
     trajectory.steps_in_flight = in_flight
     trajectory.num_blocks = 10
@@ -102,6 +108,13 @@ def test_an_empty_call_that_would_preempt_a_request_whose_frees_are_deferred_is_
     assert invariants(deferred) == [NO_PROGRESS]
     plain = [r._replace(frees_deferred=False) for r in running]
     assert invariants(judged(step(plain, free=0, in_flight=1), in_flight=1)) == [NO_PROGRESS]
+    # A method without lookahead (extract_hidden_states, ngram) still verifies k drafts:
+    # with k = 3 a's row of 4 tokens from 30 crosses into a third block, one token does not
+    # (the explorer's seed-0 reproducer of the fifth stop, k = 3, lookahead 0).
+    a = req("a", 0, computed=30, tokens=31, held=2)._replace(frees_deferred=True)
+    at_row = step([a], free=0, in_flight=1)
+    assert NO_PROGRESS not in invariants(judged(at_row, in_flight=1, num_speculative_tokens=3))
+    assert invariants(judged(at_row, in_flight=1)) == [NO_PROGRESS]
 
 
 def test_blocks_a_waiting_request_holds_are_not_the_running_requests_to_take():
@@ -112,6 +125,24 @@ def test_blocks_a_waiting_request_holds_are_not_the_running_requests_to_take():
     loading = req("b", 1, tokens=1, held=7, why="its KV load is in flight")  # 2 + 7: pool full
     assert NO_PROGRESS not in invariants(judged(step(running, [loading], free=0)))
     assert invariants(judged(step(running, [loading._replace(held=0)], free=0))) == [NO_PROGRESS]
+
+
+def test_an_empty_call_that_preempted_a_speculative_row_the_pool_cannot_hold_is_not_no_progress():
+    # vLLM asks for a running request's whole speculative row and never shortens it: where
+    # it does not fit, the preemption loop reaches the request itself and the call comes
+    # back empty (the explorer's seed-0 reproducer, DFlash k = 4,
+    # sched-spec-row-preempts-the-last-running-request.yaml). Lookahead 4: one more token
+    # for a takes 26 + 1 + 4 -> 2 blocks, its row of 5 takes 26 + 5 + 4 -> 3; b's load holds
+    # 7 of the 9, so 2 are a's to take.
+    running = [req("a", 0, computed=26, tokens=27, held=2)]
+    loading = req("b", 1, tokens=1, held=7, why="its KV load is in flight")
+    preempting = step(running, [loading], preempted=["a"], free=0)
+    assert NO_PROGRESS not in invariants(judged(preempting, lookahead=4))
+    # Without the preemption (vLLM gave up for another reason), or without speculative
+    # decoding (a row of one token, which fits), the call owes progress.
+    idle = step(running, [loading], free=0)
+    assert invariants(judged(idle, lookahead=4)) == [NO_PROGRESS]
+    assert invariants(judged(preempting)) == [NO_PROGRESS]
 
 
 # -- liveness: preemption cycles ----------------------------------------------------------

@@ -15,7 +15,10 @@ that may not fit); docs/contract.md ("Liveness and fairness") states the model:
   ``capacity``'s stall.) Except where the free blocks may not do for the running requests'
   whole speculative rows and a running request's blocks may not be freed in this call
   (``QueuedRequest.frees_deferred``: an asynchronous KV consumer with steps in flight): the
-  preemption loop gives up the call at such a request.
+  preemption loop gives up the call at such a request. And except a call that preempted,
+  where the running requests' whole speculative rows (1 + k tokens each, ``row_of``) do
+  not fit that pool: vLLM never shortens a row to fit, so it preempts the first running
+  request too and schedules nothing in that call.
 * **no preemption cycle.** A request preempted again with no progress in the run since
   its last preemption (no request's computed position past its high-water mark, none
   finished) is a fruitless preemption; more than
@@ -68,6 +71,15 @@ def lookahead_of(trajectory: Trajectory) -> int:
     return max(trajectory.lookahead, trajectory.floor_lookahead or 0)
 
 
+def row_of(trajectory: Trajectory) -> int:
+    """The most tokens vLLM schedules a running request in one step: its speculative row,
+    1 + its drafts (``num_speculative_tokens``; never shortened to fit the blocks), counted
+    with at least 1 + the lookahead as before, an upper bound either way. Methods whose
+    lookahead is below k (ngram, suffix, ``extract_hidden_states``: 0) still verify k
+    drafts."""
+    return 1 + max(trajectory.num_speculative_tokens, lookahead_of(trajectory))
+
+
 def blocks_for(
     trajectory: Trajectory, request: QueuedRequest, computed: int, scheduled: int
 ) -> int:
@@ -99,11 +111,19 @@ def _progress(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
         kept = sum(r.held for r in queues.waiting)
         if need > queues.pool - 1 - kept:
             continue
+        row = row_of(trajectory)
+        if queues.preempted and row > 1:
+            # vLLM asks for a running request's whole speculative row (1 + its drafts, at
+            # most 1 + the lookahead tokens) and never shortens it to fit: where the rows
+            # do not fit the pool it preempts down to the first running request and, that
+            # one's row still not fitting, preempts it too ("No more request to preempt"),
+            # and the call comes back empty with the blocks freed for the next.
+            rows = sum(blocks_for(trajectory, r, r.computed, row) for r in queues.running)
+            if rows > queues.pool - 1 - kept:
+                continue
         if any(r.frees_deferred for r in queues.running):
-            # vLLM schedules a running request's whole speculative row (at most 1 + the
-            # lookahead tokens), not one token: the extra blocks that may take, against the
-            # free ones.
-            row = 1 + lookahead_of(trajectory)
+            # vLLM schedules a running request's whole speculative row (row_of), not one
+            # token: the extra blocks that may take, against the free ones.
             extra = sum(
                 max(0, blocks_for(trajectory, r, r.computed, row) - r.held) for r in queues.running
             )

@@ -416,7 +416,11 @@ class SchedulerOracle:
         (with one, vLLM lifts the cap), the next token of the request, or of a running
         request (which may hold the seat it waits for), begins a multimodal input (or lies
         inside it) whose rest is longer than the threshold (the adaptive one floored at
-        ``max_num_batched_tokens`` over those requests).
+        ``max_num_batched_tokens`` over those requests). With a drafter's prefill shift
+        (``num_prefill_lookahead_tokens``, which ``_try_schedule_encoder_inputs`` takes as
+        ``shift_computed_tokens``) the roll-back ends a chunk ``shift`` tokens before the
+        input, so a next token within ``shift`` tokens before it counts as on it: its chunk
+        must reach the input's end, ``shift`` tokens more than the input.
         """
         stuck = [(request, computed)] + [
             (self.scheduler.requests[rid], int(self.scheduler.requests[rid].num_computed_tokens))
@@ -451,9 +455,12 @@ class SchedulerOracle:
             return False
         if limits.long_prefill_token_threshold_adaptive:
             threshold = max(threshold, limits.max_num_batched_tokens // eligible)
+        # The roll-back to before an input (``start_pos - (num_computed_tokens +
+        # shift_computed_tokens)``) is 0 from ``shift`` tokens before the input on.
+        shift = self.api.prefill_shift(self.scheduler)
         inputs = self.scenario.requests[request.request_id].mm_inputs
         return any(
-            item.offset <= computed < item.offset + item.length
+            item.offset - shift <= computed < item.offset + item.length
             and item.offset + item.length - computed > threshold
             for item in inputs
         )

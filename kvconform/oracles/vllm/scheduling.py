@@ -435,6 +435,14 @@ class Scheduling(SchedulingConfigs):
         running, waiting = counts()
         return int(running) + int(waiting)
 
+    def prefill_shift(self, scheduler: Any) -> int:
+        """The tokens a drafter reads past a prefill chunk, which
+        ``_try_schedule_encoder_inputs`` takes as ``shift_computed_tokens``
+        (``Scheduler.num_prefill_lookahead``: 1 for the EAGLE family, k for multi-module
+        MTP; set on the scheduler from 0.28.0, before ``VllmConfig`` had
+        ``num_prefill_lookahead_tokens`` in 0.31.0); 0 without a drafter."""
+        return int(getattr(scheduler, "num_prefill_lookahead", 0) or 0)
+
     def cached_tokens(self, manager: Any, request: Any) -> int:
         """The request's tokens the prefix cache holds, the last one left out, as its
         admission would find them (``KVCacheManager.get_num_cached_tokens``: a probe that
