@@ -26,6 +26,7 @@ from kvconform.explore.runner import ExploreStats, Workloads
 from kvconform.explore.space import ExploreSpace
 from kvconform.explore.strategies import (
     KIND_SHARES,
+    draw_kind,
     startup_document,
     warmup_document,
     workload,
@@ -113,6 +114,12 @@ def test_every_drawn_warmup_document_loads_as_a_warmup_scenario(data: st.DataObj
 
 
 def test_the_kinds_are_drawn_in_their_shares() -> None:
+    # Each ticket of the kind's draw, once: exactly the shares of KIND_SHARES.
+    total = sum(share for _, share in KIND_SHARES)
+    by_ticket = Counter(draw_kind(lambda _strategy, t=t: t, SPACE) for t in range(total))
+    assert by_ticket == Counter({kind: share for kind, share in KIND_SHARES}), by_ticket
+    # And Hypothesis's own draws (not uniform: it favours small tickets) give every kind,
+    # the scheduler's most of all.
     counts: Counter[str] = Counter()
 
     @settings(max_examples=1000, derandomize=True, database=None, deadline=None)
@@ -121,10 +128,10 @@ def test_the_kinds_are_drawn_in_their_shares() -> None:
         counts[doc["kind"]] += 1
 
     draw()
-    total = sum(share for _, share in KIND_SHARES)
     drawn = sum(counts.values())
+    assert counts[Kind.SCHEDULER] > drawn / 2, counts
     for kind, share in KIND_SHARES:
-        assert counts[kind] == pytest.approx(drawn * share / total, rel=0.4), counts
+        assert counts[kind] >= drawn * share / total / 4, counts
 
 
 @QUICK
