@@ -79,7 +79,7 @@ class DeferredFreeRecord(NamedTuple):
 
     step: int  # the schedule() call the blocks were taken out before, or during
     request: str
-    kind: str  # "finish" or "abort"
+    kind: str  # "finish", "abort" or "preempt" (before 0.30.0: a request in flight)
     held: tuple[list[int], ...]
     fence: int | None
     returned: int | None = None

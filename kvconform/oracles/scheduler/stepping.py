@@ -257,12 +257,18 @@ class SchedulerOracle:
         )
 
     def _deferred_drain(self, returned: list[tuple[list[int], int, int]]) -> None:
-        """vLLM returned deferred blocks to the pool: match them to the requests'."""
+        """vLLM returned deferred blocks to the pool: match them to the requests'.
+
+        Both sides without the null block: a request's table holds it where a sliding
+        window dropped blocks, and ``pop_blocks_for_free`` hands the table over as it is
+        before 0.33.0 (from 0.33.0 it trims the null head, ``trim_null_head``), so the
+        drain returns it too (``free_blocks`` skips it)."""
         records = self.run.deferred_frees
+        null = self.run.null_block
         for block_ids, before, after in returned:
             wanted = set(block_ids)
+            wanted.discard(null)
             for index, record in enumerate(records):
-                null = self.run.null_block
                 held = {b for ids in record.held for b in ids if b != null}
                 if record.returned is None and held == wanted:
                     records[index] = record._replace(
