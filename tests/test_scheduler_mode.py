@@ -749,8 +749,14 @@ def test_a_deferred_free_of_a_preemption_is_no_finish(tmp_path):
     frees: ``_preempt_request`` pops its blocks (``pop_blocks_for_free``) while its status
     is still RUNNING. The oracle took every deferred pop for a finish, and the scheduler
     bookkeeping family then blamed vLLM for keeping the preempted (live) requests in
-    ``Scheduler.requests`` and ``Scheduler.waiting``. On 0.28.0 that failure is gone; the
-    scenario's other failures there are not read yet (docs/explore.md)."""
+    ``Scheduler.requests`` and ``Scheduler.waiting``. On 0.28.0 that failure is gone.
+
+    The conservation family's failures from step 7 were kvconform's too: c's table holds
+    the null block where its sliding window dropped blocks, ``pop_blocks_for_free`` hands
+    it over as it is before 0.33.0 and the drain returns it, so the oracle, which left the
+    null out of the popped side only, never matched c's drain and counted its blocks both
+    free and deferred. What stays is vLLM's: the call that preempts all three and
+    schedules nothing (docs/findings.md, vllm#49674)."""
     from vllm_copy import REPO, run_kvconform
 
     path = SCENARIOS / "sched-deferred-free-no-preemption.yaml"
@@ -760,6 +766,10 @@ def test_a_deferred_free_of_a_preemption_is_no_finish(tmp_path):
     messages = [failure["message"] for failure in result["failures"]]
     assert done.returncode == 1 and messages, done.stdout[-2000:]
     assert not [m for m in messages if "still holds ended request" in m], messages
+    # The one failure left is the call that schedules nothing (the liveness family);
+    # every deferred free is matched to its drain, so the pool adds up at every step.
+    assert len(messages) == 1 and "scheduled nothing" in messages[0], messages
+    assert messages[0].startswith("step 6 ") and "requests c, e, d," in messages[0], messages
     # The preemptions happened, deferred (vLLM 0.28.0 preempts c, d and e at step 6), and
     # the requests are taken up again as resumed ones, not as ended.
     shown = run_kvconform("explain", f"{path}::{path.stem}", "--vllm-release", "0.28.0", cwd=REPO)
