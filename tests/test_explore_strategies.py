@@ -440,3 +440,31 @@ def test_follow_ups_off_draw_no_arrival_past_8_steps() -> None:
         assert follow_ups(doc) == [], doc
 
     draw()
+
+
+def test_a_connector_meets_the_edge_of_the_pool_without_tight_pool() -> None:
+    """With a KV connector the roomy pool's multiple starts at one request (loads and
+    evictions interact only under pressure); without one it starts at two."""
+
+    def smallest_multiples(feature: str | None) -> set[int]:
+        on = {name: name == feature for name in FEATURES}
+        seen: set[int] = set()
+
+        @settings(max_examples=120, derandomize=True, database=None, deadline=None)
+        @given(st.data())
+        def draw(data: st.DataObject) -> None:
+            doc = workload(data.draw, SPACE, on, "explore")
+            model = doc["model"]
+            k = doc.get("speculative", {}).get("num_speculative_tokens", 0)
+            alone = len(model["groups"]) * (
+                -(-model["max_model_len"] // model["block_size"]) + k + 1
+            )
+            assert (model["num_blocks"] - 1) % alone == 0, doc
+            seen.add((model["num_blocks"] - 1) // alone)
+
+        draw()
+        return seen
+
+    assert 1 in smallest_multiples("remote_kv")
+    assert 1 in smallest_multiples("sync_connector")
+    assert min(smallest_multiples(None)) == 2

@@ -226,7 +226,8 @@ def workload(draw: DrawFn, space: ExploreSpace, on: dict[str, bool], name: str) 
         model["enable_caching"] = True
     elif on["no_caching"]:
         model["enable_caching"] = False
-    model["num_blocks"] = _pool(draw, on, groups, block_size, max_model_len, k)
+    connector = remote or "kv_connector" in scheduler
+    model["num_blocks"] = _pool(draw, on, groups, block_size, max_model_len, k, connector)
     model["groups"] = groups
 
     opening = min(max_model_len - 1, 2 * block_size + _widest_reach(groups))
@@ -514,13 +515,17 @@ def _pool(
     block_size: int,
     max_model_len: int,
     k: int,
+    connector: bool = False,
 ) -> int:
     """The null block plus one whole request's columns and speculative blocks in every group,
-    times a drawn factor unless the pool is tight."""
+    times a drawn factor unless the pool is tight. With a KV connector the factor starts at 1:
+    loads hold their blocks while they wait and are not preempted, and what they do to hits,
+    evictions and admissions shows only when the pool runs short, so a connector's workloads
+    meet the edge of the pool without ``tight_pool`` too."""
     alone = len(groups) * (_cdiv(max_model_len, block_size) + k + 1)
     if on["tight_pool"]:
         return 1 + alone + draw(_ints(0, 1))
-    return 1 + alone * draw(_ints(2, 6))
+    return 1 + alone * draw(_ints(1 if connector else 2, 6))
 
 
 def _draw_requests(
