@@ -117,13 +117,6 @@ def test_a_differential_baseline_keeps_only_what_the_bug_changed(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 35, sixth stop: with follow-ups drawn, seed 0 meets an untriaged stall "
-    "(capacity / schedule: multi-module MTP k = 2 under a long-prefill threshold of 1, the "
-    "running prefills held out of the prefill lookahead for good; docs/explore.md, 'Still "
-    "untriaged at the sixth stop')",
-)
 def test_explore_seed_0_conforms_on_the_pinned_vllm(vllm: Vllm, tmp_path: Path) -> None:
     # Seed 0's first 600 workloads, a count rather than issue 35's `--budget 120`: a time
     # budget ends where the machine's speed puts it (about 2,500 workloads on the 2-core
