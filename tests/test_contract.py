@@ -17,6 +17,7 @@ from kvconform.harness.checks import CHECKS, DEFAULT_CHECKS
 from kvconform.harness.checks.bookkeeping import STALE_ENTRY
 from kvconform.harness.checks.ceiling import OVER_COLUMNS, OVER_REAL
 from kvconform.harness.checks.conservation import NOT_CONSERVED, REFS_DIFFER, SHARED_WRITABLE
+from kvconform.harness.runner import run_scenario
 from kvconform.model.contract import allowance, reach, zeroing_groups
 from kvconform.model.facts import Fact, PoolCensus, StepStats, ZeroingGroups
 from kvconform.model.group_types import GROUP_TYPES
@@ -27,6 +28,7 @@ from kvconform.model.observations import (
     Observation,
     Trajectory,
 )
+from kvconform.model.results import Verdict
 
 NULL = 0
 
@@ -402,6 +404,47 @@ def test_conservation_only_cached_blocks_are_shared():
 
 
 # vLLM's BlockPool.free_blocks returns a block to the free queue while another request
+# A Mamba "align" group in blocks of 16 beside full attention in blocks of 8: the hash block
+# is 8, so b's first chunk (8 tokens, the budget) ends inside a Mamba block and vLLM keeps
+# its state in a copy-on-write block. With a kv_consumer connector (a's remote prefill) and
+# the AsyncScheduler, vLLM defers the return of both ends of the copy until the step that
+# runs it is processed (Scheduler._free_cow_retained_blocks).
+COW_DEFERRED = """
+name: cow-deferred
+kind: scheduler
+model:
+  block_size: 8
+  max_model_len: 79
+  enable_caching: true
+  num_blocks: 34
+  groups:
+    - {type: mamba, block_size: 16}
+    - full_attention
+scheduler: {mode: async, max_num_seqs: 4, max_num_batched_tokens: 9}
+requests:
+  a: {prompt_len: 72, max_tokens: 24, arrival: 7, remote_prefill: true}
+  b: {prompt_len: 16, max_tokens: 19}
+"""
+
+
+def test_conservation_holds_a_block_copy_until_its_step_is_processed(scenario_from, vllm):
+    """The pool census counts both ends of a copy-on-write copy as held back while vLLM
+    defers their return (a census without them found a block "neither free nor held" and
+    a reference count above the live holders); once the step is processed they are free."""
+    result = run_scenario(scenario_from(COW_DEFERRED), vllm)
+    assert result.verdict is Verdict.PASSED, result.headline()
+    assert result.trajectory is not None
+    censuses = [f.what for f in result.trajectory.facts if isinstance(f.what, PoolCensus)]
+    held_back = [c for c in censuses if c.deferred]
+    assert held_back, "no census held a copy's blocks back"
+    first = held_back[0]
+    source, copy = first.deferred
+    tabled = {b for table in first.tables.values() for ids in table for b in ids}
+    assert source in tabled and copy not in tabled  # the source stays in b's Mamba table
+    assert first.refs[source] == 2  # b's table and the retention
+    assert not censuses[-1].deferred
+
+
 # still holds it (a shared prefix block of two requests, freed by one).
 FREES_SHARED = (
     "v1/core/block_pool.py",

@@ -79,7 +79,7 @@ class DeferredFreeRecord(NamedTuple):
 
     step: int  # the schedule() call the blocks were taken out before, or during
     request: str
-    kind: str  # "finish" or "abort"
+    kind: str  # "finish", "abort", "preempt", or "copy" (a block copy's two ends)
     held: tuple[list[int], ...]
     fence: int | None
     returned: int | None = None
@@ -171,3 +171,6 @@ class SchedulerRun:
     # Each schedule()'s queues and what it made of them (liveness and fairness families).
     queues: list[StepFact] = field(default_factory=list)
     deferred_frees: list[DeferredFreeRecord] = field(default_factory=list)
+    # Both ends of each copy-on-write block copy a step hands the worker, held back from the
+    # pool until that step is processed where vLLM defers frees (kind "copy", no request).
+    retained_copies: list[DeferredFreeRecord] = field(default_factory=list)

@@ -5,6 +5,7 @@ and the encoder inputs the step reports, and the KV-cache events the scheduler p
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 from typing import Any
 
 from kvconform.model.facts import (
@@ -77,7 +78,7 @@ def record_census(oracle: OracleState) -> None:
     }
     deferred = tuple(
         b
-        for record in oracle.run.deferred_frees
+        for record in chain(oracle.run.deferred_frees, oracle.run.retained_copies)
         if record.returned is None
         for ids in record.held
         for b in ids

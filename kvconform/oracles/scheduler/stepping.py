@@ -116,7 +116,11 @@ class SchedulerOracle:
             r.remote_prefill for r in scenario.requests.values()
         )
         self._last_busy: dict[str, int] = {}
-        api.observe_deferred_frees(self.scheduler, self._deferred_pop, self._deferred_drain)
+        # Whether vLLM defers frees (Scheduler.defer_block_free: a kv_consumer connector and
+        # more than one batch, in lockstep too), where its pops and drains are observed.
+        self._pool_defers = api.observe_deferred_frees(
+            self.scheduler, self._deferred_pop, self._deferred_drain
+        )
         install_encoder_budget(self)
         hasher = None
         if model.enable_caching:
@@ -255,15 +259,23 @@ class SchedulerOracle:
         )
 
     def _deferred_drain(self, returned: list[tuple[list[int], int, int]]) -> None:
-        """vLLM returned deferred blocks to the pool: match them to the requests'."""
-        records = self.run.deferred_frees
+        """vLLM returned deferred blocks to the pool: match them to the requests' (or to a
+        block copy's retained ends)."""
+        null = self.run.null_block
         for block_ids, before, after in returned:
             wanted = set(block_ids)
-            for index, record in enumerate(records):
-                null = self.run.null_block
-                held = {b for ids in record.held for b in ids if b != null}
-                if record.returned is None and held == wanted:
-                    records[index] = record._replace(
+            for records in (self.run.deferred_frees, self.run.retained_copies):
+                found = next(
+                    (
+                        index
+                        for index, record in enumerate(records)
+                        if record.returned is None
+                        and {b for ids in record.held for b in ids if b != null} == wanted
+                    ),
+                    None,
+                )
+                if found is not None:
+                    records[found] = records[found]._replace(
                         returned=self._applying, free_before=before, free_after=after
                     )
                     break
@@ -565,6 +577,16 @@ class SchedulerOracle:
                 output = scheduler.schedule()
                 if output.total_num_scheduled_tokens > 0:
                     self._newest_busy = self._step
+                if self._pool_defers:
+                    # The worker reads both ends of a copy in this step: where vLLM defers
+                    # frees, they go back to the pool only once it is processed
+                    # (Scheduler._free_cow_retained_blocks), as a deferred entry of their own.
+                    for source, copy in self.api.block_copies(output):
+                        self.run.retained_copies.append(
+                            DeferredFreeRecord(
+                                self._current, "", "copy", ([source, copy],), self._newest_busy
+                            )
+                        )
                 queues.record(self, output, in_flight)
                 answers = self._record(output, in_flight)
                 self._step += 1
