@@ -427,21 +427,31 @@ requests:
 """
 
 
-def test_conservation_holds_a_block_copy_until_its_step_is_processed(scenario_from, vllm):
+# Two Mamba groups: a step's copies, one per group, go back to the pool as one deferred entry.
+COW_DEFERRED_TWO = COW_DEFERRED.replace(
+    "    - full_attention\n", "    - full_attention\n    - {type: mamba, block_size: 16}\n"
+).replace("b: {prompt_len: 16, max_tokens: 19}", "b: {prompt_len: 60, max_tokens: 19, arrival: 4}")
+
+
+@pytest.mark.parametrize("text", [COW_DEFERRED, COW_DEFERRED_TWO], ids=["one-copy", "two-groups"])
+def test_conservation_holds_a_block_copy_until_its_step_is_processed(scenario_from, vllm, text):
     """The pool census counts both ends of a copy-on-write copy as held back while vLLM
     defers their return (a census without them found a block "neither free nor held" and
-    a reference count above the live holders); once the step is processed they are free."""
-    result = run_scenario(scenario_from(COW_DEFERRED), vllm)
+    a reference count above the live holders; one entry per copy instead of per step, a
+    block "both free and held" once vLLM returned a step's copies together); once the step
+    is processed they are free."""
+    assert text.count("type: mamba") == (1 if text is COW_DEFERRED else 2)
+    result = run_scenario(scenario_from(text), vllm)
     assert result.verdict is Verdict.PASSED, result.headline()
     assert result.trajectory is not None
     censuses = [f.what for f in result.trajectory.facts if isinstance(f.what, PoolCensus)]
     held_back = [c for c in censuses if c.deferred]
     assert held_back, "no census held a copy's blocks back"
     first = held_back[0]
-    source, copy = first.deferred
+    sources, copies = first.deferred[0::2], first.deferred[1::2]
     tabled = {b for table in first.tables.values() for ids in table for b in ids}
-    assert source in tabled and copy not in tabled  # the source stays in b's Mamba table
-    assert first.refs[source] == 2  # b's table and the retention
+    assert set(sources) <= tabled and not set(copies) & tabled  # sources stay in b's tables
+    assert all(first.refs[source] == 2 for source in sources)  # b's table and the retention
     assert not censuses[-1].deferred
 
 

@@ -171,6 +171,7 @@ class SchedulerRun:
     # Each schedule()'s queues and what it made of them (liveness and fairness families).
     queues: list[StepFact] = field(default_factory=list)
     deferred_frees: list[DeferredFreeRecord] = field(default_factory=list)
-    # Both ends of each copy-on-write block copy a step hands the worker, held back from the
-    # pool until that step is processed where vLLM defers frees (kind "copy", no request).
+    # Both ends of the copy-on-write block copies a step hands the worker, held back from
+    # the pool until that step is processed where vLLM defers frees (one entry per step, as
+    # vLLM's: kind "copy", no request, ``held`` one [source, copy] pair per copy).
     retained_copies: list[DeferredFreeRecord] = field(default_factory=list)

@@ -577,16 +577,20 @@ class SchedulerOracle:
                 output = scheduler.schedule()
                 if output.total_num_scheduled_tokens > 0:
                     self._newest_busy = self._step
-                if self._pool_defers:
-                    # The worker reads both ends of a copy in this step: where vLLM defers
-                    # frees, they go back to the pool only once it is processed
-                    # (Scheduler._free_cow_retained_blocks), as a deferred entry of their own.
-                    for source, copy in self.api.block_copies(output):
-                        self.run.retained_copies.append(
-                            DeferredFreeRecord(
-                                self._current, "", "copy", ([source, copy],), self._newest_busy
-                            )
+                copies = self.api.block_copies(output) if self._pool_defers else []
+                if copies:
+                    # The worker reads both ends of each copy in this step: where vLLM defers
+                    # frees, they go back to the pool only once it is processed, the step's
+                    # copies as one deferred entry (Scheduler._free_cow_retained_blocks).
+                    self.run.retained_copies.append(
+                        DeferredFreeRecord(
+                            self._current,
+                            "",
+                            "copy",
+                            tuple([source, copy] for source, copy in copies),
+                            self._newest_busy,
                         )
+                    )
                 queues.record(self, output, in_flight)
                 answers = self._record(output, in_flight)
                 self._step += 1
