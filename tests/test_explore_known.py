@@ -58,14 +58,23 @@ FINDING_22_SEAT = FINDING_22.with_name("sched-mm-input-past-long-prefill-thresho
 # #22 through a drafter's prefill shift: the input fits the threshold, the input plus the
 # token before it that the roll-back leaves (EAGLE's shift) does not.
 FINDING_22_SHIFT = FINDING_22.with_name("sched-mm-input-past-long-prefill-threshold-shift.yaml")
+# #24: an input that fits max_num_batched_tokens but not the one chunk the request needs for
+# it, no threshold in play: through the drafter's prefill shift, and draft_model's draft slot.
+FINDING_24_SHIFT = REPO / "scenarios/scheduler/sched-mm-input-past-request-budget-shift.yaml"
+FINDING_24_SLOT = FINDING_24_SHIFT.with_name("sched-mm-input-past-request-budget-draft-slot.yaml")
 
 
 def test_a_stalls_signature_names_its_cause_and_excuses_no_other_stall(vllm: Vllm) -> None:
     """A stall (``capacity / schedule``) is signed with the cause the scheduler oracle
-    reads from it, so #19's entry excuses #19's stall only: #22's, another cause, has an
-    entry of its own, and a stall of no named cause stays new."""
+    reads from it, so #19's entry excuses #19's stall only: #22's and #24's, other causes,
+    have entries of their own (#24's stalls have no threshold in play, #22's fit the request's
+    token budget), and a stall of no named cause stays new."""
     from kvconform.harness.checks import capacity
-    from kvconform.model.observations import MM_INPUT_PAST_THRESHOLD, PADDED_ROW_PAST_BUDGET
+    from kvconform.model.observations import (
+        MM_INPUT_PAST_BUDGET,
+        MM_INPUT_PAST_THRESHOLD,
+        PADDED_ROW_PAST_BUDGET,
+    )
     from kvconform.model.results import Failure
 
     known = load_known_findings(REPO / DEFAULT_KNOWN_FINDINGS)
@@ -75,6 +84,8 @@ def test_a_stalls_signature_names_its_cause_and_excuses_no_other_stall(vllm: Vll
         ("22", FINDING_22),
         ("22 seat", FINDING_22_SEAT),
         ("22 shift", FINDING_22_SHIFT),
+        ("24 shift", FINDING_24_SHIFT),
+        ("24 slot", FINDING_24_SLOT),
     )
     for key, path in cases:
         (scenario,) = load_file(path)
@@ -83,6 +94,8 @@ def test_a_stalls_signature_names_its_cause_and_excuses_no_other_stall(vllm: Vll
     assert found["19"] == Signature("capacity", "schedule", PADDED_ROW_PAST_BUDGET)
     assert found["22"] == found["22 seat"] == found["22 shift"]
     assert found["22"] == Signature("capacity", "schedule", MM_INPUT_PAST_THRESHOLD)
+    assert found["24 shift"] == found["24 slot"]
+    assert found["24 shift"] == Signature("capacity", "schedule", MM_INPUT_PAST_BUDGET)
     for key, signature in found.items():
         entry = triaged(signature, vllm.version, known)
         assert entry is not None and entry.finding == int(key.split()[0]), signature

@@ -787,3 +787,28 @@ def test_a_dropped_replay_hit_still_counts_in_the_connectors_queries(vllm):
     assert stats.connector_local == {"d": 8}
     assert stats.prefix["connector_prefix_cache_stats"]["queries"] == 1
     assert stats.prefix["prefix_cache_stats"]["queries"] == 9
+
+
+@pytest.mark.slow
+def test_vllms_cpu_platform_does_not_change_the_stated_scheduling(tmp_path):
+    """On a GPU host kvconform runs vLLM's Python tree under ``VLLM_TARGET_DEVICE=cpu``, so
+    vLLM picks its CPU platform, whose ``check_and_update_config`` turns asynchronous
+    scheduling off for a CPU worker. The scheduler oracle still runs what the scenario
+    states: the corpus's MTP trim scenario, asynchronous and overlapped, chunks its second
+    request 50+3 as stated (49+4 when the platform's hook had its way, as it did on a GPU
+    host). A process of its own: vLLM picks its platform once, at first use."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).parent.parent
+    run = subprocess.run(
+        [sys.executable, "-m", "kvconform", "run", "--report-dir", str(tmp_path),
+         str(root / "scenarios/scheduler/sched-mtp-prefill-lookahead-trim.yaml")],
+        env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"},
+        capture_output=True, text=True, cwd=root, check=False,
+    )  # fmt: skip
+    report = json.loads((tmp_path / "report.json").read_text())
+    verdicts = {r["id"]: r["verdict"] for r in report["scenarios"]}
+    assert run.returncode == 0, (verdicts, run.stdout[-2000:])
+    assert len(verdicts) == 3 and set(verdicts.values()) == {"passed"}

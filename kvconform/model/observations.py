@@ -20,7 +20,7 @@ asked for, not with its latest, smaller answer.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, NamedTuple
@@ -157,8 +157,35 @@ PADDED_ROW_PAST_BUDGET = "a one-token admission padded to 1 + k rows past its bu
 # eligible: Scheduler.schedule caps the chunk at the threshold, and the roll-back that keeps
 # an input whole cuts it to nothing, at every call (docs/findings.md #22).
 MM_INPUT_PAST_THRESHOLD = "a multimodal input longer than the long-prefill threshold"
+# A stall whose head-of-line request's next tokens must take a multimodal input whole, under
+# disable_chunked_mm_input, in one chunk longer than the request's token budget
+# (min(max_num_scheduled_tokens, max_num_batched_tokens - draft slots)), with or without a
+# long-prefill threshold: draft_model's draft slot, or the drafter's prefill shift the
+# roll-back keeps before the input, takes what vLLM's check of the input against
+# max_num_batched_tokens alone leaves (docs/findings.md #24).
+MM_INPUT_PAST_BUDGET = "a multimodal input longer than the request's token budget"
 
-STALL_CAUSES = (PADDED_ROW_PAST_BUDGET, MM_INPUT_PAST_THRESHOLD)
+STALL_CAUSES = (PADDED_ROW_PAST_BUDGET, MM_INPUT_PAST_THRESHOLD, MM_INPUT_PAST_BUDGET)
+
+
+def whole_input_chunk(inputs: Sequence[tuple[int, int]], computed: int, shift: int) -> int:
+    """The tokens of the one chunk a request at ``computed`` must be scheduled next under
+    ``disable_chunked_mm_input`` to get past the input (``(offset, length)``, in prompt
+    order) it is held at; 0 where no input holds it.
+
+    Read from ``Scheduler._try_schedule_encoder_inputs``: a chunk that ends inside an
+    input is rolled back to ``max(0, start_pos - (num_computed_tokens +
+    shift_computed_tokens))`` (``shift``: the drafter's prefill lookahead,
+    ``Scheduler.num_prefill_lookahead``), where the chunk starts before the input, and to
+    nothing where it starts on or inside it (0.33.0 on). From ``shift`` tokens before the
+    input on, both are 0: the request's next chunk must reach the input's end. Before that
+    the roll-back leaves a chunk that makes progress, and an input ahead of it holds
+    nothing yet.
+    """
+    for offset, length in inputs:
+        if offset - shift <= computed < offset + length:
+            return offset + length - computed
+    return 0
 
 
 class KvLoad(NamedTuple):

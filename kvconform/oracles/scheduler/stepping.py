@@ -14,9 +14,11 @@ from kvconform.model.acceptance import AcceptanceStream
 from kvconform.model.facts import DeferredRelease, HeldAfterAbortAll, ZeroingGroups
 from kvconform.model.floors import pool_columns
 from kvconform.model.observations import (
+    MM_INPUT_PAST_BUDGET,
     MM_INPUT_PAST_THRESHOLD,
     PADDED_ROW_PAST_BUDGET,
     GroupInfo,
+    whole_input_chunk,
 )
 from kvconform.model.scenario import Scenario
 from kvconform.oracles.live import OUTPUT_OFFSET, first_output_token
@@ -423,23 +425,31 @@ class SchedulerOracle:
         token budget (``min(max_num_scheduled_tokens, max_num_batched_tokens - draft
         slots)``) with nothing else scheduled.
 
-        :data:`MM_INPUT_PAST_THRESHOLD`: under ``disable_chunked_mm_input`` with chunked
-        prefill, a long-prefill threshold and more than one request running or waiting
-        (with one, vLLM lifts the cap), the next token of the request, or of a running
-        request (which may hold the seat it waits for), begins a multimodal input (or lies
-        inside it) whose rest is longer than the threshold (the adaptive one floored at
-        ``max_num_batched_tokens`` over those requests). With a drafter's prefill shift
-        (``num_prefill_lookahead_tokens``, which ``_try_schedule_encoder_inputs`` takes as
-        ``shift_computed_tokens``) the roll-back ends a chunk ``shift`` tokens before the
-        input, so a next token within ``shift`` tokens before it counts as on it: its chunk
-        must reach the input's end, ``shift`` tokens more than the input.
+        Under ``disable_chunked_mm_input`` with chunked prefill, where the next token of
+        the request, or of a running request (which may hold the seat it waits for),
+        begins a multimodal input or lies inside it, the chunk that must take the rest of
+        the input whole (:func:`whole_input_chunk`; with a drafter's prefill shift,
+        ``num_prefill_lookahead_tokens``, which ``_try_schedule_encoder_inputs`` takes as
+        ``shift_computed_tokens``, the roll-back ends a chunk ``shift`` tokens before the
+        input, so a next token within ``shift`` tokens before it counts as on it and the
+        chunk is ``shift`` tokens longer than the input) is either
+
+        * :data:`MM_INPUT_PAST_BUDGET`: longer than the request's token budget,
+          ``min(max_num_scheduled_tokens, max_num_batched_tokens - draft slots)``, which
+          vLLM gives a request whether or not a threshold applies; or
+        * :data:`MM_INPUT_PAST_THRESHOLD`: within it, but longer than the long-prefill
+          threshold, which applies with more than one request running or waiting (with
+          one, vLLM lifts the cap; the adaptive one floored at ``max_num_batched_tokens``
+          over those requests).
         """
         stuck = [(request, computed)] + [
             (self.scheduler.requests[rid], int(self.scheduler.requests[rid].num_computed_tokens))
             for rid in sorted(running)
         ]
-        if any(self._mm_input_past_threshold(r, c) for r, c in stuck):
-            return MM_INPUT_PAST_THRESHOLD
+        causes = [self._mm_input_cause(r, c) for r, c in stuck]
+        for cause in (MM_INPUT_PAST_BUDGET, MM_INPUT_PAST_THRESHOLD):
+            if cause in causes:
+                return cause
         k = self.num_spec
         tokens = int(request.num_tokens)
         if not computed:
@@ -456,26 +466,32 @@ class SchedulerOracle:
             return ""
         return PADDED_ROW_PAST_BUDGET
 
-    def _mm_input_past_threshold(self, request: Any, computed: int) -> bool:
-        """See :meth:`_stall_cause`."""
+    def _mm_input_cause(self, request: Any, computed: int) -> str:
+        """See :meth:`_stall_cause`: :data:`MM_INPUT_PAST_BUDGET`,
+        :data:`MM_INPUT_PAST_THRESHOLD` or ""."""
         limits = self.limits
+        if not (limits.disable_chunked_mm_input and limits.enable_chunked_prefill):
+            return ""
+        inputs = self.scenario.requests[request.request_id].mm_inputs
+        chunk = whole_input_chunk(
+            [(item.offset, item.length) for item in inputs],
+            computed,
+            self.api.prefill_shift(self.scheduler),
+        )
+        if not chunk:
+            return ""
+        token_budget, input_budget, draft_slots, _ = self.api.scheduling_limits(
+            self.scheduler, self.config
+        )
+        if chunk > min(token_budget, input_budget - draft_slots):
+            return MM_INPUT_PAST_BUDGET
         threshold = limits.long_prefill_token_threshold
-        if not (limits.disable_chunked_mm_input and limits.enable_chunked_prefill and threshold):
-            return False
         eligible = self.api.eligible_requests(self.scheduler)
-        if eligible <= 1:
-            return False
+        if not threshold or eligible <= 1:
+            return ""
         if limits.long_prefill_token_threshold_adaptive:
             threshold = max(threshold, limits.max_num_batched_tokens // eligible)
-        # The roll-back to before an input (``start_pos - (num_computed_tokens +
-        # shift_computed_tokens)``) is 0 from ``shift`` tokens before the input on.
-        shift = self.api.prefill_shift(self.scheduler)
-        inputs = self.scenario.requests[request.request_id].mm_inputs
-        return any(
-            item.offset - shift <= computed < item.offset + item.length
-            and item.offset + item.length - computed > threshold
-            for item in inputs
-        )
+        return MM_INPUT_PAST_THRESHOLD if chunk > threshold else ""
 
     def _stalled(self, since: int) -> PoolExhausted | StallRecord | None:
         """Whose a stall is: the scenario's when no waiting request fits the pool by the

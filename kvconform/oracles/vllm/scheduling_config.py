@@ -73,6 +73,43 @@ class SchedulingConfigs:
         finally:
             registry._run_in_subprocess = original
 
+    @contextlib.contextmanager
+    def _gpu_engine_configuration(self) -> Iterator[None]:
+        """``VllmConfig`` as an engine on a GPU builds it, where vLLM picked its CPU platform.
+
+        On a GPU host kvconform runs a ``.py``-only vLLM tree under
+        ``VLLM_TARGET_DEVICE=cpu`` (docs/gpu.md), so vLLM picks its CPU platform, whose
+        ``check_and_update_config`` configures vLLM for a CPU worker: it turns asynchronous
+        scheduling off ("async scheduling is not required on CPU", every release from
+        0.28.0) and, for MLA, chunked prefill. The scheduler would then run another
+        configuration than the scenario states, and an asynchronous scenario's chunks
+        differ from a development machine's, where vLLM picks no platform (its
+        ``UnspecifiedPlatform`` keeps the base class's hooks, which change nothing). The
+        scheduler is the same bookkeeping on every device, so while the configuration is
+        built the CPU platform's two configuration hooks are the base class's.
+        """
+        platforms = self._vllm.optional_module("vllm.platforms")
+        interface = self._vllm.optional_module("vllm.platforms.interface")
+        platform = getattr(platforms, "current_platform", None)
+        base = getattr(interface, "Platform", None)
+        if platform is None or base is None or not platform.is_cpu():
+            yield
+            return
+        cls = type(platform)
+        hooks = [
+            name
+            for name in ("check_and_update_config", "apply_config_platform_defaults")
+            if name in cls.__dict__ and name in base.__dict__
+        ]
+        saved = {name: cls.__dict__[name] for name in hooks}
+        for name in hooks:
+            setattr(cls, name, base.__dict__[name])
+        try:
+            yield
+        finally:
+            for name, hook in saved.items():
+                setattr(cls, name, hook)
+
     @cached_property
     def _scheduling(self) -> SimpleNamespace:
         """vLLM's configuration, scheduler and output classes (scheduler mode only)."""
@@ -227,7 +264,7 @@ class SchedulingConfigs:
             and getattr(speculative_config, "target_parallel_config", None) is not None
             else api.ParallelConfig()
         )
-        with quiet_logs(), self.in_process_model_inspection():
+        with quiet_logs(), self.in_process_model_inspection(), self._gpu_engine_configuration():
             config = call(
                 api.VllmConfig,
                 model_config=model_config,

@@ -1,0 +1,57 @@
+"""The arithmetic behind a multimodal stall's named cause (``whole_input_chunk`` in
+kvconform/model/observations.py), pure: no vLLM.
+
+Under ``disable_chunked_mm_input`` vLLM's ``_try_schedule_encoder_inputs`` rolls a chunk
+that ends inside an input back to ``max(0, start_pos - (num_computed_tokens +
+shift_computed_tokens))``, or to nothing where the chunk starts on the input; the scheduler
+oracle names a stall by the one chunk the request then needs, against the request's token
+budget (docs/findings.md #24) and the long-prefill threshold (#22). The shapes below are the
+explorer's reproducers (docs/explore.md) and the scenarios of both findings.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvconform.model.observations import STALL_CAUSES, whole_input_chunk
+
+
+@pytest.mark.parametrize(
+    ("inputs", "computed", "shift", "chunk"),
+    [
+        # #24 through DFlash's shift (seed 0's final-run stall): a prompt of 4, a 3-token
+        # input at offset 1; from 0 the roll-back is 1 - (0 + 1) = 0, so the chunk is 0..4.
+        ([(1, 3)], 0, 1, 4),
+        # Without a drafter the roll-back leaves the token before the input: no stall there.
+        ([(1, 3)], 0, 0, 0),
+        # #24 through draft_model's draft slot (seed 0's second-run stall): a 2-token input
+        # at offset 0, no shift; the chunk starts on the input.
+        ([(0, 2)], 0, 0, 2),
+        # sched-mm-input-past-request-budget-shift: a 32-token input after one token, EAGLE.
+        ([(1, 32)], 0, 1, 33),
+        # #22's shift form (sched-mm-input-past-long-prefill-threshold-shift): from 15, one
+        # token before a 16-token input at 16, the chunk must reach 32.
+        ([(16, 16)], 15, 1, 17),
+        # Inside an input (a prefix hit ending in it): the rest of it.
+        ([(4, 8)], 6, 0, 6),
+        # Past the input, or further before it than the shift: nothing holds the request.
+        ([(4, 8)], 12, 1, 0),
+        ([(16, 16)], 14, 1, 0),
+        # A multi-module MTP shift of 2: from 2 tokens before the input on.
+        ([(5, 3)], 3, 2, 5),
+        ([(5, 3)], 2, 2, 0),
+        # Inputs back to back: the one the request is on, not the next within the shift.
+        ([(0, 2), (2, 2)], 1, 1, 1),
+        ([(0, 2), (2, 2)], 2, 1, 2),
+    ],
+)
+def test_the_chunk_a_request_needs_to_get_past_the_input_it_is_held_at(
+    inputs: list[tuple[int, int]], computed: int, shift: int, chunk: int
+) -> None:
+    assert whole_input_chunk(inputs, computed, shift) == chunk
+
+
+def test_each_stall_cause_is_its_own_signature() -> None:
+    """An entry of scenarios/explore-known.yaml for one cause excuses no other: the
+    causes are distinct texts."""
+    assert len(set(STALL_CAUSES)) == len(STALL_CAUSES) == 3
