@@ -19,7 +19,7 @@ from kvconform.harness.checks.ceiling import OVER_COLUMNS, OVER_REAL
 from kvconform.harness.checks.conservation import NOT_CONSERVED, REFS_DIFFER, SHARED_WRITABLE
 from kvconform.harness.runner import run_scenario
 from kvconform.model.contract import allowance, reach, zeroing_groups
-from kvconform.model.facts import Fact, PoolCensus, StepStats, ZeroingGroups
+from kvconform.model.facts import Fact, PoolCensus, StepStats, StepZeroingList, ZeroingGroups
 from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.observations import (
     NOT_ZEROED,
@@ -640,3 +640,39 @@ def test_bookkeeping_alone_catches_a_scheduler_map_never_dropped(pristine_tree, 
         assert "Scheduler._pending_encoder_input_ids still holds ended request(s)" in (
             entry["failures"][0]["message"]
         )
+
+
+# Full attention (32), Mamba "align" (128) and MLA (64): the hash block is 32, so b's hit on
+# a's 64-token prompt is 32 tokens, inside MLA's first block. vLLM gives b a private copy of
+# that block (a copy-on-write destination, new, on the zeroing list) and the worker copies
+# a's block into it after zeroing the list, before the forward pass.
+COW_ZEROED = """
+name: cow-zeroed
+kind: scheduler
+model:
+  block_size: 32
+  max_model_len: 672
+  enable_caching: true
+  num_blocks: 265
+  groups:
+    - full_attention
+    - {type: mamba, block_size: 128}
+    - {type: mla, block_size: 64}
+scheduler: {mode: sync, max_num_seqs: 3, max_num_batched_tokens: 76}
+requests:
+  a: {prompt_len: 64, max_tokens: 6}
+  b: {prompt_len: 343, max_tokens: 13, arrival: 17, prefix_from: a, prefix_len: 64}
+"""
+
+
+def test_zeroing_a_copy_destination_is_not_zeroing_valid_kv(scenario_from, vllm):
+    """A partial hit's copy-on-write block is zeroed, then filled by the copy: the zeroing
+    family does not hold it as a block of valid KV wiped (it did, a false alarm, before the
+    recording named the step's copies)."""
+    result = run_scenario(scenario_from(COW_ZEROED), vllm)
+    assert result.verdict is Verdict.PASSED, result.headline()
+    assert result.trajectory is not None
+    lists = [f.what for f in result.trajectory.facts if isinstance(f.what, StepZeroingList)]
+    copied = [z for z in lists if z.copied]
+    assert copied, "no step copied a block"
+    assert any(z.copied & z.listed for z in copied)  # zeroed and copied in one step

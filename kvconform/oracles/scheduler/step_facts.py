@@ -62,6 +62,7 @@ def record_zeroing(
                 valid_end,
                 frozenset(oracle.vllm.step_blocks_to_zero(output)),
                 freed,
+                frozenset(copy for _, copy in oracle.api.block_copies(output)),
             ),
         )
     )
