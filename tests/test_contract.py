@@ -676,3 +676,37 @@ def test_zeroing_a_copy_destination_is_not_zeroing_valid_kv(scenario_from, vllm)
     copied = [z for z in lists if z.copied]
     assert copied, "no step copied a block"
     assert any(z.copied & z.listed for z in copied)  # zeroed and copied in one step
+
+
+# Two Mamba groups in blocks of 32 beside MLA in 8, overlapped, a remote prefill (so vLLM
+# defers frees), log_stats: a step's copies are still held back when its stats are made.
+COW_USAGE = """
+name: cow-usage
+kind: scheduler
+model:
+  block_size: 8
+  max_model_len: 23
+  enable_caching: true
+  num_blocks: 25
+  groups:
+    - {type: mamba, block_size: 32}
+    - {type: mamba, block_size: 32}
+    - mla
+speculative: {method: suffix, num_speculative_tokens: 4}
+scheduler: {mode: overlapped, max_num_seqs: 4, max_num_batched_tokens: 6, log_stats: true}
+requests:
+  a: {prompt_len: 21, max_tokens: 18, mm_inputs: [{offset: 1, length: 7, id: a-0}], stop_at: 2}
+  b: {prompt_len: 14, max_tokens: 19, remote_prefill: 1}
+  c: {prompt_len: 8, max_tokens: 3, stop_at: 2}
+"""
+
+
+def test_kv_cache_usage_counts_the_block_copies_held_back(scenario_from, vllm):
+    """vLLM's kv_cache_usage counts the blocks it holds back for a step's copies (they are
+    not free); the stats rule counts them too (it reported 13 of 24 blocks where vLLM's 15
+    were in use, before)."""
+    result = run_scenario(scenario_from(COW_USAGE), vllm)
+    assert result.verdict is Verdict.PASSED, result.headline()
+    assert result.trajectory is not None
+    censuses = [f.what for f in result.trajectory.facts if isinstance(f.what, PoolCensus)]
+    assert any(c.deferred for c in censuses), "no step held a copy back"
