@@ -110,16 +110,24 @@ def test_every_feature_is_drawn_both_ways() -> None:
 @QUICK
 @given(workloads(SPACE))
 def test_late_features_are_legal_and_follow_their_rules(doc: dict[str, Any]) -> None:
-    """Per-group block sizes are multiples of the model's, only on attention groups of a
-    hybrid; a retention interval is a multiple of the scheduler block size, with prefix
-    caching and a group it applies to; the block drop only with a speculative method."""
+    """Per-group block sizes are multiples of the model's, only in a hybrid, a Mamba group's
+    the largest (vLLM's mamba_block_size is the scheduler block size); a retention interval
+    is a multiple of the scheduler block size, with prefix caching and a group it applies
+    to; the block drop only with a speculative method."""
     model = doc["model"]
     sized = [g for g in model["groups"] if isinstance(g, dict) and "block_size" in g]
     assert all(g["block_size"] in (2 * model["block_size"], 4 * model["block_size"]) for g in sized)
     types = [g if isinstance(g, str) else g["type"] for g in model["groups"]]
     if sized:
         assert len(model["groups"]) > 1
-        assert not {"mamba", "chunked_local"} & set(types)
+        assert "chunked_local" not in types
+        sizes = [
+            g.get("block_size", model["block_size"]) if isinstance(g, dict) else model["block_size"]
+            for g in model["groups"]
+        ]
+        for group, size in zip(model["groups"], sizes, strict=True):
+            if not isinstance(group, str) and group["type"] == "mamba":
+                assert size == max(sizes), doc
     if doc.get("speculative", {}).get("disable_lookahead_block_hashes"):
         assert model.get("enable_caching") is False or "chunked_local" not in types
     (scenario,) = load_text(render(doc), "<explore>")
@@ -460,3 +468,30 @@ def test_a_connector_meets_the_edge_of_the_pool_without_tight_pool() -> None:
     assert 1 in smallest_multiples("remote_kv")
     assert 1 in smallest_multiples("sync_connector")
     assert min(smallest_multiples(None)) == 2
+
+
+def test_mamba_hybrids_draw_per_group_block_sizes_with_mamba_the_largest() -> None:
+    """Under group_block_sizes a Mamba hybrid takes per-group sizes (the attention groups'
+    below Mamba's, as vLLM builds a drafter's or a smaller page's group beside it)."""
+    space = ExploreSpace(group_types=("full_attention", "sliding_window", "mamba"), methods=())
+    seen = 0
+
+    @settings(max_examples=150, derandomize=True, database=None, deadline=None)
+    @given(st.data())
+    def draw(data: st.DataObject) -> None:
+        nonlocal seen
+        on = {name: name in ("hybrid", "group_block_sizes") for name in FEATURES}
+        doc = workload(data.draw, space, on, "explore")
+        groups = doc["model"]["groups"]
+        types = [g if isinstance(g, str) else g["type"] for g in groups]
+        sized = [g for g in groups if isinstance(g, dict) and "block_size" in g]
+        if "mamba" in types and sized:
+            size = doc["model"]["block_size"]
+            sizes = [size if isinstance(g, str) else g.get("block_size", size) for g in groups]
+            mamba = max(s for s, t in zip(sizes, types, strict=True) if t == "mamba")
+            assert mamba == max(sizes), doc
+            seen += any(s < mamba for s, t in zip(sizes, types, strict=True) if t != "mamba")
+            load_text(render(doc), "<explore>")
+
+    draw()
+    assert seen, "no Mamba hybrid drew an attention block below Mamba's"

@@ -401,14 +401,12 @@ def _late_features(
     * ``group_block_sizes``: in a hybrid, each attention group whose type caches with mixed
       block sizes takes 1, 2 or 4 times the model's block size (vLLM gives full and sliding
       layers different block sizes where their pages unify; hits then align to the least
-      common multiple). Not with a recurrent (Mamba) group yet: vLLM does build attention
-      blocks below Mamba's (``mamba_block_size`` is the scheduler block size, and a smaller
-      attention block pulls the hash block below it: ``resolve_kv_cache_block_sizes``,
-      ``partial_hash_hits_enabled`` in ``vllm/v1/core/kv_cache_utils.py``), but drawn, such
-      workloads under asynchronous scheduling with a KV connector meet a false alarm of the
-      conservation census (docs/explore.md, sixth stop), to be fixed first. Nor beside a
-      type whose prefix caching needs one block size (chunked local attention: vLLM asserts
-      it).
+      common multiple). A recurrent (Mamba) group takes the largest of them: vLLM sets
+      ``mamba_block_size`` to the scheduler block size, and an attention group of a smaller
+      block (a drafter's, a smaller page's) pulls the hash block below it
+      (``resolve_kv_cache_block_sizes``, ``partial_hash_hits_enabled`` in
+      ``vllm/v1/core/kv_cache_utils.py``). Not beside a type whose prefix caching needs one
+      block size (chunked local attention: vLLM asserts it).
     * ``retention``: with prefix caching on and a group retention applies to, a positive
       ``prefix_cache_retention_interval``: 1-4 times the scheduler block size.
     * ``no_lookahead_hashes``: with a speculative method, ``disable_lookahead_block_hashes``
@@ -424,10 +422,13 @@ def _late_features(
     groups = model["groups"]
     types = [GROUP_TYPES[g if isinstance(g, str) else str(g["type"])] for g in groups]
     caching = model.get("enable_caching") is not False  # unstated: vLLM's default, on
-    mixable = all(t.attention and not t.caching_needs_one_block_size for t in types)
+    mixable = all(not t.caching_needs_one_block_size for t in types)
     if on["group_block_sizes"] and len(groups) > 1 and mixable:
-        for index in range(len(groups)):
-            factor = pick.choice((1, 2, 4))
+        factors = [pick.choice((1, 2, 4)) for _ in groups]
+        for index, group_type in enumerate(types):
+            # A recurrent state's block is the scheduler block size (vLLM's mamba_block_size):
+            # the largest, the others' least common multiple (factors are powers of two).
+            factor = factors[index] if group_type.attention else max(factors)
             if factor > 1:
                 group = groups[index]
                 body = {"type": group} if isinstance(group, str) else group
