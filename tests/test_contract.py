@@ -17,8 +17,9 @@ from kvconform.harness.checks import CHECKS, DEFAULT_CHECKS
 from kvconform.harness.checks.bookkeeping import STALE_ENTRY
 from kvconform.harness.checks.ceiling import OVER_COLUMNS, OVER_REAL
 from kvconform.harness.checks.conservation import NOT_CONSERVED, REFS_DIFFER, SHARED_WRITABLE
+from kvconform.harness.runner import run_scenario
 from kvconform.model.contract import allowance, reach, zeroing_groups
-from kvconform.model.facts import Fact, PoolCensus, StepStats, ZeroingGroups
+from kvconform.model.facts import Fact, PoolCensus, StepStats, StepZeroingList, ZeroingGroups
 from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.observations import (
     NOT_ZEROED,
@@ -27,6 +28,7 @@ from kvconform.model.observations import (
     Observation,
     Trajectory,
 )
+from kvconform.model.results import Verdict
 
 NULL = 0
 
@@ -402,6 +404,57 @@ def test_conservation_only_cached_blocks_are_shared():
 
 
 # vLLM's BlockPool.free_blocks returns a block to the free queue while another request
+# A Mamba "align" group in blocks of 16 beside full attention in blocks of 8: the hash block
+# is 8, so b's first chunk (8 tokens, the budget) ends inside a Mamba block and vLLM keeps
+# its state in a copy-on-write block. With a kv_consumer connector (a's remote prefill) and
+# the AsyncScheduler, vLLM defers the return of both ends of the copy until the step that
+# runs it is processed (Scheduler._free_cow_retained_blocks).
+COW_DEFERRED = """
+name: cow-deferred
+kind: scheduler
+model:
+  block_size: 8
+  max_model_len: 79
+  enable_caching: true
+  num_blocks: 34
+  groups:
+    - {type: mamba, block_size: 16}
+    - full_attention
+scheduler: {mode: async, max_num_seqs: 4, max_num_batched_tokens: 9}
+requests:
+  a: {prompt_len: 72, max_tokens: 24, arrival: 7, remote_prefill: true}
+  b: {prompt_len: 16, max_tokens: 19}
+"""
+
+
+# Two Mamba groups: a step's copies, one per group, go back to the pool as one deferred entry.
+COW_DEFERRED_TWO = COW_DEFERRED.replace(
+    "    - full_attention\n", "    - full_attention\n    - {type: mamba, block_size: 16}\n"
+).replace("b: {prompt_len: 16, max_tokens: 19}", "b: {prompt_len: 60, max_tokens: 19, arrival: 4}")
+
+
+@pytest.mark.parametrize("text", [COW_DEFERRED, COW_DEFERRED_TWO], ids=["one-copy", "two-groups"])
+def test_conservation_holds_a_block_copy_until_its_step_is_processed(scenario_from, vllm, text):
+    """The pool census counts both ends of a copy-on-write copy as held back while vLLM
+    defers their return (a census without them found a block "neither free nor held" and
+    a reference count above the live holders; one entry per copy instead of per step, a
+    block "both free and held" once vLLM returned a step's copies together); once the step
+    is processed they are free."""
+    assert text.count("type: mamba") == (1 if text is COW_DEFERRED else 2)
+    result = run_scenario(scenario_from(text), vllm)
+    assert result.verdict is Verdict.PASSED, result.headline()
+    assert result.trajectory is not None
+    censuses = [f.what for f in result.trajectory.facts if isinstance(f.what, PoolCensus)]
+    held_back = [c for c in censuses if c.deferred]
+    assert held_back, "no census held a copy's blocks back"
+    first = held_back[0]
+    sources, copies = first.deferred[0::2], first.deferred[1::2]
+    tabled = {b for table in first.tables.values() for ids in table for b in ids}
+    assert set(sources) <= tabled and not set(copies) & tabled  # sources stay in b's tables
+    assert all(first.refs[source] == 2 for source in sources)  # b's table and the retention
+    assert not censuses[-1].deferred
+
+
 # still holds it (a shared prefix block of two requests, freed by one).
 FREES_SHARED = (
     "v1/core/block_pool.py",
@@ -587,3 +640,73 @@ def test_bookkeeping_alone_catches_a_scheduler_map_never_dropped(pristine_tree, 
         assert "Scheduler._pending_encoder_input_ids still holds ended request(s)" in (
             entry["failures"][0]["message"]
         )
+
+
+# Full attention (32), Mamba "align" (128) and MLA (64): the hash block is 32, so b's hit on
+# a's 64-token prompt is 32 tokens, inside MLA's first block. vLLM gives b a private copy of
+# that block (a copy-on-write destination, new, on the zeroing list) and the worker copies
+# a's block into it after zeroing the list, before the forward pass.
+COW_ZEROED = """
+name: cow-zeroed
+kind: scheduler
+model:
+  block_size: 32
+  max_model_len: 672
+  enable_caching: true
+  num_blocks: 265
+  groups:
+    - full_attention
+    - {type: mamba, block_size: 128}
+    - {type: mla, block_size: 64}
+scheduler: {mode: sync, max_num_seqs: 3, max_num_batched_tokens: 76}
+requests:
+  a: {prompt_len: 64, max_tokens: 6}
+  b: {prompt_len: 343, max_tokens: 13, arrival: 17, prefix_from: a, prefix_len: 64}
+"""
+
+
+def test_zeroing_a_copy_destination_is_not_zeroing_valid_kv(scenario_from, vllm):
+    """A partial hit's copy-on-write block is zeroed, then filled by the copy: the zeroing
+    family does not hold it as a block of valid KV wiped (it did, a false alarm, before the
+    recording named the step's copies)."""
+    result = run_scenario(scenario_from(COW_ZEROED), vllm)
+    assert result.verdict is Verdict.PASSED, result.headline()
+    assert result.trajectory is not None
+    lists = [f.what for f in result.trajectory.facts if isinstance(f.what, StepZeroingList)]
+    copied = [z for z in lists if z.copied]
+    assert copied, "no step copied a block"
+    assert any(z.copied & z.listed for z in copied)  # zeroed and copied in one step
+
+
+# Two Mamba groups in blocks of 32 beside MLA in 8, overlapped, a remote prefill (so vLLM
+# defers frees), log_stats: a step's copies are still held back when its stats are made.
+COW_USAGE = """
+name: cow-usage
+kind: scheduler
+model:
+  block_size: 8
+  max_model_len: 23
+  enable_caching: true
+  num_blocks: 25
+  groups:
+    - {type: mamba, block_size: 32}
+    - {type: mamba, block_size: 32}
+    - mla
+speculative: {method: suffix, num_speculative_tokens: 4}
+scheduler: {mode: overlapped, max_num_seqs: 4, max_num_batched_tokens: 6, log_stats: true}
+requests:
+  a: {prompt_len: 21, max_tokens: 18, mm_inputs: [{offset: 1, length: 7, id: a-0}], stop_at: 2}
+  b: {prompt_len: 14, max_tokens: 19, remote_prefill: 1}
+  c: {prompt_len: 8, max_tokens: 3, stop_at: 2}
+"""
+
+
+def test_kv_cache_usage_counts_the_block_copies_held_back(scenario_from, vllm):
+    """vLLM's kv_cache_usage counts the blocks it holds back for a step's copies (they are
+    not free); the stats rule counts them too (it reported 13 of 24 blocks where vLLM's 15
+    were in use, before)."""
+    result = run_scenario(scenario_from(COW_USAGE), vllm)
+    assert result.verdict is Verdict.PASSED, result.headline()
+    assert result.trajectory is not None
+    censuses = [f.what for f in result.trajectory.facts if isinstance(f.what, PoolCensus)]
+    assert any(c.deferred for c in censuses), "no step held a copy back"

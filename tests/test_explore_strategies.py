@@ -21,8 +21,11 @@ from kvconform.explore.runner import _features_of
 from kvconform.explore.space import ExploreSpace, runs_without_caching
 from kvconform.explore.strategies import (
     FEATURES,
+    FOLLOW_UP_SLACK,
     LATE_FEATURES,
     feature_sets,
+    finish_bound,
+    follow_ups,
     workload,
     workloads,
 )
@@ -107,16 +110,24 @@ def test_every_feature_is_drawn_both_ways() -> None:
 @QUICK
 @given(workloads(SPACE))
 def test_late_features_are_legal_and_follow_their_rules(doc: dict[str, Any]) -> None:
-    """Per-group block sizes are multiples of the model's, only on attention groups of a
-    hybrid; a retention interval is a multiple of the scheduler block size, with prefix
-    caching and a group it applies to; the block drop only with a speculative method."""
+    """Per-group block sizes are multiples of the model's, only in a hybrid, a Mamba group's
+    the largest (vLLM's mamba_block_size is the scheduler block size); a retention interval
+    is a multiple of the scheduler block size, with prefix caching and a group it applies
+    to; the block drop only with a speculative method."""
     model = doc["model"]
     sized = [g for g in model["groups"] if isinstance(g, dict) and "block_size" in g]
     assert all(g["block_size"] in (2 * model["block_size"], 4 * model["block_size"]) for g in sized)
     types = [g if isinstance(g, str) else g["type"] for g in model["groups"]]
     if sized:
         assert len(model["groups"]) > 1
-        assert not {"mamba", "chunked_local"} & set(types)
+        assert "chunked_local" not in types
+        sizes = [
+            g.get("block_size", model["block_size"]) if isinstance(g, dict) else model["block_size"]
+            for g in model["groups"]
+        ]
+        for group, size in zip(model["groups"], sizes, strict=True):
+            if not isinstance(group, str) and group["type"] == "mamba":
+                assert size == max(sizes), doc
     if doc.get("speculative", {}).get("disable_lookahead_block_hashes"):
         assert model.get("enable_caching") is False or "chunked_local" not in types
     (scenario,) = load_text(render(doc), "<explore>")
@@ -366,3 +377,121 @@ def test_bounded_replay_is_never_drawn_beside_a_mamba_group(data: st.DataObject)
     assert not (replays and mamba), doc
     (scenario,) = load_text(render(doc), "<explore>")
     assert scenario.kind == "scheduler"
+
+
+def test_follow_ups_arrive_once_their_source_can_have_finished() -> None:
+    """A follow-up (a conversation's next turn) resends an earlier request's prompt, whole or
+    a part, with new tokens after it, and arrives no earlier than the source's finish bound
+    computed from what was drawn before it; opening turns span two blocks past the widest
+    window or chunk where ``max_model_len`` allows; every such workload loads."""
+    on = {name: name in ("follow_ups", "hybrid", "prefix_caching") for name in FEATURES}
+    turns = whole = 0
+
+    @settings(max_examples=200, derandomize=True, database=None, deadline=None)
+    @given(st.data())
+    def draw(data: st.DataObject) -> None:
+        nonlocal turns, whole
+        doc = workload(data.draw, SPACE, on, "explore")
+        requests, scheduler = doc["requests"], doc["scheduler"]
+        names = list(requests)
+        found = follow_ups(doc)
+        block, most = doc["model"]["block_size"], doc["model"]["max_model_len"] - 1
+        reach = max(
+            [int(g.get("sliding_window") or g.get("attention_chunk_size") or 0)
+             for g in doc["model"]["groups"] if isinstance(g, dict)] + [0]
+        )  # fmt: skip
+        for index, name in enumerate(names):
+            body = requests[name]
+            if name not in found:
+                # an opening turn: long enough to span blocks and windows
+                assert body["prompt_len"] >= min(most, 2 * block + reach), doc
+                continue
+            turns += 1
+            source = requests[body["prefix_from"]]
+            assert names.index(body["prefix_from"]) < index
+            assert 1 <= body["prefix_len"] <= min(source["prompt_len"], body["prompt_len"]), doc
+            whole += body["prefix_len"] == source["prompt_len"]
+            earlier = {n: requests[n] for n in names[:index]}
+            bound = finish_bound(scheduler, earlier, body["prefix_from"])
+            # the bound counts the source's own arrival, prefill, decode and the slack
+            assert bound >= (
+                source.get("arrival", 0)
+                + -(-source["prompt_len"] // scheduler["max_num_batched_tokens"])
+                + source["max_tokens"]
+                + FOLLOW_UP_SLACK
+            )
+            assert bound <= body["arrival"] <= bound + 4, doc
+        load_text(render(doc), "<explore>")
+
+    draw()
+    assert turns > 50 and 0 < whole < turns, (turns, whole)
+
+
+def test_follow_ups_off_draw_no_arrival_past_8_steps() -> None:
+    """Without follow-ups, `arrivals` and shared prefixes never look like one: every bound is
+    past the 8 steps `arrivals` draws (the statistics and the no-trace test rely on it)."""
+    on = {name: name in ("arrivals", "prefix_caching") for name in FEATURES}
+
+    @settings(max_examples=150, derandomize=True, database=None, deadline=None)
+    @given(st.data())
+    def draw(data: st.DataObject) -> None:
+        doc = workload(data.draw, SPACE, on, "explore")
+        assert all(r.get("arrival", 0) <= 8 for r in doc["requests"].values())
+        assert follow_ups(doc) == [], doc
+
+    draw()
+
+
+def test_a_connector_meets_the_edge_of_the_pool_without_tight_pool() -> None:
+    """With a KV connector the roomy pool's multiple starts at one request (loads and
+    evictions interact only under pressure); without one it starts at two."""
+
+    def smallest_multiples(feature: str | None) -> set[int]:
+        on = {name: name == feature for name in FEATURES}
+        seen: set[int] = set()
+
+        @settings(max_examples=120, derandomize=True, database=None, deadline=None)
+        @given(st.data())
+        def draw(data: st.DataObject) -> None:
+            doc = workload(data.draw, SPACE, on, "explore")
+            model = doc["model"]
+            k = doc.get("speculative", {}).get("num_speculative_tokens", 0)
+            alone = len(model["groups"]) * (
+                -(-model["max_model_len"] // model["block_size"]) + k + 1
+            )
+            assert (model["num_blocks"] - 1) % alone == 0, doc
+            seen.add((model["num_blocks"] - 1) // alone)
+
+        draw()
+        return seen
+
+    assert 1 in smallest_multiples("remote_kv")
+    assert 1 in smallest_multiples("sync_connector")
+    assert min(smallest_multiples(None)) == 2
+
+
+def test_mamba_hybrids_draw_per_group_block_sizes_with_mamba_the_largest() -> None:
+    """Under group_block_sizes a Mamba hybrid takes per-group sizes (the attention groups'
+    below Mamba's, as vLLM builds a drafter's or a smaller page's group beside it)."""
+    space = ExploreSpace(group_types=("full_attention", "sliding_window", "mamba"), methods=())
+    seen = 0
+
+    @settings(max_examples=150, derandomize=True, database=None, deadline=None)
+    @given(st.data())
+    def draw(data: st.DataObject) -> None:
+        nonlocal seen
+        on = {name: name in ("hybrid", "group_block_sizes") for name in FEATURES}
+        doc = workload(data.draw, space, on, "explore")
+        groups = doc["model"]["groups"]
+        types = [g if isinstance(g, str) else g["type"] for g in groups]
+        sized = [g for g in groups if isinstance(g, dict) and "block_size" in g]
+        if "mamba" in types and sized:
+            size = doc["model"]["block_size"]
+            sizes = [size if isinstance(g, str) else g.get("block_size", size) for g in groups]
+            mamba = max(s for s, t in zip(sizes, types, strict=True) if t == "mamba")
+            assert mamba == max(sizes), doc
+            seen += any(s < mamba for s, t in zip(sizes, types, strict=True) if t != "mamba")
+            load_text(render(doc), "<explore>")
+
+    draw()
+    assert seen, "no Mamba hybrid drew an attention block below Mamba's"

@@ -34,7 +34,7 @@ from kvconform.errors import VllmUnavailable
 from kvconform.explore import DEFAULT_MAX_FINDINGS
 from kvconform.explore.known import KnownFinding, triaged
 from kvconform.explore.space import ExploreSpace, build_explore_space
-from kvconform.explore.strategies import FEATURES, workloads
+from kvconform.explore.strategies import FEATURES, follow_ups, workloads
 from kvconform.fuzz.baseline import BaselineProcess, BaselineStats
 from kvconform.fuzz.findings import Signature, first_message
 from kvconform.fuzz.runner import peak_blocks_held
@@ -183,6 +183,7 @@ class Workloads:
 def _features_of(doc: dict[str, Any]) -> list[str]:
     """The features a drawn document shows (what the statistics count)."""
     model, scheduler, requests = doc["model"], doc["scheduler"], doc["requests"].values()
+    turns = follow_ups(doc)  # their arrivals are the feature's, not `arrivals`'
     shows = {
         "hybrid": len(model["groups"]) > 1,
         "speculative": "speculative" in doc,
@@ -201,8 +202,9 @@ def _features_of(doc: dict[str, Any]) -> list[str]:
         "stops": any("stop_at" in r for r in requests),
         "aborts": any("abort_at" in r for r in requests),
         "pauses": "pause" in scheduler,
-        "arrivals": any("arrival" in r for r in requests),
+        "arrivals": any("arrival" in r for n, r in doc["requests"].items() if n not in turns),
         "stats": model.get("kv_cache_events") is True,
+        "follow_ups": bool(turns),
         "group_block_sizes": any(
             isinstance(g, dict) and "block_size" in g for g in model["groups"]
         ),

@@ -85,6 +85,7 @@ FEATURES = (
     "pauses",  # the engine pausing new requests (synchronous scheduling only)
     "arrivals",  # requests arriving over time
     "stats",  # log_stats, KV-cache events, per-request spec-decode metrics
+    "follow_ups",  # a conversation's next turn: an earlier prompt resent, once it can have ended
     # Chosen after the workload from its checksum (LATE_FEATURES: seeds keep their workloads):
     "group_block_sizes",  # attention groups of a hybrid take 1, 2 or 4 times the block size
     "retention",  # a positive prefix-cache retention interval (with prefix caching)
@@ -93,6 +94,11 @@ FEATURES = (
 # The features added after the first version: chosen after the workload is drawn, from its
 # checksum (_late_features), so that every seed keeps the workloads it drew before them.
 LATE_FEATURES = ("group_block_sizes", "retention", "no_lookahead_hashes")
+
+# Steps a follow-up waits past its source's prefill and decode, besides two per other request
+# drawn before it and a drawn pause (finish_bound): two batches in flight under asynchronous
+# scheduling, up to three steps of an asynchronous KV load, two to spare. Not derived: slack.
+FOLLOW_UP_SLACK = 7
 
 # The kinds of document drawn, with their shares of the examples (out of the sum): the
 # scheduler's workloads most of the time, then vLLM's startup planning and its warmup.
@@ -161,7 +167,9 @@ def workload(draw: DrawFn, space: ExploreSpace, on: dict[str, bool], name: str) 
     """Stage 2: the workload within the features ``on``."""
     block_size = draw(_one_of(space.block_sizes))
     groups = _draw_groups(draw, space, on, block_size)
-    max_model_len = block_size * draw(_ints(3, space.max_blocks_per_len)) - draw(_ints(0, 2))
+    # A conversation's later turns carry the earlier ones: with follow-ups, twice the context.
+    most = space.max_blocks_per_len * (2 if on["follow_ups"] else 1)
+    max_model_len = block_size * draw(_ints(3, most)) - draw(_ints(0, 2))
     model: dict[str, Any] = {"block_size": block_size, "max_model_len": max_model_len}
 
     speculative: dict[str, Any] | None = None
@@ -218,10 +226,14 @@ def workload(draw: DrawFn, space: ExploreSpace, on: dict[str, bool], name: str) 
         model["enable_caching"] = True
     elif on["no_caching"]:
         model["enable_caching"] = False
-    model["num_blocks"] = _pool(draw, on, groups, block_size, max_model_len, k)
+    connector = remote or "kv_connector" in scheduler
+    model["num_blocks"] = _pool(draw, on, groups, block_size, max_model_len, k, connector)
     model["groups"] = groups
 
-    requests = _draw_requests(draw, on, scheduler, max_model_len, block_size, k, len(groups))
+    opening = min(max_model_len - 1, 2 * block_size + _widest_reach(groups))
+    requests = _draw_requests(
+        draw, on, scheduler, max_model_len, block_size, k, len(groups), opening
+    )
     items = [i["length"] for r in requests.values() for i in r.get("mm_inputs", ())]
     if items and scheduler.get("enable_chunked_prefill", True) and draw(_BOOLS):
         # Encoder pressure: a step's encoder budget and the encoder cache from a token up to
@@ -389,9 +401,12 @@ def _late_features(
     * ``group_block_sizes``: in a hybrid, each attention group whose type caches with mixed
       block sizes takes 1, 2 or 4 times the model's block size (vLLM gives full and sliding
       layers different block sizes where their pages unify; hits then align to the least
-      common multiple). Not with a recurrent (Mamba) group, whose block size vLLM sets to
-      the scheduler block size, nor beside a type whose prefix caching needs one block size
-      (chunked local attention: vLLM asserts it).
+      common multiple). A recurrent (Mamba) group takes the largest of them: vLLM sets
+      ``mamba_block_size`` to the scheduler block size, and an attention group of a smaller
+      block (a drafter's, a smaller page's) pulls the hash block below it
+      (``resolve_kv_cache_block_sizes``, ``partial_hash_hits_enabled`` in
+      ``vllm/v1/core/kv_cache_utils.py``). Not beside a type whose prefix caching needs one
+      block size (chunked local attention: vLLM asserts it).
     * ``retention``: with prefix caching on and a group retention applies to, a positive
       ``prefix_cache_retention_interval``: 1-4 times the scheduler block size.
     * ``no_lookahead_hashes``: with a speculative method, ``disable_lookahead_block_hashes``
@@ -407,10 +422,13 @@ def _late_features(
     groups = model["groups"]
     types = [GROUP_TYPES[g if isinstance(g, str) else str(g["type"])] for g in groups]
     caching = model.get("enable_caching") is not False  # unstated: vLLM's default, on
-    mixable = all(t.attention and not t.caching_needs_one_block_size for t in types)
+    mixable = all(not t.caching_needs_one_block_size for t in types)
     if on["group_block_sizes"] and len(groups) > 1 and mixable:
-        for index in range(len(groups)):
-            factor = pick.choice((1, 2, 4))
+        factors = [pick.choice((1, 2, 4)) for _ in groups]
+        for index, group_type in enumerate(types):
+            # A recurrent state's block is the scheduler block size (vLLM's mamba_block_size):
+            # the largest, the others' least common multiple (factors are powers of two).
+            factor = factors[index] if group_type.attention else max(factors)
             if factor > 1:
                 group = groups[index]
                 body = {"type": group} if isinstance(group, str) else group
@@ -497,13 +515,17 @@ def _pool(
     block_size: int,
     max_model_len: int,
     k: int,
+    connector: bool = False,
 ) -> int:
     """The null block plus one whole request's columns and speculative blocks in every group,
-    times a drawn factor unless the pool is tight."""
+    times a drawn factor unless the pool is tight. With a KV connector the factor starts at 1:
+    loads hold their blocks while they wait and are not preempted, and what they do to hits,
+    evictions and admissions shows only when the pool runs short, so a connector's workloads
+    meet the edge of the pool without ``tight_pool`` too."""
     alone = len(groups) * (_cdiv(max_model_len, block_size) + k + 1)
     if on["tight_pool"]:
         return 1 + alone + draw(_ints(0, 1))
-    return 1 + alone * draw(_ints(2, 6))
+    return 1 + alone * draw(_ints(1 if connector else 2, 6))
 
 
 def _draw_requests(
@@ -514,7 +536,12 @@ def _draw_requests(
     block_size: int,
     k: int,
     groups: int,
+    opening: int,
 ) -> dict[str, Any]:
+    """The requests, in arrival order of their drawing. With ``follow_ups``, each request after
+    the first is, with even odds, a conversation's next turn (:func:`_draw_follow_up`), and a
+    request of its own (an opening turn) has a prompt of at least ``opening`` tokens (two
+    blocks past the widest window or chunk, where ``max_model_len`` allows)."""
     count = draw(_ints(1, len(REQUEST_NAMES)))
     sync = scheduler["mode"] == "sync"
     requests: dict[str, Any] = {}
@@ -525,14 +552,21 @@ def _draw_requests(
         else max_model_len
     )
     for index, name in enumerate(REQUEST_NAMES[:count]):
-        prompt_len = draw(_ints(1, max_model_len - 1))
-        body: dict[str, Any] = {"prompt_len": prompt_len}
-        body["max_tokens"] = draw(_ints(1, 24))
-        if on["arrivals"]:
+        follows = on["follow_ups"] and bool(requests) and draw(_BOOLS)
+        body: dict[str, Any]
+        if follows:
+            body = _draw_follow_up(draw, scheduler, requests, max_model_len)
+            prompt_len = body["prompt_len"]
+        else:
+            low = opening if on["follow_ups"] else 1
+            prompt_len = draw(_ints(low, max_model_len - 1))
+            body = {"prompt_len": prompt_len}
+            body["max_tokens"] = draw(_ints(1, 24))
+        if on["arrivals"] and not follows:
             arrival = draw(_ints(0, 8))
             if arrival:
                 body["arrival"] = arrival
-        if on["prefix_caching"] and requests and draw(_BOOLS):
+        if on["prefix_caching"] and requests and not follows and draw(_BOOLS):
             source = draw(_one_of(tuple(requests)))
             limit = min(prompt_len, requests[source]["prompt_len"])
             body["prefix_from"] = source
@@ -564,6 +598,76 @@ def _draw_requests(
                 body["stop_with"] = "eos"
         requests[name] = body
     return requests
+
+
+def _draw_follow_up(
+    draw: DrawFn, scheduler: dict[str, Any], earlier: dict[str, Any], max_model_len: int
+) -> dict[str, Any]:
+    """A conversation's next turn: the prompt of an earlier request (its source), whole with
+    even odds (else a drawn part of it), then 0 or more new tokens, arriving once the source
+    can have finished (at least :func:`finish_bound` of it, plus 0-4 steps).
+
+    The format copies prompt tokens only (``prefix_from``), not the source's output, so the
+    turn shares the source's prompt where a chat's would share its prompt and answer: the
+    same reuse, one answer shorter."""
+    source = draw(_one_of(tuple(earlier)))
+    whole = earlier[source]["prompt_len"]
+    prefix_len = whole if draw(_BOOLS) else draw(_ints(1, whole))
+    prompt_len = prefix_len + draw(_ints(0, max(max_model_len - 1 - prefix_len, 0)))
+    body: dict[str, Any] = {"prompt_len": prompt_len, "max_tokens": draw(_ints(1, 24))}
+    body["arrival"] = finish_bound(scheduler, earlier, source) + draw(_ints(0, 4))
+    body["prefix_from"] = source
+    body["prefix_len"] = prefix_len
+    return body
+
+
+def finish_bound(scheduler: dict[str, Any], earlier: dict[str, Any], source: str) -> int:
+    """The step by which ``source`` can have finished, from what is drawn (an estimate from
+    above where nothing preempts it): its arrival, its prefill's steps at the step's token
+    budget (or the long-prefill threshold, if lower), one step per output token (a
+    speculative step emits at least one), :data:`FOLLOW_UP_SLACK`, two steps for each other
+    request drawn before (``earlier`` holds the source and those), and a drawn pause."""
+    body = earlier[source]
+    chunk = int(scheduler["max_num_batched_tokens"])
+    threshold = scheduler.get("long_prefill_token_threshold")
+    if threshold:
+        chunk = min(chunk, int(threshold))
+    prefill = _cdiv(int(body["prompt_len"]), chunk)
+    pause = sum(int(p["resume_at"]) - int(p["at"]) for p in scheduler.get("pause", ()))
+    others = 2 * (len(earlier) - 1)
+    arrival = int(body.get("arrival", 0))
+    return arrival + prefill + int(body["max_tokens"]) + FOLLOW_UP_SLACK + others + pause
+
+
+def follow_ups(doc: dict[str, Any]) -> list[str]:
+    """The requests of a drawn scheduler document that are follow-ups: a ``prefix_from``
+    arriving at least :func:`finish_bound` of its source, counted over the requests before it
+    (``arrivals`` alone draws arrivals of at most 8 steps, below every such bound)."""
+    requests = doc["requests"]
+    names = list(requests)
+    found = []
+    for index, name in enumerate(names):
+        body = requests[name]
+        source = body.get("prefix_from")
+        if source is None or source not in names[:index]:
+            continue
+        earlier = {n: requests[n] for n in names[:index]}
+        if int(body.get("arrival", 0)) >= finish_bound(doc["scheduler"], earlier, source):
+            found.append(name)
+    return found
+
+
+def _widest_reach(groups: list[Any]) -> int:
+    """The widest window or chunk (tokens) of the drawn groups: what a prompt must pass for
+    a hit to need its window's blocks (0: no group reads one)."""
+    widest = 0
+    for group in groups:
+        if isinstance(group, str):
+            continue
+        reads = GROUP_TYPES[str(group["type"])].reads
+        if reads is not None and group.get(reads[1]) is not None:
+            widest = max(widest, int(group[reads[1]]))
+    return widest
 
 
 def _draw_acceptance(draw: DrawFn, k: int, index: int) -> Any:

@@ -288,6 +288,9 @@ class StepZeroingList(NamedTuple):
     # Requests whose blocks vLLM freed since the last list (a preemption, a KV load failed
     # as a whole): a block at the same column as then is not known to be kept.
     freed: frozenset[str] = frozenset()
+    # The destinations of the step's copy-on-write block copies: the worker zeroes the list,
+    # then runs the copies, so such a block gets its KV after the zeroing either way.
+    copied: frozenset[int] = frozenset()
 
 
 class MmInput(NamedTuple):

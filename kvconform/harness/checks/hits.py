@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from kvconform.harness.checks.records import fact_failure, facts_of
-from kvconform.model.facts import PoolCensus, PrefixLookup, SchedulerReset
+from kvconform.model.facts import Fact, PoolCensus, PrefixLookup, SchedulerReset
 from kvconform.model.observations import HIT_LOST, Trajectory
 from kvconform.model.prefix_hits import LeastHit, least_hit
 from kvconform.model.results import Failure
@@ -27,6 +27,19 @@ from kvconform.model.results import Failure
 
 def judge(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
     """(fact index, failure) of the hits family, one per lookup below its bound."""
+    for index, fact, best, used, pool in bounded_lookups(trajectory):
+        what = fact.what
+        assert isinstance(what, PrefixLookup)
+        if what.hit >= best.tokens:
+            continue
+        yield index, fact_failure(fact, _message(what, best, used, pool), HIT_LOST)
+
+
+def bounded_lookups(trajectory: Trajectory) -> Iterator[tuple[int, Fact, LeastHit, int, int]]:
+    """(fact index, fact, its least hit, blocks ever held, pool) of each lookup the bound
+    applies to: a source shares its prompt, the groups have hit rules, and nothing can have
+    been evicted, preempted or reset before it (the lookups :func:`judge` judges; a least
+    hit of 0 tokens asks nothing of the lookup)."""
     lookups = list(facts_of(trajectory, PrefixLookup))
     if not lookups:
         return
@@ -51,9 +64,7 @@ def judge(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
         if pool is None or used >= pool - 1:
             continue
         best = max((least_hit(what, source) for source in what.sources), key=_tokens)
-        if what.hit >= best.tokens:
-            continue
-        yield index, fact_failure(fact, _message(what, best, used, pool), HIT_LOST)
+        yield index, fact, best, used, pool
 
 
 def _tokens(bound: LeastHit) -> int:

@@ -121,8 +121,11 @@ def _step_list(
             )
             # A load's block outside what it keeps valid (a windowed group's skipped
             # positions, lookahead) may be zeroed; whether it must is not judged here.
-            unzeroed += [] if loading else missing
-            wiped += wrong
+            unzeroed += [] if loading else [b for b in missing if b not in what.copied]
+            # A copy-on-write destination (a partial hit's private block) is zeroed, then
+            # filled by the copy the worker runs after the list (model_runner, "after
+            # zeroing new blocks and before the forward pass reads them").
+            wiped += [b for b in wrong if b not in what.copied]
         if unzeroed:
             yield fact_failure(
                 at_request(trajectory, fact, rid),

@@ -5,6 +5,7 @@ and the per-request speculative-decoding metrics it returns."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 from typing import Any, NamedTuple
 
 from kvconform.model.facts import (
@@ -40,8 +41,10 @@ class Lifecycle:
 
     * ``kv_cache_usage``: the distinct blocks the requests hold, with those of finished
       requests that vLLM holds back while a step that may write them is in flight
-      (``Scheduler._free_request_blocks``, not yet returned by ``_drain_deferred_frees``),
-      over the pool without its null block (``BlockPool.get_usage``);
+      (``Scheduler._free_request_blocks``, not yet returned by ``_drain_deferred_frees``)
+      and both ends of the block copies it holds back likewise
+      (``_free_cow_retained_blocks``), over the pool without its null block
+      (``BlockPool.get_usage``);
     * ``prefix_cache_stats``: per admission since the last output (vLLM records a lookup
       when it admits, ``record_prefix_cache_stats``), one request, its ``num_tokens`` as
       queries and its prefix-cache hit as hits, apart for a resumed (preempted) one; none
@@ -177,7 +180,9 @@ class Lifecycle:
             if min(computed, tokens - 1) <= 0:
                 self._looked_up_again.add(rid)
 
-    def _record_spec_decode_metrics(self, applied: AppliedStep, result: Any, gone: set[str]) -> None:
+    def _record_spec_decode_metrics(
+        self, applied: AppliedStep, result: Any, gone: set[str]
+    ) -> None:
         """``scheduler.spec_decode_metrics``: a request's ``RequestSpecDecodeMetrics``, handed
         out with its finishing output, count its verifications: per verification one entry of
         the accepted-count histogram and its drafts (``summary``), and with ``detailed`` the
@@ -242,9 +247,10 @@ class Lifecycle:
         # A finished request's blocks that vLLM holds back while a step that may write them
         # is in flight (defer_block_free) are out of its table but still referenced: in use
         # until the drain at the start of a later update_from_output returns them.
+        # So are both ends of a step's block copies, held back until that step is processed.
         held.update(
             block
-            for record in oracle.run.deferred_frees
+            for record in chain(oracle.run.deferred_frees, oracle.run.retained_copies)
             if record.returned is None
             for ids in record.held
             for block in ids

@@ -79,7 +79,8 @@ class DeferredFreeRecord(NamedTuple):
 
     step: int  # the schedule() call the blocks were taken out before, or during
     request: str
-    kind: str  # "finish", "abort" or "preempt" (before 0.30.0: a request in flight)
+    kind: str  # "finish", "abort", "preempt" (before 0.30.0: a request in flight), or "copy"
+    # (a block copy's two ends)
     held: tuple[list[int], ...]
     fence: int | None
     returned: int | None = None
@@ -171,3 +172,7 @@ class SchedulerRun:
     # Each schedule()'s queues and what it made of them (liveness and fairness families).
     queues: list[StepFact] = field(default_factory=list)
     deferred_frees: list[DeferredFreeRecord] = field(default_factory=list)
+    # Both ends of the copy-on-write block copies a step hands the worker, held back from
+    # the pool until that step is processed where vLLM defers frees (one entry per step, as
+    # vLLM's: kind "copy", no request, ``held`` one [source, copy] pair per copy).
+    retained_copies: list[DeferredFreeRecord] = field(default_factory=list)

@@ -5,6 +5,7 @@ and the encoder inputs the step reports, and the KV-cache events the scheduler p
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 from typing import Any
 
 from kvconform.model.facts import (
@@ -61,6 +62,7 @@ def record_zeroing(
                 valid_end,
                 frozenset(oracle.vllm.step_blocks_to_zero(output)),
                 freed,
+                frozenset(copy for _, copy in oracle.api.block_copies(output)),
             ),
         )
     )
@@ -77,7 +79,7 @@ def record_census(oracle: OracleState) -> None:
     }
     deferred = tuple(
         b
-        for record in oracle.run.deferred_frees
+        for record in chain(oracle.run.deferred_frees, oracle.run.retained_copies)
         if record.returned is None
         for ids in record.held
         for b in ids
@@ -116,9 +118,7 @@ def _bookkeeping(oracle: OracleState) -> dict[str, frozenset[str]]:
     return found
 
 
-def record_encoder_step(
-    oracle: OracleState, output: Any, rows: Sequence[ScheduledRequest]
-) -> None:
+def record_encoder_step(oracle: OracleState, output: Any, rows: Sequence[ScheduledRequest]) -> None:
     """The step's encoder work, as the worker runs it (judged by ``checks.encoder``).
 
     The model runner drops the encoder outputs the step frees

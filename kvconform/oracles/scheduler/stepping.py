@@ -118,7 +118,11 @@ class SchedulerOracle:
             r.remote_prefill for r in scenario.requests.values()
         )
         self._last_busy: dict[str, int] = {}
-        api.observe_deferred_frees(self.scheduler, self._deferred_pop, self._deferred_drain)
+        # Whether vLLM defers frees (Scheduler.defer_block_free: a kv_consumer connector and
+        # more than one batch, in lockstep too), where its pops and drains are observed.
+        self._pool_defers = api.observe_deferred_frees(
+            self.scheduler, self._deferred_pop, self._deferred_drain
+        )
         install_encoder_budget(self)
         hasher = None
         if model.enable_caching:
@@ -257,21 +261,29 @@ class SchedulerOracle:
         )
 
     def _deferred_drain(self, returned: list[tuple[list[int], int, int]]) -> None:
-        """vLLM returned deferred blocks to the pool: match them to the requests'.
+        """vLLM returned deferred blocks to the pool: match them to the requests' (or to a
+        block copy's retained ends).
 
         Both sides without the null block: a request's table holds it where a sliding
         window dropped blocks, and ``pop_blocks_for_free`` hands the table over as it is
         before 0.33.0 (from 0.33.0 it trims the null head, ``trim_null_head``), so the
         drain returns it too (``free_blocks`` skips it)."""
-        records = self.run.deferred_frees
         null = self.run.null_block
         for block_ids, before, after in returned:
             wanted = set(block_ids)
             wanted.discard(null)
-            for index, record in enumerate(records):
-                held = {b for ids in record.held for b in ids if b != null}
-                if record.returned is None and held == wanted:
-                    records[index] = record._replace(
+            for records in (self.run.deferred_frees, self.run.retained_copies):
+                found = next(
+                    (
+                        index
+                        for index, record in enumerate(records)
+                        if record.returned is None
+                        and {b for ids in record.held for b in ids if b != null} == wanted
+                    ),
+                    None,
+                )
+                if found is not None:
+                    records[found] = records[found]._replace(
                         returned=self._applying, free_before=before, free_after=after
                     )
                     break
@@ -587,6 +599,20 @@ class SchedulerOracle:
                 output = scheduler.schedule()
                 if output.total_num_scheduled_tokens > 0:
                     self._newest_busy = self._step
+                copies = self.api.block_copies(output) if self._pool_defers else []
+                if copies:
+                    # The worker reads both ends of each copy in this step: where vLLM defers
+                    # frees, they go back to the pool only once it is processed, the step's
+                    # copies as one deferred entry (Scheduler._free_cow_retained_blocks).
+                    self.run.retained_copies.append(
+                        DeferredFreeRecord(
+                            self._current,
+                            "",
+                            "copy",
+                            tuple([source, copy] for source, copy in copies),
+                            self._newest_busy,
+                        )
+                    )
                 queues.record(self, output, in_flight)
                 answers = self._record(output, in_flight)
                 self._step += 1

@@ -65,6 +65,12 @@ class Scheduling(SchedulingConfigs):
         publisher.publish = observed
         return published
 
+    def block_copies(self, scheduler_output: Any) -> list[tuple[int, int]]:
+        """The copy-on-write block copies a step hands the worker, (source, destination)
+        block ids (``SchedulerOutput.kv_cache_block_copies``; none before 0.33)."""
+        copies = getattr(scheduler_output, "kv_cache_block_copies", None) or ()
+        return [(int(c.src_block_id), int(c.dst_block_id)) for c in copies]
+
     def scheduled_drafts(self, scheduler_output: Any) -> dict[str, list[int]]:
         return dict(scheduler_output.scheduled_spec_decode_tokens or {})
 
