@@ -98,3 +98,40 @@ def test_new_unwritten_blocks_are_the_new_ones_without_valid_kv() -> None:
     assert new_unwritten_blocks(
         table, before=[4], null_block=NULL, holds_valid_kv=lambda i, b: i < 2
     ) == {6}
+
+
+def _one_step(loading: frozenset[str]) -> list[str]:
+    """The zeroing family's messages for explore seed 0's step 0 (example 378), by hand: a
+    computes block 1 new; b holds it at column 0 as a same-step prefix hit, and block 3 at
+    column 1; ``loading``: whether b begins an asynchronous load (17 tokens valid once it
+    lands) or computes in the step (16 valid)."""
+    from kvconform.harness.checks.zeroing import judge
+    from kvconform.model.facts import Fact, StepZeroingList
+    from kvconform.model.observations import GroupInfo, Trajectory
+
+    groups = (
+        GroupInfo(0, "full_attention", 16, "full", False),
+        GroupInfo(1, "mamba", 16, "mamba", False),
+    )
+    trajectory = Trajectory(groups, 0, "test")
+    trajectory.null_block = NULL
+    listed = StepZeroingList(
+        groups=(0,),
+        block_sizes=(16, 16),
+        tables={"a": ((1,), (2,)), "b": ((1, 3), (NULL, 4))},
+        judged=frozenset({"a", "b"}),
+        loading=loading,
+        valid_end={"a": 0, "b": 17 if loading else 16},
+        listed=frozenset({1} if loading else {1, 3}),
+    )
+    trajectory.facts.append(Fact(0, 26, "-", "schedule", listed))
+    return [failure.message for _, failure in judge(trajectory)]
+
+
+def test_only_a_loading_request_reads_a_same_step_hit_after_its_writer() -> None:
+    # b begins an asynchronous load: it reads block 1 a step later, after a wrote it.
+    assert _one_step(frozenset({"b"})) == []
+    # b computes in the step: block 1 stays judged valid for it (where vLLM zeroes, a Mamba
+    # hybrid, such a hit is deferred: MambaManager's cached_blocks_this_step, #29387).
+    (message,) = _one_step(frozenset())
+    assert "request b: block(s) [1] hold KV that is valid before the step" in message

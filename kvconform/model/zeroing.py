@@ -33,8 +33,8 @@ def judge_zeroing(
     KV is another position's, and it is new at its new column;
     ``holds_valid_kv(index, block)``: whether the block at that column holds KV already;
     ``written_by_others``: blocks another request of the same step writes in it
-    (:func:`new_unwritten_blocks` of that request): none holds valid KV before the step,
-    whichever column of this table they stand at.
+    (:func:`new_unwritten_blocks` of that request), for a request that reads none of them
+    in this step: none holds valid KV before the step, whichever column they stand at.
     """
     unzeroed: list[int] = []
     wiped: list[int] = []
@@ -63,9 +63,11 @@ def new_unwritten_blocks(
     allocation that hands it out caches it at once (``KVCacheManager.allocate_slots`` ends
     in ``cache_blocks``, before the forward), so a later lookup in the same
     ``schedule()`` finds it. Its KV is written in this step, not before it: zeroing it
-    first is what the writer needs, and wipes nothing the sharer reads: a request beginning
-    an asynchronous load runs no forward before the load lands, in a later step, and its
-    connector writes only the unhashed blocks (NIXL: ``get_unhashed_block_ids_all_groups``).
+    first is what the writer needs, and wipes nothing a sharer beginning an asynchronous
+    load reads: that request runs no forward before the load lands, in a later step, and
+    its connector writes only the unhashed blocks (NIXL's ``update_state_after_alloc``:
+    ``get_unhashed_block_ids_all_groups``). The zeroing family exempts only such sharers
+    (``kvconform/harness/checks/zeroing.py``).
     """
     return {
         block

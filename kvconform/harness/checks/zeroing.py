@@ -139,7 +139,11 @@ def _step_list(
     judged = sorted((rid, table) for rid, table in what.tables.items() if rid in what.judged)
     # Per request and group, what it holds valid before the step; then the blocks each
     # writes in the step (new, not valid for it), which hold nothing valid for a request
-    # that adopted them as a same-step prefix hit (new_unwritten_blocks).
+    # beginning an asynchronous load that adopted them as a same-step prefix hit
+    # (new_unwritten_blocks): it reads them once its load lands, in a later step. A request
+    # that computes in the step would read them in the same forward; where vLLM zeroes (a
+    # Mamba hybrid) it defers such a hit (MambaManager's cached_blocks_this_step, #29387),
+    # so for it they stay judged as valid.
     rules = {rid: _valid_kv_rules(trajectory, fact, rid, previous, refilled, replays)
              for rid, _ in judged}  # fmt: skip
     written = {
@@ -157,7 +161,11 @@ def _step_list(
         wiped: list[int] = []
         loading = rid in what.loading
         befores, predicates = rules[rid]
-        by_others = {block for other, blocks in written.items() if other != rid for block in blocks}
+        by_others = (
+            {block for other, blocks in written.items() if other != rid for block in blocks}
+            if loading
+            else set()
+        )
         for group in what.groups:
             missing, wrong = judge_zeroing(
                 table[group], befores[group], listed, null, predicates[group], by_others
