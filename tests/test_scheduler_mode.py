@@ -597,6 +597,50 @@ def test_zeroing_a_loads_state_block_still_fails(tmp_path, pristine_tree):
     assert "hold KV that is valid before the step" in done.stdout, done.stdout
 
 
+def test_a_same_step_hit_on_a_block_another_request_writes_is_zeroed(vllm):
+    """b, beginning an asynchronous load, adopts as a prefix hit the full-attention block a
+    gets new and computes in the same step (a's allocate_slots cached it): on the list, for
+    a, rightly; b reads it only once its load lands, a step later. Sanity held every block
+    under a loading request's computed tokens valid and blamed vLLM (explore seed 0 on
+    0.34.0, example 378). What b's load writes stays off the list and valid."""
+    from kvconform.harness.checks.records import facts_of
+    from kvconform.model.facts import StepZeroingList
+
+    (scenario,) = load_file(SCENARIOS / "sched-remote-load-same-step-hit-zeroed.yaml")
+    result = runner.run_scenario(scenario, vllm)
+    assert result.verdict is Verdict.PASSED, result.headline()
+    assert result.trajectory is not None
+    first = next(fact.what for _, fact in facts_of(result.trajectory, StepZeroingList))
+    assert first.loading == {"b"} and first.valid_end["b"] == 17
+    (a_full, _), (b_full, b_mamba) = first.tables["a"], first.tables["b"]
+    # b's column 0 is a's new block (the shared 16 tokens), its column 1 the loaded token's.
+    assert b_full[0] == a_full[0] and a_full[0] in first.listed
+    assert b_full[1] not in first.listed and b_mamba[1] not in first.listed
+
+
+@pytest.mark.slow
+def test_zeroing_a_loaded_block_beside_a_same_step_hit_still_fails(tmp_path, pristine_tree):
+    """The exemption covers only blocks another request writes in the step: with
+    ``skip_zeroing_group_ids`` ignored, b's loaded full-attention block goes on the list and
+    fails, while the shared block a writes does not."""
+    from vllm_copy import run_kvconform, tree_with_replacement
+
+    tree = tree_with_replacement(
+        pristine_tree, tmp_path / "tree", "v1/core/kv_cache_coordinator.py",
+        "record_for_zeroing=i not in skip_zeroing_group_ids,", "record_for_zeroing=True,",
+    )  # fmt: skip
+    path = SCENARIOS / "sched-remote-load-same-step-hit-zeroed.yaml"
+    done = run_kvconform("run", path, "--vllm-src", tree, "--report-dir", tmp_path / "r",
+                         cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    (result,) = json.loads((tmp_path / "r" / "report.json").read_text())["scenarios"]
+    messages = [failure["message"] for failure in result["failures"]]
+    assert any(
+        m.startswith("step 0 ") and "request b: block(s) [3] hold KV that is valid" in m
+        for m in messages
+    ), messages
+
+
 def test_a_loads_local_hit_is_the_one_shown_the_connector(vllm):
     """On a model of chunked local attention only, a remote prefill's local hit is null
     columns (``find_longest_cache_hit`` returns the chunks before the token's as null,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvconform.model.zeroing import judge_zeroing, load_keeps_valid_kv
+from kvconform.model.zeroing import judge_zeroing, load_keeps_valid_kv, new_unwritten_blocks
 
 NULL = 0
 
@@ -71,3 +71,67 @@ def test_a_load_keeps_valid_only_what_the_model_reads() -> None:
         False,
     ]
     assert [load_keeps_valid_kv(c, 16, 16, ("chunk", 16)) for c in range(2)] == [False, False]
+
+
+def test_a_same_step_hit_on_a_block_another_request_writes_is_not_valid() -> None:
+    # explore seed 0 on 0.34.0 (example 378): a (16 tokens) gets block 1 new and computes
+    # it in the step; b, beginning an asynchronous load of 17 tokens, adopts block 1 as a
+    # 16-token prefix hit in the same schedule() (a's allocation cached it) and gets block
+    # 3 for the loaded token. The list holds block 1, for a.
+    listed = {1}
+    a_valid = lambda column, block: False  # noqa: E731 - a computes from 0
+    b_valid = lambda column, block: load_keeps_valid_kv(column, 16, 17, None)  # noqa: E731
+    written_by_a = new_unwritten_blocks([1], before=(), null_block=NULL, holds_valid_kv=a_valid)
+    assert written_by_a == {1}
+    assert judge_zeroing([1], (), listed, NULL, a_valid) == ([], [])
+    # b: block 1's KV is a's, written after the step's zeroing; b's loaded block 3 stays off.
+    assert judge_zeroing([1, 3], (), listed, NULL, b_valid, written_by_a) == ([], [])
+    # The rule without what a writes held block 1 valid for b (the false alarm).
+    assert judge_zeroing([1, 3], (), listed, NULL, b_valid) == ([], [1])
+    # What b's load writes (block 3) listed is still a wipe, whatever a writes.
+    assert judge_zeroing([1, 3], (), {1, 3}, NULL, b_valid, written_by_a) == ([], [3])
+
+
+def test_new_unwritten_blocks_are_the_new_ones_without_valid_kv() -> None:
+    # Column 0 held before (block 4), column 1 a hit (valid), columns 2-3 new and computed.
+    table = [4, 5, 6, NULL]
+    assert new_unwritten_blocks(
+        table, before=[4], null_block=NULL, holds_valid_kv=lambda i, b: i < 2
+    ) == {6}
+
+
+def _one_step(loading: frozenset[str]) -> list[str]:
+    """The zeroing family's messages for explore seed 0's step 0 (example 378), by hand: a
+    computes block 1 new; b holds it at column 0 as a same-step prefix hit, and block 3 at
+    column 1; ``loading``: whether b begins an asynchronous load (17 tokens valid once it
+    lands) or computes in the step (16 valid)."""
+    from kvconform.harness.checks.zeroing import judge
+    from kvconform.model.facts import Fact, StepZeroingList
+    from kvconform.model.observations import GroupInfo, Trajectory
+
+    groups = (
+        GroupInfo(0, "full_attention", 16, "full", False),
+        GroupInfo(1, "mamba", 16, "mamba", False),
+    )
+    trajectory = Trajectory(groups, 0, "test")
+    trajectory.null_block = NULL
+    listed = StepZeroingList(
+        groups=(0,),
+        block_sizes=(16, 16),
+        tables={"a": ((1,), (2,)), "b": ((1, 3), (NULL, 4))},
+        judged=frozenset({"a", "b"}),
+        loading=loading,
+        valid_end={"a": 0, "b": 17 if loading else 16},
+        listed=frozenset({1} if loading else {1, 3}),
+    )
+    trajectory.facts.append(Fact(0, 26, "-", "schedule", listed))
+    return [failure.message for _, failure in judge(trajectory)]
+
+
+def test_only_a_loading_request_reads_a_same_step_hit_after_its_writer() -> None:
+    # b begins an asynchronous load: it reads block 1 a step later, after a wrote it.
+    assert _one_step(frozenset({"b"})) == []
+    # b computes in the step: block 1 stays judged valid for it (where vLLM zeroes, a Mamba
+    # hybrid, such a hit is deferred: MambaManager's cached_blocks_this_step, #29387).
+    (message,) = _one_step(frozenset())
+    assert "request b: block(s) [1] hold KV that is valid before the step" in message

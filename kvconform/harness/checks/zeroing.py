@@ -21,14 +21,14 @@ fails once, whatever the lists say.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from kvconform.harness.checks.records import at_request, fact_failure, facts_of
 from kvconform.model.contract import ZEROING_REASON, zeroing_groups
 from kvconform.model.facts import Fact, StepZeroingList, ZeroingGroups, ZeroingList
 from kvconform.model.observations import NOT_ZEROED, ZEROES_VALID_KV, Trajectory
 from kvconform.model.results import Failure
-from kvconform.model.zeroing import judge_zeroing, load_keeps_valid_kv
+from kvconform.model.zeroing import judge_zeroing, load_keeps_valid_kv, new_unwritten_blocks
 
 
 def replay_starts(trajectory: Trajectory) -> dict[tuple[int, str], dict[int, int]]:
@@ -50,6 +50,53 @@ def replayed_tokens(trajectory: Trajectory, starts: dict[int, int]) -> int:
     of it where the replay starts past 0 (a shorter hit is replayed whole from 0 or,
     at admission, dropped)."""
     return max((trajectory.groups[g].replay_tokens for g in starts), default=0)
+
+
+def _valid_kv_rules(
+    trajectory: Trajectory,
+    fact: Fact,
+    rid: str,
+    previous: dict[str, tuple[tuple[int, ...], ...]],
+    refilled: dict[str, tuple[tuple[int, ...], ...]],
+    replays: dict[tuple[int, str], dict[int, int]],
+) -> tuple[tuple[tuple[int, ...], ...], list[Callable[[int, int], bool]]]:
+    """A judged request's tables at the last allocation, and per group of the list
+    ``holds_valid_kv(column, block)``: whether its block there holds KV before the step."""
+    what = fact.what
+    assert isinstance(what, StepZeroingList)
+    table = what.tables[rid]
+    loading = rid in what.loading
+    valid_end = what.valid_end.get(rid, 0)
+    before = refilled.get(rid) or previous.get(rid, ((),) * len(table))
+    starts = replays.get((fact.step, rid), {})
+    predicates: list[Callable[[int, int], bool]] = [lambda column, block: False] * len(table)
+    for group in what.groups:
+        size = what.block_sizes[group]
+        span = trajectory.groups[group].read_span
+        # A replayed hit (SWA bounded replay): the group that replays holds KV only
+        # from the replay's start, where its computed count stands before the step
+        # (nothing valid yet: the replay writes it); the other groups adopted the
+        # whole hit, the replayed tokens past the computed count included.
+        valid = (
+            (starts[group], valid_end)
+            if group in starts
+            else (0, valid_end + replayed_tokens(trajectory, starts))
+        )
+
+        def holds_valid_kv(
+            column: int,
+            block: int,
+            size: int = size,
+            span: tuple[str, int] | None = span,
+            valid: tuple[int, int] = valid,
+        ) -> bool:
+            if loading:
+                return load_keeps_valid_kv(column, size, valid_end, span)
+            start, end = valid
+            return start < end and column * size < end and (column + 1) * size > start
+
+        predicates[group] = holds_valid_kv
+    return before, predicates
 
 
 def _step_list(
@@ -90,34 +137,38 @@ def _step_list(
                 ZEROES_VALID_KV,
             )
     judged = sorted((rid, table) for rid, table in what.tables.items() if rid in what.judged)
+    # Per request and group, what it holds valid before the step; then the blocks each
+    # writes in the step (new, not valid for it), which hold nothing valid for a request
+    # beginning an asynchronous load that adopted them as a same-step prefix hit
+    # (new_unwritten_blocks): it reads them once its load lands, in a later step. A request
+    # that computes in the step would read them in the same forward; where vLLM zeroes (a
+    # Mamba hybrid) it defers such a hit (MambaManager's cached_blocks_this_step, #29387),
+    # so for it they stay judged as valid.
+    rules = {rid: _valid_kv_rules(trajectory, fact, rid, previous, refilled, replays)
+             for rid, _ in judged}  # fmt: skip
+    written = {
+        rid: {
+            block
+            for group in what.groups
+            for block in new_unwritten_blocks(
+                table[group], rules[rid][0][group], null, rules[rid][1][group]
+            )
+        }
+        for rid, table in judged
+    }
     for rid, table in judged:
         unzeroed: list[int] = []
         wiped: list[int] = []
         loading = rid in what.loading
-        valid_end = what.valid_end.get(rid, 0)
-        before = refilled.get(rid) or previous.get(rid, ((),) * len(table))
-        starts = replays.get((fact.step, rid), {})
+        befores, predicates = rules[rid]
+        by_others = (
+            {block for other, blocks in written.items() if other != rid for block in blocks}
+            if loading
+            else set()
+        )
         for group in what.groups:
-            size = what.block_sizes[group]
-            span = trajectory.groups[group].read_span
-            # A replayed hit (SWA bounded replay): the group that replays holds KV only
-            # from the replay's start, where its computed count stands before the step
-            # (nothing valid yet: the replay writes it); the other groups adopted the
-            # whole hit, the replayed tokens past the computed count included.
-            valid = (
-                (starts[group], valid_end)
-                if group in starts
-                else (0, valid_end + replayed_tokens(trajectory, starts))
-            )
-
-            def holds_valid_kv(column: int, block: int, size: int = size) -> bool:
-                if loading:  # noqa: B023 - called at once
-                    return load_keeps_valid_kv(column, size, valid_end, span)  # noqa: B023
-                start, end = valid  # noqa: B023 - called at once
-                return start < end and column * size < end and (column + 1) * size > start
-
             missing, wrong = judge_zeroing(
-                table[group], before[group], listed, null, holds_valid_kv
+                table[group], befores[group], listed, null, predicates[group], by_others
             )
             # A load's block outside what it keeps valid (a windowed group's skipped
             # positions, lookahead) may be zeroed; whether it must is not judged here.
