@@ -12,13 +12,8 @@ from typing import Any
 from kvconform.errors import NotOffered, PoolExhausted, ScenarioError
 from kvconform.model.acceptance import AcceptanceStream
 from kvconform.model.facts import DeferredRelease, HeldAfterAbortAll, ZeroingGroups
-from kvconform.model.floors import pool_columns
 from kvconform.model.observations import (
-    MM_INPUT_PAST_BUDGET,
-    MM_INPUT_PAST_THRESHOLD,
-    PADDED_ROW_PAST_BUDGET,
     GroupInfo,
-    whole_input_chunk,
 )
 from kvconform.model.scenario import Scenario
 from kvconform.oracles.live import OUTPUT_OFFSET, first_output_token
@@ -38,11 +33,11 @@ from kvconform.oracles.scheduler.records import (
     ResetRecord,
     ScheduledRequest,
     SchedulerRun,
-    StallRecord,
     StepFact,
     StepRecord,
 )
 from kvconform.oracles.scheduler.sessions import Sessions
+from kvconform.oracles.scheduler.stalls import stalled_run
 from kvconform.oracles.scheduler.step_facts import (
     KvEventMirror,
     record_census,
@@ -419,164 +414,6 @@ class SchedulerOracle:
         ]
         self.scheduler.update_draft_token_ids(self.api.draft_token_ids(req_ids, drafts))
 
-    def _stall_cause(self, request: Any, computed: int, running: set[str]) -> str:
-        """What a stall of the waiting ``request`` shows of its cause, where kvconform
-        names one (``STALL_CAUSES``); "" otherwise.
-
-        :data:`PADDED_ROW_PAST_BUDGET`: speculative decoding is on, the request has one
-        token to compute past what it has computed or would adopt (its prefix-cache hit;
-        a synchronous connector's fill, which ``DecodeBenchConnector`` makes every token
-        but the last), the row of 1 + k tokens that ``Scheduler.schedule`` pads it to
-        fits under ``max_model_len`` with the sampled token, and passes the request's
-        token budget (``min(max_num_scheduled_tokens, max_num_batched_tokens - draft
-        slots)``) with nothing else scheduled.
-
-        Under ``disable_chunked_mm_input`` with chunked prefill, where the next token of
-        the request, or of a running request (which may hold the seat it waits for),
-        begins a multimodal input or lies inside it, the chunk that must take the rest of
-        the input whole (:func:`whole_input_chunk`; with a drafter's prefill shift,
-        ``num_prefill_lookahead_tokens``, which ``_try_schedule_encoder_inputs`` takes as
-        ``shift_computed_tokens``, the roll-back ends a chunk ``shift`` tokens before the
-        input, so a next token within ``shift`` tokens before it counts as on it and the
-        chunk is ``shift`` tokens longer than the input) is either
-
-        * :data:`MM_INPUT_PAST_BUDGET`: longer than the request's token budget,
-          ``min(max_num_scheduled_tokens, max_num_batched_tokens - draft slots)``, which
-          vLLM gives a request whether or not a threshold applies; or
-        * :data:`MM_INPUT_PAST_THRESHOLD`: within it, but longer than the long-prefill
-          threshold, which applies with more than one request running or waiting (with
-          one, vLLM lifts the cap; the adaptive one floored at ``max_num_batched_tokens``
-          over those requests).
-        """
-        stuck = [(request, computed)] + [
-            (self.scheduler.requests[rid], int(self.scheduler.requests[rid].num_computed_tokens))
-            for rid in sorted(running)
-        ]
-        causes = [self._mm_input_cause(r, c) for r, c in stuck]
-        for cause in (MM_INPUT_PAST_BUDGET, MM_INPUT_PAST_THRESHOLD):
-            if cause in causes:
-                return cause
-        k = self.num_spec
-        tokens = int(request.num_tokens)
-        if not computed:
-            fills = tokens - 1 if self.limits.kv_connector == "decode_bench" else 0
-            computed = max(self.api.cached_tokens(self.manager, request), fills)
-        if not k or not computed or tokens - computed != 1:
-            return ""
-        if computed + 1 + k + 1 > self.scenario.model.max_model_len:
-            return ""
-        token_budget, input_budget, draft_slots, _ = self.api.scheduling_limits(
-            self.scheduler, self.config
-        )
-        if 1 + k <= min(token_budget, input_budget - draft_slots):
-            return ""
-        return PADDED_ROW_PAST_BUDGET
-
-    def _mm_input_cause(self, request: Any, computed: int) -> str:
-        """See :meth:`_stall_cause`: :data:`MM_INPUT_PAST_BUDGET`,
-        :data:`MM_INPUT_PAST_THRESHOLD` or ""."""
-        limits = self.limits
-        if not (limits.disable_chunked_mm_input and limits.enable_chunked_prefill):
-            return ""
-        inputs = self.scenario.requests[request.request_id].mm_inputs
-        chunk = whole_input_chunk(
-            [(item.offset, item.length) for item in inputs],
-            computed,
-            self.api.prefill_shift(self.scheduler),
-        )
-        if not chunk:
-            return ""
-        token_budget, input_budget, draft_slots, _ = self.api.scheduling_limits(
-            self.scheduler, self.config
-        )
-        if chunk > min(token_budget, input_budget - draft_slots):
-            return MM_INPUT_PAST_BUDGET
-        threshold = limits.long_prefill_token_threshold
-        eligible = self.api.eligible_requests(self.scheduler)
-        if not threshold or eligible <= 1:
-            return ""
-        if limits.long_prefill_token_threshold_adaptive:
-            threshold = max(threshold, limits.max_num_batched_tokens // eligible)
-        return MM_INPUT_PAST_THRESHOLD if chunk > threshold else ""
-
-    def _stalled(self, since: int) -> PoolExhausted | StallRecord | None:
-        """Whose a stall is: the scenario's when no waiting request fits the pool by the
-        floor's arithmetic, vLLM's (a :class:`StallRecord`) when one does.
-
-        The waiting request first in line needs its next chunk's floor columns (the
-        token budget's worth, or the rest of its prompt) minus what it holds, and under
-        full-sequence admission its whole sequence's, against the free blocks (minus the
-        watermark while another request runs). Where that does not fit, the scenario
-        alone decides: when the blocks the request may rightly take (GroupInfo.pool_blocks)
-        fit the pool less the null block with nothing else held, vLLM's scheduler could free
-        what the others hold (preemption) and the stall is vLLM's; only a request that
-        cannot fit an empty pool makes the scenario wrong. What vLLM's tables hold is
-        never bad input. With no request waiting, running requests whose blocks for one
-        more token each fit the pool are vLLM's too: None, the run stops and the liveness
-        family judges the empty calls.
-        """
-        waiting = [rid for rid in self._requests if rid in self.scheduler.requests]
-        model = self.scenario.model
-        free = self.vllm.free_block_count(self.manager)
-        running = {r.request_id for r in getattr(self.scheduler, "running", ())}
-        head = next((rid for rid in waiting if rid not in running), None)
-        if head is not None and self.floors is not None:
-            request = self.scheduler.requests[head]
-            computed = int(request.num_computed_tokens)
-            budget = self.limits.max_num_batched_tokens
-            left = int(request.num_tokens) - computed
-            chunk = min(left, budget) if self.limits.enable_chunked_prefill else left
-            held = [len(ids) for ids in self.manager.get_block_ids(head)]
-            need = full_need = 0
-            cap = model.max_model_len
-            tokens = min(computed + chunk + self.floor_lookahead, cap)
-            whole = min(int(request.num_tokens), cap)
-            for info, have in zip(self.floors, held, strict=True):
-                span = info.block_size * int(info.floor_args.get("dcp_world_size", 1))
-                extra = int(info.floor_args.get("num_speculative_blocks", 0))
-                rule = info.floor_rule
-                need += max(0, pool_columns(rule, tokens, 0, span, extra) - have)
-                full_need += max(0, pool_columns(rule, whole, 0, span, extra) - have)
-            full = model.scheduler_reserve_full_isl
-            watermark = self.vllm.watermark_blocks(self.manager) if running else 0
-            available = free - watermark
-            alone = sum(
-                info.pool_blocks(0, whole if full else computed + chunk, self.floor_lookahead, 0)
-                for info in self.floors
-            )
-            fits_free = need <= available and (not full or full_need <= available)
-            if fits_free or alone <= model.num_blocks - 1:
-                return StallRecord(
-                    since, head, max(need, full_need if full else 0), available, free,
-                    f"{available} of {model.num_blocks} blocks to give ({free} free"
-                    + (f", {watermark} kept by the watermark" if watermark else "")
-                    + f"); its next chunk of {chunk} tokens needs {need}"
-                    + (f", its whole sequence {full_need}" if full else "")
-                    + ("" if fits_free else f"; alone it takes at most {alone} blocks, which the "
-                       "pool less the null block holds"),
-                    self._stall_cause(request, computed, running),
-                )  # fmt: skip
-        if head is None and running and self.floors is not None:
-            # Only running requests, stuck: when their blocks for one more token each fit
-            # the pool, the run stops here and the liveness family of check sanity judges
-            # the calls that scheduled nothing (vLLM's, not the scenario's).
-            need = 0
-            for rid in running:
-                request = self.scheduler.requests[rid]
-                computed = int(request.num_computed_tokens)
-                need += sum(
-                    info.pool_blocks(computed, 1, self.floor_lookahead, 0) for info in self.floors
-                )
-            if need <= model.num_blocks - 1:
-                return None
-        return PoolExhausted(
-            self.scenario.where.at("model.num_blocks"),
-            f"vLLM's scheduler scheduled nothing from step {since} on, with nothing in flight, "
-            f"while requests {', '.join(waiting)} wait; {self.vllm.free_block_count(self.manager)} "
-            f"of {model.num_blocks} blocks are free: the pool (model.num_blocks) or the token "
-            "budget (scheduler.max_num_batched_tokens) is too small for them",
-        )
-
     def step_to_end(self) -> SchedulerRun:
         scheduler, vllm = self.scheduler, self.vllm
         sync = self.limits.mode == "sync"
@@ -624,7 +461,7 @@ class SchedulerOracle:
                     idle_since = self._step - 1
                 if idle_since is not None and self._step - idle_since >= _STALL_STEPS:
                     if self._next_arrival() is None:
-                        stalled = self._stalled(idle_since)
+                        stalled = stalled_run(self, idle_since)
                         if isinstance(stalled, PoolExhausted):
                             raise stalled
                         self.run.stall = stalled

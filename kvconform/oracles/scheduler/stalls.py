@@ -1,0 +1,191 @@
+"""Whose a stall of vLLM's scheduler is, and what it shows of its cause.
+
+A ``schedule()`` call that schedules nothing, with nothing in flight and no arrival to wait
+for, cannot change the scheduler's state; a few in a row (the stepping's ``_STALL_STEPS``)
+end the run. :func:`stalled_run` decides whose that is: the scenario's (a pool too small for
+the request first in line: :class:`~kvconform.errors.PoolExhausted`, bad input), vLLM's (a
+:class:`~kvconform.oracles.scheduler.records.StallRecord`, which the ``capacity`` check
+judges), or nobody's yet (only running requests: the liveness family judges the empty calls).
+:func:`stall_cause` names what kvconform knows of a stall's cause (``STALL_CAUSES`` in
+``kvconform.model.observations``), so a finding's signature says which one it is.
+Functions over the stepping's :class:`~kvconform.oracles.scheduler.stepping.SchedulerOracle`
+(typed ``Any``: the stepping imports this module, and no package's modules import in a
+circle), which calls them when it sees the empty calls.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvconform.errors import PoolExhausted
+from kvconform.model.floors import pool_columns
+from kvconform.model.observations import (
+    MM_INPUT_PAST_BUDGET,
+    MM_INPUT_PAST_THRESHOLD,
+    PADDED_ROW_PAST_BUDGET,
+    whole_input_chunk,
+)
+from kvconform.oracles.scheduler.records import StallRecord
+
+__all__ = ["mm_input_cause", "stall_cause", "stalled_run"]
+
+
+def stall_cause(oracle: Any, request: Any, computed: int, running: set[str]) -> str:
+    """What a stall of the waiting ``request`` shows of its cause, where kvconform
+    names one (``STALL_CAUSES``); "" otherwise.
+
+    :data:`PADDED_ROW_PAST_BUDGET`: speculative decoding is on, the request has one
+    token to compute past what it has computed or would adopt (its prefix-cache hit;
+    a synchronous connector's fill, which ``DecodeBenchConnector`` makes every token
+    but the last), the row of 1 + k tokens that ``Scheduler.schedule`` pads it to
+    fits under ``max_model_len`` with the sampled token, and passes the request's
+    token budget (``min(max_num_scheduled_tokens, max_num_batched_tokens - draft
+    slots)``) with nothing else scheduled.
+
+    Under ``disable_chunked_mm_input`` with chunked prefill, where the next token of
+    the request, or of a running request (which may hold the seat it waits for),
+    begins a multimodal input or lies inside it, the chunk that must take the rest of
+    the input whole (:func:`whole_input_chunk`; with a drafter's prefill shift,
+    ``num_prefill_lookahead_tokens``, which ``_try_schedule_encoder_inputs`` takes as
+    ``shift_computed_tokens``, the roll-back ends a chunk ``shift`` tokens before the
+    input, so a next token within ``shift`` tokens before it counts as on it and the
+    chunk is ``shift`` tokens longer than the input) is either
+
+    * :data:`MM_INPUT_PAST_BUDGET`: longer than the request's token budget,
+      ``min(max_num_scheduled_tokens, max_num_batched_tokens - draft slots)``, which
+      vLLM gives a request whether or not a threshold applies; or
+    * :data:`MM_INPUT_PAST_THRESHOLD`: within it, but longer than the long-prefill
+      threshold, which applies with more than one request running or waiting (with
+      one, vLLM lifts the cap; the adaptive one floored at ``max_num_batched_tokens``
+      over those requests).
+    """
+    stuck = [(request, computed)] + [
+        (oracle.scheduler.requests[rid], int(oracle.scheduler.requests[rid].num_computed_tokens))
+        for rid in sorted(running)
+    ]
+    causes = [mm_input_cause(oracle, r, c) for r, c in stuck]
+    for cause in (MM_INPUT_PAST_BUDGET, MM_INPUT_PAST_THRESHOLD):
+        if cause in causes:
+            return cause
+    k = oracle.num_spec
+    tokens = int(request.num_tokens)
+    if not computed:
+        fills = tokens - 1 if oracle.limits.kv_connector == "decode_bench" else 0
+        computed = max(oracle.api.cached_tokens(oracle.manager, request), fills)
+    if not k or not computed or tokens - computed != 1:
+        return ""
+    if computed + 1 + k + 1 > oracle.scenario.model.max_model_len:
+        return ""
+    token_budget, input_budget, draft_slots, _ = oracle.api.scheduling_limits(
+        oracle.scheduler, oracle.config
+    )
+    if 1 + k <= min(token_budget, input_budget - draft_slots):
+        return ""
+    return PADDED_ROW_PAST_BUDGET
+
+
+def mm_input_cause(oracle: Any, request: Any, computed: int) -> str:
+    """See :func:`stall_cause`: :data:`MM_INPUT_PAST_BUDGET`,
+    :data:`MM_INPUT_PAST_THRESHOLD` or ""."""
+    limits = oracle.limits
+    if not (limits.disable_chunked_mm_input and limits.enable_chunked_prefill):
+        return ""
+    inputs = oracle.scenario.requests[request.request_id].mm_inputs
+    chunk = whole_input_chunk(
+        [(item.offset, item.length) for item in inputs],
+        computed,
+        oracle.api.prefill_shift(oracle.scheduler),
+    )
+    if not chunk:
+        return ""
+    token_budget, input_budget, draft_slots, _ = oracle.api.scheduling_limits(
+        oracle.scheduler, oracle.config
+    )
+    if chunk > min(token_budget, input_budget - draft_slots):
+        return MM_INPUT_PAST_BUDGET
+    threshold = limits.long_prefill_token_threshold
+    eligible = oracle.api.eligible_requests(oracle.scheduler)
+    if not threshold or eligible <= 1:
+        return ""
+    if limits.long_prefill_token_threshold_adaptive:
+        threshold = max(threshold, limits.max_num_batched_tokens // eligible)
+    return MM_INPUT_PAST_THRESHOLD if chunk > threshold else ""
+
+
+def stalled_run(oracle: Any, since: int) -> PoolExhausted | StallRecord | None:
+    """Whose a stall is: the scenario's when no waiting request fits the pool by the
+    floor's arithmetic, vLLM's (a :class:`StallRecord`) when one does.
+
+    The waiting request first in line needs its next chunk's floor columns (the
+    token budget's worth, or the rest of its prompt) minus what it holds, and under
+    full-sequence admission its whole sequence's, against the free blocks (minus the
+    watermark while another request runs). Where that does not fit, the scenario
+    alone decides: when the blocks the request may rightly take (GroupInfo.pool_blocks)
+    fit the pool less the null block with nothing else held, vLLM's scheduler could free
+    what the others hold (preemption) and the stall is vLLM's; only a request that
+    cannot fit an empty pool makes the scenario wrong. What vLLM's tables hold is
+    never bad input. With no request waiting, running requests whose blocks for one
+    more token each fit the pool are vLLM's too: None, the run stops and the liveness
+    family judges the empty calls.
+    """
+    waiting = [rid for rid in oracle._requests if rid in oracle.scheduler.requests]
+    model = oracle.scenario.model
+    free = oracle.vllm.free_block_count(oracle.manager)
+    running = {r.request_id for r in getattr(oracle.scheduler, "running", ())}
+    head = next((rid for rid in waiting if rid not in running), None)
+    if head is not None and oracle.floors is not None:
+        request = oracle.scheduler.requests[head]
+        computed = int(request.num_computed_tokens)
+        budget = oracle.limits.max_num_batched_tokens
+        left = int(request.num_tokens) - computed
+        chunk = min(left, budget) if oracle.limits.enable_chunked_prefill else left
+        held = [len(ids) for ids in oracle.manager.get_block_ids(head)]
+        need = full_need = 0
+        cap = model.max_model_len
+        tokens = min(computed + chunk + oracle.floor_lookahead, cap)
+        whole = min(int(request.num_tokens), cap)
+        for info, have in zip(oracle.floors, held, strict=True):
+            span = info.block_size * int(info.floor_args.get("dcp_world_size", 1))
+            extra = int(info.floor_args.get("num_speculative_blocks", 0))
+            rule = info.floor_rule
+            need += max(0, pool_columns(rule, tokens, 0, span, extra) - have)
+            full_need += max(0, pool_columns(rule, whole, 0, span, extra) - have)
+        full = model.scheduler_reserve_full_isl
+        watermark = oracle.vllm.watermark_blocks(oracle.manager) if running else 0
+        available = free - watermark
+        alone = sum(
+            info.pool_blocks(0, whole if full else computed + chunk, oracle.floor_lookahead, 0)
+            for info in oracle.floors
+        )
+        fits_free = need <= available and (not full or full_need <= available)
+        if fits_free or alone <= model.num_blocks - 1:
+            return StallRecord(
+                since, head, max(need, full_need if full else 0), available, free,
+                f"{available} of {model.num_blocks} blocks to give ({free} free"
+                + (f", {watermark} kept by the watermark" if watermark else "")
+                + f"); its next chunk of {chunk} tokens needs {need}"
+                + (f", its whole sequence {full_need}" if full else "")
+                + ("" if fits_free else f"; alone it takes at most {alone} blocks, which the "
+                   "pool less the null block holds"),
+                stall_cause(oracle, request, computed, running),
+            )  # fmt: skip
+    if head is None and running and oracle.floors is not None:
+        # Only running requests, stuck: when their blocks for one more token each fit
+        # the pool, the run stops here and the liveness family of check sanity judges
+        # the calls that scheduled nothing (vLLM's, not the scenario's).
+        need = 0
+        for rid in running:
+            request = oracle.scheduler.requests[rid]
+            computed = int(request.num_computed_tokens)
+            need += sum(
+                info.pool_blocks(computed, 1, oracle.floor_lookahead, 0) for info in oracle.floors
+            )
+        if need <= model.num_blocks - 1:
+            return None
+    return PoolExhausted(
+        oracle.scenario.where.at("model.num_blocks"),
+        f"vLLM's scheduler scheduled nothing from step {since} on, with nothing in flight, "
+        f"while requests {', '.join(waiting)} wait; {oracle.vllm.free_block_count(oracle.manager)} "
+        f"of {model.num_blocks} blocks are free: the pool (model.num_blocks) or the token "
+        "budget (scheduler.max_num_batched_tokens) is too small for them",
+    )
