@@ -12,9 +12,9 @@ from kvconform.errors import ExitStatus
 from kvconform.harness.checks import CHECKS
 from kvconform.harness.checks.fairness import PASSED, SKIPPED
 from kvconform.harness.checks.liveness import NO_PROGRESS, PREEMPTION_CYCLE, UNBOUNDED
-from kvconform.model.facts import Fact, QueuedRequest, StepQueues
+from kvconform.model.facts import ENCODER_HELD_BACK, Fact, PendingInput, QueuedRequest, StepQueues
 from kvconform.model.group_types import GROUP_TYPES
-from kvconform.model.observations import GroupInfo, Trajectory
+from kvconform.model.observations import MM_INPUT_PAST_BUDGET, GroupInfo, Trajectory
 
 # One full-attention group of 16-token blocks; a pool of 10 blocks (9 and the null block).
 GROUP = GroupInfo(
@@ -83,6 +83,49 @@ def test_an_empty_call_with_running_requests_that_fit_the_pool_is_no_progress():
     waiting_for_output = "its next token is not known before a step in flight is processed"
     held = [r._replace(held_back=waiting_for_output) for r in running]
     assert judged(step(held, in_flight=1)) == []
+
+
+def _at_input(
+    pending: PendingInput | None, *, computed=7, room=32, shift=1, whole=True, budget=32
+) -> list:
+    """An empty call with one running request, a (40 tokens), held at an input by the
+    encoder reason; the encoder budget 32."""
+    a = req("a", computed=computed, tokens=40, held=1)._replace(
+        held_back=ENCODER_HELD_BACK, encoder_input=pending
+    )
+    queues = step([a], budget=budget)._replace(
+        encoder_budget=32, encoder_room=room, prefill_shift=shift, whole_inputs=whole
+    )
+    return judged(queues, max_model_len=128)
+
+
+def test_a_running_request_at_an_input_the_encoder_could_take_is_no_progress():
+    # docs/findings.md #24, the running form: EAGLE's shift of 1, a 32-token input at 8, a at
+    # 7; under disable_chunked_mm_input the one chunk it needs is 33 tokens against 32.
+    (stuck,) = _at_input(PendingInput(8, 32, 32, False))
+    assert stuck.detail["invariant"] == NO_PROGRESS
+    assert "one chunk of 33 tokens" in stuck.message and MM_INPUT_PAST_BUDGET in stuck.message
+    # With the budget one token larger the cause is not #24 (nothing explains the stall):
+    # still no progress, the encoder's budget and cache named as able to take it.
+    (other,) = _at_input(PendingInput(8, 32, 32, False), budget=33)
+    assert other.detail["invariant"] == NO_PROGRESS and MM_INPUT_PAST_BUDGET not in other.message
+    assert "cache (32 free or reclaimable) can take" in other.message
+    # Chunked inputs allowed: not #24 either, and not excused.
+    (chunked,) = _at_input(PendingInput(8, 32, 32, False), whole=False)
+    assert MM_INPUT_PAST_BUDGET not in chunked.message
+    # Already in the encoder cache: no room needed, not excused.
+    assert invariants(_at_input(PendingInput(8, 32, 32, True), room=0)) == [NO_PROGRESS]
+    # Embeddings past the whole encoder budget: never taken, not excused.
+    assert invariants(_at_input(PendingInput(8, 40, 40, False), room=64)) == [NO_PROGRESS]
+
+
+def test_a_running_request_at_an_input_the_encoder_cache_cannot_hold_is_held_back():
+    # The cache's free and reclaimable room below the input's embeddings: live requests'
+    # items hold it, the contract's reason (can_allocate refuses); no failure.
+    assert _at_input(PendingInput(8, 32, 32, False), room=31) == []
+    # No input recorded (an encoder-cache connector, an encoder-decoder model): the excuse
+    # stands as recorded.
+    assert _at_input(None) == []
 
 
 def test_running_requests_the_pool_cannot_hold_do_not_demand_progress():

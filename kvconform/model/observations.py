@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, NamedTuple
 
-from kvconform.model.facts import Fact
+from kvconform.model.facts import ENCODER_HELD_BACK, Fact, QueuedRequest, StepQueues
 from kvconform.model.floors import (
     MAMBA_ALIGNED_STATE,
     FloorInput,
@@ -186,6 +186,55 @@ def whole_input_chunk(inputs: Sequence[tuple[int, int]], computed: int, shift: i
         if offset - shift <= computed < offset + length:
             return offset + length - computed
     return 0
+
+
+def request_token_budget(queues: StepQueues) -> int:
+    """The most tokens ``Scheduler.schedule`` gives one request in a call with nothing
+    else scheduled: ``min(max_num_scheduled_tokens, max_num_batched_tokens - draft
+    slots)`` (``request_token_budget``; docs/findings.md #19, #24)."""
+    return min(queues.token_budget, queues.input_budget - queues.draft_slots)
+
+
+def input_never_fits(request: QueuedRequest, queues: StepQueues) -> int:
+    """The one chunk (tokens) a running request held at its pending input must be
+    scheduled under ``disable_chunked_mm_input`` (:func:`whole_input_chunk`, with the
+    recorded prefill shift) where that chunk is longer than the request's token budget,
+    so that no call can ever take the input (:data:`MM_INPUT_PAST_BUDGET`,
+    docs/findings.md #24); 0 otherwise."""
+    pending = request.encoder_input
+    if pending is None or not queues.whole_inputs:
+        return 0
+    chunk = whole_input_chunk(
+        [(pending.offset, pending.length)], request.computed, queues.prefill_shift
+    )
+    return chunk if chunk > request_token_budget(queues) else 0
+
+
+def held_at_input_in_empty_call(request: QueuedRequest, queues: StepQueues) -> bool:
+    """Whether a request recorded as held back by :data:`ENCODER_HELD_BACK` may be passed
+    over by a ``schedule()`` call that scheduled nothing at all.
+
+    ``_try_schedule_encoder_inputs`` (vLLM 0.34.0) cuts a request's tokens to the input's
+    start, or to 0, where ``EncoderCacheManager.can_allocate`` refuses the input: its
+    embeddings past the call's encoder budget (``max_num_encoder_input_tokens`` less what
+    earlier inputs of the call took) or past the cache's free and reclaimable slots
+    (``num_freeable_slots``); and, under ``disable_chunked_mm_input``, where the chunk
+    the token budget leaves ends inside the input. In a call that scheduled nothing no
+    other request took the encoder budget or the token budget, so only the cache can be
+    the contract's reason: room held by live requests' items (another's, or the request's
+    own earlier one: counted as an excuse, a miss rather than a false alarm). An input
+    already cached needs no room; one whose embeddings pass the whole encoder budget, or
+    whose one chunk passes the request's own token budget, can never be taken: a stall
+    with a named cause (docs/findings.md #24), not an excuse. Without a recorded input
+    (an encoder-cache connector, an encoder-decoder model) or encoder budget (no encoder
+    cache) the excuse stands.
+    """
+    pending = request.encoder_input
+    if request.held_back != ENCODER_HELD_BACK or pending is None or queues.encoder_budget <= 0:
+        return bool(request.held_back)
+    if pending.cached or pending.embeds > queues.encoder_budget:
+        return False
+    return pending.embeds > queues.encoder_room
 
 
 class KvLoad(NamedTuple):
