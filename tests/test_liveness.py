@@ -121,11 +121,26 @@ def test_a_running_request_at_an_input_the_encoder_could_take_is_no_progress():
 
 def test_a_running_request_at_an_input_the_encoder_cache_cannot_hold_is_held_back():
     # The cache's free and reclaimable room below the input's embeddings: live requests'
-    # items hold it, the contract's reason (can_allocate refuses); no failure.
-    assert _at_input(PendingInput(8, 32, 32, False), room=31) == []
+    # items hold it, the contract's reason (can_allocate refuses); no failure. (With a
+    # budget of 32 the one chunk of 33 could never be taken, room or not: #24.)
+    assert _at_input(PendingInput(8, 32, 32, False), room=31, budget=33) == []
+    assert invariants(_at_input(PendingInput(8, 32, 32, False), room=31)) == [NO_PROGRESS]
     # No input recorded (an encoder-cache connector, an encoder-decoder model): the excuse
     # stands as recorded.
     assert _at_input(None) == []
+    # The long-prefill threshold (another request eligible) caps the one chunk of 32 the
+    # input needs from 8 at 16: held back, even cached; the cap at 32 holds nothing back.
+    def capped(cap: int, cached: bool = False) -> list:
+        a = req("a", computed=8, tokens=40, held=1)._replace(
+            held_back=ENCODER_HELD_BACK, encoder_input=PendingInput(8, 32, 32, cached)
+        )
+        queues = step([a])._replace(
+            encoder_budget=32, encoder_room=32, whole_inputs=True, chunk_cap=cap
+        )
+        return judged(queues, max_model_len=128)
+
+    assert capped(16) == [] and capped(16, cached=True) == []
+    assert invariants(capped(32)) == [NO_PROGRESS]
 
 
 def test_running_requests_the_pool_cannot_hold_do_not_demand_progress():

@@ -436,11 +436,13 @@ class StepQueues(NamedTuple):
     # encoder budget (``max_num_encoder_input_tokens``), the embeddings the encoder cache
     # could take before the call (``num_freeable_slots``: free, or held by no live request),
     # the drafter's prefill shift (``num_prefill_lookahead``) and
-    # ``disable_chunked_mm_input``.
+    # ``disable_chunked_mm_input``; and the long-prefill threshold the call caps a
+    # request's chunk at (0: none; vLLM lifts it with one request eligible).
     encoder_budget: int = 0
     encoder_room: int = 0
     prefill_shift: int = 0
     whole_inputs: bool = False
+    chunk_cap: int = 0
 
 
 # (stopped, outputs, the update that ended it) of a finished request; None: unfinished.

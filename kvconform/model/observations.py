@@ -195,18 +195,25 @@ def request_token_budget(queues: StepQueues) -> int:
     return min(queues.token_budget, queues.input_budget - queues.draft_slots)
 
 
+def input_chunk(request: QueuedRequest, queues: StepQueues) -> int:
+    """The one chunk (tokens) a request held at its pending input must be scheduled next
+    under ``disable_chunked_mm_input`` (:func:`whole_input_chunk`, with the recorded
+    prefill shift); 0 where the input may be chunked or none is recorded."""
+    pending = request.encoder_input
+    if pending is None or not queues.whole_inputs:
+        return 0
+    return whole_input_chunk(
+        [(pending.offset, pending.length)], request.computed, queues.prefill_shift
+    )
+
+
 def input_never_fits(request: QueuedRequest, queues: StepQueues) -> int:
     """The one chunk (tokens) a running request held at its pending input must be
     scheduled under ``disable_chunked_mm_input`` (:func:`whole_input_chunk`, with the
     recorded prefill shift) where that chunk is longer than the request's token budget,
     so that no call can ever take the input (:data:`MM_INPUT_PAST_BUDGET`,
     docs/findings.md #24); 0 otherwise."""
-    pending = request.encoder_input
-    if pending is None or not queues.whole_inputs:
-        return 0
-    chunk = whole_input_chunk(
-        [(pending.offset, pending.length)], request.computed, queues.prefill_shift
-    )
+    chunk = input_chunk(request, queues)
     return chunk if chunk > request_token_budget(queues) else 0
 
 
@@ -225,13 +232,24 @@ def held_at_input_in_empty_call(request: QueuedRequest, queues: StepQueues) -> b
     own earlier one: counted as an excuse, a miss rather than a false alarm). An input
     already cached needs no room; one whose embeddings pass the whole encoder budget, or
     whose one chunk passes the request's own token budget, can never be taken: a stall
-    with a named cause (docs/findings.md #24), not an excuse. Without a recorded input
+    with a named cause (docs/findings.md #24), not an excuse. Under the long-prefill
+    threshold (``StepQueues.chunk_cap``, applied only while another request is eligible)
+    a chunk longer than the cap is held back too. Without a recorded input
     (an encoder-cache connector, an encoder-decoder model) or encoder budget (no encoder
     cache) the excuse stands.
     """
     pending = request.encoder_input
     if request.held_back != ENCODER_HELD_BACK or pending is None or queues.encoder_budget <= 0:
         return bool(request.held_back)
+    if input_never_fits(request, queues):
+        return False
+    if queues.chunk_cap and input_chunk(request, queues) > queues.chunk_cap:
+        # The long-prefill threshold, applied while another request is eligible, caps
+        # the one chunk the input needs: a configured cap vLLM lifts once the request is
+        # alone (scenarios/scheduler/sched-encoder-whole-inputs.yaml, overlapped: b's
+        # next token in flight, a capped at its image). Where the others can never leave,
+        # the stall is #22's, judged by check capacity at the waiting request it blocks.
+        return True
     if pending.cached or pending.embeds > queues.encoder_budget:
         return False
     return pending.embeds > queues.encoder_room

@@ -40,6 +40,24 @@ def _queued(oracle: OracleState, request: Any, running: bool) -> QueuedRequest:
     )
 
 
+def _chunk_cap(oracle: OracleState) -> int:
+    """The long-prefill threshold the coming ``schedule()`` call caps a request's chunk at
+    (0: none): with chunked prefill and more than one request running or waiting
+    (``get_request_counts``), ``long_prefill_token_threshold``, floored at
+    ``max_num_batched_tokens`` over those requests where it is adaptive (vLLM 0.34.0's
+    ``Scheduler.schedule``: "When it is the only request there is nobody to starve")."""
+    limits = oracle.limits
+    threshold = int(limits.long_prefill_token_threshold or 0)
+    if not threshold or not limits.enable_chunked_prefill:
+        return 0
+    eligible = oracle.api.eligible_requests(oracle.scheduler)
+    if eligible <= 1:
+        return 0
+    if limits.long_prefill_token_threshold_adaptive:
+        threshold = max(threshold, int(limits.max_num_batched_tokens) // eligible)
+    return threshold
+
+
 class QueueSnapshot:
     """The queues before a ``schedule()`` call; :meth:`record` adds the call's fact."""
 
@@ -56,6 +74,7 @@ class QueueSnapshot:
         )
         self.free = oracle.vllm.free_block_count(oracle.manager)
         self.encoder_budget, self.encoder_room = oracle.api.encoder_room(scheduler)
+        self.chunk_cap = _chunk_cap(oracle)
         self.events = len(oracle.run.events)
 
     def record(self, oracle: OracleState, output: Any, in_flight: int) -> None:
@@ -99,6 +118,7 @@ class QueueSnapshot:
                     self.encoder_room,
                     oracle.api.prefill_shift(oracle.scheduler),
                     bool(limits.disable_chunked_mm_input),
+                    self.chunk_cap,
                 ),
             )
         )
