@@ -14,7 +14,12 @@ from kvconform.harness.checks.fairness import PASSED, SKIPPED
 from kvconform.harness.checks.liveness import NO_PROGRESS, PREEMPTION_CYCLE, UNBOUNDED
 from kvconform.model.facts import ENCODER_HELD_BACK, Fact, PendingInput, QueuedRequest, StepQueues
 from kvconform.model.group_types import GROUP_TYPES
-from kvconform.model.observations import MM_INPUT_PAST_BUDGET, GroupInfo, Trajectory
+from kvconform.model.observations import (
+    MM_INPUT_PAST_BUDGET,
+    MM_INPUT_PAST_THRESHOLD,
+    GroupInfo,
+    Trajectory,
+)
 
 # One full-attention group of 16-token blocks; a pool of 10 blocks (9 and the null block).
 GROUP = GroupInfo(
@@ -128,19 +133,33 @@ def test_a_running_request_at_an_input_the_encoder_cache_cannot_hold_is_held_bac
     # No input recorded (an encoder-cache connector, an encoder-decoder model): the excuse
     # stands as recorded.
     assert _at_input(None) == []
-    # The long-prefill threshold (another request eligible) caps the one chunk of 32 the
-    # input needs from 8 at 16: held back, even cached; the cap at 32 holds nothing back.
-    def capped(cap: int, cached: bool = False) -> list:
+
+
+def test_a_running_request_capped_at_an_input_is_held_back_while_another_may_go_on():
+    # The long-prefill threshold (b eligible) caps the one chunk of 32 a's input needs
+    # from 8 at 16. b's next token comes with a step in flight: a is held back, even with
+    # its input cached; a cap of 32 holds nothing back.
+    def capped(cap: int, cached: bool = False, b_at_input: bool = False) -> list:
         a = req("a", computed=8, tokens=40, held=1)._replace(
             held_back=ENCODER_HELD_BACK, encoder_input=PendingInput(8, 32, 32, cached)
         )
-        queues = step([a])._replace(
-            encoder_budget=32, encoder_room=32, whole_inputs=True, chunk_cap=cap
+        b = req("b", 1, computed=20, tokens=21, held=2)._replace(
+            held_back="its next token is not known before a step in flight is processed"
+        )
+        if b_at_input:  # b too stops at its own 32-token input after 8 tokens of text
+            b = a._replace(request="b", added=1)
+        queues = step([a, b])._replace(
+            encoder_budget=64, encoder_room=64, whole_inputs=True, chunk_cap=cap
         )
         return judged(queues, max_model_len=128)
 
     assert capped(16) == [] and capped(16, cached=True) == []
     assert invariants(capped(32)) == [NO_PROGRESS]
+    # Both capped at their inputs (#22 after some text): neither can leave and lift the
+    # cap, the call is no progress.
+    (both,) = capped(16, b_at_input=True)
+    assert both.detail["invariant"] == NO_PROGRESS and "a stops at its 32-token input" in both.message
+    assert MM_INPUT_PAST_THRESHOLD in both.message and MM_INPUT_PAST_BUDGET not in both.message
 
 
 def test_running_requests_the_pool_cannot_hold_do_not_demand_progress():

@@ -217,6 +217,15 @@ def input_never_fits(request: QueuedRequest, queues: StepQueues) -> int:
     return chunk if chunk > request_token_budget(queues) else 0
 
 
+def capped_at_input(request: QueuedRequest, queues: StepQueues) -> bool:
+    """The request is held at an input whose one chunk fits its token budget but passes
+    the long-prefill threshold the call applies (docs/findings.md #22's shape)."""
+    if request.held_back != ENCODER_HELD_BACK or not queues.chunk_cap:
+        return False
+    chunk = input_chunk(request, queues)
+    return queues.chunk_cap < chunk <= request_token_budget(queues)
+
+
 def held_at_input_in_empty_call(request: QueuedRequest, queues: StepQueues) -> bool:
     """Whether a request recorded as held back by :data:`ENCODER_HELD_BACK` may be passed
     over by a ``schedule()`` call that scheduled nothing at all.
@@ -234,7 +243,8 @@ def held_at_input_in_empty_call(request: QueuedRequest, queues: StepQueues) -> b
     whose one chunk passes the request's own token budget, can never be taken: a stall
     with a named cause (docs/findings.md #24), not an excuse. Under the long-prefill
     threshold (``StepQueues.chunk_cap``, applied only while another request is eligible)
-    a chunk longer than the cap is held back too. Without a recorded input
+    a chunk longer than the cap is held back too, while another eligible request is not
+    capped at an input as well. Without a recorded input
     (an encoder-cache connector, an encoder-decoder model) or encoder budget (no encoder
     cache) the excuse stands.
     """
@@ -243,13 +253,20 @@ def held_at_input_in_empty_call(request: QueuedRequest, queues: StepQueues) -> b
         return bool(request.held_back)
     if input_never_fits(request, queues):
         return False
-    if queues.chunk_cap and input_chunk(request, queues) > queues.chunk_cap:
+    if capped_at_input(request, queues):
         # The long-prefill threshold, applied while another request is eligible, caps
         # the one chunk the input needs: a configured cap vLLM lifts once the request is
         # alone (scenarios/scheduler/sched-encoder-whole-inputs.yaml, overlapped: b's
-        # next token in flight, a capped at its image). Where the others can never leave,
-        # the stall is #22's, judged by check capacity at the waiting request it blocks.
-        return True
+        # next token in flight, a capped at its image). It holds the request back only
+        # while some other eligible request is not capped at an input too: where every
+        # one is, none can ever leave and lift it (#22 with the inputs after some text:
+        # every request runs its text and stops, running). Where the others are waiting
+        # and can never be admitted, the stall is #22's, judged by check capacity there.
+        return any(
+            not capped_at_input(other, queues)
+            for other in queues.running + queues.waiting
+            if other.request != request.request
+        )
     if pending.cached or pending.embeds > queues.encoder_budget:
         return False
     return pending.embeds > queues.encoder_room

@@ -53,8 +53,11 @@ from kvconform.harness.checks.records import at_request, fact_failure, facts_of
 from kvconform.model.facts import ENCODER_HELD_BACK, QueuedRequest, StepQueues
 from kvconform.model.observations import (
     MM_INPUT_PAST_BUDGET,
+    MM_INPUT_PAST_THRESHOLD,
     Trajectory,
+    capped_at_input,
     held_at_input_in_empty_call,
+    input_chunk,
     input_never_fits,
     request_token_budget,
 )
@@ -173,6 +176,13 @@ def _at_input(request: QueuedRequest, queues: StepQueues) -> str:
             f"{queues.prefill_shift}) against its token budget of "
             f"{request_token_budget(queues)}: {MM_INPUT_PAST_BUDGET}, never scheduled "
             "(docs/findings.md #24)"
+        )
+    if capped_at_input(request, queues):
+        return (
+            f"{where}, which under disable_chunked_mm_input it must take in one chunk of "
+            f"{input_chunk(request, queues)} tokens, past the long-prefill threshold of "
+            f"{queues.chunk_cap} that the other requests keep in force, each stopped at an "
+            f"input too: {MM_INPUT_PAST_THRESHOLD}, never scheduled (docs/findings.md #22)"
         )
     if pending.cached:
         return f"{where}, already in the encoder cache"
