@@ -11,7 +11,13 @@ import pytest
 from kvconform.errors import ExitStatus
 from kvconform.harness.checks import CHECKS
 from kvconform.harness.checks.fairness import PASSED, SKIPPED
-from kvconform.harness.checks.liveness import NO_PROGRESS, PREEMPTION_CYCLE, UNBOUNDED
+from kvconform.harness.checks.liveness import (
+    NO_PROGRESS,
+    NO_PROGRESS_PAST_BUDGET,
+    NO_PROGRESS_PAST_THRESHOLD,
+    PREEMPTION_CYCLE,
+    UNBOUNDED,
+)
 from kvconform.model.facts import ENCODER_HELD_BACK, Fact, PendingInput, QueuedRequest, StepQueues
 from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.observations import (
@@ -108,7 +114,7 @@ def test_a_running_request_at_an_input_the_encoder_could_take_is_no_progress():
     # docs/findings.md #24, the running form: EAGLE's shift of 1, a 32-token input at 8, a at
     # 7; under disable_chunked_mm_input the one chunk it needs is 33 tokens against 32.
     (stuck,) = _at_input(PendingInput(8, 32, 32, False))
-    assert stuck.detail["invariant"] == NO_PROGRESS
+    assert stuck.detail["invariant"] == NO_PROGRESS_PAST_BUDGET
     assert "one chunk of 33 tokens" in stuck.message and MM_INPUT_PAST_BUDGET in stuck.message
     # With the budget one token larger the cause is not #24 (nothing explains the stall):
     # still no progress, the encoder's budget and cache named as able to take it.
@@ -129,7 +135,9 @@ def test_a_running_request_at_an_input_the_encoder_cache_cannot_hold_is_held_bac
     # items hold it, the contract's reason (can_allocate refuses); no failure. (With a
     # budget of 32 the one chunk of 33 could never be taken, room or not: #24.)
     assert _at_input(PendingInput(8, 32, 32, False), room=31, budget=33) == []
-    assert invariants(_at_input(PendingInput(8, 32, 32, False), room=31)) == [NO_PROGRESS]
+    assert invariants(_at_input(PendingInput(8, 32, 32, False), room=31)) == [
+        NO_PROGRESS_PAST_BUDGET
+    ]
     # No input recorded (an encoder-cache connector, an encoder-decoder model): the excuse
     # stands as recorded.
     assert _at_input(None) == []
@@ -158,7 +166,8 @@ def test_a_running_request_capped_at_an_input_is_held_back_while_another_may_go_
     # Both capped at their inputs (#22 after some text): neither can leave and lift the
     # cap, the call is no progress.
     (both,) = capped(16, b_at_input=True)
-    assert both.detail["invariant"] == NO_PROGRESS and "a stops at its 32-token input" in both.message
+    assert both.detail["invariant"] == NO_PROGRESS_PAST_THRESHOLD
+    assert "a stops at its 32-token input" in both.message
     assert MM_INPUT_PAST_THRESHOLD in both.message and MM_INPUT_PAST_BUDGET not in both.message
 
 

@@ -64,6 +64,11 @@ from kvconform.model.observations import (
 from kvconform.model.results import Failure
 
 NO_PROGRESS = "schedules nothing while the running requests fit the pool"
+# The same, where a running request stops at a multimodal input it can never take: the
+# invariant names the cause (as capacity's stalls do), so that the explorer's triage
+# (scenarios/explore-known.yaml) tells #24's and #22's running forms from other stalls.
+NO_PROGRESS_PAST_BUDGET = f"{NO_PROGRESS}: {MM_INPUT_PAST_BUDGET}"
+NO_PROGRESS_PAST_THRESHOLD = f"{NO_PROGRESS}: {MM_INPUT_PAST_THRESHOLD}"
 PREEMPTION_CYCLE = "preempts a request again and again without progress"
 UNBOUNDED = "leaves a request unfinished past the workload's bound"
 
@@ -144,6 +149,11 @@ def _progress(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
         idle = True
         names = ", ".join(r.request for r in queues.running)
         at_input = "".join(_at_input(r, queues) for r in queues.running)
+        invariant = NO_PROGRESS
+        if any(input_never_fits(r, queues) for r in queues.running):
+            invariant = NO_PROGRESS_PAST_BUDGET
+        elif any(capped_at_input(r, queues) for r in queues.running):
+            invariant = NO_PROGRESS_PAST_THRESHOLD
         yield (
             index,
             fact_failure(
@@ -152,7 +162,7 @@ def _progress(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
                 f"running requests {names}, not all held back, need at most {need} blocks "
                 f"for one more token each and the pool has {queues.pool - 1} (less the null block; {queues.free_before} free): vLLM "
                 f"serves its running requests first and preempts until one fits{at_input}",
-                NO_PROGRESS,
+                invariant,
             ),
         )
 
