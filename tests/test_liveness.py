@@ -125,9 +125,11 @@ def test_a_running_request_at_an_input_the_encoder_could_take_is_no_progress():
     (chunked,) = _at_input(PendingInput(8, 32, 32, False), whole=False)
     assert MM_INPUT_PAST_BUDGET not in chunked.message
     # Already in the encoder cache: no room needed, not excused.
-    assert invariants(_at_input(PendingInput(8, 32, 32, True), room=0)) == [NO_PROGRESS]
-    # Embeddings past the whole encoder budget: never taken, not excused.
-    assert invariants(_at_input(PendingInput(8, 40, 40, False), room=64)) == [NO_PROGRESS]
+    cached = _at_input(PendingInput(8, 32, 32, True), room=0, budget=33)
+    assert invariants(cached) == [NO_PROGRESS]
+    # Embeddings past the whole encoder budget (32): never taken, not excused.
+    (past,) = _at_input(PendingInput(8, 40, 40, False), room=64, budget=64)
+    assert past.detail["invariant"] == NO_PROGRESS and "pass the encoder budget" in past.message
 
 
 def test_a_running_request_at_an_input_the_encoder_cache_cannot_hold_is_held_back():
