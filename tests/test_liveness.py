@@ -436,3 +436,50 @@ def test_a_run_stuck_with_running_requests_is_vllms_not_the_scenarios(pristine_t
     )  # fmt: skip
     assert NO_PROGRESS in found, entry
     assert entry["verdict"] == "failed", entry
+
+
+# -- what the oracle records as held back (vLLM's own Scheduling part, stand-in state) ---
+
+
+def test_the_oracle_records_the_encoder_reason_last_and_the_prefill_lookahead_only_above_1(
+    vllm,
+) -> None:
+    """``Scheduling.held_back`` reads plain attributes of vLLM's ``Scheduler`` and ``Request``:
+    stand-ins with those attributes (not vLLM objects: a placeholder's ``offset``, ``length``
+    and ``get_num_embeds`` as ``PlaceholderRange`` has them, the encoder cache's ``cached``
+    and ``num_freeable_slots``) say which reason a running prefill chunk gets."""
+    from types import SimpleNamespace
+
+    from kvconform.oracles.vllm.scheduling import Scheduling
+
+    api = vllm.part(Scheduling)
+    position = SimpleNamespace(offset=8, length=32, get_num_embeds=lambda: 32)
+    feature = SimpleNamespace(mm_position=position, identifier="a-0")
+
+    def scheduler(lookahead: int, cached: tuple[str, ...] = ()) -> SimpleNamespace:
+        cache = SimpleNamespace(cached={h: set() for h in cached}, num_freeable_slots=20)
+        return SimpleNamespace(
+            num_prefill_lookahead=lookahead,
+            encoder_cache_manager=cache,
+            max_num_encoder_input_tokens=64,
+        )
+
+    def request(multimodal: bool) -> SimpleNamespace:
+        return SimpleNamespace(
+            status="RUNNING", num_computed_tokens=7, num_tokens=40, num_prompt_tokens=40,
+            num_tokens_with_spec=40, num_output_placeholders=0, max_tokens=2,
+            is_prefill_chunk=True, has_encoder_inputs=multimodal,
+            mm_features=[feature] if multimodal else None,
+        )  # fmt: skip
+
+    # EAGLE's lookahead of 1: _reserve_prefill_lookahead is a no-op, no reason of its own;
+    # with an input ahead the encoder's reason, with the input's facts.
+    assert api.held_back(scheduler(1), request(False), True) == ""
+    assert api.held_back(scheduler(1), request(True), True) == ENCODER_HELD_BACK
+    assert api.pending_input(scheduler(1), request(True)) == (8, 32, 32, False)
+    assert api.pending_input(scheduler(1, cached=("a-0",)), request(True)) == (8, 32, 32, True)
+    assert api.encoder_room(scheduler(1)) == (64, 20)
+    # A lookahead of 2 (multi-module MTP) may cut the chunk: that reason, before the encoder's.
+    lookahead = "the prefill cadence or lookahead window"
+    assert api.held_back(scheduler(2), request(False), True) == lookahead
+    assert api.held_back(scheduler(2), request(True), True) == lookahead
