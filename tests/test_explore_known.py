@@ -105,6 +105,31 @@ def test_a_stalls_signature_names_its_cause_and_excuses_no_other_stall(vllm: Vll
     assert triaged(Signature("capacity", "schedule"), vllm.version, known) is None
 
 
+def test_the_running_forms_of_22_and_24_are_signed_with_their_cause(vllm: Vllm) -> None:
+    """#22's and #24's inputs after some text: the requests run and stop, running; the
+    liveness family's progress failure names the cause in its invariant, so each is known
+    as its finding, and a progress failure of no named cause stays new."""
+    from kvconform.harness.checks.liveness import (
+        NO_PROGRESS,
+        NO_PROGRESS_PAST_BUDGET,
+        NO_PROGRESS_PAST_THRESHOLD,
+    )
+
+    known = load_known_findings(REPO / DEFAULT_KNOWN_FINDINGS)
+    cases = (
+        (22, FINDING_22.with_name("sched-mm-input-past-long-prefill-threshold-running.yaml")),
+        (24, FINDING_24_SHIFT.with_name("sched-mm-input-past-request-budget-shift-running.yaml")),
+    )
+    for finding, path in cases:
+        (scenario,) = load_file(path)
+        (signature,) = signatures(run_scenario(scenario, vllm))
+        cause = NO_PROGRESS_PAST_THRESHOLD if finding == 22 else NO_PROGRESS_PAST_BUDGET
+        assert signature == Signature("sanity", "-", cause)
+        entry = triaged(signature, vllm.version, known)
+        assert entry is not None and entry.finding == finding, signature
+    assert triaged(Signature("sanity", "-", NO_PROGRESS), vllm.version, known) is None
+
+
 FINDING_23 = REPO / "scenarios/scheduler/sched-connector-hybrid-hit-past-lookahead-hashes.yaml"
 
 
@@ -151,8 +176,14 @@ def test_a_bad_entry_is_one_error_with_file_line_and_field(
 
 
 def test_the_committed_file_loads_and_a_good_entry_parses() -> None:
-    findings = [e.finding for e in load_known_findings(REPO / DEFAULT_KNOWN_FINDINGS)]
-    assert 14 in findings and len(set(findings)) == len(findings), findings
+    entries = load_known_findings(REPO / DEFAULT_KNOWN_FINDINGS)
+    findings = [e.finding for e in entries]
+    signatures = [e.signature for e in entries]
+    # No signature twice; a finding may have one entry per check that meets it (#22 and
+    # #24: capacity's stall where a request waits, the liveness family's where it runs).
+    assert 14 in findings and len(set(signatures)) == len(signatures), signatures
+    checks = [(e.finding, e.signature.split(" / ")[0]) for e in entries]
+    assert len(set(checks)) == len(checks), checks
     # Each entry is a bug written up in docs/findings.md (its section "## N. ...").
     written_up = (REPO / "docs" / "findings.md").read_text(encoding="utf-8")
     assert all(f"\n## {n}. " in written_up for n in findings), findings

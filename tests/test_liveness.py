@@ -11,10 +11,21 @@ import pytest
 from kvconform.errors import ExitStatus
 from kvconform.harness.checks import CHECKS
 from kvconform.harness.checks.fairness import PASSED, SKIPPED
-from kvconform.harness.checks.liveness import NO_PROGRESS, PREEMPTION_CYCLE, UNBOUNDED
-from kvconform.model.facts import Fact, QueuedRequest, StepQueues
+from kvconform.harness.checks.liveness import (
+    NO_PROGRESS,
+    NO_PROGRESS_PAST_BUDGET,
+    NO_PROGRESS_PAST_THRESHOLD,
+    PREEMPTION_CYCLE,
+    UNBOUNDED,
+)
+from kvconform.model.facts import ENCODER_HELD_BACK, Fact, PendingInput, QueuedRequest, StepQueues
 from kvconform.model.group_types import GROUP_TYPES
-from kvconform.model.observations import GroupInfo, Trajectory
+from kvconform.model.observations import (
+    MM_INPUT_PAST_BUDGET,
+    MM_INPUT_PAST_THRESHOLD,
+    GroupInfo,
+    Trajectory,
+)
 
 # One full-attention group of 16-token blocks; a pool of 10 blocks (9 and the null block).
 GROUP = GroupInfo(
@@ -83,6 +94,83 @@ def test_an_empty_call_with_running_requests_that_fit_the_pool_is_no_progress():
     waiting_for_output = "its next token is not known before a step in flight is processed"
     held = [r._replace(held_back=waiting_for_output) for r in running]
     assert judged(step(held, in_flight=1)) == []
+
+
+def _at_input(
+    pending: PendingInput | None, *, computed=7, room=32, shift=1, whole=True, budget=32
+) -> list:
+    """An empty call with one running request, a (40 tokens), held at an input by the
+    encoder reason; the encoder budget 32."""
+    a = req("a", computed=computed, tokens=40, held=1)._replace(
+        held_back=ENCODER_HELD_BACK, encoder_input=pending
+    )
+    queues = step([a], budget=budget)._replace(
+        encoder_budget=32, encoder_room=room, prefill_shift=shift, whole_inputs=whole
+    )
+    return judged(queues, max_model_len=128)
+
+
+def test_a_running_request_at_an_input_the_encoder_could_take_is_no_progress():
+    # docs/findings.md #24, the running form: EAGLE's shift of 1, a 32-token input at 8, a at
+    # 7; under disable_chunked_mm_input the one chunk it needs is 33 tokens against 32.
+    (stuck,) = _at_input(PendingInput(8, 32, 32, False))
+    assert stuck.detail["invariant"] == NO_PROGRESS_PAST_BUDGET
+    assert "one chunk of 33 tokens" in stuck.message and MM_INPUT_PAST_BUDGET in stuck.message
+    # With the budget one token larger the cause is not #24 (nothing explains the stall):
+    # still no progress, the encoder's budget and cache named as able to take it.
+    (other,) = _at_input(PendingInput(8, 32, 32, False), budget=33)
+    assert other.detail["invariant"] == NO_PROGRESS and MM_INPUT_PAST_BUDGET not in other.message
+    assert "cache (32 free or reclaimable) can take" in other.message
+    # Chunked inputs allowed: not #24 either, and not excused.
+    (chunked,) = _at_input(PendingInput(8, 32, 32, False), whole=False)
+    assert MM_INPUT_PAST_BUDGET not in chunked.message
+    # Already in the encoder cache: no room needed, not excused.
+    cached = _at_input(PendingInput(8, 32, 32, True), room=0, budget=33)
+    assert invariants(cached) == [NO_PROGRESS]
+    # Embeddings past the whole encoder budget (32): never taken, not excused.
+    (past,) = _at_input(PendingInput(8, 40, 40, False), room=64, budget=64)
+    assert past.detail["invariant"] == NO_PROGRESS and "pass the encoder budget" in past.message
+
+
+def test_a_running_request_at_an_input_the_encoder_cache_cannot_hold_is_held_back():
+    # The cache's free and reclaimable room below the input's embeddings: live requests'
+    # items hold it, the contract's reason (can_allocate refuses); no failure. (With a
+    # budget of 32 the one chunk of 33 could never be taken, room or not: #24.)
+    assert _at_input(PendingInput(8, 32, 32, False), room=31, budget=33) == []
+    assert invariants(_at_input(PendingInput(8, 32, 32, False), room=31)) == [
+        NO_PROGRESS_PAST_BUDGET
+    ]
+    # No input recorded (an encoder-cache connector, an encoder-decoder model): the excuse
+    # stands as recorded.
+    assert _at_input(None) == []
+
+
+def test_a_running_request_capped_at_an_input_is_held_back_while_another_may_go_on():
+    # The long-prefill threshold (b eligible) caps the one chunk of 32 a's input needs
+    # from 8 at 16. b's next token comes with a step in flight: a is held back, even with
+    # its input cached; a cap of 32 holds nothing back.
+    def capped(cap: int, cached: bool = False, b_at_input: bool = False) -> list:
+        a = req("a", computed=8, tokens=40, held=1)._replace(
+            held_back=ENCODER_HELD_BACK, encoder_input=PendingInput(8, 32, 32, cached)
+        )
+        b = req("b", 1, computed=20, tokens=21, held=2)._replace(
+            held_back="its next token is not known before a step in flight is processed"
+        )
+        if b_at_input:  # b too stops at its own 32-token input after 8 tokens of text
+            b = a._replace(request="b", added=1)
+        queues = step([a, b])._replace(
+            encoder_budget=64, encoder_room=64, whole_inputs=True, chunk_cap=cap
+        )
+        return judged(queues, max_model_len=128)
+
+    assert capped(16) == [] and capped(16, cached=True) == []
+    assert invariants(capped(32)) == [NO_PROGRESS]
+    # Both capped at their inputs (#22 after some text): neither can leave and lift the
+    # cap, the call is no progress.
+    (both,) = capped(16, b_at_input=True)
+    assert both.detail["invariant"] == NO_PROGRESS_PAST_THRESHOLD
+    assert "a stops at its 32-token input" in both.message
+    assert MM_INPUT_PAST_THRESHOLD in both.message and MM_INPUT_PAST_BUDGET not in both.message
 
 
 def test_running_requests_the_pool_cannot_hold_do_not_demand_progress():
@@ -348,3 +436,50 @@ def test_a_run_stuck_with_running_requests_is_vllms_not_the_scenarios(pristine_t
     )  # fmt: skip
     assert NO_PROGRESS in found, entry
     assert entry["verdict"] == "failed", entry
+
+
+# -- what the oracle records as held back (vLLM's own Scheduling part, stand-in state) ---
+
+
+def test_the_oracle_records_the_encoder_reason_last_and_the_prefill_lookahead_only_above_1(
+    vllm,
+) -> None:
+    """``Scheduling.held_back`` reads plain attributes of vLLM's ``Scheduler`` and ``Request``:
+    stand-ins with those attributes (not vLLM objects: a placeholder's ``offset``, ``length``
+    and ``get_num_embeds`` as ``PlaceholderRange`` has them, the encoder cache's ``cached``
+    and ``num_freeable_slots``) say which reason a running prefill chunk gets."""
+    from types import SimpleNamespace
+
+    from kvconform.oracles.vllm.scheduling import Scheduling
+
+    api = vllm.part(Scheduling)
+    position = SimpleNamespace(offset=8, length=32, get_num_embeds=lambda: 32)
+    feature = SimpleNamespace(mm_position=position, identifier="a-0")
+
+    def scheduler(lookahead: int, cached: tuple[str, ...] = ()) -> SimpleNamespace:
+        cache = SimpleNamespace(cached={h: set() for h in cached}, num_freeable_slots=20)
+        return SimpleNamespace(
+            num_prefill_lookahead=lookahead,
+            encoder_cache_manager=cache,
+            max_num_encoder_input_tokens=64,
+        )
+
+    def request(multimodal: bool) -> SimpleNamespace:
+        return SimpleNamespace(
+            status="RUNNING", num_computed_tokens=7, num_tokens=40, num_prompt_tokens=40,
+            num_tokens_with_spec=40, num_output_placeholders=0, max_tokens=2,
+            is_prefill_chunk=True, has_encoder_inputs=multimodal,
+            mm_features=[feature] if multimodal else None,
+        )  # fmt: skip
+
+    # EAGLE's lookahead of 1: _reserve_prefill_lookahead is a no-op, no reason of its own;
+    # with an input ahead the encoder's reason, with the input's facts.
+    assert api.held_back(scheduler(1), request(False), True) == ""
+    assert api.held_back(scheduler(1), request(True), True) == ENCODER_HELD_BACK
+    assert api.pending_input(scheduler(1), request(True)) == (8, 32, 32, False)
+    assert api.pending_input(scheduler(1, cached=("a-0",)), request(True)) == (8, 32, 32, True)
+    assert api.encoder_room(scheduler(1)) == (64, 20)
+    # A lookahead of 2 (multi-module MTP) may cut the chunk: that reason, before the encoder's.
+    lookahead = "the prefill cadence or lookahead window"
+    assert api.held_back(scheduler(2), request(False), True) == lookahead
+    assert api.held_back(scheduler(2), request(True), True) == lookahead

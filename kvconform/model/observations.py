@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, NamedTuple
 
-from kvconform.model.facts import Fact
+from kvconform.model.facts import ENCODER_HELD_BACK, Fact, QueuedRequest, StepQueues
 from kvconform.model.floors import (
     MAMBA_ALIGNED_STATE,
     FloorInput,
@@ -186,6 +186,90 @@ def whole_input_chunk(inputs: Sequence[tuple[int, int]], computed: int, shift: i
         if offset - shift <= computed < offset + length:
             return offset + length - computed
     return 0
+
+
+def request_token_budget(queues: StepQueues) -> int:
+    """The most tokens ``Scheduler.schedule`` gives one request in a call with nothing
+    else scheduled: ``min(max_num_scheduled_tokens, max_num_batched_tokens - draft
+    slots)`` (``request_token_budget``; docs/findings.md #19, #24)."""
+    return min(queues.token_budget, queues.input_budget - queues.draft_slots)
+
+
+def input_chunk(request: QueuedRequest, queues: StepQueues) -> int:
+    """The one chunk (tokens) a request held at its pending input must be scheduled next
+    under ``disable_chunked_mm_input`` (:func:`whole_input_chunk`, with the recorded
+    prefill shift); 0 where the input may be chunked or none is recorded."""
+    pending = request.encoder_input
+    if pending is None or not queues.whole_inputs:
+        return 0
+    return whole_input_chunk(
+        [(pending.offset, pending.length)], request.computed, queues.prefill_shift
+    )
+
+
+def input_never_fits(request: QueuedRequest, queues: StepQueues) -> int:
+    """The one chunk (tokens) a running request held at its pending input must be
+    scheduled under ``disable_chunked_mm_input`` (:func:`whole_input_chunk`, with the
+    recorded prefill shift) where that chunk is longer than the request's token budget,
+    so that no call can ever take the input (:data:`MM_INPUT_PAST_BUDGET`,
+    docs/findings.md #24); 0 otherwise."""
+    chunk = input_chunk(request, queues)
+    return chunk if chunk > request_token_budget(queues) else 0
+
+
+def capped_at_input(request: QueuedRequest, queues: StepQueues) -> bool:
+    """The request is held at an input whose one chunk fits its token budget but passes
+    the long-prefill threshold the call applies (docs/findings.md #22's shape)."""
+    if request.held_back != ENCODER_HELD_BACK or not queues.chunk_cap:
+        return False
+    chunk = input_chunk(request, queues)
+    return queues.chunk_cap < chunk <= request_token_budget(queues)
+
+
+def held_at_input_in_empty_call(request: QueuedRequest, queues: StepQueues) -> bool:
+    """Whether a request recorded as held back by :data:`ENCODER_HELD_BACK` may be passed
+    over by a ``schedule()`` call that scheduled nothing at all.
+
+    ``_try_schedule_encoder_inputs`` (vLLM 0.34.0) cuts a request's tokens to the input's
+    start, or to 0, where ``EncoderCacheManager.can_allocate`` refuses the input: its
+    embeddings past the call's encoder budget (``max_num_encoder_input_tokens`` less what
+    earlier inputs of the call took) or past the cache's free and reclaimable slots
+    (``num_freeable_slots``); and, under ``disable_chunked_mm_input``, where the chunk
+    the token budget leaves ends inside the input. In a call that scheduled nothing no
+    other request took the encoder budget or the token budget, so only the cache can be
+    the contract's reason: room held by live requests' items (another's, or the request's
+    own earlier one: counted as an excuse, a miss rather than a false alarm). An input
+    already cached needs no room; one whose embeddings pass the whole encoder budget, or
+    whose one chunk passes the request's own token budget, can never be taken: a stall
+    with a named cause (docs/findings.md #24), not an excuse. Under the long-prefill
+    threshold (``StepQueues.chunk_cap``, applied only while another request is eligible)
+    a chunk longer than the cap is held back too, while another eligible request is not
+    capped at an input as well. Without a recorded input
+    (an encoder-cache connector, an encoder-decoder model) or encoder budget (no encoder
+    cache) the excuse stands.
+    """
+    pending = request.encoder_input
+    if request.held_back != ENCODER_HELD_BACK or pending is None or queues.encoder_budget <= 0:
+        return bool(request.held_back)
+    if input_never_fits(request, queues):
+        return False
+    if capped_at_input(request, queues):
+        # The long-prefill threshold, applied while another request is eligible, caps
+        # the one chunk the input needs: a configured cap vLLM lifts once the request is
+        # alone (scenarios/scheduler/sched-encoder-whole-inputs.yaml, overlapped: b's
+        # next token in flight, a capped at its image). It holds the request back only
+        # while some other eligible request is not capped at an input too: where every
+        # one is, none can ever leave and lift it (#22 with the inputs after some text:
+        # every request runs its text and stops, running). Where the others are waiting
+        # and can never be admitted, the stall is #22's, judged by check capacity there.
+        return any(
+            not capped_at_input(other, queues)
+            for other in queues.running + queues.waiting
+            if other.request != request.request
+        )
+    if pending.cached or pending.embeds > queues.encoder_budget:
+        return False
+    return pending.embeds > queues.encoder_room
 
 
 class KvLoad(NamedTuple):

@@ -50,11 +50,25 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from kvconform.harness.checks.records import at_request, fact_failure, facts_of
-from kvconform.model.facts import QueuedRequest, StepQueues
-from kvconform.model.observations import Trajectory
+from kvconform.model.facts import ENCODER_HELD_BACK, QueuedRequest, StepQueues
+from kvconform.model.observations import (
+    MM_INPUT_PAST_BUDGET,
+    MM_INPUT_PAST_THRESHOLD,
+    Trajectory,
+    capped_at_input,
+    held_at_input_in_empty_call,
+    input_chunk,
+    input_never_fits,
+    request_token_budget,
+)
 from kvconform.model.results import Failure
 
 NO_PROGRESS = "schedules nothing while the running requests fit the pool"
+# The same, where a running request stops at a multimodal input it can never take: the
+# invariant names the cause (as capacity's stalls do), so that the explorer's triage
+# (scenarios/explore-known.yaml) tells #24's and #22's running forms from other stalls.
+NO_PROGRESS_PAST_BUDGET = f"{NO_PROGRESS}: {MM_INPUT_PAST_BUDGET}"
+NO_PROGRESS_PAST_THRESHOLD = f"{NO_PROGRESS}: {MM_INPUT_PAST_THRESHOLD}"
 PREEMPTION_CYCLE = "preempts a request again and again without progress"
 UNBOUNDED = "leaves a request unfinished past the workload's bound"
 
@@ -103,7 +117,7 @@ def _progress(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
             continue
         if queues.input_budget <= queues.draft_slots or idle:
             continue
-        if all(r.held_back for r in queues.running):
+        if all(held_at_input_in_empty_call(r, queues) for r in queues.running):
             continue
         need = sum(blocks_for(trajectory, r, r.computed, 1) for r in queues.running)
         # Blocks a waiting request holds (a KV load in flight, a finished one) are not the
@@ -134,6 +148,12 @@ def _progress(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
                 continue
         idle = True
         names = ", ".join(r.request for r in queues.running)
+        at_input = "".join(_at_input(r, queues) for r in queues.running)
+        invariant = NO_PROGRESS
+        if any(input_never_fits(r, queues) for r in queues.running):
+            invariant = NO_PROGRESS_PAST_BUDGET
+        elif any(capped_at_input(r, queues) for r in queues.running):
+            invariant = NO_PROGRESS_PAST_THRESHOLD
         yield (
             index,
             fact_failure(
@@ -141,10 +161,51 @@ def _progress(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
                 f"schedule() scheduled nothing ({queues.in_flight} step(s) in flight) while "
                 f"running requests {names}, not all held back, need at most {need} blocks "
                 f"for one more token each and the pool has {queues.pool - 1} (less the null block; {queues.free_before} free): vLLM "
-                "serves its running requests first and preempts until one fits",
-                NO_PROGRESS,
+                f"serves its running requests first and preempts until one fits{at_input}",
+                invariant,
             ),
         )
+
+
+def _at_input(request: QueuedRequest, queues: StepQueues) -> str:
+    """What the progress failure says of a running request held at a multimodal input
+    that does not excuse the call (:func:`held_at_input_in_empty_call`), its cause named
+    where the input can never be taken; "" for any other request."""
+    pending = request.encoder_input
+    if request.held_back != ENCODER_HELD_BACK or pending is None:
+        return ""
+    where = (
+        f"; {request.request} stops at its {pending.length}-token input at {pending.offset} "
+        f"(computed {request.computed})"
+    )
+    chunk = input_never_fits(request, queues)
+    if chunk:
+        return (
+            f"{where}, which under disable_chunked_mm_input it must take in one chunk of "
+            f"{chunk} tokens (the input and the drafter's prefill shift of "
+            f"{queues.prefill_shift}) against its token budget of "
+            f"{request_token_budget(queues)}: {MM_INPUT_PAST_BUDGET}, never scheduled "
+            "(docs/findings.md #24)"
+        )
+    if capped_at_input(request, queues):
+        return (
+            f"{where}, which under disable_chunked_mm_input it must take in one chunk of "
+            f"{input_chunk(request, queues)} tokens, past the long-prefill threshold of "
+            f"{queues.chunk_cap} that the other requests keep in force, each stopped at an "
+            f"input too: {MM_INPUT_PAST_THRESHOLD}, never scheduled (docs/findings.md #22)"
+        )
+    if pending.cached:
+        return f"{where}, already in the encoder cache"
+    if pending.embeds > queues.encoder_budget:
+        return (
+            f"{where}, whose {pending.embeds} embeddings pass the encoder budget "
+            f"({queues.encoder_budget}): never scheduled"
+        )
+    return (
+        f"{where}, whose {pending.embeds} embeddings the encoder budget ({queues.encoder_budget}) "
+        f"and cache ({queues.encoder_room} free or reclaimable) can take, with nothing else "
+        "scheduled"
+    )
 
 
 def _cycles(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvconform.model.facts import QueuedRequest, StepQueues
+from kvconform.model.facts import ENCODER_HELD_BACK, PendingInput, QueuedRequest, StepQueues
 from kvconform.oracles.scheduler.records import FreeRecord, StepFact
 from kvconform.oracles.scheduler.state import OracleState
 
@@ -18,6 +18,12 @@ def _held(oracle: OracleState, rid: str) -> int:
 
 def _queued(oracle: OracleState, request: Any, running: bool) -> QueuedRequest:
     rid = request.request_id
+    api = oracle.api
+    held_back = api.held_back(oracle.scheduler, request, running)
+    pending = None
+    if held_back == ENCODER_HELD_BACK:
+        found = api.pending_input(oracle.scheduler, request)
+        pending = PendingInput(*found) if found is not None else None
     return QueuedRequest(
         rid,
         oracle._added.get(rid, -1),
@@ -28,9 +34,28 @@ def _queued(oracle: OracleState, request: Any, running: bool) -> QueuedRequest:
         int(request.num_prompt_tokens),
         int(getattr(request, "max_tokens", 0) or 0),
         _held(oracle, rid),
-        oracle.api.held_back(oracle.scheduler, request, running),
-        running and oracle.api.frees_deferred(oracle.scheduler, request),
+        held_back,
+        running and api.frees_deferred(oracle.scheduler, request),
+        pending,
     )
+
+
+def _chunk_cap(oracle: OracleState) -> int:
+    """The long-prefill threshold the coming ``schedule()`` call caps a request's chunk at
+    (0: none): with chunked prefill and more than one request running or waiting
+    (``get_request_counts``), ``long_prefill_token_threshold``, floored at
+    ``max_num_batched_tokens`` over those requests where it is adaptive (vLLM 0.34.0's
+    ``Scheduler.schedule``: "When it is the only request there is nobody to starve")."""
+    limits = oracle.limits
+    threshold = int(limits.long_prefill_token_threshold or 0)
+    if not threshold or not limits.enable_chunked_prefill:
+        return 0
+    eligible = oracle.api.eligible_requests(oracle.scheduler)
+    if eligible <= 1:
+        return 0
+    if limits.long_prefill_token_threshold_adaptive:
+        threshold = max(threshold, int(limits.max_num_batched_tokens) // eligible)
+    return threshold
 
 
 class QueueSnapshot:
@@ -48,6 +73,8 @@ class QueueSnapshot:
             if rid not in in_running and rid not in finished and not request.is_finished()
         )
         self.free = oracle.vllm.free_block_count(oracle.manager)
+        self.encoder_budget, self.encoder_room = oracle.api.encoder_room(scheduler)
+        self.chunk_cap = _chunk_cap(oracle)
         self.events = len(oracle.run.events)
 
     def record(self, oracle: OracleState, output: Any, in_flight: int) -> None:
@@ -87,6 +114,11 @@ class QueueSnapshot:
                     oracle._paused,
                     bool(limits.enable_chunked_prefill),
                     bool(model.scheduler_reserve_full_isl),
+                    self.encoder_budget,
+                    self.encoder_room,
+                    oracle.api.prefill_shift(oracle.scheduler),
+                    bool(limits.disable_chunked_mm_input),
+                    self.chunk_cap,
                 ),
             )
         )

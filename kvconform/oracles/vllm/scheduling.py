@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Callable, Collection
 from typing import Any
 
+from kvconform.model.facts import ENCODER_HELD_BACK
 from kvconform.oracles.vllm.calls import call, quiet_logs
 from kvconform.oracles.vllm.scheduling_config import SchedulingConfigs
 
@@ -460,7 +461,19 @@ class Scheduling(SchedulingConfigs):
         """Why ``Scheduler.schedule`` may pass this request over in the coming step without
         breaking its policy ("" none), read from the request's and the scheduler's state
         (each reason is a ``continue`` or a queue of its own in ``schedule()``; the list and
-        why each is legitimate: docs/contract.md, "Liveness and fairness")."""
+        why each is legitimate: docs/contract.md, "Liveness and fairness"). A request with
+        a multimodal input ahead is recorded as held back by "the encoder budget or cache"
+        only where no other reason holds, so that a reason that always excuses is not
+        hidden behind the one the liveness family judges (``pending_input``)."""
+        other = self._held_back_otherwise(scheduler, request, running)
+        if other:
+            return other
+        if getattr(request, "has_encoder_inputs", False) and _encoder_ahead(scheduler, request):
+            return ENCODER_HELD_BACK
+        return ""
+
+    def _held_back_otherwise(self, scheduler: Any, request: Any, running: bool) -> str:
+        """:meth:`held_back`'s reasons but the encoder's."""
         status = self.status_name(request)
         if status.startswith("WAITING_FOR"):
             return {
@@ -471,8 +484,6 @@ class Scheduling(SchedulingConfigs):
             }.get(status, status)
         if getattr(request, "lora_request", None) is not None:
             return "the LoRA limit"
-        if getattr(request, "has_encoder_inputs", False) and _encoder_ahead(scheduler, request):
-            return "the encoder budget or cache"
         if getattr(scheduler, "need_mamba_block_aligned_split", False):
             return "a Mamba block-aligned chunk"
         if getattr(request, "num_stale_output_tokens", 0) and not running:
@@ -497,9 +508,12 @@ class Scheduling(SchedulingConfigs):
             return "its last token is in flight"
         if _decode_deferred(scheduler, request):
             return "the pipeline's decode cadence"
+        # _reserve_prefill_lookahead cuts a chunk only where the lookahead is more than 1
+        # (multi-module MTP): "No-op for eagle-family drafters (lookahead 1)", the same in
+        # 0.28.0-0.34.0; with 1 it excused any prefill chunk (issue 35's running #24 form).
         if getattr(request, "is_prefill_chunk", False) and (
             getattr(scheduler, "local_prefill_interval", 1) > 1
-            or getattr(scheduler, "num_prefill_lookahead", 0)
+            or int(getattr(scheduler, "num_prefill_lookahead", 0) or 0) > 1
         ):
             return "the prefill cadence or lookahead window"
         sampled = int(getattr(scheduler, "num_sampled_tokens_per_step", 1) or 1)
@@ -507,6 +521,46 @@ class Scheduling(SchedulingConfigs):
         if max_model_len is not None and request.num_computed_tokens + sampled >= max_model_len:
             return "max_model_len"
         return ""
+
+    def pending_input(self, scheduler: Any, request: Any) -> tuple[int, int, int, bool] | None:
+        """(offset, length, embeddings, already in the encoder cache) of the first
+        multimodal input ``request`` has not computed past, shifted by the prefill
+        lookahead as ``_encoder_ahead`` reads it: the input ``_try_schedule_encoder_inputs``
+        weighs first in the coming step (the embeddings are what ``can_allocate`` asks of
+        the encoder budget and cache, ``Request.get_num_encoder_embeds``; a cached one
+        needs no room, ``check_and_update_cache``). None where there is none, or where
+        the answer is not the cache's: an encoder-cache connector (``ec_connector``), an
+        encoder-decoder model (no encoder cache, ``is_encoder_decoder``)."""
+        if getattr(scheduler, "ec_connector", None) is not None:
+            return None
+        if getattr(scheduler, "is_encoder_decoder", False):
+            return None
+        shift = self.prefill_shift(scheduler)
+        computed = int(request.num_computed_tokens)
+        cache = getattr(scheduler, "encoder_cache_manager", None)
+        cached = getattr(cache, "cached", None) or {}
+        for feature in getattr(request, "mm_features", None) or ():
+            position = getattr(feature, "mm_position", None)
+            if position is None:
+                return None
+            offset, length = int(position.offset), int(position.length)
+            if offset + length + shift <= computed:
+                continue
+            embeds = getattr(position, "get_num_embeds", None)
+            count = int(embeds() if callable(embeds) else embeds if embeds is not None else length)
+            return offset, length, count, getattr(feature, "identifier", None) in cached
+        return None
+
+    def encoder_room(self, scheduler: Any) -> tuple[int, int]:
+        """(the encoder budget of a ``schedule()`` call, ``max_num_encoder_input_tokens``;
+        the embeddings the encoder cache can take now, ``num_freeable_slots``: its free
+        slots and those of entries no live request references, which ``can_allocate``
+        evicts). (0, 0) where the scheduler has no encoder cache."""
+        cache = getattr(scheduler, "encoder_cache_manager", None)
+        if cache is None:
+            return 0, 0
+        budget = int(getattr(scheduler, "max_num_encoder_input_tokens", 0) or 0)
+        return budget, int(getattr(cache, "num_freeable_slots", 0) or 0)
 
     def frees_deferred(self, scheduler: Any, request: Any) -> bool:
         """Whether ``Scheduler.schedule`` may not preempt this running request in the coming
