@@ -17,15 +17,13 @@ import pytest
 from hypothesis import Phase, find, given, settings
 from hypothesis import strategies as st
 
+from kvconform.explore.requests import FOLLOW_UP_SLACK, finish_bound, follow_ups
 from kvconform.explore.runner import _features_of
 from kvconform.explore.space import ExploreSpace, runs_without_caching
 from kvconform.explore.strategies import (
     FEATURES,
-    FOLLOW_UP_SLACK,
     LATE_FEATURES,
     feature_sets,
-    finish_bound,
-    follow_ups,
     workload,
     workloads,
 )

@@ -33,8 +33,9 @@ from hypothesis import strategies as st
 from kvconform.errors import VllmUnavailable
 from kvconform.explore import DEFAULT_MAX_FINDINGS
 from kvconform.explore.known import KnownFinding, triaged
+from kvconform.explore.requests import follow_ups
 from kvconform.explore.space import ExploreSpace, build_explore_space
-from kvconform.explore.strategies import FEATURES, follow_ups, workloads
+from kvconform.explore.strategies import FEATURES, workloads
 from kvconform.fuzz.baseline import BaselineProcess, BaselineStats
 from kvconform.fuzz.findings import Signature, first_message
 from kvconform.fuzz.runner import peak_blocks_held
@@ -83,10 +84,10 @@ class ExploreStats(SearchStats):
             f"warmup pool below its first prefill); of {searched} run: "
             f"preempted: {self.share(self.preempting)}, pool left with <= 1 free block: "
             f"{self.share(self.under_pressure)}",
-            "  kinds: " + ", ".join(f"{k} {self.share(n)}" for k, n in sorted(self.kinds.items()))
+            "  kinds: "
+            + ", ".join(f"{k} {self.share(n)}" for k, n in sorted(self.kinds.items()))
             + (
-                f" (startup pools accepted: {self.startup_accepted} of "
-                f"{self.kinds[Kind.STARTUP]})"
+                f" (startup pools accepted: {self.startup_accepted} of {self.kinds[Kind.STARTUP]})"
                 if self.kinds[Kind.STARTUP]
                 else ""
             ),
@@ -171,7 +172,6 @@ class Workloads:
             stats.preempting += 1
         if trajectory.num_blocks and trajectory.num_blocks - 1 - peak_blocks_held(trajectory) <= 1:
             stats.under_pressure += 1
-
 
     def _measure_other_kind(self, result: ScenarioResult, kind: str) -> None:
         trajectory = result.trajectory

@@ -45,23 +45,19 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Callable
-from functools import cache
 from math import lcm
 from random import Random
 from typing import Any
 
 from hypothesis import strategies as st
 
+from kvconform.explore.draws import BOOLS, DrawFn, cdiv, ints, one_of
+from kvconform.explore.requests import draw_requests, widest_reach
 from kvconform.explore.space import ExploreSpace, runs_without_caching
 from kvconform.model.floors import FloorInput
 from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.kinds import KINDS, Kind
 from kvconform.model.methods import method_for
-
-DrawFn = Callable[[st.SearchStrategy[Any]], Any]
-
-REQUEST_NAMES = ("a", "b", "c", "d", "e", "f")
 
 # The swarm's features, in the order they are drawn (docs/explore.md says what each turns on).
 FEATURES = (
@@ -95,37 +91,20 @@ FEATURES = (
 # checksum (_late_features), so that every seed keeps the workloads it drew before them.
 LATE_FEATURES = ("group_block_sizes", "retention", "no_lookahead_hashes")
 
-# Steps a follow-up waits past its source's prefill and decode, besides two per other request
-# drawn before it and a drawn pause (finish_bound): two batches in flight under asynchronous
-# scheduling, up to three steps of an asynchronous KV load, two to spare. Not derived: slack.
-FOLLOW_UP_SLACK = 7
-
 # The kinds of document drawn, with their shares of the examples (out of the sum): the
 # scheduler's workloads most of the time, then vLLM's startup planning and its warmup.
-KIND_SHARES: tuple[tuple[Kind, int], ...] = ((Kind.SCHEDULER, 8), (Kind.STARTUP, 1), (Kind.WARMUP, 1))
-
-_BOOLS = st.booleans()
-
-
-@cache
-def _ints(low: int, high: int) -> st.SearchStrategy[int]:
-    return st.integers(low, high)
-
-
-@cache
-def _one_of(options: tuple[Any, ...]) -> st.SearchStrategy[Any]:
-    return st.sampled_from(options)
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+KIND_SHARES: tuple[tuple[Kind, int], ...] = (
+    (Kind.SCHEDULER, 8),
+    (Kind.STARTUP, 1),
+    (Kind.WARMUP, 1),
+)
 
 
 @st.composite
 def feature_sets(draw: DrawFn) -> dict[str, bool]:
     """Stage 1: which features this example has (each on with even odds; the late ones are
     chosen by :func:`workload` after the rest of the example)."""
-    return {name: draw(_BOOLS) for name in FEATURES if name not in LATE_FEATURES}
+    return {name: draw(BOOLS) for name in FEATURES if name not in LATE_FEATURES}
 
 
 @st.composite
@@ -155,7 +134,7 @@ def draw_kind(draw: DrawFn, space: ExploreSpace) -> Kind:
     offered = space.kinds()
     if offered == (Kind.SCHEDULER,):
         return Kind.SCHEDULER
-    ticket = draw(_ints(0, sum(share for _, share in KIND_SHARES) - 1))
+    ticket = draw(ints(0, sum(share for _, share in KIND_SHARES) - 1))
     for kind, share in KIND_SHARES:
         if ticket < share:
             return kind if kind in offered else Kind.SCHEDULER
@@ -165,48 +144,48 @@ def draw_kind(draw: DrawFn, space: ExploreSpace) -> Kind:
 
 def workload(draw: DrawFn, space: ExploreSpace, on: dict[str, bool], name: str) -> dict[str, Any]:
     """Stage 2: the workload within the features ``on``."""
-    block_size = draw(_one_of(space.block_sizes))
+    block_size = draw(one_of(space.block_sizes))
     groups = _draw_groups(draw, space, on, block_size)
     # A conversation's later turns carry the earlier ones: with follow-ups, twice the context.
     most = space.max_blocks_per_len * (2 if on["follow_ups"] else 1)
-    max_model_len = block_size * draw(_ints(3, most)) - draw(_ints(0, 2))
+    max_model_len = block_size * draw(ints(3, most)) - draw(ints(0, 2))
     model: dict[str, Any] = {"block_size": block_size, "max_model_len": max_model_len}
 
     speculative: dict[str, Any] | None = None
     k = 0
     if on["speculative"] and space.methods:
-        method = draw(_one_of(space.methods))
-        k = draw(_ints(1, space.max_speculative_tokens))
+        method = draw(one_of(space.methods))
+        k = draw(ints(1, space.max_speculative_tokens))
         speculative = {"method": method, "num_speculative_tokens": k}
     stated = method_options(draw, speculative, Kind.SCHEDULER)
 
     sync = not on["async_scheduling"]
-    scheduler: dict[str, Any] = {"mode": "sync" if sync else draw(_one_of(("overlapped", "async")))}
+    scheduler: dict[str, Any] = {"mode": "sync" if sync else draw(one_of(("overlapped", "async")))}
     scheduler.update(stated.get("scheduler", {}))
-    max_num_seqs = draw(_ints(1, 2)) if on["few_seqs"] else draw(_ints(3, 6))
+    max_num_seqs = draw(ints(1, 2)) if on["few_seqs"] else draw(ints(3, 6))
     scheduler["max_num_seqs"] = max_num_seqs
     # A Mamba group runs with prefix caching (below), and vLLM requires chunked prefill
     # for Mamba prefix caching (MambaModelConfig; the loader refuses it off).
     recurrent = not all(runs_without_caching(group) for group in groups)
     if on["no_chunked_prefill"] and not recurrent:
         scheduler["enable_chunked_prefill"] = False
-        budget = max_model_len + draw(_ints(0, 2 * block_size))
+        budget = max_model_len + draw(ints(0, 2 * block_size))
     elif on["small_budget"]:
-        budget = max(max_num_seqs, draw(_ints(2, 3 * block_size)))
+        budget = max(max_num_seqs, draw(ints(2, 3 * block_size)))
     else:
-        budget = draw(_ints(4 * block_size, 16 * block_size))
+        budget = draw(ints(4 * block_size, 16 * block_size))
     budget = max(budget, max_num_seqs)
     scheduler["max_num_batched_tokens"] = budget
     if on["long_prefill"]:
-        scheduler["long_prefill_token_threshold"] = draw(_ints(1, max_model_len))
-        if space.adaptive_threshold and draw(_BOOLS):
+        scheduler["long_prefill_token_threshold"] = draw(ints(1, max_model_len))
+        if space.adaptive_threshold and draw(BOOLS):
             scheduler["long_prefill_token_threshold_adaptive"] = True
     if on["priority"]:
         scheduler["policy"] = "priority"
     remote = on["remote_kv"]
     if on["sync_connector"] and not remote:
         scheduler["kv_connector"] = "decode_bench"
-    if on["multimodal"] and draw(_BOOLS) and not recurrent:
+    if on["multimodal"] and draw(BOOLS) and not recurrent:
         # Not with Mamba "align" (prefix caching), which vLLM refuses it for (VllmConfig).
         scheduler["disable_chunked_mm_input"] = True
     if on["stats"]:
@@ -214,10 +193,10 @@ def workload(draw: DrawFn, space: ExploreSpace, on: dict[str, bool], name: str) 
             scheduler["log_stats"] = True
         model["kv_cache_events"] = True
         if speculative is not None and space.spec_decode_metrics:
-            scheduler["spec_decode_metrics"] = draw(_one_of(("none", "summary", "detailed")))
+            scheduler["spec_decode_metrics"] = draw(one_of(("none", "summary", "detailed")))
     if on["pauses"] and sync:
-        begin = draw(_ints(1, 6))
-        scheduler["pause"] = [{"at": begin, "resume_at": begin + draw(_ints(1, 6))}]
+        begin = draw(ints(1, 6))
+        scheduler["pause"] = [{"at": begin, "resume_at": begin + draw(ints(1, 6))}]
 
     if on["prefix_caching"] or recurrent:
         # vLLM sets a Mamba group's block size only with prefix caching on
@@ -230,12 +209,12 @@ def workload(draw: DrawFn, space: ExploreSpace, on: dict[str, bool], name: str) 
     model["num_blocks"] = _pool(draw, on, groups, block_size, max_model_len, k, connector)
     model["groups"] = groups
 
-    opening = min(max_model_len - 1, 2 * block_size + _widest_reach(groups))
-    requests = _draw_requests(
+    opening = min(max_model_len - 1, 2 * block_size + widest_reach(groups))
+    requests = draw_requests(
         draw, on, scheduler, max_model_len, block_size, k, len(groups), opening
     )
     items = [i["length"] for r in requests.values() for i in r.get("mm_inputs", ())]
-    if items and scheduler.get("enable_chunked_prefill", True) and draw(_BOOLS):
+    if items and scheduler.get("enable_chunked_prefill", True) and draw(BOOLS):
         # Encoder pressure: a step's encoder budget and the encoder cache from a token up to
         # a few items' worth. vLLM raises both to the largest item (compute_mm_encoder_budget),
         # so the smallest draws are exactly one item: every schedule of an item then competes
@@ -243,10 +222,10 @@ def workload(draw: DrawFn, space: ExploreSpace, on: dict[str, bool], name: str) 
         # without chunked prefill: vLLM sizes both from the token budget, at least
         # max_model_len there, so a whole prompt's items always fit one step; a smaller
         # stated size would hold a prompt back forever, a configuration vLLM cannot have.
-        scheduler["max_num_encoder_input_tokens"] = draw(_ints(1, 2 * max(items)))
-        scheduler["encoder_cache_size"] = draw(_ints(1, 3 * max(items)))
-    if remote and any("remote_prefill" in r for r in requests.values()) and draw(_BOOLS):
-        scheduler["kv_load_failure_policy"] = draw(_one_of(("fail", "recompute")))
+        scheduler["max_num_encoder_input_tokens"] = draw(ints(1, 2 * max(items)))
+        scheduler["encoder_cache_size"] = draw(ints(1, 3 * max(items)))
+    if remote and any("remote_prefill" in r for r in requests.values()) and draw(BOOLS):
+        scheduler["kv_load_failure_policy"] = draw(one_of(("fail", "recompute")))
 
     _late_features(on, model, speculative, requests)
 
@@ -278,7 +257,7 @@ def method_options(
         if option.section not in sections:
             continue
         values = option.values(k)
-        value = draw(_one_of(tuple(values))) if len(values) > 1 else values[0]
+        value = draw(one_of(tuple(values))) if len(values) > 1 else values[0]
         if value == values[0]:
             continue
         if option.section == "speculative":
@@ -303,20 +282,20 @@ def startup_document(draw: DrawFn, space: ExploreSpace, name: str) -> dict[str, 
     instead at the edge +-2, the memory then at the edge +-2 too or 2-8 times it; auto-fit
     half the time. No ``expect``: the ``startup`` check judges vLLM's decision by itself.
     """
-    block_size = draw(_one_of(space.block_sizes))
+    block_size = draw(one_of(space.block_sizes))
     groups: list[Any] = []
     floors = 0
-    max_model_len = block_size * draw(_ints(3, space.max_blocks_per_len)) - draw(_ints(0, 2))
+    max_model_len = block_size * draw(ints(3, space.max_blocks_per_len)) - draw(ints(0, 2))
     attention = tuple(t for t in space.startup_types if GROUP_TYPES[t].attention)
     recurrent = tuple(t for t in space.startup_types if not GROUP_TYPES[t].attention)
-    if attention and recurrent and draw(_BOOLS):
+    if attention and recurrent and draw(BOOLS):
         # vLLM's planning puts layers of one spec, and attention layers of one page size,
         # in one group: a hybrid it keeps apart is attention beside a recurrent state.
-        kinds = [draw(_one_of(attention)), draw(_one_of(recurrent))]
-        if draw(_BOOLS):
+        kinds = [draw(one_of(attention)), draw(one_of(recurrent))]
+        if draw(BOOLS):
             kinds.reverse()
     else:
-        kinds = [draw(_one_of(space.startup_types))]
+        kinds = [draw(one_of(space.startup_types))]
     for type_name in kinds:
         group_type = GROUP_TYPES[type_name]
         options: dict[str, Any] = {}
@@ -324,8 +303,8 @@ def startup_document(draw: DrawFn, space: ExploreSpace, name: str) -> dict[str, 
         if mode is not None:
             options["mamba_cache_mode"] = mode.default
         extra = 0
-        if group_type.speculative_blocks is not None and draw(_BOOLS):
-            extra = draw(_ints(1, 2))
+        if group_type.speculative_blocks is not None and draw(BOOLS):
+            extra = draw(ints(1, 2))
             options[group_type.speculative_blocks] = extra
         rule = group_type.floor_for(options)
         fixed = FloorInput(0, 0, 0, block_size, max_model_len, num_speculative_blocks=extra)
@@ -333,15 +312,15 @@ def startup_document(draw: DrawFn, space: ExploreSpace, name: str) -> dict[str, 
         groups.append({"type": type_name, **options} if options else type_name)
     edge = 1 + floors  # the null block and one max_model_len request
     startup: dict[str, Any] = {}
-    if draw(_BOOLS):
-        startup["num_gpu_blocks_override"] = max(1, edge + draw(_ints(-2, 2)))
-        if draw(_BOOLS):
-            startup["available_blocks"] = edge * draw(_ints(2, 8))
+    if draw(BOOLS):
+        startup["num_gpu_blocks_override"] = max(1, edge + draw(ints(-2, 2)))
+        if draw(BOOLS):
+            startup["available_blocks"] = edge * draw(ints(2, 8))
         else:
-            startup["available_blocks"] = max(1, edge + draw(_ints(-2, 2)))
+            startup["available_blocks"] = max(1, edge + draw(ints(-2, 2)))
     else:
-        startup["available_blocks"] = max(1, edge + draw(_ints(-2, 2)))
-    if draw(_BOOLS):
+        startup["available_blocks"] = max(1, edge + draw(ints(-2, 2)))
+    if draw(BOOLS):
         startup["auto_fit"] = True
     model = {"block_size": block_size, "max_model_len": max_model_len, "groups": groups}
     return {"name": name, "kind": Kind.STARTUP.value, "model": model, "startup": startup}
@@ -358,23 +337,23 @@ def warmup_document(draw: DrawFn, space: ExploreSpace, name: str) -> dict[str, A
     blocks (the warmup skips or caps what does not fit) to 8 times one ``max_model_len``
     request in every group.
     """
-    block_size = draw(_one_of(space.block_sizes))
-    on = {"hybrid": draw(_BOOLS)}
+    block_size = draw(one_of(space.block_sizes))
+    on = {"hybrid": draw(BOOLS)}
     groups = _draw_groups(draw, space, on, block_size)
-    max_model_len = block_size * draw(_ints(3, space.max_blocks_per_len)) - draw(_ints(0, 2))
+    max_model_len = block_size * draw(ints(3, space.max_blocks_per_len)) - draw(ints(0, 2))
     speculative: dict[str, Any] | None = None
     k = 0
-    if space.methods and draw(_BOOLS):
-        k = draw(_ints(1, space.max_speculative_tokens))
-        speculative = {"method": draw(_one_of(space.methods)), "num_speculative_tokens": k}
+    if space.methods and draw(BOOLS):
+        k = draw(ints(1, space.max_speculative_tokens))
+        speculative = {"method": draw(one_of(space.methods)), "num_speculative_tokens": k}
         method_options(draw, speculative, Kind.WARMUP)
-    max_num_seqs = draw(_ints(1, 8))
-    budget = max(max_num_seqs, draw(_ints(1, 16 * block_size)))
-    alone = len(groups) * (_cdiv(max_model_len, block_size) + k + 1)
+    max_num_seqs = draw(ints(1, 8))
+    budget = max(max_num_seqs, draw(ints(1, 16 * block_size)))
+    alone = len(groups) * (cdiv(max_model_len, block_size) + k + 1)
     model: dict[str, Any] = {"block_size": block_size, "max_model_len": max_model_len}
     if not all(runs_without_caching(group) for group in groups):
         model["enable_caching"] = True  # a Mamba group: as in a scheduler workload
-    model["num_blocks"] = draw(_ints(2, 1 + 8 * alone))
+    model["num_blocks"] = draw(ints(2, 1 + 8 * alone))
     model["groups"] = groups
     doc: dict[str, Any] = {"name": name, "kind": Kind.WARMUP.value, "model": model}
     if speculative is not None:
@@ -448,19 +427,19 @@ def _late_features(
 def _draw_groups(
     draw: DrawFn, space: ExploreSpace, on: dict[str, bool], block_size: int
 ) -> list[Any]:
-    count = draw(_ints(2, space.max_groups)) if on["hybrid"] else 1
+    count = draw(ints(2, space.max_groups)) if on["hybrid"] else 1
     groups: list[Any] = []
     for _ in range(count):
-        type_name = draw(_one_of(space.group_types))
+        type_name = draw(one_of(space.group_types))
         options: dict[str, Any] = {}
         for option_name, option in GROUP_TYPES[type_name].options.items():
             how = option.draw
             if how is not None and how.kind == "tokens":
-                options[option_name] = draw(_ints(how.low, how.high * block_size))
+                options[option_name] = draw(ints(how.low, how.high * block_size))
             elif how is not None and how.kind == "blocks":
-                options[option_name] = block_size * draw(_ints(how.low, how.high))
+                options[option_name] = block_size * draw(ints(how.low, how.high))
         for flag_type, flag in space.flag_options:
-            if flag_type == type_name and draw(_BOOLS):
+            if flag_type == type_name and draw(BOOLS):
                 options[flag] = True
         groups.append({"type": type_name, **options} if options else type_name)
     return _one_replay_window(groups)
@@ -522,184 +501,7 @@ def _pool(
     loads hold their blocks while they wait and are not preempted, and what they do to hits,
     evictions and admissions shows only when the pool runs short, so a connector's workloads
     meet the edge of the pool without ``tight_pool`` too."""
-    alone = len(groups) * (_cdiv(max_model_len, block_size) + k + 1)
+    alone = len(groups) * (cdiv(max_model_len, block_size) + k + 1)
     if on["tight_pool"]:
-        return 1 + alone + draw(_ints(0, 1))
-    return 1 + alone * draw(_ints(1 if connector else 2, 6))
-
-
-def _draw_requests(
-    draw: DrawFn,
-    on: dict[str, bool],
-    scheduler: dict[str, Any],
-    max_model_len: int,
-    block_size: int,
-    k: int,
-    groups: int,
-    opening: int,
-) -> dict[str, Any]:
-    """The requests, in arrival order of their drawing. With ``follow_ups``, each request after
-    the first is, with even odds, a conversation's next turn (:func:`_draw_follow_up`), and a
-    request of its own (an opening turn) has a prompt of at least ``opening`` tokens (two
-    blocks past the widest window or chunk, where ``max_model_len`` allows)."""
-    count = draw(_ints(1, len(REQUEST_NAMES)))
-    sync = scheduler["mode"] == "sync"
-    requests: dict[str, Any] = {}
-    mm_ids: dict[str, int] = {}  # one item, one length
-    mm_limit = (
-        scheduler["max_num_batched_tokens"]
-        if scheduler.get("disable_chunked_mm_input")
-        else max_model_len
-    )
-    for index, name in enumerate(REQUEST_NAMES[:count]):
-        follows = on["follow_ups"] and bool(requests) and draw(_BOOLS)
-        body: dict[str, Any]
-        if follows:
-            body = _draw_follow_up(draw, scheduler, requests, max_model_len)
-            prompt_len = body["prompt_len"]
-        else:
-            low = opening if on["follow_ups"] else 1
-            prompt_len = draw(_ints(low, max_model_len - 1))
-            body = {"prompt_len": prompt_len}
-            body["max_tokens"] = draw(_ints(1, 24))
-        if on["arrivals"] and not follows:
-            arrival = draw(_ints(0, 8))
-            if arrival:
-                body["arrival"] = arrival
-        if on["prefix_caching"] and requests and not follows and draw(_BOOLS):
-            source = draw(_one_of(tuple(requests)))
-            limit = min(prompt_len, requests[source]["prompt_len"])
-            body["prefix_from"] = source
-            body["prefix_len"] = draw(_ints(0, limit))
-        if k and on["acceptance"]:
-            body["accept"] = _draw_acceptance(draw, k, index)
-        if on["priority"]:
-            body["priority"] = draw(_ints(-2, 2))
-        loads = on["remote_kv"] and draw(_BOOLS)
-        if loads:
-            body["remote_prefill"] = draw(_one_of((True, 1, 2, 3)))
-            failure = draw(_ints(0, 2))
-            if failure == 1:
-                body["remote_load_fails"] = True
-            elif failure == 2 and groups == 1:
-                body["remote_load_fails"] = draw(_ints(0, _cdiv(prompt_len, block_size) - 1))
-        if on["multimodal"] and not loads:
-            inputs = _draw_mm_inputs(draw, name, prompt_len, mm_limit, mm_ids)
-            if inputs:
-                body["mm_inputs"] = inputs
-        aborts = on["aborts"] and sync and draw(_BOOLS)
-        if aborts:
-            body["abort_at"] = body.get("arrival", 0) + draw(_ints(0, 10))
-        elif on["stops"] and not loads and draw(_BOOLS):
-            # The loader's range: vLLM ends a request at max_model_len tokens regardless.
-            room = min(body["max_tokens"], max_model_len - prompt_len)
-            body["stop_at"] = draw(_ints(1, room))
-            if draw(_BOOLS):
-                body["stop_with"] = "eos"
-        requests[name] = body
-    return requests
-
-
-def _draw_follow_up(
-    draw: DrawFn, scheduler: dict[str, Any], earlier: dict[str, Any], max_model_len: int
-) -> dict[str, Any]:
-    """A conversation's next turn: the prompt of an earlier request (its source), whole with
-    even odds (else a drawn part of it), then 0 or more new tokens, arriving once the source
-    can have finished (at least :func:`finish_bound` of it, plus 0-4 steps).
-
-    The format copies prompt tokens only (``prefix_from``), not the source's output, so the
-    turn shares the source's prompt where a chat's would share its prompt and answer: the
-    same reuse, one answer shorter."""
-    source = draw(_one_of(tuple(earlier)))
-    whole = earlier[source]["prompt_len"]
-    prefix_len = whole if draw(_BOOLS) else draw(_ints(1, whole))
-    prompt_len = prefix_len + draw(_ints(0, max(max_model_len - 1 - prefix_len, 0)))
-    body: dict[str, Any] = {"prompt_len": prompt_len, "max_tokens": draw(_ints(1, 24))}
-    body["arrival"] = finish_bound(scheduler, earlier, source) + draw(_ints(0, 4))
-    body["prefix_from"] = source
-    body["prefix_len"] = prefix_len
-    return body
-
-
-def finish_bound(scheduler: dict[str, Any], earlier: dict[str, Any], source: str) -> int:
-    """The step by which ``source`` can have finished, from what is drawn (an estimate from
-    above where nothing preempts it): its arrival, its prefill's steps at the step's token
-    budget (or the long-prefill threshold, if lower), one step per output token (a
-    speculative step emits at least one), :data:`FOLLOW_UP_SLACK`, two steps for each other
-    request drawn before (``earlier`` holds the source and those), and a drawn pause."""
-    body = earlier[source]
-    chunk = int(scheduler["max_num_batched_tokens"])
-    threshold = scheduler.get("long_prefill_token_threshold")
-    if threshold:
-        chunk = min(chunk, int(threshold))
-    prefill = _cdiv(int(body["prompt_len"]), chunk)
-    pause = sum(int(p["resume_at"]) - int(p["at"]) for p in scheduler.get("pause", ()))
-    others = 2 * (len(earlier) - 1)
-    arrival = int(body.get("arrival", 0))
-    return arrival + prefill + int(body["max_tokens"]) + FOLLOW_UP_SLACK + others + pause
-
-
-def follow_ups(doc: dict[str, Any]) -> list[str]:
-    """The requests of a drawn scheduler document that are follow-ups: a ``prefix_from``
-    arriving at least :func:`finish_bound` of its source, counted over the requests before it
-    (``arrivals`` alone draws arrivals of at most 8 steps, below every such bound)."""
-    requests = doc["requests"]
-    names = list(requests)
-    found = []
-    for index, name in enumerate(names):
-        body = requests[name]
-        source = body.get("prefix_from")
-        if source is None or source not in names[:index]:
-            continue
-        earlier = {n: requests[n] for n in names[:index]}
-        if int(body.get("arrival", 0)) >= finish_bound(doc["scheduler"], earlier, source):
-            found.append(name)
-    return found
-
-
-def _widest_reach(groups: list[Any]) -> int:
-    """The widest window or chunk (tokens) of the drawn groups: what a prompt must pass for
-    a hit to need its window's blocks (0: no group reads one)."""
-    widest = 0
-    for group in groups:
-        if isinstance(group, str):
-            continue
-        reads = GROUP_TYPES[str(group["type"])].reads
-        if reads is not None and group.get(reads[1]) is not None:
-            widest = max(widest, int(group[reads[1]]))
-    return widest
-
-
-def _draw_acceptance(draw: DrawFn, k: int, index: int) -> Any:
-    form = draw(_ints(0, 3))
-    if form == 0:
-        return "none"
-    if form == 1:
-        return [draw(_ints(0, k)) for _ in range(draw(_ints(1, 4)))]
-    if form == 2:
-        return {"repeat": [draw(_ints(0, k)) for _ in range(draw(_ints(1, 3)))]}
-    return {"rate": draw(_one_of((0.3, 0.5, 0.8))), "seed": index}
-
-
-def _draw_mm_inputs(
-    draw: DrawFn, request: str, prompt_len: int, limit: int, known: dict[str, int]
-) -> list[dict[str, Any]]:
-    """Placeholder ranges in prompt order; an item may repeat one drawn before (same length)."""
-    inputs: list[dict[str, Any]] = []
-    position = 0
-    for index in range(draw(_ints(1, 3))):
-        offset = position + draw(_ints(0, 16))
-        room = min(prompt_len - offset, limit)
-        if room < 1:
-            break
-        reuse = [item for item, length in known.items() if length <= room]
-        if reuse and draw(_BOOLS):
-            identifier = draw(_one_of(tuple(sorted(reuse))))
-            length = known[identifier]
-        else:
-            length = draw(_ints(1, min(room, 64)))
-            identifier = f"{request}-{index}"
-            known[identifier] = length
-        inputs.append({"offset": offset, "length": length, "id": identifier})
-        position = offset + length
-    return inputs
+        return 1 + alone + draw(ints(0, 1))
+    return 1 + alone * draw(ints(1 if connector else 2, 6))
