@@ -82,6 +82,7 @@ class PredictorPart(VllmBase):
                 parallel_config=parallel,
                 device_config=call(config.DeviceConfig, device="cpu"),
             )
+
     def predictor_missing_reason(self) -> str:
         try:
             importlib.import_module("vllm.v1.worker.gpu.warmup")

@@ -116,6 +116,7 @@ class PrefixCachePart(VllmBase):
                     number = len(copies[key]) if key in copies else 1
                 counts[event_key] = counts.get(event_key, 0) + number
         return counts
+
     def hisparse_coordinator(self, manager: Any) -> Any | None:
         """vLLM's ``HiSparseCoordinator`` bound to the manager's HiSparse groups, built as
         ``get_hisparse_coordinator`` builds it before the first admission; None without a

@@ -26,14 +26,13 @@ from collections import deque
 from collections.abc import Callable, Collection
 from typing import Any
 
-from kvconform.model.facts import ENCODER_HELD_BACK
 from kvconform.oracles.vllm.calls import call, quiet_logs
-from kvconform.oracles.vllm.scheduling_config import SchedulingConfigs
+from kvconform.oracles.vllm.scheduling_queues import SchedulingQueues
 
 __all__ = ["Scheduling"]
 
 
-class Scheduling(SchedulingConfigs):
+class Scheduling(SchedulingQueues):
     """vLLM's scheduling classes for one loaded vLLM: ``vllm.part(Scheduling)``; its
     configuration and scheduler are built by :class:`SchedulingConfigs`."""
 
@@ -280,10 +279,6 @@ class Scheduling(SchedulingConfigs):
     def is_aborted(self, request: Any) -> bool:
         return bool(request.status == self._scheduling.RequestStatus.FINISHED_ABORTED)
 
-    def status_name(self, request: Any) -> str:
-        status = request.status
-        return str(getattr(status, "name", status))
-
     def draft_token_ids(self, req_ids: list[str], drafts: list[list[int]]) -> Any:
         return call(self._scheduling.DraftTokenIds, req_ids=req_ids, draft_token_ids=drafts)
 
@@ -412,193 +407,6 @@ class Scheduling(SchedulingConfigs):
         (``Scheduler.finish_requests(None, RequestStatus.FINISHED_ABORTED)``)."""
         with quiet_logs():
             scheduler.finish_requests(None, self._scheduling.RequestStatus.FINISHED_ABORTED)
-
-    # -- the queues a schedule() call finds (liveness and fairness) ---------------------
-
-    def scheduling_limits(self, scheduler: Any, config: Any) -> tuple[int, int, int, int]:
-        """(the token budget ``max_num_scheduled_tokens``, the input budget
-        ``max_num_batched_tokens``, the draft slots each scheduled request takes of the
-        latter, the requests that may run at once): what ``Scheduler.schedule`` admits by.
-        Releases before the split budgets have one budget and no draft slots."""
-        sched_config = config.scheduler_config
-        input_budget = int(sched_config.max_num_batched_tokens)
-        token_budget = int(getattr(scheduler, "max_num_scheduled_tokens", None) or input_budget)
-        spec = config.speculative_config
-        draft_slots = int(getattr(spec, "max_num_new_slots_for_drafting", 0) or 0) if spec else 0
-        if not hasattr(scheduler, "max_num_scheduled_tokens"):
-            draft_slots = 0
-        seats = getattr(scheduler, "max_num_active_reqs", None)
-        if seats is None:
-            seats = scheduler.max_num_running_reqs
-        return token_budget, input_budget, draft_slots, int(seats)
-
-    def eligible_requests(self, scheduler: Any) -> int:
-        """The requests running or waiting, as ``Scheduler.schedule`` counts them for the
-        long-prefill cap (``get_request_counts``; releases without it: every request the
-        scheduler holds)."""
-        counts = getattr(scheduler, "get_request_counts", None)
-        if counts is None:
-            return len(scheduler.requests)
-        running, waiting = counts()
-        return int(running) + int(waiting)
-
-    def prefill_shift(self, scheduler: Any) -> int:
-        """The tokens a drafter reads past a prefill chunk, which
-        ``_try_schedule_encoder_inputs`` takes as ``shift_computed_tokens``
-        (``Scheduler.num_prefill_lookahead``: 1 for the EAGLE family, k for multi-module
-        MTP; set on the scheduler from 0.28.0, before ``VllmConfig`` had
-        ``num_prefill_lookahead_tokens`` in 0.31.0); 0 without a drafter."""
-        return int(getattr(scheduler, "num_prefill_lookahead", 0) or 0)
-
-    def cached_tokens(self, manager: Any, request: Any) -> int:
-        """The request's tokens the prefix cache holds, the last one left out, as its
-        admission would find them (``KVCacheManager.get_num_cached_tokens``: a probe that
-        takes no references and emits nothing); 0 where the release has no such probe."""
-        probe = getattr(manager, "get_num_cached_tokens", None)
-        return int(probe(request)) if probe is not None else 0
-
-    def held_back(self, scheduler: Any, request: Any, running: bool) -> str:
-        """Why ``Scheduler.schedule`` may pass this request over in the coming step without
-        breaking its policy ("" none), read from the request's and the scheduler's state
-        (each reason is a ``continue`` or a queue of its own in ``schedule()``; the list and
-        why each is legitimate: docs/contract.md, "Liveness and fairness"). A request with
-        a multimodal input ahead is recorded as held back by "the encoder budget or cache"
-        only where no other reason holds, so that a reason that always excuses is not
-        hidden behind the one the liveness family judges (``pending_input``)."""
-        other = self._held_back_otherwise(scheduler, request, running)
-        if other:
-            return other
-        if getattr(request, "has_encoder_inputs", False) and _encoder_ahead(scheduler, request):
-            return ENCODER_HELD_BACK
-        return ""
-
-    def _held_back_otherwise(self, scheduler: Any, request: Any, running: bool) -> str:
-        """:meth:`held_back`'s reasons but the encoder's."""
-        status = self.status_name(request)
-        if status.startswith("WAITING_FOR"):
-            return {
-                "WAITING_FOR_REMOTE_KVS": "its KV load is in flight",
-                "WAITING_FOR_FSM": "its structured-output grammar is not compiled",
-                "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR": "its structured-output grammar is not compiled",
-                "WAITING_FOR_STREAMING_REQ": "its session waits for input",
-            }.get(status, status)
-        if getattr(request, "lora_request", None) is not None:
-            return "the LoRA limit"
-        if getattr(scheduler, "need_mamba_block_aligned_split", False):
-            return "a Mamba block-aligned chunk"
-        if getattr(request, "num_stale_output_tokens", 0) and not running:
-            return "its stale output is in flight"
-        if getattr(request, "kv_transfer_params", None) and not running:
-            return "the KV connector's queue"
-        if not running:
-            if getattr(scheduler, "cache_aware_window", 0):
-                return "cache-aware admission reorders the waiting queue"
-            return ""
-        placeholders = int(getattr(request, "num_output_placeholders", 0) or 0)
-        computed = int(request.num_computed_tokens)
-        known = int(getattr(request, "num_tokens_with_spec", request.num_tokens))
-        if known + placeholders - computed <= 0:
-            return "its next token is not known before a step in flight is processed"
-        max_tokens = getattr(request, "max_tokens", None)
-        if (
-            placeholders
-            and max_tokens is not None
-            and computed + 2 - placeholders >= request.num_prompt_tokens + max_tokens
-        ):
-            return "its last token is in flight"
-        if _decode_deferred(scheduler, request):
-            return "the pipeline's decode cadence"
-        # _reserve_prefill_lookahead cuts a chunk only where the lookahead is more than 1
-        # (multi-module MTP): "No-op for eagle-family drafters (lookahead 1)", the same in
-        # 0.28.0-0.34.0; with 1 it excused any prefill chunk (issue 35's running #24 form).
-        if getattr(request, "is_prefill_chunk", False) and (
-            getattr(scheduler, "local_prefill_interval", 1) > 1
-            or int(getattr(scheduler, "num_prefill_lookahead", 0) or 0) > 1
-        ):
-            return "the prefill cadence or lookahead window"
-        sampled = int(getattr(scheduler, "num_sampled_tokens_per_step", 1) or 1)
-        max_model_len = getattr(scheduler, "max_model_len", None)
-        if max_model_len is not None and request.num_computed_tokens + sampled >= max_model_len:
-            return "max_model_len"
-        return ""
-
-    def pending_input(self, scheduler: Any, request: Any) -> tuple[int, int, int, bool] | None:
-        """(offset, length, embeddings, already in the encoder cache) of the first
-        multimodal input ``request`` has not computed past, shifted by the prefill
-        lookahead as ``_encoder_ahead`` reads it: the input ``_try_schedule_encoder_inputs``
-        weighs first in the coming step (the embeddings are what ``can_allocate`` asks of
-        the encoder budget and cache, ``Request.get_num_encoder_embeds``; a cached one
-        needs no room, ``check_and_update_cache``). None where there is none, or where
-        the answer is not the cache's: an encoder-cache connector (``ec_connector``), an
-        encoder-decoder model (no encoder cache, ``is_encoder_decoder``)."""
-        if getattr(scheduler, "ec_connector", None) is not None:
-            return None
-        if getattr(scheduler, "is_encoder_decoder", False):
-            return None
-        shift = self.prefill_shift(scheduler)
-        computed = int(request.num_computed_tokens)
-        cache = getattr(scheduler, "encoder_cache_manager", None)
-        cached = getattr(cache, "cached", None) or {}
-        for feature in getattr(request, "mm_features", None) or ():
-            position = getattr(feature, "mm_position", None)
-            if position is None:
-                return None
-            offset, length = int(position.offset), int(position.length)
-            if offset + length + shift <= computed:
-                continue
-            embeds = getattr(position, "get_num_embeds", None)
-            count = int(embeds() if callable(embeds) else embeds if embeds is not None else length)
-            return offset, length, count, getattr(feature, "identifier", None) in cached
-        return None
-
-    def encoder_room(self, scheduler: Any) -> tuple[int, int]:
-        """(the encoder budget of a ``schedule()`` call, ``max_num_encoder_input_tokens``;
-        the embeddings the encoder cache can take now, ``num_freeable_slots``: its free
-        slots and those of entries no live request references, which ``can_allocate``
-        evicts). (0, 0) where the scheduler has no encoder cache."""
-        cache = getattr(scheduler, "encoder_cache_manager", None)
-        if cache is None:
-            return 0, 0
-        budget = int(getattr(scheduler, "max_num_encoder_input_tokens", 0) or 0)
-        return budget, int(getattr(cache, "num_freeable_slots", 0) or 0)
-
-    def frees_deferred(self, scheduler: Any, request: Any) -> bool:
-        """Whether ``Scheduler.schedule`` may not preempt this running request in the coming
-        call: with an asynchronous KV consumer and more than one batch in flight
-        (``Scheduler.defer_block_free``), the blocks of a request whose last step is still
-        in flight are freed only once that step is processed, and the preemption loop gives
-        up the call rather than preempt it ("A deferred free will not help with immediate
-        allocation", ``_request_blocks_can_be_freed``). Releases without deferred frees:
-        False."""
-        can_be_freed = getattr(scheduler, "_request_blocks_can_be_freed", None)
-        if can_be_freed is None or not getattr(scheduler, "defer_block_free", False):
-            return False
-        return not can_be_freed(request)
-
-
-def _decode_deferred(scheduler: Any, request: Any) -> bool:
-    """The request may not decode in the coming step (pipeline parallelism with async
-    scheduling: ``Request.next_decode_eligible_step``)."""
-    eligible = getattr(request, "next_decode_eligible_step", None)
-    current = getattr(scheduler, "current_step", None)
-    return eligible is not None and current is not None and current + 1 < eligible
-
-
-def _encoder_ahead(scheduler: Any, request: Any) -> bool:
-    """The request has a multimodal placeholder it has not computed past (with the prefill
-    lookahead ``_try_schedule_encoder_inputs`` shifts by), or an encoder-cache connector
-    decides for it: only then can the encoder budget or cache cut its tokens to 0."""
-    if getattr(scheduler, "ec_connector", None) is not None:
-        return True
-    shift = int(getattr(scheduler, "num_prefill_lookahead", 0) or 0)
-    computed = int(request.num_computed_tokens)
-    for feature in getattr(request, "mm_features", None) or ():
-        position = getattr(feature, "mm_position", None)
-        if position is None:
-            return True
-        if int(position.offset) + int(position.length) + shift > computed:
-            return True
-    return False
 
 
 def _request_id(item: Any, request_ids: Collection[str]) -> str | None:
