@@ -18,7 +18,7 @@ from kvconform.harness.checks.liveness import (
     PREEMPTION_CYCLE,
     UNBOUNDED,
 )
-from kvconform.model.facts import ENCODER_HELD_BACK, Fact, PendingInput, QueuedRequest, StepQueues
+from kvconform.model.facts import Fact
 from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.observations import (
     MM_INPUT_PAST_BUDGET,
@@ -26,6 +26,7 @@ from kvconform.model.observations import (
     GroupInfo,
     Trajectory,
 )
+from kvconform.model.queue_facts import ENCODER_HELD_BACK, PendingInput, QueuedRequest, StepQueues
 
 # One full-attention group of 16-token blocks; a pool of 10 blocks (9 and the null block).
 GROUP = GroupInfo(
@@ -83,11 +84,17 @@ def invariants(failures: list) -> list[str]:
 
 
 def test_an_empty_call_with_running_requests_that_fit_the_pool_is_no_progress():
-    running = [req("a", 0, computed=20, tokens=21, held=2), req("b", 1, computed=40, tokens=41, held=3)]
+    running = [
+        req("a", 0, computed=20, tokens=21, held=2),
+        req("b", 1, computed=40, tokens=41, held=3),
+    ]
     # Both need 2 + 3 blocks for one more token; the pool has 9: two empty calls, one failure.
     failures = judged(step(running), step(running))
     assert invariants(failures) == [NO_PROGRESS]
-    assert failures[0].step == 0 and "running requests a, b, not all held back, need at most 5 blocks" in failures[0].message
+    assert (
+        failures[0].step == 0
+        and "running requests a, b, not all held back, need at most 5 blocks" in failures[0].message
+    )
     # Scheduling anything, or every running request held back (their next tokens come
     # with a step in flight): no failure.
     assert judged(step(running, scheduled={"a": (1, 2, 21), "b": (1, 3, 41)})) == []
@@ -251,9 +258,15 @@ def _thrash(progress: bool) -> list[StepQueues]:
 
 def test_a_request_preempted_again_and_again_without_progress_is_a_cycle():
     # max_model_len 4 and 4 seats: more than 16 fruitless preemptions in a row is a cycle.
-    failures = [f for f in judged(*_thrash(False), max_model_len=4) if f.detail["invariant"] == PREEMPTION_CYCLE]
+    failures = [
+        f
+        for f in judged(*_thrash(False), max_model_len=4)
+        if f.detail["invariant"] == PREEMPTION_CYCLE
+    ]
     (cycle,) = failures
-    assert cycle.request == "a" and cycle.line == 11 and "preempted 18 times in a row" in cycle.message
+    assert (
+        cycle.request == "a" and cycle.line == 11 and "preempted 18 times in a row" in cycle.message
+    )
     assert PREEMPTION_CYCLE not in invariants(judged(*_thrash(True), max_model_len=4))
     # With the bound of a real model length, twenty fruitless preemptions in changing states
     # are not a cycle.
@@ -301,7 +314,9 @@ def test_fcfs_a_later_arrival_does_not_pass_a_request_that_fits_its_place():
     # a does not fit the blocks: b may go.
     assert judged(step([], [a, b], {"b": (16, 1, 16)}, free=1, free_after=0)) == []
     # Without chunked prefill, a's whole prompt over the budget: b may go.
-    assert judged(step([], [a, b], {"b": (16, 1, 16)}, free_after=3, budget=20, chunked=False)) == []
+    assert (
+        judged(step([], [a, b], {"b": (16, 1, 16)}, free_after=3, budget=20, chunked=False)) == []
+    )
     # a held back (a listed reason), or b holding KV (drained first): b may go.
     held = a._replace(held_back="the LoRA limit")
     assert judged(step([], [held, b], {"b": (16, 1, 16)}, free_after=3)) == []
@@ -312,7 +327,9 @@ def test_priority_orders_by_priority_then_arrival():
     a, b = req("a", 0, priority=1), req("b", 1, priority=0, tokens=16)
     admitted = {"b": (16, 1, 16)}
     assert judged(step([], [a, b], admitted, free_after=3, policy="priority")) == []
-    (passed,) = judged(step([], [a._replace(priority=0), b], admitted, free_after=3, policy="priority"))
+    (passed,) = judged(
+        step([], [a._replace(priority=0), b], admitted, free_after=3, policy="priority")
+    )
     assert passed.detail["invariant"] == PASSED and "later in the priority order" in passed.message
 
 

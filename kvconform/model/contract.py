@@ -281,7 +281,5 @@ def zeroing_groups(groups: Sequence[GroupInfo]) -> tuple[int, ...]:
     return tuple(
         group.index
         for group, group_type in zip(groups, types, strict=True)
-        if group_type.attention
-        and not group_type.own_pool
-        and group.floor_rule.family != "ring"
+        if group_type.attention and not group_type.own_pool and group.floor_rule.family != "ring"
     )

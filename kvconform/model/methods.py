@@ -120,6 +120,8 @@ def rule_from_formula(reason: str, formula: str, fill_in: str | None = None) -> 
         lambda k, anchor: anchor_slots(k) if anchor else fill_slots(k),
         reason,
     )
+
+
 def _no_extra(target: TinyModel) -> Mapping[str, Any]:
     return {}
 
@@ -327,8 +329,9 @@ _ENGINE_EAGLE3 = EngineDraft(
 )
 
 BUILTIN_METHODS: tuple[Method, ...] = (
-    Method("eagle", _EAGLE_FAMILY, draft=ONE_LAYER_DRAFT, engine_draft=_ENGINE_EAGLE,
-           fuzz_rank=0),  # fmt: skip
+    Method(
+        "eagle", _EAGLE_FAMILY, draft=ONE_LAYER_DRAFT, engine_draft=_ENGINE_EAGLE, fuzz_rank=0
+    ),  # fmt: skip
     Method("eagle3", _EAGLE_FAMILY, draft=ONE_LAYER_DRAFT, engine_draft=_ENGINE_EAGLE3),
     Method(
         "mtp",

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, NamedTuple
 
-from kvconform.model.facts import ENCODER_HELD_BACK, Fact, QueuedRequest, StepQueues
+from kvconform.model.facts import Fact
 from kvconform.model.floors import (
     MAMBA_ALIGNED_STATE,
     FloorInput,
@@ -37,6 +37,7 @@ from kvconform.model.floors import (
 from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.kind_specs import WarmupPass
 from kvconform.model.parties import Party
+from kvconform.model.queue_facts import ENCODER_HELD_BACK, QueuedRequest, StepQueues
 
 
 class Observation(NamedTuple):

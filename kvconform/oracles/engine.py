@@ -200,9 +200,7 @@ def check_buildable(settings: EngineSettings, version: str) -> None:
         return
     expected = rule.drafter_class(draft)
     stale = (
-        ""
-        if named == expected
-        else f"; kvconform's registry ({REGISTRY_FILE}) expected {expected}"
+        "" if named == expected else f"; kvconform's registry ({REGISTRY_FILE}) expected {expected}"
     )
     raise NotOffered(
         version,

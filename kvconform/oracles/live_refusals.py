@@ -107,9 +107,8 @@ class LiveRefusals(LiveState):
                 else ""
             )
             reserved = (
-                (f", {call.options.reserved_blocks} reserved" if call.options.reserved_blocks else "")
-                + (f", {watermark} kept by the watermark" if watermark else "")
-            )
+                f", {call.options.reserved_blocks} reserved" if call.options.reserved_blocks else ""
+            ) + (f", {watermark} kept by the watermark" if watermark else "")
             return PoolExhausted(
                 where,
                 f"by the floor's own arithmetic {call.label} of request {call.request!r} needs "
@@ -149,8 +148,7 @@ class LiveRefusals(LiveState):
             computed, scheduled = 0, max(int(request.num_tokens), call.computed + scheduled)
         lookahead = 0 if call.options.load_async else self.floor_lookahead
         return tuple(
-            info.pool_blocks(computed, scheduled, lookahead, encoder_len)
-            for info in self._groups
+            info.pool_blocks(computed, scheduled, lookahead, encoder_len) for info in self._groups
         )
 
     def _held_beside(self, name: str, least: tuple[int, ...]) -> tuple[int, int]:

@@ -48,15 +48,16 @@ def judge(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
             continue
         for structure, ids in sorted(census.bookkeeping.items()):
             kept = ended_now if structure in KEPT_ONE_STEP else frozenset()
-            stale = sorted(
-                rid for rid in ids - live - kept if (structure, rid) not in reported
-            )
+            stale = sorted(rid for rid in ids - live - kept if (structure, rid) not in reported)
             if not stale:
                 continue
             reported.update((structure, rid) for rid in stale)
-            yield index, fact_failure(
-                fact,
-                f"{structure} still holds ended request(s) {', '.join(stale)}: an entry "
-                "that is never dropped grows with every request served",
-                STALE_ENTRY,
+            yield (
+                index,
+                fact_failure(
+                    fact,
+                    f"{structure} still holds ended request(s) {', '.join(stale)}: an entry "
+                    "that is never dropped grows with every request served",
+                    STALE_ENTRY,
+                ),
             )

@@ -86,9 +86,7 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
         if obs.live <= columns and (real is None or obs.block_ids is None):
             continue
         held_real = (
-            len(obs.block_ids) - list(obs.block_ids).count(null)
-            if obs.block_ids is not None
-            else 0
+            len(obs.block_ids) - list(obs.block_ids).count(null) if obs.block_ids is not None else 0
         )
         if obs.live <= columns and (real is None or held_real <= real):
             continue

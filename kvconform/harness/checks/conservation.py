@@ -55,16 +55,21 @@ def judge(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
                 else f"{-gap} more than the pool has (a block both free and held, or in "
                 "the free queue twice)"
             )
-            yield index, fact_failure(
-                fact,
-                f"the pool has {census.pool} blocks, but {census.free} are free and "
-                f"{len(taken)} held by live requests or deferred frees, with the null block: "
-                f"{how}",
-                NOT_CONSERVED,
+            yield (
+                index,
+                fact_failure(
+                    fact,
+                    f"the pool has {census.pool} blocks, but {census.free} are free and "
+                    f"{len(taken)} held by live requests or deferred frees, with the null block: "
+                    f"{how}",
+                    NOT_CONSERVED,
+                ),
             )
         refs = census.refs
-        if listed == len(held) and len(deferred) == len(set(deferred)) and held.isdisjoint(
-            deferred
+        if (
+            listed == len(held)
+            and len(deferred) == len(set(deferred))
+            and held.isdisjoint(deferred)
         ):
             # The common case: every block has one holder (and, most often, every count
             # read is 1: nothing to list, found without a look per block).
@@ -93,17 +98,23 @@ def judge(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
             )
         if wrong:
             shown = ", ".join(f"block {b}: ref_cnt {r}, {c} holder(s)" for b, r, c in wrong[:5])
-            yield index, fact_failure(
-                fact,
-                f"reference counts differ from the live holders ({shown}"
-                f"{', ...' if len(wrong) > 5 else ''})",
-                REFS_DIFFER,
+            yield (
+                index,
+                fact_failure(
+                    fact,
+                    f"reference counts differ from the live holders ({shown}"
+                    f"{', ...' if len(wrong) > 5 else ''})",
+                    REFS_DIFFER,
+                ),
             )
         if shared:
             pairs = "; ".join(f"block {b}: {', '.join(sorted(owners[b]))}" for b in shared[:5])
-            yield index, fact_failure(
-                fact,
-                f"blocks without cached KV are in two live requests' tables ({pairs}): "
-                "both write into them",
-                SHARED_WRITABLE,
+            yield (
+                index,
+                fact_failure(
+                    fact,
+                    f"blocks without cached KV are in two live requests' tables ({pairs}): "
+                    "both write into them",
+                    SHARED_WRITABLE,
+                ),
             )

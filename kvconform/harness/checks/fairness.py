@@ -1,6 +1,6 @@
 """``sanity``, the fairness family: vLLM's scheduler serves requests in its policy's order.
 
-Judged on each ``schedule()`` call's queues (:class:`~kvconform.model.facts.StepQueues`).
+Judged on each ``schedule()`` call's queues (:class:`~kvconform.model.queue_facts.StepQueues`).
 The order is the policy's: FCFS, the order the engine handed the requests to the
 scheduler; priority, ``(priority, Request.arrival_time)``, lower first. A request held
 back for a listed reason (``QueuedRequest.held_back``; docs/contract.md, "Liveness and
@@ -30,8 +30,9 @@ from collections.abc import Iterator
 
 from kvconform.harness.checks.liveness import blocks_for
 from kvconform.harness.checks.records import at_request, fact_failure, facts_of
-from kvconform.model.facts import Fact, QueuedRequest, StepQueues
+from kvconform.model.facts import Fact
 from kvconform.model.observations import Trajectory
+from kvconform.model.queue_facts import QueuedRequest, StepQueues
 from kvconform.model.results import Failure
 
 PASSED = "admits a later request ahead of an earlier one that fits"

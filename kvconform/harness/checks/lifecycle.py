@@ -98,13 +98,14 @@ def _stats(what: StepStats) -> list[str]:
     lookups = [
         (phase == "resumed", tokens, hit, 0, what.connector_local.get(request, hit))
         for request, phase, tokens, hit in what.admissions
-    ] + [
-        (False, prompt, local, tokens - local, local) for _, prompt, local, tokens in what.loads
-    ]
+    ] + [(False, prompt, local, tokens - local, local) for _, prompt, local, tokens in what.loads]
     described = [
         f"{request} ({phase}, {tokens} tokens, hit {hit})"
         for request, phase, tokens, hit in what.admissions
-    ] + [f"{rid} (loading {tokens - local}, local hit {local})" for rid, _, local, tokens in what.loads]
+    ] + [
+        f"{rid} (loading {tokens - local}, local hit {local})"
+        for rid, _, local, tokens in what.loads
+    ]
     for kind, got in what.prefix.items():
         wanted = what.enable_caching if kind == "prefix_cache_stats" else True
         want = dict.fromkeys(got, 0)
@@ -369,8 +370,7 @@ def _one(trajectory: Trajectory, fact: Fact, judged: set[str]) -> Iterator[Failu
         if what.generated is None:
             yield fact_failure(
                 fact,
-                f"the engine never finished request {fact.request} (max_tokens "
-                f"{what.max_tokens})",
+                f"the engine never finished request {fact.request} (max_tokens {what.max_tokens})",
                 LEFT_UNFINISHED,
             )
         elif what.generated != what.max_tokens:

@@ -1,6 +1,6 @@
 """``sanity``, the liveness family: vLLM's scheduler keeps serving a workload it can serve.
 
-Judged on each ``schedule()`` call's queues (:class:`~kvconform.model.facts.StepQueues`),
+Judged on each ``schedule()`` call's queues (:class:`~kvconform.model.queue_facts.StepQueues`),
 with the floor's arithmetic for what a request needs (``GroupInfo.pool_blocks``, an upper
 bound of what a table may rightly hold, so that "fits" is never claimed for a request
 that may not fit); docs/contract.md ("Liveness and fairness") states the model:
@@ -50,7 +50,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from kvconform.harness.checks.records import at_request, fact_failure, facts_of
-from kvconform.model.facts import ENCODER_HELD_BACK, QueuedRequest, StepQueues
 from kvconform.model.observations import (
     MM_INPUT_PAST_BUDGET,
     MM_INPUT_PAST_THRESHOLD,
@@ -61,6 +60,7 @@ from kvconform.model.observations import (
     input_never_fits,
     request_token_budget,
 )
+from kvconform.model.queue_facts import ENCODER_HELD_BACK, QueuedRequest, StepQueues
 from kvconform.model.results import Failure
 
 NO_PROGRESS = "schedules nothing while the running requests fit the pool"

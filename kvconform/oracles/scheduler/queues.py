@@ -1,12 +1,12 @@
 """What a ``schedule()`` call found in the scheduler's queues and what it made of them
-(:class:`~kvconform.model.facts.StepQueues`, judged by the liveness and fairness families of
+(:class:`~kvconform.model.queue_facts.StepQueues`, judged by the liveness and fairness families of
 ``sanity``): ids and counts only, read before and after the call."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from kvconform.model.facts import ENCODER_HELD_BACK, PendingInput, QueuedRequest, StepQueues
+from kvconform.model.queue_facts import ENCODER_HELD_BACK, PendingInput, QueuedRequest, StepQueues
 from kvconform.oracles.scheduler.records import FreeRecord, StepFact
 from kvconform.oracles.scheduler.state import OracleState
 

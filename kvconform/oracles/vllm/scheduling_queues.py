@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvconform.model.facts import ENCODER_HELD_BACK
+from kvconform.model.queue_facts import ENCODER_HELD_BACK
 from kvconform.oracles.vllm.scheduling_config import SchedulingConfigs
 
 __all__ = ["SchedulingQueues"]
