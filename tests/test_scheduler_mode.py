@@ -787,6 +787,24 @@ def test_a_load_failed_at_a_block_is_held_to_the_loads_prediction(vllm):
     assert decode.predicted_max == 6
 
 
+def test_a_failed_loads_running_maximum_leaves_out_the_lookahead(vllm):
+    """``Scheduler.schedule`` allocates an asynchronous load's slots without the drafter's
+    lookahead (``effective_lookahead_tokens``), so the running maximum a failed load starts
+    from is the predictor's count for the loaded tokens with no lookahead. With it (3 for
+    31 + 2 tokens) agree blamed vLLM for holding the load's 2 blocks at the recompute
+    (explore seed 0 on 0.34.0, 'agree / token-indexed / live below')."""
+    path = SCENARIOS / "sched-remote-load-failed-block-drafter-lookahead.yaml"
+    (scenario,) = load_file(path)
+    result = runner.run_scenario(scenario, vllm)
+    assert result.verdict is Verdict.PASSED, result.headline()
+    load, recompute, _ = _rows(result)["a"]
+    assert load.label.startswith("loading remote KV 31") and load.live == cdiv(31, 16)
+    assert (recompute.computed, recompute.scheduled, recompute.lookahead) == (16, 8, 2)
+    # The load's blocks, the step's own prediction and the running maximum agree (the
+    # count for the loaded tokens with the lookahead, cdiv(31 + 2, 16), is 3).
+    assert recompute.live == recompute.predicted == recompute.predicted_max == 2
+
+
 @pytest.mark.slow
 def test_a_deferred_free_of_a_preemption_is_no_finish(tmp_path):
     """Releases before 0.30.0 preempt a request whose step is in flight under deferred

@@ -29,6 +29,14 @@ class Predictor:
             max_model_len=model.max_model_len,
             dcp_world_size=model.dcp_world_size,
         )
+        # An asynchronous KV load's blocks are allocated with no lookahead
+        # (Scheduler.schedule: effective_lookahead_tokens is 0 under load_kv_async), so
+        # the count for them is the same function without it.
+        self._load_fn = vllm.block_counter(
+            num_lookahead_tokens=0,
+            max_model_len=model.max_model_len,
+            dcp_world_size=model.dcp_world_size,
+        )
         self.unavailable_reason = None if self._fn is not None else vllm.predictor_missing_reason()
         self.specs = group_specs(vllm, model, trajectory.num_speculative_tokens)
 
@@ -42,7 +50,18 @@ class Predictor:
         The driver asks once per step and group; binding the spec and the fixed
         keywords once keeps that call close to vLLM's own cost.
         """
-        fn = self._fn
+        return self._bound(self._fn, group)
+
+    def for_load(self, group: int) -> Callable[[int, int], int]:
+        """The predictor's count for the blocks of an asynchronous KV load in one group:
+        (num_tokens, encoder_len) -> blocks, with no lookahead. ``Scheduler.schedule``
+        allocates a load's slots without the drafter's lookahead
+        (``effective_lookahead_tokens``, "Allocate speculative lookahead slots later"), so
+        the load holds no lookahead blocks until its first step.
+        """
+        return self._bound(self._load_fn, group)
+
+    def _bound(self, fn: Callable[..., int] | None, group: int) -> Callable[[int, int], int]:
         spec = self.specs[group]
         if fn is None:
             raise ValueError(f"the predictor is unavailable: {self.unavailable_reason}")

@@ -176,6 +176,9 @@ def _trajectory_of(
     predict = (
         [predictor.for_group(g) for g in range(len(model.groups))] if predictor.available else []
     )
+    predict_load = (
+        [predictor.for_load(g) for g in range(len(model.groups))] if predictor.available else []
+    )
     lines = trajectory.request_lines = {
         name: (req.where.line if req.where else None) for name, req in scenario.requests.items()
     }
@@ -208,10 +211,12 @@ def _trajectory_of(
                 # The load's blocks stay in the table when it fails at a block under
                 # kv_load_failure_policy recompute (the computed count is cut to the valid
                 # prefix and the rest recomputed into them), as a rejected draft's do: the
-                # running maximum starts from what the predictor gives the loaded tokens.
+                # running maximum starts from what the predictor gives the loaded tokens,
+                # without the lookahead, which vLLM does not allocate for a load (the
+                # drafter's blocks come with the first step, whose prediction counts them).
                 maxima = predicted_max.setdefault(event.request, [0] * len(model.groups))
                 for g in range(len(model.groups)):
-                    maxima[g] = max(maxima[g], predict[g](event.tokens, 0))
+                    maxima[g] = max(maxima[g], predict_load[g](event.tokens, 0))
             loads[event.request] = len(trajectory.kv_loads)
             trajectory.kv_loads.append(
                 KvLoad(
