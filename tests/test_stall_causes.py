@@ -6,14 +6,19 @@ that ends inside an input back to ``max(0, start_pos - (num_computed_tokens +
 shift_computed_tokens))``, or to nothing where the chunk starts on the input; the scheduler
 oracle names a stall by the one chunk the request then needs, against the request's token
 budget (docs/findings.md #24) and the long-prefill threshold (#22). The shapes below are the
-explorer's reproducers (docs/explore.md) and the scenarios of both findings.
+explorer's reproducers (docs/explore.md) and the scenarios of both findings. A multi-module
+MTP stall at a prompt's end is named by ``lookahead_cuts_to_nothing`` (#26).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from kvconform.model.observations import STALL_CAUSES, whole_input_chunk
+from kvconform.model.observations import (
+    STALL_CAUSES,
+    lookahead_cuts_to_nothing,
+    whole_input_chunk,
+)
 
 
 @pytest.mark.parametrize(
@@ -54,4 +59,40 @@ def test_the_chunk_a_request_needs_to_get_past_the_input_it_is_held_at(
 def test_each_stall_cause_is_its_own_signature() -> None:
     """An entry of scenarios/explore-known.yaml for one cause excuses no other: the
     causes are distinct texts."""
-    assert len(set(STALL_CAUSES)) == len(STALL_CAUSES) == 3
+    assert len(set(STALL_CAUSES)) == len(STALL_CAUSES) == 4
+
+
+@pytest.mark.parametrize(
+    ("left", "cap", "lookahead", "stalls"),
+    [
+        # #26's scenario and seed 0's stall: MTP k = 2, threshold 1, 2 prompt tokens left.
+        # The chunk of 1 would leave 1 < 2 and is cut by 2 - 1 = 1, to nothing.
+        (2, 1, 2, True),
+        # 3 left: the chunk of 1 leaves 2, the lookahead: not cut; progress.
+        (3, 1, 2, False),
+        # A chunk that finishes the prompt is never cut.
+        (2, 2, 2, False),
+        (1, 1, 2, False),
+        # k = 4, threshold 2: 3 or 4 left stall (cut to 3 - 4 or 4 - 4); 5 left is cut to
+        # 5 - 4 = 1 token, progress.
+        (3, 2, 4, True),
+        (4, 2, 4, True),
+        (5, 2, 4, False),
+        # EAGLE's lookahead of 1 never stalls: a cap below the tokens left leaves 1 or more.
+        (2, 1, 1, False),
+        # No drafter, nothing left: nothing to cut.
+        (2, 1, 0, False),
+        (0, 1, 2, False),
+    ],
+)
+def test_the_prefill_lookahead_cuts_a_capped_chunk_to_nothing_only_within_it(
+    left: int, cap: int, lookahead: int, stalls: bool
+) -> None:
+    """Scheduler._reserve_prefill_lookahead, by hand: a chunk of min(cap, left) tokens that
+    leaves 0 < r < lookahead is cut by lookahead - r (docs/findings.md #26)."""
+    assert lookahead_cuts_to_nothing(left, cap, lookahead) is stalls
+    chunk = min(cap, left)
+    remaining = left - chunk
+    if 0 < remaining < lookahead:
+        chunk -= lookahead - remaining
+    assert (left > 0 and max(chunk, 0) == 0) is stalls

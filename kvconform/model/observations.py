@@ -166,7 +166,35 @@ MM_INPUT_PAST_THRESHOLD = "a multimodal input longer than the long-prefill thres
 # max_num_batched_tokens alone leaves (docs/findings.md #24).
 MM_INPUT_PAST_BUDGET = "a multimodal input longer than the request's token budget"
 
-STALL_CAUSES = (PADDED_ROW_PAST_BUDGET, MM_INPUT_PAST_THRESHOLD, MM_INPUT_PAST_BUDGET)
+# A stall whose request (the waiting one, or a running one holding the seat it waits for)
+# has R prompt tokens left with 0 < R <= the drafter's prefill lookahead L (multi-module
+# MTP: k) and a chunk cap below R (the long-prefill threshold in force, or the request's
+# token budget): Scheduler._reserve_prefill_lookahead cuts the capped chunk, which would
+# leave 0 < R - cap < L tokens, by L - (R - cap), to R - L <= 0 tokens, at every call
+# (docs/findings.md #26).
+PREFILL_LOOKAHEAD_PAST_CAP = "a prompt end within the prefill lookahead, past its chunk cap"
+
+STALL_CAUSES = (
+    PADDED_ROW_PAST_BUDGET,
+    MM_INPUT_PAST_THRESHOLD,
+    MM_INPUT_PAST_BUDGET,
+    PREFILL_LOOKAHEAD_PAST_CAP,
+)
+
+
+def lookahead_cuts_to_nothing(left: int, cap: int, lookahead: int) -> bool:
+    """Whether ``Scheduler._reserve_prefill_lookahead`` cuts every chunk of a request with
+    ``left`` prompt tokens to compute, whose chunks are capped at ``cap`` tokens, to nothing.
+
+    Read from the method: a chunk of ``n`` tokens that would leave ``0 < left - n <
+    lookahead`` is cut by ``lookahead - (left - n)``, to ``left - lookahead`` ("Either
+    finish the prefill or leave at least num_prefill_lookahead for the next chunk"). A
+    chunk that finishes the prompt (``cap >= left``) is not cut; one that leaves the
+    lookahead or more is not cut; with ``left > lookahead`` the cut leaves ``left -
+    lookahead > 0`` tokens, progress. Only ``cap < left <= lookahead`` leaves nothing, and
+    no call changes that: the request's cap is what it gets with the whole budget free.
+    """
+    return 0 < cap < left <= lookahead
 
 
 def whole_input_chunk(inputs: Sequence[tuple[int, int]], computed: int, shift: int) -> int:

@@ -23,11 +23,13 @@ from kvconform.model.observations import (
     MM_INPUT_PAST_BUDGET,
     MM_INPUT_PAST_THRESHOLD,
     PADDED_ROW_PAST_BUDGET,
+    PREFILL_LOOKAHEAD_PAST_CAP,
+    lookahead_cuts_to_nothing,
     whole_input_chunk,
 )
 from kvconform.oracles.scheduler.records import StallRecord
 
-__all__ = ["mm_input_cause", "stall_cause", "stalled_run"]
+__all__ = ["lookahead_cause", "mm_input_cause", "stall_cause", "stalled_run"]
 
 
 def stall_cause(oracle: Any, request: Any, computed: int, running: set[str]) -> str:
@@ -58,6 +60,11 @@ def stall_cause(oracle: Any, request: Any, computed: int, running: set[str]) -> 
       threshold, which applies with more than one request running or waiting (with
       one, vLLM lifts the cap; the adaptive one floored at ``max_num_batched_tokens``
       over those requests).
+
+    :data:`PREFILL_LOOKAHEAD_PAST_CAP` (:func:`lookahead_cause`): the request, or a running
+    request, has its prompt's last tokens within the drafter's prefill lookahead and a
+    chunk cap below them, so ``Scheduler._reserve_prefill_lookahead`` cuts its chunk to
+    nothing at every call.
     """
     stuck = [(request, computed)] + [
         (oracle.scheduler.requests[rid], int(oracle.scheduler.requests[rid].num_computed_tokens))
@@ -67,6 +74,8 @@ def stall_cause(oracle: Any, request: Any, computed: int, running: set[str]) -> 
     for cause in (MM_INPUT_PAST_BUDGET, MM_INPUT_PAST_THRESHOLD):
         if cause in causes:
             return cause
+    if any(lookahead_cause(oracle, r, c) for r, c in stuck):
+        return PREFILL_LOOKAHEAD_PAST_CAP
     k = oracle.num_spec
     tokens = int(request.num_tokens)
     if not computed:
@@ -110,6 +119,30 @@ def mm_input_cause(oracle: Any, request: Any, computed: int) -> str:
     if limits.long_prefill_token_threshold_adaptive:
         threshold = max(threshold, limits.max_num_batched_tokens // eligible)
     return MM_INPUT_PAST_THRESHOLD if chunk > threshold else ""
+
+
+def lookahead_cause(oracle: Any, request: Any, computed: int) -> bool:
+    """Whether ``Scheduler._reserve_prefill_lookahead`` cuts every chunk of ``request``
+    (at ``computed``) to nothing (:func:`lookahead_cuts_to_nothing`, docs/findings.md #26):
+    chunked prefill, the prompt's tokens left within the drafter's prefill lookahead
+    (``num_prefill_lookahead``: k for multi-module MTP), and the chunk the request gets
+    with the whole budget free (its token budget, ``min(max_num_scheduled_tokens,
+    max_num_batched_tokens - draft slots)``, and the long-prefill threshold where one is in
+    force) below them."""
+    if not oracle.limits.enable_chunked_prefill:
+        return False
+    lookahead = oracle.api.prefill_shift(oracle.scheduler)
+    # request.num_tokens, as the method reads it: the prompt, and the outputs of a request
+    # resumed after preemption.
+    left = int(request.num_tokens) - computed
+    token_budget, input_budget, draft_slots, _ = oracle.api.scheduling_limits(
+        oracle.scheduler, oracle.config
+    )
+    cap = min(token_budget, input_budget - draft_slots)
+    threshold = oracle.api.long_prefill_cap(oracle.scheduler, oracle.config)
+    if threshold:
+        cap = min(cap, threshold)
+    return lookahead_cuts_to_nothing(left, cap, lookahead)
 
 
 def stalled_run(oracle: Any, since: int) -> PoolExhausted | StallRecord | None:

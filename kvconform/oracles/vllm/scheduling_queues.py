@@ -51,6 +51,23 @@ class SchedulingQueues(SchedulingConfigs):
         running, waiting = counts()
         return int(running) + int(waiting)
 
+    def long_prefill_cap(self, scheduler: Any, config: Any) -> int:
+        """The long-prefill threshold ``Scheduler.schedule`` caps a chunk at in the coming
+        call, 0 for none: the configured one; from 0.31.0 (which added
+        ``adaptive_long_prefill_threshold``) lifted with one request running or waiting
+        ("there is nobody to starve") and, adaptive, floored at ``max_num_batched_tokens``
+        over the requests eligible; before 0.31.0 applied to a lone request too."""
+        sched_config = config.scheduler_config
+        threshold = int(sched_config.long_prefill_token_threshold or 0)
+        if not threshold or not hasattr(scheduler, "adaptive_long_prefill_threshold"):
+            return threshold
+        eligible = self.eligible_requests(scheduler)
+        if eligible <= 1:
+            return 0
+        if scheduler.adaptive_long_prefill_threshold:
+            threshold = max(threshold, int(sched_config.max_num_batched_tokens) // eligible)
+        return threshold
+
     def prefill_shift(self, scheduler: Any) -> int:
         """The tokens a drafter reads past a prefill chunk, which
         ``_try_schedule_encoder_inputs`` takes as ``shift_computed_tokens``
