@@ -62,18 +62,23 @@ FINDING_22_SHIFT = FINDING_22.with_name("sched-mm-input-past-long-prefill-thresh
 # it, no threshold in play: through the drafter's prefill shift, and draft_model's draft slot.
 FINDING_24_SHIFT = REPO / "scenarios/scheduler/sched-mm-input-past-request-budget-shift.yaml"
 FINDING_24_SLOT = FINDING_24_SHIFT.with_name("sched-mm-input-past-request-budget-draft-slot.yaml")
+# #26: multi-module MTP's prefill lookahead cuts a threshold-capped chunk to nothing; the two
+# requests stuck at their prompts' last 2 tokens hold both seats.
+FINDING_26 = REPO / "scenarios/scheduler/sched-mtp-prefill-lookahead-past-threshold.yaml"
 
 
 def test_a_stalls_signature_names_its_cause_and_excuses_no_other_stall(vllm: Vllm) -> None:
     """A stall (``capacity / schedule``) is signed with the cause the scheduler oracle
     reads from it, so #19's entry excuses #19's stall only: #22's and #24's, other causes,
     have entries of their own (#24's stalls have no threshold in play, #22's fit the request's
-    token budget), and a stall of no named cause stays new."""
+    token budget; #26's has no multimodal input), and a stall of no named cause stays
+    new."""
     from kvconform.harness.checks import capacity
     from kvconform.model.observations import (
         MM_INPUT_PAST_BUDGET,
         MM_INPUT_PAST_THRESHOLD,
         PADDED_ROW_PAST_BUDGET,
+        PREFILL_LOOKAHEAD_PAST_CAP,
     )
     from kvconform.model.results import Failure
 
@@ -86,6 +91,7 @@ def test_a_stalls_signature_names_its_cause_and_excuses_no_other_stall(vllm: Vll
         ("22 shift", FINDING_22_SHIFT),
         ("24 shift", FINDING_24_SHIFT),
         ("24 slot", FINDING_24_SLOT),
+        ("26", FINDING_26),
     )
     for key, path in cases:
         (scenario,) = load_file(path)
@@ -96,6 +102,7 @@ def test_a_stalls_signature_names_its_cause_and_excuses_no_other_stall(vllm: Vll
     assert found["22"] == Signature("capacity", "schedule", MM_INPUT_PAST_THRESHOLD)
     assert found["24 shift"] == found["24 slot"]
     assert found["24 shift"] == Signature("capacity", "schedule", MM_INPUT_PAST_BUDGET)
+    assert found["26"] == Signature("capacity", "schedule", PREFILL_LOOKAHEAD_PAST_CAP)
     for key, signature in found.items():
         entry = triaged(signature, vllm.version, known)
         assert entry is not None and entry.finding == int(key.split()[0]), signature
