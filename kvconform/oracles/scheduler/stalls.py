@@ -74,13 +74,14 @@ def stall_cause(oracle: Any, request: Any, computed: int, running: set[str]) -> 
     for cause in (MM_INPUT_PAST_BUDGET, MM_INPUT_PAST_THRESHOLD):
         if cause in causes:
             return cause
-    if any(lookahead_cause(oracle, r, c) for r, c in stuck):
-        return PREFILL_LOOKAHEAD_PAST_CAP
     k = oracle.num_spec
     tokens = int(request.num_tokens)
     if not computed:
         fills = tokens - 1 if oracle.limits.kv_connector == "decode_bench" else 0
         computed = max(oracle.api.cached_tokens(oracle.manager, request), fills)
+    # The waiting request from what it would adopt, as the waiting loop computes its chunk.
+    if any(lookahead_cause(oracle, r, c) for r, c in [(request, computed), *stuck[1:]]):
+        return PREFILL_LOOKAHEAD_PAST_CAP
     if not k or not computed or tokens - computed != 1:
         return ""
     if computed + 1 + k + 1 > oracle.scenario.model.max_model_len:
@@ -128,7 +129,7 @@ def lookahead_cause(oracle: Any, request: Any, computed: int) -> bool:
     (``num_prefill_lookahead``: k for multi-module MTP), and the chunk the request gets
     with the whole budget free (its token budget, ``min(max_num_scheduled_tokens,
     max_num_batched_tokens - draft slots)``, and the long-prefill threshold where one is in
-    force) below them."""
+    force, then Mamba "align"'s block-aligned split of that chunk) below them."""
     if not oracle.limits.enable_chunked_prefill:
         return False
     lookahead = oracle.api.prefill_shift(oracle.scheduler)
@@ -142,6 +143,9 @@ def lookahead_cause(oracle: Any, request: Any, computed: int) -> bool:
     threshold = oracle.api.long_prefill_cap(oracle.scheduler, oracle.config)
     if threshold:
         cap = min(cap, threshold)
+    # Mamba "align" ends a chunk that starts mid-block at the block's end: a cap too,
+    # applied, as vLLM applies it, before the reservation.
+    cap = oracle.api.mamba_aligned_chunk(oracle.scheduler, request, min(cap, left), computed)
     return lookahead_cuts_to_nothing(left, cap, lookahead)
 
 

@@ -68,6 +68,20 @@ class SchedulingQueues(SchedulingConfigs):
             threshold = max(threshold, int(sched_config.max_num_batched_tokens) // eligible)
         return threshold
 
+    def mamba_aligned_chunk(self, scheduler: Any, request: Any, tokens: int, start: int) -> int:
+        """The chunk of ``tokens`` from ``start`` that ``Scheduler.schedule`` keeps after
+        Mamba "align"'s split (``_mamba_block_aligned_split``: chunk ends on block
+        boundaries and checkpoint positions; a chunk that starts mid-block stops at the
+        block's end, even one that would finish the prompt), ``tokens`` where the scheduler
+        does not split. ``start`` past the request's computed tokens is what a waiting
+        request would adopt (its prefix-cache hit). The method only reads the scheduler's
+        and the request's state; its signature is the same on every release that has it
+        (0.28.0 on)."""
+        if not getattr(scheduler, "need_mamba_block_aligned_split", False):
+            return tokens
+        adopted = start - int(request.num_computed_tokens)
+        return int(scheduler._mamba_block_aligned_split(request, tokens, adopted))
+
     def prefill_shift(self, scheduler: Any) -> int:
         """The tokens a drafter reads past a prefill chunk, which
         ``_try_schedule_encoder_inputs`` takes as ``shift_computed_tokens``
