@@ -117,13 +117,6 @@ def test_a_differential_baseline_keeps_only_what_the_bug_changed(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 35, sixth stop: seed 0 meets an untriaged vLLM stall, capacity / schedule "
-    "(round 2, example 30: multi-module MTP k = 2 under a long-prefill threshold of 1, "
-    "_reserve_prefill_lookahead cutting the capped chunk to nothing; docs/explore.md, "
-    "'Still untriaged at the sixth stop'); strict: it passes once the stall is triaged",
-)
 def test_explore_seed_0_conforms_on_the_pinned_vllm(vllm: Vllm, tmp_path: Path) -> None:
     # Seed 0's first 600 workloads, a count rather than issue 35's `--budget 120`: a time
     # budget ends where the machine's speed puts it (about 2,500 workloads on the 2-core
