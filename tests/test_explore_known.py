@@ -65,6 +65,8 @@ FINDING_24_SLOT = FINDING_24_SHIFT.with_name("sched-mm-input-past-request-budget
 # #26: multi-module MTP's prefill lookahead cuts a threshold-capped chunk to nothing; the two
 # requests stuck at their prompts' last 2 tokens hold both seats.
 FINDING_26 = REPO / "scenarios/scheduler/sched-mtp-prefill-lookahead-past-threshold.yaml"
+# #26 where Mamba "align"'s block-aligned split, not the threshold, caps the last chunk.
+FINDING_26_MAMBA = FINDING_26.with_name("sched-mtp-prefill-lookahead-past-mamba-split.yaml")
 
 
 def test_a_stalls_signature_names_its_cause_and_excuses_no_other_stall(vllm: Vllm) -> None:
@@ -92,6 +94,7 @@ def test_a_stalls_signature_names_its_cause_and_excuses_no_other_stall(vllm: Vll
         ("24 shift", FINDING_24_SHIFT),
         ("24 slot", FINDING_24_SLOT),
         ("26", FINDING_26),
+        ("26 mamba", FINDING_26_MAMBA),
     )
     for key, path in cases:
         (scenario,) = load_file(path)
@@ -102,6 +105,7 @@ def test_a_stalls_signature_names_its_cause_and_excuses_no_other_stall(vllm: Vll
     assert found["22"] == Signature("capacity", "schedule", MM_INPUT_PAST_THRESHOLD)
     assert found["24 shift"] == found["24 slot"]
     assert found["24 shift"] == Signature("capacity", "schedule", MM_INPUT_PAST_BUDGET)
+    assert found["26"] == found["26 mamba"]
     assert found["26"] == Signature("capacity", "schedule", PREFILL_LOOKAHEAD_PAST_CAP)
     for key, signature in found.items():
         entry = triaged(signature, vllm.version, known)
