@@ -133,19 +133,8 @@ def lookahead_cause(oracle: Any, request: Any, computed: int) -> bool:
     if not oracle.limits.enable_chunked_prefill:
         return False
     lookahead = oracle.api.prefill_shift(oracle.scheduler)
-    # request.num_tokens, as the method reads it: the prompt, and the outputs of a request
-    # resumed after preemption.
     left = int(request.num_tokens) - computed
-    token_budget, input_budget, draft_slots, _ = oracle.api.scheduling_limits(
-        oracle.scheduler, oracle.config
-    )
-    cap = min(token_budget, input_budget - draft_slots)
-    threshold = oracle.api.long_prefill_cap(oracle.scheduler, oracle.config)
-    if threshold:
-        cap = min(cap, threshold)
-    # Mamba "align" ends a chunk that starts mid-block at the block's end: a cap too,
-    # applied, as vLLM applies it, before the reservation.
-    cap = oracle.api.mamba_aligned_chunk(oracle.scheduler, request, min(cap, left), computed)
+    cap = oracle.api.prefill_chunk_cap(oracle.scheduler, oracle.config, request, computed)
     return lookahead_cuts_to_nothing(left, cap, lookahead)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvconform.model.observations import lookahead_cuts_to_nothing
 from kvconform.model.queue_facts import ENCODER_HELD_BACK
 from kvconform.oracles.vllm.scheduling_config import SchedulingConfigs
 
@@ -82,6 +83,24 @@ class SchedulingQueues(SchedulingConfigs):
         adopted = start - int(request.num_computed_tokens)
         return int(scheduler._mamba_block_aligned_split(request, tokens, adopted))
 
+    def prefill_chunk_cap(self, scheduler: Any, config: Any, request: Any, computed: int) -> int:
+        """The chunk ``Scheduler.schedule`` gives ``request`` (at ``computed``) with the whole
+        budget free, before ``_reserve_prefill_lookahead``: its token budget
+        (``min(max_num_scheduled_tokens, max_num_batched_tokens - draft slots)``), the
+        long-prefill threshold where one is in force (:meth:`long_prefill_cap`), then Mamba
+        "align"'s block-aligned split of that chunk, which vLLM applies before the
+        reservation. What ``lookahead_cuts_to_nothing`` (``kvconform.model.observations``)
+        takes as ``cap``, for the stall's cause and for :meth:`held_back` alike."""
+        token_budget, input_budget, draft_slots, _ = self.scheduling_limits(scheduler, config)
+        cap = min(token_budget, input_budget - draft_slots)
+        threshold = self.long_prefill_cap(scheduler, config)
+        if threshold:
+            cap = min(cap, threshold)
+        # request.num_tokens, as the method reads it: the prompt, and the outputs of a
+        # request resumed after preemption.
+        left = int(request.num_tokens) - computed
+        return self.mamba_aligned_chunk(scheduler, request, min(cap, left), computed)
+
     def prefill_shift(self, scheduler: Any) -> int:
         """The tokens a drafter reads past a prefill chunk, which
         ``_try_schedule_encoder_inputs`` takes as ``shift_computed_tokens``
@@ -148,19 +167,35 @@ class SchedulingQueues(SchedulingConfigs):
             return "its last token is in flight"
         if _decode_deferred(scheduler, request):
             return "the pipeline's decode cadence"
-        # _reserve_prefill_lookahead cuts a chunk only where the lookahead is more than 1
-        # (multi-module MTP): "No-op for eagle-family drafters (lookahead 1)", the same in
-        # 0.28.0-0.34.0; with 1 it excused any prefill chunk (issue 35's running #24 form).
-        if getattr(request, "is_prefill_chunk", False) and (
-            getattr(scheduler, "local_prefill_interval", 1) > 1
-            or int(getattr(scheduler, "num_prefill_lookahead", 0) or 0) > 1
-        ):
-            return "the prefill cadence or lookahead window"
+        if getattr(request, "is_prefill_chunk", False):
+            if getattr(scheduler, "local_prefill_interval", 1) > 1:
+                return "the prefill cadence"
+            if self._lookahead_may_cut(scheduler, request):
+                return "the prefill lookahead window"
         sampled = int(getattr(scheduler, "num_sampled_tokens_per_step", 1) or 1)
         max_model_len = getattr(scheduler, "max_model_len", None)
         if max_model_len is not None and request.num_computed_tokens + sampled >= max_model_len:
             return "max_model_len"
         return ""
+
+    def _lookahead_may_cut(self, scheduler: Any, request: Any) -> bool:
+        """Whether ``_reserve_prefill_lookahead`` may cut this running prefill's chunk to
+        nothing in the coming call without the request being stuck there: the prompt's
+        ``0 < R <= lookahead`` tokens left (with more, the cut leaves ``R - lookahead > 0``
+        tokens, progress), the lookahead more than 1 (multi-module MTP: "No-op for
+        eagle-family drafters (lookahead 1)", the same in 0.28.0-0.34.0; with 1 it excused
+        any prefill chunk, issue 35's running #24 form), and a chunk with the whole budget
+        free that is not cut to nothing (``lookahead_cuts_to_nothing``): then only the budget
+        other requests take in that call cuts it, and they progress. Where the capped chunk
+        is always cut to nothing (docs/findings.md #26) the request can never end there, and
+        no excuse is granted: the liveness family's progress rule judges the call."""
+        lookahead = self.prefill_shift(scheduler)
+        computed = int(request.num_computed_tokens)
+        left = int(request.num_tokens) - computed
+        if lookahead <= 1 or not 0 < left <= lookahead:
+            return False
+        cap = self.prefill_chunk_cap(scheduler, scheduler.vllm_config, request, computed)
+        return not lookahead_cuts_to_nothing(left, cap, lookahead)
 
     def pending_input(self, scheduler: Any, request: Any) -> tuple[int, int, int, bool] | None:
         """(offset, length, embeddings, already in the encoder cache) of the first
