@@ -50,9 +50,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from kvconform.harness.checks.records import at_request, fact_failure, facts_of
+from kvconform.model.lookahead_stall import lookahead_stuck_cap
 from kvconform.model.observations import (
     MM_INPUT_PAST_BUDGET,
     MM_INPUT_PAST_THRESHOLD,
+    PREFILL_LOOKAHEAD_PAST_CAP,
     Trajectory,
     capped_at_input,
     held_at_input_in_empty_call,
@@ -69,6 +71,10 @@ NO_PROGRESS = "schedules nothing while the running requests fit the pool"
 # (scenarios/explore-known.yaml) tells #24's and #22's running forms from other stalls.
 NO_PROGRESS_PAST_BUDGET = f"{NO_PROGRESS}: {MM_INPUT_PAST_BUDGET}"
 NO_PROGRESS_PAST_THRESHOLD = f"{NO_PROGRESS}: {MM_INPUT_PAST_THRESHOLD}"
+# The same, where a running prefill's prompt end lies within the drafter's prefill lookahead
+# past its chunk cap, which _reserve_prefill_lookahead cuts to nothing at every call: #26's
+# running form.
+NO_PROGRESS_LOOKAHEAD = f"{NO_PROGRESS}: {PREFILL_LOOKAHEAD_PAST_CAP}"
 PREEMPTION_CYCLE = "preempts a request again and again without progress"
 UNBOUNDED = "leaves a request unfinished past the workload's bound"
 
@@ -148,12 +154,14 @@ def _progress(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
                 continue
         idle = True
         names = ", ".join(r.request for r in queues.running)
-        at_input = "".join(_at_input(r, queues) for r in queues.running)
+        at_input = "".join(_at_input(r, queues) + _at_lookahead(r, queues) for r in queues.running)
         invariant = NO_PROGRESS
         if any(input_never_fits(r, queues) for r in queues.running):
             invariant = NO_PROGRESS_PAST_BUDGET
         elif any(capped_at_input(r, queues) for r in queues.running):
             invariant = NO_PROGRESS_PAST_THRESHOLD
+        elif any(lookahead_stuck_cap(r, queues) for r in queues.running):
+            invariant = NO_PROGRESS_LOOKAHEAD
         yield (
             index,
             fact_failure(
@@ -165,6 +173,22 @@ def _progress(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
                 invariant,
             ),
         )
+
+
+def _at_lookahead(request: QueuedRequest, queues: StepQueues) -> str:
+    """What the progress failure says of a running prefill that
+    ``_reserve_prefill_lookahead`` cuts to nothing at every call (:func:`lookahead_stuck_cap`);
+    "" for any other request."""
+    cap = lookahead_stuck_cap(request, queues)
+    if not cap:
+        return ""
+    return (
+        f"; {request.request} has {request.tokens - request.computed} prompt tokens left "
+        f"(computed {request.computed} of {request.tokens}), within the drafter's prefill "
+        f"lookahead of {queues.prefill_shift}, and a chunk cap of {cap}: "
+        "_reserve_prefill_lookahead cuts every chunk to nothing, "
+        f"{PREFILL_LOOKAHEAD_PAST_CAP} (docs/findings.md #26)"
+    )
 
 
 def _at_input(request: QueuedRequest, queues: StepQueues) -> str:
