@@ -13,6 +13,7 @@ from kvconform.harness.checks import CHECKS
 from kvconform.harness.checks.fairness import PASSED, SKIPPED
 from kvconform.harness.checks.liveness import (
     NO_PROGRESS,
+    NO_PROGRESS_LOOKAHEAD,
     NO_PROGRESS_PAST_BUDGET,
     NO_PROGRESS_PAST_THRESHOLD,
     PREEMPTION_CYCLE,
@@ -20,9 +21,11 @@ from kvconform.harness.checks.liveness import (
 )
 from kvconform.model.facts import Fact
 from kvconform.model.group_types import GROUP_TYPES
+from kvconform.model.lookahead_stall import lookahead_stuck_cap
 from kvconform.model.observations import (
     MM_INPUT_PAST_BUDGET,
     MM_INPUT_PAST_THRESHOLD,
+    PREFILL_LOOKAHEAD_PAST_CAP,
     GroupInfo,
     Trajectory,
 )
@@ -178,6 +181,40 @@ def test_a_running_request_capped_at_an_input_is_held_back_while_another_may_go_
     assert both.detail["invariant"] == NO_PROGRESS_PAST_THRESHOLD
     assert "a stops at its 32-token input" in both.message
     assert MM_INPUT_PAST_THRESHOLD in both.message and MM_INPUT_PAST_BUDGET not in both.message
+
+
+def test_running_prefills_cut_to_nothing_by_the_lookahead_are_no_progress_named_26():
+    # docs/findings.md #26's running form: multi-module MTP's prefill lookahead of 2, a and b
+    # at 18 of 20 with nothing held back (the oracle withholds the lookahead excuse where the
+    # cap is below the 2 tokens left), the long-prefill threshold 1 in force.
+    running = [
+        req("a", 0, computed=18, tokens=20, held=2),
+        req("b", 1, computed=18, tokens=20, held=2),
+    ]
+
+    def empty(cap: int, shift: int = 2, chunked: bool = True) -> list:
+        queues = step(running, chunked=chunked)._replace(prefill_shift=shift, chunk_cap=cap)
+        return judged(queues)
+
+    (stuck,) = empty(1)
+    assert stuck.detail["invariant"] == NO_PROGRESS_LOOKAHEAD
+    assert PREFILL_LOOKAHEAD_PAST_CAP in stuck.message and "#26" in stuck.message
+    assert "a has 2 prompt tokens left (computed 18 of 20)" in stuck.message
+    assert "chunk cap of 1" in stuck.message
+    # A cap that finishes the prompt, EAGLE's lookahead of 1, or no chunked prefill: not
+    # #26's cause; the call is still no progress, unnamed.
+    for failures in (empty(2), empty(0), empty(1, shift=1), empty(1, chunked=False)):
+        assert invariants(failures) == [NO_PROGRESS]
+        assert PREFILL_LOOKAHEAD_PAST_CAP not in failures[0].message
+    # The lookahead_stuck_cap rule itself: 0 < cap < R <= lookahead, the cap the smaller of
+    # the request's token budget and the threshold in force.
+    queues = step(running, budget=64)._replace(prefill_shift=2, chunk_cap=1)
+    assert lookahead_stuck_cap(running[0], queues) == 1
+    assert lookahead_stuck_cap(running[0]._replace(computed=17), queues) == 0  # R = 3 > 2
+    assert lookahead_stuck_cap(running[0]._replace(computed=19), queues) == 0  # cap = R = 1
+    assert lookahead_stuck_cap(running[0], step(running, budget=1)._replace(prefill_shift=2)) == 1
+    held = running[0]._replace(held_back="the prefill cadence")
+    assert lookahead_stuck_cap(held, queues) == 0
 
 
 def test_running_requests_the_pool_cannot_hold_do_not_demand_progress():
@@ -464,7 +501,8 @@ def test_the_oracle_records_the_encoder_reason_last_and_the_prefill_lookahead_on
     """``Scheduling.held_back`` reads plain attributes of vLLM's ``Scheduler`` and ``Request``:
     stand-ins with those attributes (not vLLM objects: a placeholder's ``offset``, ``length``
     and ``get_num_embeds`` as ``PlaceholderRange`` has them, the encoder cache's ``cached``
-    and ``num_freeable_slots``) say which reason a running prefill chunk gets."""
+    and ``num_freeable_slots``, the ``VllmConfig`` parts the chunk cap reads) say which
+    reason a running prefill chunk gets."""
     from types import SimpleNamespace
 
     from kvconform.oracles.vllm.scheduling import Scheduling
@@ -473,17 +511,25 @@ def test_the_oracle_records_the_encoder_reason_last_and_the_prefill_lookahead_on
     position = SimpleNamespace(offset=8, length=32, get_num_embeds=lambda: 32)
     feature = SimpleNamespace(mm_position=position, identifier="a-0")
 
-    def scheduler(lookahead: int, cached: tuple[str, ...] = ()) -> SimpleNamespace:
+    def scheduler(
+        lookahead: int, cached: tuple[str, ...] = (), *, threshold: int = 0, interval: int = 1
+    ) -> SimpleNamespace:
         cache = SimpleNamespace(cached={h: set() for h in cached}, num_freeable_slots=20)
+        sched_config = SimpleNamespace(
+            max_num_batched_tokens=64, long_prefill_token_threshold=threshold
+        )
         return SimpleNamespace(
             num_prefill_lookahead=lookahead,
             encoder_cache_manager=cache,
             max_num_encoder_input_tokens=64,
+            max_num_running_reqs=2,
+            local_prefill_interval=interval,
+            vllm_config=SimpleNamespace(scheduler_config=sched_config, speculative_config=None),
         )
 
-    def request(multimodal: bool) -> SimpleNamespace:
+    def request(multimodal: bool, computed: int = 7) -> SimpleNamespace:
         return SimpleNamespace(
-            status="RUNNING", num_computed_tokens=7, num_tokens=40, num_prompt_tokens=40,
+            status="RUNNING", num_computed_tokens=computed, num_tokens=40, num_prompt_tokens=40,
             num_tokens_with_spec=40, num_output_placeholders=0, max_tokens=2,
             is_prefill_chunk=True, has_encoder_inputs=multimodal,
             mm_features=[feature] if multimodal else None,
@@ -496,7 +542,22 @@ def test_the_oracle_records_the_encoder_reason_last_and_the_prefill_lookahead_on
     assert api.pending_input(scheduler(1), request(True)) == (8, 32, 32, False)
     assert api.pending_input(scheduler(1, cached=("a-0",)), request(True)) == (8, 32, 32, True)
     assert api.encoder_room(scheduler(1)) == (64, 20)
-    # A lookahead of 2 (multi-module MTP) may cut the chunk: that reason, before the encoder's.
-    lookahead = "the prefill cadence or lookahead window"
-    assert api.held_back(scheduler(2), request(False), True) == lookahead
-    assert api.held_back(scheduler(2), request(True), True) == lookahead
+    # A lookahead of 2 (multi-module MTP) with 33 tokens left: a cut leaves 31, progress, so
+    # no reason of its own (issue 35: it used to excuse any prefill chunk).
+    assert api.held_back(scheduler(2), request(False), True) == ""
+    assert api.held_back(scheduler(2), request(True), True) == ENCODER_HELD_BACK
+    # The prefill cadence (pipeline parallelism's local_prefill_interval) excuses any chunk.
+    assert api.held_back(scheduler(2, interval=2), request(False), True) == "the prefill cadence"
+    assert api.held_back(scheduler(1, interval=2), request(False), True) == "the prefill cadence"
+    # 2 tokens left within the lookahead of 2, and a chunk of 64 with the whole budget free
+    # would finish the prompt: only the budget others take in a call can cut it; excused.
+    window = "the prefill lookahead window"
+    assert api.held_back(scheduler(2), request(False, computed=38), True) == window
+    # ... with the cap below them (threshold 1, docs/findings.md #26): cut to nothing at
+    # every call, never excused; the liveness family judges the call.
+    assert api.held_back(scheduler(2, threshold=1), request(False, computed=38), True) == ""
+    assert api.held_back(scheduler(2, threshold=2), request(False, computed=38), True) == window
+    # The cap is the one the stall's cause reads (SchedulingQueues.prefill_chunk_cap).
+    stand_in = scheduler(2, threshold=1)
+    cap = api.prefill_chunk_cap(stand_in, stand_in.vllm_config, request(False, 38), 38)
+    assert cap == 1
