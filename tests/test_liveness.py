@@ -243,10 +243,35 @@ def test_an_empty_call_that_would_preempt_a_request_whose_frees_are_deferred_is_
     # A method without lookahead (extract_hidden_states, ngram) still verifies k drafts:
     # with k = 3 a's row of 4 tokens from 30 crosses into a third block, one token does not
     # (the explorer's seed-0 reproducer of the fifth stop, k = 3, lookahead 0).
-    a = req("a", 0, computed=30, tokens=31, held=2)._replace(frees_deferred=True)
+    # (a decodes: its prompt of 20 is computed.)
+    a = req("a", 0, computed=30, tokens=31, held=2)._replace(frees_deferred=True, prompt=20)
     at_row = step([a], free=0, in_flight=1)
     assert NO_PROGRESS not in invariants(judged(at_row, in_flight=1, num_speculative_tokens=3))
     assert invariants(judged(at_row, in_flight=1)) == [NO_PROGRESS]
+
+
+def test_a_running_prefill_whose_next_chunk_needs_more_than_is_free_gives_up_the_call():
+    # The explorer's seed 0 (sixth stop, sched-deferred-free-prefill-chunk-gives-up-the-call):
+    # a running request in the middle of its prompt asks blocks for its whole next chunk
+    # (the rest of the prompt, capped by the budget and the long-prefill cap), never one
+    # token, and where that does not fit and its step is in flight vLLM gives up the call.
+    # a: 16 of 40 prompt tokens computed, 1 block held; its next chunk of 24 needs 2 more, one
+    # is free. One token would fit: that alone must not make the call owe progress.
+    a = req("a", 0, computed=16, tokens=40, held=1)._replace(frees_deferred=True)
+    a = a._replace(prompt=40)
+    empty = step([a], free=1, in_flight=1)
+    assert NO_PROGRESS not in invariants(judged(empty, in_flight=1))
+    # With the chunk capped at 16 tokens (long_prefill_token_threshold in force) one block
+    # does: the call owes progress.
+    capped = empty._replace(chunk_cap=16)
+    assert invariants(judged(capped, in_flight=1)) == [NO_PROGRESS]
+    # The fairness family: b scheduled, a passed over with 1 free block after the call, its
+    # chunk needing 2: a legitimate give-up, not a skip; with no deferred free it is one.
+    b = req("b", 1, computed=8, tokens=9, held=1)
+    served = step([a, b], scheduled={"b": (1, 1, 9)}, free=1, in_flight=1)
+    assert SKIPPED not in invariants(judged(served, in_flight=1))
+    plain = served._replace(running=(a._replace(frees_deferred=False), b))
+    assert SKIPPED in invariants(judged(plain, in_flight=1))
 
 
 def test_blocks_a_waiting_request_holds_are_not_the_running_requests_to_take():

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from kvconform.harness.checks.liveness import blocks_for
+from kvconform.harness.checks.liveness import blocks_for, next_tokens, row_of
 from kvconform.harness.checks.records import at_request, fact_failure, facts_of
 from kvconform.model.facts import Fact
 from kvconform.model.observations import Trajectory
@@ -117,6 +117,14 @@ def _skipping(
         need = blocks_for(trajectory, request, request.computed, 1) - request.held
         if need > room:
             continue
+        if any(r.frees_deferred for r in queues.running):
+            # vLLM asks blocks for the request's whole next chunk or row (next_tokens), and
+            # where they do not fit and the victim's step is in flight it gives up the call
+            # rather than preempt (_request_blocks_can_be_freed): the rest of the running
+            # queue is passed over legitimately.
+            tokens = next_tokens(request, queues, row_of(trajectory), _budget_left(queues))
+            if blocks_for(trajectory, request, request.computed, tokens) - request.held > room:
+                continue
         yield (
             index,
             fact_failure(

@@ -112,6 +112,19 @@ def blocks_for(
     )
 
 
+def next_tokens(request: QueuedRequest, queues: StepQueues, row: int, budget: int) -> int:
+    """The tokens ``Scheduler.schedule`` asks blocks for when it serves a running request in
+    this call: the rest of its prompt, capped by the token ``budget`` left and the
+    long-prefill threshold in force (``chunk_cap``, 0: none), while it prefills; else its
+    speculative row. ``allocate_slots`` is asked for those and, refused, the loop preempts
+    (or, where the victim's free is deferred, gives up the call): it never asks for fewer."""
+    left = request.prompt - request.computed
+    if left <= 0:
+        return row
+    caps = [budget] + ([queues.chunk_cap] if queues.chunk_cap else [])
+    return max(1, min([left, *caps]))
+
+
 def _progress(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
     idle = False
     for index, fact in facts_of(trajectory, StepQueues):
@@ -142,10 +155,18 @@ def _progress(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
             if rows > queues.pool - 1 - kept:
                 continue
         if any(r.frees_deferred for r in queues.running):
-            # vLLM schedules a running request's whole speculative row (row_of), not one
-            # token: the extra blocks that may take, against the free ones.
+            # vLLM schedules a running request's whole next chunk (a prefill's, up to the
+            # token budget and the long-prefill cap in force) or speculative row (row_of),
+            # never fewer tokens to fit: the extra blocks that may take, against the free ones.
             extra = sum(
-                max(0, blocks_for(trajectory, r, r.computed, row) - r.held) for r in queues.running
+                max(
+                    0,
+                    blocks_for(
+                        trajectory, r, r.computed, next_tokens(r, queues, row, queues.token_budget)
+                    )
+                    - r.held,
+                )
+                for r in queues.running
             )
             if extra > queues.free_before:
                 # The free blocks may not do and a preemption may come to a request whose
