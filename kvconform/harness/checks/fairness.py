@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from kvconform.harness.checks.liveness import blocks_for, next_tokens, row_of
+from kvconform.harness.checks.liveness import asked_blocks, blocks_for, next_tokens, row_of
 from kvconform.harness.checks.records import at_request, fact_failure, facts_of
 from kvconform.model.facts import Fact
 from kvconform.model.observations import Trajectory
@@ -123,7 +123,7 @@ def _skipping(
             # rather than preempt (_request_blocks_can_be_freed): the rest of the running
             # queue is passed over legitimately.
             tokens = next_tokens(request, queues, row_of(trajectory), _budget_left(queues))
-            if blocks_for(trajectory, request, request.computed, tokens) - request.held > room:
+            if asked_blocks(trajectory, request, tokens) > room:
                 continue
         yield (
             index,

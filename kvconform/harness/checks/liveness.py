@@ -112,6 +112,21 @@ def blocks_for(
     )
 
 
+def asked_blocks(trajectory: Trajectory, request: QueuedRequest, tokens: int) -> int:
+    """At most the new blocks ``allocate_slots`` asks for ``tokens`` more of ``request``'s
+    tokens: per group, the block-table columns the chunk and the lookahead reach past those
+    its computed tokens fill, every one a real block while the chunk writes it (a sliding
+    window's earlier columns are nulled, its new ones are not), or what the rightful
+    holdings add, where that is more. An upper bound: a miss rather than a false alarm."""
+    lookahead = lookahead_of(trajectory)
+    end = request.computed + tokens + lookahead
+    columns = sum(
+        max(0, -(-end // group.block_size) - -(-request.computed // group.block_size))
+        for group in trajectory.groups
+    )
+    return max(columns, blocks_for(trajectory, request, request.computed, tokens) - request.held, 0)
+
+
 def next_tokens(request: QueuedRequest, queues: StepQueues, row: int, budget: int) -> int:
     """The tokens ``Scheduler.schedule`` asks blocks for when it serves a running request in
     this call: the rest of its prompt, capped by the token ``budget`` left and the
@@ -159,13 +174,7 @@ def _progress(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
             # token budget and the long-prefill cap in force) or speculative row (row_of),
             # never fewer tokens to fit: the extra blocks that may take, against the free ones.
             extra = sum(
-                max(
-                    0,
-                    blocks_for(
-                        trajectory, r, r.computed, next_tokens(r, queues, row, queues.token_budget)
-                    )
-                    - r.held,
-                )
+                asked_blocks(trajectory, r, next_tokens(r, queues, row, queues.token_budget))
                 for r in queues.running
             )
             if extra > queues.free_before:
