@@ -623,18 +623,14 @@ def test_zeroing_a_loaded_block_beside_a_same_step_hit_still_fails(tmp_path, pri
     """The exemption covers only blocks another request writes in the step: with
     ``skip_zeroing_group_ids`` ignored, b's loaded full-attention block goes on the list and
     fails, while the shared block a writes does not."""
-    from vllm_copy import run_kvconform, tree_with_replacement
+    from vllm_copy import failure_messages, tree_with_replacement
 
     tree = tree_with_replacement(
         pristine_tree, tmp_path / "tree", "v1/core/kv_cache_coordinator.py",
         "record_for_zeroing=i not in skip_zeroing_group_ids,", "record_for_zeroing=True,",
     )  # fmt: skip
     path = SCENARIOS / "sched-remote-load-same-step-hit-zeroed.yaml"
-    done = run_kvconform("run", path, "--vllm-src", tree, "--report-dir", tmp_path / "r",
-                         cwd=tmp_path)  # fmt: skip
-    assert done.returncode == 1, done.stdout + done.stderr
-    (result,) = json.loads((tmp_path / "r" / "report.json").read_text())["scenarios"]
-    messages = [failure["message"] for failure in result["failures"]]
+    messages = failure_messages(tree, path, tmp_path)
     assert any(
         m.startswith("step 0 ") and "request b: block(s) [3] hold KV that is valid" in m
         for m in messages
@@ -729,7 +725,7 @@ def test_a_replayed_hit_is_valid_up_to_its_end_except_in_the_group_that_replays(
 def test_a_replaying_group_left_unzeroed_still_fails(tmp_path, pristine_tree):
     """The replay rule still catches a vLLM that stops zeroing the new blocks of the group
     that replays (its KV below the replay start is another request's)."""
-    from vllm_copy import run_kvconform, tree_with_replacement
+    from vllm_copy import failure_messages, tree_with_replacement
 
     tree = tree_with_replacement(
         pristine_tree, tmp_path / "tree", "v1/core/single_type_kv_cache_manager.py",
@@ -739,11 +735,7 @@ def test_a_replaying_group_left_unzeroed_still_fails(tmp_path, pristine_tree):
         "                self.new_block_ids.extend(b.block_id for b in new_blocks)",
     )  # fmt: skip
     path = SCENARIOS / "sched-preempted-replay-window-block-zeroed.yaml"
-    done = run_kvconform("run", path, "--vllm-src", tree, "--report-dir", tmp_path / "r",
-                         cwd=tmp_path)  # fmt: skip
-    assert done.returncode == 1, done.stdout + done.stderr
-    (result,) = json.loads((tmp_path / "r" / "report.json").read_text())["scenarios"]
-    messages = [failure["message"] for failure in result["failures"]]
+    messages = failure_messages(tree, path, tmp_path)
     # c's resumed admission: every new block of the group that replays, column 0 (below
     # the replay start, 14) included, which the rule before it held valid.
     assert any(

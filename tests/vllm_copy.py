@@ -18,6 +18,7 @@ upgrade that moves the code fails loudly instead of testing nothing;
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -119,6 +120,16 @@ def run_kvconform(*args: object, cwd: Path) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=900,
     )
+
+
+def failure_messages(tree: Path, scenario: Path, tmp_path: Path) -> list[str]:
+    """``kvconform run SCENARIO --vllm-src TREE`` (one scenario): it must exit 1; the
+    messages of its failures, read from its report."""
+    out = tmp_path / "r"
+    done = run_kvconform("run", scenario, "--vllm-src", tree, "--report-dir", out, cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    (result,) = json.loads((out / "report.json").read_text())["scenarios"]
+    return [failure["message"] for failure in result["failures"]]
 
 
 _IN_ONE_PROCESS = """
