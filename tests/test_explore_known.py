@@ -160,20 +160,26 @@ def test_the_running_forms_of_22_24_and_26_are_signed_with_their_cause(vllm: Vll
 FINDING_23 = REPO / "scenarios/scheduler/sched-connector-hybrid-hit-past-lookahead-hashes.yaml"
 
 
+def _known_as_23s_crash(path: Path, vllm: Vllm) -> Signature:
+    """The one signature of ``path``'s raw run (no expectations): an IndexError crash in a
+    ``find_longest_cache_hit`` frame, which an entry of #23 lists."""
+    known = load_known_findings(REPO / DEFAULT_KNOWN_FINDINGS)
+    (scenario,) = load_file(path)
+    (found,) = signatures(run_scenario(scenario, vllm))
+    assert found.check == "crash" and found.subject == "IndexError", found
+    assert found.detail.endswith(" find_longest_cache_hit"), found
+    entry = triaged(found, vllm.version, known)
+    assert entry is not None and entry.finding == 23, found
+    return found
+
+
 def test_finding_23s_crash_is_signed_with_its_frame_and_known_on_the_pinned_vllm(
     vllm: Vllm,
 ) -> None:
     """#23 (a per-group connector lookup past the block hashes, 0.34.0) crashes in
     MambaManager.find_longest_cache_hit; the crash's signature names that frame, which
     #23's entry lists, and no other entry matches it."""
-    known = load_known_findings(REPO / DEFAULT_KNOWN_FINDINGS)
-    (scenario,) = load_file(FINDING_23)
-    result = run_scenario(scenario, vllm)  # no expectations: the raw failure
-    (found,) = signatures(result)
-    assert found.check == "crash" and found.subject == "IndexError", found
-    assert found.detail.endswith(" find_longest_cache_hit"), found
-    entry = triaged(found, vllm.version, known)
-    assert entry is not None and entry.finding == 23, found
+    _known_as_23s_crash(FINDING_23, vllm)
 
 
 FINDING_23_NO_CONNECTOR = (
@@ -187,14 +193,7 @@ def test_finding_23s_path_without_a_connector_is_known_on_the_pinned_vllm(vllm: 
     of ``find_longest_cache_hit``, SlidingWindowManager's, which an entry of #23 lists
     (seed 0's crash at line 1023 of the sixth stop); #23's first entry (MambaManager's
     frame) does not match it."""
-    known = load_known_findings(REPO / DEFAULT_KNOWN_FINDINGS)
-    (scenario,) = load_file(FINDING_23_NO_CONNECTOR)
-    result = run_scenario(scenario, vllm)  # no expectations: the raw failure
-    (found,) = signatures(result)
-    assert found.check == "crash" and found.subject == "IndexError", found
-    assert found.detail.endswith(" find_longest_cache_hit"), found
-    entry = triaged(found, vllm.version, known)
-    assert entry is not None and entry.finding == 23, found
+    found = _known_as_23s_crash(FINDING_23_NO_CONNECTOR, vllm)
     (connector,) = signatures(run_scenario(load_file(FINDING_23)[0], vllm))
     assert found != connector  # another frame: its own entry, not the connector path's
 
