@@ -93,12 +93,12 @@ def test_a_reproducer_that_passes_unpatched_detects_the_bug(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     calls = _stand_in(monkeypatch, ["sanity", "floor"], {"explore-s0-2"}, 1)
-    known = tmp_path / "known.json"
-    result = explorer.explore_replay(Path("/patched"), Path("/pristine"), tmp_path, 45, known)
+    result = explorer.explore_replay(Path("/patched"), Path("/pristine"), tmp_path, 45)
     assert result.outcome == "detected"
     assert result.caught_by == {"explore-s0-2": ["floor"]}
     explore, run = calls
-    assert explore[explore.index("--known") + 1] == str(known)
+    # Nothing from the release's own exploration: the bug's run starts at once beside it.
+    assert "--known" not in explore
     assert "--no-known-findings" in explore  # any finding is a catch; triage is not its job
     assert explore[explore.index("--vllm-src") + 1] == "/patched"
     # Differential: each new failure is run on the unpatched tree before it is shrunk.
@@ -114,7 +114,7 @@ def test_findings_the_unpatched_release_shares_are_a_miss(
     _stand_in(monkeypatch, ["sanity"], set(), 1)
     unpatched = Unpatched((Signature("sanity", "live"),))  # the stand-in's finding's parts
     monkeypatch.setattr(explorer, "BaselineProcess", unpatched)
-    result = explorer.explore_replay(Path("/patched"), Path("/pristine"), tmp_path, 45, None)
+    result = explorer.explore_replay(Path("/patched"), Path("/pristine"), tmp_path, 45)
     assert result.outcome == "missed" and not result.caught_by
     assert "fails on the unpatched release too: explore-s0-1 (sanity)" in result.why
     assert unpatched.judged == ["name: x\n"]  # the reproducer's text, asked by signature
@@ -128,7 +128,7 @@ def test_a_reproducer_the_unpatched_release_fails_only_otherwise_detects_the_bug
     _stand_in(monkeypatch, ["sanity"], set(), 1)
     standing = Signature("sanity", "-", "rejects a request otherwise than its multimodal ids")
     monkeypatch.setattr(explorer, "BaselineProcess", Unpatched((standing,)))
-    result = explorer.explore_replay(Path("/patched"), Path("/pristine"), tmp_path, 45, None)
+    result = explorer.explore_replay(Path("/patched"), Path("/pristine"), tmp_path, 45)
     assert result.outcome == "detected"
     assert result.caught_by == {"explore-s0-1": ["sanity"]}
     assert result.why.startswith("the unpatched release fails these reproducers only with other")
@@ -138,7 +138,7 @@ def test_a_miss_names_what_the_unpatched_release_fails_too(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     _stand_in(monkeypatch, [], set(), 0, baseline_shows=("sanity", "crash"))
-    result = explorer.explore_replay(Path("/p"), Path("/u"), tmp_path, 45, None)
+    result = explorer.explore_replay(Path("/p"), Path("/u"), tmp_path, 45)
     assert result.outcome == "missed"
     assert result.why == (
         "no finding in 50 workloads; failures the unpatched release shows too, passed over: "
@@ -151,11 +151,11 @@ def test_no_finding_is_a_miss_and_a_dead_run_is_broken(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     calls = _stand_in(monkeypatch, [], set(), 0)
-    result = explorer.explore_replay(Path("/p"), Path("/u"), tmp_path / "a", 45, None)
+    result = explorer.explore_replay(Path("/p"), Path("/u"), tmp_path / "a", 45)
     assert result.outcome == "missed" and result.why == "no finding in 50 workloads"
     assert len(calls) == 1  # nothing to rerun
     _stand_in(monkeypatch, [], set(), 3)
-    result = explorer.explore_replay(Path("/p"), Path("/u"), tmp_path / "b", 45, None)
+    result = explorer.explore_replay(Path("/p"), Path("/u"), tmp_path / "b", 45)
     assert result.outcome == "broken" and "exited 3" in result.why
 
 
@@ -188,3 +188,39 @@ def test_explorer_only_and_with_explorer_exclude_each_other(
 ) -> None:
     assert main(["realbugs", "--explorer-only", "5", "--with-explorer", "5"]) == 2
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_bugs_start_beside_their_release_s_exploration(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The release's own exploration ends only once a bug's run has started: were the bugs
+    # still queued behind it (as when they took its findings as --known), this would time out.
+    import threading
+
+    from kvconform.realbugs import command
+    from kvconform.realbugs.replay import Replay
+
+    bug_started = threading.Event()
+
+    def explore_baseline(tree: Path, folder: Path, seconds: float) -> Replay:
+        assert bug_started.wait(timeout=10), "no bug's run started beside the baseline"
+        return Replay("broken" if "0.28.0" in str(folder) else "red", 1, why="dead tree")
+
+    def explore_replay(tree: Path, pristine: Path, folder: Path, seconds: float) -> Replay:
+        bug_started.set()
+        return Replay("detected", 1, {"explore-s0-1": ["floor"]})
+
+    monkeypatch.setattr(explorer, "explore_baseline", explore_baseline)
+    monkeypatch.setattr(explorer, "explore_replay", explore_replay)
+    monkeypatch.setattr(command, "patched_tree", lambda bug: Path("/patched"))
+    monkeypatch.setattr(command, "pristine_tree", lambda release: Path(f"/{release}"))
+    bugs = ["first-prefill-drops-spec-lookahead", "swa-fine-grained-hit-assertion"]
+    status = main([
+        "realbugs", "--explorer-only", "5", "--jobs", "3", "--report-dir", str(tmp_path),
+        *(arg for bug in bugs for arg in ("--bug", bug)),
+    ])  # fmt: skip
+    report = json.loads((tmp_path / "realbugs.json").read_text(encoding="utf-8"))
+    outcomes = {entry["name"]: entry["outcome"] for entry in report["bugs"]}
+    # 0.33.0's bug is detected; 0.28.0's release could not be explored, so nothing is concluded.
+    assert outcomes == {bugs[0]: "detected", bugs[1]: "broken"}, capsys.readouterr().out
+    assert status == 3

@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--known",
         metavar="FILE",
         help="an explore-summary.json of an earlier run: its findings' signatures are not "
-        "searched for again (kvconform realbugs --explorer-only passes the unpatched release's)",
+        "searched for again (the unpatched release's summary, say, to skip its standing failures)",
     )
     parser.add_argument(
         "--baseline-src",

@@ -199,34 +199,36 @@ def _explorer_only(
         say(f"  baseline vLLM {release} (explorer): {base.outcome} ({base.seconds:.0f} s) {found}")
         return base
 
-    # The releases' baselines are independent explorations: with --jobs they run side by
-    # side, as the bugs after them do, instead of one release's budget after the other's.
-    with ThreadPoolExecutor(max_workers=min(args.jobs, len(releases))) as pool:
-        baselines = dict(zip(releases, pool.map(explore_release, releases), strict=True))
-
-    def one(bug: RealBug) -> BugResult:
-        base = baselines[bug.patch_target]
-        if base.outcome == "broken":
-            result = Replay(
-                "broken", None, why=f"the unpatched vLLM {bug.patch_target}: {base.why}"
-            )
-        else:
-            try:
-                tree = patched_tree(bug)
-            except PatchFailed as exc:
-                result = Replay("broken", None, why=str(exc))
-            else:
-                known = Path(base.report_dir) / "explore" / "explore-summary.json"
-                result = explore_replay(
-                    tree, pristine_tree(bug.patch_target), directory / bug.name, seconds,
-                    known if base.caught_by else None,
-                )  # fmt: skip
+    def explore_bug(bug: RealBug) -> Replay:
+        try:
+            tree = patched_tree(bug)
+        except PatchFailed as exc:
+            return Replay("broken", None, why=str(exc))
+        result = explore_replay(
+            tree, pristine_tree(bug.patch_target), directory / bug.name, seconds
+        )
         caught = ", ".join(list(result.caught_by)[:3]) if result.caught_by else result.why
         say(f"  {bug.name}: {result.outcome} ({result.seconds:.0f} s) {caught}")
-        return BugResult(bug, result)
+        return result
 
+    # The releases' baselines and the bugs are independent explorations, all started at
+    # once (up to --jobs): a bug's run compares with its unpatched release as it goes
+    # (--baseline-src), so it need not wait for the release's own exploration, which is
+    # reported beside it (is the release green for the explorer?) and decides only a bug
+    # whose release could not be explored at all.
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        results = list(pool.map(one, bugs))
+        base_runs = {release: pool.submit(explore_release, release) for release in releases}
+        bug_runs = [(bug, pool.submit(explore_bug, bug)) for bug in bugs]
+        baselines = {release: run.result() for release, run in base_runs.items()}
+        results = []
+        for bug, run in bug_runs:
+            base = baselines[bug.patch_target]
+            result = run.result()
+            if base.outcome == "broken":
+                result = Replay(
+                    "broken", None, why=f"the unpatched vLLM {bug.patch_target}: {base.why}"
+                )
+            results.append(BugResult(bug, result))
     return _finish(args, results, baselines, errors, directory, started, say)
 
 
@@ -253,10 +255,9 @@ def _explore_the_missed(
         base = explored[result.bug.patch_target]
         if base.outcome == "broken":
             continue
-        known = Path(base.report_dir) / "explore" / "explore-summary.json"
         found = explore_replay(
             patched_tree(result.bug), pristine_tree(result.bug.patch_target),
-            directory / result.bug.name / "explorer", seconds, known if base.caught_by else None,
+            directory / result.bug.name / "explorer", seconds,
         )  # fmt: skip
         say(f"  {result.bug.name}: the explorer: {found.outcome} ({found.seconds:.0f} s)")
         result.explorer = found.to_json()

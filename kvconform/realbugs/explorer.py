@@ -7,15 +7,16 @@ process of its own. A finding there need not be the bug: the unpatched release m
 fail the same workload (a divergence or a false alarm the explorer finds on every
 tree). So:
 
-1. the unpatched release is explored first, with the same seed and budget
-   (:func:`explore_baseline`); its findings' signatures are passed to each bug's
-   run as ``--known``, so the budget is not spent finding and shrinking them again;
+1. the unpatched release is explored too, with the same seed and budget
+   (:func:`explore_baseline`), side by side with the bugs' runs: it says whether the
+   release itself is green for the explorer (realbugs.json lists its findings);
 2. each bug's run compares with the unpatched release as it goes (differential
    testing, ``--baseline-src``, :mod:`kvconform.fuzz.baseline`): a new failure is
    run on the unpatched tree before it is shrunk, and one the unpatched tree shows
    too is recorded as the baseline's and not searched for again; a shrink candidate
    counts only while the unpatched tree does not show it. The budget goes to what the
-   patch changed, whether or not the baseline's own run of step 1 met those failures;
+   patch changed without waiting for step 1 (which took longer than a bug's budget
+   where the release has findings of its own to shrink: issue 35's sixth stop);
 3. every reproducer the patched run writes is then run with ``kvconform run``
    against the unpatched release, all in one process. A reproducer that passes
    there and fails on the patched tree is the bug: the bug is *detected*, caught
@@ -28,9 +29,8 @@ tree). So:
    run met that the baseline shows too). A run that did not complete (exit 2 or 3,
    no summary) is *broken*.
 
-The price of ``--known`` and of the differential baseline alike: a bug whose only
-symptom has the signature of a failure of the unpatched release stays hidden
-(signatures are coarse, :mod:`kvconform.fuzz.findings`). realbugs.json records the
+The price of the differential baseline: a bug whose only symptom has the signature
+of a failure of the unpatched release stays hidden (signatures are coarse, :mod:`kvconform.fuzz.findings`). realbugs.json records the
 baseline's findings, and per bug the failures its run found the baseline to share.
 """
 
@@ -59,8 +59,8 @@ MAX_FINDINGS = 2
 
 def explore_baseline(tree: Path, folder: Path, seconds: float) -> Replay:
     """The unpatched release explored: ``green`` (nothing found), ``red`` (findings, listed in
-    ``caught_by``, passed on as known), or ``broken``."""
-    result = _explore(tree, folder, seconds, None, max_findings=10, baseline=None)
+    ``caught_by``), or ``broken``."""
+    result = _explore(tree, folder, seconds, max_findings=10, baseline=None)
     if result.outcome == "detected":
         result.outcome = "red"
     elif result.outcome == "missed":
@@ -68,10 +68,9 @@ def explore_baseline(tree: Path, folder: Path, seconds: float) -> Replay:
     return result
 
 
-def explore_replay(tree: Path, pristine: Path, folder: Path, seconds: float,
-                   known: Path | None) -> Replay:  # fmt: skip
+def explore_replay(tree: Path, pristine: Path, folder: Path, seconds: float) -> Replay:
     """The explorer alone on the patched ``tree``, its reproducers judged on ``pristine``."""
-    found = _explore(tree, folder, seconds, known, MAX_FINDINGS, baseline=pristine)
+    found = _explore(tree, folder, seconds, MAX_FINDINGS, baseline=pristine)
     if found.outcome != "detected":
         return found
     reproducers = sorted((folder / "explore").glob("explore-*.yaml"))
@@ -142,7 +141,6 @@ def _explore(
     tree: Path,
     folder: Path,
     seconds: float,
-    known: Path | None,
     max_findings: int,
     baseline: Path | None,
 ) -> Replay:
@@ -152,10 +150,10 @@ def _explore(
         sys.executable, "-m", "kvconform", "explore", "--vllm-src", str(tree),
         "--budget", f"{seconds:g}", "--seed", str(SEED), "--out", str(out),
         "--max-findings", str(max_findings),
-        *(["--known", str(known)] if known is not None else []),
         *(["--baseline-src", str(baseline)] if baseline is not None else []),
-        # Detected means exit 1 on any finding: the unpatched release's findings (--known)
-        # and the reproducers' run on it decide, not the triaged findings of the pinned vLLM.
+        # Detected means exit 1 on any finding: the differential baseline and the
+        # reproducers' run on the unpatched release decide, not the triaged findings of
+        # the pinned vLLM.
         "--no-known-findings",
     ]  # fmt: skip
     started = time.perf_counter()
