@@ -111,6 +111,11 @@ def test_every_drawn_warmup_document_loads_as_a_warmup_scenario(data: st.DataObj
     assert scenario.kind == Kind.WARMUP
     assert not [field for field in BY_HAND if field in doc["warmup"]]
     assert {g.type for g in scenario.model.groups} <= set(SPACE.group_types)
+    # The mixed step as vLLM's callers make it (mixed_batch_attention_warmup caps num_tokens
+    # at the budget and max_model_len): a longer one made 0.33.0's warmup, which does not
+    # split its prefill, over-reserve and crash in the explorer, a call no engine makes.
+    limit = min(scenario.warmup.max_num_batched_tokens, scenario.model.max_model_len)
+    assert 1 <= scenario.warmup.mixed_num_tokens <= limit, (doc["warmup"], limit)
 
 
 def test_the_kinds_are_drawn_in_their_shares() -> None:
@@ -208,7 +213,10 @@ def test_the_declared_method_options_are_drawn_both_ways_and_legal() -> None:
     fill_in = find(
         st.composite(lambda draw: warmup_document(draw, SPACE, "explore"))(),
         lambda doc: doc.get("speculative", {}).get("sample_from_anchor") is False,
-        settings=settings(database=None, deadline=None, phases=[Phase.generate]),
+        # About one document in 40 (DSpark, then its option off): room for the seed to find it.
+        settings=settings(
+            max_examples=2000, database=None, deadline=None, phases=[Phase.generate]
+        ),
         random=Random(0),
     )
     (scenario,) = load_text(render(fill_in), "<explore>")

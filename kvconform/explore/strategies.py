@@ -335,7 +335,11 @@ def warmup_document(draw: DrawFn, space: ExploreSpace, name: str) -> dict[str, A
     space offers, k 1..4, its declared settings drawn (``Method.options``); ``max_num_seqs``
     1-8; ``max_num_batched_tokens`` from ``max_num_seqs`` to 16 blocks; the pool from 2
     blocks (the warmup skips or caps what does not fit) to 8 times one ``max_model_len``
-    request in every group.
+    request in every group. The mixed prefill/decode step's ``num_tokens`` is drawn up to 4
+    blocks and capped as each of vLLM's callers caps it, at ``max_num_batched_tokens`` and
+    ``max_model_len`` (``mixed_batch_attention_warmup``, 0.28.0-0.34.0; the Step5 DSA and
+    sparse-MLA warmups skip past them): a longer step is no call vLLM makes, and a release
+    whose mixed warmup does not split its prefill (before 0.34.0) over-reserves or crashes on it.
     """
     block_size = draw(one_of(space.block_sizes))
     on = {"hybrid": draw(BOOLS)}
@@ -358,7 +362,12 @@ def warmup_document(draw: DrawFn, space: ExploreSpace, name: str) -> dict[str, A
     doc: dict[str, Any] = {"name": name, "kind": Kind.WARMUP.value, "model": model}
     if speculative is not None:
         doc["speculative"] = speculative
-    doc["warmup"] = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": budget}
+    mixed = min(draw(ints(1, 4 * block_size)), budget, max_model_len)
+    doc["warmup"] = {
+        "max_num_seqs": max_num_seqs,
+        "max_num_batched_tokens": budget,
+        "mixed_num_tokens": mixed,
+    }
     return doc
 
 
