@@ -29,7 +29,14 @@ from kvconform.model.observations import (
     GroupInfo,
     Trajectory,
 )
-from kvconform.model.queue_facts import ENCODER_HELD_BACK, PendingInput, QueuedRequest, StepQueues
+from kvconform.model.queue_facts import (
+    ENCODER_HELD_BACK,
+    HoldFacts,
+    PendingInput,
+    QueuedRequest,
+    StepQueues,
+    held_back,
+)
 
 # One full-attention group of 16-token blocks; a pool of 10 blocks (9 and the null block).
 GROUP = GroupInfo(
@@ -42,10 +49,32 @@ GROUP = GroupInfo(
 )
 
 
-def req(name, added=0, *, computed=0, tokens=32, held=0, priority=0, why="", max_tokens=4):
+NOT_KNOWN = "its next token is not known before a step in flight is processed"
+
+# Facts that give each reason these tests hold a request back by (the model's rule,
+# kvconform/model/queue_facts.py ``held_back``; tests/test_queue_facts.py tests the rule).
+HOLDS = {
+    ENCODER_HELD_BACK: HoldFacts(encoder_ahead=True),
+    NOT_KNOWN: HoldFacts(running=True),
+    "the prefill cadence": HoldFacts(
+        running=True, known=1 << 20, prefill_chunk=True, prefill_interval=2
+    ),
+    "its KV load is in flight": HoldFacts(status="WAITING_FOR_REMOTE_KVS"),
+    "the LoRA limit": HoldFacts(lora=True),
+}
+
+
+def req(name, added=0, *, computed=0, tokens=32, held=0, priority=0, max_tokens=4):
     return QueuedRequest(
-        name, added, priority, added, computed, tokens, min(tokens, 32), max_tokens, held, why
+        name, added, priority, added, computed, tokens, min(tokens, 32), max_tokens, held
     )
+
+
+def held_by(request: QueuedRequest, reason: str, **changes) -> QueuedRequest:
+    """``request`` with the facts that hold it back for ``reason`` (and ``changes``)."""
+    held = request._replace(hold=HOLDS[reason], **changes)
+    assert held.held_back == reason
+    return held
 
 
 def step(
@@ -101,8 +130,7 @@ def test_an_empty_call_with_running_requests_that_fit_the_pool_is_no_progress():
     # Scheduling anything, or every running request held back (their next tokens come
     # with a step in flight): no failure.
     assert judged(step(running, scheduled={"a": (1, 2, 21), "b": (1, 3, 41)})) == []
-    waiting_for_output = "its next token is not known before a step in flight is processed"
-    held = [r._replace(held_back=waiting_for_output) for r in running]
+    held = [held_by(r, NOT_KNOWN) for r in running]
     assert judged(step(held, in_flight=1)) == []
 
 
@@ -111,9 +139,8 @@ def _at_input(
 ) -> list:
     """An empty call with one running request, a (40 tokens), held at an input by the
     encoder reason; the encoder budget 32."""
-    a = req("a", computed=computed, tokens=40, held=1)._replace(
-        held_back=ENCODER_HELD_BACK, encoder_input=pending
-    )
+    a = held_by(req("a", computed=computed, tokens=40, held=1), ENCODER_HELD_BACK)
+    a = a._replace(encoder_input=pending)
     queues = step([a], budget=budget)._replace(
         encoder_budget=32, encoder_room=room, prefill_shift=shift, whole_inputs=whole
     )
@@ -160,12 +187,12 @@ def test_a_running_request_capped_at_an_input_is_held_back_while_another_may_go_
     # from 8 at 16. b's next token comes with a step in flight: a is held back, even with
     # its input cached; a cap of 32 holds nothing back.
     def capped(cap: int, cached: bool = False, b_at_input: bool = False) -> list:
-        a = req("a", computed=8, tokens=40, held=1)._replace(
-            held_back=ENCODER_HELD_BACK, encoder_input=PendingInput(8, 32, 32, cached)
+        a = held_by(
+            req("a", computed=8, tokens=40, held=1),
+            ENCODER_HELD_BACK,
+            encoder_input=PendingInput(8, 32, 32, cached),
         )
-        b = req("b", 1, computed=20, tokens=21, held=2)._replace(
-            held_back="its next token is not known before a step in flight is processed"
-        )
+        b = held_by(req("b", 1, computed=20, tokens=21, held=2), NOT_KNOWN)
         if b_at_input:  # b too stops at its own 32-token input after 8 tokens of text
             b = a._replace(request="b", added=1)
         queues = step([a, b])._replace(
@@ -213,7 +240,7 @@ def test_running_prefills_cut_to_nothing_by_the_lookahead_are_no_progress_named_
     assert lookahead_stuck_cap(running[0]._replace(computed=17), queues) == 0  # R = 3 > 2
     assert lookahead_stuck_cap(running[0]._replace(computed=19), queues) == 0  # cap = R = 1
     assert lookahead_stuck_cap(running[0], step(running, budget=1)._replace(prefill_shift=2)) == 1
-    held = running[0]._replace(held_back="the prefill cadence")
+    held = held_by(running[0], "the prefill cadence")
     assert lookahead_stuck_cap(held, queues) == 0
 
 
@@ -279,7 +306,7 @@ def test_blocks_a_waiting_request_holds_are_not_the_running_requests_to_take():
     # requests, so a running request that fits the pool only with them may wait (the
     # explorer's seed-0 reproducer: three loads of 2 blocks each, a decode crossing a block).
     running = [req("a", 0, computed=32, tokens=33, held=2)]  # 3 blocks for one more token
-    loading = req("b", 1, tokens=1, held=7, why="its KV load is in flight")  # 2 + 7: pool full
+    loading = held_by(req("b", 1, tokens=1, held=7), "its KV load is in flight")  # 2 + 7: pool full
     assert NO_PROGRESS not in invariants(judged(step(running, [loading], free=0)))
     assert invariants(judged(step(running, [loading._replace(held=0)], free=0))) == [NO_PROGRESS]
 
@@ -292,7 +319,7 @@ def test_an_empty_call_that_preempted_a_speculative_row_the_pool_cannot_hold_is_
     # for a takes 26 + 1 + 4 -> 2 blocks, its row of 5 takes 26 + 5 + 4 -> 3; b's load holds
     # 7 of the 9, so 2 are a's to take.
     running = [req("a", 0, computed=26, tokens=27, held=2)]
-    loading = req("b", 1, tokens=1, held=7, why="its KV load is in flight")
+    loading = held_by(req("b", 1, tokens=1, held=7), "its KV load is in flight")
     preempting = step(running, [loading], preempted=["a"], free=0)
     assert NO_PROGRESS not in invariants(judged(preempting, lookahead=4))
     # Without the preemption (vLLM gave up for another reason), or without speculative
@@ -359,7 +386,7 @@ def test_a_request_unfinished_past_the_workloads_bound_fails_once():
     (late,) = failures
     assert late.step == 4 and late.request == "a" and "bound of 3" in late.message
     # Calls in which every live request is held back for a listed reason add to the bound.
-    waiting = a._replace(held_back="its KV load is in flight")
+    waiting = held_by(a, "its KV load is in flight")
     assert UNBOUNDED not in invariants(judged(*[step([], [waiting], free=0) for _ in range(6)]))
 
 
@@ -380,7 +407,7 @@ def test_fcfs_a_later_arrival_does_not_pass_a_request_that_fits_its_place():
         judged(step([], [a, b], {"b": (16, 1, 16)}, free_after=3, budget=20, chunked=False)) == []
     )
     # a held back (a listed reason), or b holding KV (drained first): b may go.
-    held = a._replace(held_back="the LoRA limit")
+    held = held_by(a, "the LoRA limit")
     assert judged(step([], [held, b], {"b": (16, 1, 16)}, free_after=3)) == []
     assert judged(step([], [a, b._replace(held=1)], {"b": (16, 2, 16)}, free_after=3)) == []
 
@@ -404,7 +431,7 @@ def test_a_running_request_is_not_skipped_when_budget_and_blocks_allow():
     assert judged(step([a, b], [], {"a": (1, 2, 21)}, free=2, budget=1)) == []
     assert judged(step([a, b], [], {"a": (1, 2, 21)}, ["c"], free=2)) == []
     assert judged(step([a, b], [], {"a": (1, 2, 21)}, free=0)) == []
-    held = b._replace(held_back="the encoder budget or cache")
+    held = held_by(b, ENCODER_HELD_BACK)
     assert judged(step([a, held], [], {"a": (1, 2, 21)}, free=2)) == []
 
 
@@ -517,17 +544,17 @@ def test_a_run_stuck_with_running_requests_is_vllms_not_the_scenarios(pristine_t
     assert entry["verdict"] == "failed", entry
 
 
-# -- what the oracle records as held back (vLLM's own Scheduling part, stand-in state) ---
+# -- what the oracle records for held back (vLLM's own Scheduling part, stand-in state) --
 
 
 def test_the_oracle_records_the_encoder_reason_last_and_the_prefill_lookahead_only_above_1(
     vllm,
 ) -> None:
-    """``Scheduling.held_back`` reads plain attributes of vLLM's ``Scheduler`` and ``Request``:
-    stand-ins with those attributes (not vLLM objects: a placeholder's ``offset``, ``length``
-    and ``get_num_embeds`` as ``PlaceholderRange`` has them, the encoder cache's ``cached``
-    and ``num_freeable_slots``, the ``VllmConfig`` parts the chunk cap reads) say which
-    reason a running prefill chunk gets."""
+    """``Scheduling.hold_facts`` reads plain attributes of vLLM's ``Scheduler`` and
+    ``Request``: stand-ins with those attributes (not vLLM objects: a placeholder's
+    ``offset``, ``length`` and ``get_num_embeds`` as ``PlaceholderRange`` has them, the
+    encoder cache's ``cached`` and ``num_freeable_slots``, the ``VllmConfig`` parts the chunk
+    cap reads) say, through the model's rule, which reason a running prefill chunk gets."""
     from types import SimpleNamespace
 
     from kvconform.oracles.vllm.scheduling import Scheduling
@@ -560,29 +587,38 @@ def test_the_oracle_records_the_encoder_reason_last_and_the_prefill_lookahead_on
             mm_features=[feature] if multimodal else None,
         )  # fmt: skip
 
+    def reason(stand_in: SimpleNamespace, request: SimpleNamespace) -> str:
+        facts = api.hold_facts(stand_in, request, True)
+        return held_back(facts, request.num_computed_tokens, request.num_tokens, 40)
+
     # EAGLE's lookahead of 1: _reserve_prefill_lookahead is a no-op, no reason of its own;
     # with an input ahead the encoder's reason, with the input's facts.
-    assert api.held_back(scheduler(1), request(False), True) == ""
-    assert api.held_back(scheduler(1), request(True), True) == ENCODER_HELD_BACK
+    assert reason(scheduler(1), request(False)) == ""
+    assert reason(scheduler(1), request(True)) == ENCODER_HELD_BACK
     assert api.pending_input(scheduler(1), request(True)) == (8, 32, 32, False)
     assert api.pending_input(scheduler(1, cached=("a-0",)), request(True)) == (8, 32, 32, True)
     assert api.encoder_room(scheduler(1)) == (64, 20)
     # A lookahead of 2 (multi-module MTP) with 33 tokens left: a cut leaves 31, progress, so
     # no reason of its own (issue 35: it used to excuse any prefill chunk).
-    assert api.held_back(scheduler(2), request(False), True) == ""
-    assert api.held_back(scheduler(2), request(True), True) == ENCODER_HELD_BACK
+    assert reason(scheduler(2), request(False)) == ""
+    assert reason(scheduler(2), request(True)) == ENCODER_HELD_BACK
     # The prefill cadence (pipeline parallelism's local_prefill_interval) excuses any chunk.
-    assert api.held_back(scheduler(2, interval=2), request(False), True) == "the prefill cadence"
-    assert api.held_back(scheduler(1, interval=2), request(False), True) == "the prefill cadence"
+    assert reason(scheduler(2, interval=2), request(False)) == "the prefill cadence"
+    assert reason(scheduler(1, interval=2), request(False)) == "the prefill cadence"
     # 2 tokens left within the lookahead of 2, and a chunk of 64 with the whole budget free
     # would finish the prompt: only the budget others take in a call can cut it; excused.
     window = "the prefill lookahead window"
-    assert api.held_back(scheduler(2), request(False, computed=38), True) == window
+    assert reason(scheduler(2), request(False, computed=38)) == window
     # ... with the cap below them (threshold 1, docs/findings.md #26): cut to nothing at
     # every call, never excused; the liveness family judges the call.
-    assert api.held_back(scheduler(2, threshold=1), request(False, computed=38), True) == ""
-    assert api.held_back(scheduler(2, threshold=2), request(False, computed=38), True) == window
+    assert reason(scheduler(2, threshold=1), request(False, computed=38)) == ""
+    assert reason(scheduler(2, threshold=2), request(False, computed=38)) == window
     # The cap is the one the stall's cause reads (SchedulingQueues.prefill_chunk_cap).
     stand_in = scheduler(2, threshold=1)
     cap = api.prefill_chunk_cap(stand_in, stand_in.vllm_config, request(False, 38), 38)
-    assert cap == 1
+    assert cap == 1 == api.hold_facts(stand_in, request(False, 38), True).chunk_cap
+    # The facts the rule read, as the oracle records them.
+    facts = api.hold_facts(scheduler(2, interval=2), request(True), True)
+    assert (facts.lookahead, facts.prefill_interval, facts.known) == (2, 2, 40)
+    assert facts.running and facts.prefill_chunk and facts.encoder_ahead
+    assert not api.hold_facts(scheduler(2), request(False), True).encoder_ahead

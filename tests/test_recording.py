@@ -26,6 +26,7 @@ from kvconform.model.observations import (
     StartupRecord,
     Trajectory,
 )
+from kvconform.model.queue_facts import HoldFacts, PendingInput
 from kvconform.model.recording import RECORDING_VERSION, Recording, dumps, loads
 from kvconform.oracles.resolve import resolve_settings
 
@@ -93,8 +94,13 @@ def _by_hand() -> Trajectory:
             f.StepQueues(
                 "fcfs",
                 (
-                    f.QueuedRequest("a", 0, 0, 0, 0, 32, 32, 4, 0),
+                    # Facts that hold it back for no reason (HoldFacts round-trips).
+                    f.QueuedRequest("a", 0, 0, 0, 0, 32, 32, 4, 0, WAITING_HOLD),
                     f.QueuedRequest("b", 1, 0, 1, 0, 16, 16, 4, 0),
+                    f.QueuedRequest(
+                        "c", 2, 0, 2, 0, 16, 16, 4, 0, HoldFacts(encoder_ahead=True),
+                        encoder_input=PendingInput(0, 8, 8, False),
+                    ),  # fmt: skip
                 ),
                 (),
                 {"b": (16, 1, 16)},
@@ -104,6 +110,9 @@ def _by_hand() -> Trajectory:
         ),
     ]
     return trajectory
+
+
+WAITING_HOLD = HoldFacts(status="WAITING", known=32, max_tokens=4, lookahead=2, max_model_len=64)
 
 
 def test_a_recording_reads_back_equal_through_json() -> None:
@@ -119,6 +128,12 @@ def test_a_recording_reads_back_equal_through_json() -> None:
     assert again.trajectory.slots is not None
     assert again.trajectory.slots.groups_skipped == {1: "no kernel"}
     assert isinstance(again.trajectory.observations[0], Observation)
+    (queues,) = [fact.what for fact in again.trajectory.facts if fact.label == "schedule"]
+    assert queues.waiting[0].hold == WAITING_HOLD and queues.waiting[0].held_back == ""
+    # A record inside a record reads back as its type, not a bare tuple (which compares
+    # equal to it): the liveness family reads the input's fields by name.
+    assert isinstance(queues.waiting[2].encoder_input, PendingInput)
+    assert queues.waiting[2].encoder_input.offset == 0
 
 
 def test_the_facts_are_judged_the_same_after_the_round_trip() -> None:

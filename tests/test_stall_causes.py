@@ -16,9 +16,9 @@ import pytest
 
 from kvconform.model.observations import (
     STALL_CAUSES,
-    lookahead_cuts_to_nothing,
     whole_input_chunk,
 )
+from kvconform.model.queue_facts import lookahead_cuts_to_nothing
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple, Union
 
-from kvconform.model.queue_facts import QueuedRequest, StepQueues
+from kvconform.model.queue_facts import HoldFacts, PendingInput, QueuedRequest, StepQueues
 
 # (group, block id, tokens): a cached Mamba "align" boundary state (model/handoffs.py).
 State = tuple[int, int, int]
@@ -505,7 +505,15 @@ Payload = Union[  # noqa: UP007 (a runtime union: the recording's codec reads it
 
 PAYLOADS: tuple[type, ...] = Payload.__args__  # type: ignore[attr-defined]
 # Records a payload holds (the recording's codec reads them back too).
-PARTS: tuple[type, ...] = (MmInput, RequestEnd, QueuedRequest, HitGroup, HitSource)
+PARTS: tuple[type, ...] = (
+    MmInput,
+    RequestEnd,
+    QueuedRequest,
+    HoldFacts,
+    PendingInput,
+    HitGroup,
+    HitSource,
+)
 
 
 class Fact(NamedTuple):

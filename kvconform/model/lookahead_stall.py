@@ -4,8 +4,8 @@ the liveness family, which names the cause of the empty call it fails."""
 
 from __future__ import annotations
 
-from kvconform.model.observations import lookahead_cuts_to_nothing, request_token_budget
-from kvconform.model.queue_facts import QueuedRequest, StepQueues
+from kvconform.model.observations import request_token_budget
+from kvconform.model.queue_facts import QueuedRequest, StepQueues, lookahead_cuts_to_nothing
 
 __all__ = ["lookahead_stuck_cap"]
 
@@ -19,8 +19,9 @@ def lookahead_stuck_cap(request: QueuedRequest, queues: StepQueues) -> int:
     (``min(max_num_scheduled_tokens, max_num_batched_tokens - draft slots)``) and the
     long-prefill threshold in force (``StepQueues.chunk_cap``, 0 for none). The scheduler
     oracle reads the same cap from vLLM (``prefill_chunk_cap`` in
-    ``kvconform.oracles.vllm.scheduling_queues``), where it also withholds the "prefill
-    lookahead window" excuse from such a request."""
+    ``kvconform.oracles.vllm.scheduling_queues``, ``HoldFacts.chunk_cap``), with which
+    :func:`~kvconform.model.queue_facts.held_back` withholds the "prefill lookahead window"
+    excuse from such a request."""
     if request.held_back or not queues.chunked_prefill or queues.prefill_shift <= 1:
         return 0
     left = request.tokens - request.computed

@@ -182,21 +182,6 @@ STALL_CAUSES = (
 )
 
 
-def lookahead_cuts_to_nothing(left: int, cap: int, lookahead: int) -> bool:
-    """Whether ``Scheduler._reserve_prefill_lookahead`` cuts every chunk of a request with
-    ``left`` prompt tokens to compute, whose chunks are capped at ``cap`` tokens, to nothing.
-
-    Read from the method: a chunk of ``n`` tokens that would leave ``0 < left - n <
-    lookahead`` is cut by ``lookahead - (left - n)``, to ``left - lookahead`` ("Either
-    finish the prefill or leave at least num_prefill_lookahead for the next chunk"). A
-    chunk that finishes the prompt (``cap >= left``) is not cut; one that leaves the
-    lookahead or more is not cut; with ``left > lookahead`` the cut leaves ``left -
-    lookahead > 0`` tokens, progress. Only ``cap < left <= lookahead`` leaves nothing, and
-    no call changes that: the request's cap is what it gets with the whole budget free.
-    """
-    return 0 < cap < left <= lookahead
-
-
 def whole_input_chunk(inputs: Sequence[tuple[int, int]], computed: int, shift: int) -> int:
     """The tokens of the one chunk a request at ``computed`` must be scheduled next under
     ``disable_chunked_mm_input`` to get past the input (``(offset, length)``, in prompt

@@ -1,6 +1,7 @@
 """What a ``schedule()`` call found in vLLM's queues, as facts: each request's place and
-state, why the coming step may pass it over (``held_back``), the multimodal input it waits
-at and the encoder's room. Recorded by the scheduler oracle
+state, the facts that decide whether the coming step may pass it over (:class:`HoldFacts`)
+and the pure rule that decides it (:func:`held_back`), the multimodal input it waits at and
+the encoder's room. Recorded by the scheduler oracle
 (:mod:`kvconform.oracles.scheduler.queues`), judged by the liveness and fairness families
 (:mod:`kvconform.harness.checks.liveness`, :mod:`kvconform.harness.checks.fairness`); part of
 the payloads of :mod:`kvconform.model.facts`.
@@ -9,6 +10,7 @@ the payloads of :mod:`kvconform.model.facts`.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import NamedTuple
 
 # The reason ``QueuedRequest.held_back`` records for a request with a multimodal input ahead
@@ -16,6 +18,145 @@ from typing import NamedTuple
 # to 0. Whether that excuses a call is the liveness family's to judge
 # (``kvconform/harness/checks/liveness.py``, with :class:`PendingInput`).
 ENCODER_HELD_BACK = "the encoder budget or cache"
+
+
+# The reason a request waiting for something outside the scheduler is recorded with, by
+# vLLM's status name (``RequestStatus``); a status of this family not listed is its own name.
+WAITING_FOR_REASONS: Mapping[str, str] = {
+    "WAITING_FOR_REMOTE_KVS": "its KV load is in flight",
+    "WAITING_FOR_FSM": "its structured-output grammar is not compiled",
+    "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR": "its structured-output grammar is not compiled",
+    "WAITING_FOR_STREAMING_REQ": "its session waits for input",
+}
+
+
+def lookahead_cuts_to_nothing(left: int, cap: int, lookahead: int) -> bool:
+    """Whether ``Scheduler._reserve_prefill_lookahead`` cuts every chunk of a request with
+    ``left`` prompt tokens to compute, whose chunks are capped at ``cap`` tokens, to nothing.
+
+    Read from the method: a chunk of ``n`` tokens that would leave ``0 < left - n <
+    lookahead`` is cut by ``lookahead - (left - n)``, to ``left - lookahead`` ("Either
+    finish the prefill or leave at least num_prefill_lookahead for the next chunk"). A
+    chunk that finishes the prompt (``cap >= left``) is not cut; one that leaves the
+    lookahead or more is not cut; with ``left > lookahead`` the cut leaves ``left -
+    lookahead > 0`` tokens, progress. Only ``cap < left <= lookahead`` leaves nothing, and
+    no call changes that: the request's cap is what it gets with the whole budget free.
+    """
+    return 0 < cap < left <= lookahead
+
+
+@dataclass(frozen=True)
+class HoldFacts:
+    """What the scheduler oracle read of a live request and of the scheduler before a
+    ``schedule()`` call, as plain facts: everything :func:`held_back` decides by (each
+    field is named after what it is read from; the releases' differences are the oracle's,
+    ``kvconform.oracles.vllm``). The defaults are a waiting request that nothing holds.
+
+    ``running``: in the scheduler's running queue. ``status``: ``Request.status``'s name.
+    ``lora``: a ``lora_request``. ``mamba_split``: the scheduler's
+    ``need_mamba_block_aligned_split``. ``stale_output``: ``num_stale_output_tokens``.
+    ``kv_transfer``: non-empty ``kv_transfer_params``. ``cache_aware_window``: the
+    scheduler's (0: none). ``placeholders``: ``num_output_placeholders``. ``known``:
+    ``num_tokens_with_spec`` (``num_tokens`` where the release has none). ``max_tokens``:
+    the request's (None where it has none). ``decode_deferred``: pipeline parallelism's decode
+    cadence holds it in the coming step (``next_decode_eligible_step`` past the step after
+    ``current_step``). ``prefill_chunk``: ``is_prefill_chunk``. ``prefill_interval``: the
+    scheduler's ``local_prefill_interval`` (1: none). ``lookahead``: the drafter's prefill
+    shift (``num_prefill_lookahead``, 0 without one). ``chunk_cap``: the chunk the request
+    gets with the whole budget free (``SchedulingQueues.prefill_chunk_cap``), read for a
+    running prefill chunk under a lookahead above 1 only (0 elsewhere: nothing reads it).
+    ``sampled``: ``num_sampled_tokens_per_step``. ``max_model_len``: the scheduler's (None
+    where it has none). ``encoder_ahead``: a multimodal placeholder the request has not
+    computed past (shifted by the lookahead), or an encoder-cache connector that decides for
+    it."""
+
+    running: bool = False
+    status: str = "WAITING"
+    lora: bool = False
+    mamba_split: bool = False
+    stale_output: int = 0
+    kv_transfer: bool = False
+    cache_aware_window: int = 0
+    placeholders: int = 0
+    known: int = 0
+    max_tokens: int | None = None
+    decode_deferred: bool = False
+    prefill_chunk: bool = False
+    prefill_interval: int = 1
+    lookahead: int = 0
+    chunk_cap: int = 0
+    sampled: int = 1
+    max_model_len: int | None = None
+    encoder_ahead: bool = False
+
+
+def held_back(hold: HoldFacts, computed: int, tokens: int, prompt: int) -> str:
+    """Why ``Scheduler.schedule`` may pass a request over in the coming step without
+    breaking its policy ("" none), from what the oracle read (``hold``) and the request's
+    computed tokens, its tokens (``num_tokens``: the prompt and outputs) and its prompt.
+
+    Each reason is a ``continue`` or a queue of its own in ``schedule()``; the list, its
+    order and why each is legitimate: docs/contract.md, "Liveness and fairness". The
+    first that holds is the one recorded. :data:`ENCODER_HELD_BACK` comes last, only where
+    no other reason holds, so that a reason that always excuses is not hidden behind the
+    one the liveness family judges (``QueuedRequest.encoder_input``)."""
+    other = _held_back_otherwise(hold, computed, tokens, prompt)
+    if other:
+        return other
+    return ENCODER_HELD_BACK if hold.encoder_ahead else ""
+
+
+def _held_back_otherwise(hold: HoldFacts, computed: int, tokens: int, prompt: int) -> str:
+    """:func:`held_back`'s reasons but the encoder's, in their order."""
+    if hold.status.startswith("WAITING_FOR"):
+        return WAITING_FOR_REASONS.get(hold.status, hold.status)
+    if hold.lora:
+        return "the LoRA limit"
+    if hold.mamba_split:
+        return "a Mamba block-aligned chunk"
+    if hold.stale_output and not hold.running:
+        return "its stale output is in flight"
+    if hold.kv_transfer and not hold.running:
+        return "the KV connector's queue"
+    if not hold.running:
+        if hold.cache_aware_window:
+            return "cache-aware admission reorders the waiting queue"
+        return ""
+    if hold.known + hold.placeholders - computed <= 0:
+        return "its next token is not known before a step in flight is processed"
+    if (
+        hold.placeholders
+        and hold.max_tokens is not None
+        and computed + 2 - hold.placeholders >= prompt + hold.max_tokens
+    ):
+        return "its last token is in flight"
+    if hold.decode_deferred:
+        return "the pipeline's decode cadence"
+    if hold.prefill_chunk:
+        if hold.prefill_interval > 1:
+            return "the prefill cadence"
+        if lookahead_may_cut(hold, computed, tokens):
+            return "the prefill lookahead window"
+    if hold.max_model_len is not None and computed + hold.sampled >= hold.max_model_len:
+        return "max_model_len"
+    return ""
+
+
+def lookahead_may_cut(hold: HoldFacts, computed: int, tokens: int) -> bool:
+    """Whether ``_reserve_prefill_lookahead`` may cut a running prefill's chunk to nothing
+    in the coming call without the request being stuck there: the prompt's ``0 < R <=
+    lookahead`` tokens left (with more, the cut leaves ``R - lookahead > 0`` tokens,
+    progress), the lookahead more than 1 (multi-module MTP: "No-op for eagle-family
+    drafters (lookahead 1)", the same in 0.28.0-0.34.0; with 1 it excused any prefill chunk,
+    issue 35's running #24 form), and a chunk with the whole budget free that is not cut to
+    nothing (:func:`lookahead_cuts_to_nothing`): then only the budget other requests take in
+    that call cuts it, and they progress. Where the capped chunk is always cut to nothing
+    (docs/findings.md #26) the request can never end there, and no excuse is granted: the
+    liveness family's progress rule judges the call."""
+    left = tokens - computed
+    if hold.lookahead <= 1 or not 0 < left <= hold.lookahead:
+        return False
+    return not lookahead_cuts_to_nothing(left, hold.chunk_cap, hold.lookahead)
 
 
 class PendingInput(NamedTuple):
@@ -36,8 +177,9 @@ class QueuedRequest(NamedTuple):
     ``added``, the order the engine handed requests to the scheduler (``add_request``:
     FCFS's arrival); ``priority`` and ``stamp``, the rank of its ``Request.arrival_time``
     (the priority policy's order, ``(priority, arrival_time)``); its computed and known
-    tokens, prompt, ``max_tokens``, the device blocks it holds; ``held_back``: why vLLM may
-    pass it over in this step ("" none; the reasons are listed in docs/contract.md);
+    tokens, prompt, ``max_tokens``, the device blocks it holds; ``hold``: what the oracle read
+    that decides whether vLLM may pass it over in this step, and :attr:`held_back`, the reason
+    :func:`held_back` derives from it ("" none; the reasons are listed in docs/contract.md);
     ``encoder_input``: the input it is held at where that reason is :data:`ENCODER_HELD_BACK`
     (None: none, or one the oracle cannot read: an encoder-cache connector, an
     encoder-decoder model);
@@ -54,9 +196,15 @@ class QueuedRequest(NamedTuple):
     prompt: int
     max_tokens: int
     held: int
-    held_back: str = ""
+    hold: HoldFacts = HoldFacts()
     frees_deferred: bool = False
     encoder_input: PendingInput | None = None
+
+    @property
+    def held_back(self) -> str:
+        """Why vLLM may pass the request over in this step ("" none): :func:`held_back`
+        over the recorded facts, never an answer read from vLLM."""
+        return held_back(self.hold, self.computed, self.tokens, self.prompt)
 
 
 class StepQueues(NamedTuple):

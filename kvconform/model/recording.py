@@ -49,8 +49,10 @@ from kvconform.model.settings import SettingsRecord
 # StepZeroingList.freed (the seed-0 triage's liveness and zeroing corrections); 7:
 # PrefixLookup (a first admission's hit beside what the workload had cached: hits family); 8:
 # GroupInfo.replay_tokens (a bounded-replay hit's valid KV) and Denial.cause (a stall's
-# cause, in the capacity signature); 9: StepZeroingList.copied (copy-on-write destinations).
-RECORDING_VERSION = 9
+# cause, in the capacity signature); 9: StepZeroingList.copied (copy-on-write destinations);
+# 10: QueuedRequest.hold (the facts the model's held_back rule reads) for QueuedRequest.held_back,
+# and QueuedRequest.encoder_input written as a PendingInput (it was read back as a bare tuple).
+RECORDING_VERSION = 10
 
 
 @dataclass

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvconform.model.queue_facts import ENCODER_HELD_BACK, PendingInput, QueuedRequest, StepQueues
+from kvconform.model.queue_facts import (
+    ENCODER_HELD_BACK,
+    PendingInput,
+    QueuedRequest,
+    StepQueues,
+    held_back,
+)
 from kvconform.oracles.scheduler.records import FreeRecord, StepFact
 from kvconform.oracles.scheduler.state import OracleState
 
@@ -19,9 +25,15 @@ def _held(oracle: OracleState, rid: str) -> int:
 def _queued(oracle: OracleState, request: Any, running: bool) -> QueuedRequest:
     rid = request.request_id
     api = oracle.api
-    held_back = api.held_back(oracle.scheduler, request, running)
+    hold = api.hold_facts(oracle.scheduler, request, running)
+    computed, tokens, prompt = (
+        int(request.num_computed_tokens),
+        int(request.num_tokens),
+        int(request.num_prompt_tokens),
+    )
     pending = None
-    if held_back == ENCODER_HELD_BACK:
+    # The input's facts are read where the model's rule finds the encoder holds it.
+    if held_back(hold, computed, tokens, prompt) == ENCODER_HELD_BACK:
         found = api.pending_input(oracle.scheduler, request)
         pending = PendingInput(*found) if found is not None else None
     return QueuedRequest(
@@ -29,12 +41,12 @@ def _queued(oracle: OracleState, request: Any, running: bool) -> QueuedRequest:
         oracle._added.get(rid, -1),
         int(getattr(request, "priority", 0) or 0),
         oracle._stamps.get(rid, -1),
-        int(request.num_computed_tokens),
-        int(request.num_tokens),
-        int(request.num_prompt_tokens),
+        computed,
+        tokens,
+        prompt,
         int(getattr(request, "max_tokens", 0) or 0),
         _held(oracle, rid),
-        held_back,
+        hold,
         running and api.frees_deferred(oracle.scheduler, request),
         pending,
     )

@@ -24,9 +24,9 @@ from kvconform.model.observations import (
     MM_INPUT_PAST_THRESHOLD,
     PADDED_ROW_PAST_BUDGET,
     PREFILL_LOOKAHEAD_PAST_CAP,
-    lookahead_cuts_to_nothing,
     whole_input_chunk,
 )
+from kvconform.model.queue_facts import lookahead_cuts_to_nothing
 from kvconform.oracles.scheduler.records import StallRecord
 
 __all__ = ["lookahead_cause", "mm_input_cause", "stall_cause", "stalled_run"]

@@ -1,8 +1,9 @@
 """What a ``schedule()`` call finds in vLLM's queues, for the liveness and fairness families:
 the budgets ``Scheduler.schedule`` admits by, the requests it counts for the long-prefill
-cap, a drafter's prefill shift, what the prefix cache holds for a request, why the coming
-step may pass a request over without breaking its policy, the multimodal input a request
-waits at and the encoder's room, and whether vLLM defers a request's free. Read from vLLM's
+cap, a drafter's prefill shift, what the prefix cache holds for a request, the facts that
+decide whether the coming step may pass a request over without breaking its policy (the
+rule is the model's), the multimodal input a request waits at and the encoder's room, and
+whether vLLM defers a request's free. Read from vLLM's
 objects as each release has them; judged in ``kvconform.harness.checks.liveness`` and
 ``fairness``. The base of :class:`~kvconform.oracles.vllm.scheduling.Scheduling`.
 """
@@ -11,8 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvconform.model.observations import lookahead_cuts_to_nothing
-from kvconform.model.queue_facts import ENCODER_HELD_BACK
+from kvconform.model.queue_facts import HoldFacts
 from kvconform.oracles.vllm.scheduling_config import SchedulingConfigs
 
 __all__ = ["SchedulingQueues"]
@@ -89,8 +89,8 @@ class SchedulingQueues(SchedulingConfigs):
         (``min(max_num_scheduled_tokens, max_num_batched_tokens - draft slots)``), the
         long-prefill threshold where one is in force (:meth:`long_prefill_cap`), then Mamba
         "align"'s block-aligned split of that chunk, which vLLM applies before the
-        reservation. What ``lookahead_cuts_to_nothing`` (``kvconform.model.observations``)
-        takes as ``cap``, for the stall's cause and for :meth:`held_back` alike."""
+        reservation. What ``lookahead_cuts_to_nothing`` (``kvconform.model.queue_facts``)
+        takes as ``cap``, for the stall's cause and for ``HoldFacts.chunk_cap`` alike."""
         token_budget, input_budget, draft_slots, _ = self.scheduling_limits(scheduler, config)
         cap = min(token_budget, input_budget - draft_slots)
         threshold = self.long_prefill_cap(scheduler, config)
@@ -116,86 +116,47 @@ class SchedulingQueues(SchedulingConfigs):
         probe = getattr(manager, "get_num_cached_tokens", None)
         return int(probe(request)) if probe is not None else 0
 
-    def held_back(self, scheduler: Any, request: Any, running: bool) -> str:
-        """Why ``Scheduler.schedule`` may pass this request over in the coming step without
-        breaking its policy ("" none), read from the request's and the scheduler's state
-        (each reason is a ``continue`` or a queue of its own in ``schedule()``; the list and
-        why each is legitimate: docs/contract.md, "Liveness and fairness"). A request with
-        a multimodal input ahead is recorded as held back by "the encoder budget or cache"
-        only where no other reason holds, so that a reason that always excuses is not
-        hidden behind the one the liveness family judges (``pending_input``)."""
-        other = self._held_back_otherwise(scheduler, request, running)
-        if other:
-            return other
-        if getattr(request, "has_encoder_inputs", False) and _encoder_ahead(scheduler, request):
-            return ENCODER_HELD_BACK
-        return ""
-
-    def _held_back_otherwise(self, scheduler: Any, request: Any, running: bool) -> str:
-        """:meth:`held_back`'s reasons but the encoder's."""
-        status = self.status_name(request)
-        if status.startswith("WAITING_FOR"):
-            return {
-                "WAITING_FOR_REMOTE_KVS": "its KV load is in flight",
-                "WAITING_FOR_FSM": "its structured-output grammar is not compiled",
-                "WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR": "its structured-output grammar is not compiled",
-                "WAITING_FOR_STREAMING_REQ": "its session waits for input",
-            }.get(status, status)
-        if getattr(request, "lora_request", None) is not None:
-            return "the LoRA limit"
-        if getattr(scheduler, "need_mamba_block_aligned_split", False):
-            return "a Mamba block-aligned chunk"
-        if getattr(request, "num_stale_output_tokens", 0) and not running:
-            return "its stale output is in flight"
-        if getattr(request, "kv_transfer_params", None) and not running:
-            return "the KV connector's queue"
-        if not running:
-            if getattr(scheduler, "cache_aware_window", 0):
-                return "cache-aware admission reorders the waiting queue"
-            return ""
-        placeholders = int(getattr(request, "num_output_placeholders", 0) or 0)
-        computed = int(request.num_computed_tokens)
-        known = int(getattr(request, "num_tokens_with_spec", request.num_tokens))
-        if known + placeholders - computed <= 0:
-            return "its next token is not known before a step in flight is processed"
+    def hold_facts(self, scheduler: Any, request: Any, running: bool) -> HoldFacts:
+        """What decides whether ``Scheduler.schedule`` may pass this request over in the
+        coming step, read from the request's and the scheduler's state as this release has
+        them (attributes a release lacks read as their defaults: nothing holds). Facts only:
+        the reason is the model's (``kvconform.model.queue_facts.held_back``; the list and
+        why each is legitimate: docs/contract.md, "Liveness and fairness"). Two are vLLM's
+        own tests, recorded as booleans: ``_decode_deferred`` (the step numbering of the
+        decode cadence) and ``_encoder_ahead`` (the placeholders' positions, the lookahead
+        shift and an encoder-cache connector); the chunk cap is read only where the rule
+        may weigh it (a running prefill chunk under a lookahead above 1, with no Mamba
+        "align" split, a reason the rule weighs first)."""
         max_tokens = getattr(request, "max_tokens", None)
-        if (
-            placeholders
-            and max_tokens is not None
-            and computed + 2 - placeholders >= request.num_prompt_tokens + max_tokens
-        ):
-            return "its last token is in flight"
-        if _decode_deferred(scheduler, request):
-            return "the pipeline's decode cadence"
-        if getattr(request, "is_prefill_chunk", False):
-            if getattr(scheduler, "local_prefill_interval", 1) > 1:
-                return "the prefill cadence"
-            if self._lookahead_may_cut(scheduler, request):
-                return "the prefill lookahead window"
-        sampled = int(getattr(scheduler, "num_sampled_tokens_per_step", 1) or 1)
         max_model_len = getattr(scheduler, "max_model_len", None)
-        if max_model_len is not None and request.num_computed_tokens + sampled >= max_model_len:
-            return "max_model_len"
-        return ""
-
-    def _lookahead_may_cut(self, scheduler: Any, request: Any) -> bool:
-        """Whether ``_reserve_prefill_lookahead`` may cut this running prefill's chunk to
-        nothing in the coming call without the request being stuck there: the prompt's
-        ``0 < R <= lookahead`` tokens left (with more, the cut leaves ``R - lookahead > 0``
-        tokens, progress), the lookahead more than 1 (multi-module MTP: "No-op for
-        eagle-family drafters (lookahead 1)", the same in 0.28.0-0.34.0; with 1 it excused
-        any prefill chunk, issue 35's running #24 form), and a chunk with the whole budget
-        free that is not cut to nothing (``lookahead_cuts_to_nothing``): then only the budget
-        other requests take in that call cuts it, and they progress. Where the capped chunk
-        is always cut to nothing (docs/findings.md #26) the request can never end there, and
-        no excuse is granted: the liveness family's progress rule judges the call."""
+        mamba_split = bool(getattr(scheduler, "need_mamba_block_aligned_split", False))
+        prefill_chunk = bool(getattr(request, "is_prefill_chunk", False))
         lookahead = self.prefill_shift(scheduler)
         computed = int(request.num_computed_tokens)
-        left = int(request.num_tokens) - computed
-        if lookahead <= 1 or not 0 < left <= lookahead:
-            return False
-        cap = self.prefill_chunk_cap(scheduler, scheduler.vllm_config, request, computed)
-        return not lookahead_cuts_to_nothing(left, cap, lookahead)
+        chunk_cap = 0
+        if running and prefill_chunk and lookahead > 1 and not mamba_split:
+            chunk_cap = self.prefill_chunk_cap(scheduler, scheduler.vllm_config, request, computed)
+        return HoldFacts(
+            running=running,
+            status=self.status_name(request),
+            lora=getattr(request, "lora_request", None) is not None,
+            mamba_split=mamba_split,
+            stale_output=int(getattr(request, "num_stale_output_tokens", 0) or 0),
+            kv_transfer=bool(getattr(request, "kv_transfer_params", None)),
+            cache_aware_window=int(getattr(scheduler, "cache_aware_window", 0) or 0),
+            placeholders=int(getattr(request, "num_output_placeholders", 0) or 0),
+            known=int(getattr(request, "num_tokens_with_spec", request.num_tokens)),
+            max_tokens=None if max_tokens is None else int(max_tokens),
+            decode_deferred=_decode_deferred(scheduler, request),
+            prefill_chunk=prefill_chunk,
+            prefill_interval=int(getattr(scheduler, "local_prefill_interval", 1)),
+            lookahead=lookahead,
+            chunk_cap=chunk_cap,
+            sampled=int(getattr(scheduler, "num_sampled_tokens_per_step", 1) or 1),
+            max_model_len=None if max_model_len is None else int(max_model_len),
+            encoder_ahead=bool(getattr(request, "has_encoder_inputs", False))
+            and _encoder_ahead(scheduler, request),
+        )
 
     def pending_input(self, scheduler: Any, request: Any) -> tuple[int, int, int, bool] | None:
         """(offset, length, embeddings, already in the encoder cache) of the first

@@ -1,0 +1,156 @@
+"""The model's rule for why ``Scheduler.schedule`` may pass a request over
+(``held_back`` in kvconform/model/queue_facts.py), over hand-made facts: no vLLM. Each reason
+of docs/contract.md's table ("Liveness and fairness") from the facts that give it, the order
+in which the reasons are weighed (the first that holds is recorded; the encoder's last), and
+the prefill lookahead window's bounds."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from itertools import combinations
+from typing import Any
+
+import pytest
+
+from kvconform.model.queue_facts import (
+    ENCODER_HELD_BACK,
+    WAITING_FOR_REASONS,
+    HoldFacts,
+    QueuedRequest,
+    held_back,
+)
+
+# A running request at 18 of its 20 tokens, 10 of them its prompt: nothing holds it (its
+# next token is known, no placeholders, far from its max_tokens and max_model_len).
+COMPUTED, TOKENS, PROMPT = 18, 20, 10
+FREE = HoldFacts(running=True, status="RUNNING", known=100, max_tokens=100, max_model_len=1000)
+
+# Each reason, in the order the rule weighs it, and the facts (changes to FREE) that give
+# it. The waiting-only reasons set ``running`` off, which turns every running-only reason
+# after them off as well: a pair of reasons below always has the earlier one hold.
+REASONS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("its KV load is in flight", {"status": "WAITING_FOR_REMOTE_KVS"}),
+    ("the LoRA limit", {"lora": True}),
+    ("a Mamba block-aligned chunk", {"mamba_split": True}),
+    ("its stale output is in flight", {"stale_output": 1, "running": False}),
+    ("the KV connector's queue", {"kv_transfer": True, "running": False}),
+    (
+        "cache-aware admission reorders the waiting queue",
+        {"cache_aware_window": 4, "running": False},
+    ),
+    ("its next token is not known before a step in flight is processed", {"known": 0}),
+    # 18 + 2 - 1 placeholder >= 10 prompt + 9 max_tokens
+    ("its last token is in flight", {"placeholders": 1, "max_tokens": 9}),
+    ("the pipeline's decode cadence", {"decode_deferred": True}),
+    ("the prefill cadence", {"prefill_chunk": True, "prefill_interval": 2}),
+    # 2 tokens left within a lookahead of 2, a cap of 64 finishes the prompt
+    ("the prefill lookahead window", {"prefill_chunk": True, "lookahead": 2, "chunk_cap": 64}),
+    ("max_model_len", {"max_model_len": COMPUTED + 1}),  # one sampled token reaches it
+    (ENCODER_HELD_BACK, {"encoder_ahead": True}),
+)
+
+
+def reason(changes: dict[str, Any], computed: int = COMPUTED, tokens: int = TOKENS) -> str:
+    return held_back(replace(FREE, **changes), computed, tokens, PROMPT)
+
+
+def test_nothing_holds_a_request_with_no_reason() -> None:
+    assert reason({}) == ""
+    assert reason({"running": False}) == ""
+    assert HoldFacts() == HoldFacts(running=False, status="WAITING") and held_back(
+        HoldFacts(), 0, 32, 32
+    ) == ""
+
+
+@pytest.mark.parametrize(("expected", "changes"), REASONS, ids=[r for r, _ in REASONS])
+def test_each_reason_holds_from_its_facts(expected: str, changes: dict[str, Any]) -> None:
+    assert reason(changes) == expected
+
+
+def test_every_reason_of_the_contract_is_tested_once() -> None:
+    reasons = [r for r, _ in REASONS]
+    assert len(set(reasons)) == len(reasons) == 13
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    list(combinations(range(len(REASONS)), 2)),
+    ids=[f"{i}-before-{j}" for i, j in combinations(range(len(REASONS)), 2)],
+)
+def test_the_earlier_reason_is_recorded_where_two_hold(first: int, second: int) -> None:
+    """Every pair of reasons together: the one earlier in the rule's order is recorded, so
+    the encoder's reason (which the liveness family judges at the input) comes last and hides
+    no reason that always excuses."""
+    (expected, early), (_, late) = REASONS[first], REASONS[second]
+    assert reason({**late, **early}) == expected
+    assert reason({**early, **late}) == expected
+
+
+def test_the_reasons_of_a_running_request_do_not_hold_a_waiting_one() -> None:
+    for expected, changes in REASONS[6:-1]:
+        assert reason({**changes, "running": False}) == "", expected
+    # ... and the waiting-only ones do not hold a running request.
+    assert reason({"stale_output": 1, "kv_transfer": True, "cache_aware_window": 4}) == ""
+
+
+def test_a_status_waiting_for_something_is_named_by_it() -> None:
+    for status, expected in WAITING_FOR_REASONS.items():
+        assert reason({"status": status}) == expected
+        assert reason({"status": status, "running": False}) == expected
+    assert reason({"status": "WAITING_FOR_SOMETHING_NEW"}) == "WAITING_FOR_SOMETHING_NEW"
+    assert reason({"status": "PREEMPTED", "running": False}) == ""
+
+
+def test_the_last_token_in_flight_needs_placeholders_and_a_max_tokens() -> None:
+    last = "its last token is in flight"
+    assert reason({"placeholders": 1, "max_tokens": 9}) == last
+    assert reason({"placeholders": 1, "max_tokens": 10}) == ""  # 19 < 20: a step more fits
+    assert reason({"placeholders": 0, "max_tokens": 0}) == ""
+    assert reason({"placeholders": 1, "max_tokens": None}) == ""
+
+
+def test_max_model_len_counts_the_tokens_sampled_per_step() -> None:
+    assert reason({"max_model_len": COMPUTED + 2}) == ""
+    assert reason({"max_model_len": COMPUTED + 2, "sampled": 2}) == "max_model_len"
+    assert reason({"max_model_len": None}) == ""
+
+
+WINDOW = "the prefill lookahead window"
+
+
+def window(lookahead: int, left: int, cap: int = 64, **changes: Any) -> str:
+    facts = {"prefill_chunk": True, "lookahead": lookahead, "chunk_cap": cap, **changes}
+    return reason(facts, computed=TOKENS - left)
+
+
+def test_the_prefill_lookahead_window_needs_a_lookahead_above_1() -> None:
+    assert window(2, 1) == WINDOW
+    # EAGLE's lookahead of 1 (_reserve_prefill_lookahead is a no-op) or none: no window.
+    assert window(1, 1) == "" and window(0, 1) == ""
+
+
+def test_the_prefill_lookahead_window_is_the_prompt_end_within_the_lookahead() -> None:
+    assert [window(3, left) for left in (1, 2, 3)] == [WINDOW] * 3
+    assert window(3, 4) == ""  # a cut leaves 1 token: progress
+    # Nothing left: the next token is what is known next; no window.
+    assert window(3, 0) == ""
+    # A running prefill chunk only.
+    assert window(3, 2, prefill_chunk=False) == ""
+    assert window(3, 2, running=False) == ""
+
+
+def test_the_prefill_lookahead_window_is_not_granted_where_the_cap_cuts_every_chunk() -> None:
+    # docs/findings.md #26: 3 left within a lookahead of 3, chunks capped at 2 (or 1) leave
+    # 0 < 1 < 3 and are cut to nothing at every call; no excuse, the progress rule judges.
+    assert window(3, 3, cap=2) == "" and window(3, 3, cap=1) == ""
+    # A cap that finishes the prompt is not cut.
+    assert window(3, 3, cap=3) == WINDOW
+    # An excused window is still behind the prefill cadence.
+    assert window(3, 3, prefill_interval=2) == "the prefill cadence"
+
+
+def test_a_queued_request_derives_held_back_from_its_recorded_facts() -> None:
+    request = QueuedRequest("a", 0, 0, 0, COMPUTED, TOKENS, PROMPT, 100, 2)
+    assert request.held_back == ""
+    for expected, changes in REASONS:
+        assert request._replace(hold=replace(FREE, **changes)).held_back == expected
