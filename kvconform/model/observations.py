@@ -174,11 +174,19 @@ MM_INPUT_PAST_BUDGET = "a multimodal input longer than the request's token budge
 # (docs/findings.md #26).
 PREFILL_LOOKAHEAD_PAST_CAP = "a prompt end within the prefill lookahead, past its chunk cap"
 
+# A stall whose head-of-line request's chunk, with the whole budget free, ends short of its
+# prefill's end and reaches no Mamba block boundary, under Mamba "align": the block-aligned
+# split floors it to nothing, because the split lets a chunk advance sub-block only where the
+# block is wider than max_num_scheduled_tokens (or the long-prefill threshold), while the
+# draft slots leave the request less (docs/findings.md #28).
+MAMBA_BLOCK_PAST_BUDGET = "a Mamba block past the request's token budget, within the split's limit"
+
 STALL_CAUSES = (
     PADDED_ROW_PAST_BUDGET,
     MM_INPUT_PAST_THRESHOLD,
     MM_INPUT_PAST_BUDGET,
     PREFILL_LOOKAHEAD_PAST_CAP,
+    MAMBA_BLOCK_PAST_BUDGET,
 )
 
 

@@ -45,6 +45,32 @@ def lookahead_cuts_to_nothing(left: int, cap: int, lookahead: int) -> bool:
     return 0 < cap < left <= lookahead
 
 
+def block_split_cuts_to_nothing(
+    start: int, chunk: int, prefill_left: int, block: int, split_limit: int
+) -> bool:
+    """Whether Mamba "align"'s block-aligned split (``Scheduler._mamba_block_aligned_split``)
+    cuts every chunk of a request at ``start`` to nothing: its chunk of ``chunk`` tokens with
+    the whole budget free (the request's token budget, ``min(max_num_scheduled_tokens,
+    max_num_batched_tokens - draft slots)``, and the long-prefill threshold in force), with
+    ``prefill_left`` tokens to the prefill's end, in Mamba blocks of ``block`` tokens.
+
+    Read from the method: a chunk that ends short of the prefill's end ends on a block
+    boundary, floored (``end // block * block``), unless the floor does not pass ``start``
+    and the block is wider than the split's limit (``split_limit``: ``max_num_scheduled_tokens``,
+    or the configured long-prefill threshold below it): "A block too wide for one chunk
+    advances sub-block". The split's other stops only shorten a chunk. So a chunk that
+    finishes the prefill is kept; one that reaches a boundary past ``start`` keeps what
+    precedes it; one that reaches none is cut to nothing where the block is within the limit.
+    The limit is not the request's budget: the draft slots a drafter takes of the batch
+    (``draft_model``: 1) leave a request less than ``max_num_scheduled_tokens``, so a block
+    within the limit can be wider than every chunk the request gets (docs/findings.md #28).
+    No call changes that: ``chunk`` is what the request gets with the whole budget free.
+    """
+    if not 0 < chunk < prefill_left:
+        return False
+    return (start + chunk) // block * block <= start and block <= split_limit
+
+
 @dataclass(frozen=True)
 class HoldFacts:
     """What the scheduler oracle read of a live request and of the scheduler before a

@@ -20,16 +20,17 @@ from typing import Any
 from kvconform.errors import PoolExhausted
 from kvconform.model.floors import pool_columns
 from kvconform.model.observations import (
+    MAMBA_BLOCK_PAST_BUDGET,
     MM_INPUT_PAST_BUDGET,
     MM_INPUT_PAST_THRESHOLD,
     PADDED_ROW_PAST_BUDGET,
     PREFILL_LOOKAHEAD_PAST_CAP,
     whole_input_chunk,
 )
-from kvconform.model.queue_facts import lookahead_cuts_to_nothing
+from kvconform.model.queue_facts import block_split_cuts_to_nothing, lookahead_cuts_to_nothing
 from kvconform.oracles.scheduler.records import StallRecord
 
-__all__ = ["lookahead_cause", "mm_input_cause", "stall_cause", "stalled_run"]
+__all__ = ["lookahead_cause", "mamba_split_cause", "mm_input_cause", "stall_cause", "stalled_run"]
 
 
 def stall_cause(oracle: Any, request: Any, computed: int, running: set[str]) -> str:
@@ -65,6 +66,11 @@ def stall_cause(oracle: Any, request: Any, computed: int, running: set[str]) -> 
     request, has its prompt's last tokens within the drafter's prefill lookahead and a
     chunk cap below them, so ``Scheduler._reserve_prefill_lookahead`` cuts its chunk to
     nothing at every call.
+
+    :data:`MAMBA_BLOCK_PAST_BUDGET` (:func:`mamba_split_cause`): the request, or a running
+    request, has a chunk with the whole budget free that ends short of its prefill's end
+    and reaches no Mamba block boundary, with the block within the split's limit, so
+    ``Scheduler._mamba_block_aligned_split`` floors it to nothing at every call.
     """
     stuck = [(request, computed)] + [
         (oracle.scheduler.requests[rid], int(oracle.scheduler.requests[rid].num_computed_tokens))
@@ -82,6 +88,8 @@ def stall_cause(oracle: Any, request: Any, computed: int, running: set[str]) -> 
     # The waiting request from what it would adopt, as the waiting loop computes its chunk.
     if any(lookahead_cause(oracle, r, c) for r, c in [(request, computed), *stuck[1:]]):
         return PREFILL_LOOKAHEAD_PAST_CAP
+    if any(mamba_split_cause(oracle, r, c) for r, c in [(request, computed), *stuck[1:]]):
+        return MAMBA_BLOCK_PAST_BUDGET
     if not k or not computed or tokens - computed != 1:
         return ""
     if computed + 1 + k + 1 > oracle.scenario.model.max_model_len:
@@ -136,6 +144,22 @@ def lookahead_cause(oracle: Any, request: Any, computed: int) -> bool:
     left = int(request.num_tokens) - computed
     cap = oracle.api.prefill_chunk_cap(oracle.scheduler, oracle.config, request, computed)
     return lookahead_cuts_to_nothing(left, cap, lookahead)
+
+
+def mamba_split_cause(oracle: Any, request: Any, computed: int) -> bool:
+    """Whether Mamba "align"'s block-aligned split cuts every chunk of ``request`` (at
+    ``computed``) to nothing (:func:`block_split_cuts_to_nothing`, docs/findings.md #28):
+    the chunk it gets with the whole budget free (``SchedulingQueues.unsplit_chunk``) ends
+    short of its prefill's end and reaches no block boundary, and the block is within the
+    split's limit, which lets only a block wider than ``max_num_scheduled_tokens`` (or the
+    threshold) advance sub-block: the draft slots leave the request less."""
+    limits = oracle.api.mamba_split_limits(oracle.scheduler, oracle.config)
+    if limits is None:
+        return False
+    block, split_limit = limits
+    chunk = oracle.api.unsplit_chunk(oracle.scheduler, oracle.config, request, computed)
+    prefill_left = oracle.api.prefill_end(request) - computed
+    return block_split_cuts_to_nothing(computed, chunk, prefill_left, block, split_limit)
 
 
 def stalled_run(oracle: Any, since: int) -> PoolExhausted | StallRecord | None:

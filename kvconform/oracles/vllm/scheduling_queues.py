@@ -91,6 +91,12 @@ class SchedulingQueues(SchedulingConfigs):
         "align"'s block-aligned split of that chunk, which vLLM applies before the
         reservation. What ``lookahead_cuts_to_nothing`` (``kvconform.model.queue_facts``)
         takes as ``cap``, for the stall's cause and for ``HoldFacts.chunk_cap`` alike."""
+        chunk = self.unsplit_chunk(scheduler, config, request, computed)
+        return self.mamba_aligned_chunk(scheduler, request, chunk, computed)
+
+    def unsplit_chunk(self, scheduler: Any, config: Any, request: Any, computed: int) -> int:
+        """:meth:`prefill_chunk_cap` before Mamba "align"'s split: the request's token
+        budget, the long-prefill threshold in force, and the tokens it has left."""
         token_budget, input_budget, draft_slots, _ = self.scheduling_limits(scheduler, config)
         cap = min(token_budget, input_budget - draft_slots)
         threshold = self.long_prefill_cap(scheduler, config)
@@ -99,7 +105,30 @@ class SchedulingQueues(SchedulingConfigs):
         # request.num_tokens, as the method reads it: the prompt, and the outputs of a
         # request resumed after preemption.
         left = int(request.num_tokens) - computed
-        return self.mamba_aligned_chunk(scheduler, request, min(cap, left), computed)
+        return min(cap, left)
+
+    def mamba_split_limits(self, scheduler: Any, config: Any) -> tuple[int, int] | None:
+        """(the Mamba block, the split's limit) that ``_mamba_block_aligned_split`` reads, None
+        where the scheduler does not split (``need_mamba_block_aligned_split``): the block is
+        ``cache_config.block_size`` (align mode sets the Mamba block to the attention
+        block), the limit ``max_num_scheduled_tokens``, or the configured
+        ``long_prefill_token_threshold`` where one below it is set (the configured one,
+        whatever the count of requests: the method reads the config, not the cap in
+        force). The same on every release that has the method (0.28.0 on)."""
+        if not getattr(scheduler, "need_mamba_block_aligned_split", False):
+            return None
+        token_budget, _, _, _ = self.scheduling_limits(scheduler, config)
+        limit = token_budget
+        # The scheduler's own configs, as the method reads them (self.cache_config, ...).
+        threshold = int(scheduler.scheduler_config.long_prefill_token_threshold or 0)
+        if threshold > 0:
+            limit = min(limit, threshold)
+        return int(scheduler.cache_config.block_size), limit
+
+    def prefill_end(self, request: Any) -> int:
+        """Where ``_mamba_block_aligned_split`` takes the prefill to end: the prompt, or the
+        tokens but the last of a request resumed with outputs to replay."""
+        return max(int(request.num_prompt_tokens), int(request.num_tokens) - 1)
 
     def prefill_shift(self, scheduler: Any) -> int:
         """The tokens a drafter reads past a prefill chunk, which
