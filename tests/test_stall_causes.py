@@ -7,7 +7,9 @@ shift_computed_tokens))``, or to nothing where the chunk starts on the input; th
 oracle names a stall by the one chunk the request then needs, against the request's token
 budget (docs/findings.md #24) and the long-prefill threshold (#22). The shapes below are the
 explorer's reproducers (docs/explore.md) and the scenarios of both findings. A multi-module
-MTP stall at a prompt's end is named by ``lookahead_cuts_to_nothing`` (#26).
+MTP stall at a prompt's end is named by ``lookahead_cuts_to_nothing`` (#26); a Mamba "align"
+stall whose every chunk the block-aligned split floors to nothing by
+``block_split_cuts_to_nothing`` (#28).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from kvconform.model.observations import (
     STALL_CAUSES,
     whole_input_chunk,
 )
-from kvconform.model.queue_facts import lookahead_cuts_to_nothing
+from kvconform.model.queue_facts import block_split_cuts_to_nothing, lookahead_cuts_to_nothing
 
 
 @pytest.mark.parametrize(
@@ -59,7 +61,7 @@ def test_the_chunk_a_request_needs_to_get_past_the_input_it_is_held_at(
 def test_each_stall_cause_is_its_own_signature() -> None:
     """An entry of scenarios/explore-known.yaml for one cause excuses no other: the
     causes are distinct texts."""
-    assert len(set(STALL_CAUSES)) == len(STALL_CAUSES) == 4
+    assert len(set(STALL_CAUSES)) == len(STALL_CAUSES) == 5
 
 
 @pytest.mark.parametrize(
@@ -96,3 +98,46 @@ def test_the_prefill_lookahead_cuts_a_capped_chunk_to_nothing_only_within_it(
     if 0 < remaining < lookahead:
         chunk -= lookahead - remaining
     assert (left > 0 and max(chunk, 0) == 0) is stalls
+
+
+@pytest.mark.parametrize(
+    ("start", "chunk", "prefill_left", "block", "split_limit", "stalls"),
+    [
+        # #28's scenario and seed 0's stall: blocks of 8, max_num_batched_tokens 8 less
+        # draft_model's slot: chunks of 7 from 0 reach no boundary; the limit is 8.
+        (0, 7, 20, 8, 8, True),
+        (0, 7, 8, 8, 8, True),
+        # A chunk that finishes the prefill is kept (the prompt's last chunk is exempt).
+        (0, 7, 7, 8, 8, False),
+        # A budget of 9: chunks of 8 reach the boundary at 8.
+        (0, 8, 20, 8, 9, False),
+        # Blocks of 16, the limit 8: "A block too wide for one chunk advances sub-block".
+        (0, 7, 20, 16, 8, False),
+        # Blocks of 16 with a budget of 16 less one slot: the same stall one size up.
+        (0, 15, 40, 16, 16, True),
+        # A chunk that starts mid-block and ends before the next boundary floors below its
+        # start: nothing, where the block is within the limit (a hit at a finer hash grid).
+        (4, 3, 20, 8, 8, True),
+        # From mid-block to past the boundary: the boundary's part is kept.
+        (4, 7, 20, 8, 8, False),
+        # A production-sized block (hundreds of tokens) and a budget just below it.
+        (0, 527, 4000, 528, 528, True),
+        (0, 528, 4000, 528, 529, False),
+        # No chunk, nothing left: nothing to cut.
+        (0, 0, 20, 8, 8, False),
+        (8, 7, 0, 8, 8, False),
+    ],
+)
+def test_the_block_aligned_split_floors_a_chunk_to_nothing_only_below_a_block_within_its_limit(
+    start: int, chunk: int, prefill_left: int, block: int, split_limit: int, stalls: bool
+) -> None:
+    """Scheduler._mamba_block_aligned_split's floor, by hand: a chunk ending short of the
+    prefill's end ends at the block boundary at or before its end, unless that boundary does
+    not pass its start and the block is wider than the limit (docs/findings.md #28)."""
+    assert block_split_cuts_to_nothing(start, chunk, prefill_left, block, split_limit) is stalls
+    end = start + chunk
+    if end < start + prefill_left:
+        aligned = end // block * block
+        if aligned > start or block <= split_limit:
+            end = aligned
+    assert (chunk > 0 and max(end - start, 0) == 0) is stalls
