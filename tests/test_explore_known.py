@@ -67,19 +67,22 @@ FINDING_24_SLOT = FINDING_24_SHIFT.with_name("sched-mm-input-past-request-budget
 FINDING_26 = REPO / "scenarios/scheduler/sched-mtp-prefill-lookahead-past-threshold.yaml"
 # #26 where Mamba "align"'s block-aligned split, not the threshold, caps the last chunk.
 FINDING_26_MAMBA = FINDING_26.with_name("sched-mtp-prefill-lookahead-past-mamba-split.yaml")
+# #28: Mamba "align"'s split floors every chunk the draft slot leaves a request to nothing.
+FINDING_28 = REPO / "scenarios/scheduler/sched-mamba-align-block-past-draft-slot-budget.yaml"
 
 
 def test_a_stalls_signature_names_its_cause_and_excuses_no_other_stall(vllm: Vllm) -> None:
     """A stall (``capacity / schedule``) is signed with the cause the scheduler oracle
     reads from it, so #19's entry excuses #19's stall only: #22's and #24's, other causes,
     have entries of their own (#24's stalls have no threshold in play, #22's fit the request's
-    token budget; #26's has no multimodal input), and a stall of no named cause stays
-    new."""
+    token budget; #26's has no multimodal input; #28's is Mamba align's split with no
+    lookahead), and a stall of no named cause stays new."""
     from kvconform.harness.checks import capacity
     from kvconform.model.observations import (
         MM_INPUT_PAST_BUDGET,
         MM_INPUT_PAST_THRESHOLD,
         PADDED_ROW_PAST_BUDGET,
+        MAMBA_BLOCK_PAST_BUDGET,
         PREFILL_LOOKAHEAD_PAST_CAP,
     )
     from kvconform.model.results import Failure
@@ -95,6 +98,7 @@ def test_a_stalls_signature_names_its_cause_and_excuses_no_other_stall(vllm: Vll
         ("24 slot", FINDING_24_SLOT),
         ("26", FINDING_26),
         ("26 mamba", FINDING_26_MAMBA),
+        ("28", FINDING_28),
     )
     for key, path in cases:
         (scenario,) = load_file(path)
@@ -116,6 +120,7 @@ def test_a_stalls_signature_names_its_cause_and_excuses_no_other_stall(vllm: Vll
     assert found["24 shift"] == Signature("capacity", "schedule", MM_INPUT_PAST_BUDGET)
     assert found["26"] == found["26 mamba"]
     assert found["26"] == Signature("capacity", "schedule", PREFILL_LOOKAHEAD_PAST_CAP)
+    assert found["28"] == Signature("capacity", "schedule", MAMBA_BLOCK_PAST_BUDGET)
     for key, signature in found.items():
         entry = triaged(signature, vllm.version, known)
         assert entry is not None and entry.finding == int(key.split()[0]), signature
