@@ -79,10 +79,10 @@ def test_a_stalls_signature_names_its_cause_and_excuses_no_other_stall(vllm: Vll
     lookahead), and a stall of no named cause stays new."""
     from kvconform.harness.checks import capacity
     from kvconform.model.observations import (
+        MAMBA_BLOCK_PAST_BUDGET,
         MM_INPUT_PAST_BUDGET,
         MM_INPUT_PAST_THRESHOLD,
         PADDED_ROW_PAST_BUDGET,
-        MAMBA_BLOCK_PAST_BUDGET,
         PREFILL_LOOKAHEAD_PAST_CAP,
     )
     from kvconform.model.results import Failure
