@@ -291,3 +291,44 @@ def test_the_command_reports_finding_14_as_known_and_exits_0(
     assert main(["explore", "--budget", "1", "--out", str(tmp_path), "--no-known-findings"]) == 1
     out = capsys.readouterr().out
     assert "known (finding" not in out and "exit 1" in out, out
+
+
+def _crash_entries_measured_on_a_release() -> list[tuple[str, str, str]]:
+    """(signature, release, scenario) of each crash entry pinned to one release other than
+    the pinned vLLM whose evidence names the scenario measured there."""
+    import re
+
+    found = []
+    for entry in load_known_findings(REPO / DEFAULT_KNOWN_FINDINGS):
+        pinned = re.fullmatch(r"==(\d+\.\d+\.\d+)", str(entry.vllm))
+        scenario = re.search(r"scenarios/\S+\.yaml", entry.evidence)
+        if entry.signature.startswith("crash / ") and pinned and scenario:
+            if "--vllm-release" in entry.evidence:
+                found.append((entry.signature, pinned[1], scenario[0].rstrip(",;")))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("signature", "release", "scenario"), _crash_entries_measured_on_a_release())
+def test_a_crash_entry_pinned_to_a_release_names_the_frame_its_scenario_raises_there(
+    signature: str, release: str, scenario: str, tmp_path: Path
+) -> None:
+    """A crash's signature names vLLM's file and line, which move between releases: an
+    entry written for another release than the pinned one (#15, #21 and #23 on 0.33.0)
+    must name the frame its scenario really raises at on that release, or the explorer
+    reports the bug there as new."""
+    import json
+
+    from vllm_copy import run_kvconform
+
+    done = run_kvconform(
+        "run", REPO / scenario, "--vllm-release", release, "--report-dir", tmp_path,
+        "--progress", "off", "--no-expectations", cwd=REPO,
+    )  # fmt: skip
+    report = json.loads((tmp_path / "report.json").read_text(encoding="utf-8"))
+    raised = {s["error"] for s in report["scenarios"] if s.get("error_kind") == "crash"}
+    _, kind, frame = signature.split(" / ")
+    path, function = frame.rsplit(" ", 1)
+    assert any(f"raised {kind}" in e and f"at {path} in {function}" in e for e in raised), (
+        signature, raised, done.stdout[-2000:],
+    )
