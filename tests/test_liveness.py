@@ -598,6 +598,15 @@ def test_the_oracle_records_the_encoder_reason_last_and_the_prefill_lookahead_on
     assert api.pending_input(scheduler(1), request(True)) == (8, 32, 32, False)
     assert api.pending_input(scheduler(1, cached=("a-0",)), request(True)) == (8, 32, 32, True)
     assert api.encoder_room(scheduler(1)) == (64, 20)
+    # At the input's end (40) it is done, though EAGLE's shift of 1 reaches one token past
+    # it: _try_schedule_encoder_inputs' window starts at num_computed_tokens, so no input
+    # is pending, none is ahead, and the encoder holds nothing back (the explorer's stall of
+    # docs/explore.md, "Triaged in the seventh stop", had the input just computed taken
+    # for the one the request stops at).
+    done = request(True, computed=40)
+    assert api.pending_input(scheduler(1, cached=("a-0",)), done) is None
+    assert not api.hold_facts(scheduler(1), done, True).encoder_ahead
+    assert api.pending_input(scheduler(1), request(True, computed=39)) == (8, 32, 32, False)
     # A lookahead of 2 (multi-module MTP) with 33 tokens left: a cut leaves 31, progress, so
     # no reason of its own (issue 35: it used to excuse any prefill chunk).
     assert reason(scheduler(2), request(False)) == ""

@@ -17,6 +17,7 @@ from kvconform.model.queue_facts import (
     WAITING_FOR_REASONS,
     HoldFacts,
     QueuedRequest,
+    first_input_ahead,
     held_back,
 )
 
@@ -154,3 +155,22 @@ def test_a_queued_request_derives_held_back_from_its_recorded_facts() -> None:
     assert request.held_back == ""
     for expected, changes in REASONS:
         assert request._replace(hold=replace(FREE, **changes)).held_back == expected
+
+
+def test_the_first_input_ahead_starts_at_the_computed_tokens_whatever_the_shift() -> None:
+    # Scheduler._try_schedule_encoder_inputs weighs the inputs of the window from
+    # num_computed_tokens (get_mm_features_in_window's lo: the first whose end passes it);
+    # a drafter's prefill shift moves only the window's end. Two one-token inputs at 0 and
+    # 1 (the explorer's stall of docs/explore.md, "Triaged in the seventh stop"): at 1 the
+    # input at 0 is done, whatever the shift, and the one the request stops at is the next.
+    adjacent = [(0, 1), (1, 1)]
+    assert first_input_ahead(adjacent, 0) == 0
+    assert first_input_ahead(adjacent, 1) == 1
+    assert first_input_ahead(adjacent, 2) is None
+    # Inside an input (a chunked one, or a prefix-cache hit that ends in it): that input.
+    spread = [(8, 32), (48, 16)]
+    assert first_input_ahead(spread, 7) == 0
+    assert first_input_ahead(spread, 39) == 0
+    assert first_input_ahead(spread, 40) == 1
+    assert first_input_ahead(spread, 64) is None
+    assert first_input_ahead([], 0) is None

@@ -9,7 +9,7 @@ the payloads of :mod:`kvconform.model.facts`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -93,8 +93,8 @@ class HoldFacts:
     running prefill chunk under a lookahead above 1 only (0 elsewhere: nothing reads it).
     ``sampled``: ``num_sampled_tokens_per_step``. ``max_model_len``: the scheduler's (None
     where it has none). ``encoder_ahead``: a multimodal placeholder the request has not
-    computed past (shifted by the lookahead), or an encoder-cache connector that decides for
-    it."""
+    computed past (:func:`first_input_ahead`), or an encoder-cache connector that decides
+    for it."""
 
     running: bool = False
     status: str = "WAITING"
@@ -185,9 +185,30 @@ def lookahead_may_cut(hold: HoldFacts, computed: int, tokens: int) -> bool:
     return not lookahead_cuts_to_nothing(left, hold.chunk_cap, hold.lookahead)
 
 
+def first_input_ahead(inputs: Sequence[tuple[int, int]], computed: int) -> int | None:
+    """The index of the first multimodal input (``(offset, length)``, in prompt order)
+    whose placeholder range a request at ``computed`` has not computed past: the first one
+    ``Scheduler._try_schedule_encoder_inputs`` weighs in its coming call; None where
+    there is none.
+
+    The call weighs the inputs ``get_mm_features_in_window`` returns for
+    ``[num_computed_tokens, num_computed_tokens + num_new_tokens + shift_computed_tokens)``:
+    the drafter's prefill shift (``num_prefill_lookahead``) moves the window's end only,
+    its start stays at ``num_computed_tokens`` (``lo``: the first input whose end passes
+    it; the same in every release from 0.25.0 to 0.34.0). An input that ends at or before
+    the computed tokens is never weighed again, whatever the shift: it neither holds the
+    request back nor is it the input that does (issue 35, the explorer's stall on 0.33.0:
+    an input just computed, still cached for the step in flight, was taken for the one
+    the request stops at)."""
+    for index, (offset, length) in enumerate(inputs):
+        if offset + length > computed:
+            return index
+    return None
+
+
 class PendingInput(NamedTuple):
-    """The first multimodal input a request has not computed past (shifted by the
-    prefill lookahead), as a ``schedule()`` call found it: its placeholder's ``offset``
+    """The first multimodal input a request has not computed past
+    (:func:`first_input_ahead`), as a ``schedule()`` call found it: its placeholder's ``offset``
     and ``length`` in prompt tokens, the encoder ``embeds`` it takes of the budget and
     the cache (``PlaceholderRange.get_num_embeds``), and whether the encoder cache
     already holds its output (``EncoderCacheManager.cached``: no room needed)."""

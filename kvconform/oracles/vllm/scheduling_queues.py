@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvconform.model.queue_facts import HoldFacts
+from kvconform.model.queue_facts import HoldFacts, first_input_ahead
 from kvconform.oracles.vllm.scheduling_config import SchedulingConfigs
 
 __all__ = ["SchedulingQueues"]
@@ -152,8 +152,8 @@ class SchedulingQueues(SchedulingConfigs):
         the reason is the model's (``kvconform.model.queue_facts.held_back``; the list and
         why each is legitimate: docs/contract.md, "Liveness and fairness"). Two are vLLM's
         own tests, recorded as booleans: ``_decode_deferred`` (the step numbering of the
-        decode cadence) and ``_encoder_ahead`` (the placeholders' positions, the lookahead
-        shift and an encoder-cache connector); the chunk cap is read only where the rule
+        decode cadence) and ``_encoder_ahead`` (the placeholders' positions and an
+        encoder-cache connector); the chunk cap is read only where the rule
         may weigh it (a running prefill chunk under a lookahead above 1, with no Mamba
         "align" split, a reason the rule weighs first)."""
         max_tokens = getattr(request, "max_tokens", None)
@@ -189,32 +189,36 @@ class SchedulingQueues(SchedulingConfigs):
 
     def pending_input(self, scheduler: Any, request: Any) -> tuple[int, int, int, bool] | None:
         """(offset, length, embeddings, already in the encoder cache) of the first
-        multimodal input ``request`` has not computed past, shifted by the prefill
-        lookahead as ``_encoder_ahead`` reads it: the input ``_try_schedule_encoder_inputs``
-        weighs first in the coming step (the embeddings are what ``can_allocate`` asks of
-        the encoder budget and cache, ``Request.get_num_encoder_embeds``; a cached one
-        needs no room, ``check_and_update_cache``). None where there is none, or where
-        the answer is not the cache's: an encoder-cache connector (``ec_connector``), an
-        encoder-decoder model (no encoder cache, ``is_encoder_decoder``)."""
+        multimodal input ``request`` has not computed past
+        (``kvconform.model.queue_facts.first_input_ahead``: the drafter's prefill shift
+        moves only the end of the window ``_try_schedule_encoder_inputs`` weighs, never its
+        start): the input that call weighs first in the coming step (the embeddings are
+        what ``can_allocate`` asks of the encoder budget and cache,
+        ``Request.get_num_encoder_embeds``; a cached one needs no room,
+        ``check_and_update_cache``). None where there is none, or where the answer is not
+        the cache's: an encoder-cache connector (``ec_connector``), an encoder-decoder model
+        (no encoder cache, ``is_encoder_decoder``)."""
         if getattr(scheduler, "ec_connector", None) is not None:
             return None
         if getattr(scheduler, "is_encoder_decoder", False):
             return None
-        shift = self.prefill_shift(scheduler)
-        computed = int(request.num_computed_tokens)
+        positions = _positions(request)
+        if positions is None:
+            return None
+        index = first_input_ahead(
+            [(int(p.offset), int(p.length)) for p in positions],
+            int(request.num_computed_tokens),
+        )
+        if index is None:
+            return None
+        position = positions[index]
+        embeds = getattr(position, "get_num_embeds", None)
+        length = int(position.length)
+        count = int(embeds() if callable(embeds) else embeds if embeds is not None else length)
         cache = getattr(scheduler, "encoder_cache_manager", None)
         cached = getattr(cache, "cached", None) or {}
-        for feature in getattr(request, "mm_features", None) or ():
-            position = getattr(feature, "mm_position", None)
-            if position is None:
-                return None
-            offset, length = int(position.offset), int(position.length)
-            if offset + length + shift <= computed:
-                continue
-            embeds = getattr(position, "get_num_embeds", None)
-            count = int(embeds() if callable(embeds) else embeds if embeds is not None else length)
-            return offset, length, count, getattr(feature, "identifier", None) in cached
-        return None
+        identifier = getattr(request.mm_features[index], "identifier", None)
+        return int(position.offset), length, count, identifier in cached
 
     def encoder_room(self, scheduler: Any) -> tuple[int, int]:
         """(the encoder budget of a ``schedule()`` call, ``max_num_encoder_input_tokens``;
@@ -249,18 +253,26 @@ def _decode_deferred(scheduler: Any, request: Any) -> bool:
     return eligible is not None and current is not None and current + 1 < eligible
 
 
-def _encoder_ahead(scheduler: Any, request: Any) -> bool:
-    """The request has a multimodal placeholder it has not computed past (with the prefill
-    lookahead ``_try_schedule_encoder_inputs`` shifts by), or an encoder-cache connector
-    decides for it: only then can the encoder budget or cache cut its tokens to 0."""
-    if getattr(scheduler, "ec_connector", None) is not None:
-        return True
-    shift = int(getattr(scheduler, "num_prefill_lookahead", 0) or 0)
-    computed = int(request.num_computed_tokens)
+def _positions(request: Any) -> list[Any] | None:
+    """The placeholder ranges (``mm_position``) of ``request``'s multimodal inputs, in
+    prompt order; None where one has none to read."""
+    positions = []
     for feature in getattr(request, "mm_features", None) or ():
         position = getattr(feature, "mm_position", None)
         if position is None:
-            return True
-        if int(position.offset) + int(position.length) + shift > computed:
-            return True
-    return False
+            return None
+        positions.append(position)
+    return positions
+
+
+def _encoder_ahead(scheduler: Any, request: Any) -> bool:
+    """The request has a multimodal placeholder it has not computed past
+    (``kvconform.model.queue_facts.first_input_ahead``), or an encoder-cache connector
+    decides for it: only then can the encoder budget or cache cut its tokens to 0."""
+    if getattr(scheduler, "ec_connector", None) is not None:
+        return True
+    positions = _positions(request)
+    if positions is None:
+        return True
+    inputs = [(int(p.offset), int(p.length)) for p in positions]
+    return first_input_ahead(inputs, int(request.num_computed_tokens)) is not None
