@@ -876,3 +876,25 @@ def test_vllms_cpu_platform_does_not_change_the_stated_scheduling(tmp_path):
     verdicts = {r["id"]: r["verdict"] for r in report["scenarios"]}
     assert run.returncode == 0, (verdicts, run.stdout[-2000:])
     assert len(verdicts) == 3 and set(verdicts.values()) == {"passed"}
+
+
+@pytest.mark.parametrize(
+    ("name", "check"),
+    [
+        # docs/findings.md #24 (a waiting request never admitted) and #26 (a running prefill
+        # cut to nothing, a waiting one behind it): written for sync mode.
+        ("sched-mm-input-past-request-budget-shift", "capacity"),
+        ("sched-mtp-prefill-lookahead-past-threshold", "capacity"),
+    ],
+)
+def test_an_overlapped_stall_is_judged_not_run_into_max_steps(scenario_from, vllm, name, check):
+    """Overlapped mode keeps every step in flight, the empty ones too: a step in flight
+    that scheduled nothing changes no request, so the calls around it are still idle and
+    the stall is seen (it used to end at max_steps, a bad-input error, exit 2)."""
+    text = (SCENARIOS / f"{name}.yaml").read_text()
+    assert "\n  mode: sync\n" in text
+    overlapped = text.replace("\n  mode: sync\n", "\n  mode: overlapped\n")
+    _, result = _run(scenario_from, vllm, overlapped)
+    assert result.verdict is Verdict.FAILED, result.headline()
+    # (#26's running prefill is also the liveness family's, check sanity.)
+    assert check in {failure.check for failure in result.failures}

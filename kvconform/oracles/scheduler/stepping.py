@@ -453,9 +453,15 @@ class SchedulerOracle:
                 queues.record(self, output, in_flight)
                 answers = self._record(output, in_flight)
                 self._step += 1
-                # A KV load in flight makes progress without scheduled tokens.
+                # A KV load in flight makes progress without scheduled tokens. A step in
+                # flight that scheduled nothing does not: its output changes no request
+                # (overlapped mode keeps empty steps in flight too, and a stall there
+                # would otherwise never be seen, ending at max_steps).
                 executed = output.total_num_scheduled_tokens > 0 or bool(self._loading)
-                if executed or in_flight:
+                busy_in_flight = any(
+                    queued.total_num_scheduled_tokens > 0 for queued, _, _ in queue
+                )
+                if executed or busy_in_flight:
                     idle_since = None
                 elif idle_since is None:
                     idle_since = self._step - 1
