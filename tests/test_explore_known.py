@@ -239,8 +239,12 @@ def test_the_committed_file_loads_and_a_good_entry_parses() -> None:
     # between the managers that raise it and move between releases (#23: MambaManager's
     # and SlidingWindowManager's find_longest_cache_hit, on 0.33.0 and 0.34.0).
     assert 14 in findings and len(set(signatures)) == len(signatures), signatures
+    # One entry per invariant that meets a finding (the cause after ": " apart): #26 is met
+    # by the liveness family's progress rule and by the fairness family's skip rule.
     checks = [
-        (e.finding, e.signature.split(" / ")[0]) for e in entries if e.signature[:8] != "crash / "
+        (e.finding, e.signature.split(" / ")[0], e.signature.split(" / ")[-1].split(": ")[0])
+        for e in entries
+        if e.signature[:8] != "crash / "
     ]
     assert len(set(checks)) == len(checks), checks
     # Each entry is a bug written up in docs/findings.md (its section "## N. ...").
@@ -332,3 +336,21 @@ def test_a_crash_entry_pinned_to_a_release_names_the_frame_its_scenario_raises_t
     assert any(f"raised {kind}" in e and f"at {path} in {function}" in e for e in raised), (
         signature, raised, done.stdout[-2000:],
     )
+
+
+def test_26_skipped_beside_a_request_that_progresses_is_signed_with_its_cause(
+    vllm: Vllm,
+) -> None:
+    """#26 where another running request still advances (seed 0's fairness finding of the
+    seventh stop): the fairness family's skip failure names the cause, so it is known as
+    #26, and a skip of no named cause stays new."""
+    from kvconform.harness.checks.fairness import SKIPPED, SKIPPED_LOOKAHEAD
+
+    known = load_known_findings(REPO / DEFAULT_KNOWN_FINDINGS)
+    path = FINDING_26.with_name("sched-mtp-prefill-lookahead-past-threshold-skipped.yaml")
+    scenario = next(s for s in load_file(path) if s.id.endswith("[sync]"))
+    found = signatures(run_scenario(scenario, vllm))
+    assert Signature("sanity", "-", SKIPPED_LOOKAHEAD) in found, found
+    entry = triaged(Signature("sanity", "-", SKIPPED_LOOKAHEAD), vllm.version, known)
+    assert entry is not None and entry.finding == 26
+    assert triaged(Signature("sanity", "-", SKIPPED), vllm.version, known) is None

@@ -31,12 +31,17 @@ from collections.abc import Iterator
 from kvconform.harness.checks.liveness import asked_blocks, blocks_for, next_tokens, row_of
 from kvconform.harness.checks.records import at_request, fact_failure, facts_of
 from kvconform.model.facts import Fact
-from kvconform.model.observations import Trajectory
+from kvconform.model.lookahead_stall import lookahead_stuck_cap
+from kvconform.model.observations import PREFILL_LOOKAHEAD_PAST_CAP, Trajectory
 from kvconform.model.queue_facts import QueuedRequest, StepQueues
 from kvconform.model.results import Failure
 
 PASSED = "admits a later request ahead of an earlier one that fits"
 SKIPPED = "skips a running request the budget and blocks allow"
+# A running prefill that _reserve_prefill_lookahead cuts to nothing at every call (#26's
+# running form) is skipped beside requests that progress: named, as the liveness family names
+# its empty calls, so that the explorer's triage of #26 covers it and no other skip.
+SKIPPED_LOOKAHEAD = f"{SKIPPED}: {PREFILL_LOOKAHEAD_PAST_CAP}"
 
 
 def order(policy: str, request: QueuedRequest) -> tuple[int, ...]:
@@ -125,14 +130,24 @@ def _skipping(
             tokens = next_tokens(request, queues, row_of(trajectory), _budget_left(queues))
             if asked_blocks(trajectory, request, tokens) > room:
                 continue
+        cap = lookahead_stuck_cap(request, queues)
+        cause = (
+            f"; its {request.tokens - request.computed} prompt tokens left are within the "
+            f"drafter's prefill lookahead of {queues.prefill_shift}, past a chunk cap of {cap}: "
+            "_reserve_prefill_lookahead cuts every chunk to nothing, "
+            f"{PREFILL_LOOKAHEAD_PAST_CAP} (docs/findings.md #26)"
+            if cap
+            else ""
+        )
         yield (
             index,
             fact_failure(
                 at_request(trajectory, fact, request.request),
                 f"running, with {request.tokens - request.computed} token(s) to compute, but not "
                 f"scheduled, while the budget had {_budget_left(queues)} token(s) left and "
-                f"{room} free block(s) (it needs {max(need, 0)}) and nothing was preempted",
-                SKIPPED,
+                f"{room} free block(s) (it needs {max(need, 0)}) and nothing was preempted"
+                + cause,
+                SKIPPED_LOOKAHEAD if cap else SKIPPED,
             ),
         )
 
