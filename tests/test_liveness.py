@@ -677,3 +677,30 @@ def test_the_oracle_records_the_encoder_reason_last_and_the_prefill_lookahead_on
     assert (facts.lookahead, facts.prefill_interval, facts.known) == (2, 2, 40)
     assert facts.running and facts.prefill_chunk and facts.encoder_ahead
     assert not api.hold_facts(scheduler(2), request(False), True).encoder_ahead
+
+
+@pytest.mark.slow
+def test_the_oracle_records_the_blocks_a_deferred_free_holds_back(vllm) -> None:
+    """The explorer's 0.33.0 finding, run on vLLM: at the call where c, resumed, preempts
+    itself and nothing is scheduled, a's blocks wait in ``Scheduler.deferred_frees``; the
+    count recorded is what the pool holds that is neither free nor any live request's (its
+    usable blocks less the free and the held ones: no block of a's is shared here), and the
+    scenario conforms."""
+    from kvconform.harness.loader import load_file
+    from kvconform.harness.runner import run_scenario
+    from kvconform.model.results import Verdict
+
+    (scenario,) = load_file("scenarios/scheduler/sched-deferred-free-resumed-recompute.yaml")
+    recordings: list = []
+    result = run_scenario(scenario, vllm, record=recordings.append)
+    assert result.verdict is Verdict.PASSED, result.failures or result.error
+    (recording,) = recordings
+    calls = [f.what for f in recording.trajectory.facts if isinstance(f.what, StepQueues)]
+    (empty,) = [
+        q
+        for q in calls
+        if q.running and q.preempted and not any(t for t, _, _ in q.scheduled.values())
+    ]
+    live = empty.running + empty.waiting
+    assert empty.deferred == empty.pool - 1 - empty.free_before - sum(r.held for r in live) > 0
+    assert sum(q.deferred for q in calls) == empty.deferred  # held back at that call only
