@@ -7,8 +7,9 @@ that may not fit); docs/contract.md ("Liveness and fairness") states the model:
 
 * **progress.** A call with running requests one of which is not held back for a listed
   reason (one whose next token comes with a step still in flight is), and the running
-  requests' blocks for one more token each within the pool (less the null block and the
-  blocks waiting requests hold, which no preemption frees),
+  requests' blocks for one more token each within the pool (less the null block, the
+  blocks waiting requests hold and those a deferred free holds back, which no preemption
+  frees),
   schedules something: ``schedule()`` serves its
   running requests first and preempts the last of them until the first fits, so such a
   call cannot come back empty. (A call with only waiting requests that fit is check
@@ -16,9 +17,10 @@ that may not fit); docs/contract.md ("Liveness and fairness") states the model:
   whole speculative rows and a running request's blocks may not be freed in this call
   (``QueuedRequest.frees_deferred``: an asynchronous KV consumer with steps in flight): the
   preemption loop gives up the call at such a request. And except a call that preempted,
-  where the running requests' whole speculative rows (1 + k tokens each, ``row_of``) do
-  not fit that pool: vLLM never shortens a row to fit, so it preempts the first running
-  request too and schedules nothing in that call.
+  where the running requests' whole next chunks or speculative rows (``next_tokens``: a
+  resumed request's recomputation included; 1 + k tokens each, ``row_of``) do not fit that
+  pool: vLLM never shortens them to fit, so it preempts the first running request too and
+  schedules nothing in that call.
 * **no preemption cycle.** A request preempted again with no progress in the run since
   its last preemption (no request's computed position past its high-water mark, none
   finished) is a fruitless preemption; more than
