@@ -18,6 +18,7 @@ from kvconform.harness.checks.liveness import (
     NO_PROGRESS_PAST_THRESHOLD,
     PREEMPTION_CYCLE,
     UNBOUNDED,
+    next_tokens,
 )
 from kvconform.model.facts import Fact
 from kvconform.model.group_types import GROUP_TYPES
@@ -301,6 +302,59 @@ def test_a_running_prefill_whose_next_chunk_needs_more_than_is_free_gives_up_the
     assert SKIPPED in invariants(judged(plain, in_flight=1))
 
 
+def test_a_resumed_request_asks_for_every_token_it_recomputes_not_one():
+    # A preempted request recomputes its prompt and its outputs as one prefill
+    # (Scheduler.schedule: num_tokens_with_spec + num_output_placeholders -
+    # num_computed_tokens, capped by the budget): past its prompt it still asks for the
+    # outputs it has not recomputed. A decode asks for its row; a fresh prompt for the rest.
+    queues = step()
+    resumed = req("c", 0, computed=30, tokens=40)._replace(prompt=20)
+    assert next_tokens(resumed, queues, 2, 64) == 10
+    assert next_tokens(resumed, queues, 2, 6) == 6
+    assert next_tokens(resumed, queues._replace(chunk_cap=4), 2, 64) == 4
+    decoding = req("a", 0, computed=39, tokens=40)._replace(prompt=20)
+    assert next_tokens(decoding, queues, 2, 64) == 2
+    in_flight = req("a", 0, computed=41, tokens=40)._replace(prompt=20)
+    assert next_tokens(in_flight, queues, 2, 64) == 2
+    assert next_tokens(req("b", 0, computed=8, tokens=20), queues, 2, 64) == 12
+    assert next_tokens(req("b", 0, computed=19, tokens=20), queues, 2, 64) == 1
+
+
+def test_a_resumed_request_whose_recomputation_needs_a_block_more_than_is_free_gives_up():
+    # The explorer's 0.33.0 seed-0 run (priority, EAGLE k = 1, decode_bench, a step in
+    # flight; scenarios/scheduler/sched-deferred-free-resumed-recompute.yaml): c, preempted
+    # and resumed, has recomputed 30 of its 40 tokens (prompt 20 and 20 outputs) in 2 blocks;
+    # one more token fits them, its next chunk of 10 needs a third and none is free after
+    # a's step. vLLM asks for the chunk, is refused, and gives up the call rather than
+    # preempt a request whose step is in flight: not a skip.
+    a = req("a", 0, computed=32, tokens=33, held=2)._replace(prompt=20, frees_deferred=True)
+    c = req("c", 1, computed=30, tokens=40, held=2)._replace(prompt=20, frees_deferred=True)
+    served = step([a, c], scheduled={"a": (1, 3, 33)}, free=1, free_after=0, in_flight=1)
+    assert SKIPPED not in invariants(judged(served, in_flight=1))
+    # Without the deferred free vLLM preempts instead; a call with none skipped c.
+    plain = served._replace(running=tuple(r._replace(frees_deferred=False) for r in (a, c)))
+    assert SKIPPED in invariants(judged(plain, in_flight=1))
+
+
+def test_blocks_a_deferred_free_holds_back_are_not_the_running_requests_to_take():
+    # The same run, a call later: a finished with a step in flight, so its 7 blocks wait for
+    # that step's output (Scheduler.deferred_frees); the pool's 9 are c's 2 and those 7. c's
+    # recomputation asks for 3 blocks; nothing vLLM can preempt frees another, so it preempts
+    # c itself and schedules nothing, and a's blocks come back for the next call.
+    c = req("c", 1, computed=30, tokens=40, held=2)._replace(prompt=20)
+    preempting = step([c], preempted=["c"], free=0, in_flight=1)._replace(deferred=7)
+    assert NO_PROGRESS not in invariants(judged(preempting, in_flight=1))
+    # With the blocks free or held by no one, or no preemption (vLLM gave up otherwise),
+    # the call owes progress.
+    assert invariants(judged(preempting._replace(deferred=0), in_flight=1)) == [NO_PROGRESS]
+    idle = preempting._replace(preempted=())
+    assert invariants(judged(idle, in_flight=1)) == [NO_PROGRESS]
+    # One more token for c taking a third block does not fit the 2 left either.
+    grown = c._replace(computed=32, tokens=33, prompt=32)
+    full = preempting._replace(running=(grown,))
+    assert NO_PROGRESS not in invariants(judged(full, in_flight=1))
+
+
 def test_blocks_a_waiting_request_holds_are_not_the_running_requests_to_take():
     # A KV load in flight holds its blocks while its request waits; vLLM preempts only running
     # requests, so a running request that fits the pool only with them may wait (the
@@ -317,8 +371,9 @@ def test_an_empty_call_that_preempted_a_speculative_row_the_pool_cannot_hold_is_
     # back empty (the explorer's seed-0 reproducer, DFlash k = 4,
     # sched-spec-row-preempts-the-last-running-request.yaml). Lookahead 4: one more token
     # for a takes 26 + 1 + 4 -> 2 blocks, its row of 5 takes 26 + 5 + 4 -> 3; b's load holds
-    # 7 of the 9, so 2 are a's to take.
-    running = [req("a", 0, computed=26, tokens=27, held=2)]
+    # 7 of the 9, so 2 are a's to take. (a decodes: its prompt of 20 is computed; at a
+    # prompt's last token vLLM asks for that one token, no row.)
+    running = [req("a", 0, computed=26, tokens=27, held=2)._replace(prompt=20)]
     loading = held_by(req("b", 1, tokens=1, held=7), "its KV load is in flight")
     preempting = step(running, [loading], preempted=["a"], free=0)
     assert NO_PROGRESS not in invariants(judged(preempting, lookahead=4))
@@ -631,3 +686,30 @@ def test_the_oracle_records_the_encoder_reason_last_and_the_prefill_lookahead_on
     assert (facts.lookahead, facts.prefill_interval, facts.known) == (2, 2, 40)
     assert facts.running and facts.prefill_chunk and facts.encoder_ahead
     assert not api.hold_facts(scheduler(2), request(False), True).encoder_ahead
+
+
+@pytest.mark.slow
+def test_the_oracle_records_the_blocks_a_deferred_free_holds_back(vllm) -> None:
+    """The explorer's 0.33.0 finding, run on vLLM: at the call where c, resumed, preempts
+    itself and nothing is scheduled, a's blocks wait in ``Scheduler.deferred_frees``; the
+    count recorded is what the pool holds that is neither free nor any live request's (its
+    usable blocks less the free and the held ones: no block of a's is shared here), and the
+    scenario conforms."""
+    from kvconform.harness.loader import load_file
+    from kvconform.harness.runner import run_scenario
+    from kvconform.model.results import Verdict
+
+    (scenario,) = load_file("scenarios/scheduler/sched-deferred-free-resumed-recompute.yaml")
+    recordings: list = []
+    result = run_scenario(scenario, vllm, record=recordings.append)
+    assert result.verdict is Verdict.PASSED, result.failures or result.error
+    (recording,) = recordings
+    calls = [f.what for f in recording.trajectory.facts if isinstance(f.what, StepQueues)]
+    (empty,) = [
+        q
+        for q in calls
+        if q.running and q.preempted and not any(t for t, _, _ in q.scheduled.values())
+    ]
+    live = empty.running + empty.waiting
+    assert empty.deferred == empty.pool - 1 - empty.free_before - sum(r.held for r in live) > 0
+    assert sum(q.deferred for q in calls) == empty.deferred  # held back at that call only

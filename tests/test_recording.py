@@ -105,7 +105,7 @@ def _by_hand() -> Trajectory:
                 (),
                 {"b": (16, 1, 16)},
                 (),
-                64, 64, 0, 4, 5, 4, 0, 8, 0, False, True, False,
+                64, 64, 0, 4, 5, 4, 0, 8, 0, False, True, False, deferred=3,
             ),  # fmt: skip
         ),
     ]

@@ -260,7 +260,8 @@ class StepQueues(NamedTuple):
     vLLM's order), the tokens it scheduled with the blocks each scheduled request holds
     after it and the position its step ends at (a prefix-cache hit included), the requests it preempted, its token budgets (``max_num_scheduled_tokens``,
     ``max_num_batched_tokens`` and the draft slots each request takes of the latter),
-    ``max_num_seqs``, the free blocks before and after it and the admission watermark,
+    ``max_num_seqs``, the free blocks before and after it (and those a deferred free holds
+    back before it) and the admission watermark,
     the steps in flight, the engine's pause, chunked prefill and full-sequence admission,
     and the encoder's budget and room."""
 
@@ -293,3 +294,9 @@ class StepQueues(NamedTuple):
     prefill_shift: int = 0
     whole_inputs: bool = False
     chunk_cap: int = 0
+    # The blocks the scheduler holds back for a deferred free before the call, held by no
+    # live request (an asynchronous KV consumer with steps in flight: a request finished,
+    # aborted or preempted while a step that may write its blocks is in flight gives them
+    # back once that step is processed, ``Scheduler.deferred_frees``): not free, and no
+    # preemption in the call frees them.
+    deferred: int = 0

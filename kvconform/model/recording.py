@@ -51,8 +51,9 @@ from kvconform.model.settings import SettingsRecord
 # GroupInfo.replay_tokens (a bounded-replay hit's valid KV) and Denial.cause (a stall's
 # cause, in the capacity signature); 9: StepZeroingList.copied (copy-on-write destinations);
 # 10: QueuedRequest.hold (the facts the model's held_back rule reads) for QueuedRequest.held_back,
-# and QueuedRequest.encoder_input written as a PendingInput (it was read back as a bare tuple).
-RECORDING_VERSION = 10
+# and QueuedRequest.encoder_input written as a PendingInput (it was read back as a bare tuple);
+# 11: StepQueues.deferred (blocks a deferred free holds back: the liveness family's room).
+RECORDING_VERSION = 11
 
 
 @dataclass

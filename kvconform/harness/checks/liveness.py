@@ -7,8 +7,9 @@ that may not fit); docs/contract.md ("Liveness and fairness") states the model:
 
 * **progress.** A call with running requests one of which is not held back for a listed
   reason (one whose next token comes with a step still in flight is), and the running
-  requests' blocks for one more token each within the pool (less the null block and the
-  blocks waiting requests hold, which no preemption frees),
+  requests' blocks for one more token each within the pool (less the null block, the
+  blocks waiting requests hold and those a deferred free holds back, which no preemption
+  frees),
   schedules something: ``schedule()`` serves its
   running requests first and preempts the last of them until the first fits, so such a
   call cannot come back empty. (A call with only waiting requests that fit is check
@@ -16,9 +17,10 @@ that may not fit); docs/contract.md ("Liveness and fairness") states the model:
   whole speculative rows and a running request's blocks may not be freed in this call
   (``QueuedRequest.frees_deferred``: an asynchronous KV consumer with steps in flight): the
   preemption loop gives up the call at such a request. And except a call that preempted,
-  where the running requests' whole speculative rows (1 + k tokens each, ``row_of``) do
-  not fit that pool: vLLM never shortens a row to fit, so it preempts the first running
-  request too and schedules nothing in that call.
+  where the running requests' whole next chunks or speculative rows (``next_tokens``: a
+  resumed request's recomputation included; 1 + k tokens each, ``row_of``) do not fit that
+  pool: vLLM never shortens them to fit, so it preempts the first running request too and
+  schedules nothing in that call.
 * **no preemption cycle.** A request preempted again with no progress in the run since
   its last preemption (no request's computed position past its high-water mark, none
   finished) is a fruitless preemption; more than
@@ -129,12 +131,17 @@ def asked_blocks(trajectory: Trajectory, request: QueuedRequest, tokens: int) ->
 
 def next_tokens(request: QueuedRequest, queues: StepQueues, row: int, budget: int) -> int:
     """The tokens ``Scheduler.schedule`` asks blocks for when it serves a running request in
-    this call: the rest of its prompt, capped by the token ``budget`` left and the
-    long-prefill threshold in force (``chunk_cap``, 0: none), while it prefills; else its
-    speculative row. ``allocate_slots`` is asked for those and, refused, the loop preempts
-    (or, where the victim's free is deferred, gives up the call): it never asks for fewer."""
-    left = request.prompt - request.computed
-    if left <= 0:
+    this call: the rest of its known tokens (``num_tokens_with_spec + num_output_placeholders
+    - num_computed_tokens``), capped by the token ``budget`` left and the long-prefill
+    threshold in force (``chunk_cap``, 0: none), while it prefills; else its speculative
+    row. A request prefills while its prompt is not computed, or while more than its last
+    token is not: a preempted request recomputes its prompt and its outputs as one prefill
+    (its drafts dropped), so a resumed request past its prompt still asks for every output
+    token it has not recomputed, not one. ``allocate_slots`` is asked for those and,
+    refused, the loop preempts (or, where the victim's free is deferred, gives up the
+    call): it never asks for fewer."""
+    left = request.tokens - request.computed
+    if left <= 0 or (left == 1 and request.computed >= request.prompt):
         return row
     caps = [budget] + ([queues.chunk_cap] if queues.chunk_cap else [])
     return max(1, min([left, *caps]))
@@ -155,19 +162,27 @@ def _progress(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
             continue
         need = sum(blocks_for(trajectory, r, r.computed, 1) for r in queues.running)
         # Blocks a waiting request holds (a KV load in flight, a finished one) are not the
-        # running requests' to take: vLLM preempts only running requests.
-        kept = sum(r.held for r in queues.waiting)
+        # running requests' to take: vLLM preempts only running requests. Nor are those a
+        # deferred free holds back (a request that finished or was preempted with a step in
+        # flight): they go back once that step is processed, and no preemption frees them.
+        kept = sum(r.held for r in queues.waiting) + queues.deferred
         if need > queues.pool - 1 - kept:
             continue
         row = row_of(trajectory)
-        if queues.preempted and row > 1:
-            # vLLM asks for a running request's whole speculative row (1 + its drafts, at
-            # most 1 + the lookahead tokens) and never shortens it to fit: where the rows
-            # do not fit the pool it preempts down to the first running request and, that
-            # one's row still not fitting, preempts it too ("No more request to preempt"),
-            # and the call comes back empty with the blocks freed for the next.
-            rows = sum(blocks_for(trajectory, r, r.computed, row) for r in queues.running)
-            if rows > queues.pool - 1 - kept:
+        if queues.preempted:
+            # vLLM asks for a running request's whole next chunk (a prefill's, a preempted
+            # request's recomputation included, up to the budget and the long-prefill cap)
+            # or speculative row (1 + its drafts, at most 1 + the lookahead tokens) and never
+            # shortens it to fit: where those do not fit the pool it preempts down to the
+            # first running request and, that one's still not fitting, preempts it too ("No
+            # more request to preempt"), and the call comes back empty with the blocks freed
+            # for the next.
+            budget = request_token_budget(queues)
+            asks = sum(
+                blocks_for(trajectory, r, r.computed, next_tokens(r, queues, row, budget))
+                for r in queues.running
+            )
+            if asks > queues.pool - 1 - kept:
                 continue
         if any(r.frees_deferred for r in queues.running):
             # vLLM schedules a running request's whole next chunk (a prefill's, up to the

@@ -70,6 +70,21 @@ def _chunk_cap(oracle: OracleState) -> int:
     return threshold
 
 
+def _deferred(oracle: OracleState, live: tuple[QueuedRequest, ...]) -> int:
+    """The blocks held back for a deferred free that no ``live`` request's table holds (a
+    prefix-cache hit may share one): neither free nor any running request's to give up."""
+    deferred = oracle.api.deferred_block_ids(oracle.scheduler)
+    if not deferred:
+        return 0
+    held = {
+        block
+        for request in live
+        for ids in oracle.manager.get_block_ids(request.request)
+        for block in ids
+    }
+    return len(deferred - held - {oracle.run.null_block})
+
+
 class QueueSnapshot:
     """The queues before a ``schedule()`` call; :meth:`record` adds the call's fact."""
 
@@ -85,6 +100,7 @@ class QueueSnapshot:
             if rid not in in_running and rid not in finished and not request.is_finished()
         )
         self.free = oracle.vllm.free_block_count(oracle.manager)
+        self.deferred = _deferred(oracle, self.running + self.waiting)
         self.encoder_budget, self.encoder_room = oracle.api.encoder_room(scheduler)
         self.chunk_cap = _chunk_cap(oracle)
         self.events = len(oracle.run.events)
@@ -131,6 +147,7 @@ class QueueSnapshot:
                     oracle.api.prefill_shift(oracle.scheduler),
                     bool(limits.disable_chunked_mm_input),
                     self.chunk_cap,
+                    self.deferred,
                 ),
             )
         )

@@ -244,6 +244,16 @@ class SchedulingQueues(SchedulingConfigs):
             return False
         return not can_be_freed(request)
 
+    def deferred_block_ids(self, scheduler: Any) -> frozenset[int]:
+        """The blocks the scheduler holds back for a deferred free before a ``schedule()``
+        call (``Scheduler.deferred_frees``: the tables of requests finished, aborted or
+        preempted with a step in flight that may still write them, and copy-on-write
+        retentions): none is free until ``_drain_deferred_frees`` returns it, once that step's
+        output is processed, and no preemption frees it sooner. Releases without deferred
+        frees: none."""
+        pending = getattr(scheduler, "deferred_frees", None) or ()
+        return frozenset(int(block.block_id) for _, blocks in pending for block in blocks)
+
 
 def _decode_deferred(scheduler: Any, request: Any) -> bool:
     """The request may not decode in the coming step (pipeline parallelism with async
