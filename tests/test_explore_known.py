@@ -130,6 +130,26 @@ def test_a_stalls_signature_names_its_cause_and_excuses_no_other_stall(vllm: Vll
     assert triaged(Signature("capacity", "schedule"), vllm.version, known) is None
 
 
+# #29: a sliding window of one token keeps none of its blocks for a prefix-cache hit.
+FINDING_29 = REPO / "scenarios/scheduler/sched-sliding-window-of-one-token-resend-hit.yaml"
+
+
+def test_a_lost_hit_in_a_one_token_window_is_signed_with_its_cause_and_known(vllm: Vllm) -> None:
+    """#29's lost hit is signed with the cause the hits family names, so its entry excuses
+    it alone: a lost hit of any other shape (the bare signature) stays a new finding."""
+    from kvconform.model.observations import HIT_LOST
+    from kvconform.model.prefix_hits import ONE_TOKEN_WINDOW
+
+    known = load_known_findings(REPO / DEFAULT_KNOWN_FINDINGS)
+    (scenario,) = load_file(FINDING_29)
+    result = run_scenario(scenario, vllm)  # no expectations: the raw failure
+    (signed,) = signatures(result)
+    assert signed == Signature("sanity", "-", f"{HIT_LOST}: {ONE_TOKEN_WINDOW}")
+    entry = triaged(signed, vllm.version, known)
+    assert entry is not None and entry.finding == 29
+    assert triaged(Signature("sanity", "-", HIT_LOST), vllm.version, known) is None
+
+
 def test_the_running_forms_of_22_24_and_26_are_signed_with_their_cause(vllm: Vllm) -> None:
     """#22's and #24's inputs after some text, and #26's requests alone (none waits): the
     requests run and stop, running; the liveness family's progress failure names the cause

@@ -205,6 +205,32 @@ def test_a_hit_below_the_bound_fails_naming_the_cached_blocks() -> None:
     assert [f.detail["invariant"] for f in found].count(HIT_LOST) == 1
 
 
+def test_a_lost_hit_in_a_one_token_window_names_its_cause_in_the_signature() -> None:
+    # A sliding window of one token needs no block before a hit, so the bound asks for a
+    # resend's hit (32 of a 33-token prompt) with no column named; vLLM keeps none of such
+    # a group's blocks and finds nothing (docs/findings.md #29). The failure names the
+    # cause and sanity's signature splits by it, so that the triaged finding excuses no
+    # other lost hit; the same loss in a window of two tokens keeps the plain signature.
+    from kvconform.fuzz.findings import signatures
+    from kvconform.model.results import ScenarioResult
+
+    def lost(window: int) -> list[str]:
+        look = lookup(
+            (HitGroup("window", 16, window),), prompt=33, retention=0,
+            sources=[source(33, prompt=33, columns=((1, 2, 3),))],
+        )  # fmt: skip
+        run = trajectory(
+            census(0, (1, 2, 3)), census(1, (4, 5, 6)), Fact(1, 11, "b", "schedule", look)
+        )
+        (failure,) = [f for _, f in hits.judge(run)]
+        assert "below the 32" in failure.message
+        result = ScenarioResult("s", "s.yaml", Verdict.FAILED, failures=[failure])
+        return [str(s) for s in signatures(result)]
+
+    assert lost(1) == [f"sanity / - / {HIT_LOST}: a sliding window of one token"]
+    assert lost(2) == [f"sanity / - / {HIT_LOST}"]
+
+
 def test_a_hit_at_the_bound_passes() -> None:
     run = trajectory(
         census(0, (1, 2, 3, 4, 5, 6, 7)),

@@ -61,6 +61,9 @@ from kvconform.model.scenario import ModelSpec, RequestSpec
 
 DENSE = "dense"
 WINDOW = "window"
+# The cause a lost hit is named by (its signature's suffix) where a group's shape alone
+# explains it: see :func:`one_token_window`.
+ONE_TOKEN_WINDOW = "a sliding window of one token"
 
 
 class LeastHit(NamedTuple):
@@ -174,6 +177,17 @@ def least_hit(lookup: PrefixLookup, source: HitSource) -> LeastHit:
     return LeastHit(
         tokens, source.request, _needed_columns(lookup.groups, tokens, drop_used), reason
     )
+
+
+def one_token_window(groups: tuple[HitGroup, ...]) -> bool:
+    """Whether a sliding-window group attends to one token only. The window before a hit
+    then spans no block (``cdiv(window - 1, block_size)`` = 0), and vLLM's retention mask
+    (``SlidingWindowManager.reachable_block_mask``, with any retention interval, dense
+    included) keeps that many blocks per boundary: none. Its lookup
+    (``find_longest_cache_hit``) proves a hit only by a cached block ending at it, so such a
+    group never serves one (docs/findings.md #29). The bound still asks for the hit; this
+    names the cause, so that a triaged lost hit of this shape does not excuse another."""
+    return any(group.rule == WINDOW and group.window == 1 for group in groups)
 
 
 def _best(limit: int, sparse: bool, retention: int | None, boundaries: tuple[int, ...]) -> int:

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from kvconform.harness.checks.records import fact_failure, facts_of
 from kvconform.model.facts import Fact, PoolCensus, PrefixLookup, SchedulerReset
 from kvconform.model.observations import HIT_LOST, Trajectory
-from kvconform.model.prefix_hits import LeastHit, least_hit
+from kvconform.model.prefix_hits import ONE_TOKEN_WINDOW, LeastHit, least_hit, one_token_window
 from kvconform.model.results import Failure
 
 
@@ -32,7 +32,12 @@ def judge(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
         assert isinstance(what, PrefixLookup)
         if what.hit >= best.tokens:
             continue
-        yield index, fact_failure(fact, _message(what, best, used, pool), HIT_LOST)
+        failure = fact_failure(fact, _message(what, best, used, pool), HIT_LOST)
+        if one_token_window(what.groups) and failure.detail is not None:
+            # The signature's suffix (sanity's signature): a triaged lost hit of this
+            # shape (scenarios/explore-known.yaml) must not excuse any other.
+            failure.detail["cause"] = ONE_TOKEN_WINDOW
+        yield index, failure
 
 
 def bounded_lookups(trajectory: Trajectory) -> Iterator[tuple[int, Fact, LeastHit, int, int]]:
@@ -98,11 +103,11 @@ def _message(what: PrefixLookup, best: LeastHit, used: int, pool: int) -> str:
             continue
         ids = source.columns[group][lo:hi] if group < len(source.columns) else ()
         named.append(f"group {group} columns {lo}-{hi - 1}: blocks {_short(ids)}")
+    blocks = f", {'; '.join(named)}" if named else ""
     return (
         f"prefix-cache hit of {what.hit} tokens of a {what.prompt}-token prompt, below the "
         f"{best.tokens} the cache must serve: {best.reason}; those blocks are still cached "
-        f"({used} of the pool's {pool - 1} blocks ever held: none handed out twice), "
-        f"{'; '.join(named)}"
+        f"({used} of the pool's {pool - 1} blocks ever held: none handed out twice){blocks}"
     )
 
 

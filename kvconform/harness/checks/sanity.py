@@ -515,9 +515,13 @@ def signature(result: ScenarioResult, failure: Failure) -> tuple[str, str]:
     no group (a leak over the whole pool). The invariant the failure names
     (``detail["invariant"]``) splits one manager's findings by the rule broken, so that a
     triaged bug of one rule (``scenarios/explore-known.yaml``) does not hide another's;
-    a failure that names none keeps the coarser (spec class)."""
-    invariant = (failure.detail or {}).get("invariant")
-    return failure.spec_type or "-", str(invariant) if invariant else ""
+    a failure that names none keeps the coarser (spec class). A failure whose recording
+    names its cause (``detail["cause"]``: the hits family's
+    :data:`~kvconform.model.prefix_hits.ONE_TOKEN_WINDOW`) splits by it too."""
+    detail = failure.detail or {}
+    invariant = str(detail.get("invariant") or "")
+    cause = detail.get("cause")
+    return failure.spec_type or "-", f"{invariant}: {cause}" if invariant and cause else invariant
 
 
 CHECK = Check(
