@@ -7,7 +7,9 @@ the request first in line: :class:`~kvconform.errors.PoolExhausted`, bad input),
 :class:`~kvconform.oracles.scheduler.records.StallRecord`, which the ``capacity`` check
 judges), or nobody's yet (only running requests: the liveness family judges the empty calls).
 :func:`stall_cause` names what kvconform knows of a stall's cause (``STALL_CAUSES`` in
-``kvconform.model.observations``), so a finding's signature says which one it is.
+``kvconform.model.observations``), so a finding's signature says which one it is;
+:func:`arrived_load_cause`, the one that weighs the head's blocks against the free ones, is
+asked where it names none (a head that does not fit before requests whose loads arrived).
 Functions over the stepping's :class:`~kvconform.oracles.scheduler.stepping.SchedulerOracle`
 (typed ``Any``: the stepping imports this module, and no package's modules import in a
 circle), which calls them when it sees the empty calls.
