@@ -69,6 +69,8 @@ FINDING_26 = REPO / "scenarios/scheduler/sched-mtp-prefill-lookahead-past-thresh
 FINDING_26_MAMBA = FINDING_26.with_name("sched-mtp-prefill-lookahead-past-mamba-split.yaml")
 # #28: Mamba "align"'s split floors every chunk the draft slot leaves a request to nothing.
 FINDING_28 = REPO / "scenarios/scheduler/sched-mamba-align-block-past-draft-slot-budget.yaml"
+# #30: a load failed as a whole (recompute) frees its blocks and heads a loaded request.
+FINDING_30 = REPO / "scenarios/scheduler/sched-failed-load-heads-loaded-request.yaml"
 
 
 def test_a_stalls_signature_names_its_cause_and_excuses_no_other_stall(vllm: Vllm) -> None:
@@ -76,9 +78,11 @@ def test_a_stalls_signature_names_its_cause_and_excuses_no_other_stall(vllm: Vll
     reads from it, so #19's entry excuses #19's stall only: #22's and #24's, other causes,
     have entries of their own (#24's stalls have no threshold in play, #22's fit the request's
     token budget; #26's has no multimodal input; #28's is Mamba align's split with no
-    lookahead), and a stall of no named cause stays new."""
+    lookahead; #30's a head before a request whose load arrived), and a stall of no named
+    cause stays new."""
     from kvconform.harness.checks import capacity
     from kvconform.model.observations import (
+        ARRIVED_LOAD_BEHIND_HEAD,
         MAMBA_BLOCK_PAST_BUDGET,
         MM_INPUT_PAST_BUDGET,
         MM_INPUT_PAST_THRESHOLD,
@@ -99,6 +103,7 @@ def test_a_stalls_signature_names_its_cause_and_excuses_no_other_stall(vllm: Vll
         ("26", FINDING_26),
         ("26 mamba", FINDING_26_MAMBA),
         ("28", FINDING_28),
+        ("30", FINDING_30),
     )
     for key, path in cases:
         (scenario,) = load_file(path)
@@ -121,6 +126,7 @@ def test_a_stalls_signature_names_its_cause_and_excuses_no_other_stall(vllm: Vll
     assert found["26"] == found["26 mamba"]
     assert found["26"] == Signature("capacity", "schedule", PREFILL_LOOKAHEAD_PAST_CAP)
     assert found["28"] == Signature("capacity", "schedule", MAMBA_BLOCK_PAST_BUDGET)
+    assert found["30"] == Signature("capacity", "schedule", ARRIVED_LOAD_BEHIND_HEAD)
     for key, signature in found.items():
         entry = triaged(signature, vllm.version, known)
         assert entry is not None and entry.finding == int(key.split()[0]), signature

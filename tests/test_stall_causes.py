@@ -9,7 +9,8 @@ budget (docs/findings.md #24) and the long-prefill threshold (#22). The shapes b
 explorer's reproducers (docs/explore.md) and the scenarios of both findings. A multi-module
 MTP stall at a prompt's end is named by ``lookahead_cuts_to_nothing`` (#26); a Mamba "align"
 stall whose every chunk the block-aligned split floors to nothing by
-``block_split_cuts_to_nothing`` (#28).
+``block_split_cuts_to_nothing`` (#28); a head that does not fit before requests whose KV
+loads arrived and which still hold blocks by ``arrived_loads_held_behind`` (#30).
 """
 
 from __future__ import annotations
@@ -20,7 +21,11 @@ from kvconform.model.observations import (
     STALL_CAUSES,
     whole_input_chunk,
 )
-from kvconform.model.queue_facts import block_split_cuts_to_nothing, lookahead_cuts_to_nothing
+from kvconform.model.queue_facts import (
+    arrived_loads_held_behind,
+    block_split_cuts_to_nothing,
+    lookahead_cuts_to_nothing,
+)
 
 
 @pytest.mark.parametrize(
@@ -61,7 +66,7 @@ def test_the_chunk_a_request_needs_to_get_past_the_input_it_is_held_at(
 def test_each_stall_cause_is_its_own_signature() -> None:
     """An entry of scenarios/explore-known.yaml for one cause excuses no other: the
     causes are distinct texts."""
-    assert len(set(STALL_CAUSES)) == len(STALL_CAUSES) == 5
+    assert len(set(STALL_CAUSES)) == len(STALL_CAUSES) == 6
 
 
 @pytest.mark.parametrize(
@@ -141,3 +146,28 @@ def test_the_block_aligned_split_floors_a_chunk_to_nothing_only_below_a_block_wi
         if aligned > start or block <= split_limit:
             end = aligned
     assert (chunk > 0 and max(end - start, 0) == 0) is stalls
+
+
+@pytest.mark.parametrize(
+    ("need", "available", "arrived_held", "stalls"),
+    [
+        # #30's scenario and seed 0's stall on 0.33.0: a's recompute needs 10 blocks, 9 are
+        # free, b (its load arrived) holds the last chunk's 3 blocks behind it.
+        (10, 9, [3], True),
+        # The head fits: the loop goes on past it and promotes b.
+        (9, 9, [3], False),
+        # Nothing arrived behind the head (or what arrived holds nothing): another stall.
+        (10, 9, [], False),
+        (10, 9, [0], False),
+        # Blocks held behind the head help even where they alone would not make it fit:
+        # the loaded request can never run, whatever the head needs.
+        (12, 2, [3, 1], True),
+    ],
+)
+def test_a_head_that_does_not_fit_holds_back_the_arrived_loads_behind_it(
+    need: int, available: int, arrived_held: list[int], stalls: bool
+) -> None:
+    """Scheduler.schedule promotes a request out of WAITING_FOR_REMOTE_KVS only when its
+    waiting loop reaches it, and breaks at a head whose allocate_slots returns None
+    (docs/findings.md #30)."""
+    assert arrived_loads_held_behind(need, available, arrived_held) is stalls

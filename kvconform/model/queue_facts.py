@@ -71,6 +71,22 @@ def block_split_cuts_to_nothing(
     return (start + chunk) // block * block <= start and block <= split_limit
 
 
+def arrived_loads_held_behind(need: int, available: int, arrived_held: Sequence[int]) -> bool:
+    """Whether a stalled head-of-line request that needs ``need`` blocks, with ``available``
+    to give, is held by requests queued behind it whose KV loads have arrived
+    (``arrived_held``: the blocks each still holds in ``WAITING_FOR_REMOTE_KVS``).
+
+    Read from ``Scheduler.schedule``: a request leaves ``WAITING_FOR_REMOTE_KVS`` only when
+    the waiting loop reaches it (``_handle_blocked_waiting_request``), and the loop breaks at
+    the first request whose ``allocate_slots`` returns None. So when the head does not fit
+    and a loaded request behind it holds blocks, the loaded one never runs and never frees
+    them, and nothing else changes the pool: the head waits for blocks only the requests it
+    stands before can return (docs/findings.md #30). Nothing held behind it, or a head that
+    fits, is no such stall.
+    """
+    return need > available and sum(arrived_held) > 0
+
+
 @dataclass(frozen=True)
 class HoldFacts:
     """What the scheduler oracle read of a live request and of the scheduler before a

@@ -7,7 +7,9 @@ the request first in line: :class:`~kvconform.errors.PoolExhausted`, bad input),
 :class:`~kvconform.oracles.scheduler.records.StallRecord`, which the ``capacity`` check
 judges), or nobody's yet (only running requests: the liveness family judges the empty calls).
 :func:`stall_cause` names what kvconform knows of a stall's cause (``STALL_CAUSES`` in
-``kvconform.model.observations``), so a finding's signature says which one it is.
+``kvconform.model.observations``), so a finding's signature says which one it is;
+:func:`arrived_load_cause`, the one that weighs the head's blocks against the free ones, is
+asked where it names none (a head that does not fit before requests whose loads arrived).
 Functions over the stepping's :class:`~kvconform.oracles.scheduler.stepping.SchedulerOracle`
 (typed ``Any``: the stepping imports this module, and no package's modules import in a
 circle), which calls them when it sees the empty calls.
@@ -20,6 +22,7 @@ from typing import Any
 from kvconform.errors import PoolExhausted
 from kvconform.model.floors import pool_columns
 from kvconform.model.observations import (
+    ARRIVED_LOAD_BEHIND_HEAD,
     MAMBA_BLOCK_PAST_BUDGET,
     MM_INPUT_PAST_BUDGET,
     MM_INPUT_PAST_THRESHOLD,
@@ -27,10 +30,21 @@ from kvconform.model.observations import (
     PREFILL_LOOKAHEAD_PAST_CAP,
     whole_input_chunk,
 )
-from kvconform.model.queue_facts import block_split_cuts_to_nothing, lookahead_cuts_to_nothing
+from kvconform.model.queue_facts import (
+    arrived_loads_held_behind,
+    block_split_cuts_to_nothing,
+    lookahead_cuts_to_nothing,
+)
 from kvconform.oracles.scheduler.records import StallRecord
 
-__all__ = ["lookahead_cause", "mamba_split_cause", "mm_input_cause", "stall_cause", "stalled_run"]
+__all__ = [
+    "arrived_load_cause",
+    "lookahead_cause",
+    "mamba_split_cause",
+    "mm_input_cause",
+    "stall_cause",
+    "stalled_run",
+]
 
 
 def stall_cause(oracle: Any, request: Any, computed: int, running: set[str]) -> str:
@@ -162,6 +176,24 @@ def mamba_split_cause(oracle: Any, request: Any, computed: int) -> bool:
     return block_split_cuts_to_nothing(computed, chunk, prefill_left, block, split_limit)
 
 
+def arrived_load_cause(oracle: Any, head: str, need: int, available: int) -> str:
+    """:data:`ARRIVED_LOAD_BEHIND_HEAD` where the stalled ``head`` (needing ``need`` blocks,
+    ``available`` to give) stands before requests whose KV loads the driver reported
+    received and that still hold blocks in ``WAITING_FOR_REMOTE_KVS``
+    (:func:`arrived_loads_held_behind`, docs/findings.md #30); "" otherwise. A load still in
+    flight is no such request: the stepping declares no stall while one is."""
+    null = oracle.run.null_block
+    arrived_held = [
+        sum(1 for ids in oracle.manager.get_block_ids(rid) for b in ids if b != null)
+        for rid in sorted(oracle._loaded - set(oracle._loading) - {head})
+        if rid in oracle.scheduler.requests
+        and oracle.api.is_loading_remote_kv(oracle.scheduler.requests[rid])
+    ]
+    return (
+        ARRIVED_LOAD_BEHIND_HEAD if arrived_loads_held_behind(need, available, arrived_held) else ""
+    )
+
+
 def stalled_run(oracle: Any, since: int) -> PoolExhausted | StallRecord | None:
     """Whose a stall is: the scenario's when no waiting request fits the pool by the
     floor's arithmetic, vLLM's (a :class:`StallRecord`) when one does.
@@ -209,15 +241,17 @@ def stalled_run(oracle: Any, since: int) -> PoolExhausted | StallRecord | None:
         )
         fits_free = need <= available and (not full or full_need <= available)
         if fits_free or alone <= model.num_blocks - 1:
+            wanted = max(need, full_need if full else 0)
             return StallRecord(
-                since, head, max(need, full_need if full else 0), available, free,
+                since, head, wanted, available, free,
                 f"{available} of {model.num_blocks} blocks to give ({free} free"
                 + (f", {watermark} kept by the watermark" if watermark else "")
                 + f"); its next chunk of {chunk} tokens needs {need}"
                 + (f", its whole sequence {full_need}" if full else "")
                 + ("" if fits_free else f"; alone it takes at most {alone} blocks, which the "
                    "pool less the null block holds"),
-                stall_cause(oracle, request, computed, running),
+                stall_cause(oracle, request, computed, running)
+                or arrived_load_cause(oracle, head, wanted, available),
             )  # fmt: skip
     if head is None and running and oracle.floors is not None:
         # Only running requests, stuck: when their blocks for one more token each fit
