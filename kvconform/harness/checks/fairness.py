@@ -28,10 +28,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from kvconform.harness.checks.liveness import asked_blocks, blocks_for, next_tokens, row_of
+from kvconform.harness.checks.liveness import (
+    asked_blocks,
+    blocks_for,
+    lookahead_note,
+    next_tokens,
+    row_of,
+)
 from kvconform.harness.checks.records import at_request, fact_failure, facts_of
 from kvconform.model.facts import Fact
-from kvconform.model.lookahead_stall import lookahead_stuck_cap
 from kvconform.model.observations import PREFILL_LOOKAHEAD_PAST_CAP, Trajectory
 from kvconform.model.queue_facts import QueuedRequest, StepQueues
 from kvconform.model.results import Failure
@@ -130,15 +135,7 @@ def _skipping(
             tokens = next_tokens(request, queues, row_of(trajectory), _budget_left(queues))
             if asked_blocks(trajectory, request, tokens) > room:
                 continue
-        cap = lookahead_stuck_cap(request, queues)
-        cause = (
-            f"; its {request.tokens - request.computed} prompt tokens left are within the "
-            f"drafter's prefill lookahead of {queues.prefill_shift}, past a chunk cap of {cap}: "
-            "_reserve_prefill_lookahead cuts every chunk to nothing, "
-            f"{PREFILL_LOOKAHEAD_PAST_CAP} (docs/findings.md #26)"
-            if cap
-            else ""
-        )
+        cause = lookahead_note(request, queues)
         yield (
             index,
             fact_failure(
@@ -147,7 +144,7 @@ def _skipping(
                 f"scheduled, while the budget had {_budget_left(queues)} token(s) left and "
                 f"{room} free block(s) (it needs {max(need, 0)}) and nothing was preempted"
                 + cause,
-                SKIPPED_LOOKAHEAD if cap else SKIPPED,
+                SKIPPED_LOOKAHEAD if cause else SKIPPED,
             ),
         )
 

@@ -199,7 +199,7 @@ def _progress(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
                 continue
         idle = True
         names = ", ".join(r.request for r in queues.running)
-        at_input = "".join(_at_input(r, queues) + _at_lookahead(r, queues) for r in queues.running)
+        at_input = "".join(_at_input(r, queues) + lookahead_note(r, queues) for r in queues.running)
         invariant = NO_PROGRESS
         if any(input_never_fits(r, queues) for r in queues.running):
             invariant = NO_PROGRESS_PAST_BUDGET
@@ -220,7 +220,7 @@ def _progress(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
         )
 
 
-def _at_lookahead(request: QueuedRequest, queues: StepQueues) -> str:
+def lookahead_note(request: QueuedRequest, queues: StepQueues) -> str:
     """What the progress failure says of a running prefill that
     ``_reserve_prefill_lookahead`` cuts to nothing at every call (:func:`lookahead_stuck_cap`);
     "" for any other request."""

@@ -17,7 +17,8 @@ from kvconform.oracles.scheduler.records import FreeRecord, StepFact
 from kvconform.oracles.scheduler.state import OracleState
 
 
-def _held(oracle: OracleState, rid: str) -> int:
+def held_blocks(oracle: OracleState, rid: str) -> int:
+    """The distinct real blocks (the null block apart) the request holds over its groups."""
     null = oracle.run.null_block
     return len({b for ids in oracle.manager.get_block_ids(rid) for b in ids if b != null})
 
@@ -45,7 +46,7 @@ def _queued(oracle: OracleState, request: Any, running: bool) -> QueuedRequest:
         tokens,
         prompt,
         int(getattr(request, "max_tokens", 0) or 0),
-        _held(oracle, rid),
+        held_blocks(oracle, rid),
         hold,
         running and api.frees_deferred(oracle.scheduler, request),
         pending,
@@ -117,7 +118,7 @@ class QueueSnapshot:
         )
         requests = oracle.scheduler.requests
         scheduled = {
-            rid: (int(tokens), _held(oracle, rid), int(requests[rid].num_computed_tokens))
+            rid: (int(tokens), held_blocks(oracle, rid), int(requests[rid].num_computed_tokens))
             for rid, tokens in output.num_scheduled_tokens.items()
         }
         oracle.run.queues.append(

@@ -35,6 +35,7 @@ from kvconform.model.queue_facts import (
     block_split_cuts_to_nothing,
     lookahead_cuts_to_nothing,
 )
+from kvconform.oracles.scheduler.queues import held_blocks
 from kvconform.oracles.scheduler.records import StallRecord
 
 __all__ = [
@@ -182,9 +183,8 @@ def arrived_load_cause(oracle: Any, head: str, need: int, available: int) -> str
     received and that still hold blocks in ``WAITING_FOR_REMOTE_KVS``
     (:func:`arrived_loads_held_behind`, docs/findings.md #30); "" otherwise. A load still in
     flight is no such request: the stepping declares no stall while one is."""
-    null = oracle.run.null_block
     arrived_held = [
-        sum(1 for ids in oracle.manager.get_block_ids(rid) for b in ids if b != null)
+        held_blocks(oracle, rid)
         for rid in sorted(oracle._loaded - set(oracle._loading) - {head})
         if rid in oracle.scheduler.requests
         and oracle.api.is_loading_remote_kv(oracle.scheduler.requests[rid])
