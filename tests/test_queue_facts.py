@@ -26,13 +26,23 @@ from kvconform.model.queue_facts import (
 COMPUTED, TOKENS, PROMPT = 18, 20, 10
 FREE = HoldFacts(running=True, status="RUNNING", known=100, max_tokens=100, max_model_len=1000)
 
+# What Mamba "align"'s split decides a running request's chunk by (blocks of 8, the split's
+# limit 8): a whole-budget chunk of 2 to the prefill's end at 20.
+SPLIT: dict[str, Any] = {
+    "prefill_end": TOKENS,
+    "split_chunk": 2,
+    "mamba_block": 8,
+    "split_limit": 8,
+}
+
 # Each reason, in the order the rule weighs it, and the facts (changes to FREE) that give
 # it. The waiting-only reasons set ``running`` off, which turns every running-only reason
 # after them off as well: a pair of reasons below always has the earlier one hold.
 REASONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("its KV load is in flight", {"status": "WAITING_FOR_REMOTE_KVS"}),
     ("the LoRA limit", {"lora": True}),
-    ("a Mamba block-aligned chunk", {"mamba_split": True}),
+    # A running prefill at 18 of 20 whose whole-budget chunk (2) finishes the prefill.
+    ("a Mamba block-aligned chunk", {"mamba_split": True, **SPLIT}),
     ("its stale output is in flight", {"stale_output": 1, "running": False}),
     ("the KV connector's queue", {"kv_transfer": True, "running": False}),
     (
@@ -58,9 +68,10 @@ def reason(changes: dict[str, Any], computed: int = COMPUTED, tokens: int = TOKE
 def test_nothing_holds_a_request_with_no_reason() -> None:
     assert reason({}) == ""
     assert reason({"running": False}) == ""
-    assert HoldFacts() == HoldFacts(running=False, status="WAITING") and held_back(
-        HoldFacts(), 0, 32, 32
-    ) == ""
+    assert (
+        HoldFacts() == HoldFacts(running=False, status="WAITING")
+        and held_back(HoldFacts(), 0, 32, 32) == ""
+    )
 
 
 @pytest.mark.parametrize(("expected", "changes"), REASONS, ids=[r for r, _ in REASONS])
@@ -174,3 +185,63 @@ def test_the_first_input_ahead_starts_at_the_computed_tokens_whatever_the_shift(
     assert first_input_ahead(spread, 40) == 1
     assert first_input_ahead(spread, 64) is None
     assert first_input_ahead([], 0) is None
+
+
+MAMBA = "a Mamba block-aligned chunk"
+
+
+def split(computed: int, chunk: int, end: int = 26, tokens: int = 0, **changes: Any) -> str:
+    """The reason a running request at ``computed`` with a whole-budget chunk of ``chunk``
+    tokens, its prefill ending at ``end`` (its tokens: ``end`` unless given), is recorded
+    with under Mamba "align"'s split
+    (blocks of 8, the split's limit 8: #28's scenario,
+    scenarios/scheduler/sched-mamba-align-streaming-turn-off-grid.yaml)."""
+    facts = {
+        "mamba_split": True,
+        "prefill_end": end,
+        "split_chunk": chunk,
+        "mamba_block": 8,
+        "split_limit": 8,
+        **changes,
+    }
+    return reason(facts, computed=computed, tokens=tokens or end)
+
+
+def test_the_mamba_excuse_is_withheld_where_the_whole_budget_chunk_is_floored_to_nothing() -> None:
+    # docs/findings.md #28's running form: on the block grid at 8, 18 prefill tokens left,
+    # draft_model's draft slot leaves a chunk of 7 (8..15) that reaches no boundary, with the
+    # block (8) within the split's limit (8): floored to nothing at every call.
+    assert split(8, 7) == ""
+    # Off the grid at 5 the same chunk reaches the boundary at 8 (the turn's first chunk).
+    assert split(5, 7) == MAMBA
+    # A chunk that reaches the next boundary (a budget of 9), one that finishes the
+    # prefill, or a block wider than the split's limit (it advances sub-block): the split
+    # only shortens the chunk, and a zero in a call is the budget other requests took.
+    assert split(8, 8) == MAMBA
+    assert split(8, 7, end=15) == MAMBA
+    assert split(8, 7, split_limit=7) == MAMBA
+
+
+def test_the_mamba_excuse_holds_a_running_request_only_while_it_prefills() -> None:
+    # The split returns the chunk unchanged from the prefill's end on ("Split only during
+    # prefill"): a decode is never cut by it.
+    assert split(26, 1, tokens=27) == "" and split(30, 1, tokens=31) == ""
+    assert split(25, 1, tokens=27) == MAMBA
+
+
+def test_a_waiting_request_keeps_the_mamba_excuse_as_recorded() -> None:
+    # Its split starts at its prefix-cache hit, which the waiting loop looks up; the waiting
+    # form of #28 is check capacity's stall (mamba_split_cause).
+    assert split(0, 7, running=False) == MAMBA
+    assert split(0, 0, end=0, running=False, mamba_block=0, split_limit=0) == MAMBA
+
+
+def test_a_mamba_prefill_floored_to_nothing_gets_no_lookahead_window_either() -> None:
+    # Multi-module MTP's lookahead of 2, the prompt's last 2 tokens from the grid at 16, a
+    # chunk of 1 the split floors to nothing: the lookahead never sees a chunk, and the cap
+    # the oracle records is the split's 0, which the window's own rule does not read as a cut.
+    window_facts = {"prefill_chunk": True, "lookahead": 2, "chunk_cap": 0}
+    assert split(16, 1, end=18, **window_facts) == ""
+    assert split(16, 2, end=18, **window_facts) == MAMBA
+    # Without the split the same facts give the window: the split's floor withholds it.
+    assert reason(window_facts, computed=16, tokens=18) == "the prefill lookahead window"

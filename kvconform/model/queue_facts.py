@@ -107,6 +107,13 @@ class HoldFacts:
     shift (``num_prefill_lookahead``, 0 without one). ``chunk_cap``: the chunk the request
     gets with the whole budget free (``SchedulingQueues.prefill_chunk_cap``), read for a
     running prefill chunk under a lookahead above 1 only (0 elsewhere: nothing reads it).
+    ``split_chunk``, ``prefill_end``, ``mamba_block``, ``split_limit``: what Mamba "align"'s
+    split decides a running request's chunk by (:func:`block_split_cuts_to_nothing`): the
+    chunk it gets with the whole budget free before the split
+    (``SchedulingQueues.unsplit_chunk``), where the split takes its prefill to end
+    (``max(num_prompt_tokens, num_tokens - 1)``), the Mamba block and the split's limit
+    (``SchedulingQueues.mamba_split_limits``), read for a running request under the split
+    only (0 elsewhere: nothing reads them).
     ``sampled``: ``num_sampled_tokens_per_step``. ``max_model_len``: the scheduler's (None
     where it has none). ``encoder_ahead``: a multimodal placeholder the request has not
     computed past (:func:`first_input_ahead`), or an encoder-cache connector that decides
@@ -127,6 +134,10 @@ class HoldFacts:
     prefill_interval: int = 1
     lookahead: int = 0
     chunk_cap: int = 0
+    split_chunk: int = 0
+    prefill_end: int = 0
+    mamba_block: int = 0
+    split_limit: int = 0
     sampled: int = 1
     max_model_len: int | None = None
     encoder_ahead: bool = False
@@ -154,7 +165,7 @@ def _held_back_otherwise(hold: HoldFacts, computed: int, tokens: int, prompt: in
         return WAITING_FOR_REASONS.get(hold.status, hold.status)
     if hold.lora:
         return "the LoRA limit"
-    if hold.mamba_split:
+    if hold.mamba_split and block_split_may_cut(hold, computed):
         return "a Mamba block-aligned chunk"
     if hold.stale_output and not hold.running:
         return "its stale output is in flight"
@@ -177,7 +188,7 @@ def _held_back_otherwise(hold: HoldFacts, computed: int, tokens: int, prompt: in
     if hold.prefill_chunk:
         if hold.prefill_interval > 1:
             return "the prefill cadence"
-        if lookahead_may_cut(hold, computed, tokens):
+        if lookahead_may_cut(hold, computed, tokens) and not block_split_stuck(hold, computed):
             return "the prefill lookahead window"
     if hold.max_model_len is not None and computed + hold.sampled >= hold.max_model_len:
         return "max_model_len"
@@ -199,6 +210,40 @@ def lookahead_may_cut(hold: HoldFacts, computed: int, tokens: int) -> bool:
     if hold.lookahead <= 1 or not 0 < left <= hold.lookahead:
         return False
     return not lookahead_cuts_to_nothing(left, hold.chunk_cap, hold.lookahead)
+
+
+def block_split_may_cut(hold: HoldFacts, computed: int) -> bool:
+    """Whether Mamba "align"'s split (``_mamba_block_aligned_split``) may cut a request's
+    chunk to nothing in the coming call without the request being stuck there.
+
+    A waiting request: yes, as recorded; its split starts at its prefix-cache hit, which the
+    waiting loop looks up only when it reaches it, and a chunk split to nothing there breaks
+    the loop, so a request that can never be admitted is check ``capacity``'s stall
+    (``mamba_split_cause``, kvconform/oracles/scheduler/stalls.py). A running request: only
+    while it prefills (the method returns the chunk unchanged from ``start >= prefill_end``:
+    "Split only during prefill"), and only where the chunk it gets with the whole budget free
+    is not cut to nothing (:func:`block_split_cuts_to_nothing`): then only the budget other
+    requests take in that call can leave it a chunk the split floors to nothing, and they
+    progress. Where the whole-budget chunk is floored to nothing, no call changes that
+    (docs/findings.md #28, its running form: a streaming session's turn resumed off the
+    block grid runs to the next boundary and stops there), and no excuse is granted: the
+    liveness family's progress rule and the fairness family judge the call."""
+    if not hold.running:
+        return True
+    if computed >= hold.prefill_end:
+        return False
+    return not block_split_stuck(hold, computed)
+
+
+def block_split_stuck(hold: HoldFacts, computed: int) -> bool:
+    """Whether a running request's chunk with the whole budget free, recorded in ``hold``,
+    is floored to nothing by Mamba "align"'s split at every call
+    (:func:`block_split_cuts_to_nothing`; docs/findings.md #28, its running form)."""
+    if not (hold.mamba_split and hold.running) or computed >= hold.prefill_end:
+        return False
+    return block_split_cuts_to_nothing(
+        computed, hold.split_chunk, hold.prefill_end - computed, hold.mamba_block, hold.split_limit
+    )
 
 
 def first_input_ahead(inputs: Sequence[tuple[int, int]], computed: int) -> int | None:

@@ -52,8 +52,12 @@ from kvconform.model.settings import SettingsRecord
 # cause, in the capacity signature); 9: StepZeroingList.copied (copy-on-write destinations);
 # 10: QueuedRequest.hold (the facts the model's held_back rule reads) for QueuedRequest.held_back,
 # and QueuedRequest.encoder_input written as a PendingInput (it was read back as a bare tuple);
-# 11: StepQueues.deferred (blocks a deferred free holds back: the liveness family's room).
-RECORDING_VERSION = 11
+# 11: StepQueues.deferred (blocks a deferred free holds back: the liveness family's room);
+# 12: HoldFacts.split_chunk, .prefill_end, .mamba_block and .split_limit (what Mamba
+# "align"'s split decides a running request's chunk by: held_back's Mamba excuse reads them,
+# and a version-11 recording read with their defaults would withhold it from every running
+# request).
+RECORDING_VERSION = 12
 
 
 @dataclass

@@ -154,8 +154,10 @@ class SchedulingQueues(SchedulingConfigs):
         own tests, recorded as booleans: ``_decode_deferred`` (the step numbering of the
         decode cadence) and ``_encoder_ahead`` (the placeholders' positions and an
         encoder-cache connector); the chunk cap is read only where the rule
-        may weigh it (a running prefill chunk under a lookahead above 1, with no Mamba
-        "align" split, a reason the rule weighs first)."""
+        may weigh it (a running prefill chunk under a lookahead above 1), and what Mamba
+        "align"'s split decides a running request's chunk by only under the split (the rule
+        excuses a waiting request the split holds as recorded: its start is the hit the
+        waiting loop looks up)."""
         max_tokens = getattr(request, "max_tokens", None)
         max_model_len = getattr(scheduler, "max_model_len", None)
         mamba_split = bool(getattr(scheduler, "need_mamba_block_aligned_split", False))
@@ -163,8 +165,14 @@ class SchedulingQueues(SchedulingConfigs):
         lookahead = self.prefill_shift(scheduler)
         computed = int(request.num_computed_tokens)
         chunk_cap = 0
-        if running and prefill_chunk and lookahead > 1 and not mamba_split:
+        if running and prefill_chunk and lookahead > 1:
             chunk_cap = self.prefill_chunk_cap(scheduler, scheduler.vllm_config, request, computed)
+        split_chunk = prefill_end = mamba_block = split_limit = 0
+        limits = self.mamba_split_limits(scheduler, scheduler.vllm_config) if running else None
+        if limits is not None:
+            mamba_block, split_limit = limits
+            prefill_end = self.prefill_end(request)
+            split_chunk = self.unsplit_chunk(scheduler, scheduler.vllm_config, request, computed)
         return HoldFacts(
             running=running,
             status=self.status_name(request),
@@ -181,6 +189,10 @@ class SchedulingQueues(SchedulingConfigs):
             prefill_interval=int(getattr(scheduler, "local_prefill_interval", 1)),
             lookahead=lookahead,
             chunk_cap=chunk_cap,
+            split_chunk=split_chunk,
+            prefill_end=prefill_end,
+            mamba_block=mamba_block,
+            split_limit=split_limit,
             sampled=int(getattr(scheduler, "num_sampled_tokens_per_step", 1) or 1),
             max_model_len=None if max_model_len is None else int(max_model_len),
             encoder_ahead=bool(getattr(request, "has_encoder_inputs", False))
