@@ -10,10 +10,11 @@ import pytest
 
 from kvconform.errors import ExitStatus
 from kvconform.harness.checks import CHECKS
-from kvconform.harness.checks.fairness import PASSED, SKIPPED
+from kvconform.harness.checks.fairness import PASSED, SKIPPED, SKIPPED_MAMBA
 from kvconform.harness.checks.liveness import (
     NO_PROGRESS,
     NO_PROGRESS_LOOKAHEAD,
+    NO_PROGRESS_MAMBA,
     NO_PROGRESS_PAST_BUDGET,
     NO_PROGRESS_PAST_THRESHOLD,
     PREEMPTION_CYCLE,
@@ -24,6 +25,7 @@ from kvconform.model.facts import Fact
 from kvconform.model.group_types import GROUP_TYPES
 from kvconform.model.lookahead_stall import lookahead_stuck_cap
 from kvconform.model.observations import (
+    MAMBA_BLOCK_PAST_BUDGET,
     MM_INPUT_PAST_BUDGET,
     MM_INPUT_PAST_THRESHOLD,
     PREFILL_LOOKAHEAD_PAST_CAP,
@@ -488,6 +490,38 @@ def test_a_running_request_is_not_skipped_when_budget_and_blocks_allow():
     assert judged(step([a, b], [], {"a": (1, 2, 21)}, free=0)) == []
     held = held_by(b, ENCODER_HELD_BACK)
     assert judged(step([a, held], [], {"a": (1, 2, 21)}, free=2)) == []
+
+
+def split_stuck(name: str, added: int, **split) -> QueuedRequest:
+    """A running prefill on the block grid at 8 of its 25 prompt tokens under Mamba "align"'s
+    split (blocks of 8, the split's limit 8) with a whole-budget chunk of 7, as the scheduler
+    oracle records it (docs/findings.md #28's running form:
+    scenarios/scheduler/sched-mamba-align-streaming-turn-off-grid.yaml); ``split`` changes
+    the split's facts."""
+    facts = {"prefill_end": 25, "split_chunk": 7, "mamba_block": 8, "split_limit": 8, **split}
+    hold = HoldFacts(running=True, known=25, prefill_chunk=True, mamba_split=True, **facts)
+    return req(name, added, computed=8, tokens=25, held=1)._replace(hold=hold)
+
+
+def test_a_running_prefill_the_mamba_split_floors_to_nothing_is_no_progress_named_28():
+    (stuck,) = judged(step([split_stuck("a", 0)]))
+    assert stuck.detail["invariant"] == NO_PROGRESS_MAMBA
+    assert MAMBA_BLOCK_PAST_BUDGET in stuck.message and "#28" in stuck.message
+    assert "a has 17 prefill tokens left (computed 8) and a chunk of 7" in stuck.message
+    # A chunk that reaches the next boundary, or a block wider than the split's limit: the
+    # split only shortens the chunk, and the empty call is excused as before.
+    assert judged(step([split_stuck("a", 0, split_chunk=8)])) == []
+    assert judged(step([split_stuck("a", 0, split_limit=7)])) == []
+
+
+def test_a_running_prefill_the_mamba_split_floors_to_nothing_is_skipped_named_28():
+    b = req("b", 1, computed=16, tokens=17, held=1)
+    (skipped,) = judged(step([split_stuck("a", 0), b], [], {"b": (1, 1, 17)}, free=2))
+    assert skipped.detail["invariant"] == SKIPPED_MAMBA and skipped.request == "a"
+    assert "#28" in skipped.message
+    # Excused where the whole-budget chunk reaches a boundary: b took the budget it needed.
+    excused = split_stuck("a", 0, split_chunk=8)
+    assert judged(step([excused, b], [], {"b": (1, 1, 17)}, free=2)) == []
 
 
 # -- injected into a copy of vLLM 0.34.0's scheduler (slow) ------------------------------

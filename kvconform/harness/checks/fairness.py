@@ -32,12 +32,17 @@ from kvconform.harness.checks.liveness import (
     asked_blocks,
     blocks_for,
     lookahead_note,
+    mamba_note,
     next_tokens,
     row_of,
 )
 from kvconform.harness.checks.records import at_request, fact_failure, facts_of
 from kvconform.model.facts import Fact
-from kvconform.model.observations import PREFILL_LOOKAHEAD_PAST_CAP, Trajectory
+from kvconform.model.observations import (
+    MAMBA_BLOCK_PAST_BUDGET,
+    PREFILL_LOOKAHEAD_PAST_CAP,
+    Trajectory,
+)
 from kvconform.model.queue_facts import QueuedRequest, StepQueues
 from kvconform.model.results import Failure
 
@@ -47,6 +52,9 @@ SKIPPED = "skips a running request the budget and blocks allow"
 # running form) is skipped beside requests that progress: named, as the liveness family names
 # its empty calls, so that the explorer's triage of #26 covers it and no other skip.
 SKIPPED_LOOKAHEAD = f"{SKIPPED}: {PREFILL_LOOKAHEAD_PAST_CAP}"
+# The same for a running prefill whose every chunk Mamba "align"'s split floors to nothing
+# (#28's running form).
+SKIPPED_MAMBA = f"{SKIPPED}: {MAMBA_BLOCK_PAST_BUDGET}"
 
 
 def order(policy: str, request: QueuedRequest) -> tuple[int, ...]:
@@ -136,15 +144,18 @@ def _skipping(
             if asked_blocks(trajectory, request, tokens) > room:
                 continue
         cause = lookahead_note(request, queues)
+        invariant = SKIPPED_LOOKAHEAD if cause else SKIPPED
+        if not cause:
+            cause = mamba_note(request)
+            invariant = SKIPPED_MAMBA if cause else SKIPPED
         yield (
             index,
             fact_failure(
                 at_request(trajectory, fact, request.request),
                 f"running, with {request.tokens - request.computed} token(s) to compute, but not "
                 f"scheduled, while the budget had {_budget_left(queues)} token(s) left and "
-                f"{room} free block(s) (it needs {max(need, 0)}) and nothing was preempted"
-                + cause,
-                SKIPPED_LOOKAHEAD if cause else SKIPPED,
+                f"{room} free block(s) (it needs {max(need, 0)}) and nothing was preempted" + cause,
+                invariant,
             ),
         )
 

@@ -54,6 +54,7 @@ from collections.abc import Iterator
 from kvconform.harness.checks.records import at_request, fact_failure, facts_of
 from kvconform.model.lookahead_stall import lookahead_stuck_cap
 from kvconform.model.observations import (
+    MAMBA_BLOCK_PAST_BUDGET,
     MM_INPUT_PAST_BUDGET,
     MM_INPUT_PAST_THRESHOLD,
     PREFILL_LOOKAHEAD_PAST_CAP,
@@ -64,7 +65,12 @@ from kvconform.model.observations import (
     input_never_fits,
     request_token_budget,
 )
-from kvconform.model.queue_facts import ENCODER_HELD_BACK, QueuedRequest, StepQueues
+from kvconform.model.queue_facts import (
+    ENCODER_HELD_BACK,
+    QueuedRequest,
+    StepQueues,
+    block_split_stuck,
+)
 from kvconform.model.results import Failure
 
 NO_PROGRESS = "schedules nothing while the running requests fit the pool"
@@ -77,6 +83,9 @@ NO_PROGRESS_PAST_THRESHOLD = f"{NO_PROGRESS}: {MM_INPUT_PAST_THRESHOLD}"
 # past its chunk cap, which _reserve_prefill_lookahead cuts to nothing at every call: #26's
 # running form.
 NO_PROGRESS_LOOKAHEAD = f"{NO_PROGRESS}: {PREFILL_LOOKAHEAD_PAST_CAP}"
+# The same, where Mamba "align"'s split floors a running prefill's every chunk to nothing:
+# #28's running form.
+NO_PROGRESS_MAMBA = f"{NO_PROGRESS}: {MAMBA_BLOCK_PAST_BUDGET}"
 PREEMPTION_CYCLE = "preempts a request again and again without progress"
 UNBOUNDED = "leaves a request unfinished past the workload's bound"
 
@@ -199,7 +208,9 @@ def _progress(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
                 continue
         idle = True
         names = ", ".join(r.request for r in queues.running)
-        at_input = "".join(_at_input(r, queues) + lookahead_note(r, queues) for r in queues.running)
+        at_input = "".join(
+            _at_input(r, queues) + lookahead_note(r, queues) + mamba_note(r) for r in queues.running
+        )
         invariant = NO_PROGRESS
         if any(input_never_fits(r, queues) for r in queues.running):
             invariant = NO_PROGRESS_PAST_BUDGET
@@ -207,6 +218,8 @@ def _progress(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
             invariant = NO_PROGRESS_PAST_THRESHOLD
         elif any(lookahead_stuck_cap(r, queues) for r in queues.running):
             invariant = NO_PROGRESS_LOOKAHEAD
+        elif any(mamba_note(r) for r in queues.running):
+            invariant = NO_PROGRESS_MAMBA
         yield (
             index,
             fact_failure(
@@ -233,6 +246,22 @@ def lookahead_note(request: QueuedRequest, queues: StepQueues) -> str:
         f"lookahead of {queues.prefill_shift}, and a chunk cap of {cap}: "
         "_reserve_prefill_lookahead cuts every chunk to nothing, "
         f"{PREFILL_LOOKAHEAD_PAST_CAP} (docs/findings.md #26)"
+    )
+
+
+def mamba_note(request: QueuedRequest) -> str:
+    """What the progress failure says of a running prefill, held back for no reason, whose
+    every chunk Mamba "align"'s split floors to nothing (:func:`block_split_stuck`, over the
+    facts the oracle recorded); "" for any other request."""
+    hold = request.hold
+    if request.held_back or not block_split_stuck(hold, request.computed):
+        return ""
+    return (
+        f"; {request.request} has {hold.prefill_end - request.computed} prefill tokens left "
+        f"(computed {request.computed}) and a chunk of {hold.split_chunk} with the whole "
+        f"budget free, which reaches no boundary of its {hold.mamba_block}-token Mamba blocks, "
+        f"within the split's limit of {hold.split_limit}: _mamba_block_aligned_split floors "
+        f"every chunk to nothing, {MAMBA_BLOCK_PAST_BUDGET} (docs/findings.md #28)"
     )
 
 
