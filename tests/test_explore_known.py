@@ -156,14 +156,15 @@ def test_a_lost_hit_in_a_one_token_window_is_signed_with_its_cause_and_known(vll
     assert triaged(Signature("sanity", "-", HIT_LOST), vllm.version, known) is None
 
 
-def test_the_running_forms_of_22_24_and_26_are_signed_with_their_cause(vllm: Vllm) -> None:
-    """#22's and #24's inputs after some text, and #26's requests alone (none waits): the
-    requests run and stop, running; the liveness family's progress failure names the cause
-    in its invariant, so each is known as its finding, and a progress failure of no named
-    cause stays new."""
+def test_the_running_forms_of_22_24_26_and_28_are_signed_with_their_cause(vllm: Vllm) -> None:
+    """#22's and #24's inputs after some text, #26's requests alone (none waits) and #28's
+    streaming turn resumed off the block grid: the requests run and stop, running; the
+    liveness family's progress failure names the cause in its invariant, so each is known as
+    its finding, and a progress failure of no named cause stays new."""
     from kvconform.harness.checks.liveness import (
         NO_PROGRESS,
         NO_PROGRESS_LOOKAHEAD,
+        NO_PROGRESS_MAMBA,
         NO_PROGRESS_PAST_BUDGET,
         NO_PROGRESS_PAST_THRESHOLD,
     )
@@ -173,11 +174,13 @@ def test_the_running_forms_of_22_24_and_26_are_signed_with_their_cause(vllm: Vll
         (22, FINDING_22.with_name("sched-mm-input-past-long-prefill-threshold-running.yaml")),
         (24, FINDING_24_SHIFT.with_name("sched-mm-input-past-request-budget-shift-running.yaml")),
         (26, FINDING_26.with_name("sched-mtp-prefill-lookahead-past-threshold-running.yaml")),
+        (28, FINDING_28.with_name("sched-mamba-align-streaming-turn-off-grid.yaml")),
     )
     causes = {
         22: NO_PROGRESS_PAST_THRESHOLD,
         24: NO_PROGRESS_PAST_BUDGET,
         26: NO_PROGRESS_LOOKAHEAD,
+        28: NO_PROGRESS_MAMBA,
     }
     for finding, path in cases:
         (scenario,) = load_file(path)
@@ -339,7 +342,9 @@ def _crash_entries_measured_on_a_release() -> list[tuple[str, str, str]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("signature", "release", "scenario"), _crash_entries_measured_on_a_release())
+@pytest.mark.parametrize(
+    ("signature", "release", "scenario"), _crash_entries_measured_on_a_release()
+)
 def test_a_crash_entry_pinned_to_a_release_names_the_frame_its_scenario_raises_there(
     signature: str, release: str, scenario: str, tmp_path: Path
 ) -> None:
@@ -360,7 +365,9 @@ def test_a_crash_entry_pinned_to_a_release_names_the_frame_its_scenario_raises_t
     _, kind, frame = signature.split(" / ")
     path, function = frame.rsplit(" ", 1)
     assert any(f"raised {kind}" in e and f"at {path} in {function}" in e for e in raised), (
-        signature, raised, done.stdout[-2000:],
+        signature,
+        raised,
+        done.stdout[-2000:],
     )
 
 
@@ -380,3 +387,26 @@ def test_26_skipped_beside_a_request_that_progresses_is_signed_with_its_cause(
     entry = triaged(Signature("sanity", "-", SKIPPED_LOOKAHEAD), vllm.version, known)
     assert entry is not None and entry.finding == 26
     assert triaged(Signature("sanity", "-", SKIPPED), vllm.version, known) is None
+
+
+def test_28_skipped_beside_a_request_that_progresses_is_signed_with_its_cause(
+    vllm: Vllm,
+) -> None:
+    """#28's running form where another running request still advances: the fairness
+    family's skip failure names the cause (and, once t finishes, the progress failure), so
+    both are known as #28."""
+    from kvconform.harness.checks.fairness import SKIPPED_MAMBA
+    from kvconform.harness.checks.liveness import NO_PROGRESS_MAMBA
+
+    known = load_known_findings(REPO / DEFAULT_KNOWN_FINDINGS)
+    path = FINDING_28.with_name("sched-mamba-align-streaming-turn-off-grid-skipped.yaml")
+    (scenario,) = load_file(path)
+    found = set(signatures(run_scenario(scenario, vllm)))
+    expected = {
+        Signature("sanity", "-", SKIPPED_MAMBA),
+        Signature("sanity", "-", NO_PROGRESS_MAMBA),
+    }
+    assert found == expected, found
+    for signature in found:
+        entry = triaged(signature, vllm.version, known)
+        assert entry is not None and entry.finding == 28, signature
