@@ -5,6 +5,7 @@ going red on bugs injected into a copy of vLLM's scheduler (slow)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -245,6 +246,19 @@ def test_running_prefills_cut_to_nothing_by_the_lookahead_are_no_progress_named_
     assert lookahead_stuck_cap(running[0], step(running, budget=1)._replace(prefill_shift=2)) == 1
     held = held_by(running[0], "the prefill cadence")
     assert lookahead_stuck_cap(held, queues) == 0
+    # Under Mamba "align"'s split the cap is the split's chunk the oracle read (#26 through
+    # the split: at 127 of 129 in blocks of 8 the chunk stops at 128), below the threshold.
+    split = HoldFacts(
+        running=True, known=129, prefill_chunk=True, mamba_split=True, prefill_end=129,
+        split_chunk=2, mamba_block=8, split_limit=2, lookahead=2, chunk_cap=1,
+    )  # fmt: skip
+    mamba = req("a", 0, computed=127, tokens=129, held=17)._replace(hold=split)
+    assert mamba.held_back == ""
+    threshold = step([mamba], budget=32)._replace(prefill_shift=2, chunk_cap=2)
+    assert lookahead_stuck_cap(mamba, threshold) == 1
+    assert (
+        lookahead_stuck_cap(mamba._replace(hold=replace(split, mamba_split=False)), threshold) == 0
+    )
 
 
 def test_running_requests_the_pool_cannot_hold_do_not_demand_progress():

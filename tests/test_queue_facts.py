@@ -245,3 +245,18 @@ def test_a_mamba_prefill_floored_to_nothing_gets_no_lookahead_window_either() ->
     assert split(16, 2, end=18, **window_facts) == MAMBA
     # Without the split the same facts give the window: the split's floor withholds it.
     assert reason(window_facts, computed=16, tokens=18) == "the prefill lookahead window"
+
+
+def test_the_mamba_excuse_is_withheld_where_the_lookahead_cuts_the_split_chunk_to_nothing() -> None:
+    # docs/findings.md #26 through the split: multi-module MTP's lookahead of 2, a at 127 of
+    # its 129-token prompt; the split stops the whole-budget chunk 127..129 at the block's end
+    # (the oracle's chunk cap, read with the split: 1), and the reservation cuts 127..128,
+    # which would leave 1 < 2, to nothing at every call: the split does not hold it there.
+    facts = {"prefill_chunk": True, "lookahead": 2, "chunk_cap": 1, "known": 129}
+    assert split(127, 2, end=129, **facts) == ""
+    # A split chunk the reservation keeps (it finishes the prompt), or EAGLE's lookahead of 1
+    # (no reservation): the split may still cut a chunk the budget left short.
+    assert split(127, 2, end=129, **{**facts, "chunk_cap": 2}) == MAMBA
+    assert split(127, 2, end=129, **{**facts, "lookahead": 1}) == MAMBA
+    # More than the lookahead left: the cut leaves tokens, progress.
+    assert split(125, 3, end=129, **facts) == MAMBA

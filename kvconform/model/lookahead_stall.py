@@ -17,7 +17,8 @@ def lookahead_stuck_cap(request: QueuedRequest, queues: StepQueues) -> int:
 
     The cap as the call recorded it: with chunked prefill, the request's token budget
     (``min(max_num_scheduled_tokens, max_num_batched_tokens - draft slots)``) and the
-    long-prefill threshold in force (``StepQueues.chunk_cap``, 0 for none). The scheduler
+    long-prefill threshold in force (``StepQueues.chunk_cap``, 0 for none), and under Mamba
+    "align"'s split the split's chunk the oracle recorded (``HoldFacts.chunk_cap``). The scheduler
     oracle reads the same cap from vLLM (``prefill_chunk_cap`` in
     ``kvconform.oracles.vllm.scheduling_queues``, ``HoldFacts.chunk_cap``), with which
     :func:`~kvconform.model.queue_facts.held_back` withholds the "prefill lookahead window"
@@ -28,4 +29,8 @@ def lookahead_stuck_cap(request: QueuedRequest, queues: StepQueues) -> int:
     cap = request_token_budget(queues)
     if queues.chunk_cap:
         cap = min(cap, queues.chunk_cap)
+    if request.hold.mamba_split and request.hold.chunk_cap:
+        # Mamba "align"'s split, which vLLM applies before the reservation, may stop the
+        # chunk sooner (at the block's end): the cap the oracle read with it.
+        cap = min(cap, request.hold.chunk_cap)
     return cap if lookahead_cuts_to_nothing(left, cap, queues.prefill_shift) else 0

@@ -165,7 +165,7 @@ def _held_back_otherwise(hold: HoldFacts, computed: int, tokens: int, prompt: in
         return WAITING_FOR_REASONS.get(hold.status, hold.status)
     if hold.lora:
         return "the LoRA limit"
-    if hold.mamba_split and block_split_may_cut(hold, computed):
+    if hold.mamba_split and block_split_may_cut(hold, computed, tokens):
         return "a Mamba block-aligned chunk"
     if hold.stale_output and not hold.running:
         return "its stale output is in flight"
@@ -212,7 +212,7 @@ def lookahead_may_cut(hold: HoldFacts, computed: int, tokens: int) -> bool:
     return not lookahead_cuts_to_nothing(left, hold.chunk_cap, hold.lookahead)
 
 
-def block_split_may_cut(hold: HoldFacts, computed: int) -> bool:
+def block_split_may_cut(hold: HoldFacts, computed: int, tokens: int) -> bool:
     """Whether Mamba "align"'s split (``_mamba_block_aligned_split``) may cut a request's
     chunk to nothing in the coming call without the request being stuck there.
 
@@ -227,12 +227,19 @@ def block_split_may_cut(hold: HoldFacts, computed: int) -> bool:
     progress. Where the whole-budget chunk is floored to nothing, no call changes that
     (docs/findings.md #28, its running form: a streaming session's turn resumed off the
     block grid runs to the next boundary and stops there), and no excuse is granted: the
-    liveness family's progress rule and the fairness family judge the call."""
+    liveness family's progress rule and the fairness family judge the call. Nor where the
+    split keeps a whole-budget chunk (``chunk_cap``, read with the split) that multi-module
+    MTP's lookahead reservation, applied after it, cuts to nothing at every call
+    (:func:`lookahead_cuts_to_nothing`; docs/findings.md #26 through the split: a chunk
+    starting mid-block stops at the block's end, within the lookahead of the prompt's end):
+    the split is not what holds the request there, and nothing changes it."""
     if not hold.running:
         return True
-    if computed >= hold.prefill_end:
+    if computed >= hold.prefill_end or block_split_stuck(hold, computed):
         return False
-    return not block_split_stuck(hold, computed)
+    if hold.lookahead > 1 and hold.prefill_chunk:
+        return not lookahead_cuts_to_nothing(tokens - computed, hold.chunk_cap, hold.lookahead)
+    return True
 
 
 def block_split_stuck(hold: HoldFacts, computed: int) -> bool:
