@@ -109,9 +109,10 @@ def test_a_stalls_signature_names_its_cause_and_excuses_no_other_stall(vllm: Vll
         (scenario,) = load_file(path)
         result = run_scenario(scenario, vllm)  # no expectations: the raw failure
         signed = signatures(result)
-        if key == "26":
-            # a and b, stuck within the lookahead, run while c waits: the liveness family's
-            # progress rule sees the same stall, named as #26's running form (issue 35).
+        if key in ("26", "26 mamba"):
+            # a and b, stuck within the lookahead, run while c waits (through the split: a
+            # runs while b waits): the liveness family's progress rule sees the same stall,
+            # named as #26's running form (issue 35).
             from kvconform.harness.checks.liveness import NO_PROGRESS_LOOKAHEAD
 
             running_form = Signature("sanity", "-", NO_PROGRESS_LOOKAHEAD)
@@ -174,6 +175,10 @@ def test_the_running_forms_of_22_24_26_and_28_are_signed_with_their_cause(vllm: 
         (22, FINDING_22.with_name("sched-mm-input-past-long-prefill-threshold-running.yaml")),
         (24, FINDING_24_SHIFT.with_name("sched-mm-input-past-request-budget-shift-running.yaml")),
         (26, FINDING_26.with_name("sched-mtp-prefill-lookahead-past-threshold-running.yaml")),
+        (
+            26,
+            FINDING_26_MAMBA.with_name("sched-mtp-prefill-lookahead-past-mamba-split-running.yaml"),
+        ),
         (28, FINDING_28.with_name("sched-mamba-align-streaming-turn-off-grid.yaml")),
     )
     causes = {
