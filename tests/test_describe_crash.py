@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 import kvconform
+from kvconform.fuzz.findings import signatures
 from kvconform.harness.runner import conclude, crash_kind, describe_crash, exit_status
 from kvconform.model.observations import Trajectory
 from kvconform.model.results import ErrorKind, ScenarioResult, Verdict
@@ -91,3 +92,73 @@ def test_an_internal_error_exits_3_and_is_no_finding_also_when_judged_again(vllm
     assert exit_status([result]) == 3
     vllms = ScenarioResult("y", "f.yaml", Verdict.ERROR, error_kind=ErrorKind.CRASH)
     assert exit_status([result, vllms]) == 1
+
+
+def raised_in(file: Path, source: str, error: Exception) -> BaseException:
+    """The exception ``run()``, defined by ``source`` compiled under ``file``'s name, raises."""
+    namespace: dict[str, Any] = {"error": error, "fail": _fail}
+    exec(compile(source, str(file), "exec"), namespace)  # noqa: S102 - fabricated frames
+    try:
+        namespace["run"]()
+    except Exception as exc:  # noqa: BLE001 - the fabricated exception is the subject
+        return exc
+    raise AssertionError("nothing raised")
+
+
+def _fail(error: Exception) -> None:
+    raise error
+
+
+# Python 3.12 inlines these into the function that holds them (PEP 709); 3.11 runs each in a
+# frame of its own, named <listcomp>, <dictcomp>, <setcomp>. The raise is on line 4.
+COMPREHENSIONS = {
+    "list": "[fail(error) for i in items]",
+    "dict": "{i: fail(error) for i in items}",
+    "set": "{fail(error) for i in items}",
+    "nested": "[{i: [fail(error) for j in items] for i in items}]",
+}
+
+
+@pytest.mark.parametrize("form", sorted(COMPREHENSIONS))
+def test_a_crash_in_a_comprehension_names_the_function_that_holds_it(vllm, form):
+    # #21's crash: an IndexError inside a list comprehension of a nested function of
+    # vllm/v1/worker/gpu/warmup.py. A nightly on Python 3.12 signed it with the function,
+    # one on 3.11 with <listcomp>; the known entries must match on either.
+    warmup = Path(vllm.location) / "v1" / "worker" / "gpu" / "warmup.py"
+    source = (
+        "def run():\n"
+        "    items = [0]\n"
+        "    def _run_decode_step():\n"
+        f"        return {COMPREHENSIONS[form]}\n"
+        "    return _run_decode_step()\n"
+    )
+    text = describe_crash(raised_in(warmup, source, IndexError("list index out of range")), vllm)
+    assert text == (
+        "vLLM 0.33.0 raised IndexError: list index out of range at "
+        "vllm/v1/worker/gpu/warmup.py:4 in _run_decode_step"
+    )
+    result = ScenarioResult("x", "f.yaml", Verdict.ERROR, error_kind=ErrorKind.CRASH, error=text)
+    assert [str(s) for s in signatures(result)] == [
+        "crash / IndexError / vllm/v1/worker/gpu/warmup.py:4 _run_decode_step"
+    ]
+
+
+def test_a_crash_in_a_generator_expression_keeps_its_frame(vllm):
+    # 3.12 still runs a generator expression in a frame of its own: <genexpr> on both.
+    scheduler = Path(vllm.location) / "v1" / "core" / "sched" / "scheduler.py"
+    source = "def run():\n    items = [0]\n    return list(\n        fail(error) for i in items)\n"
+    text = describe_crash(raised_in(scheduler, source, KeyError("r")), vllm)
+    assert text.endswith("at vllm/v1/core/sched/scheduler.py:4 in <genexpr>"), text
+
+
+def test_a_comprehension_of_kvconforms_own_code_names_its_function_too(vllm):
+    oracle = PACKAGE / "oracles" / "scheduler" / "inputs.py"
+    source = (
+        "def run():\n"
+        "    items = [0]\n"
+        "    def read():\n"
+        "        return [fail(error) for i in items]\n"
+        "    return read()\n"
+    )
+    text = describe_crash(raised_in(oracle, source, IndexError("x")), vllm)
+    assert "at kvconform/oracles/scheduler/inputs.py:4 in read (" in text, text

@@ -7,7 +7,13 @@ the rejections, the shrinking and the reproducers are
 :func:`kvconform.fuzz.search.search`'s, the fuzzer's own.
 
 ``jobs`` > 1 forks that many workers once vLLM is loaded (a fork shares the
-imported vLLM instead of importing it again); worker ``i`` of ``N`` searches
+imported vLLM instead of importing it again). The parent must not have initialized CUDA
+by then: torch refuses CUDA in a fork of a process that did ("Cannot re-initialize CUDA
+in forked subprocess"), and on a CUDA host a warmup document's
+``torch.accelerator.synchronize()`` needs it. The set-up's warmup probe, the one that
+runs vLLM's warmup, therefore runs in a forked child of its own (:func:`_probe_apart`),
+and :func:`_refuse_forking_over_cuda` checks the parent before the workers fork
+(docs/gpu.md). Worker ``i`` of ``N`` searches
 with seed ``seed * N + i`` (worker 0 of 1 is the single-process run, as a shard
 of ``kvconform fuzz`` does), for the same deadline, and writes its reproducers
 to ``out``. The parent then reruns every reproducer written, exactly as
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -34,7 +41,7 @@ from kvconform.errors import VllmUnavailable
 from kvconform.explore import DEFAULT_MAX_FINDINGS
 from kvconform.explore.known import KnownFinding, triaged
 from kvconform.explore.requests import follow_ups
-from kvconform.explore.space import ExploreSpace, build_explore_space
+from kvconform.explore.space import ExploreSpace, build_explore_space, probe
 from kvconform.explore.strategies import FEATURES, workloads
 from kvconform.fuzz.baseline import BaselineProcess, BaselineStats
 from kvconform.fuzz.findings import Signature, first_message
@@ -43,7 +50,7 @@ from kvconform.fuzz.search import Budget, SearchStats, search, write_summary
 from kvconform.harness.loader import load_text
 from kvconform.harness.runner import run_scenario
 from kvconform.model.kinds import Kind
-from kvconform.model.results import ScenarioResult
+from kvconform.model.results import ScenarioResult, Verdict
 from kvconform.oracles.vllm import Vllm
 
 SUMMARY_FILE = "explore-summary.json"
@@ -269,7 +276,7 @@ def run_explore(
     """
     started = time.perf_counter()
     if space is None:
-        space = build_explore_space(vllm)
+        space = build_explore_space(vllm, None if jobs == 1 else _probe_apart)
     if not space.group_types:
         raise VllmUnavailable(
             vllm.version,
@@ -291,6 +298,7 @@ def run_explore(
     else:
         global _WORKER_VLLM
         _WORKER_VLLM = vllm
+        _refuse_forking_over_cuda(vllm)
         context = multiprocessing.get_context("fork")
         calls = [
             (
@@ -328,6 +336,42 @@ def run_explore(
     ]  # fmt: skip
     write_summary(out_dir, SUMMARY_FILE, summary)
     return run
+
+
+def _probe_apart(vllm: Vllm, doc: dict[str, Any]) -> ScenarioResult:
+    """The set-up's warmup probe, run in a forked child: it runs vLLM's ``warmup_kernels``,
+    whose ``torch.accelerator.synchronize()`` initializes CUDA on a CUDA host. Run in the
+    parent, that made every warmup document of the workers forked after it crash in that
+    call (the nightly, 0.33.0 and 0.34.0 on Python 3.12, ``--jobs 7``); the child's CUDA
+    goes with it. The other probes stay here: what they import and remember is the workers'
+    inheritance (the whole set-up in a child halved a 10 s search's workloads)."""
+    global _WORKER_VLLM
+    _WORKER_VLLM = vllm
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork")) as pool:
+        verdict, error = pool.submit(_probe_verdict, doc).result()
+    return ScenarioResult(doc["name"], f"<probe {doc['name']}>", verdict, error=error)
+
+
+def _probe_verdict(doc: dict[str, Any]) -> tuple[Verdict, str | None]:
+    assert _WORKER_VLLM is not None
+    result = probe(_WORKER_VLLM, doc)
+    return result.verdict, result.error
+
+
+def _refuse_forking_over_cuda(vllm: Vllm) -> None:
+    """Raise :class:`VllmUnavailable` where this process has initialized CUDA: its forked
+    workers could not run a warmup document on the GPU, each would report torch's refusal
+    as a crash of vLLM. ``torch.cuda.is_initialized`` only reads a flag; torch is not
+    imported for it (vLLM imported it where it matters)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        raise VllmUnavailable(
+            vllm.version,
+            "forked explorer workers",
+            "this process initialized CUDA before forking its --jobs workers, which torch "
+            "refuses CUDA to (vLLM's warmup needs it); explore with --jobs 1, or from a "
+            "process that has not used the GPU",
+        )
 
 
 def _search_one(

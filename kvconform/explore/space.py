@@ -22,6 +22,7 @@ Read once from the loaded :class:`~kvconform.oracles.vllm.Vllm`, never while dra
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,8 +80,17 @@ class ExploreSpace:
         )
 
 
-def build_explore_space(vllm: Vllm, **limits: Any) -> ExploreSpace:
-    """Read the explorer's space off a loaded vLLM, probing each type and method once."""
+def build_explore_space(
+    vllm: Vllm,
+    warmup_probe: Callable[[Vllm, dict[str, Any]], ScenarioResult] | None = None,
+    **limits: Any,
+) -> ExploreSpace:
+    """Read the explorer's space off a loaded vLLM, probing each type and method once.
+
+    ``warmup_probe`` runs the warmup probe (default :func:`probe`, here): the one probe
+    that runs vLLM's ``warmup_kernels``, which initializes CUDA on a CUDA host, so that a
+    caller about to fork workers runs it in a child (``kvconform.explore.runner``).
+    """
     offered = set(vllm.offered_spec_classes())
     excluded: dict[str, str] = {}
     types = []
@@ -141,7 +151,7 @@ def build_explore_space(vllm: Vllm, **limits: Any) -> ExploreSpace:
             excluded[f"startup {name}"] = f"not offered: {result.error}"
             continue
         startup_types.append(name)
-    warmup = probe(vllm, _warmup_probe(plain))
+    warmup = (warmup_probe or probe)(vllm, _warmup_probe(plain))
     if warmup.verdict is Verdict.UNSUPPORTED:
         excluded["warmup"] = f"not offered: {warmup.error}"
     return ExploreSpace(

@@ -17,7 +17,9 @@ while a failure of another party or another code path is another:
 * ``lookahead``: (lookahead, method);
 * ``capacity``: (capacity, the vLLM function that refused, the stall's cause where the
   scheduler oracle names one: ``STALL_CAUSES`` in :mod:`kvconform.model.observations`);
-* a crash of vLLM on a legal scenario: (crash, exception type, vLLM frame).
+* a crash of vLLM on a legal scenario: (crash, exception type, vLLM frame), the frame
+  as ``file:line function``, a comprehension's named for the function holding it on
+  any Python (:func:`kvconform.harness.runner.describe_crash`).
 
 The *floor family* of a group is the family of its floor rule
 (``FloorRule.family``: "token-indexed" for every type whose floor counts token

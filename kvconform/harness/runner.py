@@ -282,24 +282,26 @@ def describe_crash(exc: BaseException, vllm: Vllm) -> str:
     kvconform/...py:LINE in FN" (:func:`crash_kind` makes it ``internal``). Frames of
     neither (the standard library, torch) do not decide: a ``KeyError`` out of a ``dict``
     belongs to whoever indexed it. A vLLM frame called back through a stub of kvconform's
-    is kvconform's when the stub raises.
+    is kvconform's when the stub raises. FN is the function's name on any interpreter: a
+    comprehension's frame is named for the function that holds it (:func:`_function_of`).
     """
     frames = traceback.extract_tb(exc.__traceback__)
     tree = str(Path(vllm.location))
     owned = [
-        (f, None if f.filename.startswith(tree) else _kvconform_part(f.filename))
-        for f in frames
+        (i, None if f.filename.startswith(tree) else _kvconform_part(f.filename))
+        for i, f in enumerate(frames)
         if f.filename.startswith(tree) or _kvconform_part(f.filename) is not None
     ]
-    frame, part = owned[-1] if owned else (frames[-1] if frames else None, None)
+    index, part = owned[-1] if owned else (len(frames) - 1, None)
     where = ""
-    if frame is not None:
+    if index >= 0:
+        frame = frames[index]
         base = _KVCONFORM_PACKAGE.parent if part is not None else Path(vllm.location).parent
         try:
             shown = str(Path(frame.filename).resolve().relative_to(base.resolve()))
         except ValueError:
             shown = frame.filename
-        where = f" at {shown}:{frame.lineno} in {frame.name}"
+        where = f" at {shown}:{frame.lineno} in {_function_of(frames, index)}"
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     raised = f"raised {type(exc).__name__}{': ' + text if text else ''}{where}"
     if part is not None:
@@ -308,6 +310,31 @@ def describe_crash(exc: BaseException, vllm: Vllm) -> str:
             f"vLLM {vllm.version})"
         )
     return f"vLLM {vllm.version} {raised}"
+
+
+# The comprehensions Python 3.12 inlines into the function that holds them (PEP 709): there
+# a traceback names that function, where 3.11 names a frame of the comprehension's own.
+# A generator expression still runs in a frame of its own on 3.12 and keeps its name.
+_INLINED_COMPREHENSIONS = frozenset({"<listcomp>", "<dictcomp>", "<setcomp>"})
+
+
+def _function_of(frames: traceback.StackSummary, index: int) -> str:
+    """The name a crash is signed with for ``frames[index]``: its function's, as Python 3.12
+    names it, whatever the interpreter that ran it.
+
+    A frame of a list, dict or set comprehension is named for the function that holds the
+    comprehension: the next frame out in the same file (through nested comprehensions),
+    which called it. The line stays the comprehension frame's own, the line 3.12 reports
+    too, so that a crash signs the same on either interpreter (the explorer's known
+    findings, scenarios/explore-known.yaml, match signatures exactly).
+    """
+    frame = frames[index]
+    outer = index
+    while frames[outer].name in _INLINED_COMPREHENSIONS and outer > 0:
+        if frames[outer - 1].filename != frame.filename:
+            break
+        outer -= 1
+    return frames[outer].name
 
 
 def crash_kind(description: str) -> ErrorKind:
