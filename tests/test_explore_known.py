@@ -237,6 +237,33 @@ def test_finding_23s_path_without_a_connector_is_known_on_the_pinned_vllm(vllm: 
     assert found != connector  # another frame: its own entry, not the connector path's
 
 
+FINDING_31 = REPO / "scenarios/scheduler/sched-connector-mamba-external-state-block-uncounted.yaml"
+FINDING_32 = REPO / "scenarios/scheduler/sched-connector-hybrid-window-hit-lags-truncate.yaml"
+
+
+@pytest.mark.parametrize(
+    ("path", "finding", "kind", "function"),
+    [
+        (FINDING_31, 31, "ValueError", "get_new_blocks"),
+        (FINDING_32, 32, "AssertionError", "truncate_computed_blocks"),
+    ],
+)
+def test_the_eighth_stops_crashes_are_signed_with_their_frame_and_known(
+    path: Path, finding: int, kind: str, function: str, vllm: Vllm
+) -> None:
+    """#31 (a connector-loaded Mamba state block left out of the admission count) and #32
+    (a lagging sliding-window hit truncated for a connector) crash in vLLM's frames that
+    their entries name on the pinned vLLM, so the explorer reports them as known, each as
+    its own finding."""
+    known = load_known_findings(REPO / DEFAULT_KNOWN_FINDINGS)
+    (scenario,) = load_file(path)
+    (found,) = signatures(run_scenario(scenario, vllm))  # no expectations: the raw crash
+    assert found.check == "crash" and found.subject == kind, found
+    assert found.detail.endswith(f" {function}"), found
+    entry = triaged(found, vllm.version, known)
+    assert entry is not None and entry.finding == finding, found
+
+
 ENTRY = '- signature: "sanity / -"\n  vllm: ">=0.28.0"\n  finding: 14\n  evidence: x\n'
 
 
