@@ -55,13 +55,19 @@ def _queued(oracle: OracleState, request: Any, running: bool) -> QueuedRequest:
 
 def _chunk_cap(oracle: OracleState) -> int:
     """The long-prefill threshold the coming ``schedule()`` call caps a request's chunk at
-    (0: none): with chunked prefill and more than one request running or waiting
-    (``get_request_counts``), ``long_prefill_token_threshold``, floored at
-    ``max_num_batched_tokens`` over those requests where it is adaptive (vLLM 0.34.0's
-    ``Scheduler.schedule``: "When it is the only request there is nobody to starve")."""
+    (0: none): with more than one request running or waiting (``get_request_counts``),
+    ``long_prefill_token_threshold``, floored at ``max_num_batched_tokens`` over those
+    requests where it is adaptive (vLLM 0.34.0's ``Scheduler.schedule``: "When it is the
+    only request there is nobody to starve"). With chunked prefill only where the release
+    gates the threshold on it (0.34.0); up to 0.33.0 it caps chunks with chunked prefill off
+    too (``threshold_needs_chunked_prefill``)."""
     limits = oracle.limits
     threshold = int(limits.long_prefill_token_threshold or 0)
-    if not threshold or not limits.enable_chunked_prefill:
+    if not threshold:
+        return 0
+    if not limits.enable_chunked_prefill and oracle.api.threshold_needs_chunked_prefill(
+        oracle.scheduler
+    ):
         return 0
     eligible = oracle.api.eligible_requests(oracle.scheduler)
     if eligible <= 1:

@@ -60,7 +60,7 @@ def stall_cause(oracle: Any, request: Any, computed: int, running: set[str]) -> 
     token budget (``min(max_num_scheduled_tokens, max_num_batched_tokens - draft
     slots)``) with nothing else scheduled.
 
-    Under ``disable_chunked_mm_input`` with chunked prefill, where the next token of
+    Under ``disable_chunked_mm_input``, where the next token of
     the request, or of a running request (which may hold the seat it waits for),
     begins a multimodal input or lies inside it, the chunk that must take the rest of
     the input whole (:func:`whole_input_chunk`; with a drafter's prefill shift,
@@ -75,7 +75,9 @@ def stall_cause(oracle: Any, request: Any, computed: int, running: set[str]) -> 
     * :data:`MM_INPUT_PAST_THRESHOLD`: within it, but longer than the long-prefill
       threshold, which applies with more than one request running or waiting (with
       one, vLLM lifts the cap; the adaptive one floored at ``max_num_batched_tokens``
-      over those requests).
+      over those requests), and up to 0.33.0 with chunked prefill off too (the
+      scheduler's ``threshold_needs_chunked_prefill``: a prompt split at the threshold
+      although chunked prefill is disabled).
 
     :data:`PREFILL_LOOKAHEAD_PAST_CAP` (:func:`lookahead_cause`): the request, or a running
     request, has its prompt's last tokens within the drafter's prefill lookahead and a
@@ -121,7 +123,7 @@ def mm_input_cause(oracle: Any, request: Any, computed: int) -> str:
     """See :func:`stall_cause`: :data:`MM_INPUT_PAST_BUDGET`,
     :data:`MM_INPUT_PAST_THRESHOLD` or ""."""
     limits = oracle.limits
-    if not (limits.disable_chunked_mm_input and limits.enable_chunked_prefill):
+    if not limits.disable_chunked_mm_input:
         return ""
     inputs = oracle.scenario.requests[request.request_id].mm_inputs
     chunk = whole_input_chunk(
@@ -140,6 +142,10 @@ def mm_input_cause(oracle: Any, request: Any, computed: int) -> str:
     eligible = oracle.api.eligible_requests(oracle.scheduler)
     if not threshold or eligible <= 1:
         return ""
+    if not limits.enable_chunked_prefill and oracle.api.threshold_needs_chunked_prefill(
+        oracle.scheduler
+    ):
+        return ""
     if limits.long_prefill_token_threshold_adaptive:
         threshold = max(threshold, limits.max_num_batched_tokens // eligible)
     return MM_INPUT_PAST_THRESHOLD if chunk > threshold else ""
@@ -148,13 +154,13 @@ def mm_input_cause(oracle: Any, request: Any, computed: int) -> str:
 def lookahead_cause(oracle: Any, request: Any, computed: int) -> bool:
     """Whether ``Scheduler._reserve_prefill_lookahead`` cuts every chunk of ``request``
     (at ``computed``) to nothing (:func:`lookahead_cuts_to_nothing`, docs/findings.md #26):
-    chunked prefill, the prompt's tokens left within the drafter's prefill lookahead
+    the prompt's tokens left within the drafter's prefill lookahead
     (``num_prefill_lookahead``: k for multi-module MTP), and the chunk the request gets
     with the whole budget free (its token budget, ``min(max_num_scheduled_tokens,
     max_num_batched_tokens - draft slots)``, and the long-prefill threshold where one is in
-    force, then Mamba "align"'s block-aligned split of that chunk) below them."""
-    if not oracle.limits.enable_chunked_prefill:
-        return False
+    force, then Mamba "align"'s block-aligned split of that chunk) below them. Chunked
+    prefill off is no exception: the threshold caps a chunk there too up to 0.33.0
+    (``long_prefill_cap``), and without one the cap is the prompt's rest, never below it."""
     lookahead = oracle.api.prefill_shift(oracle.scheduler)
     left = int(request.num_tokens) - computed
     cap = oracle.api.prefill_chunk_cap(oracle.scheduler, oracle.config, request, computed)
