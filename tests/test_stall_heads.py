@@ -22,6 +22,8 @@ from typing import Any
 
 from packaging.version import Version
 
+from kvconform.model.observations import ARRIVED_LOAD_BEHIND_HEAD
+from kvconform.oracles.scheduler.stalls import first_in_line
 from kvconform.oracles.vllm.scheduling_queues import (
     _THRESHOLD_GATE,
     SchedulingQueues,
@@ -105,3 +107,54 @@ def test_the_installed_vllm_is_read_as_its_release_writes_the_gate() -> None:
     release = Version(Version(importlib.metadata.version("vllm")).base_version)
     found = _THRESHOLD_GATE.search(source.read_text()) is not None
     assert found is (release >= Version("0.34.0"))
+
+
+# -- the stall's head ----------------------------------------------------------------------
+
+
+def _oracle(policy: str, requests: dict[str, int], holding: list[str]) -> SimpleNamespace:
+    """A stepping's state as ``first_in_line`` reads it: ``requests`` by name (scenario order)
+    with their priorities, ``holding`` the names in ``kv_holding_waiting`` (its order)."""
+    live = {rid: SimpleNamespace(request_id=rid, priority=p) for rid, p in requests.items()}
+    return SimpleNamespace(
+        limits=SimpleNamespace(policy=policy),
+        scheduler=SimpleNamespace(requests=live, kv_holding_waiting=[live[rid] for rid in holding]),
+        _stamps={rid: rank for rank, rid in enumerate(requests)},
+    )
+
+
+def test_the_stall_head_is_the_request_the_waiting_loop_reaches_first() -> None:
+    # The explorer's 0.34.0 stall (seed 7): b (priority 1) listed before d (priority 0), both
+    # holding KV blocks; d's load failed: d heads the loop, not b.
+    oracle = _oracle("priority", {"b": 1, "d": 0, "e": 1}, holding=["b", "d"])
+    assert first_in_line(oracle, ["b", "d", "e"]) == "d"
+    # Requests holding KV blocks are drained first, whatever their priority (seed 12: b's
+    # load arrived, a listed first and of the same priority, waits behind it).
+    oracle = _oracle("priority", {"a": 0, "b": 0}, holding=["b"])
+    assert first_in_line(oracle, ["a", "b"]) == "b"
+    oracle = _oracle("priority", {"a": -1, "f": 1}, holding=["f"])
+    assert first_in_line(oracle, ["a", "f"]) == "f"
+    # Within the other queue, the policy's order: (priority, arrival_time).
+    oracle = _oracle("priority", {"a": 2, "b": 0, "c": 1}, holding=[])
+    assert first_in_line(oracle, ["a", "b", "c"]) == "b"
+    # FCFS: kv_holding_waiting in its own order, then the scenario's order.
+    oracle = _oracle("fcfs", {"a": 0, "b": 0, "c": 0}, holding=["c", "b"])
+    assert first_in_line(oracle, ["a", "b", "c"]) == "c"
+    oracle = _oracle("fcfs", {"a": 0, "b": 0}, holding=[])
+    assert first_in_line(oracle, ["a", "b"]) == "a"
+    assert first_in_line(oracle, []) is None
+
+
+def test_a_priority_stall_behind_a_failed_load_names_its_head_and_cause(vllm) -> None:
+    """#30 under the priority policy, run on vLLM: the failed load a (priority 0, listed
+    second) heads b, whose load arrived; the stall names a and #30's cause."""
+    from kvconform.harness.loader import load_file
+    from kvconform.harness.runner import run_scenario
+    from kvconform.model.results import Verdict
+
+    (scenario,) = load_file(SCENARIOS / "sched-failed-load-heads-loaded-request-priority.yaml")
+    result = run_scenario(scenario, vllm)
+    assert result.verdict is Verdict.FAILED, result.error
+    (stall,) = [f for f in result.failures if f.check == "capacity"]
+    assert "request a:" in stall.message and "needs 10 blocks" in stall.message
+    assert ARRIVED_LOAD_BEHIND_HEAD in stall.message

@@ -40,6 +40,7 @@ from kvconform.oracles.scheduler.records import StallRecord
 
 __all__ = [
     "arrived_load_cause",
+    "first_in_line",
     "lookahead_cause",
     "mamba_split_cause",
     "mm_input_cause",
@@ -200,6 +201,36 @@ def arrived_load_cause(oracle: Any, head: str, need: int, available: int) -> str
     )
 
 
+def first_in_line(oracle: Any, queued: list[str]) -> str | None:
+    """The waiting request (of ``queued``, live and not running, in the scenario's order)
+    the waiting loop of ``Scheduler.schedule`` reaches first, whose refusal breaks it.
+
+    From 0.32.0 the loop drains ``kv_holding_waiting`` (requests that hold KV blocks: a
+    load in flight or arrived, and a load that failed as a whole, which stays there,
+    docs/findings.md #30) before the other waiting queues ("Requests holding KV blocks are
+    always drained first"); within a queue the priority policy takes the least
+    ``(priority, arrival_time)`` (``RequestQueue``'s heap order; ``_stamps`` ranks the
+    arrival times, which follow the scenario's order: the requests are built up front),
+    FCFS the queue's order. The scenario's order alone may name a request that only waits
+    behind the head (the explorer's 0.34.0 stalls: a failed load of priority 0 heads a
+    loaded one of priority 1 listed before it, #30; a loaded remote prefill padded past its
+    budget ahead of a request listed before it, #19). Membership of ``kv_holding_waiting``
+    is read from the scheduler (a fact of its queues; whether the head fits stays the
+    floor's arithmetic); releases without it have one waiting queue, in the policy's order."""
+    holding = getattr(oracle.scheduler, "kv_holding_waiting", None)
+    ahead = [r.request_id for r in holding] if holding is not None else []
+    priority = oracle.limits.policy == "priority"
+
+    def rank(rid: str) -> tuple[int, ...]:
+        first = 0 if rid in ahead else 1
+        if priority:
+            request = oracle.scheduler.requests[rid]
+            return (first, int(getattr(request, "priority", 0) or 0), oracle._stamps.get(rid, -1))
+        return (first, ahead.index(rid) if rid in ahead else queued.index(rid))
+
+    return min(queued, key=rank) if queued else None
+
+
 def stalled_run(oracle: Any, since: int) -> PoolExhausted | StallRecord | None:
     """Whose a stall is: the scenario's when no waiting request fits the pool by the
     floor's arithmetic, vLLM's (a :class:`StallRecord`) when one does.
@@ -220,7 +251,7 @@ def stalled_run(oracle: Any, since: int) -> PoolExhausted | StallRecord | None:
     model = oracle.scenario.model
     free = oracle.vllm.free_block_count(oracle.manager)
     running = {r.request_id for r in getattr(oracle.scheduler, "running", ())}
-    head = next((rid for rid in waiting if rid not in running), None)
+    head = first_in_line(oracle, [rid for rid in waiting if rid not in running])
     if head is not None and oracle.floors is not None:
         request = oracle.scheduler.requests[head]
         computed = int(request.num_computed_tokens)
