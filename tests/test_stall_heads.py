@@ -23,6 +23,7 @@ from typing import Any
 from packaging.version import Version
 
 from kvconform.model.observations import ARRIVED_LOAD_BEHIND_HEAD
+from kvconform.model.queue_facts import StepQueues
 from kvconform.oracles.scheduler.stalls import first_in_line
 from kvconform.oracles.vllm.scheduling_queues import (
     _THRESHOLD_GATE,
@@ -158,3 +159,26 @@ def test_a_priority_stall_behind_a_failed_load_names_its_head_and_cause(vllm) ->
     (stall,) = [f for f in result.failures if f.check == "capacity"]
     assert "request a:" in stall.message and "needs 10 blocks" in stall.message
     assert ARRIVED_LOAD_BEHIND_HEAD in stall.message
+
+
+# -- blocks an aborted KV load holds ---------------------------------------------------------
+
+
+def test_blocks_an_aborted_load_holds_are_not_the_running_requests_to_take(vllm) -> None:
+    """sched-aborted-load-holds-blocks on vLLM: at the call where a needs the block d's
+    aborted load still holds, a preempts itself and nothing is scheduled; the recording
+    counts d's block as held back (neither free nor preemptible), and the scenario conforms."""
+    from kvconform.harness.loader import load_file
+    from kvconform.harness.runner import run_scenario
+    from kvconform.model.results import Verdict
+
+    (scenario,) = load_file(SCENARIOS / "sched-aborted-load-holds-blocks.yaml")
+    recordings: list = []
+    result = run_scenario(scenario, vllm, record=recordings.append)
+    assert result.verdict is Verdict.PASSED, result.failures or result.error
+    (recording,) = recordings
+    calls = [f.what for f in recording.trajectory.facts if isinstance(f.what, StepQueues)]
+    (empty,) = [q for q in calls if q.running and not any(t for t, _, _ in q.scheduled.values())]
+    assert not empty.waiting and empty.free_before == 0
+    assert empty.deferred == 1  # d's block, its load still in flight
+    assert empty.pool - 1 == sum(r.held for r in empty.running) + empty.deferred
