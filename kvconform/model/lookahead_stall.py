@@ -15,7 +15,9 @@ def lookahead_stuck_cap(request: QueuedRequest, queues: StepQueues) -> int:
     ``request`` has left, with ``R`` within the drafter's prefill lookahead, so that
     :func:`lookahead_cuts_to_nothing` holds at every call; 0 where it does not.
 
-    The cap as the call recorded it: with chunked prefill, the request's token budget
+    The cap as the call recorded it (chunked prefill or not: up to 0.33.0 the threshold
+    caps a chunk with it off too, and the running loop's budget caps one either way): the
+    request's token budget
     (``min(max_num_scheduled_tokens, max_num_batched_tokens - draft slots)``) and the
     long-prefill threshold in force (``StepQueues.chunk_cap``, 0 for none), and under Mamba
     "align"'s split the split's chunk the oracle recorded (``HoldFacts.chunk_cap``). The scheduler
@@ -23,7 +25,7 @@ def lookahead_stuck_cap(request: QueuedRequest, queues: StepQueues) -> int:
     ``kvconform.oracles.vllm.scheduling_queues``, ``HoldFacts.chunk_cap``), with which
     :func:`~kvconform.model.queue_facts.held_back` withholds the "prefill lookahead window"
     excuse from such a request."""
-    if request.held_back or not queues.chunked_prefill or queues.prefill_shift <= 1:
+    if request.held_back or queues.prefill_shift <= 1:
         return 0
     left = request.tokens - request.computed
     cap = request_token_budget(queues)

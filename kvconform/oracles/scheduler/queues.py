@@ -55,13 +55,19 @@ def _queued(oracle: OracleState, request: Any, running: bool) -> QueuedRequest:
 
 def _chunk_cap(oracle: OracleState) -> int:
     """The long-prefill threshold the coming ``schedule()`` call caps a request's chunk at
-    (0: none): with chunked prefill and more than one request running or waiting
-    (``get_request_counts``), ``long_prefill_token_threshold``, floored at
-    ``max_num_batched_tokens`` over those requests where it is adaptive (vLLM 0.34.0's
-    ``Scheduler.schedule``: "When it is the only request there is nobody to starve")."""
+    (0: none): with more than one request running or waiting (``get_request_counts``),
+    ``long_prefill_token_threshold``, floored at ``max_num_batched_tokens`` over those
+    requests where it is adaptive (vLLM 0.34.0's ``Scheduler.schedule``: "When it is the
+    only request there is nobody to starve"). With chunked prefill only where the release
+    gates the threshold on it (0.34.0); up to 0.33.0 it caps chunks with chunked prefill off
+    too (``threshold_needs_chunked_prefill``)."""
     limits = oracle.limits
     threshold = int(limits.long_prefill_token_threshold or 0)
-    if not threshold or not limits.enable_chunked_prefill:
+    if not threshold:
+        return 0
+    if not limits.enable_chunked_prefill and oracle.api.threshold_needs_chunked_prefill(
+        oracle.scheduler
+    ):
         return 0
     eligible = oracle.api.eligible_requests(oracle.scheduler)
     if eligible <= 1:
@@ -71,10 +77,20 @@ def _chunk_cap(oracle: OracleState) -> int:
     return threshold
 
 
-def _deferred(oracle: OracleState, live: tuple[QueuedRequest, ...]) -> int:
+def _deferred(oracle: OracleState, live: tuple[QueuedRequest, ...], gone: tuple[str, ...]) -> int:
     """The blocks held back for a deferred free that no ``live`` request's table holds (a
-    prefix-cache hit may share one): neither free nor any running request's to give up."""
-    deferred = oracle.api.deferred_block_ids(oracle.scheduler)
+    prefix-cache hit may share one): neither free nor any running request's to give up.
+
+    Besides ``Scheduler.deferred_frees``, the tables of finished requests vLLM still keeps
+    (``gone``): a request aborted while its KV load is in flight keeps its blocks until the
+    connector reports the load done (``finish_requests``: ``delay_free_blocks`` for a
+    ``WAITING_FOR_REMOTE_KVS`` request whose load has not finished, ``_aborted_kv_loads``;
+    ``_update_from_kv_xfer_finished`` frees them), as does one whose connector delays the
+    free (``request_finished``). No preemption frees those either (the explorer's 0.34.0
+    stall: a load aborted beside a running request that needs its block)."""
+    deferred = set(oracle.api.deferred_block_ids(oracle.scheduler))
+    for rid in gone:
+        deferred.update(b for ids in oracle.manager.get_block_ids(rid) for b in ids)
     if not deferred:
         return 0
     held = {
@@ -100,8 +116,15 @@ class QueueSnapshot:
             for rid, request in scheduler.requests.items()
             if rid not in in_running and rid not in finished and not request.is_finished()
         )
+        # Finished requests the scheduler still holds (a delayed free): their blocks are
+        # neither free nor any live request's.
+        gone = tuple(
+            rid
+            for rid, request in scheduler.requests.items()
+            if rid not in in_running and (rid in finished or request.is_finished())
+        )
         self.free = oracle.vllm.free_block_count(oracle.manager)
-        self.deferred = _deferred(oracle, self.running + self.waiting)
+        self.deferred = _deferred(oracle, self.running + self.waiting, gone)
         self.encoder_budget, self.encoder_room = oracle.api.encoder_room(scheduler)
         self.chunk_cap = _chunk_cap(oracle)
         self.events = len(oracle.run.events)

@@ -40,6 +40,7 @@ from kvconform.oracles.scheduler.records import StallRecord
 
 __all__ = [
     "arrived_load_cause",
+    "first_in_line",
     "lookahead_cause",
     "mamba_split_cause",
     "mm_input_cause",
@@ -60,7 +61,7 @@ def stall_cause(oracle: Any, request: Any, computed: int, running: set[str]) -> 
     token budget (``min(max_num_scheduled_tokens, max_num_batched_tokens - draft
     slots)``) with nothing else scheduled.
 
-    Under ``disable_chunked_mm_input`` with chunked prefill, where the next token of
+    Under ``disable_chunked_mm_input``, where the next token of
     the request, or of a running request (which may hold the seat it waits for),
     begins a multimodal input or lies inside it, the chunk that must take the rest of
     the input whole (:func:`whole_input_chunk`; with a drafter's prefill shift,
@@ -75,7 +76,9 @@ def stall_cause(oracle: Any, request: Any, computed: int, running: set[str]) -> 
     * :data:`MM_INPUT_PAST_THRESHOLD`: within it, but longer than the long-prefill
       threshold, which applies with more than one request running or waiting (with
       one, vLLM lifts the cap; the adaptive one floored at ``max_num_batched_tokens``
-      over those requests).
+      over those requests), and up to 0.33.0 with chunked prefill off too (the
+      scheduler's ``threshold_needs_chunked_prefill``: a prompt split at the threshold
+      although chunked prefill is disabled).
 
     :data:`PREFILL_LOOKAHEAD_PAST_CAP` (:func:`lookahead_cause`): the request, or a running
     request, has its prompt's last tokens within the drafter's prefill lookahead and a
@@ -121,7 +124,7 @@ def mm_input_cause(oracle: Any, request: Any, computed: int) -> str:
     """See :func:`stall_cause`: :data:`MM_INPUT_PAST_BUDGET`,
     :data:`MM_INPUT_PAST_THRESHOLD` or ""."""
     limits = oracle.limits
-    if not (limits.disable_chunked_mm_input and limits.enable_chunked_prefill):
+    if not limits.disable_chunked_mm_input:
         return ""
     inputs = oracle.scenario.requests[request.request_id].mm_inputs
     chunk = whole_input_chunk(
@@ -140,6 +143,10 @@ def mm_input_cause(oracle: Any, request: Any, computed: int) -> str:
     eligible = oracle.api.eligible_requests(oracle.scheduler)
     if not threshold or eligible <= 1:
         return ""
+    if not limits.enable_chunked_prefill and oracle.api.threshold_needs_chunked_prefill(
+        oracle.scheduler
+    ):
+        return ""
     if limits.long_prefill_token_threshold_adaptive:
         threshold = max(threshold, limits.max_num_batched_tokens // eligible)
     return MM_INPUT_PAST_THRESHOLD if chunk > threshold else ""
@@ -148,13 +155,13 @@ def mm_input_cause(oracle: Any, request: Any, computed: int) -> str:
 def lookahead_cause(oracle: Any, request: Any, computed: int) -> bool:
     """Whether ``Scheduler._reserve_prefill_lookahead`` cuts every chunk of ``request``
     (at ``computed``) to nothing (:func:`lookahead_cuts_to_nothing`, docs/findings.md #26):
-    chunked prefill, the prompt's tokens left within the drafter's prefill lookahead
+    the prompt's tokens left within the drafter's prefill lookahead
     (``num_prefill_lookahead``: k for multi-module MTP), and the chunk the request gets
     with the whole budget free (its token budget, ``min(max_num_scheduled_tokens,
     max_num_batched_tokens - draft slots)``, and the long-prefill threshold where one is in
-    force, then Mamba "align"'s block-aligned split of that chunk) below them."""
-    if not oracle.limits.enable_chunked_prefill:
-        return False
+    force, then Mamba "align"'s block-aligned split of that chunk) below them. Chunked
+    prefill off is no exception: the threshold caps a chunk there too up to 0.33.0
+    (``long_prefill_cap``), and without one the cap is the prompt's rest, never below it."""
     lookahead = oracle.api.prefill_shift(oracle.scheduler)
     left = int(request.num_tokens) - computed
     cap = oracle.api.prefill_chunk_cap(oracle.scheduler, oracle.config, request, computed)
@@ -194,6 +201,36 @@ def arrived_load_cause(oracle: Any, head: str, need: int, available: int) -> str
     )
 
 
+def first_in_line(oracle: Any, queued: list[str]) -> str | None:
+    """The waiting request (of ``queued``, live and not running, in the scenario's order)
+    the waiting loop of ``Scheduler.schedule`` reaches first, whose refusal breaks it.
+
+    From 0.32.0 the loop drains ``kv_holding_waiting`` (requests that hold KV blocks: a
+    load in flight or arrived, and a load that failed as a whole, which stays there,
+    docs/findings.md #30) before the other waiting queues ("Requests holding KV blocks are
+    always drained first"); within a queue the priority policy takes the least
+    ``(priority, arrival_time)`` (``RequestQueue``'s heap order; ``_stamps`` ranks the
+    arrival times, which follow the scenario's order: the requests are built up front),
+    FCFS the queue's order. The scenario's order alone may name a request that only waits
+    behind the head (the explorer's 0.34.0 stalls: a failed load of priority 0 heads a
+    loaded one of priority 1 listed before it, #30; a loaded remote prefill padded past its
+    budget ahead of a request listed before it, #19). Membership of ``kv_holding_waiting``
+    is read from the scheduler (a fact of its queues; whether the head fits stays the
+    floor's arithmetic); releases without it have one waiting queue, in the policy's order."""
+    holding = getattr(oracle.scheduler, "kv_holding_waiting", None)
+    ahead = [r.request_id for r in holding] if holding is not None else []
+    priority = oracle.limits.policy == "priority"
+
+    def rank(rid: str) -> tuple[int, ...]:
+        first = 0 if rid in ahead else 1
+        if priority:
+            request = oracle.scheduler.requests[rid]
+            return (first, int(getattr(request, "priority", 0) or 0), oracle._stamps.get(rid, -1))
+        return (first, ahead.index(rid) if rid in ahead else queued.index(rid))
+
+    return min(queued, key=rank) if queued else None
+
+
 def stalled_run(oracle: Any, since: int) -> PoolExhausted | StallRecord | None:
     """Whose a stall is: the scenario's when no waiting request fits the pool by the
     floor's arithmetic, vLLM's (a :class:`StallRecord`) when one does.
@@ -214,7 +251,7 @@ def stalled_run(oracle: Any, since: int) -> PoolExhausted | StallRecord | None:
     model = oracle.scenario.model
     free = oracle.vllm.free_block_count(oracle.manager)
     running = {r.request_id for r in getattr(oracle.scheduler, "running", ())}
-    head = next((rid for rid in waiting if rid not in running), None)
+    head = first_in_line(oracle, [rid for rid in waiting if rid not in running])
     if head is not None and oracle.floors is not None:
         request = oracle.scheduler.requests[head]
         computed = int(request.num_computed_tokens)

@@ -10,6 +10,9 @@ objects as each release has them; judged in ``kvconform.harness.checks.liveness`
 
 from __future__ import annotations
 
+import functools
+import inspect
+import re
 from typing import Any
 
 from kvconform.model.queue_facts import HoldFacts, first_input_ahead
@@ -57,9 +60,18 @@ class SchedulingQueues(SchedulingConfigs):
         call, 0 for none: the configured one; from 0.31.0 (which added
         ``adaptive_long_prefill_threshold``) lifted with one request running or waiting
         ("there is nobody to starve") and, adaptive, floored at ``max_num_batched_tokens``
-        over the requests eligible; before 0.31.0 applied to a lone request too."""
+        over the requests eligible; before 0.31.0 applied to a lone request too. Without
+        chunked prefill none where the release gates the threshold on it
+        (:meth:`threshold_needs_chunked_prefill`); up to 0.33.0 it applies there too."""
         sched_config = config.scheduler_config
         threshold = int(sched_config.long_prefill_token_threshold or 0)
+        if (
+            threshold
+            # SchedulerConfig's default where a stand-in config has none: enabled.
+            and not getattr(sched_config, "enable_chunked_prefill", True)
+            and self.threshold_needs_chunked_prefill(scheduler)
+        ):
+            return 0
         if not threshold or not hasattr(scheduler, "adaptive_long_prefill_threshold"):
             return threshold
         eligible = self.eligible_requests(scheduler)
@@ -68,6 +80,18 @@ class SchedulingQueues(SchedulingConfigs):
         if scheduler.adaptive_long_prefill_threshold:
             threshold = max(threshold, int(sched_config.max_num_batched_tokens) // eligible)
         return threshold
+
+    def threshold_needs_chunked_prefill(self, scheduler: Any) -> bool:
+        """Whether ``Scheduler.schedule`` applies ``long_prefill_token_threshold`` only with
+        chunked prefill. vLLM 0.34.0 gates the cap it computes once a call on it
+        (``self.scheduler_config.enable_chunked_prefill and num_eligible_reqs > 1``). Up to
+        0.33.0 nothing does: ``SchedulerConfig`` accepts a threshold with chunked prefill
+        off, and both the running loop and the waiting loop cut a chunk to it, so a prompt
+        is split although chunked prefill is disabled (the waiting loop's "If
+        chunked_prefill is disabled, we can stop the scheduling here" only refuses a chunk
+        past the budget; vllm#39608 proposes the guard). Read from the source of the
+        ``schedule`` methods of the scheduler's class, where the gate is written."""
+        return _gates_threshold_on_chunked_prefill(scheduler.__class__)
 
     def mamba_aligned_chunk(self, scheduler: Any, request: Any, tokens: int, start: int) -> int:
         """The chunk of ``tokens`` from ``start`` that ``Scheduler.schedule`` keeps after
@@ -298,3 +322,26 @@ def _encoder_ahead(scheduler: Any, request: Any) -> bool:
         return True
     inputs = [(int(p.offset), int(p.length)) for p in positions]
     return first_input_ahead(inputs, int(request.num_computed_tokens)) is not None
+
+
+# The guard vLLM 0.34.0 writes in Scheduler.schedule; up to 0.33.0 it is absent.
+_THRESHOLD_GATE = re.compile(r"enable_chunked_prefill\s+and\s+num_eligible_reqs")
+
+
+@functools.cache
+def _gates_threshold_on_chunked_prefill(scheduler_class: type) -> bool:
+    """Whether a ``schedule`` method of ``scheduler_class`` or its bases gates the
+    long-prefill threshold on chunked prefill (:data:`_THRESHOLD_GATE`). A source that
+    cannot be read counts as no gate: the threshold applied, as every release before
+    0.34.0 applies it."""
+    for klass in scheduler_class.__mro__:
+        schedule = klass.__dict__.get("schedule")
+        if schedule is None:
+            continue
+        try:
+            source = inspect.getsource(schedule)
+        except (OSError, TypeError):
+            continue
+        if _THRESHOLD_GATE.search(source):
+            return True
+    return False
