@@ -15,7 +15,7 @@ import pytest
 from kvconform.errors import ExitStatus
 from kvconform.harness.checks import CHECKS, DEFAULT_CHECKS
 from kvconform.harness.checks.bookkeeping import STALE_ENTRY
-from kvconform.harness.checks.ceiling import OVER_COLUMNS, OVER_REAL
+from kvconform.harness.checks.ceiling import OVER_COLUMNS, OVER_REAL, REPLAY_LOOKAHEAD
 from kvconform.harness.checks.conservation import NOT_CONSERVED, REFS_DIFFER, SHARED_WRITABLE
 from kvconform.harness.runner import run_scenario
 from kvconform.model.contract import allowance, reach, zeroing_groups
@@ -203,6 +203,33 @@ def test_a_bounded_replay_may_hold_the_whole_hit():
     assert ceiling(trajectory) == []
     trajectory.observations[0] = row(8, 48, 32, 8, ids=[NULL] * 3 + [4, 5, 6, 7, 8], request="b")
     assert len(ceiling(trajectory)) == 1
+
+
+def test_the_lookahead_past_a_replayed_hit_is_a_cause_of_its_own():
+    # b adopts a 32-token hit; the bounded replay (window 8) leaves 24 computed and the
+    # chunk (4) ends inside the replayed range: the step writes through 24 + 4 + 1 = 29,
+    # two columns. vLLM counts the lookahead from the hit's end (32 + 1: three columns),
+    # docs/findings.md #33; the failure names that cause, and its signature carries it.
+    info = group("sliding_window", span=("window", 8))
+    trajectory = run(info, row(12, 24, 4, 3, lookahead=1, request="b"), lookahead=1)
+    trajectory.read_bounds[0] = 24
+    (failure,) = ceiling(trajectory)
+    assert failure.detail == {"invariant": OVER_COLUMNS, "allowed": 2, "cause": REPLAY_LOOKAHEAD}
+    assert "counted from the hit's end" in failure.message
+    assert CHECKS["ceiling"].signature(None, failure) == (  # type: ignore[arg-type]
+        f"{OVER_COLUMNS}: {REPLAY_LOOKAHEAD}",
+        failure.spec_type or "-",
+    )
+    # A column more than the hit and its lookahead give is another over-allocation.
+    trajectory.observations[0] = row(12, 24, 4, 4, lookahead=1, request="b")
+    (failure,) = ceiling(trajectory)
+    assert "cause" not in failure.detail
+    # So is one at a step that adopted no replayed hit.
+    trajectory.read_bounds.clear()
+    trajectory.observations[0] = row(12, 24, 4, 3, lookahead=1, request="b")
+    (failure,) = ceiling(trajectory)
+    assert failure.detail == {"invariant": OVER_COLUMNS, "allowed": 2}
+    assert CHECKS["ceiling"].signature(None, failure)[0] == OVER_COLUMNS  # type: ignore[arg-type]
 
 
 def test_unmodelled_types_and_other_parties_are_not_judged():
