@@ -374,9 +374,7 @@ NO_ATTENTION_ZEROING = (
         "scenarios/scheduler/sched-sync-load-hybrid-zeroing.yaml",
     ],
 )
-def test_zeroing_groups_derived_catch_a_group_vllm_stops_zeroing(
-    pristine_tree, tmp_path, scenario
-):
+def test_zeroing_groups_derived_catch_a_group_vllm_stops_zeroing(pristine_tree, tmp_path, scenario):
     from vllm_copy import tree_with_replacement
 
     tree = tree_with_replacement(pristine_tree, tmp_path / "tree", *NO_ATTENTION_ZEROING)
@@ -408,7 +406,10 @@ def test_conservation_free_and_held_make_the_pool():
     assert _census(3, tables, deferred=(6,)) == []
     (leak,) = _census(3, tables)
     assert leak.detail["invariant"] == NOT_CONSERVED and leak.step == 3
-    assert "3 are free and 5 held" in leak.message and "1 block(s) neither free nor held" in leak.message
+    assert (
+        "3 are free and 5 held" in leak.message
+        and "1 block(s) neither free nor held" in leak.message
+    )
     (twice,) = _census(6, tables)
     assert "2 more than the pool has" in twice.message
 
@@ -498,9 +499,7 @@ def test_conservation_catches_a_shared_block_freed_at_its_step(pristine_tree, tm
     scenario = "scenarios/admission/prefix-hit-shares-blocks-full-pool.yaml"
     done, (entry,) = _run(tree, tmp_path, scenario)
     assert done.returncode == ExitStatus.NONCONFORMANCE, done.stdout + done.stderr
-    (census,) = [
-        f for f in entry["failures"] if f["detail"]["invariant"] == NOT_CONSERVED
-    ]
+    (census,) = [f for f in entry["failures"] if f["detail"]["invariant"] == NOT_CONSERVED]
     # Named at the step the pool went wrong, not only after the run as the leak is.
     assert census["step"] == 2 and "more than the pool has" in census["message"], entry
 
@@ -656,16 +655,15 @@ KEEPS_PENDING_ENCODER_INPUTS = (
 def test_bookkeeping_alone_catches_a_scheduler_map_never_dropped(pristine_tree, tmp_path):
     from vllm_copy import tree_with_replacement
 
-    tree = tree_with_replacement(
-        pristine_tree, tmp_path / "tree", *KEEPS_PENDING_ENCODER_INPUTS
-    )
+    tree = tree_with_replacement(pristine_tree, tmp_path / "tree", *KEEPS_PENDING_ENCODER_INPUTS)
     scenario = "scenarios/scheduler/sched-encoder-budget.yaml"
     done, entries = _run(tree, tmp_path, scenario)
     assert done.returncode == ExitStatus.NONCONFORMANCE, done.stdout + done.stderr
     for entry in entries:
         assert {f["detail"]["invariant"] for f in entry["failures"]} == {STALE_ENTRY}, entry
-        assert "Scheduler._pending_encoder_input_ids still holds ended request(s)" in (
-            entry["failures"][0]["message"]
+        assert (
+            "Scheduler._pending_encoder_input_ids still holds ended request(s)"
+            in (entry["failures"][0]["message"])
         )
 
 
