@@ -15,7 +15,7 @@ import pytest
 from kvconform.errors import ExitStatus
 from kvconform.harness.checks import CHECKS, DEFAULT_CHECKS
 from kvconform.harness.checks.bookkeeping import STALE_ENTRY
-from kvconform.harness.checks.ceiling import OVER_COLUMNS, OVER_REAL
+from kvconform.harness.checks.ceiling import OVER_COLUMNS, OVER_REAL, REPLAY_LOOKAHEAD
 from kvconform.harness.checks.conservation import NOT_CONSERVED, REFS_DIFFER, SHARED_WRITABLE
 from kvconform.harness.runner import run_scenario
 from kvconform.model.contract import allowance, reach, zeroing_groups
@@ -205,6 +205,33 @@ def test_a_bounded_replay_may_hold_the_whole_hit():
     assert len(ceiling(trajectory)) == 1
 
 
+def test_the_lookahead_past_a_replayed_hit_is_a_cause_of_its_own():
+    # b adopts a 32-token hit; the bounded replay (window 8) leaves 24 computed and the
+    # chunk (4) ends inside the replayed range: the step writes through 24 + 4 + 1 = 29,
+    # two columns. vLLM counts the lookahead from the hit's end (32 + 1: three columns),
+    # docs/findings.md #33; the failure names that cause, and its signature carries it.
+    info = group("sliding_window", span=("window", 8))
+    trajectory = run(info, row(12, 24, 4, 3, lookahead=1, request="b"), lookahead=1)
+    trajectory.read_bounds[0] = 24
+    (failure,) = ceiling(trajectory)
+    assert failure.detail == {"invariant": OVER_COLUMNS, "allowed": 2, "cause": REPLAY_LOOKAHEAD}
+    assert "counted from the hit's end" in failure.message
+    assert CHECKS["ceiling"].signature(None, failure) == (  # type: ignore[arg-type]
+        f"{OVER_COLUMNS}: {REPLAY_LOOKAHEAD}",
+        failure.spec_type or "-",
+    )
+    # A column more than the hit and its lookahead give is another over-allocation.
+    trajectory.observations[0] = row(12, 24, 4, 4, lookahead=1, request="b")
+    (failure,) = ceiling(trajectory)
+    assert "cause" not in failure.detail
+    # So is one at a step that adopted no replayed hit.
+    trajectory.read_bounds.clear()
+    trajectory.observations[0] = row(12, 24, 4, 3, lookahead=1, request="b")
+    (failure,) = ceiling(trajectory)
+    assert failure.detail == {"invariant": OVER_COLUMNS, "allowed": 2}
+    assert CHECKS["ceiling"].signature(None, failure)[0] == OVER_COLUMNS  # type: ignore[arg-type]
+
+
 def test_unmodelled_types_and_other_parties_are_not_judged():
     unmodelled = [name for name, entry in GROUP_TYPES.items() if entry.no_ceiling]
     assert len(unmodelled) == 4
@@ -347,9 +374,7 @@ NO_ATTENTION_ZEROING = (
         "scenarios/scheduler/sched-sync-load-hybrid-zeroing.yaml",
     ],
 )
-def test_zeroing_groups_derived_catch_a_group_vllm_stops_zeroing(
-    pristine_tree, tmp_path, scenario
-):
+def test_zeroing_groups_derived_catch_a_group_vllm_stops_zeroing(pristine_tree, tmp_path, scenario):
     from vllm_copy import tree_with_replacement
 
     tree = tree_with_replacement(pristine_tree, tmp_path / "tree", *NO_ATTENTION_ZEROING)
@@ -381,7 +406,10 @@ def test_conservation_free_and_held_make_the_pool():
     assert _census(3, tables, deferred=(6,)) == []
     (leak,) = _census(3, tables)
     assert leak.detail["invariant"] == NOT_CONSERVED and leak.step == 3
-    assert "3 are free and 5 held" in leak.message and "1 block(s) neither free nor held" in leak.message
+    assert (
+        "3 are free and 5 held" in leak.message
+        and "1 block(s) neither free nor held" in leak.message
+    )
     (twice,) = _census(6, tables)
     assert "2 more than the pool has" in twice.message
 
@@ -471,9 +499,7 @@ def test_conservation_catches_a_shared_block_freed_at_its_step(pristine_tree, tm
     scenario = "scenarios/admission/prefix-hit-shares-blocks-full-pool.yaml"
     done, (entry,) = _run(tree, tmp_path, scenario)
     assert done.returncode == ExitStatus.NONCONFORMANCE, done.stdout + done.stderr
-    (census,) = [
-        f for f in entry["failures"] if f["detail"]["invariant"] == NOT_CONSERVED
-    ]
+    (census,) = [f for f in entry["failures"] if f["detail"]["invariant"] == NOT_CONSERVED]
     # Named at the step the pool went wrong, not only after the run as the leak is.
     assert census["step"] == 2 and "more than the pool has" in census["message"], entry
 
@@ -629,16 +655,15 @@ KEEPS_PENDING_ENCODER_INPUTS = (
 def test_bookkeeping_alone_catches_a_scheduler_map_never_dropped(pristine_tree, tmp_path):
     from vllm_copy import tree_with_replacement
 
-    tree = tree_with_replacement(
-        pristine_tree, tmp_path / "tree", *KEEPS_PENDING_ENCODER_INPUTS
-    )
+    tree = tree_with_replacement(pristine_tree, tmp_path / "tree", *KEEPS_PENDING_ENCODER_INPUTS)
     scenario = "scenarios/scheduler/sched-encoder-budget.yaml"
     done, entries = _run(tree, tmp_path, scenario)
     assert done.returncode == ExitStatus.NONCONFORMANCE, done.stdout + done.stderr
     for entry in entries:
         assert {f["detail"]["invariant"] for f in entry["failures"]} == {STALE_ENTRY}, entry
-        assert "Scheduler._pending_encoder_input_ids still holds ended request(s)" in (
-            entry["failures"][0]["message"]
+        assert (
+            "Scheduler._pending_encoder_input_ids still holds ended request(s)"
+            in (entry["failures"][0]["message"])
         )
 
 

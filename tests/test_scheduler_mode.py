@@ -898,3 +898,49 @@ def test_an_overlapped_stall_is_judged_not_run_into_max_steps(scenario_from, vll
     assert result.verdict is Verdict.FAILED, result.headline()
     # (#26's running prefill is also the liveness family's, check sanity.)
     assert check in {failure.check for failure in result.failures}
+
+
+def test_a_failed_load_rewound_by_bounded_replay_is_looked_up_again(vllm):
+    """A failed KV load keeps its valid prefix, which ``_update_waiting_for_remote_kv`` then
+    rewinds by the SWA bounded-replay window (a failed load may have lost the window): a
+    prefix no longer than the window leaves nothing computed, and ``schedule()`` looks the
+    request up afresh, counted in ``connector_prefix_cache_stats``. Sanity read the prefix
+    before the rewind and blamed vLLM for c's second lookup (explore seed 13 on 0.33.0)."""
+    from kvconform.harness.checks.records import facts_of
+    from kvconform.model.facts import StepStats
+
+    (scenario,) = load_file(SCENARIOS / "sched-bounded-replay-failed-load-stats-lookup-again.yaml")
+    result = runner.run_scenario(scenario, vllm)
+    assert result.verdict is Verdict.PASSED, result.headline()
+    assert result.trajectory is not None
+    (stats,) = [
+        fact.what
+        for _, fact in facts_of(result.trajectory, StepStats)
+        if any(request == "c" for request, *_ in fact.what.admissions)
+    ]
+    assert [(a[0], a[2], a[3]) for a in stats.admissions] == [("c", 18, 0)]
+    assert stats.prefix["connector_prefix_cache_stats"]["queries"] == 18
+
+
+def test_a_relookup_after_a_failed_load_counts_the_hit_before_the_replay(vllm):
+    """A request looked up again after its failed KV load counts the hit its lookup found,
+    as any admission does (``record_prefix_cache_stats``), not the computed count SWA
+    bounded replay rewinds it to; the connector's queries are past that hit. Sanity counted
+    the rewound hit and blamed vLLM (explore seed 11 on 0.34.0)."""
+    from kvconform.harness.checks.records import facts_of
+    from kvconform.model.facts import StepStats
+
+    (scenario,) = load_file(
+        SCENARIOS / "sched-bounded-replay-relookup-stats-count-the-hit-found.yaml"
+    )
+    result = runner.run_scenario(scenario, vllm)
+    assert result.verdict is Verdict.PASSED, result.headline()
+    assert result.trajectory is not None
+    (stats,) = [
+        fact.what
+        for _, fact in facts_of(result.trajectory, StepStats)
+        if any(request == "b" for request, *_ in fact.what.admissions)
+    ]
+    assert [(a[0], a[2], a[3]) for a in stats.admissions] == [("b", 18, 16)]
+    assert stats.prefix["prefix_cache_stats"]["hits"] == 16
+    assert stats.prefix["connector_prefix_cache_stats"]["queries"] == 2

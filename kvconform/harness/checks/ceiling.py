@@ -27,14 +27,20 @@ from collections.abc import Iterator
 
 from kvconform.harness.checks.records import PARTY_NAMES, blocks, failure_at, named
 from kvconform.model.checks import Check, always
-from kvconform.model.contract import allowance, ceiling_bound
-from kvconform.model.observations import Trajectory
+from kvconform.model.contract import allowance, ceiling_bound, token_span
+from kvconform.model.floors import cdiv
+from kvconform.model.observations import GroupInfo, Trajectory
 from kvconform.model.parties import Party
 from kvconform.model.results import Failure, ScenarioResult
 from kvconform.model.root_causes import Blame
 
 OVER_COLUMNS = "holds more columns than the largest reach since the request started"
 OVER_REAL = "holds more real blocks than the layout reads"
+# The cause of an OVER_COLUMNS failure that the lookahead counted past the end of a prefix
+# hit adopted with SWA bounded replay explains (:func:`lookahead_past_replayed_hit`): the
+# signature's suffix, so that a triaged bug of this shape (docs/findings.md #33,
+# scenarios/explore-known.yaml) does not excuse any other over-allocation.
+REPLAY_LOOKAHEAD = "the lookahead past a replayed prefix hit"
 
 
 def find(trajectory: Trajectory) -> Iterator[Failure]:
@@ -102,6 +108,13 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
         assert allowed is not None
         if obs.live > allowed.columns:
             how = "exactly" if allowed.exact else "at most"
+            detail: dict[str, object] = {"invariant": OVER_COLUMNS, "allowed": allowed.columns}
+            hit_end = replayed.get((obs.step, obs.request), 0) if replayed else 0
+            past_hit = lookahead_past_replayed_hit(
+                group, obs.live, hit_end, obs.computed + obs.scheduled, lookahead, cap
+            )
+            if past_hit:
+                detail["cause"] = REPLAY_LOOKAHEAD
             yield failure_at(
                 "ceiling",
                 trajectory,
@@ -109,8 +122,15 @@ def find(trajectory: Trajectory) -> Iterator[Failure]:
                 f"{PARTY_NAMES[Party.LIVE]} holds {blocks(obs.live)}, more than the "
                 f"{allowed.columns} it needs ({how} {allowed.formula}; why: "
                 f"{allowed.reason}): {blocks(obs.live - allowed.columns)} another request "
-                "cannot have",
-                {"invariant": OVER_COLUMNS, "allowed": allowed.columns},
+                "cannot have"
+                + (
+                    f" (as many as the {hit_end} positions of the replayed prefix hit and "
+                    f"the {lookahead} lookahead positions past them give: the step's chunk ends inside "
+                    "the replayed range, and its lookahead is counted from the hit's end)"
+                    if past_hit
+                    else ""
+                ),
+                detail,
                 party=Party.LIVE,
             )
             continue
@@ -149,13 +169,40 @@ def replayed_hits(trajectory: Trajectory) -> dict[tuple[int, str], int]:
     return hits
 
 
+def lookahead_past_replayed_hit(
+    group: GroupInfo, live: int, hit_end: int, scheduled_end: int, lookahead: int, cap: int
+) -> bool:
+    """Whether a token-column table of ``live`` columns, over the ceiling at the step that
+    adopted a prefix hit ending at ``hit_end`` under SWA bounded replay, holds no more than
+    the lookahead counted past the hit's end gives: ``max(hit_end, scheduled_end) +
+    lookahead`` positions (capped at ``cap``), where the step writes only through
+    ``scheduled_end + lookahead``. ``Scheduler.schedule`` hands ``allocate_slots`` the
+    chunk less the replay (``num_tokens_past_hit``, 0 for a chunk that ends inside the
+    replayed range) on top of the hit's tokens, and the whole lookahead on top of that
+    (docs/findings.md #33). False off such a step, or for a family whose columns do not
+    follow the tokens."""
+    if not hit_end or hit_end <= scheduled_end:
+        return False
+    if group.floor_rule.family in ("encoder", "ring", "mamba-align", "mamba-state"):
+        return False
+    counted = max(hit_end, scheduled_end) + lookahead
+    if 0 < cap < counted:
+        counted = cap
+    return live <= cdiv(counted, token_span(group))
+
+
 def blame(result: ScenarioResult, failure: Failure) -> Blame:
     invariant = (failure.detail or {}).get("invariant", OVER_COLUMNS)
     return Blame(named(result, Party.LIVE), invariant)
 
 
 def signature(result: ScenarioResult, failure: Failure) -> tuple[str, str]:
-    return str((failure.detail or {}).get("invariant", "-")), failure.spec_type or "-"
+    """(invariant, spec class); a failure whose cause is named (``detail["cause"]``:
+    :data:`REPLAY_LOOKAHEAD`) splits by it, as sanity's signature does."""
+    detail = failure.detail or {}
+    invariant = str(detail.get("invariant", "-"))
+    cause = detail.get("cause")
+    return (f"{invariant}: {cause}" if cause else invariant), failure.spec_type or "-"
 
 
 CHECK = Check(

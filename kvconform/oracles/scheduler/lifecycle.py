@@ -53,7 +53,11 @@ class Lifecycle:
       from the waiting queue with ``num_computed_tokens`` 0 (``Scheduler.schedule``), and
       ``_update_waiting_for_remote_kv`` leaves 0 after a load of a 1-token prompt (a whole
       prompt loaded keeps its last token to recompute) or a failed load with no valid
-      prefix (``kv_load_failure_policy`` recompute);
+      prefix (``kv_load_failure_policy`` recompute), or, with SWA bounded replay, a failed
+      load whose valid prefix is no longer than the replayed window (it rewinds the
+      computed count by the window, ``_mark_prefix_replay``, since a failed load may have
+      lost it). Such a fresh lookup counts like an admission's: its hit before the
+      replay's rewind (:meth:`_looked_up_hit`);
     * ``spec_decoding_stats``: per request of the step with drafts verified, one draft, its
       drafts and the accepted ones (``make_spec_decoding_stats``); None with no draft.
     """
@@ -177,6 +181,12 @@ class Lifecycle:
             if request is None or not self.oracle.api.is_loading_remote_kv(request):
                 continue  # finished: aborted, or failed under kv_load_failure_policy fail
             computed, tokens = int(request.num_computed_tokens), int(request.num_tokens)
+            if self.requests[rid].load_failure is not None:
+                # _update_waiting_for_remote_kv rewinds a failed load's valid prefix by the
+                # replayed window at the next schedule (window_loaded is False for a failed
+                # load): a prefix no longer than the window leaves nothing computed, and
+                # schedule() looks the request up afresh (explore-s13-9 of the eighth stop).
+                computed -= min(self._replay_window(), computed)
             if min(computed, tokens - 1) <= 0:
                 self._looked_up_again.add(rid)
 
@@ -284,9 +294,12 @@ class Lifecycle:
                 oracle.scenario.model.num_blocks - 1,
                 oracle.scenario.model.enable_caching,
                 tuple(
-                    (row.request, _LOOKED_UP_AGAIN, row.known_tokens, row.cached)
-                    if row.phase == "loaded"
-                    else (row.request, row.phase, row.known_tokens, self._looked_up_hit(row))
+                    (
+                        row.request,
+                        _LOOKED_UP_AGAIN if row.phase == "loaded" else row.phase,
+                        row.known_tokens,
+                        self._looked_up_hit(row),
+                    )
                     for row in admissions
                     if row.phase != "loaded" or row.request in self._looked_up_again
                 ),
@@ -303,7 +316,7 @@ class Lifecycle:
                 {
                     row.request: asked
                     for row in admissions
-                    if row.phase != "loaded"
+                    if (row.phase != "loaded" or row.request in self._looked_up_again)
                     and (asked := self._connector_asked_past(row)) != self._looked_up_hit(row)
                 },
             ),
