@@ -99,9 +99,10 @@ def judged(
     exclusive: bool = True,
     lookahead: int = 0,
     num_speculative_tokens: int = 0,
+    groups: tuple[GroupInfo, ...] = (GROUP,),
 ) -> list:
     trajectory = Trajectory(
-        (GROUP,), lookahead=lookahead, lookahead_source="test", max_model_len=max_model_len
+        groups, lookahead=lookahead, lookahead_source="test", max_model_len=max_model_len
     )
     trajectory.num_speculative_tokens = num_speculative_tokens
     trajectory.exclusive_blocks = exclusive
@@ -297,6 +298,38 @@ def test_an_empty_call_that_would_preempt_a_request_whose_frees_are_deferred_is_
     at_row = step([a], free=0, in_flight=1)
     assert NO_PROGRESS not in invariants(judged(at_row, in_flight=1, num_speculative_tokens=3))
     assert invariants(judged(at_row, in_flight=1)) == [NO_PROGRESS]
+
+
+def test_a_window_keeps_the_blocks_of_steps_in_flight_and_of_requests_held_back():
+    # The explorer's seed-0 reproducer on 0.33.0 (eighth stop; the same on 0.28.0-0.34.0):
+    # a window of one token in 16-token blocks, DFlash (k 3, lookahead 4), overlapped, a pool
+    # of 11. d (ahead) is held back (its last token in flight) with its 6 blocks; a's
+    # 73-token prefill is in flight on 5, nothing is free, and a asks for a row: refused, it
+    # preempts itself, the last in the policy's order. vLLM frees a window's passed blocks
+    # inside allocate_slots, only for a request it serves and only below the processed
+    # tokens (num_computed_tokens - num_in_flight_tokens): a keeps its 5 blocks, d its 6.
+    window = GroupInfo(
+        0, "sliding_window", 16, "sliding_window[sliding_window=1]", True,
+        floor_args={"block_size": 16, "max_model_len": 96}, read_span=("window", 1),
+    )  # fmt: skip
+    d = held_by(req("d", 0, computed=77, tokens=74, held=6), NOT_KNOWN)
+    a = req("a", 1, computed=73, tokens=73, held=5)._replace(
+        hold=HoldFacts(running=True, known=76, placeholders=1), in_flight=73
+    )
+    assert not a.held_back
+
+    def call(*running: QueuedRequest) -> list:
+        queues = step(list(running), preempted=("a",), free=0, in_flight=1)._replace(pool=12)
+        return judged(
+            queues, max_model_len=96, in_flight=1, lookahead=4, num_speculative_tokens=3,
+            groups=(window,),
+        )  # fmt: skip
+
+    assert call(d, a) == []
+    # Counted by the window's floor at the optimistic boundary (nothing in flight, nothing
+    # held back) the same call owed progress: the failure the two facts now excuse.
+    settled = call(d._replace(hold=HoldFacts(running=True, known=81)), a._replace(in_flight=0))
+    assert invariants(settled) == [NO_PROGRESS]
 
 
 def test_a_running_prefill_whose_next_chunk_needs_more_than_is_free_gives_up_the_call():

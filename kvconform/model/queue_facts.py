@@ -300,7 +300,10 @@ class QueuedRequest(NamedTuple):
     encoder-decoder model);
     ``frees_deferred``: a running request whose blocks vLLM may not free in this call (a step
     in flight may still write them), so that a preemption that comes to it gives up the call
-    (docs/contract.md, "Liveness and fairness")."""
+    (docs/contract.md, "Liveness and fairness");
+    ``in_flight``: a running request's tokens scheduled in steps not yet processed
+    (``num_in_flight_tokens``): vLLM frees the blocks a window has passed only below the
+    processed tokens, ``computed - in_flight``."""
 
     request: str
     added: int
@@ -314,6 +317,7 @@ class QueuedRequest(NamedTuple):
     hold: HoldFacts = HoldFacts()
     frees_deferred: bool = False
     encoder_input: PendingInput | None = None
+    in_flight: int = 0
 
     @property
     def held_back(self) -> str:

@@ -56,8 +56,11 @@ from kvconform.model.settings import SettingsRecord
 # 12: HoldFacts.split_chunk, .prefill_end, .mamba_block and .split_limit (what Mamba
 # "align"'s split decides a running request's chunk by: held_back's Mamba excuse reads them,
 # and a version-11 recording read with their defaults would withhold it from every running
-# request).
-RECORDING_VERSION = 12
+# request); 13: QueuedRequest.in_flight (a running request's tokens in flight: the liveness
+# and fairness families count its rightful blocks from its processed tokens, as vLLM frees a
+# window's passed blocks; a version-12 recording read with 0 would flag calls vLLM could not
+# serve).
+RECORDING_VERSION = 13
 
 
 @dataclass

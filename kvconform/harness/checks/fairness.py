@@ -102,7 +102,7 @@ def _passing(
                 continue
             chunk = min(remaining, budget)
             reserved = remaining if queues.reserve_full else chunk
-            need = blocks_for(trajectory, early, early.computed, reserved) - early.held
+            need = blocks_for(trajectory, early, reserved) - early.held
             room = queues.free_after + held_after - late.held - queues.watermark
             if need > room:
                 continue
@@ -132,7 +132,7 @@ def _skipping(
             continue
         if request.tokens - request.computed <= 0:
             continue
-        need = blocks_for(trajectory, request, request.computed, 1) - request.held
+        need = blocks_for(trajectory, request, 1) - request.held
         if need > room:
             continue
         if any(r.frees_deferred for r in queues.running):

@@ -111,15 +111,20 @@ def row_of(trajectory: Trajectory) -> int:
     return 1 + max(trajectory.num_speculative_tokens, lookahead_of(trajectory))
 
 
-def blocks_for(
-    trajectory: Trajectory, request: QueuedRequest, computed: int, scheduled: int
-) -> int:
+def blocks_for(trajectory: Trajectory, request: QueuedRequest, scheduled: int) -> int:
     """The most device blocks ``request``'s tables may rightly hold after a step of
-    ``scheduled`` tokens from ``computed`` (every group's ``pool_blocks``)."""
+    ``scheduled`` more tokens (every group's ``pool_blocks``), counted from its processed
+    tokens: ``KVCacheManager.allocate_slots`` frees the blocks a window has passed only below
+    ``num_computed_tokens - num_in_flight_tokens`` ("in-flight steps' attention windows still
+    read blocks below the optimistic boundary", 0.28.0-0.34.0), so the tokens of a step in
+    flight count as scheduled with the new ones, and the blocks they keep are the request's."""
     lookahead = lookahead_of(trajectory)
     encoder = trajectory.encoder_lens.get(request.request, 0)
+    in_flight = min(request.in_flight, request.computed)
+    settled = request.computed - in_flight
     return sum(
-        group.pool_blocks(computed, scheduled, lookahead, encoder) for group in trajectory.groups
+        group.pool_blocks(settled, in_flight + scheduled, lookahead, encoder)
+        for group in trajectory.groups
     )
 
 
@@ -135,7 +140,7 @@ def asked_blocks(trajectory: Trajectory, request: QueuedRequest, tokens: int) ->
         max(0, -(-end // group.block_size) - -(-request.computed // group.block_size))
         for group in trajectory.groups
     )
-    return max(columns, blocks_for(trajectory, request, request.computed, tokens) - request.held, 0)
+    return max(columns, blocks_for(trajectory, request, tokens) - request.held, 0)
 
 
 def next_tokens(request: QueuedRequest, queues: StepQueues, row: int, budget: int) -> int:
@@ -169,7 +174,11 @@ def _progress(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
             continue
         if all(held_at_input_in_empty_call(r, queues) for r in queues.running):
             continue
-        need = sum(blocks_for(trajectory, r, r.computed, 1) for r in queues.running)
+        # A request held back in this call keeps every block it holds: vLLM frees a window's
+        # passed blocks inside allocate_slots, which it calls only for a request it serves.
+        need = sum(
+            max(blocks_for(trajectory, r, 1), r.held if r.held_back else 0) for r in queues.running
+        )
         # Blocks a waiting request holds (a KV load in flight, a finished one) are not the
         # running requests' to take: vLLM preempts only running requests. Nor are those a
         # deferred free holds back (a request that finished or was preempted with a step in
@@ -188,7 +197,10 @@ def _progress(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
             # for the next.
             budget = request_token_budget(queues)
             asks = sum(
-                blocks_for(trajectory, r, r.computed, next_tokens(r, queues, row, budget))
+                max(
+                    blocks_for(trajectory, r, next_tokens(r, queues, row, budget)),
+                    r.held if r.held_back else 0,
+                )
                 for r in queues.running
             )
             if asks > queues.pool - 1 - kept:

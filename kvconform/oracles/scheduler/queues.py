@@ -50,6 +50,7 @@ def _queued(oracle: OracleState, request: Any, running: bool) -> QueuedRequest:
         hold,
         running and api.frees_deferred(oracle.scheduler, request),
         pending,
+        api.in_flight_tokens(request) if running else 0,
     )
 
 

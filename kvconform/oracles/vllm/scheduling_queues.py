@@ -280,6 +280,13 @@ class SchedulingQueues(SchedulingConfigs):
             return False
         return not can_be_freed(request)
 
+    def in_flight_tokens(self, request: Any) -> int:
+        """The request's tokens scheduled but not yet processed (``Request.num_in_flight_tokens``,
+        0.28.0-0.34.0; 0 where a release has none): ``KVCacheManager.allocate_slots`` frees a
+        window's skipped blocks on the processed basis, ``num_computed_tokens`` less these,
+        because the steps in flight still read below the optimistic boundary."""
+        return int(getattr(request, "num_in_flight_tokens", 0) or 0)
+
     def deferred_block_ids(self, scheduler: Any) -> frozenset[int]:
         """The blocks the scheduler holds back for a deferred free before a ``schedule()``
         call (``Scheduler.deferred_frees``: the tables of requests finished, aborted or
