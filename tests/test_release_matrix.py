@@ -129,3 +129,30 @@ def test_a_listed_divergence_that_stops_diverging_in_its_range_is_an_xpass(tmp_p
         "XPASSED: 1 known divergence conforms now (dspark-fill-in-lookahead); its expectations "
         "entry is stale for this vLLM"
     ) in output
+
+
+def test_every_method_the_minimum_release_declares_has_an_entry(tmp_path):
+    # 0.28.0-0.32.0 declare medusa and mlp_speculator (gone from 0.33.0): without their
+    # registry entries `methods` exits 1 on them, and a warmup drawing mlp_speculator fails
+    # lookahead for "no entry" (the explorer's seed 0 on 0.28.0, docs/explore.md).
+    done = kvconform("methods", "--vllm-release", "0.28.0", cwd=tmp_path)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0 and "NO ENTRY" not in output, output
+    rows = {line.split()[0]: line.split() for line in done.stdout.splitlines() if line.strip()}
+    for name in ("medusa", "mlp_speculator"):
+        assert rows[name][3] == "ok", output  # vLLM's lookahead and kvconform's agree
+    scenario = tmp_path / "warmup-mlp-speculator.yaml"
+    scenario.write_text(
+        "name: warmup-mlp-speculator\nkind: warmup\n"
+        "model: {block_size: 16, max_model_len: 48, num_blocks: 2, groups: [full_attention]}\n"
+        "speculative: {method: mlp_speculator, num_speculative_tokens: 1}\n"
+        "warmup: {max_num_seqs: 1, max_num_batched_tokens: 3, mixed_num_tokens: 1}\n",
+        encoding="utf-8",
+    )
+    done = kvconform(
+        "run", scenario, "--vllm-release", "0.28.0", "--checks", "all",
+        "--report-dir", tmp_path / "report", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    (entry,) = scenarios_of(tmp_path / "report").values()
+    assert entry["verdict"] == "passed", entry

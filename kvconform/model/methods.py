@@ -429,6 +429,38 @@ BUILTIN_METHODS: tuple[Method, ...] = (
         speculative_options={"prompt_lookup_min": 2, "prompt_lookup_max": 4},
     ),
     Method("suffix", _NO_DRAFTER_KV),
+    # Declared by vLLM up to 0.32.0 (SpeculativeMethod, read in 0.28.0-0.32.0; gone from
+    # 0.33.0). Without these entries the explorer, which draws every declared method, failed
+    # `lookahead` for "no entry" there (seed 0 on 0.28.0: mlp_speculator, docs/explore.md).
+    Method(
+        "medusa",
+        LookaheadRule(
+            "0",
+            lambda k, anchor: 0,
+            "Medusa heads predict the k drafts from the target's last hidden state "
+            "(v1/spec_decode/medusa.py: MedusaProposer.propose runs the heads on "
+            "target_hidden_states); no attention, no drafter KV",
+        ),
+        engine_refusal=(
+            "kvconform writes no Medusa draft (a MedusaConfig checkpoint of heads over the "
+            "target's hidden size)"
+        ),
+    ),
+    Method(
+        "mlp_speculator",
+        LookaheadRule(
+            "0",
+            lambda k, anchor: 0,
+            "declared but never run by the V1 engine: its model registry leaves "
+            "MLPSpeculatorPreTrainedModel disabled ('Re-enable this once the MLP Speculator "
+            "is supported in V1') and GPUModelRunner raises 'Unknown speculative decoding "
+            "method'; its stages are MLPs over the target's hidden state, with no KV of their own",
+        ),
+        engine_refusal=(
+            "vLLM's V1 engine runs no MLP speculator (GPUModelRunner: 'Unknown speculative "
+            "decoding method: mlp_speculator')"
+        ),
+    ),
     Method(
         "extract_hidden_states",
         LookaheadRule(
