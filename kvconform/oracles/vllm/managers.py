@@ -324,6 +324,17 @@ class ManagersPart(VllmBase):
 
         return read
 
+    def pinned_blocks(self, manager: Any) -> tuple[int, ...]:
+        """The blocks the manager pins for a KV connector's partial-tail offload, each
+        once per pin: vLLM 0.28.0's ``KVCacheManager.take_partial_tail_offloads`` (which
+        ``Scheduler.schedule`` calls every step) touches each handed-off Mamba "align"
+        boundary block, a reference no request table holds, and keeps it in
+        ``_partial_tail_pins`` until the request's blocks are freed (``free``,
+        ``pop_blocks_for_free``). 0.29.0 hands the blocks over without a pin
+        (``take_boundary_state_offloads``); empty there and wherever nothing is pinned."""
+        pins = getattr(manager, "_partial_tail_pins", None) or {}
+        return tuple(block.block_id for blocks in pins.values() for block in blocks)
+
     def block_refs(
         self, manager: Any, block_ids: Iterable[int]
     ) -> tuple[dict[int, int], frozenset[int]]:
