@@ -189,6 +189,15 @@ MAMBA_BLOCK_PAST_BUDGET = "a Mamba block past the request's token budget, within
 # left it ahead of the loaded ones (docs/findings.md #30).
 ARRIVED_LOAD_BEHIND_HEAD = "an arrived KV load held behind a head that does not fit"
 
+# The same stall where the head never loaded KV (a request fresh from the waiting queue):
+# before 0.31.0 the priority policy puts it ahead of a loaded request parked in
+# skipped_waiting when its (priority, arrival_time) is less
+# (Scheduler._select_waiting_queue_for_scheduling); 0.31.0 drains the requests holding KV
+# blocks first (kv_holding_waiting), so no release after has it (docs/findings.md #34).
+ARRIVED_LOAD_BEHIND_FRESH_HEAD = (
+    "an arrived KV load held behind a head without a KV load that does not fit"
+)
+
 STALL_CAUSES = (
     PADDED_ROW_PAST_BUDGET,
     MM_INPUT_PAST_THRESHOLD,
@@ -196,6 +205,7 @@ STALL_CAUSES = (
     PREFILL_LOOKAHEAD_PAST_CAP,
     MAMBA_BLOCK_PAST_BUDGET,
     ARRIVED_LOAD_BEHIND_HEAD,
+    ARRIVED_LOAD_BEHIND_FRESH_HEAD,
 )
 
 

@@ -22,6 +22,7 @@ from typing import Any
 from kvconform.errors import PoolExhausted
 from kvconform.model.floors import pool_columns
 from kvconform.model.observations import (
+    ARRIVED_LOAD_BEHIND_FRESH_HEAD,
     ARRIVED_LOAD_BEHIND_HEAD,
     MAMBA_BLOCK_PAST_BUDGET,
     MM_INPUT_PAST_BUDGET,
@@ -189,16 +190,18 @@ def arrived_load_cause(oracle: Any, head: str, need: int, available: int) -> str
     ``available`` to give) stands before requests whose KV loads the driver reported
     received and that still hold blocks in ``WAITING_FOR_REMOTE_KVS``
     (:func:`arrived_loads_held_behind`, docs/findings.md #30); "" otherwise. A load still in
-    flight is no such request: the stepping declares no stall while one is."""
+    flight is no such request: the stepping declares no stall while one is. A head that never
+    loaded KV (no remote prefill: #30's head is a load that failed) gets
+    :data:`ARRIVED_LOAD_BEHIND_FRESH_HEAD`, the queue order before 0.31.0 (#34)."""
     arrived_held = [
         held_blocks(oracle, rid)
         for rid in sorted(oracle._loaded - set(oracle._loading) - {head})
         if rid in oracle.scheduler.requests
         and oracle.api.is_loading_remote_kv(oracle.scheduler.requests[rid])
     ]
-    return (
-        ARRIVED_LOAD_BEHIND_HEAD if arrived_loads_held_behind(need, available, arrived_held) else ""
-    )
+    if not arrived_loads_held_behind(need, available, arrived_held):
+        return ""
+    return ARRIVED_LOAD_BEHIND_HEAD if head in oracle._remote else ARRIVED_LOAD_BEHIND_FRESH_HEAD
 
 
 def first_in_line(oracle: Any, queued: list[str]) -> str | None:
