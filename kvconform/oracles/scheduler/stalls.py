@@ -208,7 +208,7 @@ def first_in_line(oracle: Any, queued: list[str]) -> str | None:
     """The waiting request (of ``queued``, live and not running, in the scenario's order)
     the waiting loop of ``Scheduler.schedule`` reaches first, whose refusal breaks it.
 
-    From 0.32.0 the loop drains ``kv_holding_waiting`` (requests that hold KV blocks: a
+    From 0.31.0 the loop drains ``kv_holding_waiting`` (requests that hold KV blocks: a
     load in flight or arrived, and a load that failed as a whole, which stays there,
     docs/findings.md #30) before the other waiting queues ("Requests holding KV blocks are
     always drained first"); within a queue the priority policy takes the least
@@ -219,7 +219,9 @@ def first_in_line(oracle: Any, queued: list[str]) -> str | None:
     loaded one of priority 1 listed before it, #30; a loaded remote prefill padded past its
     budget ahead of a request listed before it, #19). Membership of ``kv_holding_waiting``
     is read from the scheduler (a fact of its queues; whether the head fits stays the
-    floor's arithmetic); releases without it have one waiting queue, in the policy's order."""
+    floor's arithmetic); releases without it have one waiting queue, in the policy's order
+    (before 0.31.0, ``waiting`` and ``skipped_waiting``, whose heads the priority policy
+    compares in that order: a fresh request may head a loaded one, docs/findings.md #34)."""
     holding = getattr(oracle.scheduler, "kv_holding_waiting", None)
     ahead = [r.request_id for r in holding] if holding is not None else []
     priority = oracle.limits.policy == "priority"
