@@ -493,26 +493,3 @@ def test_mamba_hybrids_draw_per_group_block_sizes_with_mamba_the_largest() -> No
 
     draw()
     assert seen, "no Mamba hybrid drew an attention block below Mamba's"
-
-
-ONE_TYPE_SPACE = ExploreSpace(group_types=("full_attention", "mamba"), methods=())
-
-
-@QUICK
-@given(st.data())
-def test_a_hybrid_is_never_drawn_as_groups_all_of_one_spec(data: st.DataObject) -> None:
-    # vLLM puts the layers of one spec in one group; seed 0 on 0.28.0 drew two plain
-    # full-attention groups, which its HybridKVCacheCoordinator asserts against (the loader
-    # refuses them, _check_not_one_spec_in_groups). Such a draw keeps one group.
-    on = {name: name == "hybrid" for name in FEATURES}
-    doc = workload(data.draw, ONE_TYPE_SPACE, on, "explore")
-    groups = doc["model"]["groups"]
-    block = doc["model"]["block_size"]
-
-    def spec(group: Any) -> dict[str, Any]:
-        body = {"type": group} if isinstance(group, str) else dict(group)
-        return {"block_size": block, **body}
-
-    assert len(groups) == 1 or any(spec(g) != spec(groups[0]) for g in groups), doc
-    (scenario,) = load_text(render(doc), "<explore>")
-    assert scenario.kind == "scheduler"

@@ -859,38 +859,3 @@ def test_a_scheduler_scenario_states_a_retention_interval_and_per_group_block_si
 def test_an_engine_scenario_refuses_a_retention_interval(scenario_from):
     with pytest.raises(ScenarioError, match="trajectory and scheduler scenarios only"):
         scenario_from(RETENTION.format(kind="engine", limits="engine: {}"))
-
-
-# -- groups all of one spec (vLLM puts such layers in one group) ----------------------------
-
-ONE_SPEC_GROUPS = """\
-kind: scheduler
-model:
-  groups:
-    - full_attention
-    - SECOND
-requests: {a: {prompt_len: 1}}
-"""
-
-
-def test_groups_all_of_one_spec_are_refused_with_file_line_and_field(write_scenario):
-    # get_kv_cache_groups puts the layers of one spec in one group; the explorer's seed-0
-    # reproducer of two plain full-attention groups crashed 0.28.0's HybridKVCacheCoordinator
-    # ("requires at least two attention groups").
-    path = write_scenario(ONE_SPEC_GROUPS.replace("SECOND", "full_attention"))
-    with pytest.raises(ScenarioError) as info:
-        load_file(path)
-    error = info.value
-    assert (error.where.line, error.where.field) == (5, "model.groups[1]"), str(error)
-    assert "all 2 groups are the same full_attention group" in error.message, str(error)
-
-
-@pytest.mark.parametrize(
-    "second",
-    ["{type: full_attention, block_size: 32}", "{type: sliding_window, sliding_window: 8}"],
-)
-def test_groups_of_another_spec_load(scenario_from, second):
-    # Another block size or another type is a hybrid vLLM can have (the split pattern of
-    # full(10), full(10), sliding(10) holds one spec twice, beside another).
-    scenario = scenario_from(ONE_SPEC_GROUPS.replace("SECOND", second))
-    assert len(scenario.model.groups) == 2

@@ -451,11 +451,6 @@ def _draw_groups(
             if flag_type == type_name and draw(BOOLS):
                 options[flag] = True
         groups.append({"type": type_name, **options} if options else type_name)
-    if all(group == groups[0] for group in groups[1:]):
-        # Groups all of one spec: vLLM puts such layers in one group (the loader refuses
-        # the rest, ``_check_not_one_spec_in_groups``), so the model keeps one. Groups drawn
-        # apart stay apart: the late block sizes only add to them.
-        del groups[1:]
     return _one_replay_window(groups)
 
 

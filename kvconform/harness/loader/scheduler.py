@@ -66,7 +66,6 @@ def check_scheduler_model(
     _check_one_replay_window(model, top)
     _check_no_chunk_beside_replay(model, top)
     _check_not_only_replay_groups(model, top)
-    _check_not_one_spec_in_groups(model, top)
 
 
 def _check_one_replay_window(model: ModelSpec, top: Fields) -> None:
@@ -137,39 +136,6 @@ def _check_not_only_replay_groups(model: ModelSpec, top: Fields) -> None:
         "for DeepSeek V4.1, whose SWA layers share one spec (one group) and whose other "
         "layers are a prefix-cacheable MLA group; make one group cacheable (e.g. a plain mla "
         "group) or keep a single group",
-    )
-
-
-def _check_not_one_spec_in_groups(model: ModelSpec, top: Fields) -> None:
-    """Two or more groups are never all of one spec (type, block size and options alike).
-
-    vLLM puts the layers of one spec in one group (``get_kv_cache_groups``,
-    ``vllm/v1/core/kv_cache_utils.py``: a uniform spec, or one type of uniform token slots,
-    makes one group); it splits a spec over several groups only beside another spec (the
-    hybrid layer pattern, ``_get_kv_cache_groups_uniform_page_size``) and gives a drafter's
-    layers a group of their own only where it flags it (``eagle_group``, trajectory
-    scenarios only). So a scheduler scenario whose groups all share one spec is a model no
-    vLLM config produces; 0.28.0's ``HybridKVCacheCoordinator.verify_and_split_kv_cache_groups``
-    asserts "requires at least two attention groups" for it (the explorer's seed-0
-    reproducer, docs/explore.md, eighth stop), later releases look it up as one group.
-    One such group alone is the model vLLM builds.
-    """
-    groups = model.groups
-    if len(groups) < 2:
-        return
-    first = groups[0]
-    if any(
-        (g.type, g.block_size, dict(g.options))
-        != (first.type, first.block_size, dict(first.options))
-        for g in groups[1:]
-    ):
-        return
-    where = groups[1].where or top.at("model.groups")
-    raise ScenarioError(
-        where,
-        f"all {len(groups)} groups are the same {first.type} group (block size "
-        f"{first.block_size}): vLLM puts the layers of one spec in one group "
-        "(get_kv_cache_groups), so keep one group, or make the groups differ",
     )
 
 
