@@ -181,19 +181,11 @@ PREFILL_LOOKAHEAD_PAST_CAP = "a prompt end within the prefill lookahead, past it
 # draft slots leave the request less (docs/findings.md #28).
 MAMBA_BLOCK_PAST_BUDGET = "a Mamba block past the request's token budget, within the split's limit"
 
-# A stall whose head-of-line request does not fit the free blocks while requests queued
-# behind it, whose KV loads have arrived, still hold blocks in WAITING_FOR_REMOTE_KVS:
-# Scheduler.schedule promotes a request out of that state only when its waiting loop reaches
-# it, and the loop breaks at the head's failed allocation first, at every call. Met where a
-# load that failed as a whole (kv_load_failure_policy recompute) freed the head's blocks but
-# left it ahead of the loaded ones (docs/findings.md #30).
+# A head that does not fit, before requests whose KV loads arrived and that hold blocks in
+# WAITING_FOR_REMOTE_KVS: the waiting loop breaks at the head before promoting them, every
+# call. The head a load failed as a whole (recompute): #30; a head that never loaded KV (the
+# priority policy's order before 0.31.0's kv_holding_waiting): #34 (docs/findings.md).
 ARRIVED_LOAD_BEHIND_HEAD = "an arrived KV load held behind a head that does not fit"
-
-# The same stall where the head never loaded KV (a request fresh from the waiting queue):
-# before 0.31.0 the priority policy puts it ahead of a loaded request parked in
-# skipped_waiting when its (priority, arrival_time) is less
-# (Scheduler._select_waiting_queue_for_scheduling); 0.31.0 drains the requests holding KV
-# blocks first (kv_holding_waiting), so no release after has it (docs/findings.md #34).
 ARRIVED_LOAD_BEHIND_FRESH_HEAD = (
     "an arrived KV load held behind a head without a KV load that does not fit"
 )
