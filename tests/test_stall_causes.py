@@ -66,7 +66,7 @@ def test_the_chunk_a_request_needs_to_get_past_the_input_it_is_held_at(
 def test_each_stall_cause_is_its_own_signature() -> None:
     """An entry of scenarios/explore-known.yaml for one cause excuses no other: the
     causes are distinct texts."""
-    assert len(set(STALL_CAUSES)) == len(STALL_CAUSES) == 6
+    assert len(set(STALL_CAUSES)) == len(STALL_CAUSES) == 7
 
 
 @pytest.mark.parametrize(

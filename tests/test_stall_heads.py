@@ -22,9 +22,9 @@ from typing import Any
 
 from packaging.version import Version
 
-from kvconform.model.observations import ARRIVED_LOAD_BEHIND_HEAD
+from kvconform.model.observations import ARRIVED_LOAD_BEHIND_FRESH_HEAD, ARRIVED_LOAD_BEHIND_HEAD
 from kvconform.model.queue_facts import StepQueues
-from kvconform.oracles.scheduler.stalls import first_in_line
+from kvconform.oracles.scheduler.stalls import arrived_load_cause, first_in_line
 from kvconform.oracles.vllm.scheduling_queues import (
     _THRESHOLD_GATE,
     SchedulingQueues,
@@ -182,3 +182,31 @@ def test_blocks_an_aborted_load_holds_are_not_the_running_requests_to_take(vllm)
     assert not empty.waiting and empty.free_before == 0
     assert empty.deferred == 1  # d's block, its load still in flight
     assert empty.pool - 1 == sum(r.held for r in empty.running) + empty.deferred
+
+
+def _load_oracle(head: str, remote: set[str]) -> SimpleNamespace:
+    """A stepping's state as ``arrived_load_cause`` reads it: b's load arrived and b holds 2
+    blocks (of the null block 0 apart) in WAITING_FOR_REMOTE_KVS; ``remote`` the requests
+    prefilled remotely."""
+    tables = {"a": ((),), "b": ((0, 3, 4),)}
+    return SimpleNamespace(
+        _loaded={"b", head} & ({"b"} | remote),
+        _loading={},
+        _remote=remote,
+        scheduler=SimpleNamespace(requests={"a": "a", "b": "b"}),
+        api=SimpleNamespace(is_loading_remote_kv=lambda request: request == "b"),
+        run=SimpleNamespace(null_block=0),
+        manager=SimpleNamespace(get_block_ids=lambda rid: tables[rid]),
+    )
+
+
+def test_an_arrived_load_behind_a_head_names_whether_the_head_loaded() -> None:
+    # #30: the head a is a load that failed as a whole (a remote prefill); #34 (0.28.0-0.30.0,
+    # the explorer's seed-0 stall on 0.28.0): a never loaded KV and heads b under the priority
+    # policy. a needs 3 blocks, 2 are free, b holds the 2 more it lacks.
+    failed = _load_oracle("a", remote={"a", "b"})
+    assert arrived_load_cause(failed, "a", 3, 2) == ARRIVED_LOAD_BEHIND_HEAD
+    fresh = _load_oracle("a", remote={"b"})
+    assert arrived_load_cause(fresh, "a", 3, 2) == ARRIVED_LOAD_BEHIND_FRESH_HEAD
+    # A head that fits the free blocks is no such stall.
+    assert arrived_load_cause(fresh, "a", 2, 2) == ""

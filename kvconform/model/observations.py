@@ -181,13 +181,14 @@ PREFILL_LOOKAHEAD_PAST_CAP = "a prompt end within the prefill lookahead, past it
 # draft slots leave the request less (docs/findings.md #28).
 MAMBA_BLOCK_PAST_BUDGET = "a Mamba block past the request's token budget, within the split's limit"
 
-# A stall whose head-of-line request does not fit the free blocks while requests queued
-# behind it, whose KV loads have arrived, still hold blocks in WAITING_FOR_REMOTE_KVS:
-# Scheduler.schedule promotes a request out of that state only when its waiting loop reaches
-# it, and the loop breaks at the head's failed allocation first, at every call. Met where a
-# load that failed as a whole (kv_load_failure_policy recompute) freed the head's blocks but
-# left it ahead of the loaded ones (docs/findings.md #30).
+# A head that does not fit, before requests whose KV loads arrived and that hold blocks in
+# WAITING_FOR_REMOTE_KVS: the waiting loop breaks at the head before promoting them, every
+# call. The head a load failed as a whole (recompute): #30; a head that never loaded KV (the
+# priority policy's order before 0.31.0's kv_holding_waiting): #34 (docs/findings.md).
 ARRIVED_LOAD_BEHIND_HEAD = "an arrived KV load held behind a head that does not fit"
+ARRIVED_LOAD_BEHIND_FRESH_HEAD = (
+    "an arrived KV load held behind a head without a KV load that does not fit"
+)
 
 STALL_CAUSES = (
     PADDED_ROW_PAST_BUDGET,
@@ -196,6 +197,7 @@ STALL_CAUSES = (
     PREFILL_LOOKAHEAD_PAST_CAP,
     MAMBA_BLOCK_PAST_BUDGET,
     ARRIVED_LOAD_BEHIND_HEAD,
+    ARRIVED_LOAD_BEHIND_FRESH_HEAD,
 )
 
 

@@ -22,6 +22,7 @@ from typing import Any
 from kvconform.errors import PoolExhausted
 from kvconform.model.floors import pool_columns
 from kvconform.model.observations import (
+    ARRIVED_LOAD_BEHIND_FRESH_HEAD,
     ARRIVED_LOAD_BEHIND_HEAD,
     MAMBA_BLOCK_PAST_BUDGET,
     MM_INPUT_PAST_BUDGET,
@@ -189,23 +190,25 @@ def arrived_load_cause(oracle: Any, head: str, need: int, available: int) -> str
     ``available`` to give) stands before requests whose KV loads the driver reported
     received and that still hold blocks in ``WAITING_FOR_REMOTE_KVS``
     (:func:`arrived_loads_held_behind`, docs/findings.md #30); "" otherwise. A load still in
-    flight is no such request: the stepping declares no stall while one is."""
+    flight is no such request: the stepping declares no stall while one is. A head that never
+    loaded KV (no remote prefill: #30's head is a load that failed) gets
+    :data:`ARRIVED_LOAD_BEHIND_FRESH_HEAD`, the queue order before 0.31.0 (#34)."""
     arrived_held = [
         held_blocks(oracle, rid)
         for rid in sorted(oracle._loaded - set(oracle._loading) - {head})
         if rid in oracle.scheduler.requests
         and oracle.api.is_loading_remote_kv(oracle.scheduler.requests[rid])
     ]
-    return (
-        ARRIVED_LOAD_BEHIND_HEAD if arrived_loads_held_behind(need, available, arrived_held) else ""
-    )
+    if not arrived_loads_held_behind(need, available, arrived_held):
+        return ""
+    return ARRIVED_LOAD_BEHIND_HEAD if head in oracle._remote else ARRIVED_LOAD_BEHIND_FRESH_HEAD
 
 
 def first_in_line(oracle: Any, queued: list[str]) -> str | None:
     """The waiting request (of ``queued``, live and not running, in the scenario's order)
     the waiting loop of ``Scheduler.schedule`` reaches first, whose refusal breaks it.
 
-    From 0.32.0 the loop drains ``kv_holding_waiting`` (requests that hold KV blocks: a
+    From 0.31.0 the loop drains ``kv_holding_waiting`` (requests that hold KV blocks: a
     load in flight or arrived, and a load that failed as a whole, which stays there,
     docs/findings.md #30) before the other waiting queues ("Requests holding KV blocks are
     always drained first"); within a queue the priority policy takes the least
@@ -216,7 +219,9 @@ def first_in_line(oracle: Any, queued: list[str]) -> str | None:
     loaded one of priority 1 listed before it, #30; a loaded remote prefill padded past its
     budget ahead of a request listed before it, #19). Membership of ``kv_holding_waiting``
     is read from the scheduler (a fact of its queues; whether the head fits stays the
-    floor's arithmetic); releases without it have one waiting queue, in the policy's order."""
+    floor's arithmetic); releases without it have one waiting queue, in the policy's order
+    (before 0.31.0, ``waiting`` and ``skipped_waiting``, whose heads the priority policy
+    compares in that order: a fresh request may head a loaded one, docs/findings.md #34)."""
     holding = getattr(oracle.scheduler, "kv_holding_waiting", None)
     ahead = [r.request_id for r in holding] if holding is not None else []
     priority = oracle.limits.policy == "priority"

@@ -71,7 +71,11 @@ def record_zeroing(
 def record_census(oracle: OracleState) -> None:
     """The pool after a ``schedule()`` (checked by the conservation family): the free
     count, every request's tables, the blocks vLLM popped for a deferred free and has not
-    returned yet, and their reference counts."""
+    returned yet, and their reference counts. The blocks vLLM 0.28.0 pins for a KV
+    connector's partial-tail offload count with the deferred ones (``pinned_blocks``):
+    each pin is a reference off every table, held until the request's free, and without
+    it a pinned block reads as leaked, or as counted once too often where its request's
+    table holds it too (the explorer's seed-0 run on 0.28.0, docs/explore.md)."""
     null = oracle.run.null_block
     tables = {
         rid: tuple(tuple(ids) for ids in oracle.manager.get_block_ids(rid))
@@ -84,7 +88,7 @@ def record_census(oracle: OracleState) -> None:
         for ids in record.held
         for b in ids
         if b != null
-    )
+    ) + oracle.vllm.pinned_blocks(oracle.manager)
     held = {b for table in tables.values() for ids in table for b in ids if b != null}
     refs, hashed = oracle.vllm.block_refs(oracle.manager, held | set(deferred))
     oracle.run.census.append(

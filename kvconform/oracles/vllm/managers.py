@@ -5,6 +5,7 @@ scheduler makes them, and what the pool and the single-type managers hold."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import typing
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any
@@ -42,6 +43,15 @@ class ManagersPart(VllmBase):
         source's host pool, whose group is host-resident (``vllm/v1/hisparse/layout.py``)."""
         iface = self._iface
         flags = list(eagle_groups) + [False] * (len(specs) - len(eagle_groups))
+        if len(specs) > 1 and all(spec == specs[0] for spec in specs) and self._needs_two_specs():
+            # Groups all of one spec, which vLLM's planner never builds (it puts the layers
+            # of one spec in one group, get_kv_cache_groups): 0.28.0's hybrid coordinator
+            # asserts "requires at least two attention groups" for them (the explorer's
+            # seed-0 run on 0.28.0, docs/explore.md, eighth stop); 0.29.0 on look them up as
+            # one group.
+            raise self.not_offered(
+                "KV-cache groups all of one spec", "its hybrid coordinator needs two specs"
+            )
         named = list(roles) + [None] * (len(specs) - len(roles))
         groups = [
             call(
@@ -323,6 +333,30 @@ class ManagersPart(VllmBase):
             return tuple(tuple([b.block_id for b in store.get(name) or ()]) for store in stores)
 
         return read
+
+    def _needs_two_specs(self) -> bool:
+        """Whether the release's ``HybridKVCacheCoordinator.verify_and_split_kv_cache_groups``
+        asserts two distinct specs ("requires at least two attention groups", 0.28.0)."""
+        module = self.optional_module("vllm.v1.core.kv_cache_coordinator")
+        hybrid = getattr(module, "HybridKVCacheCoordinator", None)
+        verify = getattr(hybrid, "verify_and_split_kv_cache_groups", None)
+        if verify is None:
+            return False
+        try:
+            return "requires at least two attention groups" in inspect.getsource(verify)
+        except (OSError, TypeError):
+            return False
+
+    def pinned_blocks(self, manager: Any) -> tuple[int, ...]:
+        """The blocks the manager pins for a KV connector's partial-tail offload, each
+        once per pin: vLLM 0.28.0's ``KVCacheManager.take_partial_tail_offloads`` (which
+        ``Scheduler.schedule`` calls every step) touches each handed-off Mamba "align"
+        boundary block, a reference no request table holds, and keeps it in
+        ``_partial_tail_pins`` until the request's blocks are freed (``free``,
+        ``pop_blocks_for_free``). 0.29.0 hands the blocks over without a pin
+        (``take_boundary_state_offloads``); empty there and wherever nothing is pinned."""
+        pins = getattr(manager, "_partial_tail_pins", None) or {}
+        return tuple(block.block_id for blocks in pins.values() for block in blocks)
 
     def block_refs(
         self, manager: Any, block_ids: Iterable[int]
