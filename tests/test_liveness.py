@@ -318,14 +318,20 @@ def test_a_window_keeps_the_blocks_of_steps_in_flight_and_of_requests_held_back(
     )
     assert not a.held_back
 
-    def call(*running: QueuedRequest) -> list:
-        queues = step(list(running), preempted=("a",), free=0, in_flight=1)._replace(pool=12)
+    def call(*running: QueuedRequest, policy: str = "priority") -> list:
+        queues = step(list(running), preempted=("a",), free=0, in_flight=1, policy=policy)
+        queues = queues._replace(pool=12)
         return judged(
             queues, max_model_len=96, in_flight=1, lookahead=4, num_speculative_tokens=3,
             groups=(window,),
         )  # fmt: skip
 
     assert call(d, a) == []
+    # FCFS with d first in the running queue: a preempts itself there too.
+    assert call(d, a, policy="fcfs") == []
+    # d last in FCFS order is a's victim: preempting it returns its blocks (deferred or
+    # not), so its window's floor is what it takes, and the call owed progress.
+    assert invariants(call(a, d, policy="fcfs")) == [NO_PROGRESS]
     # Counted by the window's floor at the optimistic boundary (nothing in flight, nothing
     # held back) the same call owed progress: the failure the two facts now excuse.
     settled = call(d._replace(hold=HoldFacts(running=True, known=81)), a._replace(in_flight=0))

@@ -111,21 +111,57 @@ def row_of(trajectory: Trajectory) -> int:
     return 1 + max(trajectory.num_speculative_tokens, lookahead_of(trajectory))
 
 
-def blocks_for(trajectory: Trajectory, request: QueuedRequest, scheduled: int) -> int:
+def blocks_for(
+    trajectory: Trajectory, request: QueuedRequest, scheduled: int, *, settled: bool = True
+) -> int:
     """The most device blocks ``request``'s tables may rightly hold after a step of
     ``scheduled`` more tokens (every group's ``pool_blocks``), counted from its processed
     tokens: ``KVCacheManager.allocate_slots`` frees the blocks a window has passed only below
     ``num_computed_tokens - num_in_flight_tokens`` ("in-flight steps' attention windows still
     read blocks below the optimistic boundary", 0.28.0-0.34.0), so the tokens of a step in
-    flight count as scheduled with the new ones, and the blocks they keep are the request's."""
+    flight count as scheduled with the new ones, and the blocks they keep are the request's.
+    ``settled=False``: from ``num_computed_tokens`` (the window's floor at the optimistic
+    boundary), for a request another may preempt: its blocks go, whatever they are."""
     lookahead = lookahead_of(trajectory)
     encoder = trajectory.encoder_lens.get(request.request, 0)
-    in_flight = min(request.in_flight, request.computed)
-    settled = request.computed - in_flight
+    in_flight = min(request.in_flight, request.computed) if settled else 0
+    processed = request.computed - in_flight
     return sum(
-        group.pool_blocks(settled, in_flight + scheduled, lookahead, encoder)
+        group.pool_blocks(processed, in_flight + scheduled, lookahead, encoder)
+        if group.read_span is not None  # only a window passes blocks it may give back
+        else group.pool_blocks(request.computed, scheduled, lookahead, encoder)
         for group in trajectory.groups
     )
+
+
+def running_need(
+    trajectory: Trajectory, request: QueuedRequest, queues: StepQueues, tokens: int
+) -> int:
+    """The blocks a running request takes of the pool for ``tokens`` more in this call: a
+    request the call may serve, from its processed tokens (:func:`blocks_for`); one held back
+    that a served request may preempt, its floor (a preemption returns the rest); one held
+    back that none may preempt, all it holds where that is more (:func:`kept_whole`)."""
+    if not request.held_back:
+        return blocks_for(trajectory, request, tokens)
+    floor = blocks_for(trajectory, request, tokens, settled=False)
+    return max(floor, kept_whole(request, queues))
+
+
+def kept_whole(request: QueuedRequest, queues: StepQueues) -> int:
+    """The blocks a running request keeps whole through the call (0: none it must): one held
+    back, which the call serves no ``allocate_slots`` that would give back what a window has
+    passed, and which no request the call serves may preempt. The victim is the last running
+    request (FCFS: the running queue's order, which the recording keeps; priority: the
+    largest (priority, arrival)), so a request ahead of every request not held back is
+    nobody's to take: those preempt themselves first."""
+    if not request.held_back:
+        return 0
+    order = list(queues.running)
+    if queues.policy == "priority":
+        order.sort(key=lambda r: (r.priority, r.stamp))
+    place = order.index(request)
+    servable = [i for i, r in enumerate(order) if not r.held_back]
+    return request.held if servable and all(place < i for i in servable) else 0
 
 
 def asked_blocks(trajectory: Trajectory, request: QueuedRequest, tokens: int) -> int:
@@ -174,11 +210,11 @@ def _progress(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
             continue
         if all(held_at_input_in_empty_call(r, queues) for r in queues.running):
             continue
-        # A request held back in this call keeps every block it holds: vLLM frees a window's
-        # passed blocks inside allocate_slots, which it calls only for a request it serves.
-        need = sum(
-            max(blocks_for(trajectory, r, 1), r.held if r.held_back else 0) for r in queues.running
-        )
+        # A request held back in this call keeps every block it holds (vLLM frees a window's
+        # passed blocks inside allocate_slots, which it calls only for a request it serves)
+        # where no request it serves may preempt it: under the priority policy, one ahead
+        # of every request not held back.
+        need = sum(running_need(trajectory, r, queues, 1) for r in queues.running)
         # Blocks a waiting request holds (a KV load in flight, a finished one) are not the
         # running requests' to take: vLLM preempts only running requests. Nor are those a
         # deferred free holds back (a request that finished or was preempted with a step in
@@ -197,10 +233,7 @@ def _progress(trajectory: Trajectory) -> Iterator[tuple[int, Failure]]:
             # for the next.
             budget = request_token_budget(queues)
             asks = sum(
-                max(
-                    blocks_for(trajectory, r, next_tokens(r, queues, row, budget)),
-                    r.held if r.held_back else 0,
-                )
+                running_need(trajectory, r, queues, next_tokens(r, queues, row, budget))
                 for r in queues.running
             )
             if asks > queues.pool - 1 - kept:
