@@ -31,11 +31,7 @@ def raised_through(*files: Path, error: Exception) -> BaseException:
         call = "raise error" if depth == len(files) - 1 else f"frame_{depth + 1}()"
         source = f"def frame_{depth}():\n    {call}\n"
         exec(compile(source, str(file), "exec"), namespace)  # noqa: S102 - fabricated frames
-    try:
-        namespace["frame_0"]()
-    except Exception as exc:  # noqa: BLE001 - the fabricated exception is the subject
-        return exc
-    raise AssertionError("nothing raised")
+    return _raised_by(namespace["frame_0"])
 
 
 @pytest.fixture
@@ -98,8 +94,13 @@ def raised_in(file: Path, source: str, error: Exception) -> BaseException:
     """The exception ``run()``, defined by ``source`` compiled under ``file``'s name, raises."""
     namespace: dict[str, Any] = {"error": error, "fail": _fail}
     exec(compile(source, str(file), "exec"), namespace)  # noqa: S102 - fabricated frames
+    return _raised_by(namespace["run"])
+
+
+def _raised_by(call: Any) -> BaseException:
+    """The exception ``call()`` raises (it must raise)."""
     try:
-        namespace["run"]()
+        call()
     except Exception as exc:  # noqa: BLE001 - the fabricated exception is the subject
         return exc
     raise AssertionError("nothing raised")

@@ -906,20 +906,27 @@ def test_a_failed_load_rewound_by_bounded_replay_is_looked_up_again(vllm):
     prefix no longer than the window leaves nothing computed, and ``schedule()`` looks the
     request up afresh, counted in ``connector_prefix_cache_stats``. Sanity read the prefix
     before the rewind and blamed vLLM for c's second lookup (explore seed 13 on 0.33.0)."""
+    stats = _admission_stats(vllm, "sched-bounded-replay-failed-load-stats-lookup-again", "c")
+    assert [(a[0], a[2], a[3]) for a in stats.admissions] == [("c", 18, 0)]
+    assert stats.prefix["connector_prefix_cache_stats"]["queries"] == 18
+
+
+def _admission_stats(vllm, name: str, request: str):
+    """The recorded stats of the step that admitted ``request`` in scenario ``name`` (it must
+    pass)."""
     from kvconform.harness.checks.records import facts_of
     from kvconform.model.facts import StepStats
 
-    (scenario,) = load_file(SCENARIOS / "sched-bounded-replay-failed-load-stats-lookup-again.yaml")
+    (scenario,) = load_file(SCENARIOS / f"{name}.yaml")
     result = runner.run_scenario(scenario, vllm)
     assert result.verdict is Verdict.PASSED, result.headline()
     assert result.trajectory is not None
     (stats,) = [
         fact.what
         for _, fact in facts_of(result.trajectory, StepStats)
-        if any(request == "c" for request, *_ in fact.what.admissions)
+        if any(admitted == request for admitted, *_ in fact.what.admissions)
     ]
-    assert [(a[0], a[2], a[3]) for a in stats.admissions] == [("c", 18, 0)]
-    assert stats.prefix["connector_prefix_cache_stats"]["queries"] == 18
+    return stats
 
 
 def test_a_relookup_after_a_failed_load_counts_the_hit_before_the_replay(vllm):
@@ -927,20 +934,7 @@ def test_a_relookup_after_a_failed_load_counts_the_hit_before_the_replay(vllm):
     as any admission does (``record_prefix_cache_stats``), not the computed count SWA
     bounded replay rewinds it to; the connector's queries are past that hit. Sanity counted
     the rewound hit and blamed vLLM (explore seed 11 on 0.34.0)."""
-    from kvconform.harness.checks.records import facts_of
-    from kvconform.model.facts import StepStats
-
-    (scenario,) = load_file(
-        SCENARIOS / "sched-bounded-replay-relookup-stats-count-the-hit-found.yaml"
-    )
-    result = runner.run_scenario(scenario, vllm)
-    assert result.verdict is Verdict.PASSED, result.headline()
-    assert result.trajectory is not None
-    (stats,) = [
-        fact.what
-        for _, fact in facts_of(result.trajectory, StepStats)
-        if any(request == "b" for request, *_ in fact.what.admissions)
-    ]
+    stats = _admission_stats(vllm, "sched-bounded-replay-relookup-stats-count-the-hit-found", "b")
     assert [(a[0], a[2], a[3]) for a in stats.admissions] == [("b", 18, 16)]
     assert stats.prefix["prefix_cache_stats"]["hits"] == 16
     assert stats.prefix["connector_prefix_cache_stats"]["queries"] == 2

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -361,10 +360,8 @@ def _probe_verdict(doc: dict[str, Any]) -> tuple[Verdict, str | None]:
 def _refuse_forking_over_cuda(vllm: Vllm) -> None:
     """Raise :class:`VllmUnavailable` where this process has initialized CUDA: its forked
     workers could not run a warmup document on the GPU, each would report torch's refusal
-    as a crash of vLLM. ``torch.cuda.is_initialized`` only reads a flag; torch is not
-    imported for it (vLLM imported it where it matters)."""
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
+    as a crash of vLLM (the facade reads torch's flag: ``Vllm.cuda_initialized``)."""
+    if vllm.cuda_initialized():
         raise VllmUnavailable(
             vllm.version,
             "forked explorer workers",

@@ -99,6 +99,15 @@ class VllmBase:
             return torch.__version__, f"cuda: {torch.cuda.get_device_name(0)}"
         return torch.__version__, "cpu"
 
+    def cuda_initialized(self) -> bool:
+        """Whether this process has initialized CUDA (torch refuses CUDA to its forks then).
+        ``torch.cuda.is_initialized`` only reads a flag; torch is not imported for it where
+        nothing imported it (then nothing initialized CUDA either)."""
+        import sys
+
+        torch = sys.modules.get("torch")
+        return torch is not None and bool(torch.cuda.is_initialized())
+
     def missing(self, name: str, detail: str = "") -> VllmUnavailable:
         """An API kvconform needs is absent: this vLLM cannot be exercised here."""
         return VllmUnavailable(self.version, name, detail)
